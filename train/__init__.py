@@ -1,0 +1,1 @@
+"""posfreq's pretraining package: tokenizer, model, per-document attention, packing, trainer."""
