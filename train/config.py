@@ -17,9 +17,8 @@ class ModelConfig:
     ffn_dim: int = 5632
     rope_base: float = 10_000.0
     norm_eps: float = 1e-5
-    max_seq_len: int = 2048
+    max_seq_len: int = 2048  # the training length L (STRING's defaults derive from it)
     tie_embeddings: bool = False
-    init_std: float = 0.02
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
@@ -55,8 +54,8 @@ class ModelConfig:
 
 
 # TinyLlama's architecture with the Llama-3 vocabulary, as in the paper. Embeddings are untied
-# (as in TinyLlama and Llama): 1.10B parameters without the two 128,256 x 2048 matrices, 1.63B
-# with them; the paper's "1.3B" counts neither exactly (see README).
+# (as in TinyLlama and Llama): 0.97B parameters without the two 128,256 x 2048 matrices, 1.49B
+# with them (1.23B if they were tied); the paper's "1.3B" matches none exactly (see README).
 PRESETS: dict[str, ModelConfig] = {
     "tinyllama-1.3b": ModelConfig(),
     "tiny-4l-256": ModelConfig(d_model=256, n_layers=4, n_heads=8, n_kv_heads=2, ffn_dim=704, max_seq_len=4096),

@@ -1,0 +1,241 @@
+"""The Llama/TinyLlama decoder: embeddings, N x (RMSNorm, GQA + rotary, RMSNorm, SwiGLU), norm, head.
+
+Inputs are packed: a flat (T,) token tensor with `cu_seqlens` marking the documents, so
+attention is causal within each document and rotary positions restart at 0 in each. A (B, T)
+batch without `cu_seqlens` is B documents of length T. Parameter names follow Hugging Face's
+LlamaForCausalLM (without its "model." prefix), so weights map one to one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from train.config import ModelConfig
+from train.positions import AttentionInputs, PositionScheme, build_scheme
+
+
+def positions_in_sequences(cu_seqlens: Tensor, total: int) -> Tensor:
+    """Position of every packed token within its own sequence: 0, 1, ... restarting at each start."""
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    starts = torch.repeat_interleave(cu_seqlens[:-1].long(), lengths)
+    return torch.arange(total, device=cu_seqlens.device) - starts
+
+
+def uniform_cu_seqlens(batch: int, length: int, device: torch.device | str) -> Tensor:
+    """cu_seqlens for `batch` sequences of equal `length`."""
+    return torch.arange(0, (batch + 1) * length, length, dtype=torch.int32, device=device)
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in float32, as Llama does."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+@dataclass
+class LayerCache:
+    """Rotated keys and values of one layer for B sequences of equal length, preallocated."""
+
+    k: Tensor  # (B, capacity, Hkv, D)
+    v: Tensor
+    length: int = 0
+
+    def append(self, k: Tensor, v: Tensor) -> None:
+        """k, v: (B, t, Hkv, D) for the next t positions of every sequence."""
+        t = k.shape[1]
+        if self.length + t > self.k.shape[1]:
+            raise RuntimeError(f"KV cache of capacity {self.k.shape[1]} cannot hold {self.length + t} positions")
+        self.k[:, self.length : self.length + t] = k
+        self.v[:, self.length : self.length + t] = v
+        self.length += t
+
+    def packed(self) -> tuple[Tensor, Tensor]:
+        """All cached keys and values packed as (B * length, Hkv, D)."""
+        b, _, h, d = self.k.shape
+        return self.k[:, : self.length].reshape(b * self.length, h, d), self.v[:, : self.length].reshape(b * self.length, h, d)
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention; how queries see key positions is the model's position scheme."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
+        self.q_proj = nn.Linear(config.d_model, config.n_heads * config.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.d_model, config.n_kv_heads * config.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.d_model, config.n_kv_heads * config.head_dim, bias=False)
+        self.o_proj = nn.Linear(config.n_heads * config.head_dim, config.d_model, bias=False)
+
+    def forward(self, x: Tensor, ctx: "ForwardContext", cache: LayerCache | None) -> Tensor:
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.n_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(t, self.n_kv_heads, self.head_dim)
+        k = ctx.scheme.rotary.rotate(k, ctx.pos_q)
+        cu_k, max_k, pos_k = ctx.cu_seqlens, ctx.max_seqlen, ctx.pos_q
+        if cache is not None:
+            batch = ctx.cu_seqlens.numel() - 1
+            cache.append(k.view(batch, -1, *k.shape[1:]), v.view(batch, -1, *v.shape[1:]))
+            k, v = cache.packed()
+            cu_k, max_k = uniform_cu_seqlens(batch, cache.length, x.device), cache.length
+            pos_k = positions_in_sequences(cu_k, k.shape[0])
+        inputs = AttentionInputs(q, k, v, ctx.pos_q, pos_k, ctx.cu_seqlens, cu_k, ctx.max_seqlen, max_k, ctx.backend)
+        return self.o_proj(ctx.scheme.attend(inputs).reshape(t, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.d_model, config.ffn_dim, bias=False)
+        self.up_proj = nn.Linear(config.d_model, config.ffn_dim, bias=False)
+        self.down_proj = nn.Linear(config.ffn_dim, config.d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.d_model, config.norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.d_model, config.norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x: Tensor, ctx: "ForwardContext", cache: LayerCache | None = None) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), ctx, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+@dataclass
+class ForwardContext:
+    """Per-forward facts shared by all layers: sequence layout, positions, scheme, backend."""
+
+    cu_seqlens: Tensor
+    max_seqlen: int
+    pos_q: Tensor
+    scheme: PositionScheme
+    backend: str
+
+
+class Transformer(nn.Module):
+    """TinyLlama-architecture causal LM over packed documents."""
+
+    def __init__(self, config: ModelConfig, attention_backend: str = "auto") -> None:
+        super().__init__()
+        self.config = config
+        self.attention_backend = attention_backend
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.set_positions("rope")
+        if self.embed_tokens.weight.device.type != "meta":
+            self.init_weights()
+
+    def set_positions(self, name: str, **options) -> None:
+        """Select the position scheme used at attention time (rope, string, ...; see train.positions)."""
+        self.positions = build_scheme(name, self.config.head_dim, self.config.rope_base, train_len=self.config.max_seq_len, **options)
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """TinyLlama's init: N(0, sqrt(2 / 5d)) everywhere, output projections N(0, 1 / (sqrt(d) * n_layers))."""
+        std = math.sqrt(2.0 / (5 * self.config.d_model))
+        out_std = 1.0 / math.sqrt(self.config.d_model) / self.config.n_layers
+        for name, module in self.named_modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                is_output = name.endswith("o_proj") or name.endswith("down_proj")
+                nn.init.normal_(module.weight, mean=0.0, std=out_std if is_output else std)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+
+    def _context(self, cu_seqlens: Tensor, max_seqlen: int, total: int) -> ForwardContext:
+        pos = positions_in_sequences(cu_seqlens, total)
+        return ForwardContext(cu_seqlens, max_seqlen, pos, self.positions, self.attention_backend)
+
+    def hidden_states(
+        self, input_ids: Tensor, cu_seqlens: Tensor, max_seqlen: int, caches: list[LayerCache] | None = None,
+        position_offset: int = 0,
+    ) -> Tensor:
+        """Final-norm hidden states (T, d) of packed tokens."""
+        ctx = self._context(cu_seqlens, max_seqlen, input_ids.shape[0])
+        if position_offset:
+            ctx.pos_q = ctx.pos_q + position_offset
+        x = self.embed_tokens(input_ids)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, ctx, caches[i] if caches is not None else None)
+        return self.norm(x)
+
+    def forward(self, input_ids: Tensor, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None) -> Tensor:
+        """Logits for packed (T,) tokens with `cu_seqlens`, or for a (B, T) batch of whole documents."""
+        if input_ids.dim() == 2:
+            if cu_seqlens is not None:
+                raise ValueError("pass cu_seqlens only with packed (T,) input_ids")
+            b, t = input_ids.shape
+            cu = uniform_cu_seqlens(b, t, input_ids.device)
+            return self.lm_head(self.hidden_states(input_ids.reshape(-1), cu, t)).view(b, t, -1)
+        if cu_seqlens is None:
+            cu_seqlens = uniform_cu_seqlens(1, input_ids.shape[0], input_ids.device)
+        if max_seqlen is None:
+            max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+        return self.lm_head(self.hidden_states(input_ids, cu_seqlens, max_seqlen))
+
+    def new_caches(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> list[LayerCache]:
+        shape = (batch, capacity, self.config.n_kv_heads, self.config.head_dim)
+        return [LayerCache(torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device)) for _ in self.layers]
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: Tensor,
+        max_new_tokens: int,
+        stop: Callable[[list[int]], bool] | None = None,
+    ) -> list[list[int]]:
+        """Greedy decoding with a KV cache for a (B, T) batch of equal-length prompts.
+
+        `stop(tokens_so_far)` ends a row when it returns True (that token is kept); decoding
+        ends when every row has stopped. Returns each row's generated tokens.
+        """
+        if prompt_ids.dim() != 2:
+            raise ValueError(f"prompt_ids must be (batch, length), got shape {tuple(prompt_ids.shape)}")
+        batch, length = prompt_ids.shape
+        device = prompt_ids.device
+        dtype = self.embed_tokens.weight.dtype
+        if torch.is_autocast_enabled(device.type):
+            dtype = torch.get_autocast_dtype(device.type)
+        caches = self.new_caches(batch, length + max_new_tokens, dtype, device)
+        hidden = self.hidden_states(prompt_ids.reshape(-1), uniform_cu_seqlens(batch, length, device), length, caches)
+        last = hidden.view(batch, length, -1)[:, -1]
+        outputs: list[list[int]] = [[] for _ in range(batch)]
+        done = [False] * batch
+        one = uniform_cu_seqlens(batch, 1, device)
+        for step in range(max_new_tokens):
+            next_ids = self.lm_head(last).argmax(-1)
+            for row, token in enumerate(next_ids.tolist()):
+                if not done[row]:
+                    outputs[row].append(token)
+                    done[row] = stop is not None and stop(outputs[row])
+            if all(done) or step == max_new_tokens - 1:
+                break
+            last = self.hidden_states(next_ids, one, 1, caches, position_offset=caches[0].length)
+        return outputs
