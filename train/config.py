@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,9 @@ class ModelConfig:
     norm_eps: float = 1e-5
     max_seq_len: int = 2048  # the training length L (STRING's defaults derive from it)
     tie_embeddings: bool = False
+    # Hugging Face's rope_scaling dict for imported models (e.g. {"rope_type": "llama3", "factor": 8.0,
+    # ...}; see train.hf.scaled_inv_freq); None for plain RoPE. Excluded from the hash (a dict).
+    rope_scaling: dict | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:

@@ -52,9 +52,8 @@ class Llama3Tokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         if not texts:
             return []
-        tokens, offsets = self._enc.encode_batch(list(texts), threads=1)
-        bounds = np.append(offsets, len(tokens))
-        return [np.asarray(tokens[a:b], dtype=np.int64) for a, b in zip(bounds[:-1], bounds[1:])]
+        tokens, offsets = self._enc.encode_batch(list(texts), threads=1)  # offsets: n + 1 bounds
+        return [np.asarray(tokens[a:b], dtype=np.int64) for a, b in zip(offsets[:-1], offsets[1:])]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._enc.decode([int(i) for i in ids])

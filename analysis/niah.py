@@ -1,0 +1,322 @@
+"""Needle-in-a-haystack (4 needles) test construction and scoring, as in the paper's Table 5.
+
+A test prompt, as token ids, is the concatenation of separately tokenized segments::
+
+    BOS | INSTRUCTION "\\n\\n" | " sentence" ... " One of the magic numbers is NNNNNN." ... | TAIL
+
+where TAIL is "\\n\\n" QUESTION "\\n" ANSWER_PREFIX. Needle j (0-based) goes before haystack
+sentence floor(d_j * n) with d_j drawn uniformly in [j/4, (j+1)/4) and n the number of haystack
+sentences in the prompt, as in the official STRING script. The haystack is taken from its
+start (cycling when it is too short); whole sentences are added while they fit and the last one
+is cut at the token level so that the prompt is exactly `length` tokens, BOS included (a cut that
+would split a character keeps the whole characters before it and pads with space tokens).
+
+Scoring keeps only the generated continuation (a leading echo of the prompt is dropped), cuts
+it at the first newline after a digit, and counts the needles among its 6-digit numbers; a test
+passes when at least `min_retrieved` (default 2) of the 4 needles are found.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+import numpy as np
+
+from train.tokenizer import Tokenizer
+
+INSTRUCTION = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize "
+    "them. I will quiz you about the important information there."
+)
+NEEDLE = "One of the magic numbers is {}."
+QUESTION = "What are the magic numbers mentioned in the provided text?"
+ANSWER_PREFIX = "The numbers are"
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+N_NEEDLES = 4
+MAX_NEW_TOKENS = 128
+
+_HEAD = INSTRUCTION + "\n\n"
+_TAIL = "\n\n" + QUESTION + "\n" + ANSWER_PREFIX
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|(?<=[.!?])(?=[A-Z][a-z])")
+_NUMBER = re.compile(r"(?<!\d)\d{6}(?!\d)")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split text into sentences after . ! ? (also where a paragraph break lost its space)."""
+    return [s for s in (part.strip() for part in _SENTENCE_END.split(text)) if s]
+
+
+def clean_haystack(text: str) -> str:
+    """Drop footnote marks and digit runs (no needle can collide with a number); tidy the whitespace left."""
+    text = re.sub(r"\[\d+\]", "", text)
+    text = re.sub(r"\d+", "", text).replace("\ufffd", "")
+    return re.sub(r" ([.,;:!?])", r"\1", " ".join(text.split()))
+
+
+@dataclass(frozen=True)
+class Haystack:
+    """Cleaned filler text, its sentences, and the sha256 of the cleaned text (for provenance)."""
+
+    name: str
+    text: str
+    sentences: tuple[str, ...]
+    sha256: str
+
+    @classmethod
+    def from_text(cls, name: str, text: str) -> Haystack:
+        """Clean `text` and split it into sentences."""
+        cleaned = clean_haystack(text)
+        sentences = tuple(split_sentences(cleaned))
+        if not sentences:
+            raise ValueError(f"haystack {name!r} has no text left after removing digits and blanks")
+        return cls(name, cleaned, sentences, hashlib.sha256(cleaned.encode("utf-8")).hexdigest())
+
+
+def load_haystack(spec: str | Path = "pg") -> Haystack:
+    """`pg` (embedded Paul Graham essays), `noise` (the passkey filler), or a .txt file / directory of .txt files."""
+    if str(spec) == "pg":
+        from analysis.corpora import pg_essays
+
+        return Haystack.from_text("pg", "\n\n".join(doc.text for doc in pg_essays()))
+    if str(spec) == "noise":
+        return Haystack.from_text("noise", NOISE)
+    path = Path(spec)
+    files = sorted(path.glob("*.txt")) if path.is_dir() else [path]
+    if not files or not files[0].is_file():
+        raise FileNotFoundError(
+            f"haystack {str(spec)!r}: not 'pg', 'noise', a text file or a directory of .txt files"
+        )
+    return Haystack.from_text(str(path), "\n\n".join(f.read_text(encoding="utf-8") for f in files))
+
+
+@dataclass(frozen=True, eq=False)
+class NiahTest:
+    """One NIAH prompt: token ids (BOS first, exactly `length`), its needles and where they sit."""
+
+    length: int
+    seed: int
+    index: int
+    tokenizer: str
+    haystack: str
+    haystack_sha256: str
+    input_ids: np.ndarray
+    prompt: str
+    needles: tuple[str, ...]
+    positions: tuple[int, ...]
+    depths: tuple[float, ...]
+    sentence_index: tuple[int, ...]
+    n_sentences: int
+    question_position: int
+    prompt_sha256: str
+
+    def record(self) -> dict:
+        """The test's metadata as a JSON-ready dict (no ids, no prompt text)."""
+        return {
+            "length": self.length,
+            "seed": self.seed,
+            "index": self.index,
+            "tokenizer": self.tokenizer,
+            "haystack": self.haystack,
+            "haystack_sha256": self.haystack_sha256,
+            "prompt_sha256": self.prompt_sha256,
+            "needles": list(self.needles),
+            "positions": list(self.positions),
+            "depths": list(self.depths),
+            "question_position": self.question_position,
+        }
+
+
+class NiahBuilder:
+    """Builds NIAH tests for one tokenizer and haystack, tokenizing the haystack sentences once."""
+
+    def __init__(self, tokenizer: Tokenizer, haystack: str | Path | Haystack = "pg") -> None:
+        self.tokenizer = tokenizer
+        self.haystack = haystack if isinstance(haystack, Haystack) else load_haystack(haystack)
+        self._sentences = [np.asarray(tokenizer.encode(" " + s), dtype=np.int64) for s in self.haystack.sentences]
+        self._lengths = np.array([len(p) for p in self._sentences], dtype=np.int64)
+        if self._lengths.sum() == 0:
+            raise ValueError(f"haystack {self.haystack.name!r} tokenizes to no tokens")
+        self._head = np.asarray(tokenizer.encode(_HEAD), dtype=np.int64)
+        self._tail = np.asarray(tokenizer.encode(_TAIL), dtype=np.int64)
+        self._space = tokenizer.encode(" ")
+
+    def make_tests(self, length: int, n_tests: int, seed: int = 0) -> list[NiahTest]:
+        """Tests 0..n_tests-1 of one length; test i depends only on (seed, length, i)."""
+        return [self.build(length, seed, index) for index in range(n_tests)]
+
+    def build(self, length: int, seed: int, index: int) -> NiahTest:
+        """One test, drawn from numpy's default_rng seeded with (seed, length, index)."""
+        if min(length, seed, index) < 0:
+            raise ValueError(f"length, seed and index must be >= 0, got {length}, {seed}, {index}")
+        rng = np.random.default_rng([seed, length, index])
+        numbers = [str(n) for n in rng.choice(900_000, size=N_NEEDLES, replace=False) + 100_000]
+        needles = [np.asarray(self.tokenizer.encode(" " + NEEDLE.format(n)), dtype=np.int64) for n in numbers]
+        fixed = 1 + len(self._head) + len(self._tail) + sum(len(n) for n in needles)
+        if fixed > length:
+            raise ValueError(
+                f"NIAH length {length} is too short for tokenizer {self.tokenizer.name!r}: BOS, the "
+                f"instruction, the question and {N_NEEDLES} needles alone take {fixed} tokens. "
+                f"Fix: ask for a length of at least {fixed}."
+            )
+        sentences = self._fill(length - fixed)
+        depth_draws = (np.arange(N_NEEDLES) + rng.random(N_NEEDLES)) / N_NEEDLES
+        where = [int(d * len(sentences)) for d in depth_draws]
+
+        segments = [np.array([self.tokenizer.bos_id], dtype=np.int64), self._head]
+        positions: list[int] = []
+        cursor = 1 + len(self._head)
+        for k in range(len(sentences) + 1):
+            for j in (j for j in range(N_NEEDLES) if where[j] == k):
+                positions.append(cursor)
+                segments.append(needles[j])
+                cursor += len(needles[j])
+            if k < len(sentences):
+                segments.append(sentences[k])
+                cursor += len(sentences[k])
+        segments.append(self._tail)
+        ids = np.concatenate(segments)
+        if len(ids) != length:
+            raise AssertionError(f"built {len(ids)} tokens for length {length}: a bug in NiahBuilder")
+        prompt = self.tokenizer.decode(ids[1:].tolist())
+        for number in numbers:
+            if prompt.count(number) != 1:
+                raise AssertionError(
+                    f"needle {number} occurs {prompt.count(number)} times in test {index} (length "
+                    f"{length}, seed {seed}); the haystack must be digit-free"
+                )
+        return NiahTest(
+            length=length,
+            seed=seed,
+            index=index,
+            tokenizer=self.tokenizer.name,
+            haystack=self.haystack.name,
+            haystack_sha256=self.haystack.sha256,
+            input_ids=ids,
+            prompt=prompt,
+            needles=tuple(numbers),
+            positions=tuple(positions),
+            depths=tuple(p / length for p in positions),
+            sentence_index=tuple(where),
+            n_sentences=len(sentences),
+            question_position=cursor,
+            prompt_sha256=hashlib.sha256(ids.astype("<i8").tobytes()).hexdigest(),
+        )
+
+    def _fill(self, budget: int) -> list[np.ndarray]:
+        """Haystack sentences from the start (cycled), exactly `budget` tokens; the last one cut at the token level."""
+        n = len(self._lengths)
+        reps = budget // int(self._lengths.sum()) + 1
+        cumulative = np.cumsum(np.tile(self._lengths, reps))
+        whole = int(np.searchsorted(cumulative, budget, side="right"))
+        sentences = [self._sentences[i % n] for i in range(whole)]
+        rest = budget - (int(cumulative[whole - 1]) if whole else 0)
+        if rest:
+            sentences.append(self._cut(self._sentences[whole % n], rest))
+        return sentences
+
+    def _cut(self, sentence: np.ndarray, size: int) -> np.ndarray:
+        """`size` tokens: the longest prefix of `sentence` that decodes to whole characters, padded with spaces."""
+        keep = next(k for k in range(size, -1, -1) if "\ufffd" not in self.tokenizer.decode(sentence[:k].tolist()))
+        if keep < size and len(self._space) != 1:
+            raise ValueError(
+                f"tokenizer {self.tokenizer.name!r}: cannot end the haystack on an exact token count: "
+                f"cutting a sentence at {size} tokens splits a character and ' ' is not one token"
+            )
+        return np.concatenate([sentence[:keep], np.repeat(np.asarray(self._space, dtype=np.int64), size - keep)])
+
+
+def make_tests(
+    tokenizer: Tokenizer,
+    length: int,
+    n_tests: int,
+    seed: int = 0,
+    haystack: str | Path | Haystack = "pg",
+) -> list[NiahTest]:
+    """`n_tests` NIAH tests of exactly `length` tokens, the same for a seed on any machine."""
+    return NiahBuilder(tokenizer, haystack).make_tests(length, n_tests, seed)
+
+
+def extract_numbers(text: str) -> list[str]:
+    """Every run of exactly 6 digits (not part of a longer digit run), in order."""
+    return _NUMBER.findall(text)
+
+
+def _cut_index(text: str) -> int | None:
+    """Index of the first newline after the first digit, or None when there is none yet."""
+    digit = re.search(r"\d", text)
+    if digit is None:
+        return None
+    newline = text.find("\n", digit.end())
+    return None if newline < 0 else newline
+
+
+def cut_answer(text: str) -> str:
+    """The answer up to (not including) the first newline after a digit has appeared."""
+    end = _cut_index(text)
+    return text if end is None else text[:end]
+
+
+def answer_complete(text: str) -> bool:
+    """True once the generated text holds a full answer line, so decoding this row may stop."""
+    return _cut_index(text) is not None
+
+
+def strip_echo(test: NiahTest, text: str) -> str:
+    """The continuation after the prompt when `text` echoes the prompt (e.g. a decoded full sequence)."""
+    at = text.find(test.prompt)
+    return text if at < 0 else text[at + len(test.prompt) :]
+
+
+@dataclass(frozen=True)
+class NiahResult:
+    """The score of one test: per-needle hits with their depth and distance to the question."""
+
+    length: int
+    index: int
+    needles: tuple[str, ...]
+    hits: tuple[bool, ...]
+    depths: tuple[float, ...]
+    distances: tuple[int, ...]
+    answer: str
+    numbers: tuple[str, ...]
+    retrieved: int
+    passed: bool
+
+    def record(self) -> dict:
+        """The result as a JSON-ready dict."""
+        return {
+            "length": self.length,
+            "index": self.index,
+            "needles": list(self.needles),
+            "hits": list(self.hits),
+            "depths": list(self.depths),
+            "distances": list(self.distances),
+            "answer": self.answer,
+            "numbers": list(self.numbers),
+            "retrieved": self.retrieved,
+            "passed": self.passed,
+        }
+
+
+def score_answer(test: NiahTest, answer_text: str, min_retrieved: int = 2) -> NiahResult:
+    """Score the generated continuation of `test`'s prompt: pass when >= min_retrieved needles are found."""
+    if not 1 <= min_retrieved <= N_NEEDLES:
+        raise ValueError(f"min_retrieved must be in 1..{N_NEEDLES}, got {min_retrieved}")
+    answer = cut_answer(strip_echo(test, answer_text))
+    numbers = tuple(extract_numbers(answer))
+    hits = tuple(needle in numbers for needle in test.needles)
+    return NiahResult(
+        length=test.length,
+        index=test.index,
+        needles=test.needles,
+        hits=hits,
+        depths=test.depths,
+        distances=tuple(test.question_position - p for p in test.positions),
+        answer=answer,
+        numbers=numbers,
+        retrieved=sum(hits),
+        passed=sum(hits) >= min_retrieved,
+    )
+

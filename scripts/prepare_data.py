@@ -1,0 +1,173 @@
+"""Tokenize a corpus into memory-mapped token shards, one shard per input file.
+
+    python scripts/prepare_data.py --corpus pg-essays --out data/pg
+    python scripts/prepare_data.py --corpus slimpajama --data-dir /data/SlimPajama-627B \\
+        --out /data/tokens/slimpajama --workers 16 --shard 3/64
+
+Each document becomes its tokens followed by EOS. A shard is named after its input file's
+path relative to the corpus's common root (``train/chunk1/example_train_0.jsonl.zst`` ->
+``train__chunk1__example_train_0``), so names do not depend on --shard or --workers.
+Shards are written under temporary names and renamed when complete; a rerun skips the
+complete ones (same source size and tokenizer) and redoes the rest, so the job is restartable
+file by file. ``--shard i/n`` takes files i, i+n, i+2n, ... (0-based), for a SLURM job array.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from analysis.corpora import SUFFIXES, Corpus, ReadStats, resolve_corpus  # noqa: E402
+from train.data import ShardWriter, shard_is_complete  # noqa: E402
+from train.tokenizer import Tokenizer, get_tokenizer  # noqa: E402
+
+BATCH_CHARS = 4 << 20  # tokenize this many characters of text at a time
+
+_worker_tokenizer: Tokenizer | None = None
+
+
+def shard_names(files: tuple[Path, ...]) -> dict[Path, str]:
+    """A stable, unique shard name per input file: its path under the common root, flattened."""
+    paths = [f.resolve() for f in files]
+    root = Path(os.path.commonpath(paths)) if len(paths) > 1 else paths[0].parent
+    names: dict[Path, str] = {}
+    for file, path in zip(files, paths):
+        rel = str(path.relative_to(root))
+        suffix = next((s for s in SUFFIXES if rel.endswith(s)), "")
+        stem = rel[: len(rel) - len(suffix)] if suffix else rel
+        names[file] = re.sub(r"[^A-Za-z0-9._-]+", "_", stem.replace(os.sep, "__")).strip(".") or "shard"
+    seen: dict[str, Path] = {}
+    for file, name in names.items():
+        if name in seen:
+            raise ValueError(f"input files {seen[name]} and {file} would both be written to shard {name!r}; "
+                             "rename one of them or tokenize them into separate --out directories")
+        seen[name] = file
+    return names
+
+
+def parse_shard(spec: str) -> tuple[int, int]:
+    """'i/n' -> (i, n), with 0 <= i < n."""
+    match = re.fullmatch(r"(\d+)/(\d+)", spec.strip())
+    if not match or not int(match.group(1)) < int(match.group(2)):
+        raise argparse.ArgumentTypeError(f"--shard must be i/n with 0 <= i < n (0-based), got {spec!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def file_sha256(path: Path) -> str:
+    """Content hash of an input file (recorded in the shard's metadata)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _init_worker(tokenizer_spec: str) -> None:
+    """Build the tokenizer once per worker process."""
+    global _worker_tokenizer
+    _worker_tokenizer = get_tokenizer(tokenizer_spec)
+
+
+def tokenize_file(corpus: Corpus, file: Path, name: str, out: Path, tokenizer: Tokenizer,
+                  on_error: str = "raise") -> dict:
+    """Tokenize one input file into shard `name` under `out` (atomically); returns its metadata."""
+    stats = ReadStats()
+    extra = {"source": str(file.resolve()), "source_size": file.stat().st_size,
+             "source_sha256": file_sha256(file), "corpus": corpus.name, "text_field": corpus.text_field,
+             "sources": list(corpus.sources)}
+    eos = np.array([tokenizer.eos_id], dtype=np.int64)
+    with ShardWriter(out, name, tokenizer=tokenizer.name, vocab_size=tokenizer.vocab_size,
+                     eos_id=tokenizer.eos_id, extra=extra) as writer:
+        texts: list[str] = []
+        size = 0
+        for doc in corpus.iter_documents(file, on_error=on_error, stats=stats):
+            texts.append(doc.text)
+            size += len(doc.text)
+            if size >= BATCH_CHARS:
+                writer.add_many(np.concatenate([ids, eos]) for ids in tokenizer.encode_batch(texts))
+                texts, size = [], 0
+        writer.add_many(np.concatenate([ids, eos]) for ids in tokenizer.encode_batch(texts))
+        writer.meta.update(skipped_items=stats.skipped, filtered_items=stats.filtered)
+    return writer.meta
+
+
+def _tokenize_in_worker(corpus: Corpus, file: Path, name: str, out: Path, on_error: str) -> dict:
+    assert _worker_tokenizer is not None
+    return tokenize_file(corpus, file, name, out, _worker_tokenizer, on_error)
+
+
+def pending_files(corpus: Corpus, names: dict[Path, str], out: Path, tokenizer: Tokenizer) -> list[Path]:
+    """Files whose shard is not complete yet; refuses an --out tokenized with another tokenizer."""
+    todo = []
+    for file in corpus.files:
+        meta = shard_is_complete(out, names[file])
+        if meta is not None and meta.get("tokenizer") != tokenizer.name:
+            raise SystemExit(f"{out}/{names[file]} was tokenized with {meta.get('tokenizer')!r}, not "
+                             f"{tokenizer.name!r}. Fix: use a fresh --out directory per tokenizer.")
+        if meta is None or meta.get("source_size") != file.stat().st_size:
+            todo.append(file)
+    return todo
+
+
+def prepare(corpus: Corpus, out: Path, tokenizer_spec: str = "llama3", workers: int = 1,
+            shard: tuple[int, int] = (0, 1), on_error: str = "raise", progress: bool = True) -> dict:
+    """Tokenize this shard's files of `corpus` into `out`; returns counts for the summary line."""
+    names = shard_names(corpus.files)  # from the full file list, so names are independent of --shard
+    mine = corpus.shard(*shard)
+    tokenizer = get_tokenizer(tokenizer_spec)
+    todo = pending_files(mine, names, out, tokenizer)
+    out.mkdir(parents=True, exist_ok=True)
+    totals = {"files": len(mine.files), "skipped_complete": len(mine.files) - len(todo), "docs": 0, "tokens": 0}
+    bar = tqdm(total=len(todo), unit="file", desc=f"tokenize {corpus.name} -> {out}", disable=not progress)
+    def done(meta: dict) -> None:
+        totals["docs"] += meta["num_docs"]
+        totals["tokens"] += meta["num_tokens"]
+        bar.update(1)
+        bar.set_postfix(tokens=f"{totals['tokens']:,}")
+    if workers <= 1:
+        for file in todo:
+            done(tokenize_file(mine, file, names[file], out, tokenizer, on_error))
+    else:
+        with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(tokenizer_spec,)) as pool:
+            futures = [pool.submit(_tokenize_in_worker, mine, f, names[f], out, on_error) for f in todo]
+            for future in as_completed(futures):
+                done(future.result())
+    bar.close()
+    return totals
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", default="pg-essays", help="slimpajama, pg-essays, or a local file/directory")
+    parser.add_argument("--out", type=Path, required=True, help="output directory of token shards")
+    parser.add_argument("--tokenizer", default="llama3", help="llama3 (default), bytes, or hf:<dir>")
+    parser.add_argument("--data-dir", default=None, help="where SlimPajama lives (else $SLIMPAJAMA_DIR)")
+    parser.add_argument("--split", default="train", help="SlimPajama split (train, validation, test)")
+    parser.add_argument("--text-field", default="text", help="JSON/Parquet field holding the text")
+    parser.add_argument("--sources", nargs="*", default=None,
+                        help="keep only these sources; prefix '-' to drop one (e.g. -github)")
+    parser.add_argument("--workers", type=int, default=1, help="processes tokenizing files in parallel")
+    parser.add_argument("--shard", type=parse_shard, default=(0, 1), help="i/n: take files i, i+n, ... (0-based)")
+    parser.add_argument("--on-error", choices=("raise", "skip"), default="raise",
+                        help="bad records: stop with the file and line (raise) or count and skip them")
+    args = parser.parse_args(argv)
+    corpus = resolve_corpus(args.corpus, data_dir=args.data_dir, split=args.split,
+                            text_field=args.text_field, sources=args.sources)
+    totals = prepare(corpus, args.out, args.tokenizer, args.workers, args.shard, args.on_error)
+    print(f"{args.out}: {totals['files']} files in shard {args.shard[0]}/{args.shard[1]} "
+          f"({totals['skipped_complete']} already complete); wrote {totals['docs']:,} documents, "
+          f"{totals['tokens']:,} tokens")
+
+
+if __name__ == "__main__":
+    main()

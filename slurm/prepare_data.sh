@@ -1,0 +1,51 @@
+#!/bin/bash
+# Tokenize SlimPajama into token shards as a SLURM job array: task i of n takes input files
+# i, i+n, i+2n, ... Each task is restartable file by file (complete shards are skipped), so
+# after a failure just resubmit the whole array (finished files cost only a check), or one task
+# with the array's size fixed:  NUM_TASKS=64 sbatch --array=7 slurm/prepare_data.sh
+#
+#   sbatch slurm/prepare_data.sh                      # 64 tasks (see --array below); submit from
+#                                                     # the repository root
+#   DRY_RUN=1 bash slurm/prepare_data.sh              # print the command instead of running it
+#
+# Edit these (or export them before sbatch):
+#   SLIMPAJAMA_DIR  a copy of cerebras/SlimPajama-627B (holds train/chunk1..chunk10/*.jsonl.zst)
+#   TOKENS_DIR      output directory of token shards (what the trainer's data path points to)
+#   TOKENIZER       llama3 (the paper's) or hf:<dir>
+#   and the #SBATCH --account / --partition lines for your cluster.
+#SBATCH --job-name=posfreq-prepare
+#SBATCH --array=0-63
+#SBATCH --nodes=1
+#SBATCH --ntasks=1
+#SBATCH --cpus-per-task=16
+#SBATCH --mem=64G
+#SBATCH --time=12:00:00
+#SBATCH --output=prepare_data_%A_%a.out
+##SBATCH --account=YOUR_ACCOUNT
+##SBATCH --partition=YOUR_CPU_PARTITION
+
+set -euo pipefail
+
+SLIMPAJAMA_DIR="${SLIMPAJAMA_DIR:-/data/SlimPajama-627B}"
+TOKENS_DIR="${TOKENS_DIR:-/data/tokens/slimpajama-llama3}"
+TOKENIZER="${TOKENIZER:-llama3}"
+SPLIT="${SPLIT:-train}"
+PYTHON="${PYTHON:-python}"
+
+TASK_ID="${SLURM_ARRAY_TASK_ID:-0}"
+TASK_COUNT="${NUM_TASKS:-${SLURM_ARRAY_TASK_COUNT:-1}}"
+WORKERS="${SLURM_CPUS_PER_TASK:-$(nproc)}"
+
+cmd=("$PYTHON" scripts/prepare_data.py
+     --corpus slimpajama --data-dir "$SLIMPAJAMA_DIR" --split "$SPLIT"
+     --out "$TOKENS_DIR" --tokenizer "$TOKENIZER"
+     --workers "$WORKERS" --shard "$TASK_ID/$TASK_COUNT")
+
+if [[ "${DRY_RUN:-0}" == "1" ]]; then
+    printf '%q ' "${cmd[@]}"
+    printf '\n'
+    exit 0
+fi
+
+cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}"
+exec "${cmd[@]}"
