@@ -22,6 +22,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
 import numpy as np
 
 from train.tokenizer import Tokenizer
@@ -35,7 +36,7 @@ QUESTION = "What are the magic numbers mentioned in the provided text?"
 ANSWER_PREFIX = "The numbers are"
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 N_NEEDLES = 4
-MAX_NEW_TOKENS = 128
+MAX_NEW_TOKENS = 128  # the official script's greedy answer budget; decoders should use it
 
 _HEAD = INSTRUCTION + "\n\n"
 _TAIL = "\n\n" + QUESTION + "\n" + ANSWER_PREFIX
@@ -75,7 +76,7 @@ class Haystack:
 
 
 def load_haystack(spec: str | Path = "pg") -> Haystack:
-    """`pg` (embedded Paul Graham essays), `noise` (the passkey filler), or a .txt file / directory of .txt files."""
+    """`pg` (embedded Paul Graham essays), `noise` (passkey filler), a .txt file or a directory of them."""
     if str(spec) == "pg":
         from analysis.corpora import pg_essays
 
@@ -134,10 +135,10 @@ class NiahBuilder:
     def __init__(self, tokenizer: Tokenizer, haystack: str | Path | Haystack = "pg") -> None:
         self.tokenizer = tokenizer
         self.haystack = haystack if isinstance(haystack, Haystack) else load_haystack(haystack)
-        self._sentences = [np.asarray(tokenizer.encode(" " + s), dtype=np.int64) for s in self.haystack.sentences]
+        self._sentences = [
+            np.asarray(tokenizer.encode(" " + s), dtype=np.int64) for s in self.haystack.sentences
+        ]
         self._lengths = np.array([len(p) for p in self._sentences], dtype=np.int64)
-        if self._lengths.sum() == 0:
-            raise ValueError(f"haystack {self.haystack.name!r} tokenizes to no tokens")
         self._head = np.asarray(tokenizer.encode(_HEAD), dtype=np.int64)
         self._tail = np.asarray(tokenizer.encode(_TAIL), dtype=np.int64)
         self._space = tokenizer.encode(" ")
@@ -152,7 +153,9 @@ class NiahBuilder:
             raise ValueError(f"length, seed and index must be >= 0, got {length}, {seed}, {index}")
         rng = np.random.default_rng([seed, length, index])
         numbers = [str(n) for n in rng.choice(900_000, size=N_NEEDLES, replace=False) + 100_000]
-        needles = [np.asarray(self.tokenizer.encode(" " + NEEDLE.format(n)), dtype=np.int64) for n in numbers]
+        needles = [
+            np.asarray(self.tokenizer.encode(" " + NEEDLE.format(n)), dtype=np.int64) for n in numbers
+        ]
         fixed = 1 + len(self._head) + len(self._tail) + sum(len(n) for n in needles)
         if fixed > length:
             raise ValueError(
@@ -205,7 +208,7 @@ class NiahBuilder:
         )
 
     def _fill(self, budget: int) -> list[np.ndarray]:
-        """Haystack sentences from the start (cycled), exactly `budget` tokens; the last one cut at the token level."""
+        """Haystack sentences from the start (cycled) of exactly `budget` tokens, the last one cut."""
         n = len(self._lengths)
         reps = budget // int(self._lengths.sum()) + 1
         cumulative = np.cumsum(np.tile(self._lengths, reps))
@@ -217,14 +220,17 @@ class NiahBuilder:
         return sentences
 
     def _cut(self, sentence: np.ndarray, size: int) -> np.ndarray:
-        """`size` tokens: the longest prefix of `sentence` that decodes to whole characters, padded with spaces."""
-        keep = next(k for k in range(size, -1, -1) if "\ufffd" not in self.tokenizer.decode(sentence[:k].tolist()))
-        if keep < size and len(self._space) != 1:
+        """`size` tokens: the longest prefix of `sentence` ending on a whole character, padded with spaces."""
+        decode = self.tokenizer.decode
+        keep = next(k for k in range(size, -1, -1) if "\ufffd" not in decode(sentence[:k].tolist()))
+        if keep == size:
+            return sentence[:size]
+        if len(self._space) != 1:
             raise ValueError(
                 f"tokenizer {self.tokenizer.name!r}: cannot end the haystack on an exact token count: "
                 f"cutting a sentence at {size} tokens splits a character and ' ' is not one token"
             )
-        return np.concatenate([sentence[:keep], np.repeat(np.asarray(self._space, dtype=np.int64), size - keep)])
+        return np.concatenate([sentence[:keep], np.full(size - keep, self._space[0], dtype=np.int64)])
 
 
 def make_tests(

@@ -20,21 +20,29 @@ import csv
 import functools
 import hashlib
 import json
-import math
 import multiprocessing
 import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.corpora import Corpus, CorpusError, OnError, ReadStats, SourceFilter, cache_dir, resolve_corpus
+from analysis.corpora import (
+    Corpus,
+    CorpusError,
+    OnError,
+    ReadStats,
+    SourceFilter,
+    cache_dir,
+    iter_documents,
+    resolve_corpus,
+)
 
 CACHE_VERSION = 1
 PERCENTILES = (10, 25, 50, 75, 90, 99)
@@ -230,8 +238,6 @@ def _tokenizer(spec: str):
 
 def count_file(settings: CountSettings, file: str | Path) -> FileResult:
     """Tokenize one file's documents in batches and count their lengths (tokens + EOS) per source."""
-    from analysis.corpora import iter_documents
-
     tokenizer = _tokenizer(settings.tokenizer)
     stats = ReadStats()
     lengths: dict[str, list[np.ndarray]] = {}
@@ -240,8 +246,7 @@ def count_file(settings: CountSettings, file: str | Path) -> FileResult:
     chars = 0
 
     def flush() -> None:
-        # [: len(texts)]: Llama3Tokenizer.encode_batch currently appends one spurious empty array.
-        encoded = tokenizer.encode_batch(texts)[: len(texts)]
+        encoded = tokenizer.encode_batch(texts)
         doc_lengths = np.fromiter((len(ids) + 1 for ids in encoded), dtype=np.int64, count=len(encoded))
         names = np.array(sources)
         for source in set(sources):
@@ -287,42 +292,36 @@ def count_lengths(
     tokens = nbytes = 0
     start = time.perf_counter()
     work = functools.partial(count_file, settings)
-    workers = max(1, min(workers, len(files)))
     bar = tqdm(total=len(files), unit="file", desc="length histogram", disable=not progress, smoothing=0.05)
-    with _pool(workers) as pool:
-        results = pool.imap_unordered(work, files) if pool is not None else map(work, files)
-        for result in results:
-            histogram.merge(result.histogram)
-            stats.merge(result.stats)
-            tokens += result.tokens
-            nbytes += result.bytes
-            elapsed = max(time.perf_counter() - start, 1e-9)
-            bar.set_postfix_str(
-                f"docs={stats.documents:,} tokens={tokens:,} {nbytes / elapsed / 1e6:.1f}MB/s"
-                + (f" skipped={stats.skipped}" if stats.skipped else ""),
-                refresh=False,
-            )
-            bar.update(1)
+    for result in _file_results(work, files, workers):
+        histogram.merge(result.histogram)
+        stats.merge(result.stats)
+        tokens += result.tokens
+        nbytes += result.bytes
+        elapsed = max(time.perf_counter() - start, 1e-9)
+        bar.set_postfix_str(
+            f"docs={stats.documents:,} tokens={tokens:,} {nbytes / elapsed / 1e6:.1f}MB/s(disk)"
+            + (f" skipped={stats.skipped}" if stats.skipped else ""),
+            refresh=False,
+        )
+        bar.update(1)
     bar.close()
     return histogram, stats
 
 
-class _pool:
-    """A process pool when workers > 1, else None (count in this process): a context manager."""
+def _file_results(work, files: Sequence[Path], workers: int) -> Iterator[FileResult]:
+    """`work(file)` for every file: in this process, or in a pool of processes (results in any order)."""
+    workers = max(1, min(workers, len(files)))
+    if workers == 1:
+        yield from map(work, files)
+        return
+    with multiprocessing.get_context().Pool(workers) as pool:
+        yield from pool.imap_unordered(work, files)
 
-    def __init__(self, workers: int) -> None:
-        self.workers = workers
-        self.pool = None
 
-    def __enter__(self):
-        if self.workers > 1:
-            self.pool = multiprocessing.get_context().Pool(self.workers)
-        return self.pool
-
-    def __exit__(self, *exc) -> None:
-        if self.pool is not None:
-            self.pool.terminate() if exc[0] else self.pool.close()
-            self.pool.join()
+def default_workers() -> int:
+    """All the cores this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def cache_key(corpus: Corpus, settings: CountSettings) -> str:
@@ -338,6 +337,7 @@ def cached_count(
     key = cache_key(corpus, settings)
     path = cache_dir() / "position_freq" / f"{key}.npz"
     if use_cache and path.is_file():
+        print(f"length histogram read from the cache: {path} (--no-cache recounts)", file=sys.stderr)
         return load_histogram(path)
     histogram, stats = count_lengths(corpus.files, settings, workers, progress)
     meta = {
@@ -364,13 +364,17 @@ def length_stats(hist: np.ndarray) -> dict:
         return {"documents": 0, "tokens": 0}
     tokens = int((hist * np.arange(hist.size)).sum())
     cumulative = np.cumsum(hist)
-    quantile = lambda q: int(np.searchsorted(cumulative, math.ceil(q * docs)))  # noqa: E731 (nearest rank)
+
+    def percentile(p: int) -> int:
+        """Nearest-rank percentile: the smallest length with at least ceil(p% of documents) at or below it."""
+        return int(np.searchsorted(cumulative, max(1, -(-p * docs // 100))))
+
     return {
         "documents": docs,
         "tokens": tokens,
         "mean_length": tokens / docs,
-        "median_length": quantile(0.5),
-        "percentiles": {f"p{p}": quantile(p / 100) for p in PERCENTILES},
+        "median_length": percentile(50),
+        "percentiles": {f"p{p}": percentile(p) for p in PERCENTILES},
         "max_length": int(np.flatnonzero(hist).max()),
     }
 
@@ -392,7 +396,11 @@ def bucket_shares(pieces: np.ndarray, train_len: int) -> dict[str, float]:
 
 
 def frequency_stats(hist: np.ndarray, train_len: int, budget_tokens: float) -> dict:
-    """The paper's numbers for one L: pieces at exactly L and where the position occurrences sit."""
+    """The paper's numbers for one L: pieces at exactly L and where the position occurrences sit.
+
+    ``share_positions_le_half_L`` is the share of all f(i) with i <= L/2 (the paper: over 80% at
+    i <= 1024 for L = 2048); ``share_positions_ge_three_quarter_L`` the share with i >= 3L/4 (under 5%).
+    """
     pieces = piece_histogram(hist, train_len)
     f = position_frequency(hist, train_len)
     occurrences = int(f.sum())
@@ -405,11 +413,11 @@ def frequency_stats(hist: np.ndarray, train_len: int, budget_tokens: float) -> d
         "share_pieces_at_L": float(pieces[train_len] / pieces.sum()),
         "share_documents_longer_than_L": float(hist[train_len + 1:].sum() / hist.sum()),
         "position_occurrences": occurrences,
-        f"share_positions_le_{half}": float(f[: half + 1].sum() / occurrences),
-        f"share_positions_ge_{three_quarters}": float(f[three_quarters:].sum() / occurrences),
+        "share_positions_le_half_L": float(f[: half + 1].sum() / occurrences),
+        "share_positions_ge_three_quarter_L": float(f[three_quarters:].sum() / occurrences),
         "piece_length_shares": bucket_shares(pieces, train_len),
         "budget_tokens": budget_tokens,
-        f"f_at_{half}_after_budget": float(scale_to_budget(f, budget_tokens)[half]),
+        "f_at_half_L_after_budget": float(scale_to_budget(f, budget_tokens)[half]),
     }
 
 
@@ -428,26 +436,25 @@ def format_summary(summary: dict, meta: dict) -> str:
     """A one-screen text summary of summary.json."""
     total = summary["all"]
     read = meta.get("read", {})
+    percentiles = ", ".join(f"{k} {v}" for k, v in total["percentiles"].items())
     lines = [
         f"corpus {meta.get('corpus')}: {meta.get('files')} files, {total['documents']:,} documents, "
         f"{total['tokens']:,} tokens (tokenizer {meta['settings']['tokenizer']}, length = tokens + EOS)",
-        f"  lengths: mean {total['mean_length']:.1f}, median {total['median_length']}, "
-        + ", ".join(f"{k} {v}" for k, v in total["percentiles"].items())
-        + f", max {total['max_length']}",
+        f"  lengths: mean {total['mean_length']:.1f}, median {total['median_length']}, {percentiles}, "
+        f"max {total['max_length']}",
     ]
     if read.get("filtered") or read.get("skipped"):
-        lines.append(f"  filtered by source: {read.get('filtered', 0):,}; skipped bad items: {read.get('skipped', 0):,}")
-    header = f"  {'source':<26}{'docs':>12}{'L':>7}{'at L':>8}{'i<=L/2':>9}{'i>=3L/4':>9}"
-    lines.append(header)
-    rows = [("all", total)] + sorted(summary["by_source"].items()) if len(summary["by_source"]) > 1 else [("all", total)]
+        lines.append(f"  filtered by source: {read.get('filtered', 0):,}; "
+                     f"skipped bad items: {read.get('skipped', 0):,}")
+    lines.append(f"  {'source':<26}{'docs':>12}{'L':>7}{'at L':>8}{'i<=L/2':>9}{'i>=3L/4':>9}")
+    rows = [("all", total)]
+    if len(summary["by_source"]) > 1:
+        rows += sorted(summary["by_source"].items())
     for name, stats in rows:
         for L, fs in stats["by_train_len"].items():
-            if not fs.get("pieces"):
-                continue
-            le = next(v for k, v in fs.items() if k.startswith("share_positions_le_"))
-            ge = next(v for k, v in fs.items() if k.startswith("share_positions_ge_"))
             lines.append(
-                f"  {name[:25]:<26}{stats['documents']:>12,}{L:>7}{fs['share_pieces_at_L']:>8.1%}{le:>9.1%}{ge:>9.1%}"
+                f"  {name[:25]:<26}{stats['documents']:>12,}{L:>7}{fs['share_pieces_at_L']:>8.1%}"
+                f"{fs['share_positions_le_half_L']:>9.1%}{fs['share_positions_ge_three_quarter_L']:>9.1%}"
             )
     return "\n".join(lines)
 
@@ -552,7 +559,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default="llama3", help="llama3 (exact ids), bytes, or hf:<dir>")
     p.add_argument("--train-len", type=int, nargs="+", default=[2048, 4096], help="training lengths L")
     p.add_argument("--budget-tokens", type=float, default=1e12, help="token budget for scaled f (Fig. 3)")
-    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="processes (default: all cores)")
+    p.add_argument("--workers", type=int, default=default_workers(), help="processes (default: all cores)")
     p.add_argument("--max-docs", type=int, help="quick estimate: about this many documents, spread over the files")
     p.add_argument("--sample-files", type=int, help="quick estimate: this many evenly spaced files")
     p.add_argument("--on-error", choices=["raise", "skip"], default="raise", help="bad input: stop, or count and skip")

@@ -1,4 +1,4 @@
-"""NIAH test construction and scoring, checked against the haystack's own sentences and plain string search."""
+"""NIAH construction and scoring, checked against the haystack's own sentences and string search."""
 
 from __future__ import annotations
 
@@ -69,12 +69,14 @@ def check_test(test: NiahTest, builder: NiahBuilder) -> None:
     whole = "".join(" " + sentences[i % len(sentences)] for i in range(max(n - 1, 0)))
     assert haystack_text.startswith(whole)
     last = haystack_text[len(whole) :]  # a prefix of the next sentence, maybe padded with spaces
-    assert (n == 0 and last == "") or (last and (" " + sentences[(n - 1) % len(sentences)]).startswith(last.rstrip(" ")))
+    next_sentence = " " + sentences[(n - 1) % len(sentences)]
+    assert (n == 0 and last == "") or (last != "" and next_sentence.startswith(last.rstrip(" ")))
 
     # Needle j sits at a sentence boundary, in a sentence slot that meets the j-th quarter.
     for j in range(4):
         before = "".join(chunks[: j + 1])
-        k = next(k for k in range(n + 1) if "".join(" " + sentences[i % len(sentences)] for i in range(k)) == before)
+        prefixes = ("".join(" " + sentences[i % len(sentences)] for i in range(k)) for k in range(n + 1))
+        k = next(k for k, prefix in enumerate(prefixes) if prefix == before)
         assert k == test.sentence_index[j]
         if n:
             assert j / 4 < (k + 1) / n and k / n < (j + 1) / 4
@@ -89,6 +91,14 @@ def test_exact_length_needles_and_boundaries(builders, name, lengths):
     for length in lengths:
         for test in builder.make_tests(length, n_tests=6, seed=3):
             check_test(test, builder)
+
+
+def test_llama3_segments_equal_canonical_tokenization(builders):
+    """The separately tokenized segments are what encoding the whole prompt text would give."""
+    tok = builders["llama3"].tokenizer
+    for length in (300, 1000, 2048):
+        for test in builders["llama3"].make_tests(length, n_tests=5, seed=11):
+            assert tok.encode(test.prompt) == test.input_ids[1:].tolist()
 
 
 def test_noise_haystack_cycles_to_exact_length():

@@ -378,6 +378,8 @@ class PackedSampler:
                              f"{rows_per_batch}, {shuffle_block}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
         if attention not in ("document", "row"):
             raise ValueError(f"attention must be 'document' or 'row', not {attention!r}")
         if dataset.num_tokens == 0:
@@ -480,6 +482,7 @@ class PackedSampler:
 
     @property
     def rows_per_global_batch(self) -> int:
+        """Rows that one step consumes over all ranks."""
         return self.rows_per_batch * self.world_size
 
     @property

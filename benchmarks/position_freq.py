@@ -1,0 +1,95 @@
+"""Benchmark: the length-histogram job vs the raw tokenizer on the same texts, per worker count.
+
+Generates a small SlimPajama-layout corpus (.jsonl.zst, mixed sources) in a temporary directory,
+measures the raw throughput of `tokenizer.encode_batch` over its texts in one process (the
+limit), then runs the histogram job end to end (read, decompress, parse JSON, tokenize, count)
+with 1..N worker processes. Goal: >= 80% of the raw throughput per core, scaling with cores.
+
+    python benchmarks/position_freq.py [--docs 12000] [--files 8] [--tokenizer llama3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from analysis.corpora import resolve_corpus, write_jsonl  # noqa: E402
+from analysis.position_freq import BATCH_CHARS, CountSettings, count_lengths  # noqa: E402
+from train.tokenizer import get_tokenizer  # noqa: E402
+
+SOURCES = ("RedPajamaCommonCrawl", "RedPajamaC4", "RedPajamaGithub", "RedPajamaArXiv")
+
+
+def synthetic_texts(n_docs: int, seed: int = 0) -> list[str]:
+    """English-like documents with a long-tailed length distribution (log-normal, median ~ 300 words)."""
+    rng = np.random.default_rng(seed)
+    letters = np.array(list("etaoinshrdlucmfwypvbgkjqxz"))
+    weights = np.linspace(2.0, 0.1, letters.size)
+    vocab = ["".join(rng.choice(letters, size=int(rng.integers(1, 10)), p=weights / weights.sum()))
+             for _ in range(5000)]
+    vocab += [",", ".", "\n", "the", "of", "and", "2024", "(", ")"] * 50
+    lengths = np.minimum(rng.lognormal(mean=5.7, sigma=1.0, size=n_docs).astype(int) + 1, 20000)
+    return [" ".join(rng.choice(vocab, size=n)) for n in lengths]
+
+
+def raw_throughput(texts: list[str], tokenizer_spec: str) -> tuple[float, int]:
+    """Tokens/s of encode_batch over the texts in this process, batched like the histogram job."""
+    tokenizer = get_tokenizer(tokenizer_spec)
+    tokenizer.encode_batch(texts[:10])  # warm up
+    start, tokens, batch, chars = time.perf_counter(), 0, [], 0
+    for text in texts:
+        batch.append(text)
+        chars += len(text)
+        if chars >= BATCH_CHARS:
+            tokens += sum(len(ids) for ids in tokenizer.encode_batch(batch))
+            batch, chars = [], 0
+    tokens += sum(len(ids) for ids in tokenizer.encode_batch(batch))
+    return tokens / (time.perf_counter() - start), tokens
+
+
+def main() -> None:
+    """Print raw and end-to-end throughput and their ratio per worker count."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--docs", type=int, default=12000)
+    parser.add_argument("--files", type=int, default=8)
+    parser.add_argument("--tokenizer", default="llama3")
+    parser.add_argument("--max-workers", type=int, default=len(os.sched_getaffinity(0)))
+    args = parser.parse_args()
+
+    texts = synthetic_texts(args.docs)
+    mb = sum(len(t.encode()) for t in texts) / 1e6
+    with tempfile.TemporaryDirectory() as tmp:
+        per_file = -(-len(texts) // args.files)
+        for k in range(args.files):
+            chunk = texts[k * per_file: (k + 1) * per_file]
+            records = [{"text": t, "meta": {"redpajama_set_name": SOURCES[j % len(SOURCES)]}}
+                       for j, t in enumerate(chunk)]
+            write_jsonl(Path(tmp) / "train" / f"chunk{k % 3 + 1}" / f"example_train_{k}.jsonl.zst", records)
+        corpus = resolve_corpus("slimpajama", data_dir=tmp)
+        raw, tokens = raw_throughput(texts, args.tokenizer)
+        print(f"corpus: {len(texts):,} docs, {tokens:,} tokens, {mb:.1f} MB of text "
+              f"in {len(corpus.files)} .jsonl.zst files")
+        print(f"raw tokenizer ({args.tokenizer}, 1 process): {raw / 1e6:.2f} M tokens/s")
+        print(f"{'workers':>8}{'docs/s':>12}{'M tokens/s':>12}{'vs raw x workers':>18}")
+        settings = CountSettings(tokenizer=args.tokenizer, default_source=corpus.default_source)
+        for workers in range(1, max(1, args.max_workers) + 1):
+            start = time.perf_counter()
+            histogram, stats = count_lengths(corpus.files, settings, workers=workers, progress=False)
+            elapsed = time.perf_counter() - start
+            counted = int((histogram.counts() * np.arange(histogram.counts().size)).sum()) - stats.documents
+            assert counted == tokens and stats.documents == len(texts), "histogram disagrees with raw count"
+            ratio = (tokens / elapsed) / (raw * workers)
+            print(f"{workers:>8}{stats.documents / elapsed:>12,.0f}{tokens / elapsed / 1e6:>12.2f}{ratio:>17.0%}")
+    print("(end to end includes process start-up, zstd, JSON and the tokenizer load in each worker)")
+
+
+if __name__ == "__main__":
+    main()

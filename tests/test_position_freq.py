@@ -1,0 +1,234 @@
+"""Eq. 2 against a naive reference and analytic cases; the histogram job, cache, shards and CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analysis import position_freq as pf
+from analysis.corpora import resolve_corpus, write_jsonl
+from train.tokenizer import get_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def naive_frequency(length_hist, train_len):
+    """Eq. 2 by definition: cut every document into pieces of <= L, then a double loop."""
+    f = [0] * train_len
+    for length, count in enumerate(length_hist):
+        pieces = [train_len] * (length // train_len) + ([length % train_len] if length % train_len else [])
+        for piece in pieces:
+            for i in range(train_len):
+                f[i] += count * max(piece - i, 0)
+    return np.array(f, dtype=np.int64)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_fast_path_matches_naive_double_loop(seed):
+    rng = np.random.default_rng(seed)
+    train_len = int(rng.integers(2, 40))
+    hist = rng.integers(0, 5, size=int(rng.integers(1, 4 * train_len)))
+    hist[min(train_len, hist.size - 1)] += 3  # documents of exactly L (or the longest there is)
+    f = pf.position_frequency(hist, train_len)
+    assert f.dtype == np.int64 and f.shape == (train_len,)
+    np.testing.assert_array_equal(f, naive_frequency(hist, train_len))
+
+
+def test_one_document_of_length_L():
+    L = 64
+    np.testing.assert_array_equal(pf.position_frequency(pf.concatenated_histogram(1, L), L), L - np.arange(L))
+
+
+def test_concatenated_rows_are_linear():
+    L, rows = 128, 1000
+    f = pf.position_frequency(pf.concatenated_histogram(rows, L), L)
+    np.testing.assert_array_equal(f, rows * (L - np.arange(L)))
+
+
+def test_uniform_lengths_are_quadratic():
+    L = 100
+    f = pf.position_frequency(pf.uniform_length_histogram(L, docs_per_length=3), L)
+    k = L - np.arange(L)
+    np.testing.assert_array_equal(f, 3 * k * (k + 1) // 2)
+
+
+def test_truncation_before_eq2():
+    L = 10
+    hist = np.zeros(2 * L + 4, dtype=np.int64)
+    hist[2 * L + 3] = 1  # one document of 23 tokens -> pieces 10, 10, 3
+    np.testing.assert_array_equal(pf.piece_histogram(hist, L)[[3, L]], [1, 2])
+    expected = 2 * (L - np.arange(L)) + np.maximum(3 - np.arange(L), 0)
+    np.testing.assert_array_equal(pf.position_frequency(hist, L), expected)
+
+
+def test_trained_segment_histogram_needs_no_truncation():
+    L = 16
+    segments = np.bincount([16, 16, 5, 1, 9, 16], minlength=L + 1)  # as a checkpoint stores it
+    expected = sum(np.maximum(n - np.arange(L), 0) for n in [16, 16, 5, 1, 9, 16])
+    np.testing.assert_array_equal(pf.position_frequency(segments, L), expected)
+
+
+def test_exact_in_int64_at_trillion_scale():
+    L = 2048
+    f = pf.position_frequency(pf.concatenated_histogram(10**12 // L, L), L)
+    assert int(f[0]) == (10**12 // L) * L and f.dtype == np.int64
+
+
+def test_scale_to_budget_and_bad_inputs():
+    f = pf.position_frequency(np.bincount([4, 8], minlength=9), 8)
+    scaled = pf.scale_to_budget(f, 1200)
+    assert scaled[0] == pytest.approx(1200) and scaled[1] == pytest.approx(1200 * f[1] / f[0])
+    with pytest.raises(ValueError, match="integer"):
+        pf.position_frequency(np.array([0.0, 1.0]), 4)
+    with pytest.raises(ValueError, match="negative"):
+        pf.position_frequency(np.array([0, -1]), 4)
+    with pytest.raises(ValueError, match="1-D"):
+        pf.position_frequency(np.zeros((2, 2), dtype=int), 4)
+
+
+def test_frequency_stats_shares():
+    L = 8
+    hist = pf.concatenated_histogram(1, L)
+    stats = pf.frequency_stats(hist, L, budget_tokens=80)
+    f = L - np.arange(L)  # 8..1, sum 36; i <= 4: 8+7+6+5+4 = 30; i >= 6: 2+1 = 3
+    assert stats["share_pieces_at_L"] == 1.0
+    assert stats["share_positions_le_half_L"] == pytest.approx(30 / f.sum())
+    assert stats["share_positions_ge_three_quarter_L"] == pytest.approx(3 / f.sum())
+    assert pf.length_stats(np.bincount([2, 2, 3, 10]))["median_length"] == 2
+
+
+def test_histogram_npz_round_trip(tmp_path):
+    h = pf.LengthHistogram()
+    h.add("a", np.array([3, 3, 70000]))
+    h.add("b", np.array([5]))
+    pf.save_histogram(tmp_path / "h.npz", h, {"x": 1})
+    back, meta = pf.load_histogram(tmp_path / "h.npz")
+    assert meta == {"x": 1} and back.sources == ["a", "b"]
+    np.testing.assert_array_equal(back.counts(), h.counts())
+
+
+# --------------------------------------------------------------------------- corpus histograms
+
+SOURCES = ("RedPajamaC4", "RedPajamaGithub", "RedPajamaBook")
+
+
+@pytest.fixture
+def slimpajama(tmp_path):
+    """A small SlimPajama-layout corpus (3 chunk dirs, .jsonl.zst, mixed sources) and its records."""
+    rng = np.random.default_rng(0)
+    words = ["alpha", "beta", "gamma", "δέλτα", "\n", "1234", "::", "x"]
+    records = []
+    for chunk in (1, 2, 10):
+        for n in range(2):
+            recs = [
+                {"text": " ".join(rng.choice(words, size=int(rng.integers(0, 300)))),
+                 "meta": {"redpajama_set_name": SOURCES[int(rng.integers(0, 3))]}}
+                for _ in range(15)
+            ]
+            write_jsonl(tmp_path / "sp" / "train" / f"chunk{chunk}" / f"example_train_{n}.jsonl.zst", recs)
+            records.extend(recs)
+    return tmp_path / "sp", records
+
+
+def one_by_one(records, tokenizer, keep=lambda source: True):
+    """Reference: tokenize each document alone, length = tokens + EOS, counted per source."""
+    out = {}
+    for r in records:
+        source = r["meta"]["redpajama_set_name"]
+        if keep(source):
+            out.setdefault(source, []).append(len(tokenizer.encode(r["text"])) + 1)
+    return {s: np.bincount(v) for s, v in out.items()}
+
+
+def assert_histograms_equal(histogram, expected):
+    assert histogram.sources == sorted(expected)
+    for source, hist in expected.items():
+        np.testing.assert_array_equal(histogram.counts(source), np.trim_zeros(hist, "b"))
+
+
+@pytest.mark.parametrize("tokenizer", ["bytes", "llama3"])
+def test_corpus_histogram_equals_tokenizing_one_by_one(slimpajama, tokenizer):
+    root, records = slimpajama
+    corpus = resolve_corpus("slimpajama", data_dir=root)
+    settings = pf.CountSettings(tokenizer=tokenizer, default_source=corpus.default_source)
+    histogram, stats = pf.count_lengths(corpus.files, settings, workers=1, progress=False)
+    assert stats.documents == len(records)
+    assert_histograms_equal(histogram, one_by_one(records, get_tokenizer(tokenizer)))
+
+
+def test_source_filter_and_worker_shard_independence(slimpajama):
+    root, records = slimpajama
+    corpus = resolve_corpus("slimpajama", data_dir=root, sources=["-github"])
+    settings = pf.CountSettings(tokenizer="bytes", sources=corpus.sources)
+    serial, _ = pf.count_lengths(corpus.files, settings, workers=1, progress=False)
+    expected = one_by_one(records, get_tokenizer("bytes"), keep=lambda s: s != "RedPajamaGithub")
+    assert_histograms_equal(serial, expected)
+    parallel, _ = pf.count_lengths(corpus.files, settings, workers=2, progress=False)
+    merged = pf.LengthHistogram()
+    for i in range(4):
+        part, _ = pf.count_lengths(corpus.shard(i, 4).files, settings, workers=1, progress=False)
+        merged.merge(part)
+    for other in (parallel, merged):
+        assert other.sources == serial.sources
+        for s in serial.sources:
+            np.testing.assert_array_equal(other.counts(s), serial.counts(s))
+
+
+def test_cli_shards_merge_and_cache(slimpajama, tmp_path, monkeypatch):
+    root, records = slimpajama
+    monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
+    common = ["--corpus", "slimpajama", "--data-dir", str(root), "--tokenizer", "bytes", "--workers", "1",
+              "--quiet", "--train-len", "16", "32"]
+    for i in range(3):
+        assert pf.main(common + ["--shard", f"{i}/3", "--out", str(tmp_path / f"shard_{i}")]) == 0
+    with pytest.raises(SystemExit, match="shards 0..n-1"):
+        pf.main(["--merge", str(tmp_path / "shard_0"), str(tmp_path / "shard_1"), "--out", str(tmp_path / "x")])
+    pf.main(["--merge", *(str(tmp_path / f"shard_{i}") for i in range(3)), "--out", str(tmp_path / "merged"),
+             "--train-len", "16", "32", "--no-figures"])
+    pf.main(common + ["--out", str(tmp_path / "whole"), "--no-figures"])
+    assert list((tmp_path / "cache" / "position_freq").glob("*.npz"))  # cached: a re-run reads it back
+    merged = json.loads((tmp_path / "merged" / "summary.json").read_text())
+    whole = json.loads((tmp_path / "whole" / "summary.json").read_text())
+    assert merged["all"] == whole["all"] and merged["by_source"] == whole["by_source"]
+    assert whole["all"]["documents"] == len(records)
+    assert set(whole["by_source"]) == set(SOURCES)
+
+
+def test_empty_corpus_is_an_error(slimpajama, tmp_path, monkeypatch):
+    root, _ = slimpajama
+    monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(SystemExit, match="no documents"):
+        pf.main(["--corpus", "slimpajama", "--data-dir", str(root), "--sources", "wikipedia",
+                 "--tokenizer", "bytes", "--workers", "1", "--quiet", "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_on_pg_essays_writes_all_outputs(tmp_path):
+    out = tmp_path / "pg"
+    cmd = [sys.executable, "analysis/position_freq.py", "--corpus", "pg-essays", "--out", str(out),
+           "--workers", "2", "--no-cache", "--quiet"]
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "i<=L/2" in result.stdout
+    for name in ["summary.json", "histogram.npz", "lengths.csv", "position_frequency.npz",
+                 "position_frequency_L2048.csv", "position_frequency_L4096.csv"]:
+        assert (out / name).is_file(), name
+    for fig in ["fig1a_L2048", "fig1b_L2048", "fig1c_L4096", "fig3_L2048_vs_L4096"]:
+        assert (out / "figures" / f"{fig}.png").is_file() and (out / "figures" / f"{fig}.pdf").is_file()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["all"]["documents"] == 49
+    f = np.load(out / "position_frequency.npz")["L2048/f"]
+    assert f[0] == summary["all"]["tokens"]  # no piece is lost: f(0) counts every token
+
+
+def test_module_entry_point_and_missing_slimpajama(tmp_path):
+    env = {"SLIMPAJAMA_DIR": str(tmp_path / "none"), "POSFREQ_CACHE": str(tmp_path), "PATH": ""}
+    result = subprocess.run([sys.executable, "-m", "analysis.position_freq", "--quiet"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode != 0
+    assert "SlimPajama (train split) not found" in result.stderr and "--corpus pg-essays" in result.stderr
