@@ -47,3 +47,15 @@ def test_unknown_and_missing_tokenizers_are_clear(tmp_path):
         get_tokenizer("gpt5")
     with pytest.raises(FileNotFoundError, match="tokenizer.json"):
         get_tokenizer(f"hf:{tmp_path}")
+
+
+def test_hf_tokenizer_keeps_special_strings_as_text(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import AddedToken
+
+    hf = Tokenizer(models.WordLevel({"<s>": 0, "</s>": 1, "[UNK]": 2, "a": 3}, unk_token="[UNK]"))
+    hf.pre_tokenizer = pre_tokenizers.Whitespace()
+    hf.add_special_tokens([AddedToken("</s>", special=True)])
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tok = get_tokenizer(f"hf:{tmp_path}")
+    assert tok.eos_id not in tok.encode("a </s> a")

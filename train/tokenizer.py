@@ -99,6 +99,7 @@ class HFTokenizer:
         except ImportError as err:
             raise ImportError("hf:<dir> tokenizers need `pip install tokenizers`") from err
         self._tok = _HFTok.from_file(str(file))
+        self._tok.encode_special_tokens = True  # special-token strings in text stay plain text
         self.name = f"hf:{path}"
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
         self.bos_id, self.eos_id = self._special_ids(path)
