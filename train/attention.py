@@ -112,8 +112,8 @@ def _group_by_shape(cu_q: Tensor, cu_k: Tensor) -> dict[tuple[int, int], list[in
 
 def _gather(x: Tensor, starts: list[int], length: int) -> Tensor:
     """Stack equal-length slices of a packed (T, H, D) tensor into (n, H, length, D)."""
-    if len(starts) == 1:
-        return x[starts[0] : starts[0] + length].transpose(0, 1).unsqueeze(0)
+    if all(b - a == length for a, b in zip(starts, starts[1:])):  # back to back: a view, no copy
+        return x[starts[0] : starts[0] + len(starts) * length].reshape(len(starts), length, *x.shape[1:]).transpose(1, 2)
     index = (torch.tensor(starts, device=x.device)[:, None] + torch.arange(length, device=x.device)).reshape(-1)
     return x.index_select(0, index).view(len(starts), length, *x.shape[1:]).transpose(1, 2)
 
@@ -124,12 +124,12 @@ def _attend_dense(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: 
     if not want_lse:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=groups > 1)
         return out, None
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    if q.device.type == "cpu" and not torch.is_grad_enabled():
+    if q.device.type == "cpu" and not torch.is_grad_enabled():  # the fused CPU kernel takes grouped heads as they are
         bias = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, -math.inf)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=bias, scale=scale)[:2]
         return out, lse.float()
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
     if causal:
         mask = causal_mask(q.shape[2], k.shape[2], None, q.device)

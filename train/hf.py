@@ -14,7 +14,6 @@ when we have them) that `transformers.AutoModelForCausalLM.from_pretrained` load
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import warnings
 from pathlib import Path
@@ -24,10 +23,9 @@ from torch import Tensor
 
 from train.config import ModelConfig
 from train.model import Transformer
-from train.positions import rotary_inv_freq
+from train.positions import rope_scaling_type
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}
-ROPE_SCALING_TYPES = ("default", "linear", "llama3")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
 
 # HF's defaults for keys a config.json may omit (LlamaConfig / MistralConfig).
@@ -43,63 +41,11 @@ _KNOWN_KEYS = {
     "num_key_value_heads", "pretraining_tp", "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters",
     "tie_word_embeddings", "torch_dtype", "dtype", "transformers_version", "use_cache", "vocab_size",
     "sliding_window", "output_attentions", "output_hidden_states", "return_dict", "chunk_size_feed_forward",
-    "is_encoder_decoder", "id2label", "label2id", "problem_type",
+    "is_encoder_decoder", "id2label", "label2id", "problem_type", "partial_rotary_factor", "quantization_config",
 }
 # Weights HF checkpoints may carry that we recompute (old Llama files saved the rotary buffer).
 _IGNORED_WEIGHT_SUFFIXES = ("rotary_emb.inv_freq",)
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def llama3_inv_freq(
-    inv_freq: Tensor, factor: float, low_freq_factor: float, high_freq_factor: float, original_max_position_embeddings: int
-) -> Tensor:
-    """Llama-3.1's rope scaling: divide low frequencies by `factor`, keep high ones, interpolate between."""
-    low_freq_wavelen = original_max_position_embeddings / low_freq_factor
-    high_freq_wavelen = original_max_position_embeddings / high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (original_max_position_embeddings / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
-    return torch.where(is_medium, smoothed, scaled)
-
-
-def scaled_inv_freq(inv_freq: Tensor, rope_scaling: dict | None) -> Tensor:
-    """Apply a Hugging Face `rope_scaling` dict (none/default, linear, llama3) to RoPE's inverse frequencies."""
-    rope_type = _rope_type(rope_scaling)
-    if rope_type == "default":
-        return inv_freq
-    try:
-        if rope_type == "linear":
-            return inv_freq / float(rope_scaling["factor"])
-        return llama3_inv_freq(
-            inv_freq,
-            float(rope_scaling["factor"]),
-            float(rope_scaling["low_freq_factor"]),
-            float(rope_scaling["high_freq_factor"]),
-            int(rope_scaling["original_max_position_embeddings"]),
-        )
-    except KeyError as err:
-        raise ValueError(f"rope_scaling of type {rope_type!r} lacks the key {err.args[0]!r}: {rope_scaling}") from err
-
-
-def _rope_type(rope_scaling: dict | None) -> str:
-    """The scaling type of a rope_scaling dict (HF spells it rope_type, older files type); refuses unknown types."""
-    if not rope_scaling:
-        return "default"
-    rope_type = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
-    if rope_type not in ROPE_SCALING_TYPES:
-        raise ValueError(
-            f"unsupported rope_scaling type {rope_type!r} (rope_scaling={rope_scaling}); supported: {ROPE_SCALING_TYPES}"
-        )
-    return rope_type
-
-
-def apply_rope_scaling(model: Transformer) -> None:
-    """Set the model's rotary frequencies from `config.rope_scaling` (needed again after every `set_positions`)."""
-    config = model.config
-    if config.rope_scaling is not None:
-        model.positions.rotary.inv_freq = scaled_inv_freq(rotary_inv_freq(config.head_dim, config.rope_base), config.rope_scaling)
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def _read_json(path: Path) -> dict:
@@ -120,7 +66,6 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
             f"supported: {sorted(SUPPORTED_ARCHITECTURES)} with model_type in {sorted(set(SUPPORTED_ARCHITECTURES.values()))}"
         )
     defaults = _DEFAULTS[model_type]
-    get = lambda key: hf.get(key, defaults.get(key))  # noqa: E731
     problems = []
     for key, expected in (("attention_bias", False), ("mlp_bias", False), ("hidden_act", "silu")):
         if hf.get(key, expected) != expected:
@@ -129,13 +74,13 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
         problems.append("quantization_config (quantized weights are not supported; use a bf16/fp16/fp32 checkpoint)")
     if hf.get("partial_rotary_factor", 1.0) != 1.0:
         problems.append(f"partial_rotary_factor={hf['partial_rotary_factor']} (only 1.0 is supported)")
-    max_len = int(get("max_position_embeddings"))
-    window = get("sliding_window")
+    max_len = int(hf.get("max_position_embeddings", defaults["max_position_embeddings"]))
+    window = hf.get("sliding_window", defaults["sliding_window"])
     if window is not None and window < max_len:
         problems.append(f"sliding_window={window} < max_position_embeddings={max_len} (sliding-window attention is not supported)")
     rope_theta, rope_scaling = _rope_from_hf(hf, defaults)
     try:
-        _rope_type(rope_scaling)
+        rope_scaling_type(rope_scaling)
     except ValueError as err:
         problems.append(str(err))
     if problems:
@@ -161,10 +106,10 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
         n_kv_heads=int(hf.get("num_key_value_heads") or n_heads),
         ffn_dim=int(hf["intermediate_size"]),
         rope_base=float(rope_theta),
-        norm_eps=float(get("rms_norm_eps")),
+        norm_eps=float(hf.get("rms_norm_eps", defaults["rms_norm_eps"])),
         max_seq_len=max_len,
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        rope_scaling=None if _rope_type(rope_scaling) == "default" else dict(rope_scaling),
+        rope_scaling=None if rope_scaling_type(rope_scaling) == "default" else dict(rope_scaling),
     )
 
 
@@ -209,10 +154,14 @@ def _read_hf_weights(directory: Path, dtype: torch.dtype | None, device: str) ->
 
 
 def load_hf_model(
-    directory: str | Path, dtype: torch.dtype | None = None, attention_backend: str = "auto", device: str = "cpu"
+    directory: str | Path, dtype: torch.dtype | str | None = None, attention_backend: str = "auto", device: str = "cpu"
 ) -> Transformer:
     """Our Transformer with the weights of a local Hugging Face Llama/Mistral directory (dtype None: as stored)."""
     directory = Path(directory)
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
+        dtype = DTYPES[dtype]
     config = config_from_hf(_read_json(directory / "config.json"), source=str(directory / "config.json"))
     weights = _read_hf_weights(directory, dtype, device)
     if config.tie_embeddings:
@@ -230,7 +179,6 @@ def load_hf_model(
     if config.tie_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.set_positions("rope")  # rebuild the rotary off the meta device
-    apply_rope_scaling(model)
     return model.eval()
 
 
@@ -305,3 +253,68 @@ def export_hf(
         for name in copied:
             shutil.copyfile(Path(tokenizer_dir) / name, out / name)
     return out
+
+
+# Llama 3's pretokenizer regex (as in Meta's tokenizer.json / tiktoken model).
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _byte_level_alphabet() -> dict[int, str]:
+    """GPT-2's byte -> printable character map that byte-level BPE vocabularies are written in."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    extra = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(extra)}}
+
+
+def _merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
+    """Every (left, right) split of every token into two tokens, ordered by the merged token's rank.
+
+    tiktoken ranks imply these merges (transformers' TikTokenConverter derives them the same way);
+    some Llama 3 tokens are reachable only as whole pre-tokens, which `ignore_merges` handles.
+    """
+    merges = []
+    for token, rank in ranks.items():
+        splits = [(token[:i], token[i:]) for i in range(1, len(token)) if token[:i] in ranks and token[i:] in ranks]
+        merges += sorted(((rank, ranks[a], ranks[b]), a, b) for a, b in splits)
+    return [(a, b) for _, a, b in sorted(merges)]
+
+
+def write_llama3_tokenizer(out_dir: str | Path) -> list[Path]:
+    """Write a Hugging Face tokenizer.json + tokenizer_config.json equal to Llama 3's, from quicktok's bundled ranks.
+
+    Needs the `tokenizers` package (the `hf` extra); the ids match quicktok's exactly (tests/test_hf.py).
+    """
+    import quicktok
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    enc = quicktok.get_encoding("llama3")
+    n_base = len(enc.token_byte_values())  # sorted by bytes, not by rank
+    ranks = {enc.decode_single_token_bytes(rank): rank for rank in range(n_base)}
+    alphabet = _byte_level_alphabet()
+    as_text = lambda token: "".join(alphabet[b] for b in token)  # noqa: E731
+    vocab = {as_text(token): rank for token, rank in ranks.items()}
+    merges = [(as_text(a), as_text(b)) for a, b in _merges(ranks)]
+    tokenizer = Tokenizer(models.BPE(vocab, merges, ignore_merges=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+    ])
+    tokenizer.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
+    specials = sorted(enc.special_tokens_set, key=enc.encode_single_token)
+    if [enc.encode_single_token(s) for s in specials] != list(range(len(ranks), len(ranks) + len(specials))):
+        raise ValueError("quicktok's llama3 special tokens are not the ids after the base vocabulary")
+    tokenizer.add_special_tokens(specials)
+    bos, eos = "<|begin_of_text|>", "<|end_of_text|>"
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, enc.encode_single_token(bos))]
+    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(out / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos,
+              "clean_up_tokenization_spaces": False, "model_input_names": ["input_ids", "attention_mask"],
+              "model_max_length": 131072}
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return [out / "tokenizer.json", out / "tokenizer_config.json"]

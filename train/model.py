@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from train.config import ModelConfig
-from train.positions import AttentionInputs, PositionScheme, build_scheme
+from train.positions import AttentionInputs, PositionScheme, build_scheme, scaled_inv_freq
 
 
 def positions_in_sequences(cu_seqlens: Tensor, total: int) -> Tensor:
@@ -156,6 +156,10 @@ class Transformer(nn.Module):
     def set_positions(self, name: str, **options) -> None:
         """Select the position scheme used at attention time (rope, string, ...; see train.positions)."""
         self.positions = build_scheme(name, self.config.head_dim, self.config.rope_base, train_len=self.config.max_seq_len, **options)
+        if self.config.rope_scaling is not None:  # a checkpoint's own frequency scaling (e.g. Llama-3.1)
+            if name in ("ntk", "yarn"):
+                raise ValueError(f"{name} replaces RoPE's frequencies; it cannot be combined with this model's rope_scaling {self.config.rope_scaling}")
+            self.positions.rotary.inv_freq = scaled_inv_freq(self.positions.rotary.inv_freq, self.config.rope_scaling)
 
     @torch.no_grad()
     def init_weights(self) -> None:

@@ -1,19 +1,48 @@
 """Position schemes: which relative distance the rotary embedding sees for each (query, key).
 
-Keys are always rotated (and cached) at their true positions by the model. A scheme receives
-the un-rotated queries and decides how to rotate them, and over which keys, so that each
-(query m, key n) pair sees the scheme's distance. `rope` is ordinary rotary attention.
+Keys are always rotated (and cached) at their true positions by the model, with the scheme's
+`rotary`. A scheme receives the un-rotated queries and decides how to rotate them, and over
+which keys, so that each (query m, key n <= m) pair of a document sees the scheme's distance.
+Every scheme has `distances(L)`, the reference (L, L) matrix of those distances, and `attend`,
+the fast implementation the model runs.
+
+- ``rope``: m - n.
+- ``string`` (STRING, An et al. 2024): m - n below the shift S, m - n - S + W at or beyond it.
+- ``rerope`` (Su 2023): min(m - n, w).
+- ``self_extend`` (Jin et al. 2024): m - n below the neighbour window W_n, grouped
+  m // G - n // G + W_n - W_n // G beyond it.
+- ``dca`` (dual chunk attention, An et al. 2024a): intra-chunk, successive-chunk and
+  inter-chunk distances over chunks of the document.
+- ``ntk`` and ``yarn``: m - n with rescaled RoPE frequencies (and YaRN's temperature).
+
+The schemes that rewrite distances run as several causal attention passes over packed
+sequences (`varlen_attention`), each with its own query rotation and key set, merged exactly
+through their log-sum-exp, so every key is counted once per query.
+
+The extrapolation baselines (ntk, yarn, rerope, self_extend, dca) take ``protocol``:
+``"paper"`` (default) is the STRING paper's evaluation protocol, which treats the training
+length as 2/3 of the true one and the extension factor as 3/2 so the methods act inside the
+training window; ``"native"`` keeps the true training length and factor 1 (ntk, yarn and
+self_extend then equal rope).
 """
 
 from __future__ import annotations
 
+import inspect
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from train.attention import varlen_attention
+from train.attention import resolve_backend, varlen_attention
+
+DENSE_BLOCK = 256
+"""Query block of DCA's cross-chunk pass, computed densely (see `DualChunkScheme`)."""
+
+STRING_TEMPERATURE = 1.0 + 0.1 * math.log(2.0)
+"""The official STRING code multiplies RoPE's cos/sin by this (not in the paper)."""
 
 
 def rotary_inv_freq(head_dim: int, base: float) -> Tensor:
@@ -37,8 +66,12 @@ class Rotary:
         """x: (T, H, D) rotated at `positions` (T,), which may be any integers, negative included."""
         cos, sin = self.cos_sin(positions, x.dtype)
         half = x.shape[-1] // 2
-        rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated_half * sin
+        rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1).mul_(sin)
+        return (x * cos).add_(rotated_half)  # = x * cos + rotated_half * sin, with two buffers instead of four
+
+    def rerotate(self, x: Tensor, shift: Tensor) -> Tensor:
+        """Rotate already rotated vectors further by `shift` (rotations compose), in float32, without `scale` again."""
+        return Rotary(self.inv_freq).rotate(x.float(), shift).to(x.dtype)
 
 
 @dataclass
@@ -63,12 +96,17 @@ class PositionScheme:
 
     name: str = "rope"
     rotary: Rotary = field(default=None)  # type: ignore[assignment]
+    options: dict = field(default_factory=dict)  # the resolved options, for logs and plots
+
+    def pair_distance(self, m: np.ndarray, n: np.ndarray) -> np.ndarray:
+        """Distance seen by query position m and key position n <= m (broadcasting arrays)."""
+        return m - n
 
     def distances(self, length: int) -> np.ndarray:
         """Reference: the (length, length) matrix of relative distances seen (-1 above the diagonal)."""
         m = np.arange(length)[:, None]
         n = np.arange(length)[None, :]
-        return np.where(n <= m, m - n, -1)
+        return np.where(n <= m, self.pair_distance(m, n), -1)
 
     def attend(self, x: AttentionInputs) -> Tensor:
         q = self.rotary.rotate(x.q, x.pos_q)
@@ -77,16 +115,494 @@ class PositionScheme:
         )
 
 
-def build_scheme(name: str, head_dim: int, rope_base: float, train_len: int, **kwargs) -> PositionScheme:
-    """A position scheme by name with its options (e.g. shift=, window= for string).
+# ----------------------------------------------------------------------------- packing helpers
 
-    `train_len` is the model's training length L, from which schemes derive their defaults.
+
+def _lengths(cu: Tensor) -> Tensor:
+    return (cu[1:] - cu[:-1]).long()
+
+
+def _cu(lengths: Tensor) -> Tensor:
+    """int32 cu_seqlens for `lengths`."""
+    return torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0)).to(torch.int32)
+
+
+def _ranges(starts: Tensor, lengths: Tensor) -> Tensor | slice:
+    """Indices of the concatenated ranges [start, start + length); a slice when there is one range."""
+    if starts.numel() == 1:
+        start = int(starts[0])
+        return slice(start, start + int(lengths[0]))
+    offsets = torch.cumsum(lengths, 0) - lengths
+    return torch.repeat_interleave(starts - offsets, lengths) + torch.arange(int(lengths.sum()), device=starts.device)
+
+
+@dataclass
+class _Segments:
+    """Sub-sequences cut from packed queries and keys: rows to take and their varlen layout."""
+
+    rows_q: Tensor | slice
+    rows_k: Tensor | slice
+    cu_q: Tensor
+    cu_k: Tensor
+    max_q: int
+    max_k: int
+
+    @staticmethod
+    def of(starts_q: Tensor, lens_q: Tensor, starts_k: Tensor, lens_k: Tensor) -> "_Segments | None":
+        """Segments with lens_q[i] queries from starts_q[i] and lens_k[i] keys from starts_k[i]; None if empty."""
+        keep = lens_q > 0
+        if not bool(keep.any()):
+            return None
+        lens_q, lens_k = lens_q[keep], lens_k[keep]
+        return _Segments(
+            _ranges(starts_q[keep], lens_q), _ranges(starts_k[keep], lens_k),
+            _cu(lens_q), _cu(lens_k), int(lens_q.max()), int(lens_k.max()),
+        )
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, window: int | None, backend: str) -> tuple[Tensor, Tensor]:
+        """Causal (bottom-right) attention of the segments' queries q over keys k, v; returns (out, lse)."""
+        return varlen_attention(
+            q, k, v, self.cu_q, self.cu_k, self.max_q, self.max_k, window=window, return_lse=True, backend=backend
+        )
+
+
+def _merge_into(out: Tensor, lse: Tensor, rows: Tensor | slice, out_b: Tensor, lse_b: Tensor) -> None:
+    """Fold a second pass (out_b, lse_b) for `rows` into (out, lse) in place: exact softmax over both key sets."""
+    lse_a = lse[rows]
+    total = torch.logaddexp(lse_a, lse_b)
+    weight_a = torch.exp(lse_a - total).nan_to_num_(0.0).unsqueeze(-1)  # nan only where both saw no key
+    weight_b = torch.exp(lse_b - total).nan_to_num_(0.0).unsqueeze(-1)
+    merged = out[rows].float().mul_(weight_a).addcmul_(out_b.float(), weight_b)  # in place for float32 slices
+    if isinstance(rows, slice):
+        if merged.dtype != out.dtype:
+            out[rows] = merged
+        lse[rows] = total
+    else:
+        out.index_copy_(0, rows, merged.to(out.dtype))
+        lse.index_copy_(0, rows, total)
+
+
+def windowed_attention(q: Tensor, x: AttentionInputs, window: int) -> tuple[Tensor, Tensor]:
+    """Attention of rotated queries q over the keys at distance < window; returns (out, lse).
+
+    flash and flex take the window natively, and so does sdpa for cached decoding (over the
+    keys within reach only). For a prefill on sdpa, a window would mean a dense (L, L) mask
+    (O(L^2) memory); instead each sequence is cut
+    into blocks of `window` positions and the window splits, mask-free, into two causal passes
+    merged by log-sum-exp: (1) each block over itself; (2) each block over the previous block's
+    keys at distance < window, which in reversed order form a causal triangle.
     """
-    if name == "rope":
-        if kwargs:
-            raise ValueError(f"rope takes no options, got {sorted(kwargs)}")
-        return PositionScheme(name="rope", rotary=Rotary(rotary_inv_freq(head_dim, rope_base)))
-    raise ValueError(f"unknown position scheme {name!r}; choose one of {SCHEMES}")
+    lens_q, lens_k = _lengths(x.cu_seqlens_q), _lengths(x.cu_seqlens_k)
+    blocked = (
+        resolve_backend(x.backend, q.device, return_lse=True) == "sdpa"
+        and x.max_seqlen_q > window > 1
+        and torch.equal(lens_q, lens_k)
+    )
+    if not blocked:  # only the last Lq + window - 1 keys of each sequence are within reach
+        first = (lens_k - lens_q - window + 1).clamp_min(0)
+        seg = _Segments.of(x.cu_seqlens_q[:-1].long(), lens_q, x.cu_seqlens_k[:-1].long() + first, lens_k - first)
+        return seg.attention(q[seg.rows_q], x.k[seg.rows_k], x.v[seg.rows_k], window, x.backend)
+    # Blocks [j * window, (j + 1) * window) of every sequence; they tile the packed rows.
+    n_blocks = (lens_q + window - 1) // window
+    seq = torch.repeat_interleave(torch.arange(len(lens_q), device=q.device), n_blocks)
+    index = torch.arange(int(n_blocks.sum()), device=q.device) - torch.repeat_interleave(torch.cumsum(n_blocks, 0) - n_blocks, n_blocks)
+    block_start = x.cu_seqlens_q[:-1].long()[seq] + index * window
+    block_len = torch.minimum(lens_q[seq] - index * window, torch.full_like(block_start, window))
+    cu = _cu(block_len)
+    out, lse = varlen_attention(q, x.k, x.v, cu, cu, int(block_len.max()), int(block_len.max()), return_lse=True, backend="sdpa")
+    # Block j > 0 over block j - 1: query i sees previous-block key r iff r > i. Reversing
+    # both (u = window - 2 - i, key window - 1 - u') makes that top-left causal over
+    # window - 1 keys. Short last blocks are padded with ignored query rows.
+    later = index > 0
+    start, length = block_start[later], torch.clamp(block_len[later], max=window - 1)
+    u = torch.arange(window - 1, device=q.device)
+    i = (window - 2 - u)[None, :]
+    valid = (i < length[:, None]).reshape(-1)
+    rows_q = torch.where(i < length[:, None], start[:, None] + i, start[:, None]).reshape(-1)
+    rows_k = (start[:, None] - 1 - u[None, :]).reshape(-1)
+    cu_prev = torch.arange(0, (len(start) + 1) * (window - 1), window - 1, device=q.device, dtype=torch.int32)
+    out_prev, lse_prev = varlen_attention(
+        q[rows_q], x.k[rows_k], x.v[rows_k], cu_prev, cu_prev, window - 1, window - 1, return_lse=True, backend="sdpa"
+    )
+    if bool(valid.all()):
+        _merge_into(out, lse, rows_q, out_prev, lse_prev)
+    else:
+        _merge_into(out, lse, rows_q[valid], out_prev[valid], lse_prev[valid])
+    return out, lse
 
 
-SCHEMES = ("rope",)
+# ----------------------------------------------------------------------------- two-pass schemes
+
+
+@dataclass
+class SplitScheme(PositionScheme):
+    """RoPE for distances below `split`; a rewritten distance for distances >= split.
+
+    Near pass: sliding-window attention (window = split) with ordinary query rotation. Far
+    pass: the last min(Lq, Lk - split) queries of each sequence attend causally (bottom-right)
+    to its first Lk - split keys, which are exactly the keys at distance >= split, with queries
+    rotated at `far_query_positions` and keys optionally re-rotated by `far_key_shift`. The
+    two are merged by their log-sum-exp, so each key is counted once.
+    """
+
+    split: int = 1
+
+    def far_distance(self, m: np.ndarray, n: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def far_query_positions(self, pos_q: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def far_key_shift(self, pos_k: Tensor) -> Tensor | None:
+        """Extra rotation of the far keys (None: they keep their cached rotation)."""
+        return None
+
+    def pair_distance(self, m: np.ndarray, n: np.ndarray) -> np.ndarray:
+        return np.where(m - n < self.split, m - n, self.far_distance(m, n))
+
+    def attend(self, x: AttentionInputs) -> Tensor:
+        if x.max_seqlen_k <= self.split:  # no pair reaches the split: plain RoPE, same code path
+            return super().attend(x)
+        out, lse = windowed_attention(self.rotary.rotate(x.q, x.pos_q), x, self.split)
+        lens_q, lens_k = _lengths(x.cu_seqlens_q), _lengths(x.cu_seqlens_k)
+        far_k = (lens_k - self.split).clamp_min(0)
+        far_q = torch.minimum(lens_q, far_k)
+        seg = _Segments.of(x.cu_seqlens_q[1:].long() - far_q, far_q, x.cu_seqlens_k[:-1].long(), far_k)
+        if seg is None:
+            return out
+        q = self.rotary.rotate(x.q[seg.rows_q], self.far_query_positions(x.pos_q[seg.rows_q]))
+        k = x.k[seg.rows_k]
+        shift = self.far_key_shift(x.pos_k[seg.rows_k])
+        if shift is not None:
+            k = self.rotary.rerotate(k, shift)
+        out_far, lse_far = seg.attention(q, k, x.v[seg.rows_k], None, x.backend)
+        _merge_into(out, lse, seg.rows_q, out_far, lse_far)
+        return out
+
+
+@dataclass
+class StringScheme(SplitScheme):
+    """STRING: m - n below the shift S, m - n - S + W from S on (Eq. 4); split = S.
+
+    Far queries are rotated at m - S + W against keys at their true positions (Algorithm 1),
+    so the W nearest keys keep distances 0..W-1 and shifted distances start at W.
+    """
+
+    window: int = 0
+
+    def far_distance(self, m: np.ndarray, n: np.ndarray) -> np.ndarray:
+        return m - n - self.split + self.window
+
+    def far_query_positions(self, pos_q: Tensor) -> Tensor:
+        return pos_q - self.split + self.window
+
+
+@dataclass
+class ReRoPEScheme(SplitScheme):
+    """ReRoPE: min(m - n, w); split = w. Far queries sit at w, far keys are rotated back to 0."""
+
+    def far_distance(self, m: np.ndarray, n: np.ndarray) -> np.ndarray:
+        return np.full(np.broadcast(m, n).shape, self.split)
+
+    def far_query_positions(self, pos_q: Tensor) -> Tensor:
+        return torch.full_like(pos_q, self.split)
+
+    def far_key_shift(self, pos_k: Tensor) -> Tensor:
+        return -pos_k
+
+
+@dataclass
+class SelfExtendScheme(SplitScheme):
+    """Self-Extend: m - n below the neighbour window W_n (= split), else m//G - n//G + W_n - W_n//G.
+
+    As in the official code: grouped queries at m // G + W_n - W_n // G, grouped keys at n // G
+    (cached keys are re-rotated by n // G - n).
+    """
+
+    group: int = 1
+
+    def far_distance(self, m: np.ndarray, n: np.ndarray) -> np.ndarray:
+        return m // self.group - n // self.group + self.split - self.split // self.group
+
+    def far_query_positions(self, pos_q: Tensor) -> Tensor:
+        return pos_q // self.group + self.split - self.split // self.group
+
+    def far_key_shift(self, pos_k: Tensor) -> Tensor:
+        return pos_k // self.group - pos_k
+
+
+# ----------------------------------------------------------------------------- dual chunk attention
+
+
+def _dense_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
+    """Non-causal float32 attention of q (Lq, H, D) over k, v (Lk, Hkv, D) with a boolean (Lq, Lk) mask; returns (out, lse)."""
+    hkv, groups = k.shape[1], q.shape[1] // k.shape[1]
+    qg = q.float().view(q.shape[0], hkv, groups, q.shape[2])
+    scores = torch.einsum("qhgd,khd->qhgk", qg, k.float()) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~allowed[:, None, None, :], -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(0.0)
+    out = torch.einsum("qhgk,khd->qhgd", probs, v.float())
+    return out.reshape(q.shape).to(q.dtype), lse.reshape(q.shape[:2])
+
+
+@dataclass
+class DualChunkScheme(PositionScheme):
+    """DCA (ChunkLlama's official formulation): chunks of c = chunk_size - local_window positions.
+
+    Keys sit at n mod c. Same chunk: m - n. Key in the previous chunk: min(m mod c + c,
+    chunk_size) - n mod c. Older chunks: min(2c - 1, chunk_size) - n mod c.
+
+    Intra-chunk pass: causal varlen attention with each chunk as its own sequence (queries and
+    keys at true positions). Cross-chunk pass (successive + inter): every query sees its whole
+    previous chunk and all older ones, which is not causal, and `varlen_attention` is causal
+    only; so this pass is computed densely in float32, in query blocks of DENSE_BLOCK, then
+    merged by log-sum-exp like the other passes.
+    """
+
+    chunk_size: int = 1
+    local_window: int = 0
+
+    @property
+    def chunk_len(self) -> int:
+        return self.chunk_size - self.local_window
+
+    def pair_distance(self, m: np.ndarray, n: np.ndarray) -> np.ndarray:
+        c = self.chunk_len
+        succ = np.minimum(m % c + c, self.chunk_size) - n % c
+        inter = min(2 * c - 1, self.chunk_size) - n % c
+        return np.where(m // c == n // c, m - n, np.where(m // c == n // c + 1, succ, inter))
+
+    def attend(self, x: AttentionInputs) -> Tensor:
+        c = self.chunk_len
+        if x.max_seqlen_k <= c:
+            return super().attend(x)
+        q_rot = self.rotary.rotate(x.q, x.pos_q)
+        out = q_rot.new_empty(q_rot.shape)
+        lse = q_rot.new_empty(q_rot.shape[:2], dtype=torch.float32)
+        lens_q, lens_k = _lengths(x.cu_seqlens_q), _lengths(x.cu_seqlens_k)
+        starts_q, starts_k = x.cu_seqlens_q[:-1].long(), x.cu_seqlens_k[:-1].long()
+        for chunk_start in range(0, x.max_seqlen_k, c):
+            first_q = torch.maximum(lens_k - lens_q, torch.full_like(lens_k, chunk_start))
+            end = lens_k.clamp(max=chunk_start + c)
+            n_q = (end - first_q).clamp_min(0)
+            seg = _Segments.of(starts_q + first_q - (lens_k - lens_q), n_q, starts_k + chunk_start, (end - chunk_start).clamp_min(0))
+            if seg is None:
+                continue
+            o, s = seg.attention(q_rot[seg.rows_q], x.k[seg.rows_k], x.v[seg.rows_k], None, x.backend)
+            out[seg.rows_q], lse[seg.rows_q] = o, s
+        self._cross_chunks(x, out, lse)
+        return out
+
+    def _cross_chunks(self, x: AttentionInputs, out: Tensor, lse: Tensor) -> None:
+        """Successive- and inter-chunk attention, folded into (out, lse) in place."""
+        c, size = self.chunk_len, self.chunk_size
+        bounds = zip(x.cu_seqlens_q[:-1].tolist(), x.cu_seqlens_q[1:].tolist(), x.cu_seqlens_k[:-1].tolist(), x.cu_seqlens_k[1:].tolist())
+        for q0, q1, k0, k1 in bounds:
+            pos_q, pos_k = x.pos_q[q0:q1], x.pos_k[k0:k1]
+            if q1 == q0 or int(pos_q.max()) < c:
+                continue
+            k_mod = self.rotary.rerotate(x.k[k0:k1], pos_k % c - pos_k)  # keys at n mod c
+            for b0 in range(0, q1 - q0, DENSE_BLOCK):
+                pos = pos_q[b0 : b0 + DENSE_BLOCK]
+                reach = int(pos.max()) // c * c  # keys before the last query's chunk
+                if reach == 0:
+                    continue
+                rows = slice(q0 + b0, q0 + b0 + pos.numel())
+                k, v = k_mod[:reach], x.v[k0 : k0 + reach]
+                q_chunk, k_chunk = (pos // c)[:, None], (pos_k[:reach] // c)[None, :]
+                succ = self.rotary.rotate(x.q[rows], torch.clamp(pos % c + c, max=size))
+                inter = self.rotary.rotate(x.q[rows], torch.full_like(pos, min(2 * c - 1, size)))
+                o_s, l_s = _dense_attention(succ, k, v, k_chunk == q_chunk - 1)
+                o_i, l_i = _dense_attention(inter, k, v, k_chunk < q_chunk - 1)
+                _merge_into(o_s, l_s, slice(None), o_i, l_i)
+                _merge_into(out, lse, rows, o_s, l_s)
+
+
+# ----------------------------------------------------------------------------- frequency scaling
+
+
+def ntk_inv_freq(head_dim: int, base: float, scale: float) -> Tensor:
+    """NTK-aware RoPE: the base raised to base * scale^(d / (d - 2))."""
+    return rotary_inv_freq(head_dim, base * scale ** (head_dim / (head_dim - 2)))
+
+
+def yarn_parameters(
+    head_dim: int, base: float, scale: float, original_len: int, beta_fast: float = 32.0, beta_slow: float = 1.0,
+) -> tuple[Tensor, float]:
+    """YaRN's per-band inverse frequencies and attention factor, as Hugging Face computes them.
+
+    Bands rotating more than beta_fast times over original_len keep their frequency, those
+    rotating less than beta_slow times are interpolated by 1/scale, with a linear ramp between;
+    the attention factor 0.1 ln(scale) + 1 multiplies cos and sin (logits by its square).
+    """
+    def correction_dim(rotations: float) -> float:
+        return head_dim * math.log(original_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), head_dim - 1)
+    pos_freqs = base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (scale * pos_freqs)
+    top = high + 0.001 if high == low else high  # avoid a zero-width ramp, as Hugging Face does
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (top - low)).clamp(0, 1)
+    keep = 1 - ramp
+    inv_freq = interpolation * (1 - keep) + extrapolation * keep
+    factor = 1.0 if scale <= 1 else 0.1 * math.log(scale) + 1.0
+    return inv_freq, factor
+
+
+ROPE_SCALING_TYPES = ("default", "linear", "llama3")
+
+
+def llama3_inv_freq(
+    inv_freq: Tensor, factor: float, low_freq_factor: float, high_freq_factor: float, original_max_position_embeddings: int
+) -> Tensor:
+    """Llama-3.1's rope scaling: divide low frequencies by `factor`, keep high ones, interpolate between."""
+    low_freq_wavelen = original_max_position_embeddings / low_freq_factor
+    high_freq_wavelen = original_max_position_embeddings / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original_max_position_embeddings / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def scaled_inv_freq(inv_freq: Tensor, rope_scaling: dict | None) -> Tensor:
+    """Apply a Hugging Face `rope_scaling` dict (none/default, linear, llama3) to RoPE's inverse frequencies."""
+    rope_type = rope_scaling_type(rope_scaling)
+    if rope_type == "default":
+        return inv_freq
+    try:
+        if rope_type == "linear":
+            return inv_freq / float(rope_scaling["factor"])
+        return llama3_inv_freq(
+            inv_freq,
+            float(rope_scaling["factor"]),
+            float(rope_scaling["low_freq_factor"]),
+            float(rope_scaling["high_freq_factor"]),
+            int(rope_scaling["original_max_position_embeddings"]),
+        )
+    except KeyError as err:
+        raise ValueError(f"rope_scaling of type {rope_type!r} lacks the key {err.args[0]!r}: {rope_scaling}") from err
+
+
+def rope_scaling_type(rope_scaling: dict | None) -> str:
+    """The scaling type of a rope_scaling dict (HF spells it rope_type, older files type); refuses unknown types."""
+    if not rope_scaling:
+        return "default"
+    rope_type = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+    if rope_type not in ROPE_SCALING_TYPES:
+        raise ValueError(
+            f"unsupported rope_scaling type {rope_type!r} (rope_scaling={rope_scaling}); supported: {ROPE_SCALING_TYPES}"
+        )
+    return rope_type
+
+
+# ----------------------------------------------------------------------------- construction
+
+
+PROTOCOLS = ("paper", "native")
+
+
+def extrapolation_setting(train_len: int, protocol: str, scale: float | None) -> tuple[int, float]:
+    """(training length the method assumes, extension factor) under an evaluation protocol.
+
+    "paper": 2/3 of the true training length and factor 3/2 (the STRING paper's baselines),
+    so the test length equals the true training length. "native": the true length, factor 1.
+    An explicit `scale` overrides the factor in both.
+    """
+    if protocol == "paper":
+        return round(2 * train_len / 3), 1.5 if scale is None else scale
+    if protocol == "native":
+        return train_len, 1.0 if scale is None else scale
+    raise ValueError(f"unknown protocol {protocol!r}; choose one of {PROTOCOLS}")
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _string(head_dim, rope_base, train_len, shift=None, window=None, temperature=False) -> PositionScheme:
+    shift = train_len // 3 if shift is None else int(shift)
+    window = min(128, shift // 2) if window is None else int(window)
+    _check(shift >= 1, f"string: shift must be >= 1, got {shift}")
+    _check(0 <= window < shift, f"string: need 0 <= window < shift, got window={window}, shift={shift}")
+    scale = STRING_TEMPERATURE if temperature else 1.0
+    options = dict(shift=shift, window=window, temperature=bool(temperature))
+    return StringScheme("string", Rotary(rotary_inv_freq(head_dim, rope_base), scale), options, split=shift, window=window)
+
+
+def _rerope(head_dim, rope_base, train_len, window=None, protocol="paper") -> PositionScheme:
+    length, _ = extrapolation_setting(train_len, protocol, None)
+    window = min(512, length // 4) if window is None else int(window)
+    _check(window >= 1, f"rerope: window must be >= 1, got {window}")
+    options = dict(window=window, protocol=protocol)
+    return ReRoPEScheme("rerope", Rotary(rotary_inv_freq(head_dim, rope_base)), options, split=window)
+
+
+def _self_extend(head_dim, rope_base, train_len, group=None, window=None, protocol="paper", scale=None) -> PositionScheme:
+    length, factor = extrapolation_setting(train_len, protocol, scale)
+    window = min(512, length // 4) if window is None else int(window)
+    _check(1 <= window < length, f"self_extend: need 1 <= window < {length}, got {window}")
+    # Smallest group keeping every distance of a factor * length input below the assumed length.
+    group = max(1, math.ceil((factor * length - window) / (length - window))) if group is None else int(group)
+    _check(group >= 1, f"self_extend: group must be >= 1, got {group}")
+    options = dict(group=group, window=window, protocol=protocol, scale=factor)
+    return SelfExtendScheme("self_extend", Rotary(rotary_inv_freq(head_dim, rope_base)), options, split=window, group=group)
+
+
+def _dca(head_dim, rope_base, train_len, chunk_size=None, local_window=None, protocol="paper") -> PositionScheme:
+    length, _ = extrapolation_setting(train_len, protocol, None)
+    chunk_size = length * 3 // 4 if chunk_size is None else int(chunk_size)
+    local_window = length // 16 if local_window is None else int(local_window)
+    _check(0 <= local_window < chunk_size, f"dca: need 0 <= local_window < chunk_size, got {local_window}, {chunk_size}")
+    options = dict(chunk_size=chunk_size, local_window=local_window, protocol=protocol)
+    return DualChunkScheme("dca", Rotary(rotary_inv_freq(head_dim, rope_base)), options,
+                           chunk_size=chunk_size, local_window=local_window)
+
+
+def _ntk(head_dim, rope_base, train_len, scale=None, protocol="paper") -> PositionScheme:
+    _, factor = extrapolation_setting(train_len, protocol, scale)
+    _check(factor >= 1, f"ntk: scale must be >= 1, got {factor}")
+    return PositionScheme("ntk", Rotary(ntk_inv_freq(head_dim, rope_base, factor)), dict(scale=factor, protocol=protocol))
+
+
+def _yarn(head_dim, rope_base, train_len, scale=None, protocol="paper", beta_fast=32.0, beta_slow=1.0) -> PositionScheme:
+    length, factor = extrapolation_setting(train_len, protocol, scale)
+    _check(factor >= 1, f"yarn: scale must be >= 1, got {factor}")
+    inv_freq, attention_factor = yarn_parameters(head_dim, rope_base, factor, length, beta_fast, beta_slow)
+    options = dict(scale=factor, original_len=length, beta_fast=beta_fast, beta_slow=beta_slow, protocol=protocol)
+    return PositionScheme("yarn", Rotary(inv_freq, attention_factor), options)
+
+
+def _rope(head_dim, rope_base, train_len) -> PositionScheme:
+    return PositionScheme("rope", Rotary(rotary_inv_freq(head_dim, rope_base)))
+
+
+_BUILDERS = {
+    "rope": _rope, "string": _string, "rerope": _rerope, "self_extend": _self_extend,
+    "dca": _dca, "ntk": _ntk, "yarn": _yarn,
+}
+
+SCHEMES = tuple(_BUILDERS)
+
+
+def build_scheme(name: str, head_dim: int, rope_base: float, train_len: int, **kwargs) -> PositionScheme:
+    """A position scheme by name with its options; `train_len` (the model's L) sets the defaults.
+
+    rope: none. string: shift=L//3, window=min(128, shift//2), temperature=False.
+    rerope: window=min(512, L'//4). self_extend: window=min(512, L'//4), group=smallest keeping
+    distances of a scale*L' input below L', scale. dca: chunk_size=3L'//4, local_window=L'//16.
+    ntk: scale. yarn: scale, beta_fast=32, beta_slow=1. The baselines also take protocol=
+    "paper" (default: L' = 2L/3, scale 3/2) or "native" (L' = L, scale 1).
+    """
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown position scheme {name!r}; choose one of {SCHEMES}")
+    builder = _BUILDERS[name]
+    allowed = list(inspect.signature(builder).parameters)[3:]
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise ValueError(f"{name} does not take {unknown}; its options are {allowed}")
+    return builder(head_dim, rope_base, train_len, **kwargs)

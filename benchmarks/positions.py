@@ -1,0 +1,193 @@
+"""Benchmark: STRING vs RoPE at inference, prefill time, prefill peak memory and per-token decode time.
+
+For each context length L a small TinyLlama-architecture model is built with training length L
+(so STRING uses its defaults S = L // 3, W = min(128, S // 2)) and fed one document of L tokens.
+Goal: STRING within 1.15x of RoPE's time and 1.1x of its memory at the longest length.
+
+- Prefill time: `hidden_states` over the whole document (no LM head, whose cost is the same
+  for both), best of --repeats runs, the two schemes interleaved so machine noise hits both.
+- Decode time: per token, over --decode-steps single-token steps on a KV cache holding L
+  tokens, best of --repeats.
+- Peak memory. CPU (Linux): per L, a fresh subprocess with glibc's mmap threshold at 64 KiB
+  (so every sizeable tensor is mapped on allocation and unmapped when freed, and resident
+  memory follows live tensors instead of the allocator's cache) resets the kernel's peak-RSS
+  mark (/proc/self/clear_refs, "5") before each prefill and reports VmHWM minus VmRSS before
+  the prefill: the extra memory one prefill needs at its peak, weights and inputs excluded.
+  CUDA: max_memory_allocated above the allocated memory before the prefill.
+
+CPU runs use --threads 1 by default: on a shared, oversubscribed machine multi-threaded
+element-wise kernels are dominated by scheduling noise. Timings are wall-clock.
+
+    python benchmarks/positions.py [--lengths 1024 2048 4096 8192 16384] [--device cpu|cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from train.config import model_preset  # noqa: E402
+from train.model import Transformer, uniform_cu_seqlens  # noqa: E402
+
+SCHEMES = ("rope", "string")
+
+
+def build(preset: str, length: int, device: str, dtype: torch.dtype) -> tuple[Transformer, torch.Tensor, torch.Tensor]:
+    """A model with training length `length` and one random document of that length."""
+    torch.manual_seed(0)
+    model = Transformer(model_preset(preset, vocab_size=512, max_seq_len=length)).to(device=device, dtype=dtype).eval()
+    tokens = torch.randint(0, 512, (length,), device=device)
+    return model, tokens, uniform_cu_seqlens(1, length, device)
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+@torch.no_grad()
+def prefill_seconds(model: Transformer, tokens: torch.Tensor, cu: torch.Tensor, repeats: int, device: str) -> dict[str, float]:
+    """Best prefill wall time per scheme, schemes interleaved."""
+    best = {name: float("inf") for name in SCHEMES}
+    for _ in range(repeats):
+        for name in SCHEMES:
+            model.set_positions(name)
+            sync(device)
+            start = time.perf_counter()
+            model.hidden_states(tokens, cu, tokens.numel())
+            sync(device)
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+@torch.no_grad()
+def decode_seconds(model: Transformer, tokens: torch.Tensor, steps: int, repeats: int, device: str) -> dict[str, float]:
+    """Best per-token decode time per scheme on a cache holding the whole document.
+
+    The cache is filled once (what it holds does not change the cost) and rewound to the
+    document's length before every timed run.
+    """
+    length = tokens.numel()
+    caches = model.new_caches(1, length + steps, model.embed_tokens.weight.dtype, torch.device(device))
+    model.set_positions("rope")
+    model.hidden_states(tokens, uniform_cu_seqlens(1, length, device), length, caches)
+    one = uniform_cu_seqlens(1, 1, device)
+    best = {name: float("inf") for name in SCHEMES}
+    for _ in range(repeats):
+        for name in SCHEMES:
+            model.set_positions(name)
+            for cache in caches:
+                cache.length = length
+            sync(device)
+            start = time.perf_counter()
+            for step in range(steps):
+                model.hidden_states(tokens[step : step + 1], one, 1, caches, position_offset=caches[0].length)
+            sync(device)
+            best[name] = min(best[name], (time.perf_counter() - start) / steps)
+    return best
+
+
+def cpu_peak_bytes(preset: str, length: int, threads: int) -> dict[str, int]:
+    """Per scheme, the extra peak resident memory of one CPU prefill, measured in a fresh interpreter."""
+    command = [sys.executable, __file__, "--child", "--lengths", str(length), "--preset", preset, "--threads", str(threads)]
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    if result.returncode:
+        raise RuntimeError(f"memory subprocess failed (benchmarks/positions.py --child):\n{result.stderr[-2000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _status_kib(field: str) -> int:
+    return int(re.search(rf"^{field}:\s+(\d+)", Path("/proc/self/status").read_text(), re.M).group(1))
+
+
+@torch.no_grad()
+def child(preset: str, length: int) -> None:
+    """Body of the memory subprocess: warm up both schemes on a short input, then one measured prefill each."""
+    model, tokens, cu = build(preset, length, "cpu", torch.float32)
+    short = uniform_cu_seqlens(1, 64, "cpu")
+    peaks = {}
+    for name in SCHEMES:
+        model.set_positions(name)
+        model.hidden_states(tokens[:64], short, 64)
+    for name in SCHEMES:
+        model.set_positions(name)
+        gc.collect()
+        Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS mark to the current RSS
+        before = _status_kib("VmRSS")
+        model.hidden_states(tokens, cu, length)
+        peaks[name] = (_status_kib("VmHWM") - before) * 1024
+    print(json.dumps(peaks))
+
+
+@torch.no_grad()
+def cuda_peak_bytes(model: Transformer, tokens: torch.Tensor, cu: torch.Tensor, scheme: str) -> int:
+    model.set_positions(scheme)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    model.hidden_states(tokens, cu, tokens.numel())
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--preset", default="tiny-2l-128", help="model preset (train.config.PRESETS)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--decode-steps", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads (1: least noise on a shared machine)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.child:
+        child(args.preset, args.lengths[0])
+        return
+    dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
+    rows = []
+    for length in tqdm(args.lengths, desc="lengths", file=sys.stderr):
+        model, tokens, cu = build(args.preset, length, args.device, dtype)
+        model.set_positions("string")
+        options = model.positions.options
+        prefill = prefill_seconds(model, tokens, cu, args.repeats, args.device)
+        decode = decode_seconds(model, tokens, args.decode_steps, args.repeats, args.device)
+        if args.device == "cuda":
+            memory = {name: cuda_peak_bytes(model, tokens, cu, name) for name in SCHEMES}
+        else:
+            memory = cpu_peak_bytes(args.preset, length, args.threads)
+        rows.append((length, options, prefill, memory, decode))
+        del model
+
+    print(f"\nSTRING vs RoPE, preset {args.preset}, {args.device}, {dtype}, threads {torch.get_num_threads()}")
+    print(f"{'L':>6} {'S':>5} {'W':>4} | {'prefill rope':>12} {'string':>8} {'ratio':>6} | "
+          f"{'peak MiB rope':>13} {'string':>8} {'ratio':>6} | {'decode ms rope':>14} {'string':>7} {'ratio':>6}")
+    for length, options, prefill, memory, decode in rows:
+        mem_ratio = memory["string"] / memory["rope"] if memory["rope"] > 0 else float("nan")
+        print(f"{length:>6} {options['shift']:>5} {options['window']:>4} | {prefill['rope']:>11.3f}s {prefill['string']:>7.3f}s "
+              f"{prefill['string'] / prefill['rope']:>6.3f} | {memory['rope'] / 2**20:>13.1f} {memory['string'] / 2**20:>8.1f} "
+              f"{mem_ratio:>6.3f} | {decode['rope'] * 1e3:>14.2f} {decode['string'] * 1e3:>7.2f} {decode['string'] / decode['rope']:>6.3f}")
+    length, _, prefill, memory, decode = rows[-1]
+    time_ratio = prefill["string"] / prefill["rope"]
+    mem_ratio = memory["string"] / memory["rope"] if memory["rope"] > 0 else float("nan")
+    print(f"\nlongest length {length}: prefill time {time_ratio:.3f}x (goal <= 1.15x), peak memory {mem_ratio:.3f}x "
+          f"(goal <= 1.1x), decode {decode['string'] / decode['rope']:.3f}x per token")
+
+
+if __name__ == "__main__":
+    main()
