@@ -5,12 +5,18 @@ Position frequency (analysis/position_freq.py):
 - `plot_fig1b_uniform_lengths`: f(i) when document lengths are uniform on 1..L (quadratic).
 - `plot_fig1c_concatenated`: f(i) when everything is concatenated into full rows (linear).
 - `plot_fig3_budget_comparison`: f(i) for several training lengths at the same token budget.
+
+NIAH probe and effective length (analysis/probe.py, analysis/effective_length.py):
+- `plot_niah_heatmap`: needle recall by context length and needle depth (Fig. 4).
+- `plot_failure_by_thirds`: missed needles per third of the document (Table 4 as bars).
+- `plot_fig2a_effective_length_vs_tokens`: effective length vs training tokens, several runs.
+- `plot_fig2b_frequency_vs_effective_length`: f(effective length) vs effective length, several runs.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import matplotlib
 
@@ -102,6 +108,95 @@ def plot_fig3_budget_comparison(
     ax.set_xlabel("relative position i")
     ax.set_ylabel("position frequency f(i) (log)")
     ax.set_title(f"Same token budget ({budget_tokens:.3g} tokens), different training lengths")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend()
+    return save_figure(fig, stem)
+
+
+# NIAH probe and effective length (analysis/probe.py, analysis/effective_length.py).
+
+
+def plot_niah_heatmap(
+    lengths: Sequence[int], depth_edges: np.ndarray, recall: np.ndarray, stem: str | Path, title: str = ""
+) -> list[Path]:
+    """Fig. 4: needle recall per context length (x) and needle depth (y, 0% at the top); NaN cells blank."""
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.45 * len(lengths) + 2.5), 4.5))
+    cmap = matplotlib.colormaps["RdYlGn"].with_extremes(bad="white")
+    image = ax.imshow(np.ma.masked_invalid(recall), aspect="auto", cmap=cmap, vmin=0.0, vmax=1.0,
+                      interpolation="nearest")
+    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], rotation=90 if len(lengths) > 8 else 0)
+    centres = 100 * (depth_edges[:-1] + depth_edges[1:]) / 2
+    ax.set_yticks(range(len(centres)), [f"{c:.0f}" for c in centres])
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("needle depth (%)")
+    ax.set_title(f"4-needle NIAH recall{': ' + title if title else ''}")
+    fig.colorbar(image, ax=ax, label="needles retrieved (share)")
+    return save_figure(fig, stem)
+
+
+def plot_failure_by_thirds(rows: Sequence[Mapping], stem: str | Path, title: str = "") -> list[Path]:
+    """Table 4 as bars: share of missed needles in each third of the document, per length and overall."""
+    thirds = [k.removeprefix("miss_rate_") for k in rows[0] if k.startswith("miss_rate_")] if rows else []
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(rows) + 3), 4.2))
+    width = 0.8 / max(len(thirds), 1)
+    x = np.arange(len(rows))
+    for k, third in enumerate(thirds):
+        ax.bar(x + (k - (len(thirds) - 1) / 2) * width, [r[f"miss_rate_{third}"] for r in rows], width,
+               label=f"depth {third}")
+    ax.set_xticks(x, [str(r["length"]) for r in rows], rotation=90 if len(rows) > 10 else 0)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("share of needles missed")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(f"Failures by document depth{': ' + title if title else ''}")
+    ax.legend()
+    return save_figure(fig, stem)
+
+
+def _censored_markers(ax: plt.Axes, xs: Sequence, ys: Sequence, statuses: Sequence[str], color: str) -> None:
+    """Hollow markers on points whose effective length is a lower bound (every probed length passed)."""
+    pts = [(x, y) for x, y, s in zip(xs, ys, statuses) if s == "all_passed"]
+    if pts:
+        ax.scatter(*zip(*pts), s=70, facecolors="none", edgecolors=color, zorder=3)
+
+
+def plot_fig2a_effective_length_vs_tokens(
+    runs: Mapping[str, tuple[Sequence[int], Sequence[int], Sequence[str]]], stem: str | Path
+) -> list[Path]:
+    """Fig. 2a: effective length vs tokens seen; runs[label] = (tokens_seen, effective_length, status)."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, (tokens, eff, status) in runs.items():
+        (line,) = ax.plot(tokens, eff, marker="o", label=label)
+        _censored_markers(ax, tokens, eff, status, line.get_color())
+    ax.set_xlabel("training tokens seen")
+    ax.set_ylabel("effective context length (tokens)")
+    ax.set_title("Effective length vs training tokens (hollow: every probed length passed)")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return save_figure(fig, stem)
+
+
+def plot_fig2b_frequency_vs_effective_length(
+    runs: Mapping[str, tuple[Sequence[int], Sequence, Sequence[str]]], stem: str | Path
+) -> list[Path]:
+    """Fig. 2b: f(effective length) (log y) vs effective length; runs[label] = (effective_length, f, status).
+
+    Points (in checkpoint order) with an undefined or zero f (no length passed, or effective length = L)
+    are left out.
+    """
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, (eff, freq, status) in runs.items():
+        pts = [(e, f, s) for e, f, s in zip(eff, freq, status) if f not in (None, "") and float(f) > 0]
+        if not pts:
+            ax.plot([], [], marker="o", label=f"{label} (no defined point)")
+            continue
+        xs, ys, ss = zip(*pts)
+        (line,) = ax.plot(xs, [float(y) for y in ys], marker="o", label=label)
+        _censored_markers(ax, xs, [float(y) for y in ys], ss, line.get_color())
+    ax.set_yscale("log")
+    ax.set_xlabel("effective context length (tokens)")
+    ax.set_ylabel("position frequency f(effective length)")
+    ax.set_title("Position frequency at the effective length")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend()
     return save_figure(fig, stem)
