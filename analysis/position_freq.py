@@ -43,6 +43,7 @@ from analysis.corpora import (
     iter_documents,
     resolve_corpus,
 )
+from train.cli import parse_shard
 
 CACHE_VERSION = 1
 PERCENTILES = (10, 25, 50, 75, 90, 99)
@@ -526,17 +527,6 @@ def _write_figures(directory: Path, hist: np.ndarray, train_lens: Sequence[int],
 
 
 # -------------------------------------------------------------------------------------- CLI
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """'i/n' (0-based i, as SLURM_ARRAY_TASK_ID) -> (i, n)."""
-    try:
-        index, count = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--shard expects i/n such as 3/64, got {text!r}") from None
-    if not 0 <= index < count:
-        raise argparse.ArgumentTypeError(f"--shard {text}: need 0 <= i < n")
-    return index, count
 
 
 def _csv_list(text: str) -> list[str]:

@@ -48,7 +48,6 @@ import argparse
 import contextlib
 import hashlib
 import json
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -73,9 +72,9 @@ from analysis.effective_length import (
     write_effective_length_csv,
 )
 from analysis.niah import MAX_NEW_TOKENS, NiahBuilder, NiahTest, answer_complete, score_answer
+from train.cli import code_version, parse_shard
 from train.tokenizer import Tokenizer, get_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
 PRECISIONS = ("auto", "float32", "bfloat16")
 
 
@@ -132,27 +131,6 @@ def parse_option(text: str) -> tuple[str, Any]:
         return key, json.loads(value)
     except json.JSONDecodeError:
         return key, value
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """'i/n' (0-based, as SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT) -> (i, n)."""
-    try:
-        index, count = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--shard expects i/n such as 3/16, got {text!r}") from None
-    if not 0 <= index < count:
-        raise argparse.ArgumentTypeError(f"--shard {text}: need 0 <= i < n")
-    return index, count
-
-
-def code_version() -> str:
-    """`git describe --always --dirty` of the repository, or 'unknown' outside a git checkout."""
-    try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty", "--tags"], cwd=REPO, capture_output=True,
-                             text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

@@ -28,6 +28,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis.corpora import SUFFIXES, Corpus, ReadStats, resolve_corpus  # noqa: E402
+from train.cli import parse_shard  # noqa: E402
 from train.data import ShardWriter, shard_is_complete  # noqa: E402
 from train.tokenizer import Tokenizer, get_tokenizer  # noqa: E402
 
@@ -53,14 +54,6 @@ def shard_names(files: tuple[Path, ...]) -> dict[Path, str]:
                              "rename one of them or tokenize them into separate --out directories")
         seen[name] = file
     return names
-
-
-def parse_shard(spec: str) -> tuple[int, int]:
-    """'i/n' -> (i, n), with 0 <= i < n."""
-    match = re.fullmatch(r"(\d+)/(\d+)", spec.strip())
-    if not match or not int(match.group(1)) < int(match.group(2)):
-        raise argparse.ArgumentTypeError(f"--shard must be i/n with 0 <= i < n (0-based), got {spec!r}")
-    return int(match.group(1)), int(match.group(2))
 
 
 def file_sha256(path: Path) -> str:
