@@ -1,0 +1,53 @@
+#!/bin/bash
+# The paper's 4K pretraining run (TinyLlama-1.3B, L = 4096, 1T tokens) on 2 nodes x 8 A100:
+#
+#   sbatch slurm/pretrain_4k.sh                       # from the repository root
+#   sbatch slurm/pretrain_4k.sh --optim.lr 3e-4       # extra arguments go to train/pretrain.py
+#   DRY_RUN=1 bash slurm/pretrain_4k.sh               # print the exact srun command, run nothing
+#
+# Edit for your cluster: the ##SBATCH account/partition lines below (remove one '#'), and export
+# (or edit the defaults of) DATA_DIR (token shards from scripts/prepare_data.py), OUT_DIR (run
+# directory: checkpoints/, metrics.jsonl), CONFIG and PYTHON (e.g. .venv/bin/python).
+# srun starts one task per GPU; Lightning Fabric reads SLURM's variables for the rendezvous.
+# 120 s before the time limit SLURM sends SIGUSR1: the trainer saves OUT_DIR/checkpoints/latest,
+# runs `scontrol requeue`, and exits; the requeued job resumes (--resume auto) by itself.
+#SBATCH --job-name=posfreq-4k
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=8
+#SBATCH --gpus-per-node=8
+#SBATCH --cpus-per-task=12
+#SBATCH --mem=0
+#SBATCH --time=48:00:00
+#SBATCH --signal=USR1@120
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output=pretrain_4k_%j.out
+##SBATCH --account=YOUR_ACCOUNT
+##SBATCH --partition=YOUR_GPU_PARTITION
+
+set -euo pipefail
+
+CONFIG="${CONFIG:-configs/pretrain_4k.yaml}"
+DATA_DIR="${DATA_DIR:-/path/to/slimpajama-llama3}"
+OUT_DIR="${OUT_DIR:-runs/pretrain_4k}"
+PYTHON="${PYTHON:-python}"
+NODES="${SLURM_NNODES:-2}"
+GPUS_PER_NODE="${SLURM_NTASKS_PER_NODE:-8}"
+
+if [[ -n "${SLURM_JOB_ID:-}" ]]; then
+    cd "${SLURM_SUBMIT_DIR:-.}"
+fi
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"
+
+cmd=(srun --kill-on-bad-exit=1 --ntasks-per-node="$GPUS_PER_NODE"
+     "$PYTHON" train/pretrain.py --config "$CONFIG" --data.dir "$DATA_DIR" --out_dir "$OUT_DIR"
+     --num_nodes "$NODES" --devices "$GPUS_PER_NODE" --resume auto "$@")
+
+if [[ "${DRY_RUN:-0}" == "1" ]]; then
+    printf '%q ' "${cmd[@]}"
+    printf '\n'
+    exit 0
+fi
+
+echo "job ${SLURM_JOB_ID:-none} (restart ${SLURM_RESTART_COUNT:-0}) on ${NODES} nodes x ${GPUS_PER_NODE} GPUs"
+exec "${cmd[@]}"

@@ -1,0 +1,338 @@
+"""Trainer checkpoints: atomic save, `--resume auto` discovery, model loading and consolidation.
+
+Layout of one checkpoint (``OUT/checkpoints/tokens-{tokens:015d}/`` for milestones, named by
+tokens seen, and ``OUT/checkpoints/latest/`` for the rolling resume point):
+
+    state/                 torch.distributed.checkpoint shards (model + optimizer), sharded saves
+    state.pt               or: one full state file {"model", "optimizer"} (checkpoint.sharded=false)
+    rng/rank-00000.pt      python / numpy / torch (/ cuda) RNG states of each rank
+    trained_lengths.npy    int64 bincount (length L + 1) of every segment length trained so far
+    model_config.json      ModelConfig.to_dict()
+    tokenizer_spec.json    {"spec", "vocab_size", "bos_id", "eos_id"}; train.tokenizer.get_tokenizer(spec)
+    config.json            the full run config (TrainConfig.to_dict())
+    trainer.json           step, tokens seen, sampler state, schedule; written last
+
+Every checkpoint is written under ``NAME.tmp`` and renamed into place when complete, so
+a directory without the ``.tmp`` suffix is always whole. Replacing an existing directory goes
+``NAME -> NAME.old``, ``NAME.tmp -> NAME``, ``NAME.old -> NAME.old.tmp`` (then deleted), so a
+complete checkpoint exists at every instant.
+
+A consolidated model (``python -m train.checkpoint consolidate CKPT OUT``) is a directory with
+``model.safetensors`` (our state_dict, plain tensors), ``model_config.json``,
+``tokenizer_spec.json``, ``trained_lengths.npy`` and ``meta.json``. `load_model` reads it or
+any trainer checkpoint, using only safetensors, ``torch.load(weights_only=True)`` and a
+whitelisting unpickler for torch.distributed.checkpoint's metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import random
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from train.config import ModelConfig
+from train.model import Transformer
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+MILESTONE_PREFIX = "tokens-"
+TRAINER_FILE = "trainer.json"
+FORMAT = "posfreq-pretrain-v1"
+CONSOLIDATED_WEIGHTS = "model.safetensors"
+
+
+def checkpoint_root(out_dir: str | Path) -> Path:
+    """OUT/checkpoints."""
+    return Path(out_dir) / CHECKPOINTS
+
+
+def milestone_name(tokens: int) -> str:
+    """Directory name of the milestone at `tokens` tokens seen (zero-padded so names sort)."""
+    return f"{MILESTONE_PREFIX}{tokens:015d}"
+
+
+def temporary(path: Path) -> Path:
+    """Where `path` is written before it is renamed into place."""
+    return path.with_name(path.name + ".tmp")
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Rename a complete `tmp` directory to `final`, replacing any old one without a gap."""
+    old = final.with_name(final.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old.exists():
+        trash = temporary(old)
+        os.replace(old, trash)
+        shutil.rmtree(trash)
+
+
+def read_trainer_state(path: str | Path) -> dict | None:
+    """trainer.json of a complete checkpoint directory, or None if it is not one."""
+    path = Path(path)
+    if path.name.endswith(".tmp") or not path.is_dir():
+        return None
+    try:
+        meta = json.loads((path / TRAINER_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        return None
+    has_state = (path / "state" / ".metadata").is_file() or (path / "state.pt").is_file()
+    return meta if has_state else None
+
+
+def list_checkpoints(out_dir: str | Path) -> list[tuple[Path, dict]]:
+    """Complete checkpoints under OUT/checkpoints (never a .tmp), oldest first by tokens seen."""
+    root = checkpoint_root(out_dir)
+    found = []
+    for path in sorted(root.iterdir()) if root.is_dir() else []:
+        meta = read_trainer_state(path)
+        if meta is not None:
+            found.append((path, meta))
+    return sorted(found, key=lambda item: (item[1]["tokens_seen"], item[1].get("resumable", False)))
+
+
+def find_resume_checkpoint(out_dir: str | Path) -> Path | None:
+    """The newest complete, resumable checkpoint (most tokens seen), or None."""
+    resumable = [path for path, meta in list_checkpoints(out_dir) if meta.get("resumable")]
+    return resumable[-1] if resumable else None
+
+
+def remove_stale_temporaries(out_dir: str | Path) -> list[Path]:
+    """Delete leftovers of interrupted saves (*.tmp); returns what was removed."""
+    root = checkpoint_root(out_dir)
+    stale = [p for p in root.glob("*.tmp")] if root.is_dir() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
+# --------------------------------------------------------------------------------------------
+# RNG states
+# --------------------------------------------------------------------------------------------
+
+
+def capture_rng() -> dict:
+    """Python, numpy, torch (and CUDA) RNG states, in types `torch.load(weights_only=True)` accepts."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": random.getstate(), "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict) -> None:
+    """Inverse of `capture_rng`."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def rng_file(directory: Path, rank: int) -> Path:
+    return directory / "rng" / f"rank-{rank:05d}.pt"
+
+
+def _write_file(path: Path, content: Any) -> None:
+    if isinstance(content, np.ndarray):
+        with open(path, "wb") as f:
+            np.save(f, content, allow_pickle=False)
+    else:
+        path.write_text(json.dumps(content, indent=1, sort_keys=True, default=int) + "\n")
+
+
+def save_checkpoint(fabric: Any, final: Path, objects: dict, files: dict[str, Any], trainer_state: dict,
+                    sharded: bool) -> Path:
+    """Write a checkpoint atomically; call on every rank.
+
+    `objects` (model, optimizer) go through Fabric (sharded DCP or one full file); each rank
+    writes its RNG states; rank 0 writes `files` (name -> JSON-able dict or numpy array), then
+    trainer.json last, and renames ``final.tmp`` to `final`.
+    """
+    tmp = temporary(final)
+    if fabric.global_rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        (tmp / "rng").mkdir(parents=True)
+    fabric.barrier()
+    fabric.save(tmp / ("state" if sharded else "state.pt"), objects)
+    torch.save(capture_rng(), rng_file(tmp, fabric.global_rank))
+    fabric.barrier()
+    if fabric.global_rank == 0:
+        for name, content in files.items():
+            _write_file(tmp / name, content)
+        _write_file(tmp / TRAINER_FILE, {"format": FORMAT, **trainer_state})
+        publish(tmp, final)
+    fabric.barrier()
+    return final
+
+
+# --------------------------------------------------------------------------------------------
+# Safe reading of torch.distributed.checkpoint (DCP) directories
+# --------------------------------------------------------------------------------------------
+
+_DCP_ALLOWED = {
+    "torch.distributed.checkpoint.metadata": {"Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
+                                              "TensorStorageMetadata", "ChunkStorageMetadata",
+                                              "BytesStorageMetadata", "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath", "Path"},
+    "collections": {"OrderedDict"},
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's `.metadata` allowing only its own record classes, torch.Size and dtypes."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _DCP_ALLOWED.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from checkpoint metadata")
+
+
+def _safe_reader(path: Path):
+    """A DCP FileSystemReader whose metadata is read with `_MetadataUnpickler`."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any):
+            with open(Path(self.path) / ".metadata", "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(str(path))
+
+
+# --------------------------------------------------------------------------------------------
+# Loading models
+# --------------------------------------------------------------------------------------------
+
+
+def _read_json(path: Path, what: str) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path.parent}: no {path.name} ({what}). Is this a posfreq checkpoint or "
+                                "consolidated model directory?")
+    return json.loads(path.read_text())
+
+
+def model_state_dict(checkpoint_dir: str | Path, config: ModelConfig | None = None) -> dict[str, torch.Tensor]:
+    """Plain (CPU, full) model state_dict from a consolidated dir or a full/sharded trainer checkpoint."""
+    path = Path(checkpoint_dir)
+    config = config or ModelConfig.from_dict(_read_json(path / "model_config.json", "model config"))
+    if (path / CONSOLIDATED_WEIGHTS).is_file():
+        from safetensors.torch import load_file
+
+        return load_file(str(path / CONSOLIDATED_WEIGHTS))
+    if (path / "state.pt").is_file():
+        return torch.load(path / "state.pt", map_location="cpu", weights_only=True, mmap=True)["model"]
+    if (path / "state" / ".metadata").is_file():
+        import torch.distributed.checkpoint as dcp
+
+        with torch.device("meta"):
+            shapes = {k: (v.shape, v.dtype) for k, v in Transformer(config).state_dict().items()}
+        state = {"model": {k: torch.empty(shape, dtype=dtype) for k, (shape, dtype) in shapes.items()}}
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(state, storage_reader=_safe_reader(path / "state"), no_dist=True)
+        return state["model"]
+    raise FileNotFoundError(f"{path}: no {CONSOLIDATED_WEIGHTS}, state.pt or state/.metadata. Pass a checkpoint "
+                            f"directory (OUT/{CHECKPOINTS}/tokens-*/ or latest/) or a consolidated model directory.")
+
+
+def load_model(checkpoint_dir: str | Path, device: str | torch.device = "cpu",
+               dtype: torch.dtype | None = None, attention_backend: str = "auto") -> tuple[Transformer, dict, dict]:
+    """(model in eval mode, tokenizer spec, meta) from a consolidated dir or any trainer checkpoint.
+
+    The tokenizer spec is {"spec", "vocab_size", "bos_id", "eos_id"} (`get_tokenizer(spec["spec"])`);
+    meta is trainer.json (or meta.json of a consolidated dir): step, tokens_seen, config, ...
+    """
+    path = Path(checkpoint_dir)
+    config = ModelConfig.from_dict(_read_json(path / "model_config.json", "model config"))
+    tokenizer = _read_json(path / "tokenizer_spec.json", "tokenizer spec")
+    meta_file = path / ("meta.json" if (path / "meta.json").is_file() else TRAINER_FILE)
+    meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+    state = model_state_dict(path, config)
+    with torch.device("meta"):
+        model = Transformer(config, attention_backend=attention_backend)
+    model.load_state_dict(state, assign=True)
+    if config.tie_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.set_positions("rope")  # rebuild the rotary tables off the meta device
+    model.to(device=device, dtype=dtype)
+    return model.eval(), tokenizer, meta
+
+
+def load_trained_lengths(checkpoint_dir: str | Path) -> np.ndarray:
+    """The trained-segment-length histogram (int64, length L + 1) saved with a checkpoint."""
+    return np.load(Path(checkpoint_dir) / "trained_lengths.npy", allow_pickle=False)
+
+
+def consolidate(checkpoint_dir: str | Path, out_dir: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write one trainer checkpoint as a single-file model directory (atomically); returns it."""
+    from safetensors.torch import save_file
+
+    src, out = Path(checkpoint_dir), Path(out_dir)
+    state = model_state_dict(src)
+    tensors = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous().clone()
+               for k, v in state.items()}
+    tmp = temporary(out)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    save_file(tensors, str(tmp / CONSOLIDATED_WEIGHTS), metadata={"format": "pt"})
+    for name in ("model_config.json", "tokenizer_spec.json", "trained_lengths.npy"):
+        shutil.copyfile(src / name, tmp / name)
+    meta = json.loads((src / TRAINER_FILE).read_text()) if (src / TRAINER_FILE).is_file() else {}
+    meta["consolidated_from"] = str(src.resolve())
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    publish(tmp, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m train.checkpoint consolidate CKPT OUT [--dtype bf16]` or `list OUT_DIR`."""
+    parser = argparse.ArgumentParser(prog="python -m train.checkpoint", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    cons = sub.add_parser("consolidate", help="write model.safetensors + configs from a trainer checkpoint")
+    cons.add_argument("checkpoint")
+    cons.add_argument("out")
+    cons.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default=None, help="cast floating weights")
+    lst = sub.add_parser("list", help="list the complete checkpoints of a run directory")
+    lst.add_argument("out_dir")
+    args = parser.parse_args(argv)
+    if args.command == "consolidate":
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, None: None}[args.dtype]
+        print(consolidate(args.checkpoint, args.out, dtype))
+    else:
+        for path, meta in list_checkpoints(args.out_dir):
+            kind = "resumable" if meta.get("resumable") else "weights only"
+            print(f"{path}\tstep {meta['step']}\ttokens {meta['tokens_seen']}\t{kind}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,501 @@
+"""Pretraining entry point: Lightning Fabric + FSDP2, checkpoints every N tokens, exact resume.
+
+Run ``python train/pretrain.py --config configs/pretrain_2k.yaml [--section.key value ...]``
+(``--help`` lists every key). One code path on CPU (gloo) and GPU (NCCL): Fabric's
+`ModelParallelStrategy` with a parallelize function that applies FSDP2 (`fully_shard` on each
+block and the root; bf16 compute with fp32 weights and gradient reduction under
+``precision: bf16-mixed``; optional activation checkpointing).
+
+One optimizer step trains on the next ``global_batch_tokens / L`` rows of the packed stream,
+whatever the world size: each rank takes ``micro_batch_rows`` rows per micro-batch and
+accumulates ``global rows / (world * micro_batch_rows)`` micro-batches. The loss is the sum of
+the token cross-entropies over all targets of the global batch divided by their number, so k
+accumulated micro-batches give the update of one batch k times larger.
+
+MFU formula (per optimizer step, "model FLOPs"):
+    6 * N * tokens  +  6 * n_layers * d_model * sum over attention segments s of s * (s + 1)
+with N the matmul parameters (all but the input embedding; the output head counts), and the
+second term the causal per-document attention: a query at position p attends to p + 1 keys,
+QK^T and AV cost 4 * d_model * (p + 1) FLOPs forward per layer, x3 for forward + backward.
+MFU = FLOPs / step time / (devices * peak FLOP/s per device).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python train/pretrain.py`: import the package, not train/*.py
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from train import checkpoint as ckpt
+from train.config import ModelConfig, model_preset
+from train.data import IGNORE_INDEX, PackedBatch, PackedSampler, TokenDataset
+from train.model import Transformer
+from train.run_config import ConfigError, TrainConfig, config_differences, parse_args
+from train.tokenizer import get_tokenizer
+
+PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "A10G": 125e12, "L4": 121e12}
+
+
+# --------------------------------------------------------------------------------------------
+# Pure pieces: schedule, FLOPs, parallelization, optimizer
+# --------------------------------------------------------------------------------------------
+
+
+def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
+    """Learning rate of optimizer step `step` (0-based): linear warmup to lr, cosine to min_lr."""
+    o = cfg.optim
+    if step < o.warmup_steps:
+        return o.lr * (step + 1) / o.warmup_steps
+    decay_steps = o.decay_steps or total_steps
+    if step >= decay_steps:
+        return o.min_lr
+    ratio = (step - o.warmup_steps) / max(1, decay_steps - o.warmup_steps)
+    return o.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (o.lr - o.min_lr)
+
+
+def matmul_params(config: ModelConfig) -> int:
+    """Parameters that take part in matmuls: everything but the input embedding (norms are negligible)."""
+    return config.num_params(include_embeddings=False) + config.vocab_size * config.d_model
+
+
+def step_flops(config: ModelConfig, tokens: int, sum_s_s1: float) -> float:
+    """Training FLOPs of a step: 6 N tokens + 6 n_layers d sum s(s+1) (see the module docstring)."""
+    return 6.0 * matmul_params(config) * tokens + 6.0 * config.n_layers * config.d_model * sum_s_s1
+
+
+def peak_flops(device: torch.device, override: float | None) -> float | None:
+    """Peak FLOP/s of one device: the config value, else a known GPU's dense bf16 peak, else None."""
+    if override:
+        return override
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, value in PEAK_BF16_FLOPS.items():
+            if key in name:
+                return value
+    return None
+
+
+def _checkpointed(block: nn.Module) -> None:
+    """Make a block recompute its activations in backward (keeps parameter names unchanged)."""
+    forward = block.forward
+
+    def run(x, ctx, cache=None):
+        return torch.utils.checkpoint.checkpoint(forward, x, ctx, cache, use_reentrant=False)
+
+    block.forward = run
+
+
+def make_parallelize(mixed_precision: bool, activation_checkpointing: bool):
+    """Fabric parallelize_fn: FSDP2 `fully_shard` on every block, then on the root."""
+
+    def parallelize(model: Transformer, mesh) -> Transformer:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        dp_mesh = mesh["data_parallel"]
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision \
+            else MixedPrecisionPolicy()
+        for i, block in enumerate(model.layers):
+            if activation_checkpointing:
+                _checkpointed(block)
+            # The last block's parameters are needed again at once by backward: keep them gathered.
+            fully_shard(block, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=i < len(model.layers) - 1)
+        fully_shard(model, mesh=dp_mesh, mp_policy=policy)
+        return model
+
+    return parallelize
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW; weight decay on all parameters (TinyLlama) or on 2-D non-embedding weights only."""
+    o = cfg.optim
+    if o.weight_decay_scope == "all":
+        groups = [{"params": list(model.parameters()), "weight_decay": o.weight_decay}]
+    else:
+        decay, no_decay = [], []
+        for name, p in model.named_parameters():
+            (decay if p.ndim >= 2 and "embed_tokens" not in name else no_decay).append(p)
+        groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=True)
+
+
+def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Global L2 gradient norm over (possibly sharded DTensor) grads; clips in place if max_norm > 0."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in parameters if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads, 2.0)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+    return total
+
+
+# --------------------------------------------------------------------------------------------
+# Plan: everything checked before compute
+# --------------------------------------------------------------------------------------------
+
+
+class Plan:
+    """The resolved run: model config, batch geometry, schedule length, resume point; all validated."""
+
+    def __init__(self, cfg: TrainConfig, world_size: int) -> None:
+        self.cfg = cfg
+        self.world_size = world_size
+        if not cfg.data.dir:
+            raise ConfigError("data.dir is empty. Fix: set --data.dir to a directory written by scripts/prepare_data.py")
+        try:
+            self.dataset = TokenDataset(cfg.data.dir, tokenizer=cfg.data.tokenizer)
+        except (FileNotFoundError, ValueError) as err:
+            raise ConfigError(f"data.dir: {err}") from err
+        if self.dataset.num_tokens == 0:
+            raise ConfigError(f"data.dir {cfg.data.dir} holds no tokens. Fix: re-run scripts/prepare_data.py")
+        overrides = dict(cfg.model.overrides)
+        overrides.setdefault("vocab_size", self.dataset.vocab_size)
+        try:
+            self.model_config = model_preset(cfg.model.preset, **overrides)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"model: {err}") from err
+        if self.model_config.vocab_size < self.dataset.vocab_size:
+            raise ConfigError(f"model vocab_size {self.model_config.vocab_size} < the data's {self.dataset.vocab_size} "
+                              f"({self.dataset.tokenizer}). Fix: drop model.overrides.vocab_size.")
+        L = cfg.data.seq_len
+        if L > self.model_config.max_seq_len:
+            raise ConfigError(f"data.seq_len={L} exceeds the model's max_seq_len={self.model_config.max_seq_len} "
+                              f"(its RoPE table / training length). Fix: set model.overrides.max_seq_len: {L}.")
+        rows_per_micro = cfg.micro_batch_rows * world_size
+        if cfg.global_batch_tokens % L or (cfg.global_batch_tokens // L) % rows_per_micro:
+            raise ConfigError(
+                f"global_batch_tokens={cfg.global_batch_tokens} is not a whole number of micro-batches of "
+                f"micro_batch_rows={cfg.micro_batch_rows} x seq_len={L} x world_size={world_size} = "
+                f"{rows_per_micro * L} tokens. Fix: make global_batch_tokens a multiple of {rows_per_micro * L}.")
+        self.global_rows = cfg.global_batch_tokens // L
+        self.accumulation = self.global_rows // rows_per_micro
+        self.total_steps = -(-cfg.total_tokens // cfg.global_batch_tokens)
+        if cfg.checkpoint.every_tokens < 1:
+            raise ConfigError("checkpoint.every_tokens must be >= 1")
+        self.tokenizer_spec = self._tokenizer_spec()
+        self.resume_from = self._resume_point()
+
+    def _tokenizer_spec(self) -> dict:
+        spec = {"spec": self.dataset.tokenizer, "vocab_size": self.dataset.vocab_size, "eos_id": self.dataset.eos_id}
+        try:
+            spec["bos_id"] = get_tokenizer(self.dataset.tokenizer).bos_id
+        except (ValueError, ImportError, FileNotFoundError):
+            spec["bos_id"] = None  # a tokenizer registered only in another process (e.g. the demo's)
+        return spec
+
+    def _resume_point(self) -> Path | None:
+        cfg = self.cfg
+        if cfg.resume is None:
+            return None
+        path = ckpt.find_resume_checkpoint(cfg.out_dir) if cfg.resume == "auto" else Path(cfg.resume)
+        if path is None:
+            return None
+        meta = ckpt.read_trainer_state(path)
+        if meta is None:
+            raise ConfigError(f"resume={cfg.resume}: {path} is not a complete checkpoint (no valid trainer.json + state)")
+        if not meta.get("resumable"):
+            raise ConfigError(f"resume: {path} holds model weights only (checkpoint.milestone_weights_only); "
+                              "resume from a full checkpoint such as OUT/checkpoints/latest")
+        diffs = config_differences(meta["config"], cfg.to_dict())
+        saved_model = json.loads((path / "model_config.json").read_text())
+        if saved_model != self.model_config.to_dict():
+            diffs.append(f"model config: checkpoint {saved_model} vs now {self.model_config.to_dict()}")
+        if diffs:
+            raise ConfigError(f"resume: {path} was written by a different config:\n  " + "\n  ".join(diffs)
+                              + "\nFix: resume with the original config, or start a new run in a new out_dir.")
+        if meta["sharded"] != cfg.checkpoint.sharded:
+            raise ConfigError(f"resume: {path} is {'sharded' if meta['sharded'] else 'a full file'}; set "
+                              f"--checkpoint.sharded {str(meta['sharded']).lower()} to load it")
+        return path
+
+
+# --------------------------------------------------------------------------------------------
+# The trainer
+# --------------------------------------------------------------------------------------------
+
+
+class Trainer:
+    """One pretraining run on the processes Fabric launched."""
+
+    def __init__(self, cfg: TrainConfig, fabric, plan: Plan) -> None:
+        self.cfg, self.fabric, self.plan = cfg, fabric, plan
+        self.out = Path(cfg.out_dir)
+        self.step = 0
+        self.signal: int | None = None
+        self.last_latest_time = time.monotonic()
+        self.trained_lengths = np.zeros(cfg.data.seq_len + 1, dtype=np.int64)  # this rank's counts since start/resume
+        self.wall_time = 0.0
+        torch.manual_seed(cfg.seed)
+        with fabric.init_module(empty_init=False):
+            model = Transformer(plan.model_config, attention_backend=cfg.model.attention_backend)
+        self.model = fabric.setup_module(model)
+        self.params = list(self.model.parameters())
+        self.optimizer = fabric.setup_optimizers(build_optimizer(self.model, cfg))
+        d = cfg.data
+        self.sampler = PackedSampler(plan.dataset, d.seq_len, cfg.micro_batch_rows, seed=cfg.seed,
+                                     rank=fabric.global_rank, world_size=fabric.world_size,
+                                     mix_documents=d.mix_documents, attention=d.attention, shuffle=d.shuffle,
+                                     shuffle_block=d.shuffle_block)
+        self.peak = peak_flops(fabric.device, cfg.logging.peak_flops_per_device)
+        if plan.resume_from is not None:
+            self._load(plan.resume_from)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    @property
+    def tokens_seen(self) -> int:
+        return self.step * self.cfg.global_batch_tokens
+
+    def _global_lengths(self) -> np.ndarray:
+        counts = torch.from_numpy(self.trained_lengths.copy())
+        return self.fabric.all_reduce(counts, reduce_op="sum").numpy().astype(np.int64)
+
+    def save(self, final: Path, weights_only: bool = False) -> Path:
+        """Save model (+ optimizer), sampler, schedule, RNG and the trained-length histogram."""
+        objects = {"model": self.model} if weights_only else {"model": self.model, "optimizer": self.optimizer}
+        files = {"trained_lengths.npy": self._global_lengths(), "model_config.json": self.plan.model_config.to_dict(),
+                 "tokenizer_spec.json": self.plan.tokenizer_spec, "config.json": self.cfg.to_dict()}
+        state = {"step": self.step, "tokens_seen": self.tokens_seen, "resumable": not weights_only,
+                 "sharded": self.cfg.checkpoint.sharded, "world_size": self.fabric.world_size,
+                 "sampler": self.sampler.state_dict(), "config": self.cfg.to_dict(),
+                 "schedule": {"next_lr": lr_at(self.step, self.cfg, self.plan.total_steps),
+                              "total_steps": self.plan.total_steps},
+                 "wall_time_s": self.wall_time, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        return ckpt.save_checkpoint(self.fabric, final, objects, files, state, self.cfg.checkpoint.sharded)
+
+    def _load(self, path: Path) -> None:
+        meta = ckpt.read_trainer_state(path)
+        state_path = path / ("state" if meta["sharded"] else "state.pt")
+        self.fabric.load(state_path, {"model": self.model, "optimizer": self.optimizer}, weights_only=True)
+        self.sampler.load_state_dict(meta["sampler"])
+        self.step = int(meta["step"])
+        self.wall_time = float(meta.get("wall_time_s", 0.0))
+        if self.fabric.global_rank == 0:  # the saved histogram is global; other ranks count on from zero
+            self.trained_lengths = ckpt.load_trained_lengths(path)
+        rng = ckpt.rng_file(path, self.fabric.global_rank)
+        if rng.is_file():
+            ckpt.restore_rng(torch.load(rng, weights_only=True))
+        self.fabric.print(f"resumed from {path} at step {self.step} ({self.tokens_seen:,} tokens)")
+
+    # -- one optimizer step --------------------------------------------------------------------
+
+    def _handle_signal(self, signum: int, frame) -> None:
+        self.signal = signum
+
+    def _train_step(self, batches: list[PackedBatch], n_targets: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward/backward over the micro-batches; returns (summed local loss, grad norm)."""
+        fabric, device = self.fabric, self.fabric.device
+        scale = fabric.world_size / n_targets  # FSDP averages gradients over ranks; undo that, divide by targets
+        loss_sum = torch.zeros((), device=device)
+        for i, batch in enumerate(batches):
+            batch = batch.to(device, non_blocking=True)
+            with fabric.no_backward_sync(self.model, enabled=i < len(batches) - 1):
+                logits = self.model(batch.input_ids, batch.cu_seqlens, batch.max_seqlen)
+                loss = F.cross_entropy(logits.float(), batch.targets, ignore_index=IGNORE_INDEX, reduction="sum")
+                fabric.backward(loss * scale)
+            loss_sum += loss.detach()
+        return loss_sum, clip_grad_norm(self.params, self.cfg.optim.grad_clip)
+
+    def _nonfinite(self, loss: float, grad_norm: float) -> None:
+        resume = ckpt.find_resume_checkpoint(self.out)
+        where = (f"resume from {resume} with --resume auto" if resume
+                 else "no checkpoint exists yet; restart from scratch")
+        raise FloatingPointError(
+            f"non-finite loss or gradient norm (loss {loss}, grad norm {grad_norm}) at step {self.step + 1} "
+            f"(tokens {self.tokens_seen:,}-{self.tokens_seen + self.cfg.global_batch_tokens:,}); the weights were "
+            f"not updated. To continue: {where}, perhaps with a lower --optim.lr, or set --on_nonfinite skip.")
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def fit(self) -> list[dict]:
+        """Train until total_tokens (or stop_at_step / a signal); returns this run's logged metrics."""
+        cfg, fabric, plan = self.cfg, self.fabric, self.plan
+        for signum in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(signum, self._handle_signal)
+        logger = MetricsLog(self.out, self.step, fabric.global_rank == 0, cfg)
+        bar = _progress(cfg, plan, self.tokens_seen, fabric.global_rank == 0)
+        history: list[dict] = []
+        stop_at = min(plan.total_steps, cfg.stop_at_step or plan.total_steps)
+        while self.step < stop_at:
+            started = time.perf_counter()
+            batches = [next(self.sampler) for _ in range(plan.accumulation)]
+            lengths = [np.diff(b.cu_seqlens.numpy()).astype(np.float64) for b in batches]
+            due = cfg.checkpoint.latest_every_minutes > 0 and \
+                time.monotonic() - self.last_latest_time >= 60 * cfg.checkpoint.latest_every_minutes
+            local = torch.tensor([sum(float((b.targets != IGNORE_INDEX).sum()) for b in batches),
+                                  sum(float((s * (s + 1)).sum()) for s in lengths),
+                                  float(self.signal is not None), float(due and fabric.global_rank == 0),
+                                  float(self.signal == signal.SIGUSR1)], dtype=torch.float64, device=fabric.device)
+            n_targets, sum_s_s1, stop_flag, time_flag, requeue_flag = fabric.all_reduce(local, reduce_op="sum").tolist()
+            loss_sum, grad_norm = self._train_step(batches, n_targets)
+            loss = float(fabric.all_reduce(loss_sum, reduce_op="sum")) / n_targets
+            grad_norm = float(grad_norm)
+            lr = lr_at(self.step, cfg, plan.total_steps)
+            finite = math.isfinite(loss) and math.isfinite(grad_norm)
+            if finite:
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                self.optimizer.step()
+                for batch in batches:
+                    self.trained_lengths += np.bincount(batch.segment_lengths, minlength=cfg.data.seq_len + 1)
+            elif cfg.on_nonfinite == "stop":
+                self._nonfinite(loss, grad_norm)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step += 1
+            if fabric.device.type == "cuda":
+                torch.cuda.synchronize()
+            elapsed = time.perf_counter() - started
+            self.wall_time += elapsed
+            flops = step_flops(plan.model_config, cfg.global_batch_tokens, sum_s_s1)
+            row = {"step": self.step, "tokens": self.tokens_seen, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                   "skipped": not finite, "step_time_s": elapsed, "tokens_per_s": cfg.global_batch_tokens / elapsed,
+                   "flops_per_s": flops / elapsed,
+                   "mfu": flops / elapsed / (self.peak * fabric.world_size) if self.peak else None}
+            history.append(row)
+            if self.step % cfg.logging.every_steps == 0 or self.step == stop_at:
+                logger.log(row, fabric)
+            bar.update(cfg.global_batch_tokens)
+            bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
+            self._maybe_save(stop_flag > 0 or self.step == stop_at, time_flag > 0)
+            if stop_flag > 0:
+                self._exit_on_signal(requeue_flag > 0)
+                break
+        bar.close()
+        logger.close()
+        for external in fabric.loggers:  # the CSV logger writes its file here
+            external.finalize("success")
+        return history
+
+    def _maybe_save(self, stopping: bool, time_due: bool) -> None:
+        c, step = self.cfg.checkpoint, self.step
+        root = ckpt.checkpoint_root(self.out)
+        tokens, before = self.tokens_seen, self.tokens_seen - self.cfg.global_batch_tokens
+        milestone = tokens // c.every_tokens > before // c.every_tokens or step == self.plan.total_steps
+        if milestone:
+            self.save(root / ckpt.milestone_name(tokens), weights_only=c.milestone_weights_only)
+            if not c.milestone_weights_only:
+                self.last_latest_time = time.monotonic()
+                return
+        if stopping or time_due or (c.latest_every_steps and step % c.latest_every_steps == 0):
+            self.save(root / ckpt.LATEST)
+            self.last_latest_time = time.monotonic()
+
+    def _exit_on_signal(self, requeue: bool) -> None:
+        job = os.environ.get("SLURM_JOB_ID")
+        self.fabric.print(f"signal received: saved {ckpt.checkpoint_root(self.out) / ckpt.LATEST} at step {self.step}")
+        if requeue and job and self.cfg.requeue_on_signal and self.fabric.global_rank == 0:
+            self.fabric.print(f"requeueing SLURM job {job}")
+            subprocess.run(["scontrol", "requeue", job], check=False)
+
+
+class MetricsLog:
+    """Rank 0: OUT/metrics.jsonl (always) plus the configured Fabric logger (csv / wandb)."""
+
+    def __init__(self, out: Path, resumed_step: int, active: bool, cfg: TrainConfig) -> None:
+        self.active = active
+        self.file = None
+        if not active:
+            return
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / "metrics.jsonl"
+        if path.exists():  # drop lines a crashed run wrote after the checkpoint we resume from
+            keep = [line for line in path.read_text().splitlines() if line.strip()
+                    and json.loads(line).get("step", 0) <= resumed_step]
+            path.write_text("".join(line + "\n" for line in keep))
+        self.file = open(path, "a")
+
+    def log(self, row: dict, fabric) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+        fabric.log_dict({k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}, step=row["step"])
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def _progress(cfg: TrainConfig, plan: Plan, tokens: int, rank_zero: bool):
+    from tqdm.auto import tqdm
+
+    total = plan.total_steps * cfg.global_batch_tokens
+    return tqdm(total=total, initial=tokens, unit="tok", unit_scale=True, dynamic_ncols=True,
+                disable=not (rank_zero and cfg.logging.progress_bar), desc="pretrain")
+
+
+def _loggers(cfg: TrainConfig) -> list:
+    out = Path(cfg.out_dir)
+    if cfg.logging.logger == "csv":
+        from lightning.fabric.loggers import CSVLogger
+
+        return [CSVLogger(str(out), name="csv")]
+    if cfg.logging.logger == "wandb":
+        from lightning.pytorch.loggers import WandbLogger
+
+        offline = not os.environ.get("WANDB_API_KEY")
+        return [WandbLogger(project=cfg.logging.project, name=cfg.logging.run_name, save_dir=str(out),
+                            offline=offline, config=cfg.to_dict())]
+    return []
+
+
+def build_fabric(cfg: TrainConfig):
+    """Fabric with ModelParallelStrategy(FSDP2) for this config (not yet launched)."""
+    from lightning.fabric import Fabric
+    from lightning.fabric.strategies import ModelParallelStrategy
+
+    accelerator = cfg.accelerator if cfg.accelerator != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    devices = cfg.devices if cfg.devices != "auto" else (torch.cuda.device_count() if accelerator == "cuda" else 1)
+    world = int(devices) * cfg.num_nodes
+    mixed = cfg.precision == "bf16-mixed"
+    strategy = ModelParallelStrategy(make_parallelize(mixed, cfg.model.activation_checkpointing),
+                                     data_parallel_size=world, tensor_parallel_size=1,
+                                     save_distributed_checkpoint=cfg.checkpoint.sharded)
+    return Fabric(accelerator=accelerator, devices=devices, num_nodes=cfg.num_nodes, strategy=strategy,
+                  precision="32-true", loggers=_loggers(cfg))
+
+
+def train(cfg: TrainConfig) -> list[dict]:
+    """Validate, launch processes, train; returns the logged metrics of this process's run."""
+    fabric = build_fabric(cfg)
+    plan = Plan(cfg, fabric.world_size)  # every check before any process or compute starts
+    fabric.launch()
+    if fabric.global_rank == 0:
+        removed = ckpt.remove_stale_temporaries(cfg.out_dir)
+        for path in removed:
+            fabric.print(f"removed an interrupted checkpoint write: {path}")
+        fabric.print(f"{plan.model_config.num_params():,} parameters; {fabric.world_size} processes x "
+                     f"{plan.accumulation} micro-batches x {cfg.micro_batch_rows} rows x {cfg.data.seq_len} tokens "
+                     f"= {cfg.global_batch_tokens:,} tokens/step; {plan.total_steps:,} steps")
+    fabric.barrier()
+    try:
+        return Trainer(cfg, fabric, plan).fit()
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cfg = parse_args(argv)
+        train(cfg)
+    except ConfigError as err:
+        sys.exit(f"config error: {err}")
+
+
+if __name__ == "__main__":
+    main()
