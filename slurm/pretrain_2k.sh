@@ -28,26 +28,9 @@
 set -euo pipefail
 
 CONFIG="${CONFIG:-configs/pretrain_2k.yaml}"
-DATA_DIR="${DATA_DIR:-/path/to/slimpajama-llama3}"
 OUT_DIR="${OUT_DIR:-runs/pretrain_2k}"
-PYTHON="${PYTHON:-python}"
-NODES="${SLURM_NNODES:-2}"
-GPUS_PER_NODE="${SLURM_NTASKS_PER_NODE:-8}"
-
 if [[ -n "${SLURM_JOB_ID:-}" ]]; then
-    cd "${SLURM_SUBMIT_DIR:-.}"
+    cd "${SLURM_SUBMIT_DIR:-.}"   # sbatch runs a copy of this script; the repository is where it was submitted
 fi
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"
-
-cmd=(srun --kill-on-bad-exit=1 --ntasks-per-node="$GPUS_PER_NODE"
-     "$PYTHON" train/pretrain.py --config "$CONFIG" --data.dir "$DATA_DIR" --out_dir "$OUT_DIR"
-     --num_nodes "$NODES" --devices "$GPUS_PER_NODE" --resume auto "$@")
-
-if [[ "${DRY_RUN:-0}" == "1" ]]; then
-    printf '%q ' "${cmd[@]}"
-    printf '\n'
-    exit 0
-fi
-
-echo "job ${SLURM_JOB_ID:-none} (restart ${SLURM_RESTART_COUNT:-0}) on ${NODES} nodes x ${GPUS_PER_NODE} GPUs"
-exec "${cmd[@]}"
+# shellcheck source=slurm/pretrain_common.sh
+source slurm/pretrain_common.sh "$@"

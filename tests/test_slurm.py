@@ -31,7 +31,7 @@ def test_bash_syntax(script):
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed (apt-get install shellcheck)")
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_shellcheck(script):
-    proc = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
+    proc = subprocess.run(["shellcheck", "-x", str(script.relative_to(ROOT))], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
 
 
