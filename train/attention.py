@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import math
+import warnings
 from typing import Callable
 
 import torch
@@ -223,10 +224,12 @@ def _flex(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
     block_mask = create_block_mask(mask_mod, 1, 1, q.shape[0], k.shape[0], device=device.type if device.type == "cpu" else device)
     fn = _compiled_flex() if device.type == "cuda" else flex_attention
     groups = q.shape[1] // k.shape[1]
-    result = fn(
-        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
-        block_mask=block_mask, scale=scale, enable_gqa=groups > 1, return_lse=return_lse,
-    )
+    with warnings.catch_warnings():  # CPU runs flex unfused on purpose (it is forward-only there anyway)
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        result = fn(
+            q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
+            block_mask=block_mask, scale=scale, enable_gqa=groups > 1, return_lse=return_lse,
+        )
     if not return_lse:
         return result[0].transpose(0, 1)
     out, lse = result
