@@ -119,6 +119,23 @@ def test_resume_is_bitwise_identical_and_histogram_matches(data_dir, tmp_path):
     assert expected.sum() > 8 * 8 and expected[128] > 0  # many segments, some full rows
 
 
+def test_init_from_carries_weights_and_trained_lengths(data_dir, tmp_path):
+    run(tiny(data_dir, tmp_path / "warm", total_tokens=4096))
+    warm = tmp_path / "warm/checkpoints" / ckpt.milestone_name(4096)
+    # lr 0: the continued run's single step changes nothing, so its weights must be the warm-up's.
+    run(tiny(data_dir, tmp_path / "next", total_tokens=1024, **{"model.init_from": str(warm), "optim.lr": 0.0,
+                                                                "optim.min_lr": 0.0}))
+    final = tmp_path / "next/checkpoints" / ckpt.milestone_name(1024)
+    a, b = weights(warm), weights(final)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    own = np.bincount(np.diff(next(PackedSampler(TokenDataset(data_dir), 128, 8, seed=1)).cu_seqlens.numpy()),
+                      minlength=129)
+    assert np.array_equal(ckpt.load_trained_lengths(final), ckpt.load_trained_lengths(warm) + own)
+    other = tiny(data_dir, tmp_path / "bad", **{"model.init_from": str(warm), "model.overrides.d_model": 128})
+    with pytest.raises(ConfigError, match="init_from"):
+        run(other)
+
+
 def test_gradient_accumulation_matches_one_big_batch(data_dir, tmp_path):
     cfg = dict(total_tokens=2 * 1024, **{"checkpoint.latest_every_steps": 0})
     micro = run(tiny(data_dir, tmp_path / "micro", micro_batch_rows=2, **cfg))  # 4 micro-batches

@@ -243,6 +243,8 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         with fabric.init_module(empty_init=False):
             model = Transformer(plan.model_config, attention_backend=cfg.model.attention_backend)
+        if cfg.model.init_from and plan.resume_from is None:
+            self._init_from(Path(cfg.model.init_from), model)
         self.model = fabric.setup_module(model)
         self.params = list(self.model.parameters())
         self.optimizer = fabric.setup_optimizers(build_optimizer(self.model, cfg))
@@ -277,6 +279,22 @@ class Trainer:
                               "total_steps": self.plan.total_steps},
                  "wall_time_s": self.wall_time, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
         return ckpt.save_checkpoint(self.fabric, final, objects, files, state, self.cfg.checkpoint.sharded)
+
+    def _init_from(self, path: Path, model: Transformer) -> None:
+        """Continue from another run's weights (e.g. a warm-up phase), counting its trained lengths too."""
+        saved = ModelConfig.from_dict(json.loads((path / "model_config.json").read_text()))
+        if saved != self.plan.model_config:
+            raise ConfigError(f"model.init_from={path}: its model config {saved} differs from this run's "
+                              f"{self.plan.model_config}")
+        model.load_state_dict(ckpt.model_state_dict(path, saved))
+        lengths = ckpt.load_trained_lengths(path)
+        if lengths[self.cfg.data.seq_len + 1:].any():
+            raise ConfigError(f"model.init_from={path} trained segments longer than data.seq_len="
+                              f"{self.cfg.data.seq_len}; start from a run with a training length <= this one's")
+        if self.fabric.global_rank == 0:  # a global histogram, counted once
+            n = min(len(lengths), len(self.trained_lengths))
+            self.trained_lengths[:n] += lengths[:n]
+        self.fabric.print(f"initialised from {path} ({int(lengths.sum()):,} trained segments carried over)")
 
     def _load(self, path: Path) -> None:
         meta = ckpt.read_trainer_state(path)

@@ -27,6 +27,7 @@ class ModelSection:
     overrides: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields; vocab_size defaults to the data's
     attention_backend: str = "auto"  # train.attention backend: auto, sdpa, flash, xformers, flex
     activation_checkpointing: bool = False  # recompute each block in backward (less memory, ~1/3 more compute)
+    init_from: Optional[str] = None  # start from this checkpoint's weights and trained-length histogram (fresh optimizer)
 
 
 @dataclass
@@ -115,7 +116,7 @@ class TrainConfig:
 RESUMABLE_CHANGES = (
     "out_dir", "resume", "stop_at_step", "micro_batch_rows", "devices", "num_nodes", "accelerator",
     "requeue_on_signal", "on_nonfinite", "total_tokens", "data.dir", "model.attention_backend",
-    "model.activation_checkpointing", "checkpoint.", "logging.",
+    "model.activation_checkpointing", "model.init_from", "checkpoint.", "logging.",
 )
 
 
