@@ -22,6 +22,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -151,8 +152,8 @@ class NiahBuilder:
         """One test, drawn from numpy's default_rng seeded with (seed, length, index)."""
         if min(length, seed, index) < 0:
             raise ValueError(f"length, seed and index must be >= 0, got {length}, {seed}, {index}")
-        rng = np.random.default_rng([seed, length, index])
-        numbers = [str(n) for n in rng.choice(900_000, size=N_NEEDLES, replace=False) + 100_000]
+        rng = test_rng(length, seed, index)
+        numbers = draw_needle_numbers(rng)
         needles = [
             np.asarray(self.tokenizer.encode(" " + NEEDLE.format(n)), dtype=np.int64) for n in numbers
         ]
@@ -231,6 +232,25 @@ class NiahBuilder:
                 f"cutting a sentence at {size} tokens splits a character and ' ' is not one token"
             )
         return np.concatenate([sentence[:keep], np.full(size - keep, self._space[0], dtype=np.int64)])
+
+
+def test_rng(length: int, seed: int, index: int) -> np.random.Generator:
+    """The random stream of one test: numpy's default_rng seeded with (seed, length, index)."""
+    return np.random.default_rng([seed, length, index])
+
+
+def draw_needle_numbers(rng: np.random.Generator) -> list[str]:
+    """Four distinct 6-digit needle numbers: the first draw from a test's stream."""
+    return [str(n) for n in rng.choice(900_000, size=N_NEEDLES, replace=False) + 100_000]
+
+
+def probe_needles(lengths: Sequence[int], n_tests: int, seed: int) -> set[str]:
+    """Every needle number the tests (lengths x n_tests, seed) will use, without building prompts.
+
+    Training corpora pass these to their generator as numbers to avoid, so no probe needle is
+    ever a training needle.
+    """
+    return {n for length in lengths for index in range(n_tests) for n in draw_needle_numbers(test_rng(length, seed, index))}
 
 
 def make_tests(

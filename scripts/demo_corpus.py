@@ -1,21 +1,34 @@
-"""The demo's synthetic training corpus and small tokenizer: NIAH-format documents on half the PG essays.
+"""The demo's synthetic training corpus and small tokenizer: needle tasks on half the PG essays.
 
 Why: tiny models trained for minutes on a CPU only learn needle retrieval when the training data
-teaches it directly. Every document here is a needle task in the probe's own template (the
-instruction, haystack sentences with needles "One of the magic numbers is NNNNNN.", the question,
-"The numbers are" and the answer), but on the *training half* of the Paul Graham essays (sorted
-by name; the probe uses the other half, see `probe_haystack_dir`) and with needle numbers from
-an RNG stream that the probe never uses. Document lengths are skewed (log-normal: many short,
-some long), as in natural corpora, so the packer's cut at L decides which distances are trained.
+teaches it directly, and only after an induction (copy) circuit exists. So the demo trains in two
+phases, both written here as JSON-lines corpora ({"text": ...} per line):
 
-The tokenizer is a byte-level BPE trained on the training half, plus the 1,000 three-digit
-tokens "000".."999" (a 6-digit needle is two nearly unique tokens), "<s>" and "</s>".
+- warm-up (`WARMUP`): dense induction drills, a random digit string of 4-16 three-digit tokens
+  repeated on 4 lines (the random length makes the copy distance vary, so only content matching
+  predicts the repeats, not a fixed offset);
+- main (`CorpusMix()`): a stationary mix of those drills, answer-line copies, short needle drills
+  (0-2 haystack sentences) and needle documents with log-normal (skewed: many short, a few long)
+  haystack sizes. Needle documents use the probe's own template (instruction, haystack sentences
+  with "One of the magic numbers is NNNNNN.", question, "The numbers are", answer), but on the
+  *training half* of the Paul Graham essays (sorted by name; the probe uses the other half, see
+  `probe_haystack_dir`) and with numbers from `default_rng([seed, 0x5EED])`, a stream the probe's
+  `default_rng([seed, length, index])` never produces. The answer lists the needles nearest-first
+  (`reverse_answer`): a recency preference is what RoPE attention finds easiest.
+
+The tokenizer is a byte-level BPE trained on the training half (the template weighted so its
+words are single tokens), plus the 1,000 three-digit tokens "000".."999" (a 6-digit needle is two
+nearly unique tokens), "<s>" and "</s>"; optionally also " 000".." 999" (`spaced_chunks`: a number's
+first three digits with their leading space become a vocabulary of their own).
+
+Status (issue 8): with this recipe a 2-layer d=128 model learns to copy the first chunk of the
+nearest needles within ~3M tokens, but full 6-digit retrieval is rare and not reliable across seeds.
 """
 
 from __future__ import annotations
 
 import json
-import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,19 +37,47 @@ from analysis.niah import ANSWER_PREFIX, INSTRUCTION, NEEDLE, QUESTION, clean_ha
 
 BOS, EOS = "<s>", "</s>"
 NUMBER_TOKENS = [f"{i:03d}" for i in range(1000)]
+SPACED_NUMBER_TOKENS = [f" {i:03d}" for i in range(1000)]  # a number's first 3 digits after a space: its own vocabulary
 NEEDLES_PER_DOC = 4
+TEMPLATE_WEIGHT = 200  # the template counts as this many copies when training BPE: its words become single tokens
+N_TRAIN_ESSAYS = 24  # essays 0..23 (sorted by name) are training haystack, 24..48 the probe's
+SEED_SALT = 0x5EED  # training numbers come from default_rng([seed, SEED_SALT]); the probe uses 3-entry seeds
 
 
-def split_essays(n_train: int = 24) -> tuple[list[str], list[str]]:
+@dataclass(frozen=True)
+class CorpusMix:
+    """Fractions of each document kind (the rest are skewed needle documents) and their parameters."""
+
+    digit_copy: float = 0.25
+    line_copy: float = 0.15
+    drill: float = 0.35
+    drill_max_sentences: int = 2
+    median_sentences: float = 3.0
+    sigma: float = 0.8
+    max_sentences: int = 200
+    copy_min_chunks: int = 4
+    copy_max_chunks: int = 16
+    copies: int = 4
+    reverse_answer: bool = True
+
+    def __post_init__(self) -> None:
+        fractions = (self.digit_copy, self.line_copy, self.drill)
+        if min(fractions) < 0 or sum(fractions) > 1 + 1e-9:
+            raise ValueError(f"CorpusMix fractions {fractions} must be >= 0 and sum to at most 1")
+
+
+WARMUP = CorpusMix(digit_copy=1.0, line_copy=0.0, drill=0.0)
+
+
+def split_essays(n_train: int = N_TRAIN_ESSAYS) -> tuple[list[str], list[str]]:
     """The PG essays sorted by name, split into (training texts, probe texts)."""
     from analysis.corpora import pg_essays
 
-    docs = sorted(pg_essays(), key=lambda d: d.source)
-    texts = [d.text for d in docs]
+    texts = [d.text for d in sorted(pg_essays(), key=lambda d: d.source)]
     return texts[:n_train], texts[n_train:]
 
 
-def probe_haystack_dir(out_dir: str | Path, n_train: int = 24) -> Path:
+def probe_haystack_dir(out_dir: str | Path, n_train: int = N_TRAIN_ESSAYS) -> Path:
     """Write the probe half of the essays as .txt files (a haystack for analysis.niah); returns the dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -45,14 +86,14 @@ def probe_haystack_dir(out_dir: str | Path, n_train: int = 24) -> Path:
     return out
 
 
-def build_tokenizer(out_dir: str | Path, vocab_size: int = 1024, n_train: int = 24) -> str:
+def build_tokenizer(out_dir: str | Path, vocab_size: int = 2048, n_train: int = N_TRAIN_ESSAYS, spaced_chunks: bool = False) -> str:
     """Train the demo BPE on the training-half essays, save tokenizer.json in out_dir; returns 'hf:<dir>'."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     texts = [clean_haystack(t) for t in split_essays(n_train)[0]]
-    texts.append(" ".join([INSTRUCTION, NEEDLE, QUESTION, ANSWER_PREFIX]))
+    texts += [" ".join([INSTRUCTION, NEEDLE, QUESTION, ANSWER_PREFIX])] * TEMPLATE_WEIGHT
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -60,55 +101,138 @@ def build_tokenizer(out_dir: str | Path, vocab_size: int = 1024, n_train: int = 
         vocab_size=vocab_size, special_tokens=[BOS, EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tok.train_from_iterator(texts, trainer)
-    tok.add_tokens([AddedToken(t, normalized=False) for t in NUMBER_TOKENS])
+    numbers = NUMBER_TOKENS + (SPACED_NUMBER_TOKENS if spaced_chunks else [])
+    tok.add_tokens([AddedToken(t, normalized=False) for t in numbers])
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({"bos_token": BOS, "eos_token": EOS}))
     return f"hf:{out}"
 
 
-def _sentences(texts: list[str]) -> list[str]:
-    """Digit-free sentences of the training texts, in order."""
-    return [s for t in texts for s in split_sentences(clean_haystack(t))]
+def training_sentences(n_train: int = N_TRAIN_ESSAYS) -> list[str]:
+    """Digit-free sentences of the training-half essays, in order (the training haystack)."""
+    return [s for t in split_essays(n_train)[0] for s in split_sentences(clean_haystack(t))]
 
 
-def niah_document(rng: np.random.Generator, sentences: list[str], n_sentences: int) -> str:
-    """One training document: the probe's template on `n_sentences` training sentences, 4 needles, answer."""
+def _numbers(rng: np.random.Generator, exclude: frozenset[str] = frozenset()) -> list[str]:
+    """4 distinct 6-digit numbers, none in `exclude` (e.g. the probe's needles)."""
+    while True:
+        numbers = [str(n) for n in rng.choice(900_000, size=NEEDLES_PER_DOC, replace=False) + 100_000]
+        if not exclude.intersection(numbers):
+            return numbers
+
+
+def _answer(numbers: list[str]) -> str:
+    return ", ".join(numbers[:-1]) + " and " + numbers[-1] + "."
+
+
+def niah_document(
+    rng: np.random.Generator, sentences: list[str], n_sentences: int, reverse: bool = True,
+    exclude: frozenset[str] = frozenset(),
+) -> str:
+    """One needle document: the probe's template on `n_sentences` training sentences, 4 needles, the answer.
+
+    Needle j goes before sentence floor(d_j * n) with d_j uniform in [j/4, (j+1)/4), as in the probe.
+    """
     start = int(rng.integers(len(sentences)))
     body = [sentences[(start + i) % len(sentences)] for i in range(n_sentences)]
-    numbers = [str(n) for n in rng.choice(900_000, size=NEEDLES_PER_DOC, replace=False) + 100_000]
+    numbers = _numbers(rng, exclude)
     where = ((np.arange(NEEDLES_PER_DOC) + rng.random(NEEDLES_PER_DOC)) / NEEDLES_PER_DOC * n_sentences).astype(int)
     parts: list[str] = []
     for k in range(n_sentences + 1):
         parts += [NEEDLE.format(numbers[j]) for j in range(NEEDLES_PER_DOC) if where[j] == k]
         if k < n_sentences:
             parts.append(body[k])
-    answer = ", ".join(numbers[:-1]) + " and " + numbers[-1] + "."
+    answer = _answer(numbers[::-1] if reverse else numbers)
     return f"{INSTRUCTION}\n\n{' '.join(parts)}\n\n{QUESTION}\n{ANSWER_PREFIX} {answer}\n"
 
 
-def document_sentences(rng: np.random.Generator, n_docs: int, median: float, sigma: float, max_sentences: int) -> np.ndarray:
-    """Skewed (log-normal) haystack sizes in sentences: many short documents, a few long ones."""
-    sizes = np.exp(np.log(median) + sigma * rng.standard_normal(n_docs))
-    return np.clip(np.rint(sizes), 1, max_sentences).astype(int)
+def line_copy_document(rng: np.random.Generator, exclude: frozenset[str] = frozenset()) -> str:
+    """A copy drill in the answer's format: "The numbers are A, B, C and D." twice."""
+    line = f"{ANSWER_PREFIX} {_answer(_numbers(rng, exclude))}\n"
+    return line + line
+
+
+def digit_copy_document(rng: np.random.Generator, min_chunks: int = 4, max_chunks: int = 16, copies: int = 4) -> str:
+    """An induction drill: a random digit string of min..max three-digit tokens, on `copies` lines."""
+    n = int(rng.integers(min_chunks, max_chunks + 1))
+    digits = "".join(f"{x:03d}" for x in rng.integers(1000, size=n))
+    return f"{digits}\n" * copies
+
+
+def generate_documents(
+    rng: np.random.Generator, n_docs: int, sentences: list[str], mix: CorpusMix, exclude: frozenset[str] = frozenset()
+) -> list[str]:
+    """n_docs documents of the mix's kinds, drawn independently; no needle number is in `exclude`."""
+    docs = []
+    cut_copy, cut_line = mix.digit_copy, mix.digit_copy + mix.line_copy
+    cut_drill = cut_line + mix.drill
+    for _ in range(n_docs):
+        kind = rng.random()
+        if kind < cut_copy:
+            docs.append(digit_copy_document(rng, mix.copy_min_chunks, mix.copy_max_chunks, mix.copies))
+        elif kind < cut_line:
+            docs.append(line_copy_document(rng, exclude))
+        elif kind < cut_drill:
+            docs.append(niah_document(rng, sentences, int(rng.integers(mix.drill_max_sentences + 1)), mix.reverse_answer, exclude))
+        else:
+            size = np.exp(np.log(mix.median_sentences) + mix.sigma * rng.standard_normal())
+            n = int(np.clip(np.rint(size), 1, mix.max_sentences))
+            docs.append(niah_document(rng, sentences, n, mix.reverse_answer, exclude))
+    return docs
 
 
 def write_corpus(
     out_dir: str | Path,
     n_docs: int,
     seed: int = 1234,
-    median_sentences: float = 6.0,
-    sigma: float = 1.0,
-    max_sentences: int = 200,
-    n_train: int = 24,
+    mix: CorpusMix = CorpusMix(),
+    name: str = "demo_corpus",
+    n_train: int = N_TRAIN_ESSAYS,
+    exclude_numbers: frozenset[str] = frozenset(),
 ) -> Path:
-    """Write n_docs NIAH-format documents to out_dir/demo_corpus.jsonl ({"text": ...} per line)."""
-    rng = np.random.default_rng([seed, 0x5EED])
-    sentences = _sentences(split_essays(n_train)[0])
-    sizes = document_sentences(rng, n_docs, median_sentences, sigma, max_sentences)
+    """Write n_docs documents to out_dir/<name>.jsonl ({"text": ...} per line); returns its path.
+
+    Pass the probe's needles as `exclude_numbers` so that no probe number is ever a training needle.
+    Keep out_dir free of other .txt/.json files: corpus readers take every such file in a directory.
+    """
+    rng = np.random.default_rng([seed, SEED_SALT])
+    docs = generate_documents(rng, n_docs, training_sentences(n_train), mix, frozenset(exclude_numbers))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "demo_corpus.jsonl"
+    path = out / f"{name}.jsonl"
     with path.open("w", encoding="utf-8") as f:
-        for n in sizes:
-            f.write(json.dumps({"text": niah_document(rng, sentences, int(n))}) + "\n")
+        for text in docs:
+            f.write(json.dumps({"text": text}) + "\n")
     return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the demo's tokenizer, warm-up and main corpora and the probe haystack under --out."""
+    import argparse
+
+    from analysis.niah import probe_needles
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="directory for tokenizer/, warmup/, main/, probe_haystack/")
+    parser.add_argument("--docs", type=int, required=True, help="documents in the main corpus")
+    parser.add_argument("--warmup-docs", type=int, required=True, help="documents in the warm-up corpus")
+    parser.add_argument("--seed", type=int, default=1234, help="corpus seed (never a probe seed)")
+    parser.add_argument("--probe-lengths", type=int, nargs="*", default=[],
+                        help="lengths the probe will test: their needles are kept out of training")
+    parser.add_argument("--probe-tests", type=int, default=0, help="tests per probe length")
+    parser.add_argument("--probe-seeds", type=int, nargs="*", default=[0], help="the probe's seeds")
+    args = parser.parse_args(argv)
+    exclude = frozenset(n for seed in args.probe_seeds for n in probe_needles(args.probe_lengths, args.probe_tests, seed))
+    spec = build_tokenizer(args.out / "tokenizer")
+    warmup = write_corpus(args.out / "warmup", args.warmup_docs, seed=args.seed, mix=WARMUP, name="warmup")
+    main_corpus = write_corpus(args.out / "main", args.docs, seed=args.seed + 1, exclude_numbers=exclude)
+    haystack = probe_haystack_dir(args.out / "probe_haystack")
+    print(f"tokenizer {spec}\nwarm-up corpus {warmup}\nmain corpus {main_corpus} ({len(exclude)} probe needles "
+          f"excluded)\nprobe haystack {haystack}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -211,3 +211,12 @@ def test_records_are_json_ready(test0):
 
     json.dumps(test0.record())
     json.dumps(score_answer(test0, " nothing").record())
+
+
+def test_probe_needles_are_exactly_the_tests_needles():
+    from analysis.niah import probe_needles
+
+    builder = NiahBuilder(get_tokenizer("llama3"), "noise")
+    built = {n for length in (128, 256) for test in builder.make_tests(length, 5, seed=3) for n in test.needles}
+    assert probe_needles([128, 256], 5, seed=3) == built
+    assert len(built) == 2 * 5 * 4  # fresh numbers for every test

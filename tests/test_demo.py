@@ -1,0 +1,40 @@
+"""`scripts/demo.py --quick`: every stage of the main job runs and writes outputs that parse."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.effective_length import read_csv
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("demo")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "scripts/demo.py", "--quick", "--out", str(out)], cwd=REPO, env=env, check=True,
+                   timeout=900)
+    return out
+
+
+def test_quick_demo_outputs(quick_demo: Path) -> None:
+    for train_len in (256, 512):
+        run = quick_demo / f"L{train_len}"
+        assert len(list((run / "checkpoints").glob("tokens-*"))) >= 3
+        for probe in ("probe", "probe-string"):
+            rows = read_csv(run / probe / "effective_length.csv")
+            assert len(rows) >= 3
+            assert {row["positions"] for row in rows} == {probe.replace("probe-", "") if "-" in probe else "rope"}
+            assert all(int(row["train_len"]) == train_len for row in rows)
+        assert (run / "table1" / "string" / "summary.csv").is_file()
+    report = (quick_demo / "REPORT.md").read_text()
+    assert "## Commands" in report and "train/pretrain.py" in report and "analysis/probe.py" in report
+    figures = {p.name for p in (quick_demo / "figures").glob("*.png")}
+    assert any(name.startswith("fig2a") for name in figures) and any(name.startswith("fig2b") for name in figures)
+    assert any("heatmap" in name for name in figures)
