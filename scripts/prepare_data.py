@@ -3,12 +3,14 @@
     python scripts/prepare_data.py --corpus pg-essays --out data/pg
     python scripts/prepare_data.py --corpus slimpajama --data-dir /data/SlimPajama-627B \\
         --out /data/tokens/slimpajama --workers 16 --shard 3/64
+    python scripts/prepare_data.py --corpus slimpajama --hf-dataset cerebras/SlimPajama-627B --out DIR
 
 Each document becomes its tokens followed by EOS. A shard is named after its input file's
 path relative to the corpus's common root (``train/chunk1/example_train_0.jsonl.zst`` ->
-``train__chunk1__example_train_0``), so names do not depend on --shard or --workers.
+``train__chunk1__example_train_0``), or for a streamed dataset after its shard
+(``train__shard_00042_of_59166``), so names do not depend on --shard or --workers.
 Shards are written under temporary names and renamed when complete; a rerun skips the
-complete ones (same source size and tokenizer) and redoes the rest, so the job is restartable
+complete ones (same source size, or stream revision, and tokenizer) and redoes the rest, so the job is restartable
 file by file. ``--shard i/n`` takes files i, i+n, i+2n, ... (0-based), for a SLURM job array.
 """
 
@@ -27,7 +29,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.corpora import SUFFIXES, Corpus, ReadStats, resolve_corpus  # noqa: E402
+from analysis.corpora import SUFFIXES, Corpus, CorpusFile, ReadStats, StreamShard, resolve_corpus  # noqa: E402
 from train.cli import parse_shard  # noqa: E402
 from train.data import ShardWriter, shard_is_complete  # noqa: E402
 from train.tokenizer import Tokenizer, get_tokenizer  # noqa: E402
@@ -37,17 +39,18 @@ BATCH_CHARS = 4 << 20  # tokenize this many characters of text at a time
 _worker_tokenizer: Tokenizer | None = None
 
 
-def shard_names(files: tuple[Path, ...]) -> dict[Path, str]:
+def shard_names(files: tuple[CorpusFile, ...]) -> dict[CorpusFile, str]:
     """A stable, unique shard name per input file: its path under the common root, flattened."""
-    paths = [f.resolve() for f in files]
-    root = Path(os.path.commonpath(paths)) if len(paths) > 1 else paths[0].parent
-    names: dict[Path, str] = {}
-    for file, path in zip(files, paths):
+    names: dict[CorpusFile, str] = {f: f.shard_name for f in files if isinstance(f, StreamShard)}
+    local = [f for f in files if not isinstance(f, StreamShard)]
+    paths = [f.resolve() for f in local]
+    root = Path(os.path.commonpath(paths)) if len(paths) > 1 else (paths[0].parent if paths else Path())
+    for file, path in zip(local, paths):
         rel = str(path.relative_to(root))
         suffix = next((s for s in SUFFIXES if rel.endswith(s)), "")
         stem = rel[: len(rel) - len(suffix)] if suffix else rel
         names[file] = re.sub(r"[^A-Za-z0-9._-]+", "_", stem.replace(os.sep, "__")).strip(".") or "shard"
-    seen: dict[str, Path] = {}
+    seen: dict[str, CorpusFile] = {}
     for file, name in names.items():
         if name in seen:
             raise ValueError(f"input files {seen[name]} and {file} would both be written to shard {name!r}; "
@@ -71,12 +74,19 @@ def _init_worker(tokenizer_spec: str) -> None:
     _worker_tokenizer = get_tokenizer(tokenizer_spec)
 
 
-def tokenize_file(corpus: Corpus, file: Path, name: str, out: Path, tokenizer: Tokenizer,
+def source_identity(file: CorpusFile, hash_content: bool = True) -> dict:
+    """What pins an input's content: path, size (and sha256) of a file; dataset shard and revision of a stream."""
+    if isinstance(file, StreamShard):
+        return {"source": str(file), "source_revision": file.revision}
+    identity = {"source": str(file.resolve()), "source_size": file.stat().st_size}
+    return identity | ({"source_sha256": file_sha256(file)} if hash_content else {})
+
+
+def tokenize_file(corpus: Corpus, file: CorpusFile, name: str, out: Path, tokenizer: Tokenizer,
                   on_error: str = "raise") -> dict:
     """Tokenize one input file into shard `name` under `out` (atomically); returns its metadata."""
     stats = ReadStats()
-    extra = {"source": str(file.resolve()), "source_size": file.stat().st_size,
-             "source_sha256": file_sha256(file), "corpus": corpus.name, "text_field": corpus.text_field,
+    extra = {**source_identity(file), "corpus": corpus.name, "text_field": corpus.text_field,
              "sources": list(corpus.sources)}
     eos = np.array([tokenizer.eos_id], dtype=np.int64)
     with ShardWriter(out, name, tokenizer=tokenizer.name, vocab_size=tokenizer.vocab_size,
@@ -94,12 +104,12 @@ def tokenize_file(corpus: Corpus, file: Path, name: str, out: Path, tokenizer: T
     return writer.meta
 
 
-def _tokenize_in_worker(corpus: Corpus, file: Path, name: str, out: Path, on_error: str) -> dict:
+def _tokenize_in_worker(corpus: Corpus, file: CorpusFile, name: str, out: Path, on_error: str) -> dict:
     assert _worker_tokenizer is not None
     return tokenize_file(corpus, file, name, out, _worker_tokenizer, on_error)
 
 
-def pending_files(corpus: Corpus, names: dict[Path, str], out: Path, tokenizer: Tokenizer) -> list[Path]:
+def pending_files(corpus: Corpus, names: dict[CorpusFile, str], out: Path, tokenizer: Tokenizer) -> list[CorpusFile]:
     """Files whose shard is not complete yet; refuses an --out tokenized with another tokenizer."""
     todo = []
     for file in corpus.files:
@@ -107,7 +117,8 @@ def pending_files(corpus: Corpus, names: dict[Path, str], out: Path, tokenizer: 
         if meta is not None and meta.get("tokenizer") != tokenizer.name:
             raise SystemExit(f"{out}/{names[file]} was tokenized with {meta.get('tokenizer')!r}, not "
                              f"{tokenizer.name!r}. Fix: use a fresh --out directory per tokenizer.")
-        if meta is None or meta.get("source_size") != file.stat().st_size:
+        cheap = source_identity(file, hash_content=False)
+        if meta is None or any(meta.get(key) != value for key, value in cheap.items() if key != "source"):
             todo.append(file)
     return todo
 
@@ -145,6 +156,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="output directory of token shards")
     parser.add_argument("--tokenizer", default="llama3", help="llama3 (default), bytes, or hf:<dir>")
     parser.add_argument("--data-dir", default=None, help="where SlimPajama lives (else $SLIMPAJAMA_DIR)")
+    parser.add_argument("--hf-dataset", default=None, help="with no local SlimPajama, stream this dataset with "
+                        "`datasets` (e.g. cerebras/SlimPajama-627B; default: $SLIMPAJAMA_HF, else not tried)")
     parser.add_argument("--split", default="train", help="SlimPajama split (train, validation, test)")
     parser.add_argument("--text-field", default="text", help="JSON/Parquet field holding the text")
     parser.add_argument("--sources", nargs="*", default=None,
@@ -155,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="bad records: stop with the file and line (raise) or count and skip them")
     args = parser.parse_args(argv)
     corpus = resolve_corpus(args.corpus, data_dir=args.data_dir, split=args.split,
-                            text_field=args.text_field, sources=args.sources)
+                            text_field=args.text_field, sources=args.sources, hf_dataset=args.hf_dataset)
     totals = prepare(corpus, args.out, args.tokenizer, args.workers, args.shard, args.on_error)
     print(f"{args.out}: {totals['files']} files in shard {args.shard[0]}/{args.shard[1]} "
           f"({totals['skipped_complete']} already complete); wrote {totals['docs']:,} documents, "
