@@ -16,13 +16,16 @@ phases, both written here as JSON-lines corpora ({"text": ...} per line):
   `default_rng([seed, length, index])` never produces. The answer lists the needles nearest-first
   (`reverse_answer`): a recency preference is what RoPE attention finds easiest.
 
-The tokenizer is a byte-level BPE trained on the training half (the template weighted so its
-words are single tokens), plus the 1,000 three-digit tokens "000".."999" (a 6-digit needle is two
-nearly unique tokens), "<s>" and "</s>"; optionally also " 000".." 999" (`spaced_chunks`: a number's
-first three digits with their leading space become a vocabulary of their own).
+The tokenizer (`build_tokenizer`) is a byte-level WordPiece learnt on the training half (the
+template weighted so its words are single pieces) whose digit runs are split into three-digit
+pieces with *positional* ids: "424727" is "424", "⁂727". A needle's second half thus never shares
+an id with a first half, so the model cannot write it by re-copying the first half (the failure of
+a plain "000".."999" vocabulary: "665665"); it must copy what followed the first half (induction).
 
-Status (issue 8): with this recipe a 2-layer d=128 model learns to copy the first chunk of the
-nearest needles within ~3M tokens, but full 6-digit retrieval is rare and not reliable across seeds.
+Status (issue 8, scratch runs of the default mix: 600 warm-up + 2,400 main steps of 4 rows at
+L=256, 2-layer d=128): 5 of 6 runs passed 64-98% of 50 NIAH tests at 128 tokens and 42-68% at 256;
+one (a 4,500-step schedule) never learnt the second chunk and passed 0/50 at every length.
+Emergence is abrupt and its timing varies by run, so the demo should still gate on a measured pass rate.
 """
 
 from __future__ import annotations
@@ -35,11 +38,12 @@ import numpy as np
 
 from analysis.niah import ANSWER_PREFIX, INSTRUCTION, NEEDLE, QUESTION, clean_haystack, split_sentences
 
-BOS, EOS = "<s>", "</s>"
-NUMBER_TOKENS = [f"{i:03d}" for i in range(1000)]
-SPACED_NUMBER_TOKENS = [f" {i:03d}" for i in range(1000)]  # a number's first 3 digits after a space: its own vocabulary
+BOS, EOS, UNK = "<s>", "</s>", "<unk>"  # UNK is never produced: every byte has a piece
+CONTINUATION = "\u2042"  # "⁂" marks a piece that continues a word; no byte-level symbol is this character
+NUMBER_TOKENS = [f"{i:03d}" for i in range(1000)]  # a digit run's first three digits
+CONTINUED_NUMBER_TOKENS = [CONTINUATION + t for t in NUMBER_TOKENS]  # its later three-digit groups: other ids
 NEEDLES_PER_DOC = 4
-TEMPLATE_WEIGHT = 200  # the template counts as this many copies when training BPE: its words become single tokens
+TEMPLATE_WEIGHT = 200  # the template counts as this many copies when learning the tokenizer: its words become single tokens
 N_TRAIN_ESSAYS = 24  # essays 0..23 (sorted by name) are training haystack, 24..48 the probe's
 SEED_SALT = 0x5EED  # training numbers come from default_rng([seed, SEED_SALT]); the probe uses 3-entry seeds
 
@@ -86,23 +90,57 @@ def probe_haystack_dir(out_dir: str | Path, n_train: int = N_TRAIN_ESSAYS) -> Pa
     return out
 
 
-def build_tokenizer(out_dir: str | Path, vocab_size: int = 2048, n_train: int = N_TRAIN_ESSAYS, spaced_chunks: bool = False) -> str:
-    """Train the demo BPE on the training-half essays, save tokenizer.json in out_dir; returns 'hf:<dir>'."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+def _learn_pieces(words: list[str], vocab_size: int) -> list[str]:
+    """About `vocab_size` word pieces ("⁂" + s for a piece inside a word) learnt by byte-level BPE, reproducibly.
+
+    WordPiece learning is BPE in which a symbol inside a word differs from the same symbol starting
+    one; `tokenizers`' WordPieceTrainer numbers those inner symbols in hash order, so ties (and the
+    vocabulary) change from run to run. Here inner symbols are private-use characters known in
+    advance, which the deterministic BpeTrainer treats like any other.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    inner = {c: chr(0xE000 + i) for i, c in enumerate(alphabet)}
+    outer = {v: k for k, v in inner.items()}
+    learner = Tokenizer(models.BPE())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, initial_alphabet=alphabet + list(inner.values()), show_progress=False
+    )
+    learner.train_from_iterator((w[0] + "".join(inner[c] for c in w[1:]) for w in words), trainer)
+    learnt = [p for p, _ in sorted(learner.get_vocab().items(), key=lambda item: item[1])]
+    return [(CONTINUATION if p[0] in outer else "") + "".join(outer.get(c, c) for c in p) for p in learnt]
+
+
+def build_tokenizer(out_dir: str | Path, vocab_size: int = 2048, n_train: int = N_TRAIN_ESSAYS) -> str:
+    """Build the demo tokenizer from the training-half essays, save tokenizer.json in out_dir; returns 'hf:<dir>'.
+
+    A byte-level WordPiece: text is split into byte-level words (digit runs split off on their own),
+    each word into greedy longest-match pieces, continuation pieces prefixed with CONTINUATION. The
+    ~`vocab_size` text pieces are learnt on the essays (digit pieces dropped); all 256 byte symbols
+    in both forms keep any text encodable, and decoding drops the prefix, so decode(encode(x)) == x.
+    A 6-digit needle "424727" becomes "424", "⁂727": its halves have different ids, so the model
+    cannot produce the second half by re-copying the first; it must copy what followed it.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     texts = [clean_haystack(t) for t in split_essays(n_train)[0]]
     texts += [" ".join([INSTRUCTION, NEEDLE, QUESTION, ANSWER_PREFIX])] * TEMPLATE_WEIGHT
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=[BOS, EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    pre = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r"\d+"), "isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False)]
     )
-    tok.train_from_iterator(texts, trainer)
-    numbers = NUMBER_TOKENS + (SPACED_NUMBER_TOKENS if spaced_chunks else [])
-    tok.add_tokens([AddedToken(t, normalized=False) for t in numbers])
+    words = [w for t in texts for w, _ in pre.pre_tokenize_str(t)]
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    pieces = [BOS, EOS, UNK] + [p for p in _learn_pieces(words, vocab_size) if not any(c.isdigit() for c in p)]
+    pieces += alphabet + [CONTINUATION + c for c in alphabet] + NUMBER_TOKENS + CONTINUED_NUMBER_TOKENS
+    vocab = {p: i for i, p in enumerate(dict.fromkeys(pieces))}
+    tok = Tokenizer(models.WordPiece(
+        vocab, unk_token=UNK, continuing_subword_prefix=CONTINUATION, max_input_chars_per_word=10**6
+    ))
+    tok.pre_tokenizer = pre
+    tok.decoder = decoders.Sequence([decoders.Replace(CONTINUATION, ""), decoders.ByteLevel()])
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({"bos_token": BOS, "eos_token": EOS}))
     return f"hf:{out}"
