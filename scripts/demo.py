@@ -64,7 +64,7 @@ class DemoSettings:
 FULL = DemoSettings(
     train_lens=(256, 512), corpus_docs=30_000, warmup_docs=15_000, warmup_tokens=614_400,
     total_tokens=2_457_600, checkpoint_every_tokens=614_400,
-    global_batch_tokens=1024, probe_start=128, probe_step=64, tests_per_length=16, table1_tests=32,
+    global_batch_tokens=1024, probe_start=128, probe_step=32, tests_per_length=40, table1_tests=100,
     table1_schemes=("rope", "string", "rerope", "self_extend", "dca", "ntk", "yarn"),
 )
 QUICK = DemoSettings(

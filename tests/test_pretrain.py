@@ -122,18 +122,26 @@ def test_resume_is_bitwise_identical_and_histogram_matches(data_dir, tmp_path):
 def test_init_from_carries_weights_and_trained_lengths(data_dir, tmp_path):
     run(tiny(data_dir, tmp_path / "warm", total_tokens=4096))
     warm = tmp_path / "warm/checkpoints" / ckpt.milestone_name(4096)
-    # lr 0: the continued run's single step changes nothing, so its weights must be the warm-up's.
+    # Continued at a longer training length, with lr 0: the single step changes nothing, so the
+    # weights must be the warm-up's, and the histogram the warm-up's plus this step's segments.
     run(tiny(data_dir, tmp_path / "next", total_tokens=1024, **{"model.init_from": str(warm), "optim.lr": 0.0,
-                                                                "optim.min_lr": 0.0}))
+                                                                "optim.min_lr": 0.0, "data.seq_len": 256}))
     final = tmp_path / "next/checkpoints" / ckpt.milestone_name(1024)
     a, b = weights(warm), weights(final)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    own = np.bincount(np.diff(next(PackedSampler(TokenDataset(data_dir), 128, 8, seed=1)).cu_seqlens.numpy()),
-                      minlength=129)
-    assert np.array_equal(ckpt.load_trained_lengths(final), ckpt.load_trained_lengths(warm) + own)
+    own = np.bincount(np.diff(next(PackedSampler(TokenDataset(data_dir), 256, 4, seed=1)).cu_seqlens.numpy()),
+                      minlength=257)
+    carried = np.zeros(257, dtype=np.int64)
+    carried[:129] = ckpt.load_trained_lengths(warm)
+    assert np.array_equal(ckpt.load_trained_lengths(final), carried + own)
+    # Each checkpoint records the length it was trained at (STRING's defaults derive from it).
+    assert [json.loads((d / "model_config.json").read_text())["max_seq_len"] for d in (warm, final)] == [128, 256]
     other = tiny(data_dir, tmp_path / "bad", **{"model.init_from": str(warm), "model.overrides.d_model": 128})
     with pytest.raises(ConfigError, match="init_from"):
         run(other)
+    shorter = tiny(data_dir, tmp_path / "short", **{"model.init_from": str(final), "data.seq_len": 128})
+    with pytest.raises(ConfigError, match="longer than data.seq_len"):
+        run(shorter)
 
 
 def test_gradient_accumulation_matches_one_big_batch(data_dir, tmp_path):
@@ -237,7 +245,8 @@ def test_bad_configs_fail_before_compute(data_dir, tmp_path):
         (tiny(data_dir, tmp_path, data={"dir": "", "seq_len": 128}), "data.dir is empty"),
         (tiny(data_dir, tmp_path, global_batch_tokens=1000), "not a whole number of micro-batches"),
         (tiny(data_dir, tmp_path, micro_batch_rows=3), "not a whole number of micro-batches"),
-        (tiny(data_dir, tmp_path, **{"data.seq_len": 8192, "global_batch_tokens": 8192 * 4}), "exceeds the model's max_seq_len"),
+        (tiny(data_dir, tmp_path, **{"data.seq_len": 8192, "global_batch_tokens": 8192 * 4,
+                                     "model.overrides.max_seq_len": 4096}), "exceeds the model's max_seq_len"),
         (tiny(data_dir, tmp_path, seed="x"), "seed='x' should be of type int"),
     ]
     (tmp_path / "empty").mkdir()

@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as `python train/pretrain.py`: import the package, not train/*.py
@@ -165,6 +166,9 @@ class Plan:
             raise ConfigError(f"data.dir {cfg.data.dir} holds no tokens. Fix: re-run scripts/prepare_data.py")
         overrides = dict(cfg.model.overrides)
         overrides.setdefault("vocab_size", self.dataset.vocab_size)
+        # The checkpoint records the length it was trained at: STRING and the baselines derive their
+        # defaults (e.g. S = L/3) from it at inference.
+        overrides.setdefault("max_seq_len", cfg.data.seq_len)
         try:
             self.model_config = model_preset(cfg.model.preset, **overrides)
         except (TypeError, ValueError) as err:
@@ -283,7 +287,7 @@ class Trainer:
     def _init_from(self, path: Path, model: Transformer) -> None:
         """Continue from another run's weights (e.g. a warm-up phase), counting its trained lengths too."""
         saved = ModelConfig.from_dict(json.loads((path / "model_config.json").read_text()))
-        if saved != self.plan.model_config:
+        if replace(saved, max_seq_len=self.plan.model_config.max_seq_len) != self.plan.model_config:  # L may differ
             raise ConfigError(f"model.init_from={path}: its model config {saved} differs from this run's "
                               f"{self.plan.model_config}")
         model.load_state_dict(ckpt.model_state_dict(path, saved))
