@@ -73,28 +73,28 @@ def plot_fig1a_length_and_frequency(
     return save_figure(fig, stem)
 
 
-def plot_fig1b_uniform_lengths(f: np.ndarray, train_len: int, stem: str | Path) -> list[Path]:
-    """Fig. 1b: f(i) when document lengths are uniform on 1..L: a quadratic decline."""
+def _plot_frequency_curve(f: np.ndarray, train_len: int, stem: str | Path, title: str, color: str) -> list[Path]:
+    """f(i) over 0..L-1 on linear axes from 0 (the Fig. 1b / 1c layout)."""
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(np.arange(train_len), f, color="tab:green")
+    ax.plot(np.arange(train_len), f, color=color)
     ax.set_xlabel("relative position i")
     ax.set_ylabel("position frequency f(i)")
-    ax.set_title(f"Uniform document lengths (1..{train_len}): f declines quadratically")
+    ax.set_title(title)
     ax.set_xlim(0, train_len)
     ax.set_ylim(bottom=0)
     return save_figure(fig, stem)
+
+
+def plot_fig1b_uniform_lengths(f: np.ndarray, train_len: int, stem: str | Path) -> list[Path]:
+    """Fig. 1b: f(i) when document lengths are uniform on 1..L: a quadratic decline."""
+    return _plot_frequency_curve(f, train_len, stem, f"Uniform document lengths (1..{train_len}): f declines quadratically",
+                                 "tab:green")
 
 
 def plot_fig1c_concatenated(f: np.ndarray, train_len: int, stem: str | Path) -> list[Path]:
     """Fig. 1c: f(i) when all text is concatenated into full L-token rows: linear, L - i."""
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(np.arange(train_len), f, color="tab:purple")
-    ax.set_xlabel("relative position i")
-    ax.set_ylabel("position frequency f(i)")
-    ax.set_title(f"Concatenated into rows of {train_len}: f declines linearly")
-    ax.set_xlim(0, train_len)
-    ax.set_ylim(bottom=0)
-    return save_figure(fig, stem)
+    return _plot_frequency_curve(f, train_len, stem, f"Concatenated into rows of {train_len}: f declines linearly",
+                                 "tab:purple")
 
 
 def plot_fig3_budget_comparison(
