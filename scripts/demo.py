@@ -203,15 +203,16 @@ def write_report(out: Path, settings: DemoSettings, quick: bool, pipeline: Pipel
     lines += ["## Figures", ""]
     for figure in sorted((out / "figures").glob("*.png")):
         lines.append(f"![{figure.stem}](figures/{figure.name})")
-    lines += ["", "## What this shows and what it does not", "", reading(best, quick), "", "## Commands", ""]
+    finals = {n: read_csv(run / "probe" / "effective_length.csv")[-1] for n, run in runs.items()}
+    lines += ["", "## What this shows and what it does not", "", reading(best, quick, finals), "", "## Commands", ""]
     lines += [f"- {stage} ({seconds:.0f} s): `{cmd}`" for stage, cmd, seconds in pipeline.commands]
     path = out / "REPORT.md"
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def reading(best: float, quick: bool) -> str:
-    """An honest paragraph on what the numbers can support."""
+def reading(best: float, quick: bool, finals: dict[int, dict]) -> str:
+    """An honest paragraph on what the numbers can support; `finals` is each run's last rope row."""
     if quick:
         return ("Quick mode trains for seconds: it checks that every stage runs and writes its outputs. "
                 "Its numbers mean nothing.")
@@ -220,12 +221,14 @@ def reading(best: float, quick: bool) -> str:
                 f"length: the best pass rate of any checkpoint at any length was {best:.2f} (a length passes at "
                 f">= 0.50). Every stage ran, and the curves above are what was measured; the paper's "
                 f"finding is not reproduced here. See the README's notes on the demo for what was tried.")
-    return ("The models learned retrieval at short contexts, so effective lengths are measured. Compare the two "
-            "runs on Fig. 2a (effective length vs tokens) and Fig. 2b (f(effective length) vs effective "
-            "length): the paper predicts the L = 512 model reaches a given effective length with fewer tokens, "
-            "and that the two curves coincide when plotted against f. With 2 small models, one seed and a "
-            "few dozen tests per length, differences of one probe step are within noise; this is an "
-            "illustration of the pipeline, not evidence at the paper's scale (1.3B parameters, 1T tokens, "
+    measured = "; ".join(f"L = {n}: effective length {row['effective_length']} ({row['effective_length_status']}), "
+                         f"f(effective length) = {row['f_effective_length'] or 'undefined'}" for n, row in finals.items())
+    return (f"The models learned retrieval, so effective lengths are measured. Last checkpoints (rope): {measured}. "
+            "The paper predicts that the longer training length reaches a given effective length with fewer "
+            "tokens (Fig. 2a) and that the runs coincide when effective length is plotted against f (Fig. 2b); "
+            "read both figures against that. With one seed, two 0.9M-parameter models, retrieval that emerges "
+            "abruptly between milestones and a few dozen tests per length (a step of the curve is within noise), "
+            "this illustrates the pipeline; it is not evidence at the paper's scale (1.3B parameters, 1T tokens, "
             "500 tests per length).")
 
 
