@@ -19,6 +19,7 @@ from analysis.niah import NiahBuilder
 from train.checkpoint import FORMAT, milestone_name
 from train.config import model_preset
 from train.model import Transformer
+from train.positions import SCHEMES
 from train.tokenizer import get_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -154,6 +155,23 @@ def test_batched_and_unbatched_decoding_agree_on_a_real_model(tmp_path):
     meta = json.loads((out / "probe.json").read_text())
     assert meta["haystack_sha256"] == NiahBuilder(loaded.tokenizer, "noise").haystack.sha256
     assert meta["tokens_seen"] == 1024 and meta["code_version"]
+
+
+def test_every_position_scheme_runs_through_the_probe(tmp_path):
+    ckpt = write_checkpoint(tmp_path / "run", 1024, tiny_model(), np.bincount([512, 300], minlength=513))
+    loaded = probe.load_checkpoint(ckpt, probe.ProbeSettings(haystack="noise"), torch.device("cpu"))
+    ids = torch.randint(0, 256, (1, 400))
+    with torch.no_grad():
+        rope = loaded.model(ids)
+        for scheme in SCHEMES[1:]:  # every scheme changes what a 400-token input sees at L = 512
+            loaded.model.set_positions(scheme)
+            assert not torch.allclose(loaded.model(ids), rope, atol=1e-4), scheme
+    for scheme in SCHEMES:
+        out = tmp_path / scheme
+        probe.main(["--checkpoint", str(ckpt), "--positions", scheme, "--lengths", "400", "--tests-per-length", "2",
+                    "--haystack", "noise", "--max-new-tokens", "8", "--out", str(out), "--quiet", "--no-figures"])
+        assert json.loads((out / "probe.json").read_text())["settings"]["positions"] == scheme
+        assert len(probe.read_records(out, [400])) == 2
 
 
 # ------------------------------------------------------------------ run level
