@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo demo-quick test test-slow bench clean
+.PHONY: setup demo demo-quick test bench clean
 
 setup: $(STAMP)
 
@@ -26,9 +26,6 @@ demo-quick: setup
 
 test: setup
 	$(PY) -m pytest -q
-
-test-slow: setup
-	$(PY) -m pytest -q -m slow
 
 bench: setup
 	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done

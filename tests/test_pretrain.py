@@ -282,7 +282,6 @@ def test_attention_flops_term_counts_every_query_key_pair():
     assert pretrain.step_flops(config, 16, float((segments * (segments + 1)).sum())) == expected
 
 
-@pytest.mark.slow
 def test_two_gloo_processes_match_one_process(data_dir, tmp_path):
     single = run(tiny(data_dir, tmp_path / "one", micro_batch_rows=2))
     base = [sys.executable, str(ROOT / "train/pretrain.py")]
