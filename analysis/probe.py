@@ -295,7 +295,9 @@ def _train_len_from_files(checkpoint: Path) -> int:
     hist = checkpoint / "trained_lengths.npy"
     if hist.is_file():
         return int(np.load(hist, mmap_mode="r").shape[0]) - 1
-    return int(json.loads((checkpoint / "model_config.json").read_text())["max_seq_len"])
+    from train.checkpoint import load_model_config
+
+    return load_model_config(checkpoint).max_seq_len
 
 
 def _prepare(model: torch.nn.Module, settings: ProbeSettings, device: torch.device) -> torch.nn.Module:

@@ -240,10 +240,15 @@ def _read_json(path: Path, what: str) -> dict:
     return json.loads(path.read_text())
 
 
+def load_model_config(checkpoint_dir: str | Path) -> ModelConfig:
+    """The ModelConfig a checkpoint or consolidated directory was written with (its model_config.json)."""
+    return ModelConfig.from_dict(_read_json(Path(checkpoint_dir) / "model_config.json", "model config"))
+
+
 def model_state_dict(checkpoint_dir: str | Path, config: ModelConfig | None = None) -> dict[str, torch.Tensor]:
     """Plain (CPU, full) model state_dict from a consolidated dir or a full/sharded trainer checkpoint."""
     path = Path(checkpoint_dir)
-    config = config or ModelConfig.from_dict(_read_json(path / "model_config.json", "model config"))
+    config = config or load_model_config(path)
     if (path / CONSOLIDATED_WEIGHTS).is_file():
         from safetensors.torch import load_file
 
@@ -272,7 +277,7 @@ def load_model(checkpoint_dir: str | Path, device: str | torch.device = "cpu",
     meta is trainer.json (or meta.json of a consolidated dir): step, tokens_seen, config, ...
     """
     path = Path(checkpoint_dir)
-    config = ModelConfig.from_dict(_read_json(path / "model_config.json", "model config"))
+    config = load_model_config(path)
     tokenizer = _read_json(path / "tokenizer_spec.json", "tokenizer spec")
     meta_file = path / ("meta.json" if (path / "meta.json").is_file() else TRAINER_FILE)
     meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}

@@ -216,9 +216,9 @@ class Plan:
             raise ConfigError(f"resume: {path} holds model weights only (checkpoint.milestone_weights_only); "
                               "resume from a full checkpoint such as OUT/checkpoints/latest")
         diffs = config_differences(meta["config"], cfg.to_dict())
-        saved_model = json.loads((path / "model_config.json").read_text())
-        if saved_model != self.model_config.to_dict():
-            diffs.append(f"model config: checkpoint {saved_model} vs now {self.model_config.to_dict()}")
+        saved_model = ckpt.load_model_config(path)
+        if saved_model != self.model_config:
+            diffs.append(f"model config: checkpoint {saved_model.to_dict()} vs now {self.model_config.to_dict()}")
         if diffs:
             raise ConfigError(f"resume: {path} was written by a different config:\n  " + "\n  ".join(diffs)
                               + "\nFix: resume with the original config, or start a new run in a new out_dir.")
@@ -286,7 +286,7 @@ class Trainer:
 
     def _init_from(self, path: Path, model: Transformer) -> None:
         """Continue from another run's weights (e.g. a warm-up phase), counting its trained lengths too."""
-        saved = ModelConfig.from_dict(json.loads((path / "model_config.json").read_text()))
+        saved = ckpt.load_model_config(path)
         if replace(saved, max_seq_len=self.plan.model_config.max_seq_len) != self.plan.model_config:  # L may differ
             raise ConfigError(f"model.init_from={path}: its model config {saved} differs from this run's "
                               f"{self.plan.model_config}")
