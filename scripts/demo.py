@@ -39,6 +39,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from analysis.effective_length import find_run_results, read_csv  # noqa: E402
+from train.checkpoint import MILESTONE_PREFIX, list_checkpoints  # noqa: E402
 from train.cli import code_version  # noqa: E402
 
 
@@ -119,6 +120,11 @@ def probe_lengths(settings: DemoSettings, train_len: int) -> list[int]:
     return list(range(settings.probe_start, train_len + 1, settings.probe_step))
 
 
+def last_milestone(run: Path) -> Path:
+    """The run's newest complete token-milestone checkpoint (never `latest`, never a half-written .tmp)."""
+    return [path for path, _ in list_checkpoints(run) if path.name.startswith(MILESTONE_PREFIX)][-1]
+
+
 def train(p: Pipeline, settings: DemoSettings, stage: str, data: Path, run: Path, train_len: int, tokens: int,
           *extra: str | Path) -> Path:
     """One train/pretrain.py run of the demo config; returns its last milestone checkpoint."""
@@ -127,7 +133,7 @@ def train(p: Pipeline, settings: DemoSettings, stage: str, data: Path, run: Path
           "--global_batch_tokens", str(settings.global_batch_tokens),
           "--checkpoint.every_tokens", str(min(tokens, settings.checkpoint_every_tokens)),
           "--seed", str(settings.seed), *extra)
-    return sorted((run / "checkpoints").glob("tokens-*"))[-1]
+    return last_milestone(run)
 
 
 def train_and_probe(p: Pipeline, settings: DemoSettings, corpus: Path, data: Path, warm: Path, train_len: int) -> Path:
@@ -144,7 +150,7 @@ def train_and_probe(p: Pipeline, settings: DemoSettings, corpus: Path, data: Pat
 
 def table1(p: Pipeline, settings: DemoSettings, corpus: Path, run: Path, train_len: int) -> list[dict]:
     """Pass rate at the training length of the run's last checkpoint, per position scheme."""
-    final = sorted((run / "checkpoints").glob("tokens-*"))[-1]
+    final = last_milestone(run)
     rows = []
     for scheme in settings.table1_schemes:
         out = run / "table1" / scheme
