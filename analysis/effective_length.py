@@ -14,10 +14,19 @@ f(effective length) is Eq. 2 (`analysis.position_freq.position_frequency`) appli
 checkpoint's histogram of trained segment lengths, evaluated at i = effective length, as in the
 paper ("f(1280) = 100B"); for i >= L it is 0, since no trained segment is longer than L.
 
+Every figure here is derived from the probe's stored per-test records under an `Analysis`
+(threshold, needles a pass needs, scoring rule, bootstrap), so any of them can be changed and
+recomputed without decoding again (`--threshold` etc. below). Beside the pass-rate curve:
+- a bootstrap interval of the effective length (tests resampled within each length, 95%);
+- needle recall and the teacher-forced needle score by distance to the question, joined with f
+  at every distance (`distance.csv`); a test's distance is that of its k-th nearest needle
+  (k = min_retrieved), the farthest it must reach to pass.
+
 The run-level table `effective_length.csv` has one row per checkpoint (see `RUN_COLUMNS`, then
 one ``pass_rate_<length>`` column per probed length). Comparing runs:
 
     python analysis/effective_length.py runs/L2048/probe runs/L4096/probe --out runs/compare
+    python analysis/effective_length.py runs/L2048/probe --threshold 0.4 --out runs/t04   # re-derive first
 """
 
 from __future__ import annotations
@@ -42,13 +51,53 @@ STATUS_NONE_PASSED = "none_passed"
 STATUS_ALL_PASSED = "all_passed"
 THIRDS = ("0-33.3%", "33.3-66.7%", "66.7-100%")
 RUN_COLUMNS = (
-    "checkpoint", "tokens_seen", "train_len", "positions", "effective_length", "effective_length_status",
-    "f_effective_length", "threshold", "min_retrieved", "tests_per_length",
+    "checkpoint", "tokens_seen", "tokens_this_run", "train_len", "positions", "effective_length",
+    "effective_length_status", "effective_length_lo", "effective_length_hi", "f_effective_length",
+    "f_effective_length_lo", "f_effective_length_hi", "tf_effective_length", "threshold", "min_retrieved",
+    "scoring", "tests_per_length",
 )
 SUMMARY_COLUMNS = (
-    "length", "n_tests", "passed", "pass_rate", "needle_recall", "recall_depth_0_33", "recall_depth_33_67",
-    "recall_depth_67_100", "mean_retrieved", "seconds", "tests_per_s",
+    "length", "prompt_length", "n_tests", "passed", "pass_rate", "needle_recall", "recall_depth_0_33",
+    "recall_depth_33_67", "recall_depth_67_100", "mean_retrieved", "tf_pass_rate", "tf_recall", "tf_needle_prob",
+    "seconds", "tests_per_s",
 )
+DISTANCE_COLUMNS = (
+    "distance_lo", "distance_hi", "needles", "needle_recall", "tf_recall", "tf_needle_prob", "tests", "pass_rate",
+    "f_distance_lo",
+)
+SCORING_RULES = ("anywhere", "first_line")
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """How stored per-test records become pass rates and intervals (no decoding involved)."""
+
+    threshold: float = 0.5  # a length fails when its pass rate is below this
+    min_retrieved: int = 2  # needles (of 4) a passing answer must contain
+    scoring: str = "anywhere"  # anywhere in the answer (the official script) or first_line
+    bootstrap: int = 1000  # resamples for the effective length's interval (0: none)
+    bootstrap_seed: int = 0
+    level: float = 0.95
+
+    def __post_init__(self) -> None:
+        if self.scoring not in SCORING_RULES:
+            raise ValueError(f"scoring must be one of {SCORING_RULES}, got {self.scoring!r}")
+        if not 1 <= self.min_retrieved <= 4:
+            raise ValueError(f"min_retrieved must be in 1..4, got {self.min_retrieved}")
+        if not 0 < self.level < 1 or self.bootstrap < 0:
+            raise ValueError(f"need 0 < level < 1 and bootstrap >= 0, got {self.level}, {self.bootstrap}")
+
+    def hits(self, record: Mapping) -> list[bool]:
+        """The record's per-needle hits under this scoring rule."""
+        return [bool(h) for h in record[f"hits_{self.scoring}"]]
+
+    def passed(self, record: Mapping) -> bool:
+        return sum(self.hits(record)) >= self.min_retrieved
+
+    def tf_passed(self, record: Mapping) -> bool | None:
+        """Teacher-forced pass: >= min_retrieved needles whose every token is the model's argmax (None: not measured)."""
+        acc = record.get("tf_token_accuracy")
+        return None if acc is None else sum(a == 1.0 for a in acc) >= self.min_retrieved
 
 
 @dataclass(frozen=True)
@@ -92,18 +141,34 @@ def _third(depth: float) -> int:
     return min(int(depth * 3), 2)
 
 
-def summarize_length(records: Sequence[Mapping], seconds: float) -> dict:
+def _mean(values: Sequence[float]) -> float | str:
+    return float(np.mean(values)) if len(values) else ""
+
+
+def _tf_fields(records: Sequence[Mapping], analysis: Analysis) -> dict:
+    """Teacher-forced pass rate, needle recall and mean needle probability (empty when not measured)."""
+    measured = [r for r in records if r.get("tf_token_accuracy") is not None]
+    return {
+        "tf_pass_rate": _mean([analysis.tf_passed(r) for r in measured]),
+        "tf_recall": _mean([a == 1.0 for r in measured for a in r["tf_token_accuracy"]]),
+        "tf_needle_prob": _mean([float(np.exp(lp)) for r in measured for lp in r["tf_logprob"]]),
+    }
+
+
+def summarize_length(records: Sequence[Mapping], seconds: float, analysis: Analysis = Analysis()) -> dict:
     """One summary.csv row from the scored tests of one length."""
-    hits = np.array([r["hits"] for r in records], dtype=bool)
+    hits = np.array([analysis.hits(r) for r in records], dtype=bool)
     thirds = np.array([[_third(d) for d in r["depths"]] for r in records])
     row = {
         "length": int(records[0]["length"]),
+        "prompt_length": records[0].get("prompt_length", ""),
         "n_tests": len(records),
-        "passed": sum(bool(r["passed"]) for r in records),
+        "passed": sum(analysis.passed(r) for r in records),
         "needle_recall": float(hits.mean()),
         "mean_retrieved": float(hits.sum(axis=1).mean()),
         "seconds": round(seconds, 3),
         "tests_per_s": round(len(records) / seconds, 3) if seconds > 0 else "",
+        **_tf_fields(records, analysis),
     }
     row["pass_rate"] = row["passed"] / row["n_tests"]
     for k, name in enumerate(("recall_depth_0_33", "recall_depth_33_67", "recall_depth_67_100")):
@@ -112,7 +177,69 @@ def summarize_length(records: Sequence[Mapping], seconds: float) -> dict:
     return {c: row[c] for c in SUMMARY_COLUMNS}
 
 
-def depth_grid(records: Iterable[Mapping], bins: int = 10) -> tuple[list[int], np.ndarray, np.ndarray]:
+def bootstrap_interval(
+    lengths: Sequence[int], passed: Sequence[Sequence[bool]], analysis: Analysis = Analysis(),
+) -> tuple[int, int] | None:
+    """A percentile bootstrap interval of the effective length: tests resampled within each length.
+
+    Every replicate redraws each length's tests with replacement, recomputes the pass rates and
+    applies `effective_length`; the interval holds the replicates' central `level` mass and is
+    made of probed lengths (0 for none passed). Deterministic for `analysis.bootstrap_seed`.
+    """
+    if analysis.bootstrap == 0 or not lengths:
+        return None
+    rng = np.random.default_rng(analysis.bootstrap_seed)
+    rates = np.stack([np.asarray(p, dtype=float)[rng.integers(0, len(p), size=(analysis.bootstrap, len(p)))].mean(1)
+                      for p in passed], axis=1)
+    fails = rates < analysis.threshold
+    first = np.where(fails.any(axis=1), fails.argmax(axis=1), len(lengths))
+    values = np.where(first == 0, 0, np.asarray(lengths)[np.maximum(first - 1, 0)])
+    tail = (1 - analysis.level) / 2
+    lo, hi = np.quantile(values, [tail, 1 - tail], method="inverted_cdf")
+    return int(lo), int(hi)
+
+
+def distance_rows(records: Sequence[Mapping], edges: Sequence[int], analysis: Analysis = Analysis(),
+                  length_hist: np.ndarray | None = None, train_len: int | None = None) -> list[dict]:
+    """Needle recall, teacher-forced score and pass rate per distance bin (lo, hi], joined with f(lo).
+
+    A needle's distance is from its first token to the question's; a test sits in the bin of its
+    `min_retrieved`-th nearest needle. f is Eq. 2 on the trained-length histogram (empty without one).
+    """
+    edges = [int(e) for e in edges]
+    needles = [[] for _ in edges[1:]]
+    tests = [[] for _ in edges[1:]]
+
+    def bin_of(distance: int) -> int | None:
+        k = int(np.searchsorted(edges, distance, side="left")) - 1
+        return k if 0 <= k < len(edges) - 1 else None
+
+    for r in records:
+        hits = analysis.hits(r)
+        tf_acc = r.get("tf_token_accuracy") or [None] * len(hits)
+        tf_lp = r.get("tf_logprob") or [None] * len(hits)
+        for d, hit, acc, lp in zip(r["distances"], hits, tf_acc, tf_lp):
+            if (k := bin_of(int(d))) is not None:
+                needles[k].append((hit, acc, lp))
+        kth = sorted(int(d) for d in r["distances"])[analysis.min_retrieved - 1]
+        if (k := bin_of(kth)) is not None:
+            tests[k].append(analysis.passed(r))
+    f = position_frequency(length_hist, train_len) if length_hist is not None and train_len else None
+    rows = []
+    for k, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
+        tf = [(acc, lp) for _, acc, lp in needles[k] if acc is not None]
+        rows.append({
+            "distance_lo": lo, "distance_hi": hi, "needles": len(needles[k]),
+            "needle_recall": _mean([h for h, _, _ in needles[k]]),
+            "tf_recall": _mean([acc == 1.0 for acc, _ in tf]), "tf_needle_prob": _mean([float(np.exp(lp)) for _, lp in tf]),
+            "tests": len(tests[k]), "pass_rate": _mean(tests[k]),
+            "f_distance_lo": "" if f is None else (int(f[lo]) if lo < len(f) else 0),
+        })
+    return rows
+
+
+def depth_grid(records: Iterable[Mapping], bins: int = 10,
+               analysis: Analysis = Analysis()) -> tuple[list[int], np.ndarray, np.ndarray]:
     """Needle recall per (depth bin, length) for a Fig. 4 heatmap: (lengths, bin edges, recall or NaN)."""
     by_length: dict[int, list[Mapping]] = {}
     for r in records:
@@ -122,7 +249,7 @@ def depth_grid(records: Iterable[Mapping], bins: int = 10) -> tuple[list[int], n
     count = np.zeros((bins, len(lengths)))
     for j, length in enumerate(lengths):
         for r in by_length[length]:
-            for depth, hit in zip(r["depths"], r["hits"]):
+            for depth, hit in zip(r["depths"], analysis.hits(r)):
                 b = min(int(depth * bins), bins - 1)
                 hit_sum[b, j] += bool(hit)
                 count[b, j] += 1
@@ -131,7 +258,7 @@ def depth_grid(records: Iterable[Mapping], bins: int = 10) -> tuple[list[int], n
     return lengths, np.linspace(0.0, 1.0, bins + 1), recall
 
 
-def failure_by_thirds(records: Iterable[Mapping]) -> list[dict]:
+def failure_by_thirds(records: Iterable[Mapping], analysis: Analysis = Analysis()) -> list[dict]:
     """Table 4 style: missed needles per document third, per length and overall; peak = highest miss rate (first on ties)."""
     misses: dict[object, np.ndarray] = {}
     needles: dict[object, np.ndarray] = {}
@@ -139,7 +266,7 @@ def failure_by_thirds(records: Iterable[Mapping]) -> list[dict]:
         for key in (int(r["length"]), "all"):
             misses.setdefault(key, np.zeros(3, dtype=np.int64))
             needles.setdefault(key, np.zeros(3, dtype=np.int64))
-            for depth, hit in zip(r["depths"], r["hits"]):
+            for depth, hit in zip(r["depths"], analysis.hits(r)):
                 needles[key][_third(depth)] += 1
                 misses[key][_third(depth)] += not hit
     rows = []
@@ -204,24 +331,43 @@ def pass_rate_column(length: int) -> str:
 
 
 def checkpoint_row(
-    name: str, tokens_seen: int | None, train_len: int, positions: str, summary: Sequence[Mapping],
-    length_hist: np.ndarray | None, threshold: float, min_retrieved: int, tests_per_length: int,
+    name: str, train_len: int, positions: str, summary: Sequence[Mapping], passed: Sequence[Sequence[bool]],
+    length_hist: np.ndarray | None, analysis: Analysis, tests_per_length: int,
+    tokens_seen: int | None = None, tokens_this_run: int | None = None,
 ) -> dict:
-    """One effective_length.csv row: effective length, its status, f(effective length) and the curve.
+    """One effective_length.csv row: effective length, its interval and status, f at each, and the curve.
 
-    `length_hist` is the checkpoint's trained-length bincount (size L+1); without one (e.g. a
-    Hugging Face model) f(effective length) is left empty, as it is when no length passed.
+    `summary` holds one summary.csv row per probed length and `passed` each length's per-test
+    passes (for the bootstrap). `length_hist` is the checkpoint's trained-length bincount (size
+    L+1); without one (e.g. a Hugging Face model) f is left empty, as it is when no length passed.
+    `tokens_seen` counts every token the weights were trained on (a warm-up included);
+    `tokens_this_run` those of the checkpoint's own run.
     """
     if length_hist is not None and len(length_hist) != train_len + 1:
         raise ValueError(f"{name}: trained-length histogram has {len(length_hist)} bins, expected L+1 = {train_len + 1}")
-    summary = sorted(summary, key=lambda r: int(r["length"]))
-    eff = effective_length([r["length"] for r in summary], [float(r["pass_rate"]) for r in summary], threshold)
-    undefined = eff.status == STATUS_NONE_PASSED or length_hist is None
-    f = "" if undefined else frequency_at(length_hist, train_len, eff.value)
+    order = np.argsort([int(r["length"]) for r in summary])
+    summary = [summary[i] for i in order]
+    passed = [passed[i] for i in order]
+    lengths = [int(r["length"]) for r in summary]
+    eff = effective_length(lengths, [float(r["pass_rate"]) for r in summary], analysis.threshold)
+    interval = bootstrap_interval(lengths, passed, analysis)
+
+    def f_at(value: int | None, undefined: bool = False) -> int | str:
+        return "" if undefined or value is None or length_hist is None else frequency_at(length_hist, train_len, value)
+
+    tf_rates = [r.get("tf_pass_rate") for r in summary]
+    tf_eff = "" if any(v in ("", None) for v in tf_rates) else effective_length(lengths, tf_rates, analysis.threshold).value
     row = {
-        "checkpoint": name, "tokens_seen": "" if tokens_seen is None else int(tokens_seen), "train_len": train_len, "positions": positions,
-        "effective_length": eff.value, "effective_length_status": eff.status, "f_effective_length": f,
-        "threshold": threshold, "min_retrieved": min_retrieved, "tests_per_length": tests_per_length,
+        "checkpoint": name, "tokens_seen": "" if tokens_seen is None else int(tokens_seen),
+        "tokens_this_run": "" if tokens_this_run is None else int(tokens_this_run), "train_len": train_len,
+        "positions": positions, "effective_length": eff.value, "effective_length_status": eff.status,
+        "effective_length_lo": "" if interval is None else interval[0],
+        "effective_length_hi": "" if interval is None else interval[1],
+        "f_effective_length": f_at(eff.value, eff.status == STATUS_NONE_PASSED),
+        "f_effective_length_lo": f_at(None if interval is None else interval[0], interval is not None and interval[0] == 0),
+        "f_effective_length_hi": f_at(None if interval is None else interval[1], interval is not None and interval[1] == 0),
+        "tf_effective_length": tf_eff, "threshold": analysis.threshold, "min_retrieved": analysis.min_retrieved,
+        "scoring": analysis.scoring, "tests_per_length": tests_per_length,
     }
     row.update({pass_rate_column(int(r["length"])): float(r["pass_rate"]) for r in summary})
     return row
@@ -235,12 +381,17 @@ def write_effective_length_csv(path: Path, rows: Sequence[Mapping]) -> None:
 
 
 def find_run_results(path: str | Path) -> Path:
-    """The probe output directory of a run: PATH itself or PATH/probe, whichever holds effective_length.csv."""
+    """The probe output directory of a run: PATH itself, PATH/probe, or its one PATH/probe-* holding effective_length.csv."""
     path = Path(path)
-    for candidate in (path, path / "probe"):
-        if (candidate / "effective_length.csv").is_file():
-            return candidate
-    raise FileNotFoundError(f"{path}: no effective_length.csv here or in {path / 'probe'}; run analysis/probe.py --run first")
+    if (path / "effective_length.csv").is_file():
+        return path
+    found = [c for c in [path / "probe", *sorted(path.glob("probe-*"))] if (c / "effective_length.csv").is_file()]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise FileNotFoundError(f"{path}: no effective_length.csv here, in probe/ or in probe-*/; run "
+                                "analysis/probe.py --run first")
+    raise FileNotFoundError(f"{path}: several probe results ({', '.join(c.name for c in found)}); name one of them")
 
 
 @dataclass
@@ -278,19 +429,41 @@ def draw_run_figures(runs: Sequence[RunResults], out: Path) -> list[Path]:
         [row["tokens_seen"] for row in r.rows], [row["effective_length"] for row in r.rows],
         [row["effective_length_status"] for row in r.rows], [row["f_effective_length"] for row in r.rows],
     ) for r in runs}
+    intervals = {r.label: ([row.get("effective_length_lo") for row in r.rows],
+                           [row.get("effective_length_hi") for row in r.rows]) for r in runs}
     paths = plots.plot_fig2a_effective_length_vs_tokens(
-        {k: (t, e, s) for k, (t, e, s, _) in curves.items()}, out / "fig2a_effective_length_vs_tokens")
+        {k: (t, e, s) for k, (t, e, s, _) in curves.items()}, out / "fig2a_effective_length_vs_tokens", intervals)
     paths += plots.plot_fig2b_frequency_vs_effective_length(
-        {k: (e, f, s) for k, (_, e, s, f) in curves.items()}, out / "fig2b_frequency_vs_effective_length")
+        {k: (e, f, s) for k, (_, e, s, f) in curves.items()}, out / "fig2b_frequency_vs_effective_length", intervals)
     return paths
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Draw Fig. 2a/2b (and Fig. 3 from the runs' f(i)) for several runs on shared axes."""
-    p = argparse.ArgumentParser(prog="python analysis/effective_length.py", description=__doc__.split("\n")[0])
+    """Draw Fig. 2a/2b (and Fig. 3 from the runs' f(i)) for several runs on shared axes, re-deriving them first if asked."""
+    p = argparse.ArgumentParser(prog="python analysis/effective_length.py", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("runs", nargs="+", type=Path, help="run directories or their probe output directories")
     p.add_argument("--out", type=Path, required=True, help="directory for the figures")
+    p.add_argument("--threshold", type=float, help="re-derive every table with this pass-rate threshold")
+    p.add_argument("--min-retrieved", type=int, help="re-derive with this many needles (of 4) per pass")
+    p.add_argument("--scoring", choices=SCORING_RULES, help="re-derive with this scoring rule")
+    p.add_argument("--bootstrap", type=int, help="re-derive with this many bootstrap resamples (0: no interval)")
     args = p.parse_args(argv)
+    options = {k: v for k, v in (("threshold", args.threshold), ("min_retrieved", args.min_retrieved),
+                                 ("scoring", args.scoring), ("bootstrap", args.bootstrap)) if v is not None}
+    if options:
+        from analysis import results
+
+        for run in args.runs:
+            directory = find_run_results(run)
+            meta = json.loads((directory / results.META_FILE).read_text())
+            try:
+                analysis = Analysis(**{**meta.get("analysis", {}), **options})
+            except ValueError as err:
+                raise SystemExit(f"error: {err}") from None
+            derive = results.derive_run if "checkpoints" in meta else results.derive_model
+            derive(directory, analysis)
+            print(f"{directory}: tables re-derived from the stored records with {options}")
     runs = [load_run(r) for r in args.runs]
     paths = draw_run_figures(runs, args.out)
     with_f = [r for r in runs if r.frequency.size and r.frequency[0] > 0]

@@ -1,24 +1,32 @@
 """Needle-in-a-haystack (4 needles) test construction and scoring, as in the paper's Table 5.
 
-A test prompt, as token ids, is the concatenation of separately tokenized segments::
+A test of length n is a prompt of n - B tokens followed by an answer budget of B tokens
+(default 128, the official script's), so that no answer token sits at a position >= n. The
+prompt, as token ids, is the concatenation of separately tokenized segments::
 
-    BOS | INSTRUCTION "\\n\\n" | " sentence" ... " One of the magic numbers is NNNNNN." ... | TAIL
+    [BOS] [CHAT PREFIX] INSTRUCTION "\\n\\n" | " sentence" ... " One of the magic numbers is NNNNNN." ... | TAIL
 
-where TAIL is "\\n\\n" QUESTION "\\n" ANSWER_PREFIX. Needle j (0-based) goes before haystack
-sentence floor(d_j * n) with d_j drawn uniformly in [j/4, (j+1)/4) and n the number of haystack
-sentences in the prompt, as in the official STRING script. The haystack is taken from its
-start (cycling when it is too short); whole sentences are added while they fit and the last one
-is cut at the token level so that the prompt is exactly `length` tokens, BOS included (a cut that
-would split a character keeps the whole characters before it and pads with space tokens).
+where TAIL is "\\n\\n" QUESTION, then "\\n" (or the chat template's end of the user turn and
+start of the assistant's) and ANSWER_PREFIX. BOS is prepended when asked (`PromptFormat`);
+a chat template frames the user message and never adds a BOS of its own making. Needle j
+(0-based) goes before haystack sentence floor(d_j * n_s) with d_j drawn uniformly in
+[j/4, (j+1)/4) and n_s the number of haystack sentences in the prompt, as in the official STRING
+script. The haystack is taken from its start (cycling when it is too short); whole sentences are
+added while they fit and the last one is cut at the token level so that the prompt is exactly
+n - B tokens (a cut that would split a character keeps the whole characters before it and pads
+with space tokens).
 
-Scoring keeps only the generated continuation (a leading echo of the prompt is dropped), cuts
-it at the first newline after a digit, and counts the needles among its 6-digit numbers; a test
-passes when at least `min_retrieved` (default 2) of the 4 needles are found.
+Scoring keeps only the generated continuation (a leading echo of the prompt is dropped) and
+counts the needles among its 6-digit numbers, anywhere in the answer (the official script's
+rule: list answers, prose and extra numbers all count what they contain); the stricter
+first-line rule (cut at the first newline after a digit) is kept beside it. A test passes when
+at least `min_retrieved` (default 2) of the 4 needles are found.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,10 +45,12 @@ QUESTION = "What are the magic numbers mentioned in the provided text?"
 ANSWER_PREFIX = "The numbers are"
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 N_NEEDLES = 4
-MAX_NEW_TOKENS = 128  # the official script's greedy answer budget; decoders should use it
+ANSWER_BUDGET = 128  # the official script's greedy answer budget, inside the test length
+SCORING_RULES = ("anywhere", "first_line")
 
 _HEAD = INSTRUCTION + "\n\n"
-_TAIL = "\n\n" + QUESTION + "\n" + ANSWER_PREFIX
+_QUESTION = "\n\n" + QUESTION
+_TAIL = _QUESTION + "\n" + ANSWER_PREFIX
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|(?<=[.!?])(?=[A-Z][a-z])")
 _NUMBER = re.compile(r"(?<!\d)\d{6}(?!\d)")
 
@@ -93,11 +103,35 @@ def load_haystack(spec: str | Path = "pg") -> Haystack:
     return Haystack.from_text(str(path), "\n\n".join(f.read_text(encoding="utf-8") for f in files))
 
 
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a prompt is framed around the NIAH text: the answer budget, BOS, and a chat turn.
+
+    `chat_prefix` / `chat_suffix` are the token ids a chat template puts before and after the
+    user's message (empty without a template); with a template the BOS is whatever the template
+    renders, so `bos` should be False (the probe's `--bos auto` does that).
+    """
+
+    answer_budget: int = ANSWER_BUDGET
+    bos: bool = True
+    chat_prefix: tuple[int, ...] = ()
+    chat_suffix: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.answer_budget < 1:
+            raise ValueError(f"answer_budget must be >= 1, got {self.answer_budget}")
+
+    @property
+    def chat(self) -> bool:
+        return bool(self.chat_prefix or self.chat_suffix)
+
+
 @dataclass(frozen=True, eq=False)
 class NiahTest:
-    """One NIAH prompt: token ids (BOS first, exactly `length`), its needles and where they sit."""
+    """One NIAH test of `length` tokens: the prompt ids (length - answer_budget), its needles and where they sit."""
 
     length: int
+    answer_budget: int
     seed: int
     index: int
     tokenizer: str
@@ -113,10 +147,21 @@ class NiahTest:
     question_position: int
     prompt_sha256: str
 
+    @property
+    def prompt_length(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def distances(self) -> tuple[int, ...]:
+        """Each needle's distance in tokens from its first token to the question's first token."""
+        return tuple(self.question_position - p for p in self.positions)
+
     def record(self) -> dict:
         """The test's metadata as a JSON-ready dict (no ids, no prompt text)."""
         return {
             "length": self.length,
+            "prompt_length": self.prompt_length,
+            "answer_budget": self.answer_budget,
             "seed": self.seed,
             "index": self.index,
             "tokenizer": self.tokenizer,
@@ -126,23 +171,47 @@ class NiahTest:
             "needles": list(self.needles),
             "positions": list(self.positions),
             "depths": list(self.depths),
+            "distances": list(self.distances),
             "question_position": self.question_position,
         }
 
 
 class NiahBuilder:
-    """Builds NIAH tests for one tokenizer and haystack, tokenizing the haystack sentences once."""
+    """Builds NIAH tests for one tokenizer, haystack and prompt format, tokenizing the haystack once."""
 
-    def __init__(self, tokenizer: Tokenizer, haystack: str | Path | Haystack = "pg") -> None:
+    def __init__(self, tokenizer: Tokenizer, haystack: str | Path | Haystack = "pg",
+                 prompt_format: PromptFormat = PromptFormat()) -> None:
         self.tokenizer = tokenizer
+        self.format = prompt_format
         self.haystack = haystack if isinstance(haystack, Haystack) else load_haystack(haystack)
         self._sentences = [
             np.asarray(tokenizer.encode(" " + s), dtype=np.int64) for s in self.haystack.sentences
         ]
         self._lengths = np.array([len(p) for p in self._sentences], dtype=np.int64)
-        self._head = np.asarray(tokenizer.encode(_HEAD), dtype=np.int64)
-        self._tail = np.asarray(tokenizer.encode(_TAIL), dtype=np.int64)
+        encode = lambda text: np.asarray(tokenizer.encode(text), dtype=np.int64)  # noqa: E731
+        head = [np.asarray(prompt_format.chat_prefix, dtype=np.int64), encode(_HEAD)]
+        if prompt_format.bos:
+            head.insert(0, np.array([tokenizer.bos_id], dtype=np.int64))
+        self._head = np.concatenate(head)
+        if prompt_format.chat:
+            tail = [encode(_QUESTION), np.asarray(prompt_format.chat_suffix, dtype=np.int64), encode(ANSWER_PREFIX)]
+            self._tail = np.concatenate(tail)
+        else:
+            self._tail = encode(_TAIL)
         self._space = tokenizer.encode(" ")
+
+    @property
+    def digest(self) -> str:
+        """sha256 of everything a prompt is made of except the test's own draws: haystack, frame, tokenizer."""
+        blob = json.dumps({"haystack": self.haystack.sha256, "tokenizer": self.tokenizer.fingerprint,
+                           "head": self._head.tolist(), "tail": self._tail.tolist(),
+                           "answer_budget": self.format.answer_budget})
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def min_length(self) -> int:
+        """The shortest test length this builder can make: frame, 4 needles of the longest kind, answer budget."""
+        longest_needle = len(self.tokenizer.encode(" " + NEEDLE.format("999999")))
+        return len(self._head) + len(self._tail) + N_NEEDLES * longest_needle + self.format.answer_budget
 
     def make_tests(self, length: int, n_tests: int, seed: int = 0) -> list[NiahTest]:
         """Tests 0..n_tests-1 of one length; test i depends only on (seed, length, i)."""
@@ -157,20 +226,22 @@ class NiahBuilder:
         needles = [
             np.asarray(self.tokenizer.encode(" " + NEEDLE.format(n)), dtype=np.int64) for n in numbers
         ]
-        fixed = 1 + len(self._head) + len(self._tail) + sum(len(n) for n in needles)
-        if fixed > length:
+        prompt_length = length - self.format.answer_budget
+        fixed = len(self._head) + len(self._tail) + sum(len(n) for n in needles)
+        if fixed > prompt_length:
             raise ValueError(
-                f"NIAH length {length} is too short for tokenizer {self.tokenizer.name!r}: BOS, the "
-                f"instruction, the question and {N_NEEDLES} needles alone take {fixed} tokens. "
-                f"Fix: ask for a length of at least {fixed}."
+                f"NIAH length {length} is too short for tokenizer {self.tokenizer.name!r}: the frame "
+                f"(BOS/chat turn, instruction, question) and {N_NEEDLES} needles take {fixed} tokens and the "
+                f"answer budget {self.format.answer_budget}. Fix: ask for a length of at least "
+                f"{self.min_length()} or a smaller answer budget."
             )
-        sentences = self._fill(length - fixed)
+        sentences = self._fill(prompt_length - fixed)
         depth_draws = (np.arange(N_NEEDLES) + rng.random(N_NEEDLES)) / N_NEEDLES
         where = [int(d * len(sentences)) for d in depth_draws]
 
-        segments = [np.array([self.tokenizer.bos_id], dtype=np.int64), self._head]
+        segments = [self._head]
         positions: list[int] = []
-        cursor = 1 + len(self._head)
+        cursor = len(self._head)
         for k in range(len(sentences) + 1):
             for j in (j for j in range(N_NEEDLES) if where[j] == k):
                 positions.append(cursor)
@@ -181,9 +252,9 @@ class NiahBuilder:
                 cursor += len(sentences[k])
         segments.append(self._tail)
         ids = np.concatenate(segments)
-        if len(ids) != length:
-            raise AssertionError(f"built {len(ids)} tokens for length {length}: a bug in NiahBuilder")
-        prompt = self.tokenizer.decode(ids[1:].tolist())
+        if len(ids) != prompt_length:
+            raise AssertionError(f"built {len(ids)} tokens for prompt length {prompt_length}: a bug in NiahBuilder")
+        prompt = self.tokenizer.decode(ids[int(self.format.bos):].tolist())  # the text, without BOS
         for number in numbers:
             if prompt.count(number) != 1:
                 raise AssertionError(
@@ -192,6 +263,7 @@ class NiahBuilder:
                 )
         return NiahTest(
             length=length,
+            answer_budget=self.format.answer_budget,
             seed=seed,
             index=index,
             tokenizer=self.tokenizer.name,
@@ -201,7 +273,7 @@ class NiahBuilder:
             prompt=prompt,
             needles=tuple(numbers),
             positions=tuple(positions),
-            depths=tuple(p / length for p in positions),
+            depths=tuple(p / prompt_length for p in positions),
             sentence_index=tuple(where),
             n_sentences=len(sentences),
             question_position=cursor,
@@ -259,9 +331,15 @@ def make_tests(
     n_tests: int,
     seed: int = 0,
     haystack: str | Path | Haystack = "pg",
+    prompt_format: PromptFormat = PromptFormat(),
 ) -> list[NiahTest]:
-    """`n_tests` NIAH tests of exactly `length` tokens, the same for a seed on any machine."""
-    return NiahBuilder(tokenizer, haystack).make_tests(length, n_tests, seed)
+    """`n_tests` NIAH tests of exactly `length` tokens (prompt + answer budget), the same for a seed on any machine."""
+    return NiahBuilder(tokenizer, haystack, prompt_format).make_tests(length, n_tests, seed)
+
+
+def answer_text(numbers: Sequence[str]) -> str:
+    """The reference answer after ANSWER_PREFIX: " A, B, C and D." (the order given)."""
+    return " " + ", ".join(numbers[:-1]) + " and " + numbers[-1] + "."
 
 
 def extract_numbers(text: str) -> list[str]:
@@ -284,9 +362,9 @@ def cut_answer(text: str) -> str:
     return text if end is None else text[:end]
 
 
-def answer_complete(text: str) -> bool:
-    """True once the generated text holds a full answer line, so decoding this row may stop."""
-    return _cut_index(text) is not None
+def all_needles_in(needles: Sequence[str], text: str) -> bool:
+    """True once every needle appears in `text` as a whole 6-digit number: no later token can change the score."""
+    return set(needles) <= set(extract_numbers(text))
 
 
 def strip_echo(test: NiahTest, text: str) -> str:
@@ -297,12 +375,15 @@ def strip_echo(test: NiahTest, text: str) -> str:
 
 @dataclass(frozen=True)
 class NiahResult:
-    """The score of one test: per-needle hits with their depth and distance to the question."""
+    """The score of one test under both rules; `hits` / `retrieved` / `passed` follow the chosen rule."""
 
     length: int
     index: int
+    rule: str
     needles: tuple[str, ...]
     hits: tuple[bool, ...]
+    hits_anywhere: tuple[bool, ...]
+    hits_first_line: tuple[bool, ...]
     depths: tuple[float, ...]
     distances: tuple[int, ...]
     answer: str
@@ -311,38 +392,44 @@ class NiahResult:
     passed: bool
 
     def record(self) -> dict:
-        """The result as a JSON-ready dict."""
+        """The rule-independent facts as a JSON-ready dict: both hit lists, so any rule can be applied later."""
         return {
             "length": self.length,
             "index": self.index,
             "needles": list(self.needles),
-            "hits": list(self.hits),
+            "hits_anywhere": list(self.hits_anywhere),
+            "hits_first_line": list(self.hits_first_line),
             "depths": list(self.depths),
             "distances": list(self.distances),
             "answer": self.answer,
             "numbers": list(self.numbers),
-            "retrieved": self.retrieved,
-            "passed": self.passed,
         }
 
 
-def score_answer(test: NiahTest, answer_text: str, min_retrieved: int = 2) -> NiahResult:
+def score_answer(test: NiahTest, answer_text: str, min_retrieved: int = 2, rule: str = "anywhere") -> NiahResult:
     """Score the generated continuation of `test`'s prompt: pass when >= min_retrieved needles are found."""
     if not 1 <= min_retrieved <= N_NEEDLES:
         raise ValueError(f"min_retrieved must be in 1..{N_NEEDLES}, got {min_retrieved}")
-    answer = cut_answer(strip_echo(test, answer_text))
+    if rule not in SCORING_RULES:
+        raise ValueError(f"unknown scoring rule {rule!r}; choose one of {SCORING_RULES}")
+    answer = strip_echo(test, answer_text)
     numbers = tuple(extract_numbers(answer))
-    hits = tuple(needle in numbers for needle in test.needles)
+    first_line = set(extract_numbers(cut_answer(answer)))
+    anywhere = tuple(needle in numbers for needle in test.needles)
+    strict = tuple(needle in first_line for needle in test.needles)
+    hits = anywhere if rule == "anywhere" else strict
     return NiahResult(
         length=test.length,
         index=test.index,
+        rule=rule,
         needles=test.needles,
         hits=hits,
+        hits_anywhere=anywhere,
+        hits_first_line=strict,
         depths=test.depths,
-        distances=tuple(test.question_position - p for p in test.positions),
+        distances=test.distances,
         answer=answer,
         numbers=numbers,
         retrieved=sum(hits),
         passed=sum(hits) >= min_retrieved,
     )
-

@@ -159,17 +159,38 @@ def _censored_markers(ax: plt.Axes, xs: Sequence, ys: Sequence, statuses: Sequen
         ax.scatter(*zip(*pts), s=70, facecolors="none", edgecolors=color, zorder=3)
 
 
+def _interval_bars(ax, centers: Sequence, values: Sequence, lo: Sequence | None, hi: Sequence | None, color: str,
+                   horizontal: bool = False) -> None:
+    """Error bars from per-point (lo, hi) intervals of the value (empty cells skipped)."""
+    if lo is None or hi is None:
+        return
+    pts = [(c, v, a, b) for c, v, a, b in zip(centers, values, lo, hi) if a not in (None, "") and b not in (None, "")]
+    if not pts:
+        return
+    c, v, a, b = (np.asarray(x, dtype=float) for x in zip(*pts))
+    err = np.vstack([np.maximum(v - a, 0), np.maximum(b - v, 0)])
+    if horizontal:
+        ax.errorbar(v, c, xerr=err, fmt="none", ecolor=color, alpha=0.5, capsize=3)
+    else:
+        ax.errorbar(c, v, yerr=err, fmt="none", ecolor=color, alpha=0.5, capsize=3)
+
+
 def plot_fig2a_effective_length_vs_tokens(
-    runs: Mapping[str, tuple[Sequence[int], Sequence[int], Sequence[str]]], stem: str | Path
+    runs: Mapping[str, tuple[Sequence[int], Sequence[int], Sequence[str]]], stem: str | Path,
+    intervals: Mapping[str, tuple[Sequence, Sequence]] | None = None,
 ) -> list[Path]:
-    """Fig. 2a: effective length vs tokens seen; runs[label] = (tokens_seen, effective_length, status)."""
+    """Fig. 2a: effective length vs tokens seen; runs[label] = (tokens_seen, effective_length, status).
+
+    `intervals[label]` = (lo, hi) per point draws each effective length's bootstrap interval.
+    """
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, (tokens, eff, status) in runs.items():
         (line,) = ax.plot(tokens, eff, marker="o", label=label)
         _censored_markers(ax, tokens, eff, status, line.get_color())
+        _interval_bars(ax, tokens, eff, *(intervals or {}).get(label, (None, None)), line.get_color())
     ax.set_xlabel("training tokens seen")
     ax.set_ylabel("effective context length (tokens)")
-    ax.set_title("Effective length vs training tokens (hollow: every probed length passed)")
+    ax.set_title("Effective length vs training tokens (bars: 95% bootstrap interval; hollow: all passed)")
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend()
@@ -177,22 +198,25 @@ def plot_fig2a_effective_length_vs_tokens(
 
 
 def plot_fig2b_frequency_vs_effective_length(
-    runs: Mapping[str, tuple[Sequence[int], Sequence, Sequence[str]]], stem: str | Path
+    runs: Mapping[str, tuple[Sequence[int], Sequence, Sequence[str]]], stem: str | Path,
+    intervals: Mapping[str, tuple[Sequence, Sequence]] | None = None,
 ) -> list[Path]:
     """Fig. 2b: f(effective length) (log y) vs effective length; runs[label] = (effective_length, f, status).
 
     Points (in checkpoint order) with an undefined or zero f (no length passed, or effective length = L)
-    are left out.
+    are left out; `intervals[label]` = (lo, hi) of the effective length draws horizontal bars.
     """
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, (eff, freq, status) in runs.items():
-        pts = [(e, f, s) for e, f, s in zip(eff, freq, status) if f not in (None, "") and float(f) > 0]
+        lo, hi = (intervals or {}).get(label, ([None] * len(eff), [None] * len(eff)))
+        pts = [(e, f, s, a, b) for e, f, s, a, b in zip(eff, freq, status, lo, hi) if f not in (None, "") and float(f) > 0]
         if not pts:
             ax.plot([], [], marker="o", label=f"{label} (no defined point)")
             continue
-        xs, ys, ss = zip(*pts)
+        xs, ys, ss, los, his = zip(*pts)
         (line,) = ax.plot(xs, [float(y) for y in ys], marker="o", label=label)
         _censored_markers(ax, xs, [float(y) for y in ys], ss, line.get_color())
+        _interval_bars(ax, [float(y) for y in ys], xs, los, his, line.get_color(), horizontal=True)
     ax.set_yscale("log")
     ax.set_xlabel("effective context length (tokens)")
     ax.set_ylabel("position frequency f(effective length)")

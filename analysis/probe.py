@@ -1,45 +1,31 @@
 """Effective context length by 4-needle NIAH, for one checkpoint, a whole run, or a HF model.
 
-    python analysis/probe.py --checkpoint DIR | --run RUNDIR | --model hf:DIR
-        [--positions rope] [--position-option KEY=VALUE ...] [--lengths 128:2048:128]
-        [--tests-per-length 500] [--batch-size 8] [--threshold 0.5] [--min-retrieved 2]
-        [--max-new-tokens 128] [--haystack pg|noise|PATH] [--seed 0] [--out DIR] [--device cpu|cuda]
-        [--dtype auto|float32|bfloat16] [--tokenizer SPEC] [--shard i/n] [--merge-only]
+    python analysis/probe.py --checkpoint DIR | --run RUNDIR | --model hf:DIR  [options; --help lists them]
 
-For each length (default 128, 256, ... up to the training length) the same seeded tests
-(`analysis.niah`) are decoded greedily with the KV cache, a batch of equal-length prompts at a
-time, stopping a row at EOS or at its first complete answer line (at most 128 new tokens), and
-scored (pass: >= --min-retrieved of the 4 needles). Precision: `auto` is bf16 autocast on GPU and
-float32 on CPU. The effective length is the largest length before the first one whose pass rate
-is below --threshold (see analysis/effective_length.py for the edge cases).
+For each length n (default 128, 256, ... up to the training length) the same seeded tests
+(`analysis.niah`) are built as prompts of n - B tokens, B the answer budget (`--max-new-tokens`,
+default 128, as the official script), so no answer token sits at a position >= n. They are
+decoded greedily with the KV cache, a batch of equal-length prompts at a time, each row stopping
+at EOS, once all four needles appeared, or after B tokens, and scored by the needles found
+anywhere in the answer (the stricter first-line rule is stored beside it). A teacher-forced
+score comes from one forward pass over prompt + reference answer: per needle, the log-probability
+of its tokens and the share of them that are the model's argmax. Precision: `auto` is bf16
+autocast on GPU and float32 on CPU.
 
-Outputs of one model (OUT defaults: --checkpoint C -> runs/probe/<C name>; --model hf:D ->
-runs/probe/<D name>; a non-rope --positions appends -<scheme>):
+Prompts: `--bos auto` follows how the model saw text in training: for our checkpoints, as the
+trainer's shards hold it (no BOS), for Hugging Face models as their tokenizer's post-processor
+or `add_bos_token` says; with `--chat-template` the template frames the prompt as one user turn
+(the answer prefix opens the assistant's turn) and no BOS is added beyond what it renders.
 
-    OUT/probe.json              settings, settings key, seed, code version, haystack sha256, model,
-                                effective length
-    OUT/tests/L000128.jsonl     one line per test: test metadata (prompt_sha256, needles, positions,
-                                depths, question_position) + score (hits, distances, answer, numbers,
-                                retrieved, passed) + generated text and settings_key
-    OUT/tests/L000128.json      completion marker of a length: settings_key, seconds, batch_size, device
-    OUT/summary.csv             one row per length (analysis.effective_length.SUMMARY_COLUMNS)
-    OUT/effective_length.csv    one row (the run-level format below)
-    OUT/failure_by_thirds.csv/.md, OUT/figures/niah_heatmap.*, OUT/figures/failure_by_thirds.*
-
-A run (--run RUNDIR probes every milestone RUNDIR/checkpoints/tokens-*/; OUT defaults to
-RUNDIR/probe) writes one directory like the above per checkpoint, OUT/<tokens-N>/, then
-
-    OUT/effective_length.csv    one row per checkpoint: tokens seen, effective length, status,
-                                f(effective length) by Eq. 2 on its trained_lengths.npy, training
-                                length, positions, pass_rate_<length> for every length
-    OUT/position_frequency.csv  i, f: Eq. 2 on the last checkpoint's trained_lengths.npy
-    OUT/probe.json              run-level settings and provenance
-    OUT/figures/fig2a_*, fig2b_*
-
-Resumable: a length whose marker has the same settings key is not decoded again, and a
-checkpoint with every length done is not even loaded. The key covers the model, tokenizer,
-haystack (and its hash), seed, tests per length, min retrieved, answer budget, positions and
-precision; not the batch size, device or threshold (the threshold only enters the summary).
+Results are keyed by content (`analysis.results`): the model's weight and config files, the
+prompts' ingredients (tokenizer files, haystack, frame), every decoding setting (scheme and its
+options included) and the source of the code that decides answers. A length already probed
+under the same key is never decoded again; results under another key are never reused. Default
+outputs: runs/probe/<name>-<key> for one model, RUNDIR/probe-<scheme>-<key> for a run (one
+directory per checkpoint inside, then the run tables: effective_length.csv with bootstrap
+intervals and f, distance_by_checkpoint.csv, position_frequency.csv, Fig. 2a/2b). Threshold,
+needles per pass and scoring rule only enter the derived tables: change them with
+`analysis/effective_length.py --threshold ...` without probing again.
 """
 
 from __future__ import annotations
@@ -48,6 +34,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -60,49 +47,63 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.effective_length import (
-    STATUS_NONE_PASSED,
-    checkpoint_row,
-    depth_grid,
-    effective_length,
-    failure_by_thirds,
-    markdown_table,
-    summarize_length,
-    write_csv,
-    write_effective_length_csv,
+from analysis import results
+from analysis.effective_length import SCORING_RULES, STATUS_NONE_PASSED, Analysis
+from analysis.niah import (
+    ANSWER_BUDGET,
+    NiahBuilder,
+    NiahTest,
+    PromptFormat,
+    all_needles_in,
+    answer_text,
+    load_haystack,
+    score_answer,
 )
-from analysis.niah import MAX_NEW_TOKENS, NiahBuilder, NiahTest, answer_complete, score_answer
 from train.cli import code_version, parse_shard
+from train.fingerprint import code_sha256
 from train.tokenizer import Tokenizer, get_tokenizer
 
 PRECISIONS = ("auto", "float32", "bfloat16")
+BOS_POLICIES = ("auto", "always", "never")
+ANSWER_ORDERS = ("document", "nearest_first")
 
 
 class Generator(Protocol):
-    """What the probe needs of a model: greedy batched generation (train.model.Transformer.generate)."""
+    """What the probe needs of a model (train.model.Transformer): greedy decoding and teacher forcing."""
 
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int,
-                 stop: Callable[[list[int]], bool] | None = None) -> list[list[int]]: ...
+                 stop: Callable[[int, list[int]], bool] | None = None) -> list[list[int]]: ...
+
+    def target_logprobs(self, input_ids: torch.Tensor, first_target: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    """Everything that decides the probe's answers (hashed into the settings key) plus the sweep."""
+    """Everything that decides the probe's answers (hashed into the result key, with the model and prompts)."""
 
     tests_per_length: int = 500
     seed: int = 0
     haystack: str = "pg"
-    min_retrieved: int = 2
-    max_new_tokens: int = MAX_NEW_TOKENS
+    max_new_tokens: int = ANSWER_BUDGET  # the answer budget, inside each test's length
     positions: str = "rope"
     position_options: dict = field(default_factory=dict)
     precision: str = "float32"  # resolved: float32 or bfloat16 (autocast)
     tokenizer: str | None = None  # None: the model's own
+    bos: str = "auto"
+    chat_template: bool = False
+    teacher_forced: bool = True
+    answer_order: str = "document"  # needle order of the teacher-forced reference answer
 
-    def key(self, model: str, haystack_sha256: str) -> str:
-        """sha256 (16 hex) of the settings, the model's name and the haystack's hash."""
-        blob = json.dumps({**asdict(self), "model": model, "haystack_sha256": haystack_sha256}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    def decoding(self) -> dict:
+        """The settings that change answers given the prompts (names of files excluded: content is keyed apart)."""
+        keep = ("tests_per_length", "seed", "max_new_tokens", "positions", "position_options", "precision",
+                "teacher_forced", "answer_order")
+        return {k: v for k, v in asdict(self).items() if k in keep}
+
+
+def result_key(parts: dict) -> str:
+    """sha256 (16 hex) of the key's parts."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def parse_lengths(spec: str) -> list[int]:
@@ -152,16 +153,6 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
 # ------------------------------------------------------------------ decoding and scoring
 
 
-def answer_stop(tokenizer: Tokenizer) -> Callable[[list[int]], bool]:
-    """Stop a row at EOS or once its decoded text holds a complete answer line."""
-    eos = tokenizer.eos_id
-
-    def stop(tokens: list[int]) -> bool:
-        return tokens[-1] == eos or answer_complete(tokenizer.decode(tokens))
-
-    return stop
-
-
 def cut_at_eos(tokens: Sequence[int], eos_id: int) -> list[int]:
     """The generated ids before the first EOS."""
     tokens = list(tokens)
@@ -169,182 +160,173 @@ def cut_at_eos(tokens: Sequence[int], eos_id: int) -> list[int]:
 
 
 def generate_answers(
-    model: Generator, tokenizer: Tokenizer, tests: Sequence[NiahTest], batch_size: int, device: torch.device,
-    precision: str = "float32", max_new_tokens: int = MAX_NEW_TOKENS, progress: Any = None,
+    model: Generator, tokenizer: Tokenizer, tests: Sequence[NiahTest], device: torch.device,
+    precision: str = "float32", max_new_tokens: int = ANSWER_BUDGET,
 ) -> list[str]:
-    """Greedy answers (decoded, cut at EOS) to equal-length tests, `batch_size` prompts per generate call."""
-    if len({t.length for t in tests}) > 1:
-        raise ValueError("generate_answers needs tests of one length (prompts of a batch must be equal length)")
-    stop = answer_stop(tokenizer)
-    answers: list[str] = []
-    for start in range(0, len(tests), batch_size):
-        batch = tests[start : start + batch_size]
-        prompt = torch.from_numpy(np.stack([t.input_ids for t in batch])).to(device)
-        with torch.inference_mode(), autocast(precision, device):
-            generated = model.generate(prompt, max_new_tokens, stop=stop)
-        answers += [tokenizer.decode(cut_at_eos(g, tokenizer.eos_id)) for g in generated]
-        if progress is not None:
-            progress.update(len(batch))
-    return answers
+    """Greedy answers (decoded, cut at EOS) to equal-length tests, decoded together.
+
+    A row stops at EOS or once all four of its needles appeared (its score can no longer change).
+    """
+    if len({t.prompt_length for t in tests}) > 1:
+        raise ValueError("generate_answers needs prompts of one length (a batch must be rectangular)")
+
+    def stop(row: int, tokens: list[int]) -> bool:
+        return tokens[-1] == tokenizer.eos_id or all_needles_in(tests[row].needles, tokenizer.decode(tokens))
+
+    prompt = torch.from_numpy(np.stack([t.input_ids for t in tests])).to(device)
+    with torch.inference_mode(), autocast(precision, device):
+        generated = model.generate(prompt, max_new_tokens, stop=stop)
+    return [tokenizer.decode(cut_at_eos(g, tokenizer.eos_id)) for g in generated]
 
 
-def score_tests(tests: Sequence[NiahTest], answers: Sequence[str], min_retrieved: int, key: str) -> list[dict]:
-    """Per-test JSONL records: test metadata, score, the generated text and the settings key."""
-    records = []
-    for test, text in zip(tests, answers):
-        record = {**test.record(), **score_answer(test, text, min_retrieved).record()}
-        records.append({**record, "generated": text, "settings_key": key})
-    return records
+def reference_answer(tokenizer: Tokenizer, test: NiahTest, order: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """Token ids of the reference answer (`niah.answer_text`) and each needle's token span in it, by test needle.
+
+    Tokenized piece by piece (separators and numbers apart), so each needle's tokens are exact;
+    the pieces decode to the answer text.
+    """
+    if order not in ANSWER_ORDERS:
+        raise ValueError(f"answer order must be one of {ANSWER_ORDERS}, got {order!r}")
+    ranked = sorted(range(len(test.needles)), key=lambda j: -test.positions[j]) if order == "nearest_first" \
+        else list(range(len(test.needles)))
+    text = answer_text([test.needles[j] for j in ranked])
+    ids: list[int] = []
+    spans: dict[int, tuple[int, int]] = {}
+    cursor = 0
+    for j in ranked:
+        at = text.index(test.needles[j], cursor)
+        ids += tokenizer.encode(text[cursor:at])
+        number = tokenizer.encode(test.needles[j])
+        spans[j] = (len(ids), len(ids) + len(number))
+        ids += number
+        cursor = at + len(test.needles[j])
+    ids += tokenizer.encode(text[cursor:])
+    return ids, [spans[j] for j in range(len(test.needles))]
 
 
-# ------------------------------------------------------------------ one model
-
-
-def _length_files(out: Path, length: int) -> tuple[Path, Path]:
-    return out / "tests" / f"L{length:06d}.jsonl", out / "tests" / f"L{length:06d}.json"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = Path(str(path) + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
-def done_lengths(out: Path, key: str) -> dict[int, dict]:
-    """Lengths already probed in `out` with settings `key`: length -> completion marker."""
-    done = {}
-    for marker in sorted((out / "tests").glob("L*.json")):
-        meta = json.loads(marker.read_text())
-        if meta.get("settings_key") == key and marker.with_suffix(".jsonl").is_file():
-            done[int(meta["length"])] = meta
-    return done
-
-
-def read_records(out: Path, lengths: Sequence[int]) -> list[dict]:
-    """The per-test records of the given lengths."""
-    records = []
-    for length in lengths:
-        with open(_length_files(out, length)[0]) as fh:
-            records += [json.loads(line) for line in fh if line.strip()]
-    return records
-
-
-@dataclass
-class ModelProbe:
-    """A loaded model ready to probe: generator, tokenizer, name and training length."""
-
-    model: Generator
-    tokenizer: Tokenizer
-    name: str
-    train_len: int
-
-
-def probe_lengths(
-    probe: ModelProbe, builder: NiahBuilder, settings: ProbeSettings, key: str, lengths: Sequence[int], out: Path,
-    batch_size: int, device: torch.device, show_progress: bool = True,
-) -> None:
-    """Decode and score every length not yet done with settings `key`, writing JSONL + marker per length."""
-    from tqdm.auto import tqdm
-
-    pending = [n for n in lengths if n not in done_lengths(out, key)]
-    (out / "tests").mkdir(parents=True, exist_ok=True)
-    bar = tqdm(total=len(pending) * settings.tests_per_length, unit="test", disable=not show_progress,
-               desc=probe.name, dynamic_ncols=True)
-    with bar:
-        for length in pending:
-            bar.set_postfix_str(f"length {length}")
-            tests = builder.make_tests(length, settings.tests_per_length, settings.seed)
-            started = time.perf_counter()
-            answers = generate_answers(probe.model, probe.tokenizer, tests, batch_size, device, settings.precision,
-                                       settings.max_new_tokens, bar)
-            seconds = time.perf_counter() - started
-            records = score_tests(tests, answers, settings.min_retrieved, key)
-            jsonl, marker = _length_files(out, length)
-            _write_atomic(jsonl, "".join(json.dumps(r) + "\n" for r in records))
-            _write_atomic(marker, json.dumps({"length": length, "settings_key": key, "n_tests": len(records),
-                                              "seconds": seconds, "batch_size": batch_size,
-                                              "device": str(device)}) + "\n")
-
-
-def write_model_outputs(
-    out: Path, name: str, key: str, lengths: Sequence[int], threshold: float, figures: bool = True,
+def teacher_forced(
+    model: Generator, tokenizer: Tokenizer, tests: Sequence[NiahTest], device: torch.device,
+    precision: str = "float32", order: str = "document",
 ) -> list[dict]:
-    """summary.csv, failure_by_thirds.csv/.md and the per-model figures from the probed lengths; returns summary rows."""
-    done = done_lengths(out, key)
-    lengths = [n for n in lengths if n in done]
-    summary = [summarize_length(read_records(out, [n]), done[n]["seconds"]) for n in lengths]
-    write_csv(out / "summary.csv", summary)
-    records = read_records(out, lengths)
-    thirds = failure_by_thirds(records)
-    write_csv(out / "failure_by_thirds.csv", thirds)
-    _write_atomic(out / "failure_by_thirds.md", markdown_table(thirds))
-    if figures and records:
-        from analysis import plots
+    """Per test: each needle's summed log-probability and token accuracy under teacher forcing, one forward pass.
 
-        grid_lengths, edges, recall = depth_grid(records)
-        plots.plot_niah_heatmap(grid_lengths, edges, recall, out / "figures" / "niah_heatmap", title=name)
-        plots.plot_failure_by_thirds(thirds, out / "figures" / "failure_by_thirds", title=name)
-    return summary
+    The reference answer follows the prompt, right-padded to the batch's longest; causal attention
+    keeps the padding out of every scored position, and prompt + answer stays within the test length.
+    """
+    answers = [reference_answer(tokenizer, t, order) for t in tests]
+    prompt_length = tests[0].prompt_length
+    for test, (ids, _) in zip(tests, answers):
+        if len(ids) > test.answer_budget:
+            raise ValueError(f"the reference answer takes {len(ids)} tokens, more than the answer budget "
+                             f"{test.answer_budget}. Fix: raise --max-new-tokens to at least {len(ids)}")
+    width = max(len(ids) for ids, _ in answers)
+    batch = np.full((len(tests), prompt_length + width), tokenizer.eos_id, dtype=np.int64)
+    for row, (test, (ids, _)) in enumerate(zip(tests, answers)):
+        batch[row, :prompt_length] = test.input_ids
+        batch[row, prompt_length : prompt_length + len(ids)] = ids
+    with torch.inference_mode(), autocast(precision, device):
+        logprobs, correct = model.target_logprobs(torch.from_numpy(batch).to(device), prompt_length)
+    logprobs, correct = logprobs.float().cpu().numpy(), correct.cpu().numpy()
+    scores = []
+    for row, (_, spans) in enumerate(answers):
+        scores.append({
+            "tf_logprob": [float(logprobs[row, a:b].sum()) for a, b in spans],
+            "tf_token_accuracy": [float(correct[row, a:b].mean()) for a, b in spans],
+            "tf_answer_order": order,
+        })
+    return scores
+
+
+def score_tests(tests: Sequence[NiahTest], answers: Sequence[str], tf: Sequence[dict] | None, key: str) -> list[dict]:
+    """Per-test JSONL records: test metadata, the generated text, both scores, the teacher-forced score, the key."""
+    records = []
+    for i, (test, text) in enumerate(zip(tests, answers)):
+        record = {**test.record(), **score_answer(test, text).record(), "generated": text, "key": key}
+        records.append({**record, **(tf[i] if tf is not None else {})})
+    return records
 
 
 # ------------------------------------------------------------------ model sources
 
 
-def _train_len_from_files(checkpoint: Path) -> int:
-    """The training length of a checkpoint: its trained-length histogram's size - 1, else max_seq_len."""
-    hist = checkpoint / "trained_lengths.npy"
-    if hist.is_file():
-        return int(np.load(hist, mmap_mode="r").shape[0]) - 1
-    from train.checkpoint import load_model_config
+@dataclass
+class ModelSource:
+    """A model the probe can load, known by content before it is loaded: name, fingerprint, tokenizer, lengths."""
 
-    return load_model_config(checkpoint).max_seq_len
+    name: str
+    path: Path
+    kind: str  # "checkpoint" (ours: trainer or consolidated) or "hf"
+    fingerprint: str
+    tokenizer_spec: str
+    train_len: int
+    bos_in_training: bool
+    length_hist: np.ndarray | None = None
+    tokens_seen: int | None = None
+    tokens_this_run: int | None = None
+
+    def load(self, settings: ProbeSettings, device: torch.device, attention_backend: str = "auto") -> Generator:
+        """The model on `device` in float32, eval mode, with the settings' position scheme."""
+        if self.kind == "checkpoint":
+            from train.checkpoint import load_model
+
+            model, _, _ = load_model(self.path, device="cpu", dtype=torch.float32, attention_backend=attention_backend)
+        else:
+            from train.hf import load_hf_model
+
+            model = load_hf_model(self.path, dtype=torch.float32, attention_backend=attention_backend)
+        model = model.to(device=device, dtype=torch.float32).eval()
+        if settings.positions != "rope" or settings.position_options:
+            model.set_positions(settings.positions, **settings.position_options)
+        return model
 
 
-def _prepare(model: torch.nn.Module, settings: ProbeSettings, device: torch.device) -> torch.nn.Module:
-    """Move to the device in float32, select the position scheme, eval mode."""
-    model = model.to(device=device, dtype=torch.float32).eval()
-    if settings.positions != "rope" or settings.position_options:
-        model.set_positions(settings.positions, **settings.position_options)
-    return model
+def checkpoint_source(path: Path, settings: ProbeSettings) -> ModelSource:
+    """One of our checkpoints (trainer milestone or consolidated directory)."""
+    from train.checkpoint import load_model_config, model_fingerprint
+
+    spec_file = path / "tokenizer_spec.json"
+    spec = json.loads(spec_file.read_text()) if spec_file.is_file() else {}
+    if settings.tokenizer is None and "spec" not in spec:
+        raise SystemExit(f"{path}: no tokenizer_spec.json; pass --tokenizer SPEC (llama3, bytes, hf:DIR)")
+    hist_file = path / "trained_lengths.npy"
+    hist = np.load(hist_file, allow_pickle=False) if hist_file.is_file() else None
+    train_len = len(hist) - 1 if hist is not None else load_model_config(path).max_seq_len
+    this_run, before = _tokens(path)
+    return ModelSource(path.name, path, "checkpoint", model_fingerprint(path), settings.tokenizer or spec["spec"],
+                       train_len, bool(spec.get("bos_in_training", False)), hist,
+                       None if this_run is None else this_run + before, this_run)
 
 
-def load_checkpoint(path: Path, settings: ProbeSettings, device: torch.device, attention_backend: str = "auto") -> ModelProbe:
-    """One of our checkpoints (trainer or consolidated) via train.checkpoint.load_model."""
-    from train.checkpoint import load_model
-
-    model, spec, _ = load_model(path, device="cpu", dtype=torch.float32, attention_backend=attention_backend)
-    tokenizer = get_tokenizer(settings.tokenizer or spec["spec"])
-    return ModelProbe(_prepare(model, settings, device), tokenizer, path.name, _train_len_from_files(path))
-
-
-def load_hf(directory: Path, settings: ProbeSettings, device: torch.device, attention_backend: str = "auto") -> ModelProbe:
-    """A Hugging Face Llama-family directory via train.hf.load_hf_model (tokenizer from its tokenizer.json)."""
-    from train.hf import load_hf_model, tokenizer_spec
+def hf_source(directory: Path, settings: ProbeSettings) -> ModelSource:
+    """A Hugging Face Llama-family directory (its tokenizer.json unless --tokenizer overrides)."""
+    from train.hf import config_from_hf, hf_model_fingerprint, tokenizer_spec
 
     spec = settings.tokenizer or tokenizer_spec(directory)
     if spec is None:
         raise SystemExit(f"--model hf:{directory}: no tokenizer.json there; pass --tokenizer SPEC (e.g. llama3)")
-    model = load_hf_model(directory, dtype=torch.float32, attention_backend=attention_backend)
-    return ModelProbe(_prepare(model, settings, device), get_tokenizer(spec), directory.name, model.config.max_seq_len)
+    config = config_from_hf(json.loads((directory / "config.json").read_text()), str(directory / "config.json"))
+    return ModelSource(directory.name, directory, "hf", hf_model_fingerprint(directory), spec, config.max_seq_len,
+                       get_tokenizer(spec).adds_bos)
 
 
-def milestones(run_dir: Path) -> list[tuple[Path, int]]:
-    """The run's complete milestone checkpoints (tokens-*/, never .tmp) with tokens seen, oldest first."""
+def _tokens(path: Path) -> tuple[int | None, int]:
+    """(tokens this checkpoint's run trained, tokens its initial weights had seen before) from trainer/meta.json."""
+    for name in ("trainer.json", "meta.json"):
+        if (path / name).is_file():
+            meta = json.loads((path / name).read_text())
+            value = meta.get("tokens_seen")
+            return (None if value is None else int(value)), int(meta.get("tokens_before", 0))
+    return None, 0
+
+
+def milestones(run_dir: Path) -> list[Path]:
+    """The run's complete milestone checkpoints (tokens-*/, never .tmp), oldest first."""
     from train.checkpoint import MILESTONE_PREFIX, list_checkpoints
 
-    found = [(p, int(m["tokens_seen"])) for p, m in list_checkpoints(run_dir) if p.name.startswith(MILESTONE_PREFIX)]
+    found = [p for p, _ in list_checkpoints(run_dir) if p.name.startswith(MILESTONE_PREFIX)]
     if not found:
         raise SystemExit(f"--run {run_dir}: no complete checkpoints under {run_dir / 'checkpoints'}/tokens-*/")
     return found
-
-
-def _tokens_seen(path: Path) -> int | None:
-    """Tokens seen by a checkpoint, from trainer.json / meta.json, else None."""
-    for name in ("trainer.json", "meta.json"):
-        if (path / name).is_file():
-            value = json.loads((path / name).read_text()).get("tokens_seen")
-            return None if value is None else int(value)
-    return None
 
 
 # ------------------------------------------------------------------ orchestration
@@ -357,117 +339,182 @@ class Job:
     settings: ProbeSettings
     lengths: list[int] | None
     batch_size: int
-    threshold: float
     device: torch.device
+    analysis: Analysis = Analysis()
     attention_backend: str = "auto"
     figures: bool = True
     show_progress: bool = True
+    replace_stale: bool = False
+
+    def lengths_for(self, train_len: int) -> list[int]:
+        return self.lengths or default_lengths(train_len)
 
 
-def _meta(job: Job, builder_sha: str | None, **extra: Any) -> dict:
-    """probe.json content: settings, sweep, provenance."""
-    return {
-        "settings": asdict(job.settings), "lengths": job.lengths, "batch_size": job.batch_size,
-        "threshold": job.threshold, "device": str(job.device), "haystack_sha256": builder_sha,
-        "code_version": code_version(), "command": sys.argv, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra,
-    }
-
-
-class Builders:
-    """One NiahBuilder per tokenizer name (the haystack is tokenized once per tokenizer)."""
-
-    def __init__(self, haystack: str) -> None:
-        from analysis.niah import load_haystack
-
-        self.haystack = load_haystack(haystack)
-        self._by_name: dict[str, NiahBuilder] = {}
-
-    def get(self, tokenizer: Tokenizer) -> NiahBuilder:
-        if tokenizer.name not in self._by_name:
-            self._by_name[tokenizer.name] = NiahBuilder(tokenizer, self.haystack)
-        return self._by_name[tokenizer.name]
-
-
-def probe_one(
-    load: Callable[[], ModelProbe], name: str, train_len: int | None, out: Path, job: Job, builders: Builders,
-    length_hist: np.ndarray | None = None, tokens_seen: int | None = None,
-) -> dict:
-    """Probe one model into `out` (skipping done lengths; loading it only if needed); its effective_length row."""
-    key = job.settings.key(name, builders.haystack.sha256)
-    lengths = job.lengths
-    probe = None
-    if train_len is None or set(lengths or _default_lengths(train_len)) - set(done_lengths(out, key)):
-        probe = load()
-        train_len = train_len or probe.train_len
-        lengths = lengths or _default_lengths(train_len)
-        probe_lengths(probe, builders.get(probe.tokenizer), job.settings, key, lengths, out, job.batch_size,
-                      job.device, job.show_progress)
-    lengths = lengths or _default_lengths(train_len)
-    summary = write_model_outputs(out, name, key, lengths, job.threshold, job.figures)
-    row = checkpoint_row(name, tokens_seen, train_len, job.settings.positions, summary, length_hist, job.threshold,
-                         job.settings.min_retrieved, job.settings.tests_per_length)
-    write_effective_length_csv(out / "effective_length.csv", [row])
-    eff = effective_length([r["length"] for r in summary], [r["pass_rate"] for r in summary], job.threshold)
-    meta = _meta(job, builders.haystack.sha256, model=name, settings_key=key, train_len=train_len,
-                 tokens_seen=tokens_seen, probed_lengths=lengths, effective_length=asdict(eff))
-    _write_atomic(out / "probe.json", json.dumps(meta, indent=1) + "\n")
-    del probe
-    return row
-
-
-def _default_lengths(train_len: int) -> list[int]:
+def default_lengths(train_len: int) -> list[int]:
     """128, 256, ... up to the training length."""
     return list(range(128, train_len + 1, 128))
 
 
-def probe_run(run_dir: Path, out: Path, job: Job, shard: tuple[int, int] | None = None, merge_only: bool = False) -> list[dict]:
-    """Probe every milestone of a run (or shard i of n of them), then (unless sharded) write the run tables."""
+class Builders:
+    """One NiahBuilder per (tokenizer content, prompt format): the haystack is tokenized once for each."""
+
+    def __init__(self, haystack: str) -> None:
+        self.haystack = load_haystack(haystack)
+        self._built: dict[tuple, NiahBuilder] = {}
+        self._tokenizers: dict[str, Tokenizer] = {}
+
+    def tokenizer(self, spec: str) -> Tokenizer:
+        if spec not in self._tokenizers:
+            self._tokenizers[spec] = get_tokenizer(spec)
+        return self._tokenizers[spec]
+
+    def for_source(self, source: ModelSource, settings: ProbeSettings) -> NiahBuilder:
+        """The builder of a model's prompts: its tokenizer, the BOS policy and chat template resolved."""
+        tokenizer = self.tokenizer(source.tokenizer_spec)
+        chat: tuple[list[int], list[int]] = ([], [])
+        if settings.chat_template:
+            frame = getattr(tokenizer, "chat_frame", None)
+            if frame is None or getattr(tokenizer, "chat_template", None) is None:
+                raise SystemExit(f"--chat-template: tokenizer {tokenizer.name} has no chat template "
+                                 "(tokenizer_config.json's chat_template); drop the flag")
+            chat = frame()
+        bos = {"always": True, "never": False}.get(settings.bos)
+        if bos is None:
+            bos = False if settings.chat_template else source.bos_in_training
+        fmt = PromptFormat(settings.max_new_tokens, bos, tuple(chat[0]), tuple(chat[1]))
+        cache_key = (tokenizer.fingerprint, fmt)
+        if cache_key not in self._built:
+            self._built[cache_key] = NiahBuilder(tokenizer, self.haystack, fmt)
+        return self._built[cache_key]
+
+
+@dataclass
+class Plan:
+    """One model's pending work: where its results go, under which key, and which lengths remain."""
+
+    source: ModelSource
+    out: Path
+    key: str
+    parts: dict
+    builder: NiahBuilder
+    lengths: list[int]
+    pending: list[int]
+
+
+def key_parts(source: ModelSource, builder: NiahBuilder, settings: ProbeSettings) -> dict:
+    """What a result is made of: model content, prompt content, decoding settings, code."""
+    return {"model": source.fingerprint, "prompts": builder.digest, "decoding": settings.decoding(),
+            "code": code_sha256()}
+
+
+def plan_model(source: ModelSource, out: Path, job: Job, builders: Builders) -> Plan:
+    """Claim `out` for this model's key and list the lengths still to probe."""
+    builder = builders.for_source(source, job.settings)
+    parts = key_parts(source, builder, job.settings)
+    key = result_key(parts)
+    lengths = job.lengths_for(source.train_len)
+    if min(lengths) < builder.min_length():
+        raise SystemExit(f"--lengths: {min(lengths)} is below the shortest test this tokenizer and answer budget "
+                         f"allow ({builder.min_length()} tokens); start the lengths there or lower --max-new-tokens")
+    if job.settings.teacher_forced:
+        answer, _ = reference_answer(builder.tokenizer, builder.build(lengths[0], 0, 0), job.settings.answer_order)
+        if len(answer) > job.settings.max_new_tokens:
+            raise SystemExit(f"the teacher-forced reference answer takes {len(answer)} tokens of tokenizer "
+                             f"{builder.tokenizer.name}, more than the answer budget {job.settings.max_new_tokens}. "
+                             f"Fix: --max-new-tokens {len(answer)} or more, or --no-teacher-forced")
+    try:
+        results.claim(out, key, parts, job.replace_stale)
+    except results.StaleResults as err:
+        raise SystemExit(f"error: {err}") from None
+    done = results.done_lengths(out, key)
+    return Plan(source, out, key, parts, builder, lengths, [n for n in lengths if n not in done])
+
+
+def execute(plans: Sequence[Plan], job: Job) -> None:
+    """Probe every pending length of every plan under one progress bar (tests, with an ETA over all of them)."""
+    from tqdm.auto import tqdm
+
+    total = sum(len(p.pending) for p in plans) * job.settings.tests_per_length
+    with tqdm(total=total, unit="test", disable=not job.show_progress or total == 0, dynamic_ncols=True,
+              desc="probe") as bar:
+        for plan in plans:
+            if plan.pending:
+                model = plan.source.load(job.settings, job.device, job.attention_backend)
+                for length in plan.pending:
+                    bar.set_postfix_str(f"{plan.source.name} length {length}")
+                    probe_length(model, plan, length, job, bar)
+                del model
+            _write_meta(plan, job)
+
+
+def probe_length(model: Generator, plan: Plan, length: int, job: Job, bar: Any = None) -> None:
+    """Decode, teacher-force and score one length's tests in batches; write its records and marker."""
+    s = job.settings
+    tests = plan.builder.make_tests(length, s.tests_per_length, s.seed)
+    tokenizer = plan.builder.tokenizer
+    started = time.perf_counter()
+    records: list[dict] = []
+    for start in range(0, len(tests), job.batch_size):
+        batch = tests[start : start + job.batch_size]
+        answers = generate_answers(model, tokenizer, batch, job.device, s.precision, s.max_new_tokens)
+        tf = teacher_forced(model, tokenizer, batch, job.device, s.precision, s.answer_order) if s.teacher_forced else None
+        records += score_tests(batch, answers, tf, plan.key)
+        if bar is not None:
+            bar.update(len(batch))
+    results.write_length(plan.out, length, records, {
+        "key": plan.key, "seconds": time.perf_counter() - started, "batch_size": job.batch_size,
+        "device": str(job.device), "threads": torch.get_num_threads()})
+
+
+def _write_meta(plan: Plan, job: Job) -> None:
+    """probe.json (provenance) and the trained-length histogram beside the records."""
+    source = plan.source
+    if source.length_hist is not None:
+        np.save(plan.out / results.HIST_FILE, source.length_hist.astype(np.int64), allow_pickle=False)
+    results.write_json(plan.out / results.META_FILE, {
+        "model": source.name, "model_path": str(source.path), "model_kind": source.kind, "key": plan.key,
+        "key_parts": plan.parts, "settings": asdict(job.settings), "lengths": plan.lengths,
+        "train_len": source.train_len, "tokens_seen": source.tokens_seen, "tokens_this_run": source.tokens_this_run,
+        "prompt_format": asdict(plan.builder.format), "tokenizer": plan.builder.tokenizer.name,
+        "haystack": plan.builder.haystack.name, "haystack_sha256": plan.builder.haystack.sha256,
+        "note": "a test of length n is a prompt of n - max_new_tokens tokens plus at most max_new_tokens "
+                "generated ones: no token is generated at a position >= n",
+        "batch_size": job.batch_size, "device": str(job.device), "threads": torch.get_num_threads(),
+        "torch": torch.__version__, "code_version": code_version(), "command": sys.argv,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+
+
+def probe_models(sources: Sequence[ModelSource], outs: Sequence[Path], job: Job, builders: Builders) -> list[dict]:
+    """Probe models into their result directories and derive each one's tables; their effective_length rows."""
+    plans = [plan_model(s, o, job, builders) for s, o in zip(sources, outs)]
+    execute(plans, job)
+    return [results.derive_model(p.out, job.analysis, job.figures) for p in plans]
+
+
+def run_out_default(run_dir: Path, first: ModelSource, job: Job, builders: Builders) -> Path:
+    """RUNDIR/probe-<scheme>-<key of the settings, prompts and code> (model content is keyed per checkpoint)."""
+    parts = key_parts(first, builders.for_source(first, job.settings), job.settings)
+    del parts["model"]
+    return run_dir / f"probe-{job.settings.positions}-{result_key(parts)[:8]}"
+
+
+def probe_run(run_dir: Path, out: Path | None, job: Job, shard: tuple[int, int] | None = None,
+              merge_only: bool = False) -> tuple[Path, list[dict]]:
+    """Probe every milestone of a run (or shard i of n of them), then (unless sharded) derive the run tables."""
     builders = Builders(job.settings.haystack)
     checkpoints = milestones(run_dir)
+    first = checkpoint_source(checkpoints[0], job.settings)
+    out = out or run_out_default(run_dir, first, job, builders)
     mine = checkpoints if shard is None else checkpoints[shard[0] :: shard[1]]
-    rows = []
-    for path, tokens in ([] if merge_only else mine):
-        hist = np.load(path / "trained_lengths.npy")
-        rows.append(probe_one(lambda p=path: load_checkpoint(p, job.settings, job.device, job.attention_backend),
-                              path.name, len(hist) - 1, out / path.name, job, builders, hist, tokens))
+    rows = [] if merge_only else probe_models([checkpoint_source(p, job.settings) for p in mine],
+                                              [out / p.name for p in mine], job, builders)
     if shard is not None:
-        return rows
-    return merge_run(run_dir, out, job, builders, checkpoints)
-
-
-def merge_run(run_dir: Path, out: Path, job: Job, builders: Builders, checkpoints: list[tuple[Path, int]]) -> list[dict]:
-    """effective_length.csv, position_frequency.csv, probe.json and Fig. 2a/2b of the probed checkpoints."""
-    from analysis.effective_length import draw_run_figures, load_run
-    from analysis.position_freq import position_frequency
-
-    rows, missing = [], []
-    for path, tokens in checkpoints:
-        hist = np.load(path / "trained_lengths.npy")
-        key = job.settings.key(path.name, builders.haystack.sha256)
-        lengths = job.lengths or _default_lengths(len(hist) - 1)
-        done = done_lengths(out / path.name, key)
-        if not set(lengths) <= set(done):
-            missing.append(path.name)
-            continue
-        summary = write_model_outputs(out / path.name, path.name, key, lengths, job.threshold, figures=False)
-        rows.append(checkpoint_row(path.name, tokens, len(hist) - 1, job.settings.positions, summary, hist,
-                                   job.threshold, job.settings.min_retrieved, job.settings.tests_per_length))
-    if missing:
-        print(f"warning: not yet probed with these settings (left out of effective_length.csv): {', '.join(missing)}",
-              file=sys.stderr)
-    if not rows:
-        raise SystemExit(f"{out}: no checkpoint of {run_dir} is fully probed with these settings; nothing to merge")
-    write_effective_length_csv(out / "effective_length.csv", rows)
-    last = checkpoints[-1][0]
-    hist = np.load(last / "trained_lengths.npy")
-    f = position_frequency(hist, len(hist) - 1)
-    write_csv(out / "position_frequency.csv", [{"i": i, "f": int(v)} for i, v in enumerate(f)])
-    meta = _meta(job, builders.haystack.sha256, run=str(run_dir), position_frequency_from=last.name,
-                 checkpoints=[r["checkpoint"] for r in rows], missing=missing)
-    _write_atomic(out / "probe.json", json.dumps(meta, indent=1) + "\n")
-    if job.figures:
-        draw_run_figures([load_run(out)], out / "figures")
-    return rows
+        return out, rows
+    meta_path = out / results.META_FILE
+    previous = results.read_json(meta_path) if meta_path.is_file() else {}
+    results.write_json(meta_path, {**previous, "run": str(run_dir), "checkpoints": [p.name for p in checkpoints],
+                                   "settings": asdict(job.settings), "code_version": code_version()})
+    return out, results.derive_run(out, job.analysis, job.figures)
 
 
 # ------------------------------------------------------------------ CLI
@@ -478,7 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
     from train.positions import SCHEMES
 
     p = argparse.ArgumentParser(prog="python analysis/probe.py", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", type=Path, help="one trainer checkpoint or consolidated model directory")
     src.add_argument("--run", type=Path, help="a training run directory: probe every RUN/checkpoints/tokens-*/")
@@ -486,20 +533,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--positions", default="rope", choices=SCHEMES, help="position scheme (train.positions)")
     p.add_argument("--position-option", type=parse_option, action="append", default=[], metavar="KEY=VALUE",
                    help="option for the position scheme (repeatable), e.g. shift=1365")
-    p.add_argument("--lengths", type=parse_lengths, help="START:STOP:STEP (STOP included) or a comma list; "
-                   "default 128:L:128 with L the training length")
+    p.add_argument("--lengths", type=parse_lengths, help="test lengths (prompt + answer budget): START:STOP:STEP "
+                   "(STOP included) or a comma list; default 128:L:128 with L the training length")
     p.add_argument("--tests-per-length", type=int, default=500, help="NIAH tests per length (paper: 500)")
     p.add_argument("--batch-size", type=int, default=8, help="prompts decoded together")
+    p.add_argument("--max-new-tokens", type=int, default=ANSWER_BUDGET,
+                   help="the answer budget: a test of length n is a prompt of n - this and at most this many "
+                   "generated tokens (the official script's 128)")
+    p.add_argument("--bos", default="auto", choices=BOS_POLICIES,
+                   help="prepend BOS: auto follows the model's training (ours: no BOS; HF: its tokenizer's "
+                   "convention; with --chat-template: only what the template renders)")
+    p.add_argument("--chat-template", action="store_true",
+                   help="frame each prompt with the tokenizer's chat template (one user turn, answer prefix "
+                   "opening the assistant's turn)")
+    p.add_argument("--no-teacher-forced", action="store_true",
+                   help="skip the teacher-forced needle score (one extra forward pass per batch)")
+    p.add_argument("--answer-order", default="document", choices=ANSWER_ORDERS,
+                   help="needle order of the teacher-forced reference answer")
     p.add_argument("--threshold", type=float, default=0.5, help="a length fails when its pass rate is below this")
     p.add_argument("--min-retrieved", type=int, default=2, help="needles (of 4) a passing answer must contain")
-    p.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS,
-                   help="greedy answer budget (the official script's 128)")
+    p.add_argument("--scoring", default="anywhere", choices=SCORING_RULES,
+                   help="count needles anywhere in the answer (official script) or on its first line only")
     p.add_argument("--haystack", default="pg", help="pg (Paul Graham essays), noise, or a .txt file / directory")
     p.add_argument("--seed", type=int, default=0, help="test seed: the same seed gives the same tests anywhere")
     p.add_argument("--tokenizer", help="override the model's tokenizer spec (llama3, bytes, hf:DIR)")
-    p.add_argument("--out", type=Path, help="output directory (defaults in the module docstring)")
+    p.add_argument("--out", type=Path, help="output directory (default: derived from the result key, see above)")
+    p.add_argument("--replace-stale", action="store_true",
+                   help="delete results in --out made by other weights, prompts, settings or code (default: refuse)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", default="auto", choices=PRECISIONS, help="auto: bf16 autocast on GPU, float32 on CPU")
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads for torch (0: one per core available to this process)")
     p.add_argument("--attention-backend", default="auto", help="train.attention backend (auto, sdpa, flash, ...)")
     p.add_argument("--shard", type=parse_shard, help="with --run: probe checkpoints i, i+n, ... only, no merge")
     p.add_argument("--merge-only", action="store_true", help="with --run: only write the run tables and figures")
@@ -513,41 +577,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if (args.shard or args.merge_only) and not args.run:
         raise SystemExit("--shard and --merge-only need --run")
-    if min(args.batch_size, args.tests_per_length, args.max_new_tokens) < 1:
-        raise SystemExit("--batch-size, --tests-per-length and --max-new-tokens must be >= 1")
+    if min(args.batch_size, args.tests_per_length, args.max_new_tokens) < 1 or args.threads < 0:
+        raise SystemExit("--batch-size, --tests-per-length and --max-new-tokens must be >= 1, --threads >= 0")
+    torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     device = torch.device(args.device)
     settings = ProbeSettings(
         tests_per_length=args.tests_per_length, seed=args.seed, haystack=args.haystack,
-        min_retrieved=args.min_retrieved, max_new_tokens=args.max_new_tokens, positions=args.positions, position_options=dict(args.position_option),
-        precision=resolve_precision(args.dtype, device), tokenizer=args.tokenizer,
+        max_new_tokens=args.max_new_tokens, positions=args.positions, position_options=dict(args.position_option),
+        precision=resolve_precision(args.dtype, device), tokenizer=args.tokenizer, bos=args.bos,
+        chat_template=args.chat_template, teacher_forced=not args.no_teacher_forced, answer_order=args.answer_order,
     )
-    job = Job(settings, args.lengths, args.batch_size, args.threshold, device, args.attention_backend,
-              not args.no_figures, not args.quiet)
-    suffix = "" if args.positions == "rope" else f"-{args.positions}"
+    try:
+        analysis = Analysis(threshold=args.threshold, min_retrieved=args.min_retrieved, scoring=args.scoring)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
+    job = Job(settings, args.lengths, args.batch_size, device, analysis, args.attention_backend, not args.no_figures,
+              not args.quiet, args.replace_stale)
     if args.run:
-        out = args.out or args.run / f"probe{suffix}"
-        rows = probe_run(args.run, out, job, args.shard, args.merge_only)
+        out, rows = probe_run(args.run, args.out, job, args.shard, args.merge_only)
     else:
         builders = Builders(settings.haystack)
         if args.checkpoint:
-            path = args.checkpoint
-            hist_path = path / "trained_lengths.npy"
-            hist = np.load(hist_path) if hist_path.is_file() else None
-            train_len = _train_len_from_files(path)
-            load = lambda: load_checkpoint(path, settings, device, args.attention_backend)  # noqa: E731
-            tokens = _tokens_seen(path)
+            source = checkpoint_source(args.checkpoint, settings)
         else:
             if not args.model.startswith("hf:"):
                 raise SystemExit(f"--model expects hf:DIR, got {args.model!r} (use --checkpoint for our checkpoints)")
-            path = Path(args.model[3:])
-            hist, train_len, tokens = None, None, None
-            load = lambda: load_hf(path, settings, device, args.attention_backend)  # noqa: E731
-        out = args.out or Path("runs/probe") / f"{path.name}{suffix}"
-        rows = [probe_one(load, path.name, train_len, out, job, builders, hist, tokens)]
+            source = hf_source(Path(args.model[3:]), settings)
+        out = args.out
+        if out is None:
+            builder = builders.for_source(source, settings)
+            out = Path("runs/probe") / f"{source.name}-{result_key(key_parts(source, builder, settings))}"
+        rows = probe_models([source], [out], job, builders)
     for row in rows:
         status = row["effective_length_status"]
         flag = "" if status == "ok" else f" ({status}{': undefined' if status == STATUS_NONE_PASSED else ': lower bound'})"
-        print(f"{row['checkpoint']}: effective length {row['effective_length']}{flag}, "
+        interval = f" [95% interval {row['effective_length_lo']}-{row['effective_length_hi']}]" \
+            if row["effective_length_lo"] != "" else ""
+        print(f"{row['checkpoint']}: effective length {row['effective_length']}{flag}{interval}, "
               f"f(effective length) = {row['f_effective_length'] or 'n/a'}")
     print(f"outputs in {out}/")
     return 0

@@ -60,6 +60,7 @@ class DemoSettings:
     table1_tests: int
     table1_schemes: tuple[str, ...]
     seed: int = 0
+    answer_budget: int = 20  # tokens for the answer inside each test length: the 4 numbers take 15 + EOS here
 
 
 FULL = DemoSettings(
@@ -116,6 +117,13 @@ class Pipeline:
             return {key: future.result() for key, future in futures.items()}
 
 
+def probe_options(settings: DemoSettings) -> list[str]:
+    """Probe flags shared by every demo probe: the answer budget, the training answers' needle order, and
+    --replace-stale (a rerun after a code change re-probes instead of stopping at the old results)."""
+    return ["--max-new-tokens", str(settings.answer_budget), "--answer-order", "nearest_first", "--replace-stale",
+            "--threads", "1"]
+
+
 def probe_lengths(settings: DemoSettings, train_len: int) -> list[int]:
     return list(range(settings.probe_start, train_len + 1, settings.probe_step))
 
@@ -144,7 +152,8 @@ def train_and_probe(p: Pipeline, settings: DemoSettings, corpus: Path, data: Pat
         out = run / ("probe" if scheme == "rope" else f"probe-{scheme}")
         p.run(f"probe L={train_len} ({scheme})", "analysis/probe.py", "--run", run, "--positions", scheme,
               "--haystack", corpus / "probe_haystack", "--lengths", ",".join(map(str, probe_lengths(settings, train_len))),
-              "--tests-per-length", str(settings.tests_per_length), "--out", out, "--seed", str(settings.seed))
+              "--tests-per-length", str(settings.tests_per_length), "--out", out, "--seed", str(settings.seed),
+              *probe_options(settings))
     return run
 
 
@@ -157,7 +166,7 @@ def table1(p: Pipeline, settings: DemoSettings, corpus: Path, run: Path, train_l
         p.run(f"table 1 L={train_len} ({scheme})", "analysis/probe.py", "--checkpoint", final, "--positions", scheme,
               "--haystack", corpus / "probe_haystack", "--lengths", str(train_len),
               "--tests-per-length", str(settings.table1_tests), "--out", out, "--seed", str(settings.seed + 1),
-              "--no-figures")
+              "--no-figures", *probe_options(settings))
         summary = read_csv(out / "summary.csv")[0]
         rows.append({"scheme": scheme, "pass_rate": float(summary["pass_rate"]),
                      "needle_recall": float(summary["needle_recall"]), "tests": int(summary["n_tests"])})
@@ -199,7 +208,8 @@ def write_report(out: Path, settings: DemoSettings, quick: bool, pipeline: Pipel
     for train_len, run in runs.items():
         for probe_dir in sorted(run.glob("probe*")):
             rows = read_csv(find_run_results(probe_dir) / "effective_length.csv")
-            cols = ["tokens_seen", "positions", "effective_length", "effective_length_status", "f_effective_length"]
+            cols = ["tokens_seen", "tokens_this_run", "positions", "effective_length", "effective_length_lo",
+                    "effective_length_hi", "effective_length_status", "f_effective_length", "tf_effective_length"]
             cols += [c for c in rows[0] if c.startswith("pass_rate_")]
             lines += [f"### L = {train_len}, {probe_dir.name}", "", markdown(rows, cols), ""]
     lines += ["## Table 1 analogue: pass rate at the training length, last checkpoint", ""]

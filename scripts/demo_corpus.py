@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.niah import ANSWER_PREFIX, INSTRUCTION, NEEDLE, QUESTION, clean_haystack, split_sentences
+from analysis.niah import ANSWER_PREFIX, INSTRUCTION, NEEDLE, QUESTION, answer_text, clean_haystack, split_sentences
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"  # UNK is never produced: every byte has a piece
 CONTINUATION = "\u2042"  # "⁂" marks a piece that continues a word; no byte-level symbol is this character
@@ -159,10 +159,6 @@ def _numbers(rng: np.random.Generator, exclude: frozenset[str] = frozenset()) ->
             return numbers
 
 
-def _answer(numbers: list[str]) -> str:
-    return ", ".join(numbers[:-1]) + " and " + numbers[-1] + "."
-
-
 def niah_document(
     rng: np.random.Generator, sentences: list[str], n_sentences: int, reverse: bool = True,
     exclude: frozenset[str] = frozenset(),
@@ -180,13 +176,13 @@ def niah_document(
         parts += [NEEDLE.format(numbers[j]) for j in range(NEEDLES_PER_DOC) if where[j] == k]
         if k < n_sentences:
             parts.append(body[k])
-    answer = _answer(numbers[::-1] if reverse else numbers)
-    return f"{INSTRUCTION}\n\n{' '.join(parts)}\n\n{QUESTION}\n{ANSWER_PREFIX} {answer}\n"
+    answer = answer_text(numbers[::-1] if reverse else numbers)
+    return f"{INSTRUCTION}\n\n{' '.join(parts)}\n\n{QUESTION}\n{ANSWER_PREFIX}{answer}\n"
 
 
 def line_copy_document(rng: np.random.Generator, exclude: frozenset[str] = frozenset()) -> str:
     """A copy drill in the answer's format: "The numbers are A, B, C and D." twice."""
-    line = f"{ANSWER_PREFIX} {_answer(_numbers(rng, exclude))}\n"
+    line = f"{ANSWER_PREFIX}{answer_text(_numbers(rng, exclude))}\n"
     return line + line
 
 

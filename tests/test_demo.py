@@ -12,6 +12,7 @@ import pytest
 from analysis.effective_length import read_csv
 
 REPO = Path(__file__).resolve().parents[1]
+from demo import QUICK, probe_lengths  # noqa: E402  (scripts/, on the path through conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +33,12 @@ def test_quick_demo_outputs(quick_demo: Path) -> None:
             assert len(rows) >= 3
             assert {row["positions"] for row in rows} == {probe.replace("probe-", "") if "-" in probe else "rope"}
             assert all(int(row["train_len"]) == train_len for row in rows)
+            for row in rows:  # an interval around each effective length, and one token basis: warm-up included
+                assert row["effective_length_lo"] <= row["effective_length"] <= row["effective_length_hi"]
+                assert row["tokens_seen"] == row["tokens_this_run"] + QUICK.warmup_tokens
+            distance = read_csv(run / probe / "distance_by_checkpoint.csv")
+            assert len(distance) == len(rows) * len(probe_lengths(QUICK, train_len))
+            assert all(isinstance(d["f_distance_lo"], int) and d["distance_lo"] < d["distance_hi"] for d in distance)
         assert (run / "table1" / "string" / "summary.csv").is_file()
     report = (quick_demo / "REPORT.md").read_text()
     assert "## Commands" in report and "train/pretrain.py" in report and "analysis/probe.py" in report

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from analysis.niah import NiahBuilder, clean_haystack, extract_numbers, probe_needles, split_sentences
+from analysis.niah import NiahBuilder, PromptFormat, clean_haystack, extract_numbers, probe_needles, split_sentences
 from train.tokenizer import get_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("demo_corpus", REPO / "scripts" / "demo_corpus.py")
-demo_corpus = importlib.util.module_from_spec(_spec)
-sys.modules["demo_corpus"] = demo_corpus  # dataclasses look their module up while the file executes
-_spec.loader.exec_module(demo_corpus)
+import demo_corpus  # scripts/, on the path through conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +33,18 @@ def test_the_build_is_reproducible(tmp_path):
 
 
 def test_probe_prompts_build_and_answers_parse(tokenizer, tmp_path):
-    builder = NiahBuilder(tokenizer, demo_corpus.probe_haystack_dir(tmp_path / "hay"))
+    from analysis.probe import reference_answer
+    from demo import FULL
+
+    budget = FULL.answer_budget
+    builder = NiahBuilder(tokenizer, demo_corpus.probe_haystack_dir(tmp_path / "hay"), PromptFormat(budget, bos=False))
+    assert builder.min_length() <= FULL.probe_start
     for test in builder.make_tests(256, 3, seed=0):
-        assert len(test.input_ids) == 256
-        answer = tokenizer.decode(tokenizer.encode(" " + ", ".join(test.needles) + "."))
-        assert extract_numbers(answer) == list(test.needles)
+        assert len(test.input_ids) == 256 - budget and tokenizer.bos_id not in test.input_ids
+        ids, spans = reference_answer(tokenizer, test, "nearest_first")
+        assert len(ids) < budget  # the answer and its EOS fit in the demo's answer budget
+        assert extract_numbers(tokenizer.decode(ids)) == list(test.needles[::-1])
+        assert all(b - a == 2 for a, b in spans)  # positional three-digit ids: two tokens per needle
 
 
 def test_corpus_excludes_probe_needles_and_uses_the_training_half(tmp_path):

@@ -8,6 +8,8 @@ import pytest
 
 from analysis.effective_length import (
     RUN_COLUMNS,
+    Analysis,
+    bootstrap_interval,
     checkpoint_row,
     depth_grid,
     effective_length,
@@ -57,7 +59,7 @@ def test_frequency_at_matches_a_naive_loop():
 
 
 def record(length, depths, hits):
-    return {"length": length, "depths": depths, "hits": hits, "passed": sum(hits) >= 2}
+    return {"length": length, "depths": depths, "hits_anywhere": hits, "hits_first_line": hits}
 
 
 def test_failure_by_thirds_and_depth_grid_count_by_hand():
@@ -80,21 +82,24 @@ def test_failure_by_thirds_and_depth_grid_count_by_hand():
 
 def test_run_table_round_trip_and_figures(tmp_path):
     hist = np.bincount([256, 256, 100, 30], minlength=257)
-    summary = [{"length": 128, "pass_rate": 0.9}, {"length": 256, "pass_rate": 0.2}]
-    rows = [
-        checkpoint_row("tokens-2", 2000, 256, "rope", summary, hist, 0.5, 2, 10),
-        checkpoint_row("tokens-1", 1000, 256, "rope", [{"length": 128, "pass_rate": 0.1}], hist, 0.5, 2, 10),
-        checkpoint_row("tokens-3", 3000, 256, "rope", [{"length": 128, "pass_rate": 1.0},
-                                                       {"length": 256, "pass_rate": 1.0}], hist, 0.5, 2, 10),
-    ]
+    analysis = Analysis(bootstrap=0)
+
+    def row(name, tokens, rates):
+        summary = [{"length": 128 * (i + 1), "pass_rate": r} for i, r in enumerate(rates)]
+        passed = [[True] * round(10 * r) + [False] * (10 - round(10 * r)) for r in rates]
+        return checkpoint_row(name, 256, "rope", summary, passed, hist, analysis, 10, tokens, tokens - 500)
+
+    rows = [row("tokens-2", 2000, [0.9, 0.2]), row("tokens-1", 1000, [0.1]), row("tokens-3", 3000, [1.0, 1.0])]
     out = tmp_path / "probe"
     out.mkdir()
     write_effective_length_csv(out / "effective_length.csv", rows)
     table = read_csv(out / "effective_length.csv")
     assert list(table[0]) == list(RUN_COLUMNS) + ["pass_rate_128", "pass_rate_256"]
     assert [r["tokens_seen"] for r in table] == [1000, 2000, 3000]
+    assert [r["tokens_this_run"] for r in table] == [500, 1500, 2500]
     assert table[0]["f_effective_length"] is None and table[0]["pass_rate_256"] is None
     assert table[1]["f_effective_length"] == naive_f(hist, 128) and table[2]["f_effective_length"] == 0
+    assert table[1]["effective_length_lo"] is None  # no bootstrap asked for
     run = load_run(tmp_path)
     assert run.label.startswith(tmp_path.name) and len(run.rows) == 3
     from analysis.effective_length import draw_run_figures
@@ -102,4 +107,33 @@ def test_run_table_round_trip_and_figures(tmp_path):
     paths = draw_run_figures([run], tmp_path / "figures")
     assert {p.name for p in paths} >= {"fig2a_effective_length_vs_tokens.png", "fig2b_frequency_vs_effective_length.pdf"}
     with pytest.raises(ValueError):
-        checkpoint_row("bad", 1, 128, "rope", summary, hist, 0.5, 2, 10)
+        checkpoint_row("bad", 128, "rope", [{"length": 128, "pass_rate": 1.0}], [[True]], hist, analysis, 10)
+
+
+def naive_bootstrap(lengths, passed, threshold, n_boot, seed, level):
+    """The same percentile bootstrap, one replicate at a time with plain loops."""
+    rng = np.random.default_rng(seed)
+    draws = [rng.integers(0, len(p), size=(n_boot, len(p))) for p in passed]
+    values = []
+    for b in range(n_boot):
+        rates = [np.mean([p[i] for i in draws[k][b]]) for k, p in enumerate(passed)]
+        values.append(effective_length(lengths, rates, threshold).value)
+    values.sort()
+    tail = (1 - level) / 2
+    return values[int(np.ceil(tail * n_boot)) - 1], values[int(np.ceil((1 - tail) * n_boot)) - 1]
+
+
+def test_bootstrap_interval_is_deterministic_and_matches_a_naive_loop():
+    rng = np.random.default_rng(0)
+    lengths = [128, 256, 384, 512]
+    passed = [list(rng.random(40) < p) for p in (0.95, 0.7, 0.5, 0.2)]
+    analysis = Analysis(bootstrap=400, bootstrap_seed=7)
+    interval = bootstrap_interval(lengths, passed, analysis)
+    assert interval == bootstrap_interval(lengths, passed, analysis)
+    assert interval == naive_bootstrap(lengths, passed, 0.5, 400, 7, 0.95)
+    lo, hi = interval
+    assert lo in [0, *lengths] and hi in lengths and lo <= effective_length(lengths, [np.mean(p) for p in passed]).value <= hi
+    assert lo < hi  # a noisy curve near the threshold gives a real interval
+    certain = [[True] * 40, [True] * 40, [False] * 40, [False] * 40]
+    assert bootstrap_interval(lengths, certain, analysis) == (256, 256)
+    assert bootstrap_interval(lengths, passed, Analysis(bootstrap=0)) is None

@@ -96,7 +96,7 @@ def test_generate_batched_equals_unbatched_and_stops():
     batched = model.generate(prompts, 6)
     single = [model.generate(prompts[i : i + 1], 6)[0] for i in range(4)]
     assert batched == single
-    stopped = model.generate(prompts, 6, stop=lambda toks: len(toks) == 2)
+    stopped = model.generate(prompts, 6, stop=lambda row, toks: len(toks) == 2)
     assert all(len(row) == 2 for row in stopped)
 
 

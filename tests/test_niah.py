@@ -16,7 +16,8 @@ from analysis.niah import (
     Haystack,
     NiahBuilder,
     NiahTest,
-    answer_complete,
+    PromptFormat,
+    all_needles_in,
     clean_haystack,
     cut_answer,
     extract_numbers,
@@ -29,20 +30,22 @@ from train.tokenizer import get_tokenizer
 
 HEAD = INSTRUCTION + "\n\n"
 TAIL = "\n\n" + QUESTION + "\n" + ANSWER_PREFIX
+FORMAT = PromptFormat(answer_budget=16)  # a short budget keeps the short lengths of these tests possible
 
 
 @pytest.fixture(scope="module")
 def builders() -> dict[str, NiahBuilder]:
     """One builder per tokenizer on the embedded PG essays (tokenized once for the module)."""
     haystack = load_haystack("pg")
-    return {name: NiahBuilder(get_tokenizer(name), haystack) for name in ("llama3", "bytes")}
+    return {name: NiahBuilder(get_tokenizer(name), haystack, FORMAT) for name in ("llama3", "bytes")}
 
 
 def check_test(test: NiahTest, builder: NiahBuilder) -> None:
     """Check a test against an independent reading of its text: length, needles, quarters, boundaries."""
     tok = builder.tokenizer
     ids = test.input_ids
-    assert len(ids) == test.length and ids[0] == tok.bos_id and tok.bos_id not in ids[1:].tolist()
+    assert len(ids) == test.prompt_length == test.length - test.answer_budget
+    assert ids[0] == tok.bos_id and tok.bos_id not in ids[1:].tolist()
     assert tok.decode(ids[1:].tolist()) == test.prompt
     assert test.prompt.startswith(HEAD) and test.prompt.endswith(TAIL)
     assert tok.decode(ids[test.question_position :].tolist()) == TAIL
@@ -59,7 +62,7 @@ def check_test(test: NiahTest, builder: NiahBuilder) -> None:
         width = len(tok.encode(text))
         assert tok.decode(ids[pos : pos + width].tolist()) == text
         assert tok.decode(ids[1:pos].tolist()) == test.prompt[: test.prompt.index(text)]
-        assert depth == pos / test.length
+        assert depth == pos / test.prompt_length
 
     # Haystack: whole sentences from the start (cycled), the last one possibly cut.
     sentences = builder.haystack.sentences
@@ -102,7 +105,7 @@ def test_llama3_segments_equal_canonical_tokenization(builders):
 
 
 def test_noise_haystack_cycles_to_exact_length():
-    builder = NiahBuilder(get_tokenizer("llama3"), "noise")
+    builder = NiahBuilder(get_tokenizer("llama3"), "noise", FORMAT)
     assert len(builder.haystack.sentences) == 5
     for test in builder.make_tests(1000, n_tests=3, seed=0):
         check_test(test, builder)
@@ -112,7 +115,7 @@ def test_cut_sentence_never_splits_a_character(tmp_path: Path):
     words = ["Ünïcödé", "wörds", "—", "“quoted”", "☃", "snow", "plain", "text"]
     text = " ".join(" ".join(words[(i * j) % 8] for j in range(i % 9 + 2)) + "." for i in range(40))
     (tmp_path / "a.txt").write_text(text, encoding="utf-8")
-    builder = NiahBuilder(get_tokenizer("bytes"), tmp_path)
+    builder = NiahBuilder(get_tokenizer("bytes"), tmp_path, FORMAT)
     padded = 0
     for length in range(400, 480):
         test = builder.build(length, seed=0, index=0)
@@ -123,7 +126,7 @@ def test_cut_sentence_never_splits_a_character(tmp_path: Path):
 
 
 def test_same_seed_same_tests_different_seed_different(builders):
-    first = make_tests(get_tokenizer("llama3"), 300, 4, seed=7)
+    first = make_tests(get_tokenizer("llama3"), 300, 4, seed=7, prompt_format=FORMAT)
     again = builders["llama3"].make_tests(300, 4, seed=7)
     other = builders["llama3"].make_tests(300, 4, seed=8)
     assert [t.prompt_sha256 for t in first] == [t.prompt_sha256 for t in again]
@@ -145,7 +148,7 @@ def test_digits_removed_from_haystack(tmp_path: Path):
     file.write_text(" ".join(f"Item {100000 + i} costs {i} dollars." for i in range(500)))
     haystack = load_haystack(file)
     assert not re.search(r"\d", haystack.text) and haystack.name == str(file)
-    builder = NiahBuilder(get_tokenizer("llama3"), haystack)
+    builder = NiahBuilder(get_tokenizer("llama3"), haystack, FORMAT)
     for test in builder.make_tests(400, 5, seed=1):
         check_test(test, builder)
 
@@ -186,6 +189,23 @@ def test_scoring_counts_and_threshold(test0):
     assert not score_answer(test0, "").passed
     with pytest.raises(ValueError):
         score_answer(test0, "", min_retrieved=5)
+    with pytest.raises(ValueError):
+        score_answer(test0, "", rule="somewhere")
+
+
+@pytest.mark.parametrize("form, expected", [
+    ("1. {a}\n2. {b}\n3. {c}\n4. {d}", 4),                       # a numbered list (instruct models)
+    ("{a}, {b}, {c}, {d}", 4),                                     # comma-separated
+    (": the first is {c}. Later the text says {a}, then {d}.", 3),  # prose
+    (" 111111, {a}, 222222 and {b} and 999999.", 2),               # extra numbers count nothing
+    (" {a}, {a}, {a} and {a}.", 1),                                # one needle repeated scores 1
+    ("\n\n- {b}\n- {d}", 2),                                      # a list after blank lines
+])
+def test_answers_in_any_form_score_the_needles_they_contain(test0, form, expected):
+    a, b, c, d = test0.needles
+    result = score_answer(test0, form.format(a=a, b=b, c=c, d=d))
+    assert result.retrieved == expected and result.passed == (expected >= 2)
+    assert sum(result.hits_anywhere) == expected
 
 
 def test_echoed_prompt_is_not_scored(test0):
@@ -196,14 +216,15 @@ def test_echoed_prompt_is_not_scored(test0):
         assert result.retrieved == 1 and not result.passed and result.answer == f" {a}."
 
 
-def test_answer_stops_at_first_newline_after_digits(test0):
+def test_first_line_rule_stops_at_first_newline_after_digits(test0):
     a, b, c, d = test0.needles
     assert cut_answer(f":\n\n{a}, {b}\n{c}") == f":\n\n{a}, {b}"
     assert cut_answer("no digits\nyet") == "no digits\nyet"
-    assert not answer_complete(f" {a}, {b}") and answer_complete(f" {a}\n")
-    result = score_answer(test0, f" {a}.\nWhat are the magic numbers? {b}, {c}")
-    assert result.retrieved == 1 and not result.passed
-    assert score_answer(test0, f"\n {a},\n{b}").retrieved == 1
+    result = score_answer(test0, f" {a}.\nWhat are the magic numbers? {b}, {c}", rule="first_line")
+    assert result.retrieved == 1 and not result.passed and result.hits_anywhere == (True, True, True, False)
+    assert score_answer(test0, f"\n {a},\n{b}", rule="first_line").retrieved == 1
+    assert score_answer(test0, f"\n {a},\n{b}").retrieved == 2
+    assert not all_needles_in(test0.needles, f" {a}, {b}, {c}") and all_needles_in(test0.needles, f"{d} {c} {b} {a}")
 
 
 def test_records_are_json_ready(test0):
@@ -216,7 +237,7 @@ def test_records_are_json_ready(test0):
 def test_probe_needles_are_exactly_the_tests_needles():
     from analysis.niah import probe_needles
 
-    builder = NiahBuilder(get_tokenizer("llama3"), "noise")
+    builder = NiahBuilder(get_tokenizer("llama3"), "noise", FORMAT)
     built = {n for length in (128, 256) for test in builder.make_tests(length, 5, seed=3) for n in test.needles}
     assert probe_needles([128, 256], 5, seed=3) == built
     assert len(built) == 2 * 5 * 4  # fresh numbers for every test

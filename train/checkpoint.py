@@ -292,6 +292,24 @@ def load_model(checkpoint_dir: str | Path, device: str | torch.device = "cpu",
     return model.eval(), tokenizer, meta
 
 
+def model_fingerprint(checkpoint_dir: str | Path) -> str:
+    """sha256 of the files that define a checkpoint's model: config, tokenizer spec and weight files.
+
+    For a trainer checkpoint the weight files include the optimizer state stored beside the model
+    (DCP shards mix them); two checkpoints share a fingerprint only when those bytes are equal.
+    """
+    from train.fingerprint import files_sha256
+
+    path = Path(checkpoint_dir)
+    weights = [path / CONSOLIDATED_WEIGHTS, path / "state.pt"]
+    files = [f for f in [path / "model_config.json", path / "tokenizer_spec.json", *weights] if f.is_file()]
+    if (path / "state").is_dir():
+        files += [f for f in (path / "state").rglob("*") if f.is_file()]
+    if not any(f.name in (CONSOLIDATED_WEIGHTS, "state.pt") or f.parent.name == "state" for f in files):
+        raise FileNotFoundError(f"{path}: no weights ({CONSOLIDATED_WEIGHTS}, state.pt or state/) to fingerprint")
+    return files_sha256(path, files)
+
+
 def load_trained_lengths(checkpoint_dir: str | Path) -> np.ndarray:
     """The trained-segment-length histogram (int64, length L + 1) saved with a checkpoint."""
     return np.load(Path(checkpoint_dir) / "trained_lengths.npy", allow_pickle=False)

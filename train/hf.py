@@ -182,6 +182,18 @@ def load_hf_model(
     return model.eval()
 
 
+def hf_model_fingerprint(directory: str | Path) -> str:
+    """sha256 of a Hugging Face model directory's config and weight files (*.safetensors, *.bin index)."""
+    from train.fingerprint import files_sha256
+
+    path = Path(directory)
+    files = [path / "config.json", *path.glob("*.safetensors"), *path.glob("*.safetensors.index.json")]
+    files = [f for f in files if f.is_file()]
+    if len(files) < 2:
+        raise FileNotFoundError(f"{path}: needs config.json and *.safetensors weights to fingerprint")
+    return files_sha256(path, files)
+
+
 def tokenizer_spec(directory: str | Path) -> str | None:
     """The `get_tokenizer` spec (hf:<dir>) of a HF model directory, or None without tokenizer.json."""
     return f"hf:{directory}" if (Path(directory) / "tokenizer.json").is_file() else None

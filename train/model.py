@@ -213,12 +213,13 @@ class Transformer(nn.Module):
         self,
         prompt_ids: Tensor,
         max_new_tokens: int,
-        stop: Callable[[list[int]], bool] | None = None,
+        stop: Callable[[int, list[int]], bool] | None = None,
     ) -> list[list[int]]:
         """Greedy decoding with a KV cache for a (B, T) batch of equal-length prompts.
 
-        `stop(tokens_so_far)` ends a row when it returns True (that token is kept); decoding
-        ends when every row has stopped. Returns each row's generated tokens.
+        `stop(row, tokens_so_far)` ends a row when it returns True (that token is kept); decoding
+        ends when every row has stopped. Returns each row's generated tokens, which sit at
+        positions T .. T + max_new_tokens - 1 (the last one is never fed back).
         """
         if prompt_ids.dim() != 2:
             raise ValueError(f"prompt_ids must be (batch, length), got shape {tuple(prompt_ids.shape)}")
@@ -238,8 +239,25 @@ class Transformer(nn.Module):
             for row, token in enumerate(next_ids.tolist()):
                 if not done[row]:
                     outputs[row].append(token)
-                    done[row] = stop is not None and stop(outputs[row])
+                    done[row] = stop is not None and stop(row, outputs[row])
             if all(done) or step == max_new_tokens - 1:
                 break
             last = self.hidden_states(next_ids, one, 1, caches, position_offset=caches[0].length)
         return outputs
+
+    @torch.no_grad()
+    def target_logprobs(self, input_ids: Tensor, first_target: int) -> tuple[Tensor, Tensor]:
+        """Teacher forcing: log p(input_ids[:, j] | input_ids[:, :j]) for j >= first_target, and whether it is the argmax.
+
+        Logits are computed for those positions only, never for the whole (B, T, vocab) batch.
+        """
+        if input_ids.dim() != 2 or not 1 <= first_target < input_ids.shape[1]:
+            raise ValueError(f"need (batch, length) ids and 1 <= first_target < length, got {tuple(input_ids.shape)}, "
+                             f"{first_target}")
+        batch, length = input_ids.shape
+        cu = uniform_cu_seqlens(batch, length, input_ids.device)
+        hidden = self.hidden_states(input_ids.reshape(-1), cu, length).view(batch, length, -1)
+        logits = self.lm_head(hidden[:, first_target - 1 : length - 1]).float()
+        targets = input_ids[:, first_target:]
+        logprobs = logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0]
+        return logprobs, logits.argmax(-1) == targets

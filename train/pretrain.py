@@ -243,6 +243,7 @@ class Trainer:
         self.signal: int | None = None
         self.last_latest_time = time.monotonic()
         self.trained_lengths = np.zeros(cfg.data.seq_len + 1, dtype=np.int64)  # this rank's counts since start/resume
+        self.tokens_before = 0  # tokens the initial weights (model.init_from) had already been trained on
         self.wall_time = 0.0
         torch.manual_seed(cfg.seed)
         with fabric.init_module(empty_init=False):
@@ -276,7 +277,8 @@ class Trainer:
         objects = {"model": self.model} if weights_only else {"model": self.model, "optimizer": self.optimizer}
         files = {"trained_lengths.npy": self._global_lengths(), "model_config.json": self.plan.model_config.to_dict(),
                  "tokenizer_spec.json": self.plan.tokenizer_spec, "config.json": self.cfg.to_dict()}
-        state = {"step": self.step, "tokens_seen": self.tokens_seen, "resumable": not weights_only,
+        state = {"step": self.step, "tokens_seen": self.tokens_seen, "tokens_before": self.tokens_before,
+                 "resumable": not weights_only,
                  "sharded": self.cfg.checkpoint.sharded, "world_size": self.fabric.world_size,
                  "sampler": self.sampler.state_dict(), "config": self.cfg.to_dict(),
                  "schedule": {"next_lr": lr_at(self.step, self.cfg, self.plan.total_steps),
@@ -291,6 +293,8 @@ class Trainer:
             raise ConfigError(f"model.init_from={path}: its model config {saved} differs from this run's "
                               f"{self.plan.model_config}")
         model.load_state_dict(ckpt.model_state_dict(path, saved))
+        source = ckpt.read_trainer_state(path) or {}
+        self.tokens_before = int(source.get("tokens_seen", 0)) + int(source.get("tokens_before", 0))
         lengths = ckpt.load_trained_lengths(path)
         if lengths[self.cfg.data.seq_len + 1:].any():
             raise ConfigError(f"model.init_from={path} trained segments longer than data.seq_len="
@@ -306,6 +310,7 @@ class Trainer:
         self.fabric.load(state_path, {"model": self.model, "optimizer": self.optimizer}, weights_only=True)
         self.sampler.load_state_dict(meta["sampler"])
         self.step = int(meta["step"])
+        self.tokens_before = int(meta.get("tokens_before", 0))
         self.wall_time = float(meta.get("wall_time_s", 0.0))
         if self.fabric.global_rank == 0:  # the saved histogram is global; other ranks count on from zero
             self.trained_lengths = ckpt.load_trained_lengths(path)

@@ -6,11 +6,16 @@
 - ``bytes``: UTF-8 bytes plus BOS/EOS; tiny and dependency-free, for fast tests.
 
 `encode` never adds BOS/EOS and never parses special-token strings in the text: corpus text
-that happens to contain "<|end_of_text|>" is ordinary text, as in training data.
+that happens to contain "<|end_of_text|>" is ordinary text, as in training data. Each tokenizer
+also says whether its own convention starts a text with BOS (`adds_bos`, what Hugging Face's
+post-processor or `add_bos_token` does), identifies its content (`fingerprint`, for result keys),
+and, when it has one, frames a chat turn with its chat template (`chat_frame`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Protocol, Sequence, runtime_checkable
 
@@ -25,6 +30,8 @@ class Tokenizer(Protocol):
     vocab_size: int
     bos_id: int
     eos_id: int
+    adds_bos: bool  # the tokenizer's own convention: a text starts with BOS
+    fingerprint: str  # identifies the tokenizer by content (its files), not by where it lives
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -45,6 +52,8 @@ class Llama3Tokenizer:
         self.vocab_size = int(self._enc.n_vocab)
         self.bos_id = int(self._enc.encode_single_token("<|begin_of_text|>"))
         self.eos_id = int(self._enc.encode_single_token("<|end_of_text|>"))
+        self.adds_bos = True  # Meta's tokenizer.json prepends <|begin_of_text|>
+        self.fingerprint = f"llama3:quicktok-{_package_version('quicktok-v1')}"
 
     def encode(self, text: str) -> list[int]:
         return [int(t) for t in self._enc.encode_ordinary(text)]
@@ -72,6 +81,8 @@ class ByteTokenizer:
     vocab_size = 258
     bos_id = 256
     eos_id = 257
+    adds_bos = False
+    fingerprint = "bytes"
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -102,16 +113,35 @@ class HFTokenizer:
         self._tok.encode_special_tokens = True  # special-token strings in text stay plain text
         self.name = f"hf:{path}"
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
+        config_file = path / "tokenizer_config.json" if path.is_dir() else None
+        self._config = _read_tokenizer_config(config_file) if config_file is not None and config_file.is_file() else {}
         self.bos_id, self.eos_id = self._special_ids(path)
+        self.adds_bos = self._adds_bos(file)
+        template = self._config.get("chat_template")
+        self.chat_template: str | None = template if isinstance(template, str) else None
+        digest = hashlib.sha256(file.read_bytes())
+        if config_file is not None and config_file.is_file():
+            digest.update(config_file.read_bytes())
+        self.fingerprint = f"hf-sha256:{digest.hexdigest()}"
+
+    def _adds_bos(self, file: Path) -> bool:
+        """True when tokenizer_config says add_bos_token, or tokenizer.json's post-processor starts with BOS."""
+        if "add_bos_token" in self._config:
+            return bool(self._config["add_bos_token"])
+        post = json.loads(file.read_text(encoding="utf-8")).get("post_processor") or {}
+        processors = post.get("processors", [post]) if post.get("type") == "Sequence" else [post]
+        for proc in processors:
+            if proc.get("type") == "TemplateProcessing":
+                first = (proc.get("single") or [{}])[0]
+                special = first.get("SpecialToken", {}).get("id")
+                return special is not None and self._tok.token_to_id(special) == self.bos_id
+        return False
 
     def _special_ids(self, path: Path) -> tuple[int, int]:
         """BOS/EOS from tokenizer_config.json when present, else the usual Llama names."""
-        import json
-
         names = {"bos": ["<|begin_of_text|>", "<s>"], "eos": ["<|end_of_text|>", "</s>", "<|endoftext|>"]}
-        config = path / "tokenizer_config.json" if path.is_dir() else None
-        if config is not None and config.is_file():
-            data = json.loads(config.read_text())
+        if self._config:
+            data = self._config
             for key in ("bos", "eos"):
                 value = data.get(f"{key}_token")
                 if isinstance(value, dict):
@@ -135,6 +165,67 @@ class HFTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def encode_with_special(self, text: str) -> list[int]:
+        """Like `encode`, but special-token strings in `text` (e.g. "<|im_start|>") become their ids."""
+        self._tok.encode_special_tokens = False
+        try:
+            return list(self._tok.encode(text, add_special_tokens=False).ids)
+        finally:
+            self._tok.encode_special_tokens = True
+
+    def chat_frame(self) -> tuple[list[int], list[int]]:
+        """Token ids before and after the user's message in one user turn with the generation prompt.
+
+        The chat template (a Jinja string from tokenizer_config.json, i.e. user data) is rendered in
+        Jinja's immutable sandbox, as Hugging Face does, so a hostile template cannot run code.
+        """
+        if self.chat_template is None:
+            raise ValueError(f"tokenizer {self.name}: its tokenizer_config.json has no chat_template")
+        marker = "\u0000posfreq-user-message\u0000"
+        text = render_chat_template(self.chat_template, [{"role": "user", "content": marker}],
+                                    bos_token=self._tok.id_to_token(self.bos_id),
+                                    eos_token=self._tok.id_to_token(self.eos_id))
+        if text.count(marker) != 1:
+            raise ValueError(f"tokenizer {self.name}: its chat template does not place the user message exactly once")
+        before, after = text.split(marker)
+        return self.encode_with_special(before), self.encode_with_special(after)
+
+
+def render_chat_template(template: str, messages: list[dict], **variables: str) -> str:
+    """Render a Hugging Face chat template (sandboxed Jinja, HF's whitespace options) with the generation prompt."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(template).render(messages=messages, add_generation_prompt=True, **variables)
+    except TemplateError as err:
+        raise ValueError(f"chat template could not be rendered: {err}") from err
+
+
+def _read_tokenizer_config(path: Path) -> dict:
+    """tokenizer_config.json as a dict, with a clear error naming the file when it is not JSON."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON ({err}); fix or remove the file") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _package_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "unknown"
 
 
 _REGISTRY = {"llama3": Llama3Tokenizer, "bytes": ByteTokenizer}

@@ -1,0 +1,220 @@
+"""The probe's result store: one directory per (model content, probe settings), and what derives from it.
+
+Layout of a model's result directory (written by analysis/probe.py):
+
+    key.json                the result key and its parts (model fingerprint, prompts, settings, code)
+    probe.json              provenance: settings, model, tokens seen, training length, lengths, analysis
+    trained_lengths.npy     the checkpoint's trained-length histogram (a copy: results outlive checkpoints)
+    tests/L000128.jsonl     one record per test: metadata, generated text, both scores, teacher-forced score
+    tests/L000128.json      the length's completion marker (key, seconds, batch size, device)
+
+and, derived from those under an `Analysis` (re-derivable at any time, nothing decoded again):
+summary.csv, distance.csv, effective_length.csv, failure_by_thirds.csv/.md, figures/.
+
+A directory belongs to one key. Results under another key (other weights, prompts, settings or
+code) are never reused: the probe refuses to write there unless asked to replace them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from analysis.effective_length import (
+    Analysis,
+    checkpoint_row,
+    depth_grid,
+    distance_rows,
+    failure_by_thirds,
+    markdown_table,
+    read_csv,
+    summarize_length,
+    write_csv,
+    write_effective_length_csv,
+)
+
+KEY_FILE = "key.json"
+META_FILE = "probe.json"
+HIST_FILE = "trained_lengths.npy"
+OWNED = (KEY_FILE, META_FILE, HIST_FILE, "tests", "summary.csv", "distance.csv", "effective_length.csv",
+         "failure_by_thirds.csv", "failure_by_thirds.md", "figures")
+
+
+class StaleResults(RuntimeError):
+    """A result directory holds results made by other weights, prompts, settings or code."""
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temporary sibling, then rename it over `path`."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def write_json(path: Path, data: dict) -> None:
+    write_atomic(path, json.dumps(data, indent=1, default=str) + "\n")
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from a result file, with an error naming the file when it is damaged."""
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise StaleResults(f"{path}: damaged ({err}); delete it (or pass --replace-stale) to redo it") from None
+    if not isinstance(data, dict):
+        raise StaleResults(f"{path}: expected a JSON object; delete it (or pass --replace-stale) to redo it")
+    return data
+
+
+def claim(out: Path, key: str, parts: dict, replace_stale: bool = False) -> None:
+    """Make `out` the home of results under `key`, refusing (or clearing) results made under another key."""
+    out.mkdir(parents=True, exist_ok=True)
+    key_file = out / KEY_FILE
+    if key_file.is_file():
+        try:
+            theirs = read_json(key_file)
+        except StaleResults:
+            theirs = {"key": None, "parts": {}}
+        if theirs.get("key") == key:
+            return
+        differs = sorted(k for k in parts if theirs.get("parts", {}).get(k) != parts[k]) or ["unknown"]
+        reason = f"{out} holds probe results with another key (they differ in: {', '.join(differs)})"
+    elif (out / "tests").exists():
+        reason = f"{out} holds probe results without a key (written by an older posfreq)"
+    else:
+        write_json(key_file, {"key": key, "parts": parts})
+        return
+    if not replace_stale:
+        raise StaleResults(f"{reason}. They are never reused. Fix: pass another --out, or --replace-stale to "
+                           "delete them and probe again.")
+    for name in OWNED:
+        target = out / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+    write_json(key_file, {"key": key, "parts": parts})
+
+
+def length_files(out: Path, length: int) -> tuple[Path, Path]:
+    """(records, completion marker) of one length."""
+    return out / "tests" / f"L{length:06d}.jsonl", out / "tests" / f"L{length:06d}.json"
+
+
+def done_lengths(out: Path, key: str) -> dict[int, dict]:
+    """Lengths already probed in `out` under `key`: length -> completion marker."""
+    done = {}
+    for marker in sorted((out / "tests").glob("L*.json")):
+        try:
+            meta = json.loads(marker.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue  # a damaged marker: the length is redone
+        if isinstance(meta, dict) and meta.get("key") == key and marker.with_suffix(".jsonl").is_file():
+            done[int(meta["length"])] = meta
+    return done
+
+
+def write_length(out: Path, length: int, records: Sequence[dict], marker: dict) -> None:
+    """One length's records, then its completion marker (so a marker always means a whole file)."""
+    jsonl, marker_path = length_files(out, length)
+    jsonl.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(jsonl, "".join(json.dumps(r) + "\n" for r in records))
+    write_json(marker_path, {"length": length, "n_tests": len(records), **marker})
+
+
+def read_records(out: Path, lengths: Sequence[int]) -> list[dict]:
+    """The per-test records of the given lengths."""
+    records = []
+    for length in lengths:
+        path = length_files(out, length)[0]
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise StaleResults(f"{path}, line {number}: damaged record ({err}); delete the file and its "
+                                       ".json marker to probe that length again") from None
+    return records
+
+
+def derive_model(out: Path, analysis: Analysis = Analysis(), figures: bool = True) -> dict:
+    """summary.csv, distance.csv, effective_length.csv, failure_by_thirds and figures of one result directory.
+
+    Reads only the directory's own files (records, probe.json, trained_lengths.npy); returns the
+    effective_length.csv row.
+    """
+    meta = read_json(out / META_FILE)
+    key = read_json(out / KEY_FILE)["key"]
+    done = done_lengths(out, key)
+    lengths = [n for n in meta["lengths"] if n in done]
+    if not lengths:
+        raise StaleResults(f"{out}: no length is probed under its key yet; run analysis/probe.py first")
+    by_length = {n: read_records(out, [n]) for n in lengths}
+    summary = [summarize_length(by_length[n], done[n]["seconds"], analysis) for n in lengths]
+    write_csv(out / "summary.csv", summary)
+    hist = np.load(out / HIST_FILE, allow_pickle=False) if (out / HIST_FILE).is_file() else None
+    train_len = int(meta["train_len"])
+    records = [r for n in lengths for r in by_length[n]]
+    write_csv(out / "distance.csv", distance_rows(records, [0, *lengths], analysis, hist, train_len))
+    passed = [[analysis.passed(r) for r in by_length[n]] for n in lengths]
+    row = checkpoint_row(meta["model"], train_len, meta["settings"]["positions"], summary, passed, hist, analysis,
+                         meta["settings"]["tests_per_length"], meta.get("tokens_seen"), meta.get("tokens_this_run"))
+    write_effective_length_csv(out / "effective_length.csv", [row])
+    thirds = failure_by_thirds(records, analysis)
+    write_csv(out / "failure_by_thirds.csv", thirds)
+    write_atomic(out / "failure_by_thirds.md", markdown_table(thirds))
+    if figures:
+        from analysis import plots
+
+        grid_lengths, edges, recall = depth_grid(records, analysis=analysis)
+        plots.plot_niah_heatmap(grid_lengths, edges, recall, out / "figures" / "niah_heatmap", title=meta["model"])
+        plots.plot_failure_by_thirds(thirds, out / "figures" / "failure_by_thirds", title=meta["model"])
+    write_json(out / META_FILE, {**meta, "analysis": asdict(analysis), "complete": set(lengths) == set(meta["lengths"]),
+                                 "effective_length": {k: row[k] for k in ("effective_length", "effective_length_status",
+                                                                          "effective_length_lo", "effective_length_hi")}})
+    return row
+
+
+def derive_run(out: Path, analysis: Analysis = Analysis(), figures: bool = True) -> list[dict]:
+    """The run tables of a run's result directory from its complete checkpoint directories.
+
+    effective_length.csv (a row per checkpoint), distance_by_checkpoint.csv, position_frequency.csv
+    (Eq. 2 on the last checkpoint's histogram) and Fig. 2a/2b; the checkpoints are those listed in
+    the run's probe.json.
+    """
+    from analysis.effective_length import draw_run_figures, load_run
+    from analysis.position_freq import position_frequency
+
+    meta = read_json(out / META_FILE)
+    rows, distances, missing = [], [], []
+    for name in meta["checkpoints"]:
+        sub = out / name
+        sub_meta = read_json(sub / META_FILE) if (sub / META_FILE).is_file() else {}
+        if not sub_meta.get("complete"):
+            missing.append(name)
+            continue
+        row = derive_model(sub, analysis, figures=False)
+        rows.append(row)
+        for d in read_csv(sub / "distance.csv"):
+            distances.append({"checkpoint": name, "tokens_seen": row["tokens_seen"], **d})
+    if not rows:
+        raise StaleResults(f"{out}: no checkpoint of the run is fully probed with these settings; nothing to merge")
+    write_effective_length_csv(out / "effective_length.csv", rows)
+    write_csv(out / "distance_by_checkpoint.csv", distances)
+    last = max(rows, key=lambda r: (r["tokens_seen"] == "", r["tokens_seen"] or 0))["checkpoint"]
+    hist_path = out / last / HIST_FILE
+    if hist_path.is_file():
+        hist = np.load(hist_path, allow_pickle=False)
+        f = position_frequency(hist, len(hist) - 1)
+        write_csv(out / "position_frequency.csv", [{"i": i, "f": int(v)} for i, v in enumerate(f)])
+    write_json(out / META_FILE, {**meta, "analysis": asdict(analysis), "missing": missing,
+                                 "position_frequency_from": last})
+    if figures:
+        draw_run_figures([load_run(out)], out / "figures")
+    return rows
+
