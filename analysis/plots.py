@@ -11,6 +11,11 @@ NIAH probe and effective length (analysis/probe.py, analysis/effective_length.py
 - `plot_failure_by_thirds`: missed needles per third of the document (Table 4 as bars).
 - `plot_fig2a_effective_length_vs_tokens`: effective length vs training tokens, several runs.
 - `plot_fig2b_frequency_vs_effective_length`: f(effective length) vs effective length, several runs.
+
+Across seeds (analysis/compare.py; rows of checkpoints.csv):
+- `plot_fig2a_seed_bands`: effective length vs tokens per training length, median and seed band.
+- `plot_fig2b_seeds`: f(effective length) vs effective length, every seed's checkpoints.
+- `plot_pass_rate_curves`: pass rate vs test length of every milestone, one panel per training length.
 """
 
 from __future__ import annotations
@@ -223,4 +228,83 @@ def plot_fig2b_frequency_vs_effective_length(
     ax.set_title("Position frequency at the effective length")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend()
+    return save_figure(fig, stem)
+
+
+def _by_length(rows: Sequence[Mapping]) -> dict[int, list[Mapping]]:
+    out: dict[int, list[Mapping]] = {}
+    for r in rows:
+        out.setdefault(int(r["train_len"]), []).append(r)
+    return dict(sorted(out.items()))
+
+
+def plot_fig2a_seed_bands(rows: Sequence[Mapping], stem: str | Path) -> list[Path]:
+    """Fig. 2a across seeds: per training length, each seed's curve (thin), the median and the min-max band."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for k, (train_len, mine) in enumerate(_by_length(rows).items()):
+        color = f"C{k}"
+        seeds = sorted({r["seed"] for r in mine}, key=str)
+        tokens = sorted({r["tokens_seen"] for r in mine})
+        table = np.full((len(seeds), len(tokens)), np.nan)
+        for r in mine:
+            table[seeds.index(r["seed"]), tokens.index(r["tokens_seen"])] = float(r["effective_length"])
+        for row in table:
+            ax.plot(tokens, row, color=color, alpha=0.3, linewidth=0.8)
+        ax.fill_between(tokens, np.nanmin(table, 0), np.nanmax(table, 0), color=color, alpha=0.15)
+        ax.plot(tokens, np.nanmedian(table, 0), color=color, marker="o",
+                label=f"L = {train_len} (median of {len(seeds)} seeds; band: min-max)")
+    ax.set_xlabel("training tokens seen (warm-up included)")
+    ax.set_ylabel("effective context length (tokens)")
+    ax.set_title("Effective length vs training tokens, across seeds")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return save_figure(fig, stem)
+
+
+def plot_fig2b_seeds(rows: Sequence[Mapping], stem: str | Path) -> list[Path]:
+    """Fig. 2b across seeds: f(effective length) (log) vs effective length, with bootstrap intervals in x."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for k, (train_len, mine) in enumerate(_by_length(rows).items()):
+        pts = [r for r in mine if r["effective_length_status"] == "ok" and r["f_effective_length"] not in (None, "")
+               and float(r["f_effective_length"]) > 0]
+        color = f"C{k}"
+        if not pts:
+            ax.plot([], [], marker="o", color=color, label=f"L = {train_len} (no defined point)")
+            continue
+        xs = np.array([float(r["effective_length"]) for r in pts])
+        ys = np.array([float(r["f_effective_length"]) for r in pts])
+        ax.scatter(xs, ys, color=color, label=f"L = {train_len} ({len(pts)} checkpoints, all seeds)", zorder=3)
+        _interval_bars(ax, ys, xs, [r["effective_length_lo"] for r in pts], [r["effective_length_hi"] for r in pts],
+                       color, horizontal=True)
+    ax.set_yscale("log")
+    ax.set_xlabel("effective context length (tokens; bars: 95% bootstrap interval)")
+    ax.set_ylabel("position frequency f(effective length)")
+    ax.set_title("Position frequency at the effective length, across seeds")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend()
+    return save_figure(fig, stem)
+
+
+def plot_pass_rate_curves(rows: Sequence[Mapping], stem: str | Path, threshold: float = 0.5) -> list[Path]:
+    """Pass rate vs test length of every milestone (mean over seeds), one panel per training length."""
+    groups = _by_length(rows)
+    fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.2), squeeze=False)
+    for ax, (train_len, mine) in zip(axes[0], groups.items()):
+        tokens = sorted({r["tokens_seen"] for r in mine})
+        cmap = plt.get_cmap("viridis")
+        for i, t in enumerate(tokens):
+            at = [r for r in mine if r["tokens_seen"] == t]
+            cols = sorted({k for r in at for k in r if k.startswith("pass_rate_") and r[k] not in (None, "")},
+                          key=lambda k: int(k.split("_")[-1]))
+            lengths = [int(c.split("_")[-1]) for c in cols]
+            rates = [np.mean([float(r[c]) for r in at if r.get(c) not in (None, "")]) for c in cols]
+            ax.plot(lengths, rates, marker=".", color=cmap(i / max(len(tokens) - 1, 1)), label=f"{t / 1e6:.2f}M tokens")
+        ax.axhline(threshold, color="grey", linestyle="--", linewidth=0.8)
+        ax.set_title(f"L = {train_len}: pass rate by test length (mean over seeds)")
+        ax.set_xlabel("test length (tokens)")
+        ax.set_ylabel("pass rate")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
     return save_figure(fig, stem)

@@ -1,0 +1,215 @@
+"""Effective length across training lengths and seeds, and a computed verdict on the paper's claims.
+
+    python analysis/compare.py RUN_OR_PROBE_DIR [...] --out DIR [--bootstrap 2000] [--seed 0]
+
+Each argument is a probed run (see analysis/probe.py --run); its training length and seed are
+read from its checkpoints' config.json. Writes
+
+    DIR/checkpoints.csv     every probed checkpoint: train_len, seed, tokens, effective length and
+                            its bootstrap interval, status, f(effective length)
+    DIR/conclusion.json     the tests below with their numbers
+    DIR/figures/            Fig. 2a and 2b with seed bands; pass rate vs length of every milestone
+
+The claims, tested on checkpoints whose effective length is defined (status ok):
+
+- C1 (effective length falls short): for every run, the last checkpoint's upper interval end is
+  below its training length.
+- Fig. 2a: at the last checkpoint, the longer training length reaches a larger effective length;
+  the paired difference (same seed) with a percentile bootstrap interval over seeds.
+- C2 (curves coincide against f): points (effective length, log10 f) of both lengths are fitted
+  by one line; D = mean residual of the longer length minus that of the shorter, over the range
+  of effective lengths both reach. Seeds are resampled with replacement within each length
+  (bootstrap); the curves coincide when the interval of D holds 0. D is the shift in decades
+  of f at equal effective length between the two lengths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from analysis.effective_length import STATUS_OK, find_run_results, read_csv, write_csv
+
+COLUMNS = ("train_len", "seed", "checkpoint", "tokens_seen", "effective_length", "effective_length_lo",
+           "effective_length_hi", "effective_length_status", "f_effective_length", "tf_effective_length")
+
+
+def run_identity(probe_dir: Path) -> tuple[int, int | None]:
+    """(training length, training seed) of a probed run, from its first checkpoint's config.json."""
+    meta = json.loads((probe_dir / "probe.json").read_text())
+    rows = read_csv(probe_dir / "effective_length.csv")
+    config_file = Path(meta.get("run", "")) / "checkpoints" / str(rows[0]["checkpoint"]) / "config.json"
+    seed = json.loads(config_file.read_text()).get("seed") if config_file.is_file() else None
+    return int(rows[0]["train_len"]), seed
+
+
+def load_checkpoints(paths: Sequence[Path]) -> list[dict]:
+    """Every probed checkpoint of the given runs, with its run's training length and seed."""
+    rows = []
+    for path in paths:
+        directory = find_run_results(path)
+        train_len, seed = run_identity(directory)
+        for row in read_csv(directory / "effective_length.csv"):
+            rows.append({**{c: row.get(c) for c in COLUMNS}, "train_len": train_len, "seed": seed,
+                         **{k: v for k, v in row.items() if k.startswith("pass_rate_")}})
+    return rows
+
+
+def _percentile(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    tail = (1 - level) / 2
+    lo, hi = np.quantile(np.asarray(values, dtype=float), [tail, 1 - tail])
+    return float(lo), float(hi)
+
+
+def shortfall(rows: Sequence[Mapping]) -> dict:
+    """C1: each run's last checkpoint, its effective length interval against its training length."""
+    runs = {}
+    for r in rows:
+        key = (r["train_len"], r["seed"])
+        if key not in runs or r["tokens_seen"] > runs[key]["tokens_seen"]:
+            runs[key] = r
+    last = [{"train_len": L, "seed": s, "effective_length": r["effective_length"],
+             "effective_length_hi": r["effective_length_hi"], "status": r["effective_length_status"]}
+            for (L, s), r in sorted(runs.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))]
+    holds = all(x["status"] == STATUS_OK and x["effective_length_hi"] is not None and x["effective_length_hi"] < x["train_len"]
+                for x in last)
+    return {"claim": "the effective length of every run's last checkpoint falls short of its training length",
+            "holds": holds, "last_checkpoints": last}
+
+
+def longer_reaches_further(rows: Sequence[Mapping], n_boot: int, seed: int) -> dict:
+    """Fig. 2a: paired (same seed) difference of last-checkpoint effective lengths, longer minus shorter L."""
+    lengths = sorted({r["train_len"] for r in rows})
+    if len(lengths) != 2:
+        return {"claim": "needs exactly two training lengths", "holds": None}
+    last: dict[tuple, int] = {}
+    tokens: dict[tuple, int] = {}
+    for r in rows:
+        key = (r["train_len"], r["seed"])
+        if key not in tokens or r["tokens_seen"] > tokens[key]:
+            tokens[key], last[key] = r["tokens_seen"], int(r["effective_length"])
+    seeds = sorted({s for L, s in last if (lengths[0], s) in last and (lengths[1], s) in last}, key=str)
+    if not seeds:
+        return {"claim": "needs the same seeds at both lengths", "holds": None}
+    diffs = np.array([last[(lengths[1], s)] - last[(lengths[0], s)] for s in seeds], dtype=float)
+    rng = np.random.default_rng(seed)
+    boots = diffs[rng.integers(0, len(diffs), size=(n_boot, len(diffs)))].mean(axis=1)
+    lo, hi = _percentile(boots)
+    return {"claim": f"at the last checkpoint (equal tokens), L = {lengths[1]} reaches a larger effective length "
+                     f"than L = {lengths[0]} (paired by seed)",
+            "seeds": seeds, "differences": diffs.tolist(), "mean_difference": float(diffs.mean()),
+            "interval_95": [lo, hi], "holds": bool(lo > 0), "test": "percentile bootstrap over seeds"}
+
+
+def _residual_shift(points: Sequence[tuple[int, float, float]], short: int, long: int) -> float | None:
+    """D for (train_len, effective length, log10 f) points: mean residual (long) - mean residual (short) in the overlap."""
+    by_len = {L: [(x, y) for LL, x, y in points if LL == L] for L in (short, long)}
+    if any(len(v) < 2 for v in by_len.values()):
+        return None
+    lo = max(min(x for x, _ in v) for v in by_len.values())
+    hi = min(max(x for x, _ in v) for v in by_len.values())
+    overlap = {L: [(x, y) for x, y in v if lo <= x <= hi] for L, v in by_len.items()}
+    if any(not v for v in overlap.values()):
+        return None
+    xs = np.array([x for v in by_len.values() for x, _ in v], dtype=float)
+    ys = np.array([y for v in by_len.values() for _, y in v], dtype=float)
+    slope, intercept = np.polyfit(xs, ys, 1) if np.ptp(xs) > 0 else (0.0, float(ys.mean()))
+    mean_res = {L: np.mean([y - (slope * x + intercept) for x, y in v]) for L, v in overlap.items()}
+    return float(mean_res[long] - mean_res[short])
+
+
+def curves_coincide(rows: Sequence[Mapping], n_boot: int, seed: int) -> dict:
+    """C2: do f(effective length) vs effective length curves of the two training lengths coincide?"""
+    lengths = sorted({r["train_len"] for r in rows})
+    if len(lengths) != 2:
+        return {"claim": "needs exactly two training lengths", "holds": None}
+    short, long = lengths
+    points = {}
+    for r in rows:
+        f = r["f_effective_length"]
+        if r["effective_length_status"] == STATUS_OK and f not in (None, "") and float(f) > 0:
+            points.setdefault((r["train_len"], r["seed"]), []).append(
+                (r["train_len"], int(r["effective_length"]), float(np.log10(float(f)))))
+    observed = _residual_shift([p for v in points.values() for p in v], short, long)
+    claim = (f"f(effective length) vs effective length of L = {short} and L = {long} coincide (the paper's C2): "
+             "the interval of D, the shift in log10 f at equal effective length, holds 0")
+    if observed is None:
+        return {"claim": claim, "holds": None, "n_points": {str(L): sum(len(v) for (LL, _), v in points.items() if LL == L)
+                                                           for L in lengths},
+                "reason": "fewer than 2 defined points per length, or their effective lengths do not overlap"}
+    seeds = {L: sorted({s for LL, s in points if LL == L}, key=str) for L in lengths}
+    rng = np.random.default_rng(seed)
+    boots = []
+    for _ in range(n_boot):
+        chosen = [p for L in lengths for i in rng.integers(0, len(seeds[L]), size=len(seeds[L]))
+                  for p in points[(L, seeds[L][i])]]
+        d = _residual_shift(chosen, short, long)
+        if d is not None:
+            boots.append(d)
+    lo, hi = _percentile(boots)
+    return {"claim": claim, "D_log10_f": observed, "interval_95": [lo, hi], "holds": bool(lo <= 0 <= hi),
+            "n_points": {str(L): sum(len(points[(L, s)]) for s in seeds[L]) for L in lengths},
+            "seeds": {str(L): seeds[L] for L in lengths}, "bootstrap_replicates_used": len(boots),
+            "test": "one line fitted to (effective length, log10 f) of both lengths; D = mean residual of the longer "
+                    "length minus the shorter over the effective lengths both reach; seeds resampled within each "
+                    "length (percentile bootstrap)"}
+
+
+def emergence(rows: Sequence[Mapping]) -> list[dict]:
+    """Per run: the first checkpoint with a non-zero effective length, as a share of the run's tokens."""
+    out = []
+    for (L, s) in sorted({(r["train_len"], r["seed"]) for r in rows}, key=lambda k: (k[0], str(k[1]))):
+        mine = sorted((r for r in rows if (r["train_len"], r["seed"]) == (L, s)), key=lambda r: r["tokens_seen"])
+        first = next((r for r in mine if int(r["effective_length"]) > 0), None)
+        share = None if first is None else first["tokens_seen"] / mine[-1]["tokens_seen"]
+        out.append({"train_len": L, "seed": s, "checkpoints": len(mine), "first_retrieval_tokens":
+                    None if first is None else first["tokens_seen"], "share_of_budget": share})
+    return out
+
+
+def compare(paths: Sequence[Path], out: Path, n_boot: int = 2000, seed: int = 0, figures: bool = True) -> dict:
+    """Load the runs, write checkpoints.csv, conclusion.json and the figures; return the conclusion."""
+    rows = load_checkpoints(paths)
+    out.mkdir(parents=True, exist_ok=True)
+    pass_cols = sorted({k for r in rows for k in r if k.startswith("pass_rate_")}, key=lambda k: int(k.split("_")[-1]))
+    write_csv(out / "checkpoints.csv", rows, list(COLUMNS) + pass_cols)
+    conclusion = {"runs": [str(p) for p in paths], "shortfall": shortfall(rows),
+                  "longer_reaches_further": longer_reaches_further(rows, n_boot, seed),
+                  "curves_coincide": curves_coincide(rows, n_boot, seed), "emergence": emergence(rows)}
+    (out / "conclusion.json").write_text(json.dumps(conclusion, indent=1) + "\n")
+    if figures:
+        from analysis import plots
+
+        plots.plot_fig2a_seed_bands(rows, out / "figures" / "fig2a_effective_length_vs_tokens")
+        plots.plot_fig2b_seeds(rows, out / "figures" / "fig2b_frequency_vs_effective_length")
+        plots.plot_pass_rate_curves(rows, out / "figures" / "pass_rate_vs_length")
+    return conclusion
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python analysis/compare.py", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("runs", nargs="+", type=Path, help="probed run directories or their probe directories")
+    p.add_argument("--out", type=Path, required=True, help="directory for checkpoints.csv, conclusion.json, figures/")
+    p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap replicates over seeds")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--no-figures", action="store_true", help="skip the figures")
+    args = p.parse_args(argv)
+    conclusion = compare(args.runs, args.out, args.bootstrap, args.seed, not args.no_figures)
+    for name in ("shortfall", "longer_reaches_further", "curves_coincide"):
+        c = conclusion[name]
+        print(f"{name}: holds={c['holds']}  {c.get('interval_95', '')}  ({c['claim']})")
+    print(f"outputs in {args.out}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The cross-seed verdicts of analysis/compare.py on constructed checkpoints whose answers are known by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from analysis import compare
+
+
+def rows_on_lines(shift_decades: float, seeds=(0, 1, 2), noise: float = 0.0) -> list[dict]:
+    """Checkpoints of L = 128 and 256 whose log10 f(eff) = 2 + eff / 64 (+ shift for L = 256)."""
+    rng = np.random.default_rng(1)
+    rows = []
+    for train_len, effs in ((128, (32, 48, 64, 80)), (256, (48, 64, 80, 112))):
+        for seed in seeds:
+            for k, eff in enumerate(effs):
+                log_f = 2 + eff / 64 + (shift_decades if train_len == 256 else 0) + noise * rng.standard_normal()
+                rows.append({"train_len": train_len, "seed": seed, "checkpoint": f"c{k}", "tokens_seen": 1000 * (k + 1),
+                             "effective_length": eff, "effective_length_lo": eff - 16, "effective_length_hi": eff + 16,
+                             "effective_length_status": "ok", "f_effective_length": 10 ** log_f,
+                             "pass_rate_32": 1.0, "pass_rate_64": 0.5})
+    return rows
+
+
+def test_curves_on_one_line_coincide_and_shifted_ones_do_not():
+    same = compare.curves_coincide(rows_on_lines(0.0), n_boot=300, seed=0)
+    assert same["holds"] is True and same["D_log10_f"] == pytest.approx(0.0, abs=1e-9)
+    # Parallel lines one decade apart over the same effective lengths: the pooled fit sits between them,
+    # the residuals average +-0.5 over the overlap (48..80), so D is exactly 1.
+    shifted = compare.curves_coincide(rows_on_lines(1.0), n_boot=300, seed=0)
+    assert shifted["holds"] is False and shifted["D_log10_f"] == pytest.approx(1.0, abs=0.05)
+    assert shifted["interval_95"][0] > 0.5
+    noisy = compare.curves_coincide(rows_on_lines(0.0, noise=0.3), n_boot=300, seed=0)
+    assert noisy["interval_95"][0] < noisy["D_log10_f"] < noisy["interval_95"][1]
+    assert noisy == compare.curves_coincide(rows_on_lines(0.0, noise=0.3), n_boot=300, seed=0)  # deterministic
+
+
+def test_curves_without_overlap_are_not_testable():
+    rows = [r for r in rows_on_lines(0.0) if (r["train_len"] == 128) == (r["effective_length"] < 48)
+            or r["train_len"] == 256 and r["effective_length"] > 80]
+    verdict = compare.curves_coincide(rows, n_boot=50, seed=0)
+    assert verdict["holds"] is None and "overlap" in verdict["reason"]
+
+
+def test_longer_training_length_and_shortfall_and_emergence():
+    rows = rows_on_lines(0.0)
+    further = compare.longer_reaches_further(rows, n_boot=200, seed=0)
+    assert further["differences"] == [112 - 80] * 3 and further["holds"] is True
+    short = compare.shortfall(rows)
+    assert short["holds"] is True and {x["effective_length"] for x in short["last_checkpoints"]} == {80, 112}
+    rows[3]["effective_length_hi"] = 128  # L = 128 seed 0, last checkpoint: its interval reaches L
+    assert compare.shortfall(rows)["holds"] is False
+    for r in rows:
+        if r["train_len"] == 128 and r["seed"] == 1 and r["tokens_seen"] < 3000:
+            r["effective_length"] = 0
+    found = {(e["train_len"], e["seed"]): e for e in compare.emergence(rows)}
+    assert found[(128, 1)]["share_of_budget"] == 0.75 and found[(256, 0)]["share_of_budget"] == 0.25
+
+
+def test_figures_are_drawn(tmp_path):
+    from analysis import plots
+
+    rows = rows_on_lines(0.3, noise=0.1)
+    for draw, stem in ((plots.plot_fig2a_seed_bands, "a"), (plots.plot_fig2b_seeds, "b"),
+                       (plots.plot_pass_rate_curves, "c")):
+        paths = draw(rows, tmp_path / stem)
+        assert all(p.is_file() and p.stat().st_size > 1000 for p in paths)
