@@ -259,6 +259,7 @@ class ModelSource:
     fingerprint: str
     tokenizer_spec: str
     train_len: int
+    vocab_size: int
     bos_in_training: bool
     length_hist: np.ndarray | None = None
     tokens_seen: int | None = None
@@ -293,7 +294,7 @@ def checkpoint_source(path: Path, settings: ProbeSettings) -> ModelSource:
     train_len = len(hist) - 1 if hist is not None else load_model_config(path).max_seq_len
     this_run, before = _tokens(path)
     return ModelSource(path.name, path, "checkpoint", model_fingerprint(path), settings.tokenizer or spec["spec"],
-                       train_len, bool(spec.get("bos_in_training", False)), hist,
+                       train_len, load_model_config(path).vocab_size, bool(spec.get("bos_in_training", False)), hist,
                        None if this_run is None else this_run + before, this_run)
 
 
@@ -306,7 +307,7 @@ def hf_source(directory: Path, settings: ProbeSettings) -> ModelSource:
         raise SystemExit(f"--model hf:{directory}: no tokenizer.json there; pass --tokenizer SPEC (e.g. llama3)")
     config = config_from_hf(json.loads((directory / "config.json").read_text()), str(directory / "config.json"))
     return ModelSource(directory.name, directory, "hf", hf_model_fingerprint(directory), spec, config.max_seq_len,
-                       get_tokenizer(spec).adds_bos)
+                       config.vocab_size, get_tokenizer(spec).adds_bos)
 
 
 def _tokens(path: Path) -> tuple[int | None, int]:
@@ -371,6 +372,9 @@ class Builders:
     def for_source(self, source: ModelSource, settings: ProbeSettings) -> NiahBuilder:
         """The builder of a model's prompts: its tokenizer, the BOS policy and chat template resolved."""
         tokenizer = self.tokenizer(source.tokenizer_spec)
+        if tokenizer.vocab_size > source.vocab_size:
+            raise SystemExit(f"{source.path}: tokenizer {tokenizer.name} has {tokenizer.vocab_size:,} ids but the model "
+                             f"only {source.vocab_size:,}; pass the model's own tokenizer with --tokenizer")
         chat: tuple[list[int], list[int]] = ([], [])
         if settings.chat_template:
             frame = getattr(tokenizer, "chat_frame", None)

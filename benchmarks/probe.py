@@ -1,98 +1,248 @@
-"""NIAH probe throughput: tests/s at batch 1 vs batch 8 on the same tests (answers asserted equal),
-and the share of decoding time spent in prefill vs token-by-token decode.
+"""NIAH probe decoding throughput on a SmolLM-135M-shaped model, side by side with its alternatives.
 
-By default a small random model (tiny-2l-128 with the Llama-3 vocabulary) is saved as a
-consolidated checkpoint and loaded through the probe's own loader; `--checkpoint DIR` uses a real
-one instead (e.g. a demo checkpoint). A random model never writes an answer line, so every row
-decodes the full `--max-new-tokens` (default 32, about the length of a real 4-number answer with
-the Llama-3 tokenizer); a trained model's rows stop at different steps, and a batch runs until its
-slowest row. Prefill time is measured as generate(max_new_tokens=1) on the same batches.
+For each test length (default 1,024 and 4,096 tokens: a prompt of length - max_new_tokens plus
+the answer budget), on the same seeded tests, it prints as ratios measured in the same run:
 
-    python benchmarks/probe.py [--checkpoint DIR] [--length 512] [--tests 16] [--device cpu]
+1. tests/s of the probe's greedy decoding (`analysis.probe.generate_answers`, KV cache) at batch 1
+   and at `--batch-size` (default 8); the generated token ids must be equal (asserted);
+2. the teacher-forced score (`analysis.probe.teacher_forced`, one forward pass per batch) vs greedy
+   decoding, as time per test at `--batch-size`;
+3. Hugging Face `transformers` (`LlamaForCausalLM.generate`, greedy, float32) on the same weights
+   (exported with `train.hf.export_hf`), the same prompts and the same max_new_tokens, at batch 1
+   and at `--batch-size`: the probe's tests/s over transformers'. The first 2 tests' greedy token ids
+   must equal the probe's (asserted); the agreement on all tests is printed.
+
+The model is SmolLM-135M's shape (30 layers, d_model 576, 9 heads, 3 KV heads, FFN 1,536,
+vocabulary 49,152, tied embeddings: 134.5M parameters) with random weights (seed 0), saved as a
+consolidated checkpoint and loaded with the probe's own loader (`checkpoint_source(...).load`).
+Prompts are Llama-3 tokenizations of the probe's NIAH tests, so a length in tokens holds as much
+text as with a real Llama-3-style BPE, with every id taken modulo 49,152 (a registered tokenizer,
+`llama3-mod49152`): about 3% of the pg haystack's tokens (rare words) have Llama-3 ids beyond the
+model's vocabulary and become other ids. Throughput depends on how many tokens a prompt holds, not
+on which; the `bytes` tokenizer would fit the vocabulary too, but its 35-token reference answer
+does not fit a 32-token budget (Llama-3's takes 16). A random model never writes EOS or the four
+needles, so every test decodes the full `--max-new-tokens` (default 32, about a real 4-number
+answer; each length's line prints the mean generated). CPU, float32, torch's default thread count.
+The default run takes 10-20 minutes on 2 cores (one 4K test is about 1.5 TFLOP, decoded about 40
+times over the comparisons); `--lengths 1024` alone takes a few minutes.
+
+    python benchmarks/probe.py [--lengths 1024,4096] [--tests 8] [--batch-size 8] [--max-new-tokens 32]
+    python benchmarks/probe.py --quick   # length 256, tiny-4l-256's shape (15.4M parameters): checks that it runs
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.niah import NiahBuilder  # noqa: E402
-from analysis.probe import ProbeSettings, generate_answers, load_checkpoint, resolve_precision  # noqa: E402
+from analysis.niah import NiahTest  # noqa: E402
+from analysis.probe import (  # noqa: E402
+    Builders,
+    ProbeSettings,
+    checkpoint_source,
+    cut_at_eos,
+    generate_answers,
+    parse_lengths,
+    teacher_forced,
+)
+from train.config import ModelConfig, model_preset  # noqa: E402
+from train.hf import export_hf  # noqa: E402
+from train.model import Transformer  # noqa: E402
+from train.tokenizer import Tokenizer, get_tokenizer, register_tokenizer  # noqa: E402
+
+SMOLLM_135M = ModelConfig(vocab_size=49_152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536,
+                          tie_embeddings=True)
+QUICK = model_preset("tiny-4l-256", vocab_size=49_152, tie_embeddings=True)
+ASSERTED = 2  # tests per length and batch size whose greedy ids must equal transformers'
+CPU = torch.device("cpu")
+T = TypeVar("T")
 
 
-def save_small_checkpoint(directory: Path) -> Path:
-    """A random tiny-2l-128 model with the Llama-3 vocabulary as a consolidated checkpoint directory."""
+class FoldedLlama3:
+    """Llama-3's tokenization with every id taken modulo `vocab_size` (ids < vocab_size decode as Llama-3's)."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self._base = get_tokenizer("llama3")
+        self.name = f"llama3-mod{vocab_size}"
+        self.vocab_size = vocab_size
+        self.bos_id = self._base.bos_id % vocab_size
+        self.eos_id = self._base.eos_id % vocab_size
+        self.adds_bos = False
+        self.fingerprint = f"{self._base.fingerprint}-mod{vocab_size}"
+
+    def encode(self, text: str) -> list[int]:
+        return [i % self.vocab_size for i in self._base.encode(text)]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return [ids % self.vocab_size for ids in self._base.encode_batch(texts)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._base.decode(ids)
+
+
+class Recording:
+    """A model behind the probe's Generator protocol that keeps every row `generate` returned (token ids)."""
+
+    def __init__(self, model: Transformer) -> None:
+        self.model = model
+        self.rows: list[list[int]] = []
+
+    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int,
+                 stop: Callable[[int, list[int]], bool] | None = None) -> list[list[int]]:
+        rows = self.model.generate(prompt_ids, max_new_tokens, stop=stop)
+        self.rows += rows
+        return rows
+
+    def target_logprobs(self, input_ids: torch.Tensor, first_target: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.target_logprobs(input_ids, first_target)
+
+
+def save_random_checkpoint(directory: Path, config: ModelConfig, tokenizer: str) -> Path:
+    """A seeded random model as a consolidated checkpoint directory (tied weights stored under both names)."""
     from safetensors.torch import save_file
 
-    from train.config import model_preset
-    from train.model import Transformer
-    from train.tokenizer import get_tokenizer
-
-    tokenizer = get_tokenizer("llama3")
     torch.manual_seed(0)
-    model = Transformer(model_preset("tiny-2l-128", vocab_size=tokenizer.vocab_size, max_seq_len=1024))
-    directory.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(directory / "model.safetensors"))
-    (directory / "model_config.json").write_text(json.dumps(model.config.to_dict()))
-    (directory / "tokenizer_spec.json").write_text(json.dumps(
-        {"spec": "llama3", "vocab_size": tokenizer.vocab_size, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id}))
-    np.save(directory / "trained_lengths.npy", np.bincount([1024], minlength=1025).astype(np.int64))
+    model = Transformer(config)
+    directory.mkdir(parents=True)
+    save_file({k: v.contiguous().clone() for k, v in model.state_dict().items()}, str(directory / "model.safetensors"))
+    (directory / "model_config.json").write_text(json.dumps(config.to_dict()))
+    (directory / "tokenizer_spec.json").write_text(json.dumps({"spec": tokenizer, "vocab_size": config.vocab_size}))
     return directory
 
 
-def timed_answers(probe, tests, batch: int, device: torch.device, precision: str, new_tokens: int) -> tuple[float, list[str]]:
-    """Seconds and answers of decoding `tests` at `batch` prompts per call."""
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+def load_transformers(model: Transformer, directory: Path, eos_id: int) -> torch.nn.Module:
+    """`model`'s weights as a transformers LlamaForCausalLM (float32, eval), via our Hugging Face export."""
+    from transformers import LlamaForCausalLM
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    export_hf(model, directory, eos_token_id=eos_id)
+    return LlamaForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+
+
+def chunks(tests: Sequence[NiahTest], batch: int) -> list[Sequence[NiahTest]]:
+    """Consecutive batches of `batch` tests (the last may be shorter), as the probe decodes them."""
+    return [tests[i : i + batch] for i in range(0, len(tests), batch)]
+
+
+def timed(fn: Callable[[], T]) -> tuple[float, T]:
+    """Seconds and result of fn()."""
     start = time.perf_counter()
-    answers = generate_answers(probe.model, probe.tokenizer, tests, batch, device, precision, new_tokens)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start, answers
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def probe_ids(model: Recording, tokenizer: Tokenizer, tests: Sequence[NiahTest], batch: int,
+              new_tokens: int) -> list[list[int]]:
+    """The probe's greedy decoding of `tests`, `batch` at a time; the token ids it generated."""
+    model.rows = []
+    for chunk in chunks(tests, batch):
+        generate_answers(model, tokenizer, chunk, CPU, "float32", new_tokens)
+    return model.rows
+
+
+def probe_scores(model: Recording, tokenizer: Tokenizer, tests: Sequence[NiahTest], batch: int) -> list[dict]:
+    """The probe's teacher-forced needle scores of `tests`, `batch` at a time."""
+    return [s for chunk in chunks(tests, batch) for s in teacher_forced(model, tokenizer, chunk, CPU, "float32")]
+
+
+def hf_ids(hf: torch.nn.Module, tests: Sequence[NiahTest], batch: int, new_tokens: int, eos_id: int) -> list[list[int]]:
+    """transformers' greedy generate on `tests`, `batch` at a time; each row's new token ids cut at EOS."""
+    rows: list[list[int]] = []
+    for chunk in chunks(tests, batch):
+        prompt = torch.from_numpy(np.stack([t.input_ids for t in chunk]))
+        with torch.inference_mode():
+            out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                              do_sample=False, eos_token_id=eos_id, pad_token_id=eos_id)
+        rows += [cut_at_eos(row, eos_id) for row in out[:, prompt.shape[1] :].tolist()]
+    return rows
+
+
+def agreement(ours: list[list[int]], theirs: list[list[int]], eos_id: int, what: str) -> int:
+    """How many tests' ids agree; raises when one of the first ASSERTED does not."""
+    same = [cut_at_eos(a, eos_id) == b for a, b in zip(ours, theirs)]
+    if not all(same[:ASSERTED]):
+        raise SystemExit(f"{what}: greedy token ids differ from the probe's on test {same.index(False)}")
+    return sum(same)
+
+
+def bench_length(model: Recording, hf: torch.nn.Module, tokenizer: Tokenizer, tests: Sequence[NiahTest], batch: int,
+                 new_tokens: int) -> None:
+    """Time every row at one length and print it with its ratio."""
+    n, eos = len(tests), tokenizer.eos_id
+    one, ids_one = timed(lambda: probe_ids(model, tokenizer, tests, 1, new_tokens))
+    many, ids_many = timed(lambda: probe_ids(model, tokenizer, tests, batch, new_tokens))
+    if ids_one != ids_many:
+        raise SystemExit(f"batch 1 and batch {batch} generate different tokens on tests "
+                         f"{[i for i, (a, b) in enumerate(zip(ids_one, ids_many)) if a != b]}")
+    forced, _ = timed(lambda: probe_scores(model, tokenizer, tests, batch))
+    hf_one, theirs_one = timed(lambda: hf_ids(hf, tests, 1, new_tokens, eos))
+    hf_many, theirs_many = timed(lambda: hf_ids(hf, tests, batch, new_tokens, eos))
+    same_one = agreement(ids_one, theirs_one, eos, "transformers at batch 1")
+    same_many = agreement(ids_many, theirs_many, eos, f"transformers at batch {batch}")
+    mean_new = np.mean([len(ids) for ids in ids_one])
+    print(f"length {tests[0].length}: prompt {tests[0].prompt_length} tokens, {n} tests, {mean_new:.1f} new tokens "
+          f"per test")
+    print(f"  probe greedy    batch 1    {n / one:8.3f} tests/s")
+    print(f"  probe greedy    batch {batch:<4d} {n / many:8.3f} tests/s   batch {batch} / batch 1: {one / many:5.2f}x "
+          "(same token ids)")
+    print(f"  teacher-forced  batch {batch:<4d} {n / forced:8.3f} tests/s   time per test vs greedy batch {batch}: "
+          f"{forced / many:5.3f}x")
+    print(f"  transformers    batch 1    {n / hf_one:8.3f} tests/s   probe / transformers: {hf_one / one:5.2f}x "
+          f"(same ids on {same_one}/{n} tests)")
+    print(f"  transformers    batch {batch:<4d} {n / hf_many:8.3f} tests/s   probe / transformers: "
+          f"{hf_many / many:5.2f}x (same ids on {same_many}/{n} tests)")
+
+
+def warm_up(model: Recording, hf: torch.nn.Module, tokenizer: Tokenizer, test: NiahTest) -> None:
+    """One short run of each implementation, so one-time costs stay out of the timings."""
+    probe_ids(model, tokenizer, [test], 1, 2)
+    probe_scores(model, tokenizer, [test], 1)
+    hf_ids(hf, [test], 1, 2, tokenizer.eos_id)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--checkpoint", type=Path, help="a checkpoint directory (default: a small random model)")
-    p.add_argument("--length", type=int, default=512, help="prompt length in tokens")
-    p.add_argument("--tests", type=int, default=16, help="tests decoded at each batch size")
+    p.add_argument("--lengths", type=parse_lengths, help="test lengths in tokens (default 1024,4096; --quick: 256)")
+    p.add_argument("--tests", type=int, default=8, help="tests per length, decoded by every row")
     p.add_argument("--batch-size", type=int, default=8, help="the batched setting compared with batch 1")
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="the answer budget, all decoded by a random model")
+    p.add_argument("--quick", action="store_true", help="length 256 and tiny-4l-256's shape (same vocabulary)")
     args = p.parse_args()
-    device = torch.device(args.device)
-    precision = resolve_precision("auto", device)
-    settings = ProbeSettings(tests_per_length=args.tests, haystack="pg", precision=precision)
+    lengths = args.lengths or ([256] if args.quick else [1024, 4096])
+    config = replace(QUICK if args.quick else SMOLLM_135M, max_seq_len=max(lengths))
+    folded = FoldedLlama3(config.vocab_size)
+    register_tokenizer(folded.name, lambda: folded)
+    settings = ProbeSettings(tests_per_length=args.tests, max_new_tokens=args.max_new_tokens)
     with tempfile.TemporaryDirectory() as tmp:
-        path = args.checkpoint or save_small_checkpoint(Path(tmp) / "small")
-        probe = load_checkpoint(path, settings, device)
-    tests = NiahBuilder(probe.tokenizer, "pg").make_tests(args.length, args.tests, seed=0)
-    params = sum(p.numel() for p in probe.model.parameters())
-    print(f"model {probe.name} ({params / 1e6:.1f}M parameters), {args.tests} tests of {args.length} tokens, "
-          f"<= {args.max_new_tokens} new tokens, {device} {precision}, torch threads {torch.get_num_threads()}")
-    timed_answers(probe, tests[: args.batch_size], args.batch_size, device, precision, 2)  # warm-up
-    results = {}
-    for batch in (1, args.batch_size):
-        seconds, answers = timed_answers(probe, tests, batch, device, precision, args.max_new_tokens)
-        prefill, _ = timed_answers(probe, tests, batch, device, precision, 1)
-        results[batch] = (seconds, prefill, answers)
-        print(f"batch {batch:2d}: {args.tests / seconds:7.2f} tests/s  ({seconds:6.2f} s; prefill "
-              f"{100 * prefill / seconds:4.1f}%, decode {100 * (1 - prefill / seconds):4.1f}%)")
-    one, many = results[1][2], results[args.batch_size][2]
-    mismatched = [i for i, (a, b) in enumerate(zip(one, many)) if a != b]
-    if mismatched:
-        raise SystemExit(f"batch 1 and batch {args.batch_size} answers differ on tests {mismatched}")
-    speedup = results[1][0] / results[args.batch_size][0]
-    print(f"same answers at batch 1 and {args.batch_size}; speedup {speedup:.2f}x (goal >= 4x on CPU at batch 8)")
+        source = checkpoint_source(save_random_checkpoint(Path(tmp) / "random", config, folded.name), settings)
+        model = source.load(settings, CPU)
+        builder = Builders(settings.haystack).for_source(source, settings)
+        hf = load_transformers(model, Path(tmp) / "hf", builder.tokenizer.eos_id)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"model: {config.n_layers} layers, d_model {config.d_model}, {config.n_heads} heads "
+          f"({config.n_kv_heads} KV), FFN {config.ffn_dim}, vocabulary {config.vocab_size}, tied: "
+          f"{params / 1e6:.1f}M parameters, random")
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} "
+          f"with {torch.get_num_threads()} threads, float32; tokenizer {folded.name}, {args.max_new_tokens} new tokens")
+    tests = {n: builder.make_tests(n, args.tests, settings.seed) for n in lengths}
+    recording = Recording(model)
+    warm_up(recording, hf, builder.tokenizer, tests[lengths[0]][0])
+    for n in lengths:
+        bench_length(recording, hf, builder.tokenizer, tests[n], args.batch_size, args.max_new_tokens)
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ class FakeSource(probe.ModelSource):
 
 def fake_source(model, name="fake", train_len=512, path=Path("fake")) -> FakeSource:
     fingerprint = f"window-{model.k}-{model.silent}"
-    return FakeSource(name, path, "hf", fingerprint, "llama3", train_len, True, model=model)
+    return FakeSource(name, path, "hf", fingerprint, "llama3", train_len, TOKENIZER.vocab_size, True, model=model)
 
 
 def job(lengths, tests=6, batch=4, threshold=0.5, budget=32) -> probe.Job:
@@ -290,7 +290,8 @@ def test_every_setting_and_the_weights_change_the_key(tmp_path):
     variants = [base, *(replace(base, **{k: v}) for k, v in (
         ("tests_per_length", 7), ("seed", 1), ("max_new_tokens", 64), ("positions", "string"),
         ("position_options", {"shift": 100}), ("precision", "bfloat16"), ("teacher_forced", False),
-        ("answer_order", "nearest_first"), ("bos", "always"), ("haystack", "pg"), ("tokenizer", "llama3")))]
+        ("answer_order", "nearest_first"), ("bos", "always"), ("haystack", "pg"),
+        ("tokenizer", f"hf:{write_chat_tokenizer(tmp_path / 'tok', template=False)}")))]
     keys = set()
     for settings in variants:
         source = probe.checkpoint_source(ckpt, settings)
@@ -333,7 +334,7 @@ def write_chat_tokenizer(directory: Path, template: bool = True, llama_bos: bool
 
 def hf_source_for(directory: Path) -> probe.ModelSource:
     tok = get_tokenizer(f"hf:{directory}")
-    return probe.ModelSource("m", directory, "hf", "x", f"hf:{directory}", 1024, tok.adds_bos)
+    return probe.ModelSource("m", directory, "hf", "x", f"hf:{directory}", 1024, tok.vocab_size, tok.adds_bos)
 
 
 def test_bos_and_chat_template_give_the_documented_tokens(tmp_path):
@@ -391,6 +392,8 @@ def make_fake_run(run: Path, train_len: int, ks: dict[int, int], seed: int = 0) 
     for tokens, k in ks.items():
         lengths = rng.integers(1, train_len + 1, size=tokens // train_len * 2)
         path = write_checkpoint(run, tokens, model, np.bincount(lengths, minlength=train_len + 1), spec="llama3")
+        config = json.loads((path / "model_config.json").read_text())  # the window model stands in for a
+        (path / "model_config.json").write_text(json.dumps({**config, "vocab_size": TOKENIZER.vocab_size}))  # llama3 one
         names[path.name] = k
     return names
 
@@ -522,3 +525,9 @@ def test_notebook_runs_on_fixture_runs(tmp_path, monkeypatch):
         assert (tmp_path / "figures" / f"{stem}.png").is_file(), stem
     text = "".join(o.get("text", "") for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "L256" in text and "L512" in text
+
+
+def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(tmp_path):
+    ckpt = write_checkpoint(tmp_path / "run", 1024, tiny_model(), np.bincount([512], minlength=513))  # vocab 258
+    with pytest.raises(SystemExit, match="128,256 ids but the model only 258"):
+        probe.main(["--checkpoint", str(ckpt), "--tokenizer", "llama3", "--lengths", "420", "--quiet"])
