@@ -507,16 +507,17 @@ def probe_run(run_dir: Path, out: Path | None, job: Job, shard: tuple[int, int] 
     """Probe every milestone of a run (or shard i of n of them), then (unless sharded) derive the run tables."""
     builders = Builders(job.settings.haystack)
     checkpoints = milestones(run_dir)
-    first = checkpoint_source(checkpoints[0], job.settings)
-    out = out or run_out_default(run_dir, first, job, builders)
     mine = checkpoints if shard is None else checkpoints[shard[0] :: shard[1]]
-    rows = [] if merge_only else probe_models([checkpoint_source(p, job.settings) for p in mine],
-                                              [out / p.name for p in mine], job, builders)
+    sources = {p: checkpoint_source(p, job.settings) for p in (mine if shard is not None else checkpoints)}
+    out = out or run_out_default(run_dir, sources[mine[0]], job, builders)
+    rows = [] if merge_only else probe_models([sources[p] for p in mine], [out / p.name for p in mine], job, builders)
     if shard is not None:
         return out, rows
+    keys = {p.name: result_key(key_parts(s, builders.for_source(s, job.settings), job.settings))
+            for p, s in sources.items()}
     meta_path = out / results.META_FILE
     previous = results.read_json(meta_path) if meta_path.is_file() else {}
-    results.write_json(meta_path, {**previous, "run": str(run_dir), "checkpoints": [p.name for p in checkpoints],
+    results.write_json(meta_path, {**previous, "run": str(run_dir), "checkpoints": keys,
                                    "settings": asdict(job.settings), "code_version": code_version()})
     return out, results.derive_run(out, job.analysis, job.figures)
 

@@ -185,17 +185,18 @@ def derive_run(out: Path, analysis: Analysis = Analysis(), figures: bool = True)
 
     effective_length.csv (a row per checkpoint), distance_by_checkpoint.csv, position_frequency.csv
     (Eq. 2 on the last checkpoint's histogram) and Fig. 2a/2b; the checkpoints are those listed in
-    the run's probe.json.
+    the run's probe.json with the key each one's results must have (results under another key, e.g.
+    of a checkpoint since retrained, are left out and listed as missing).
     """
     from analysis.effective_length import draw_run_figures, load_run
     from analysis.position_freq import position_frequency
 
     meta = read_json(out / META_FILE)
     rows, distances, missing = [], [], []
-    for name in meta["checkpoints"]:
+    for name, key in meta["checkpoints"].items():
         sub = out / name
         sub_meta = read_json(sub / META_FILE) if (sub / META_FILE).is_file() else {}
-        if not sub_meta.get("complete"):
+        if not sub_meta.get("complete") or sub_meta.get("key") != key:
             missing.append(name)
             continue
         row = derive_model(sub, analysis, figures=False)

@@ -494,6 +494,14 @@ def test_shards_then_merge(tmp_path, monkeypatch):
     calls.clear()
     rows = probe_fake_run(run, out, names, [160, 256], calls, monkeypatch, tests=3, merge_only=True)
     assert calls == [] and len(rows) == 3 and (out / "effective_length.csv").is_file()
+    # A checkpoint retrained in place (new weights, same folder): its old results are left out of the merge.
+    retrained = run / "checkpoints" / sorted(names)[0] / "state.pt"
+    state = torch.load(retrained, weights_only=True)
+    state["model"]["norm.weight"][0] += 1.0
+    torch.save(state, retrained)
+    rows = probe_fake_run(run, out, names, [160, 256], calls, monkeypatch, tests=3, merge_only=True)
+    assert [r["checkpoint"] for r in rows] == sorted(names)[1:]
+    assert json.loads((out / "probe.json").read_text())["missing"] == [sorted(names)[0]]
 
 
 # ------------------------------------------------------------------ notebook
