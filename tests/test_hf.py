@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -110,6 +112,21 @@ def test_sharded_import(tmp_path: Path) -> None:
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
     _assert_same_logits(load_hf_model(tmp_path), hf, _ids())
+
+
+@pytest.mark.parametrize("name", ["../outside.safetensors", "sub/../../outside.safetensors", "/etc/passwd", 7])
+def test_sharded_index_naming_a_file_outside_the_directory_is_refused(tmp_path: Path, name) -> None:
+    model = tmp_path / "model"
+    _save_llama(model, shard=True)
+    index_file = model / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    first = sorted(set(index["weight_map"].values()))[0]
+    shutil.copyfile(model / first, tmp_path / "outside.safetensors")  # a valid file, were it ever read
+    index["weight_map"] = {key: name if value == first else value for key, value in index["weight_map"].items()}
+    index_file.write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=rf"{re.escape(str(index_file))}: file name {re.escape(repr(name))} "
+                                         rf"points outside {re.escape(str(model))}"):
+        load_hf_model(model)
 
 
 def test_mistral_without_sliding_window(tmp_path: Path) -> None:

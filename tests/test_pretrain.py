@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -305,3 +307,112 @@ def test_two_gloo_processes_match_one_process(data_dir, tmp_path):
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(ckpt.load_trained_lengths(tmp_path / "one/checkpoints" / end),
                                   ckpt.load_trained_lengths(tmp_path / "two/checkpoints" / end))
+
+
+# --------------------------------------------------------------------------------------------
+# Resuming never runs code from a checkpoint's files; a torn metrics line never breaks a restart
+# --------------------------------------------------------------------------------------------
+
+
+class Payload:
+    """Unpickling this creates `marker`: it stands in for any code a crafted checkpoint would run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.fixture(scope="module")
+def resumable(data_dir, tmp_path_factory) -> dict[str, Path]:
+    """Run directories stopped after one step with a resumable `latest`: sharded (DCP) and one full file."""
+    runs = {}
+    for kind, sharded in (("sharded", True), ("full", False)):
+        runs[kind] = tmp_path_factory.mktemp(kind)
+        run(tiny(data_dir, runs[kind], stop_at_step=1, **{"checkpoint.sharded": sharded}))
+    return runs
+
+
+def plant_pickle(file: Path, payload: Payload) -> None:
+    file.write_bytes(pickle.dumps(payload))
+
+
+def plant_torch(file: Path, payload: Payload) -> None:
+    torch.save({"x": torch.zeros(2), "y": payload}, file)
+
+
+def plant_object_array(file: Path, payload: Payload) -> None:
+    np.save(file, np.array([payload], dtype=object), allow_pickle=True)
+
+
+def plant_byte_item(file: Path, payload: Payload) -> None:
+    """Append a crafted optimizer param_groups item to a .distcp file and point the metadata at it."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    with open(file.parent / ".metadata", "rb") as f:
+        metadata = ckpt._MetadataUnpickler(f).load()
+    blob = io.BytesIO()
+    torch.save(payload, blob)
+    offset = file.stat().st_size
+    with open(file, "ab") as f:
+        f.write(blob.getvalue())
+    index = next(i for i in metadata.storage_data if i.fqn == "optimizer.param_groups.0.lr")
+    metadata.storage_data[index] = _StorageInfo(file.name, offset, len(blob.getvalue()))
+    with open(file.parent / ".metadata", "wb") as f:
+        pickle.dump(metadata, f)
+
+
+@pytest.mark.parametrize("kind, name, plant", [
+    ("sharded", "state/.metadata", plant_pickle),
+    ("sharded", "state/__0_0.distcp", plant_byte_item),
+    ("sharded", "state/meta.pt", plant_torch),
+    ("sharded", "rng/rank-00000.pt", plant_torch),
+    ("sharded", "trained_lengths.npy", plant_object_array),
+    ("full", "state.pt", plant_torch),
+    ("full", "rng/rank-00000.pt", plant_pickle),
+])
+def test_resume_never_runs_code_from_checkpoint_files(resumable, data_dir, tmp_path, kind, name, plant):
+    out = tmp_path / "run"
+    shutil.copytree(resumable[kind], out)
+    latest = out / "checkpoints" / ckpt.LATEST
+    marker = tmp_path / "payload-ran"
+    plant(latest / name, Payload(marker))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(tiny(data_dir, out, **{"checkpoint.sharded": kind == "sharded"})))
+    with pytest.raises(SystemExit) as exit_info:
+        pretrain.main(["--config", str(config)])
+    message = str(exit_info.value.code)
+    assert message.startswith(f"error: {latest / name}") and "refusing to load" in message, message
+    assert "Fix: resume from another checkpoint" in message
+    if name.endswith(".distcp"):  # loading the weights for evaluation checks the same items
+        with pytest.raises(ckpt.CheckpointError, match="optimizer.param_groups.0.lr"):
+            ckpt.load_model(latest)
+    assert not marker.exists()
+
+
+def test_checkpoint_item_outside_its_directory_is_refused(resumable, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(resumable["sharded"], out)
+    state = out / "checkpoints" / ckpt.LATEST / "state"
+    with open(state / ".metadata", "rb") as f:
+        metadata = ckpt._MetadataUnpickler(f).load()
+    index = next(iter(metadata.storage_data))
+    metadata.storage_data[index].relative_path = "../../../../outside.distcp"
+    with open(state / ".metadata", "wb") as f:
+        pickle.dump(metadata, f)
+    with pytest.raises(ckpt.CheckpointError, match=r"\.metadata: file name '\.\./.*' points outside"):
+        ckpt.verify_resume_files(state.parent)
+
+
+def test_torn_metrics_line_is_set_aside_on_resume(data_dir, tmp_path):
+    cfg = tiny(data_dir, tmp_path, total_tokens=3 * 1024, **{"checkpoint.latest_every_steps": 1})
+    run({**cfg, "stop_at_step": 2})
+    metrics = tmp_path / "metrics.jsonl"
+    with open(metrics, "a") as f:
+        f.write('{"step": 3, "tokens": 3072, "lo')  # killed mid-write
+    history = run(cfg)
+    assert [r["step"] for r in history] == [3]
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2, 3]
+    assert (tmp_path / "metrics.jsonl.unreadable").read_text() == '{"step": 3, "tokens": 3072, "lo\n'
+    assert not ckpt.temporary(metrics).exists()

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from train.checkpoint import contained_file
 from train.config import ModelConfig
 from train.model import Transformer
 from train.positions import rope_scaling_type
@@ -126,8 +127,8 @@ def _weight_files(directory: Path) -> list[Path]:
     """The safetensors files of a HF directory (sharded via its index, or one file); refuses pickles."""
     index = directory / "model.safetensors.index.json"
     if index.is_file():
-        names = sorted(set(_read_json(index)["weight_map"].values()))
-        return [directory / n for n in names]
+        names = _read_json(index)["weight_map"].values()
+        return sorted({contained_file(directory, name, str(index)) for name in names})
     single = directory / "model.safetensors"
     if single.is_file():
         return [single]

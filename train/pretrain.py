@@ -225,6 +225,7 @@ class Plan:
         if meta["sharded"] != cfg.checkpoint.sharded:
             raise ConfigError(f"resume: {path} is {'sharded' if meta['sharded'] else 'a full file'}; set "
                               f"--checkpoint.sharded {str(meta['sharded']).lower()} to load it")
+        ckpt.verify_resume_files(path)  # Fabric reads it through DCP's unrestricted unpickler
         return path
 
 
@@ -316,7 +317,7 @@ class Trainer:
             self.trained_lengths = ckpt.load_trained_lengths(path)
         rng = ckpt.rng_file(path, self.fabric.global_rank)
         if rng.is_file():
-            ckpt.restore_rng(torch.load(rng, weights_only=True))
+            ckpt.restore_rng(ckpt.load_pickled(rng))
         self.fabric.print(f"resumed from {path} at step {self.step} ({self.tokens_seen:,} tokens)")
 
     # -- one optimizer step --------------------------------------------------------------------
@@ -441,9 +442,14 @@ class MetricsLog:
         out.mkdir(parents=True, exist_ok=True)
         path = out / "metrics.jsonl"
         if path.exists():  # drop lines a crashed run wrote after the checkpoint we resume from
-            keep = [line for line in path.read_text().splitlines() if line.strip()
-                    and json.loads(line).get("step", 0) <= resumed_step]
-            path.write_text("".join(line + "\n" for line in keep))
+            keep, unreadable = _split_metrics(path.read_text(errors="replace"), resumed_step)
+            if unreadable:
+                aside = path.with_name(path.name + ".unreadable")
+                with open(aside, "a") as f:
+                    f.write("".join(line + "\n" for line in unreadable))
+                print(f"{path}: moved {len(unreadable)} line(s) that are not JSON rows to {aside} (a run killed "
+                      "mid-write leaves a torn last line)", file=sys.stderr)
+            write_atomic(path, "".join(line + "\n" for line in keep))
         self.file = open(path, "a")
 
     def log(self, row: dict, fabric) -> None:
@@ -455,6 +461,33 @@ class MetricsLog:
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
+
+
+def _split_metrics(text: str, resumed_step: int) -> tuple[list[str], list[str]]:
+    """(JSON rows of metrics.jsonl up to `resumed_step`, lines that are not JSON rows, e.g. one torn by a kill)."""
+    keep, unreadable = [], []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if not isinstance(row, dict):
+            unreadable.append(line)
+        elif row.get("step", 0) <= resumed_step:
+            keep.append(line)
+    return keep, unreadable
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temporary sibling, fsync it, rename it over `path`: a kill leaves old or new, never half."""
+    tmp = ckpt.temporary(path)
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def _progress(cfg: TrainConfig, plan: Plan, tokens: int, rank_zero: bool):
@@ -522,6 +555,8 @@ def main(argv: list[str] | None = None) -> None:
         train(cfg)
     except ConfigError as err:
         sys.exit(f"config error: {err}")
+    except ckpt.CheckpointError as err:
+        sys.exit(f"error: {err}")
 
 
 if __name__ == "__main__":
