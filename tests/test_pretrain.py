@@ -1,4 +1,5 @@
-"""Trainer tests on CPU: loss falls, exact resume, atomic checkpoints, length histogram, accumulation."""
+"""Trainer tests on CPU: loss falls, exact resume, atomic checkpoints, length histogram, accumulation; damaged
+checkpoints, kills mid-save, the run lock, signals, other data and out-of-range values, as the user sees them."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import json
 import math
 import os
 import pickle
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -222,7 +225,8 @@ def test_nonfinite_loss_stops_with_resume_hint_or_skips(data_dir, tmp_path):
 def test_signal_saves_latest_and_requeues(data_dir, tmp_path, monkeypatch):
     calls = []
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    monkeypatch.setattr(pretrain.subprocess, "run", lambda cmd, check: calls.append(cmd))
+    monkeypatch.setattr(pretrain.subprocess, "run",
+                        lambda cmd, **kwargs: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0))
     real_step = pretrain.Trainer._train_step
 
     def step_then_signal(self, batches, n):
@@ -236,8 +240,7 @@ def test_signal_saves_latest_and_requeues(data_dir, tmp_path, monkeypatch):
     assert [r["step"] for r in history] == [1, 2, 3]  # seen at the next step's all-reduce, then saved
     assert ckpt.read_trainer_state(tmp_path / "checkpoints/latest")["step"] == 3
     assert calls == [["scontrol", "requeue", "4242"]]
-    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # train() puts the handlers back
 
 
 def test_bad_configs_fail_before_compute(data_dir, tmp_path):
@@ -284,15 +287,22 @@ def test_attention_flops_term_counts_every_query_key_pair():
     assert pretrain.step_flops(config, 16, float((segments * (segments + 1)).sum())) == expected
 
 
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """os.environ for a trainer subprocess: a fresh rendezvous (without what in-process runs left, MASTER_PORT,
+    ...), no SLURM job, unbuffered output, one thread."""
+    drop = ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE",
+            "SLURM_JOB_ID")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **extra)
+    return env
+
+
 def test_two_gloo_processes_match_one_process(data_dir, tmp_path):
     single = run(tiny(data_dir, tmp_path / "one", micro_batch_rows=2))
     base = [sys.executable, str(ROOT / "train/pretrain.py")]
     cfg_path = tmp_path / "two.json"
     cfg_path.write_text(json.dumps(tiny(data_dir, tmp_path / "two", devices=2, micro_batch_rows=2)))
-    # Fresh rendezvous: drop what the in-process run above left in os.environ (MASTER_PORT, ...).
-    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK",
-                                                             "WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE")}
-    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env = subprocess_env()
     for extra in (["--stop_at_step", "5"], []):  # interrupted after step 5, then resumed
         proc = subprocess.run(base + ["--config", str(cfg_path)] + extra, env=env, capture_output=True, text=True,
                               timeout=300, cwd=ROOT)
@@ -332,6 +342,14 @@ def resumable(data_dir, tmp_path_factory) -> dict[str, Path]:
         runs[kind] = tmp_path_factory.mktemp(kind)
         run(tiny(data_dir, runs[kind], stop_at_step=1, **{"checkpoint.sharded": sharded}))
     return runs
+
+
+def reseal(checkpoint: Path) -> None:
+    """Rewrite the manifest (and trainer.json's record of it) to match the files as they are: a crafted checkpoint
+    would come with a matching manifest, so the unpickling checks must hold without it."""
+    meta = json.loads((checkpoint / ckpt.TRAINER_FILE).read_text())
+    meta["manifest_sha256"] = ckpt.write_manifest(checkpoint)
+    (checkpoint / ckpt.TRAINER_FILE).write_text(json.dumps(meta))
 
 
 def plant_pickle(file: Path, payload: Payload) -> None:
@@ -378,6 +396,7 @@ def test_resume_never_runs_code_from_checkpoint_files(resumable, data_dir, tmp_p
     latest = out / "checkpoints" / ckpt.LATEST
     marker = tmp_path / "payload-ran"
     plant(latest / name, Payload(marker))
+    reseal(latest)
     config = tmp_path / "config.json"
     config.write_text(json.dumps(tiny(data_dir, out, **{"checkpoint.sharded": kind == "sharded"})))
     with pytest.raises(SystemExit) as exit_info:
@@ -416,3 +435,253 @@ def test_torn_metrics_line_is_set_aside_on_resume(data_dir, tmp_path):
     assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2, 3]
     assert (tmp_path / "metrics.jsonl.unreadable").read_text() == '{"step": 3, "tokens": 3072, "lo\n'
     assert not ckpt.temporary(metrics).exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Weeks-long jobs: damaged checkpoints, kills mid-save, a second job, signals, other data, bad values
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data_dir, tmp_path_factory) -> dict[str, torch.Tensor]:
+    """Final weights (tokens-8192) of the 8-step run that the interrupted runs below must reproduce."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    run(tiny(data_dir, out))
+    return weights(out / "checkpoints" / ckpt.milestone_name(8 * 1024))
+
+
+@pytest.fixture(scope="module")
+def stopped_at_6(data_dir, tmp_path_factory) -> dict[str, Path]:
+    """Runs stopped after step 6: `latest` (step 6) and the milestone tokens-4096 (step 4); sharded and full."""
+    runs = {}
+    for kind, sharded in (("sharded", True), ("full", False)):
+        runs[kind] = tmp_path_factory.mktemp(f"stopped-{kind}")
+        run(tiny(data_dir, runs[kind], stop_at_step=6, **{"checkpoint.sharded": sharded}))
+    return runs
+
+
+def empty(file: Path) -> None:
+    file.write_bytes(b"")
+
+
+def truncate(file: Path) -> None:
+    os.truncate(file, file.stat().st_size // 2)
+
+
+def flip_a_byte(file: Path) -> None:
+    data = bytearray(file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    file.write_bytes(bytes(data))
+
+
+def delete(file: Path) -> None:
+    file.unlink()
+
+
+@pytest.mark.parametrize("kind, name, damage, reason", [
+    ("sharded", "state/__0_0.distcp", empty, r"state/__0_0\.distcp has 0 bytes, manifest\.json records \d+ "),
+    ("sharded", "state/__0_0.distcp", flip_a_byte, r"state/__0_0\.distcp: its sha256 differs from manifest\.json"),
+    ("sharded", "rng/rank-00000.pt", delete, r"rng/rank-00000\.pt is missing \(listed in manifest\.json\)"),
+    ("sharded", "state/.metadata", delete, r"latest: not a complete checkpoint"),
+    ("sharded", "trainer.json", empty, r"latest: not a complete checkpoint"),
+    ("sharded", "manifest.json", delete, r"manifest\.json is missing"),
+    ("full", "state.pt", truncate, r"state\.pt has \d+ bytes, manifest\.json records \d+ \(truncated"),
+])
+def test_damaged_newest_checkpoint_is_skipped_and_the_run_matches(stopped_at_6, uninterrupted, data_dir, tmp_path,
+                                                                   capsys, kind, name, damage, reason):
+    out = tmp_path / "run"
+    shutil.copytree(stopped_at_6[kind], out)
+    root = out / "checkpoints"
+    damage(root / ckpt.LATEST / name)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(tiny(data_dir, out, **{"checkpoint.sharded": kind == "sharded"})))
+    pretrain.main(["--config", str(config)])
+    printed = capsys.readouterr().out
+    skipped = next(line for line in printed.splitlines() if line.startswith("skipped checkpoint"))
+    assert skipped.startswith(f"skipped checkpoint {root / ckpt.LATEST}: ") and re.search(reason, skipped), skipped
+    assert f"resumed from {root / ckpt.milestone_name(4096)} at step 4" in printed
+    final = weights(root / ckpt.milestone_name(8 * 1024))
+    assert final.keys() == uninterrupted.keys() and all(torch.equal(final[k], uninterrupted[k]) for k in final)
+
+
+def test_no_checkpoint_that_verifies_is_an_error_not_a_fresh_start(resumable, data_dir, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(resumable["sharded"], out)
+    latest = out / "checkpoints" / ckpt.LATEST
+    empty(latest / "state/__0_0.distcp")
+    metrics = (out / "metrics.jsonl").read_text()
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(tiny(data_dir, out)))
+    with pytest.raises(SystemExit) as auto:
+        pretrain.main(["--config", str(config)])
+    assert str(auto.value.code).startswith(f"error: resume=auto: no checkpoint under {out / 'checkpoints'} can be "
+                                           f"resumed:\n  {latest}: {latest / 'state/__0_0.distcp'} has 0 bytes")
+    assert "Fix: restore a good copy" in str(auto.value.code)
+    with pytest.raises(SystemExit) as named:
+        pretrain.main(["--config", str(config), "--resume", str(latest)])
+    assert str(named.value.code).startswith(f"error: resume={latest}: {latest / 'state/__0_0.distcp'} has 0 bytes")
+    assert "Fix: restore a good copy of it, or use --resume auto" in str(named.value.code)
+    assert (out / "metrics.jsonl").read_text() == metrics and latest.is_dir()  # nothing trained, nothing deleted
+
+
+KILL_DURING_RENAME = """
+import os, signal
+from pathlib import Path
+
+when, name = os.environ["KILL_AT"].split(":")  # e.g. after:latest.old = SIGKILL right after renaming onto latest.old
+real_replace = os.replace
+
+
+def replace(src, dst, *args, **kwargs):
+    if when == "before" and Path(dst).name == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_replace(src, dst, *args, **kwargs)
+    if when == "after" and Path(dst).name == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+os.replace = replace
+from train import pretrain
+pretrain.main()
+"""
+
+
+def run_trainer_process(code: str, config: Path, **env: str) -> subprocess.CompletedProcess:
+    """`python -c code --config config` from the repository root (code ends by calling pretrain.main())."""
+    return subprocess.run([sys.executable, "-c", code, "--config", str(config)], env=subprocess_env(**env),
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_sigkill_between_the_renames_of_a_save_then_resume(uninterrupted, data_dir, tmp_path):
+    root = tmp_path / "checkpoints"
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(tiny(data_dir, tmp_path, **{"checkpoint.every_tokens": 10**9})))
+    # Killed inside the second save of `latest` (step 4), just after `latest -> latest.old`.
+    first = run_trainer_process(KILL_DURING_RENAME, config, KILL_AT="after:latest.old")
+    assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
+    assert not (root / "latest").exists() and ckpt.read_trainer_state(root / "latest.old")["step"] == 2
+    # Resumed from latest.old, then killed in its next save just before `latest.tmp -> latest`: latest.old must
+    # still be there (it is the only complete copy), not deleted to make room.
+    second = run_trainer_process(KILL_DURING_RENAME, config, KILL_AT="before:latest")
+    assert second.returncode == -signal.SIGKILL, second.stderr[-3000:]
+    assert f"resumed from {root / 'latest.old'} at step 2" in second.stdout
+    assert not (root / "latest").exists() and ckpt.read_trainer_state(root / "latest.old")["step"] == 2
+    third = run_trainer_process("from train import pretrain; pretrain.main()", config)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert f"resumed from {root / 'latest.old'} at step 2" in third.stdout
+    assert "taking over a stale lock" in third.stderr  # the killed process could not release it
+    final = weights(root / ckpt.milestone_name(8 * 1024))
+    assert all(torch.equal(final[k], uninterrupted[k]) for k in uninterrupted)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", ckpt.milestone_name(8 * 1024)]
+
+
+def test_second_job_on_a_locked_out_dir_is_refused_and_a_stale_lock_taken_over(data_dir, tmp_path, capsys,
+                                                                                monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    out = tmp_path / "run"
+    in_flight = out / "checkpoints" / "latest.tmp"  # the first job's save in progress
+    in_flight.mkdir(parents=True)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(tiny(data_dir, out, total_tokens=2048)))
+    lock = out / "run.lock"
+    owner = {"job": None, "host": socket.gethostname(), "started": "2026-01-01T00:00:00"}
+    first_job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        lock.write_text(json.dumps({**owner, "pid": first_job.pid}))
+        with pytest.raises(SystemExit) as same_host:
+            pretrain.main(["--config", str(config)])
+        assert str(same_host.value.code).startswith(
+            f"error: {out} is in use by job (not SLURM), pid {first_job.pid} on host {owner['host']}")
+        assert "still running. Fix: wait for it to end, or pass another --out_dir" in str(same_host.value.code)
+        assert in_flight.is_dir()  # untouched
+        lock.write_text(json.dumps({**owner, "host": "node-elsewhere", "pid": first_job.pid}))
+        with pytest.raises(SystemExit) as other_host:
+            pretrain.main(["--config", str(config)])
+        assert "from this host" in str(other_host.value.code) and f"(rm {lock})" in str(other_host.value.code)
+        assert in_flight.is_dir()
+    finally:
+        first_job.kill()
+        first_job.wait()
+    lock.write_text(json.dumps({**owner, "pid": first_job.pid}))  # its owner has ended
+    capsys.readouterr()
+    pretrain.main(["--config", str(config)])
+    assert f"{lock}: taking over a stale lock (pid {first_job.pid} no longer runs" in capsys.readouterr().err
+    assert not lock.exists() and not in_flight.exists()  # released at exit; the dead job's write cleared
+    # A SLURM job that was requeued (perhaps onto another node) takes over its own lock.
+    lock.write_text(json.dumps({**owner, "job": "4242", "host": "node-elsewhere", "pid": 1}))
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    from train.run_lock import RunLock
+
+    RunLock.acquire(out).release()
+    assert not lock.exists()
+
+
+SIGNAL_DURING_STARTUP = """
+import os, signal
+from train import pretrain
+
+real_plan_init = pretrain.Plan.__init__
+
+
+def plan_init(self, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGUSR1)  # arrives while the run starts up, before the training loop
+    real_plan_init(self, *args, **kwargs)
+
+
+pretrain.Plan.__init__ = plan_init
+pretrain.main()
+"""
+
+
+def test_signal_during_startup_saves_and_exits_not_requeued(data_dir, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(tiny(data_dir, tmp_path)))
+    proc = run_trainer_process(SIGNAL_DURING_STARTUP, config)
+    assert proc.returncode == pretrain.EXIT_NOT_REQUEUED == 3, proc.stderr[-3000:]
+    latest = tmp_path / "checkpoints" / ckpt.LATEST
+    assert (f"signal received: saved {latest} at step 1; the job was NOT requeued (no SLURM job (SLURM_JOB_ID "
+            "unset)): exiting with code 3. Continue with --resume auto.") in proc.stdout
+    assert ckpt.find_resume_checkpoint(tmp_path) == latest and ckpt.read_trainer_state(latest)["step"] == 1
+    assert not (tmp_path / "run.lock").exists()
+
+
+def test_resume_refuses_other_documents_with_the_same_counts(resumable, data_dir, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(resumable["sharded"], out)
+    moved = shutil.copytree(data_dir, tmp_path / "moved")  # the same shards elsewhere: fine
+    other = tmp_path / "other"  # same shard names, document and token counts; other documents
+    shutil.copytree(data_dir, other)
+    docs = TokenDataset(data_dir)
+    with ShardWriter(other, "shard-000", tokenizer="bytes", vocab_size=258, eos_id=257) as writer:
+        for i in reversed(range(150)):
+            writer.add(docs.document(i))
+    assert (TokenDataset(other).num_docs, TokenDataset(other).num_tokens) == (docs.num_docs, docs.num_tokens)
+    assert pretrain.Plan(config_from_dict(tiny(data_dir, out, **{"data.dir": str(moved)})), 1).resume_from \
+        == out / "checkpoints" / ckpt.LATEST
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(tiny(data_dir, out, **{"data.dir": str(other)})))
+    with pytest.raises(SystemExit) as refused:
+        pretrain.main(["--config", str(config)])
+    message = str(refused.value.code)
+    assert message.startswith(f"error: resume: {out / 'checkpoints' / ckpt.LATEST} was trained on data.dir "
+                              f"{data_dir} (data fingerprint "), message
+    assert f"but data.dir {other} holds other documents" in message and "Fix: set --data.dir" in message
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--micro_batch_rows", "0", "micro_batch_rows=0 is out of range: it must be >= 1"),
+    ("--logging.every_steps", "0", "logging.every_steps=0 is out of range: it must be >= 1"),
+    ("--total_tokens", "0", "total_tokens=0 is out of range: it must be >= 1"),
+    ("--total_tokens", "-5", "total_tokens=-5 is out of range: it must be >= 1"),
+    ("--optim.lr", "-1", "optim.lr=-1.0 is out of range: it must be >= 0"),
+    ("--model.overrides", "{d_model: x}", "model.overrides.d_model='x' should be of type int"),
+    ("--model.overrides", "{n_heads: 0}", "model.overrides (preset 'tiny-2l-128'): n_heads=0 is out of range: "
+                                          "it must be >= 1"),
+])
+def test_out_of_range_values_are_named_before_anything_runs(data_dir, tmp_path, flag, value, message):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(tiny(data_dir, tmp_path / "run")))
+    with pytest.raises(SystemExit) as exit_info:
+        pretrain.main(["--config", str(config), flag, value])
+    assert exit_info.value.code == f"error: {config} + command-line overrides: {message}"
+    assert not (tmp_path / "run").exists()

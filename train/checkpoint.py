@@ -10,12 +10,18 @@ tokens seen, and ``OUT/checkpoints/latest/`` for the rolling resume point):
     model_config.json      ModelConfig.to_dict()
     tokenizer_spec.json    {"spec", "vocab_size", "bos_id", "eos_id"}; train.tokenizer.get_tokenizer(spec)
     config.json            the full run config (TrainConfig.to_dict())
-    trainer.json           step, tokens seen, sampler state, schedule; written last
+    manifest.json          {"files": {relative path: {"size", "sha256"}}} of every file above
+    trainer.json           step, tokens seen, sampler state, schedule, the manifest's sha256; written last
 
-Every checkpoint is written under ``NAME.tmp`` and renamed into place when complete, so
-a directory without the ``.tmp`` suffix is always whole. Replacing an existing directory goes
-``NAME -> NAME.old``, ``NAME.tmp -> NAME``, ``NAME.old -> NAME.old.tmp`` (then deleted), so a
-complete checkpoint exists at every instant.
+Every checkpoint is written under ``NAME.tmp``, fsynced (files, then directories) and renamed into
+place when complete. Replacing an existing directory goes ``NAME -> NAME.old``, ``NAME.tmp -> NAME``,
+``NAME.old -> NAME.old.tmp`` (then deleted); a left-over ``NAME.old`` is deleted only while a
+whole ``NAME`` exists, so ``NAME`` or ``NAME.old`` is complete at every instant, and a directory
+being deleted is always named ``*.tmp`` first. What a kill or power loss can still do (a file
+flushed short, a disk error) is caught by the manifest: `--resume auto` takes the newest resumable
+checkpoint whose files all have their recorded size and sha256, and says which newer ones it
+skipped and why. Checkpoints written before manifests (no ``manifest_sha256`` in trainer.json)
+are resumed unverified.
 
 A consolidated model (``python -m train.checkpoint consolidate CKPT OUT``) is a directory with
 ``model.safetensors`` (our state_dict, plain tensors), ``model_config.json``,
@@ -43,12 +49,14 @@ import numpy as np
 import torch
 
 from train.config import ModelConfig
+from train.fingerprint import file_sha256, files_sha256
 from train.model import Transformer
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 MILESTONE_PREFIX = "tokens-"
 TRAINER_FILE = "trainer.json"
+MANIFEST_FILE = "manifest.json"
 FORMAT = "posfreq-pretrain-v1"
 CONSOLIDATED_WEIGHTS = "model.safetensors"
 UNTRUSTED_FIX = ("Fix: resume from another checkpoint (--resume PATH) or move this one away; load only "
@@ -74,18 +82,45 @@ def temporary(path: Path) -> Path:
     return path.with_name(path.name + ".tmp")
 
 
-def publish(tmp: Path, final: Path) -> None:
-    """Rename a complete `tmp` directory to `final`, replacing any old one without a gap."""
-    old = final.with_name(final.name + ".old")
-    if old.exists():
-        shutil.rmtree(old)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if old.exists():
-        trash = temporary(old)
-        os.replace(old, trash)
+def fsync_path(path: Path) -> None:
+    """Flush one file's or directory's data and metadata to stable storage."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file under `root`, then its directories bottom-up: a rename then publishes durable bytes."""
+    for directory, _, names in os.walk(root, topdown=False):
+        for name in names:
+            fsync_path(Path(directory) / name)
+        fsync_path(Path(directory))
+
+
+def discard(path: Path) -> None:
+    """Delete directory `path` if present, renaming it to NAME.tmp first so a half-deleted one never looks whole."""
+    if not path.exists():
+        return
+    trash = temporary(path)
+    if trash.exists():
         shutil.rmtree(trash)
+    os.replace(path, trash)
+    shutil.rmtree(trash)
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Make a complete `tmp` durable and rename it to `final`; `final` or `final.old` is whole at every instant."""
+    fsync_tree(tmp)
+    fsync_path(tmp.parent)
+    old = final.with_name(final.name + ".old")
+    if final.exists():
+        discard(old)  # `final` is whole, so the copy before it may go
+        os.replace(final, old)
+    os.replace(tmp, final)  # with no `final`, a left-over `old` stays until this rename is done
+    fsync_path(final.parent)
+    discard(old)
 
 
 def read_trainer_state(path: str | Path) -> dict | None:
@@ -114,10 +149,77 @@ def list_checkpoints(out_dir: str | Path) -> list[tuple[Path, dict]]:
     return sorted(found, key=lambda item: (item[1]["tokens_seen"], item[1].get("resumable", False)))
 
 
+def write_manifest(directory: Path) -> str:
+    """Record every file's relative path, size and sha256 in manifest.json; returns the manifest's sha256."""
+    files = sorted(p for p in directory.rglob("*") if p.is_file())
+    entries = {}
+    for path in files:
+        name = path.relative_to(directory).as_posix()
+        if name not in (MANIFEST_FILE, TRAINER_FILE):
+            entries[name] = {"size": path.stat().st_size, "sha256": file_sha256(path)}
+    _write_file(directory / MANIFEST_FILE, {"files": entries})
+    return file_sha256(directory / MANIFEST_FILE)
+
+
+def _manifest_entries(path: Path, meta: dict) -> dict[str, dict]:
+    """The files manifest.json lists, after checking it is the manifest trainer.json recorded."""
+    manifest = path / MANIFEST_FILE
+    if not manifest.is_file():
+        raise CheckpointError(f"{manifest} is missing (trainer.json records one)")
+    if file_sha256(manifest) != meta["manifest_sha256"]:
+        raise CheckpointError(f"{manifest} differs from the one trainer.json records (damaged)")
+    try:
+        entries = json.loads(manifest.read_text())["files"]
+        return {name: {"size": int(e["size"]), "sha256": str(e["sha256"])} for name, e in entries.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise CheckpointError(f"{manifest}: not a manifest this code wrote ({type(err).__name__}: {err})") from None
+
+
+def verify_checkpoint(path: Path, meta: dict) -> None:
+    """Check every file in the checkpoint's manifest has its recorded size, then its sha256; raise naming the first
+    that does not. Sizes first: a file truncated by a crash is found without reading the others."""
+    if "manifest_sha256" not in meta:
+        return  # written before manifests: nothing to check against
+    entries = _manifest_entries(path, meta)
+    files = {name: contained_file(path, name, str(path / MANIFEST_FILE)) for name in entries}
+    for name, entry in entries.items():
+        if not files[name].is_file():
+            raise CheckpointError(f"{files[name]} is missing (listed in {MANIFEST_FILE})")
+        size = files[name].stat().st_size
+        if size != entry["size"]:
+            raise CheckpointError(f"{files[name]} has {size} bytes, {MANIFEST_FILE} records {entry['size']} "
+                                  "(truncated or not flushed before a crash)")
+    for name, entry in entries.items():
+        if file_sha256(files[name]) != entry["sha256"]:
+            raise CheckpointError(f"{files[name]}: its sha256 differs from {MANIFEST_FILE}'s (damaged on disk)")
+
+
+def _incomplete_directories(out_dir: str | Path) -> list[Path]:
+    """Directories under OUT/checkpoints (never a .tmp) that are not complete checkpoints."""
+    root = checkpoint_root(out_dir)
+    found = sorted(root.iterdir()) if root.is_dir() else []
+    return [p for p in found if p.is_dir() and not p.name.endswith(".tmp") and read_trainer_state(p) is None]
+
+
+def choose_resume_checkpoint(out_dir: str | Path) -> tuple[Path | None, list[str]]:
+    """The newest resumable checkpoint whose files verify (or None), and why each other candidate was skipped."""
+    skipped = [f"{p}: not a complete checkpoint (no readable {TRAINER_FILE}, or no state/.metadata or state.pt)"
+               for p in _incomplete_directories(out_dir)]
+    for path, meta in reversed(list_checkpoints(out_dir)):
+        if not meta.get("resumable"):
+            continue
+        try:
+            verify_checkpoint(path, meta)
+        except CheckpointError as err:
+            skipped.append(f"{path}: {err}")
+            continue
+        return path, skipped
+    return None, skipped
+
+
 def find_resume_checkpoint(out_dir: str | Path) -> Path | None:
-    """The newest complete, resumable checkpoint (most tokens seen), or None."""
-    resumable = [path for path, meta in list_checkpoints(out_dir) if meta.get("resumable")]
-    return resumable[-1] if resumable else None
+    """The newest complete, resumable checkpoint (most tokens seen) whose files verify, or None."""
+    return choose_resume_checkpoint(out_dir)[0]
 
 
 def remove_stale_temporaries(out_dir: str | Path) -> list[Path]:
@@ -172,8 +274,8 @@ def save_checkpoint(fabric: Any, final: Path, objects: dict, files: dict[str, An
     """Write a checkpoint atomically; call on every rank.
 
     `objects` (model, optimizer) go through Fabric (sharded DCP or one full file); each rank
-    writes its RNG states; rank 0 writes `files` (name -> JSON-able dict or numpy array), then
-    trainer.json last, and renames ``final.tmp`` to `final`.
+    writes its RNG states; rank 0 writes `files` (name -> JSON-able dict or numpy array), the
+    manifest of them all, then trainer.json last, and publishes ``final.tmp`` as `final`.
     """
     tmp = temporary(final)
     if fabric.global_rank == 0:
@@ -183,11 +285,13 @@ def save_checkpoint(fabric: Any, final: Path, objects: dict, files: dict[str, An
     fabric.barrier()
     fabric.save(tmp / ("state" if sharded else "state.pt"), objects)
     torch.save(capture_rng(), rng_file(tmp, fabric.global_rank))
+    fsync_path(rng_file(tmp, fabric.global_rank))  # on its own node: rank 0's fsync reaches only its own writes
     fabric.barrier()
     if fabric.global_rank == 0:
         for name, content in files.items():
             _write_file(tmp / name, content)
-        _write_file(tmp / TRAINER_FILE, {"format": FORMAT, **trainer_state})
+        manifest = write_manifest(tmp)
+        _write_file(tmp / TRAINER_FILE, {"format": FORMAT, "manifest_sha256": manifest, **trainer_state})
         publish(tmp, final)
     fabric.barrier()
     return final
@@ -395,8 +499,6 @@ def model_fingerprint(checkpoint_dir: str | Path) -> str:
     For a trainer checkpoint the weight files include the optimizer state stored beside the model
     (DCP shards mix them); two checkpoints share a fingerprint only when those bytes are equal.
     """
-    from train.fingerprint import files_sha256
-
     path = Path(checkpoint_dir)
     weights = [path / CONSOLIDATED_WEIGHTS, path / "state.pt"]
     files = [f for f in [path / "model_config.json", path / "tokenizer_spec.json", *weights] if f.is_file()]

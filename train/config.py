@@ -24,6 +24,12 @@ class ModelConfig:
     rope_scaling: dict | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "max_seq_len"):
+            if not getattr(self, name) >= 1:
+                raise ValueError(f"{name}={getattr(self, name)!r} is out of range: it must be >= 1")
+        for name in ("rope_base", "norm_eps"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} is out of range: it must be > 0")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.n_heads % self.n_kv_heads:

@@ -38,6 +38,7 @@ lengths + binary search), so resuming never replays data.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, replace
@@ -241,6 +242,16 @@ class TokenDataset:
 
     def __len__(self) -> int:
         return self.num_docs
+
+    def fingerprint(self) -> str:
+        """sha256 over each shard's name, file sizes and document offsets: which documents these are, wherever
+        the directory lives (token contents are not read: they are the bulk of the data)."""
+        digest = hashlib.sha256()
+        for shard in self.shards:
+            sizes = (shard.tokens_path.stat().st_size, shard.offsets_path.stat().st_size)
+            digest.update(f"{shard.name}\0{sizes[0]}\0{sizes[1]}\n".encode())
+            digest.update(np.load(shard.offsets_path, mmap_mode="r"))
+        return digest.hexdigest()
 
     def __repr__(self) -> str:
         return (f"TokenDataset({str(self.directory)!r}: {len(self.shards)} shards, {self.num_docs} docs, "

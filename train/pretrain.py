@@ -18,6 +18,14 @@ with N the matmul parameters (all but the input embedding; the output head count
 second term the causal per-document attention: a query at position p attends to p + 1 keys,
 QK^T and AV cost 4 * d_model * (p + 1) FLOPs forward per layer, x3 for forward + backward.
 MFU = FLOPs / step time / (devices * peak FLOP/s per device).
+
+Signals and exit codes: SIGUSR1 and SIGTERM are caught from the start of `train` on, so one that
+arrives while the run starts up is not fatal; the step after it ends with a save. After SIGUSR1
+in a SLURM job (with ``requeue_on_signal``) the trainer runs ``scontrol requeue`` and exits 0.
+Otherwise nothing restarts the run, and after the save it exits with code 3
+(``EXIT_NOT_REQUEUED``), saying the job was not requeued; continue it with ``--resume auto``.
+Errors a user can fix (config, checkpoint, a run directory locked by another job) print
+``error: ...`` naming the key or file and the fix, and exit 1.
 """
 
 from __future__ import annotations
@@ -45,9 +53,12 @@ from train.config import ModelConfig, model_preset
 from train.data import IGNORE_INDEX, PackedBatch, PackedSampler, TokenDataset
 from train.model import Transformer
 from train.run_config import ConfigError, TrainConfig, config_differences, parse_args
+from train.run_lock import RunLock, RunLockError
 from train.tokenizer import get_tokenizer
 
 PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "A10G": 125e12, "L4": 121e12}
+EXIT_NOT_REQUEUED = 3  # a signal stopped the run after a save, and no SLURM requeue will restart it
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 
 # --------------------------------------------------------------------------------------------
@@ -164,6 +175,7 @@ class Plan:
             raise ConfigError(f"data.dir: {err}") from err
         if self.dataset.num_tokens == 0:
             raise ConfigError(f"data.dir {cfg.data.dir} holds no tokens. Fix: re-run scripts/prepare_data.py")
+        self.data_fingerprint = self.dataset.fingerprint()
         overrides = dict(cfg.model.overrides)
         overrides.setdefault("vocab_size", self.dataset.vocab_size)
         # The checkpoint records the length it was trained at: STRING and the baselines derive their
@@ -171,7 +183,7 @@ class Plan:
         overrides.setdefault("max_seq_len", cfg.data.seq_len)
         try:
             self.model_config = model_preset(cfg.model.preset, **overrides)
-        except (TypeError, ValueError) as err:
+        except ValueError as err:
             raise ConfigError(f"model: {err}") from err
         if self.model_config.vocab_size < self.dataset.vocab_size:
             raise ConfigError(f"model vocab_size {self.model_config.vocab_size} < the data's {self.dataset.vocab_size} "
@@ -189,9 +201,8 @@ class Plan:
         self.global_rows = cfg.global_batch_tokens // L
         self.accumulation = self.global_rows // rows_per_micro
         self.total_steps = -(-cfg.total_tokens // cfg.global_batch_tokens)
-        if cfg.checkpoint.every_tokens < 1:
-            raise ConfigError("checkpoint.every_tokens must be >= 1")
         self.tokenizer_spec = self._tokenizer_spec()
+        self.skipped: list[str] = []  # checkpoints `--resume auto` passed over, each with the reason
         self.resume_from = self._resume_point()
 
     def _tokenizer_spec(self) -> dict:
@@ -202,11 +213,21 @@ class Plan:
             spec["bos_id"] = None  # a tokenizer registered only in another process (e.g. the demo's)
         return spec
 
+    def _auto_resume_point(self) -> Path | None:
+        """The newest checkpoint that verifies; None for a fresh run; an error if checkpoints exist but none verify."""
+        path, self.skipped = ckpt.choose_resume_checkpoint(self.cfg.out_dir)
+        if path is None and self.skipped:
+            raise ckpt.CheckpointError(
+                f"resume=auto: no checkpoint under {ckpt.checkpoint_root(self.cfg.out_dir)} can be resumed:\n  "
+                + "\n  ".join(self.skipped) + "\nFix: restore a good copy of one of them, or pass --resume PATH to "
+                "a checkpoint you trust; to start over, use a new --out_dir (nothing was deleted).")
+        return path
+
     def _resume_point(self) -> Path | None:
         cfg = self.cfg
         if cfg.resume is None:
             return None
-        path = ckpt.find_resume_checkpoint(cfg.out_dir) if cfg.resume == "auto" else Path(cfg.resume)
+        path = self._auto_resume_point() if cfg.resume == "auto" else Path(cfg.resume)
         if path is None:
             return None
         meta = ckpt.read_trainer_state(path)
@@ -215,6 +236,8 @@ class Plan:
         if not meta.get("resumable"):
             raise ConfigError(f"resume: {path} holds model weights only (checkpoint.milestone_weights_only); "
                               "resume from a full checkpoint such as OUT/checkpoints/latest")
+        if cfg.resume != "auto":  # `auto` verified it while choosing
+            self._verify_chosen(path, meta)
         diffs = config_differences(meta["config"], cfg.to_dict())
         saved_model = ckpt.load_model_config(path)
         if saved_model != self.model_config:
@@ -222,11 +245,31 @@ class Plan:
         if diffs:
             raise ConfigError(f"resume: {path} was written by a different config:\n  " + "\n  ".join(diffs)
                               + "\nFix: resume with the original config, or start a new run in a new out_dir.")
+        self._check_same_data(path, meta)
         if meta["sharded"] != cfg.checkpoint.sharded:
             raise ConfigError(f"resume: {path} is {'sharded' if meta['sharded'] else 'a full file'}; set "
                               f"--checkpoint.sharded {str(meta['sharded']).lower()} to load it")
         ckpt.verify_resume_files(path)  # Fabric reads it through DCP's unrestricted unpickler
         return path
+
+    def _verify_chosen(self, path: Path, meta: dict) -> None:
+        """Check the files of the checkpoint named by --resume PATH against its manifest."""
+        try:
+            ckpt.verify_checkpoint(path, meta)
+        except ckpt.CheckpointError as err:
+            raise ckpt.CheckpointError(f"resume={self.cfg.resume}: {err}. Fix: restore a good copy of it, or use "
+                                       "--resume auto (the newest checkpoint whose files verify).") from None
+
+    def _check_same_data(self, path: Path, meta: dict) -> None:
+        """Refuse to resume on other documents than the checkpoint's, even with equal document and token counts."""
+        saved = meta.get("data")
+        if saved is None or saved["fingerprint"] == self.data_fingerprint:  # None: saved before fingerprints
+            return
+        raise ConfigError(
+            f"resume: {path} was trained on data.dir {saved['dir']} (data fingerprint {saved['fingerprint'][:16]}), "
+            f"but data.dir {self.cfg.data.dir} holds other documents (fingerprint {self.data_fingerprint[:16]}): "
+            "shard names, file sizes or document offsets differ. Fix: set --data.dir to the data this run was "
+            "trained on (a copy of its shard files is fine), or start a new run in a new out_dir.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -234,14 +277,30 @@ class Plan:
 # --------------------------------------------------------------------------------------------
 
 
+class StopSignals:
+    """Records SIGUSR1 / SIGTERM from start-up on (Python's default would end the process), for the loop to act on."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.previous = {signum: signal.signal(signum, self._record) for signum in STOP_SIGNALS}
+
+    def _record(self, signum: int, frame) -> None:
+        self.received = signum
+
+    def restore(self) -> None:
+        """Put back the handlers that were installed before."""
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
 class Trainer:
     """One pretraining run on the processes Fabric launched."""
 
-    def __init__(self, cfg: TrainConfig, fabric, plan: Plan) -> None:
-        self.cfg, self.fabric, self.plan = cfg, fabric, plan
+    def __init__(self, cfg: TrainConfig, fabric, plan: Plan, signals: StopSignals) -> None:
+        self.cfg, self.fabric, self.plan, self.signals = cfg, fabric, plan, signals
         self.out = Path(cfg.out_dir)
         self.step = 0
-        self.signal: int | None = None
+        self.exit_code = 0  # EXIT_NOT_REQUEUED once a signal stopped the run and nothing requeued it
         self.last_latest_time = time.monotonic()
         self.trained_lengths = np.zeros(cfg.data.seq_len + 1, dtype=np.int64)  # this rank's counts since start/resume
         self.tokens_before = 0  # tokens the initial weights (model.init_from) had already been trained on
@@ -282,6 +341,7 @@ class Trainer:
                  "resumable": not weights_only,
                  "sharded": self.cfg.checkpoint.sharded, "world_size": self.fabric.world_size,
                  "sampler": self.sampler.state_dict(), "config": self.cfg.to_dict(),
+                 "data": {"dir": self.cfg.data.dir, "fingerprint": self.plan.data_fingerprint},
                  "schedule": {"next_lr": lr_at(self.step, self.cfg, self.plan.total_steps),
                               "total_steps": self.plan.total_steps},
                  "wall_time_s": self.wall_time, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -322,9 +382,6 @@ class Trainer:
 
     # -- one optimizer step --------------------------------------------------------------------
 
-    def _handle_signal(self, signum: int, frame) -> None:
-        self.signal = signum
-
     def _train_step(self, batches: list[PackedBatch], n_targets: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward/backward over the micro-batches; returns (summed local loss, grad norm)."""
         fabric, device = self.fabric, self.fabric.device
@@ -353,8 +410,6 @@ class Trainer:
     def fit(self) -> list[dict]:
         """Train until total_tokens (or stop_at_step / a signal); returns this run's logged metrics."""
         cfg, fabric, plan = self.cfg, self.fabric, self.plan
-        for signum in (signal.SIGUSR1, signal.SIGTERM):
-            signal.signal(signum, self._handle_signal)
         logger = MetricsLog(self.out, self.step, fabric.global_rank == 0, cfg)
         bar = _progress(cfg, plan, self.tokens_seen, fabric.global_rank == 0)
         history: list[dict] = []
@@ -367,8 +422,9 @@ class Trainer:
                 time.monotonic() - self.last_latest_time >= 60 * cfg.checkpoint.latest_every_minutes
             local = torch.tensor([sum(float((b.targets != IGNORE_INDEX).sum()) for b in batches),
                                   sum(float((s * (s + 1)).sum()) for s in lengths),
-                                  float(self.signal is not None), float(due and fabric.global_rank == 0),
-                                  float(self.signal == signal.SIGUSR1)], dtype=torch.float64, device=fabric.device)
+                                  float(self.signals.received is not None), float(due and fabric.global_rank == 0),
+                                  float(self.signals.received == signal.SIGUSR1)], dtype=torch.float64,
+                                 device=fabric.device)
             n_targets, sum_s_s1, stop_flag, time_flag, requeue_flag = fabric.all_reduce(local, reduce_op="sum").tolist()
             loss_sum, grad_norm = self._train_step(batches, n_targets)
             loss = float(fabric.all_reduce(loss_sum, reduce_op="sum")) / n_targets
@@ -399,9 +455,9 @@ class Trainer:
                 logger.log(row, fabric)
             bar.update(cfg.global_batch_tokens)
             bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
-            self._maybe_save(stop_flag > 0 or self.step == stop_at, time_flag > 0)
+            saved = self._maybe_save(stop_flag > 0 or self.step == stop_at, time_flag > 0)
             if stop_flag > 0:
-                self._exit_on_signal(requeue_flag > 0)
+                self._stop_on_signal(saved, requeue_flag > 0)
                 break
         bar.close()
         logger.close()
@@ -409,26 +465,44 @@ class Trainer:
             external.finalize("success")
         return history
 
-    def _maybe_save(self, stopping: bool, time_due: bool) -> None:
+    def _maybe_save(self, stopping: bool, time_due: bool) -> Path | None:
+        """Save a milestone and/or `latest` if one is due; returns the resumable checkpoint written, if any."""
         c, step = self.cfg.checkpoint, self.step
         root = ckpt.checkpoint_root(self.out)
         tokens, before = self.tokens_seen, self.tokens_seen - self.cfg.global_batch_tokens
         milestone = tokens // c.every_tokens > before // c.every_tokens or step == self.plan.total_steps
         if milestone:
-            self.save(root / ckpt.milestone_name(tokens), weights_only=c.milestone_weights_only)
+            saved = self.save(root / ckpt.milestone_name(tokens), weights_only=c.milestone_weights_only)
             if not c.milestone_weights_only:
                 self.last_latest_time = time.monotonic()
-                return
+                return saved
         if stopping or time_due or (c.latest_every_steps and step % c.latest_every_steps == 0):
-            self.save(root / ckpt.LATEST)
             self.last_latest_time = time.monotonic()
+            return self.save(root / ckpt.LATEST)
+        return None
 
-    def _exit_on_signal(self, requeue: bool) -> None:
+    def _stop_on_signal(self, saved: Path, usr1: bool) -> None:
+        """After the signal's save: requeue the SLURM job if asked and possible, and say what happens next."""
         job = os.environ.get("SLURM_JOB_ID")
-        self.fabric.print(f"signal received: saved {ckpt.checkpoint_root(self.out) / ckpt.LATEST} at step {self.step}")
-        if requeue and job and self.cfg.requeue_on_signal and self.fabric.global_rank == 0:
-            self.fabric.print(f"requeueing SLURM job {job}")
-            subprocess.run(["scontrol", "requeue", job], check=False)
+        why_not = ("only SIGUSR1 requeues" if not usr1 else "no SLURM job (SLURM_JOB_ID unset)" if not job
+                   else "requeue_on_signal is false" if not self.cfg.requeue_on_signal else None)
+        if why_not is None and self.fabric.global_rank == 0:
+            why_not = _requeue(job)
+        if self.fabric.broadcast(why_not is None, src=0):
+            self.fabric.print(f"signal received: saved {saved} at step {self.step}; requeued SLURM job {job}")
+        else:
+            self.exit_code = EXIT_NOT_REQUEUED
+            self.fabric.print(f"signal received: saved {saved} at step {self.step}; the job was NOT requeued "
+                              f"({why_not}): exiting with code {EXIT_NOT_REQUEUED}. Continue with --resume auto.")
+
+
+def _requeue(job: str) -> str | None:
+    """`scontrol requeue JOB`; None if it worked, else why not."""
+    try:
+        proc = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=False)
+    except OSError as err:
+        return f"scontrol requeue {job} could not run: {err}"
+    return None if proc.returncode == 0 else f"scontrol requeue {job} failed: {(proc.stderr or '').strip()}"
 
 
 class MetricsLog:
@@ -529,33 +603,65 @@ def build_fabric(cfg: TrainConfig):
                   precision="32-true", loggers=_loggers(cfg))
 
 
-def train(cfg: TrainConfig) -> list[dict]:
-    """Validate, launch processes, train; returns the logged metrics of this process's run."""
-    fabric = build_fabric(cfg)
-    plan = Plan(cfg, fabric.world_size)  # every check before any process or compute starts
-    fabric.launch()
+def _lock_out_dir(cfg: TrainConfig, fabric) -> RunLock | None:
+    """Rank 0 takes OUT's run lock (the lock it returns); every rank raises RunLockError if it could not."""
+    lock, refusal = None, None
     if fabric.global_rank == 0:
-        removed = ckpt.remove_stale_temporaries(cfg.out_dir)
-        for path in removed:
-            fabric.print(f"removed an interrupted checkpoint write: {path}")
-        fabric.print(f"{plan.model_config.num_params():,} parameters; {fabric.world_size} processes x "
-                     f"{plan.accumulation} micro-batches x {cfg.micro_batch_rows} rows x {cfg.data.seq_len} tokens "
-                     f"= {cfg.global_batch_tokens:,} tokens/step; {plan.total_steps:,} steps")
-    fabric.barrier()
+        try:
+            lock = RunLock.acquire(cfg.out_dir)
+        except RunLockError as err:
+            refusal = str(err)
+    refusal = fabric.broadcast(refusal, src=0)
+    if refusal:
+        raise RunLockError(refusal)
+    return lock
+
+
+def _start(cfg: TrainConfig, fabric, plan: Plan) -> None:
+    """Rank 0: clear interrupted writes (safe: this job holds the lock) and report the run and its resume point."""
+    for path in ckpt.remove_stale_temporaries(cfg.out_dir):
+        fabric.print(f"removed an interrupted checkpoint write: {path}")
+    for reason in plan.skipped:
+        fabric.print(f"skipped checkpoint {reason}")
+    fabric.print(f"{plan.model_config.num_params():,} parameters; {fabric.world_size} processes x "
+                 f"{plan.accumulation} micro-batches x {cfg.micro_batch_rows} rows x {cfg.data.seq_len} tokens "
+                 f"= {cfg.global_batch_tokens:,} tokens/step; {plan.total_steps:,} steps")
+
+
+def train(cfg: TrainConfig) -> list[dict]:
+    """Validate, launch processes, train; returns the logged metrics of this process's run.
+
+    Raises SystemExit(EXIT_NOT_REQUEUED) when a signal stopped the run and no SLURM requeue follows.
+    """
+    signals = StopSignals()  # before the slow start-up (opening shards, verifying checkpoints)
+    lock = None
     try:
-        return Trainer(cfg, fabric, plan).fit()
+        fabric = build_fabric(cfg)
+        plan = Plan(cfg, fabric.world_size)  # every check before any process or compute starts
+        fabric.launch()
+        lock = _lock_out_dir(cfg, fabric)
+        if fabric.global_rank == 0:
+            _start(cfg, fabric, plan)
+        fabric.barrier()
+        trainer = Trainer(cfg, fabric, plan, signals)
+        history = trainer.fit()
+        if trainer.exit_code:
+            sys.exit(trainer.exit_code)
+        return history
     finally:
+        if lock is not None:
+            lock.release()
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+        signals.restore()
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The command line: run `train`, printing `error: ...` (exit 1) for a config, checkpoint or lock error."""
     try:
         cfg = parse_args(argv)
         train(cfg)
-    except ConfigError as err:
-        sys.exit(f"config error: {err}")
-    except ckpt.CheckpointError as err:
+    except (ConfigError, ckpt.CheckpointError, RunLockError) as err:
         sys.exit(f"error: {err}")
 
 

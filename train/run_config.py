@@ -4,7 +4,9 @@ A run config is one YAML file whose sections mirror `TrainConfig` (model, data, 
 checkpoint, logging) plus top-level run keys. Every key must exist in the dataclasses: an
 unknown or mistyped key is an error naming the file (or flag) and the known keys. Command-line
 flags override the file, e.g. ``--optim.lr 1e-3 --data.dir /data/shards``; values are parsed
-as YAML scalars (``--checkpoint.sharded false``, ``--data.seq_len 4096``).
+as YAML scalars (``--checkpoint.sharded false``, ``--data.seq_len 4096``). Every number is
+checked against its valid range when the config is built (each section's ``__post_init__``), so
+a bad value is an error naming its key and range before any data is read.
 """
 
 from __future__ import annotations
@@ -18,6 +20,20 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
+from train.config import ModelConfig, model_preset
+
+
+class ConfigError(ValueError):
+    """A run configuration that cannot work; raised before any compute."""
+
+
+def _at_least(section: str, obj: Any, minimum: float, *names: str) -> None:
+    """Raise ConfigError naming the first field of `names` below `minimum` (None, for unset, passes)."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and not value >= minimum:  # `not >=` refuses NaN too
+            raise ConfigError(f"{section}{name}={value!r} is out of range: it must be >= {minimum}")
+
 
 @dataclass
 class ModelSection:
@@ -28,6 +44,17 @@ class ModelSection:
     attention_backend: str = "auto"  # train.attention backend: auto, sdpa, flash, xformers, flex
     activation_checkpointing: bool = False  # recompute each block in backward (less memory, ~1/3 more compute)
     init_from: Optional[str] = None  # start from this checkpoint's weights and trained-length histogram (fresh optimizer)
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(ModelConfig)
+        unknown = sorted(set(self.overrides) - set(hints))
+        if unknown:
+            raise ConfigError(f"model.overrides: unknown keys {unknown}. Known keys: {sorted(hints)}")
+        self.overrides = {k: _coerce(v, hints[k], f"model.overrides.{k}") for k, v in self.overrides.items()}
+        try:
+            model_preset(self.preset, **self.overrides)
+        except ValueError as err:
+            raise ConfigError(f"model.overrides (preset {self.preset!r}): {err}") from None
 
 
 @dataclass
@@ -41,6 +68,10 @@ class DataSection:
     attention: Literal["document", "row"] = "document"
     shuffle: bool = True
     shuffle_block: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        _at_least("data.", self, 2, "seq_len")  # a 1-token row has no target
+        _at_least("data.", self, 1, "shuffle_block")
 
 
 @dataclass
@@ -60,6 +91,13 @@ class OptimSection:
     weight_decay_scope: Literal["all", "matrices"] = "all"
     grad_clip: float = 1.0  # max global L2 norm; 0 disables clipping
 
+    def __post_init__(self) -> None:
+        _at_least("optim.", self, 0, "lr", "min_lr", "warmup_steps", "eps", "weight_decay", "grad_clip")
+        _at_least("optim.", self, 1, "decay_steps")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"optim.{name}={getattr(self, name)!r} is out of range: it must be in [0, 1)")
+
 
 @dataclass
 class CheckpointSection:
@@ -70,6 +108,10 @@ class CheckpointSection:
     latest_every_minutes: float = 30.0  # 0 disables the time trigger
     milestone_weights_only: bool = False  # milestones keep model weights only (not resumable)
     sharded: bool = True  # torch.distributed.checkpoint shards per rank; false: one full file
+
+    def __post_init__(self) -> None:
+        _at_least("checkpoint.", self, 1, "every_tokens")
+        _at_least("checkpoint.", self, 0, "latest_every_steps", "latest_every_minutes")
 
 
 @dataclass
@@ -82,6 +124,9 @@ class LoggingSection:
     every_steps: int = 1
     progress_bar: bool = True
     peak_flops_per_device: Optional[float] = None  # for MFU; default: known GPU peak (bf16), none on CPU
+
+    def __post_init__(self) -> None:
+        _at_least("logging.", self, 1, "every_steps")
 
 
 @dataclass
@@ -107,6 +152,11 @@ class TrainConfig:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
 
+    def __post_init__(self) -> None:
+        _at_least("", self, 1, "total_tokens", "global_batch_tokens", "micro_batch_rows", "num_nodes", "stop_at_step")
+        if not (self.devices == "auto" or (isinstance(self.devices, int) and self.devices >= 1)):
+            raise ConfigError(f"devices={self.devices!r} is out of range: it must be 'auto' or an integer >= 1")
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -118,10 +168,6 @@ RESUMABLE_CHANGES = (
     "requeue_on_signal", "on_nonfinite", "total_tokens", "data.dir", "model.attention_backend",
     "model.activation_checkpointing", "model.init_from", "checkpoint.", "logging.",
 )
-
-
-class ConfigError(ValueError):
-    """A run configuration that cannot work; raised before any compute."""
 
 
 def _flatten(data: dict, prefix: str = "") -> dict[str, Any]:
@@ -147,23 +193,23 @@ def _leaf_types(cls: type = TrainConfig, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _coerce(value: Any, hint: Any, key: str, where: str) -> Any:
+def _coerce(value: Any, hint: Any, key: str) -> Any:
     """Check `value` against a simple type hint (int, float, str, bool, Optional, Union, Literal, dict)."""
     origin = typing.get_origin(hint)
     if origin in (Union, types.UnionType):
         for option in typing.get_args(hint):
             try:
-                return _coerce(value, option, key, where)
+                return _coerce(value, option, key)
             except ConfigError:
                 continue
-        raise ConfigError(f"{where}: {key}={value!r} matches none of {hint}")
+        raise ConfigError(f"{key}={value!r} matches none of {hint}")
     if hint is type(None):
         if value is None:
             return None
     elif origin is Literal:
         if value in typing.get_args(hint):
             return value
-        raise ConfigError(f"{where}: {key}={value!r} must be one of {list(typing.get_args(hint))}")
+        raise ConfigError(f"{key}={value!r} must be one of {list(typing.get_args(hint))}")
     elif hint is bool:
         if isinstance(value, bool):
             return value
@@ -187,7 +233,7 @@ def _coerce(value: Any, hint: Any, key: str, where: str) -> Any:
             return dict(value)
     elif hint is Any:
         return value
-    raise ConfigError(f"{where}: {key}={value!r} should be of type {getattr(hint, '__name__', hint)}")
+    raise ConfigError(f"{key}={value!r} should be of type {getattr(hint, '__name__', hint)}")
 
 
 def _build(cls: type, flat: dict[str, Any], prefix: str = "") -> Any:
@@ -216,8 +262,10 @@ def config_from_dict(data: dict, where: str = "config") -> TrainConfig:
     if unknown:
         raise ConfigError(f"{where}: unknown config keys {unknown}. Known keys: {sorted(known)}. "
                           "Fix: correct the spelling or remove them.")
-    typed = {k: _coerce(v, known[k], k, where) for k, v in flat.items()}
-    return _build(TrainConfig, typed)
+    try:
+        return _build(TrainConfig, {k: _coerce(v, known[k], k) for k, v in flat.items()})
+    except ConfigError as err:  # a wrong type, or a value out of range (the sections' __post_init__)
+        raise ConfigError(f"{where}: {err}") from None
 
 
 def load_yaml(path: str | Path) -> dict:
