@@ -1,7 +1,7 @@
-"""The main job in miniature: the paper's probing experiment on a 2-core CPU.
+"""The main job in miniature: the paper's probing experiment on a 2-core CPU, over three seeds.
 
-    python scripts/demo.py            # full: about 30 minutes on 2 cores
-    python scripts/demo.py --quick    # every stage at toy scale, a few minutes (CI runs it)
+    python scripts/demo.py            # full: about 25 minutes on 2 quiet cores
+    python scripts/demo.py --quick    # every stage at toy scale, about a minute (CI runs it)
 
 Stages, each one of the project's own commands (REPORT.md lists them exactly):
 1. the demo tokenizer and corpora (scripts/demo_corpus.py): a warm-up corpus of copy drills and
@@ -9,13 +9,16 @@ Stages, each one of the project's own commands (REPORT.md lists them exactly):
    lengths; the probe uses the other half and needle numbers kept out of training;
 2. the main corpus's length histogram and f(i) at both training lengths (Fig. 1 / Fig. 3 analogues);
 3. token shards (scripts/prepare_data.py);
-4. a short warm-up run on the copy drills (an induction circuit must exist before retrieval can
-   be learned), then two models continued from it at L = 256 and L = 512 with the same data,
-   seed, model and token budget (train/pretrain.py --model.init_from), milestone checkpoints
-   carrying trained-length histograms;
-5. the NIAH probe of every checkpoint with rope and with string (analysis/probe.py);
-6. Fig. 2a / 2b (analysis/effective_length.py), a Table 1-style comparison of position schemes
-   at the training length, and REPORT.md with an honest reading of the numbers.
+4. per seed, a warm-up run on the copy drills at L = 128 (an induction circuit must exist before
+   retrieval can be learnt), then two models continued from it at L = 256 and L = 512 with the
+   same data, model and token budget (train/pretrain.py --model.init_from); the seed sets the
+   model init and the data order. Two single-thread lanes run the trainings (every warm-up first,
+   then the continued runs, longest first). Milestone checkpoints carry trained-length histograms;
+5. the NIAH probe of every milestone with rope (and with string for the first seed): a test of
+   length n is an (n - 18)-token prompt and at most 18 new tokens (the 16-token answer and EOS fit);
+6. analysis/compare.py over all runs: Fig. 2a / 2b with seed bands, pass-rate curves of every
+   milestone, and the computed verdicts (shortfall, longer L reaches further, the paper's C2);
+   a Table 1-style comparison of position schemes at the training length; REPORT.md.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -38,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from analysis.effective_length import find_run_results, read_csv  # noqa: E402
+from analysis.effective_length import read_csv  # noqa: E402
 from train.checkpoint import MILESTONE_PREFIX, list_checkpoints  # noqa: E402
 from train.cli import code_version  # noqa: E402
 
@@ -48,41 +51,41 @@ class DemoSettings:
     """Everything that sizes the demo; the full and quick modes differ only here."""
 
     train_lens: tuple[int, ...]
+    seeds: tuple[int, ...]  # one warm-up per seed, every training length continued from it
     corpus_docs: int
     warmup_docs: int
+    warmup_len: int
     warmup_tokens: int
     total_tokens: int
     checkpoint_every_tokens: int
     global_batch_tokens: int
-    probe_start: int
-    probe_step: int
+    test_lengths: tuple[int, ...]  # NIAH test lengths n (prompt + answer budget); a run is probed at those <= L
     tests_per_length: int
     table1_tests: int
     table1_schemes: tuple[str, ...]
-    seed: int = 0
-    answer_budget: int = 20  # tokens for the answer inside each test length: the 4 numbers take 15 + EOS here
+    answer_budget: int = 18  # B: the 4-number answer is 16 demo-tokenizer tokens, then EOS
+    string_seeds: tuple[int, ...] = (0,)  # seeds whose milestones are also probed with STRING
 
 
 FULL = DemoSettings(
-    train_lens=(256, 512), corpus_docs=30_000, warmup_docs=15_000, warmup_tokens=614_400,
-    total_tokens=2_457_600, checkpoint_every_tokens=614_400,
-    global_batch_tokens=1024, probe_start=128, probe_step=32, tests_per_length=40, table1_tests=100,
-    table1_schemes=("rope", "string", "rerope", "self_extend", "dca", "ntk", "yarn"),
+    train_lens=(256, 512), seeds=(0, 1, 2), corpus_docs=30_000, warmup_docs=20_000, warmup_len=128,
+    warmup_tokens=819_200, total_tokens=2_457_600, checkpoint_every_tokens=307_200, global_batch_tokens=1024,
+    test_lengths=(144, 176, 208, 256, 320, 384, 448, 512), tests_per_length=32,
+    table1_tests=50, table1_schemes=("rope", "string", "rerope", "self_extend", "dca", "ntk", "yarn"),
 )
 QUICK = DemoSettings(
-    train_lens=(256, 512), corpus_docs=2_000, warmup_docs=500, warmup_tokens=16_384,
-    total_tokens=98_304, checkpoint_every_tokens=32_768,
-    global_batch_tokens=1024, probe_start=128, probe_step=128, tests_per_length=4, table1_tests=4,
-    table1_schemes=("rope", "string"),
+    train_lens=(256, 512), seeds=(0,), corpus_docs=2_000, warmup_docs=500, warmup_len=128, warmup_tokens=16_384,
+    total_tokens=98_304, checkpoint_every_tokens=32_768, global_batch_tokens=1024,
+    test_lengths=(144, 256, 512), tests_per_length=4, table1_tests=4, table1_schemes=("rope", "string"),
 )
 
 
 class Pipeline:
     """Runs the project's commands, printing and recording each; each command's output goes to OUT/logs.
 
-    Independent branches (the two training lengths) run side by side, one thread of torch each:
-    on a 2-core machine that uses both cores without the oversubscription that makes two
-    multi-threaded processes crawl.
+    Jobs run in two lanes with one torch thread each (OMP_NUM_THREADS=1 is forced): on a 2-core
+    machine that uses both cores without the oversubscription that slows two multi-threaded
+    processes tens of times.
     """
 
     def __init__(self, out: Path) -> None:
@@ -90,8 +93,8 @@ class Pipeline:
         self.logs = out / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.commands: list[tuple[str, str, float]] = []
-        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-        self.env.setdefault("OMP_NUM_THREADS", "1")
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+                    "OMP_NUM_THREADS": "1"}
 
     def run(self, stage: str, *args: str | Path) -> None:
         cmd = [sys.executable, *map(str, args)]
@@ -117,15 +120,9 @@ class Pipeline:
             return {key: future.result() for key, future in futures.items()}
 
 
-def probe_options(settings: DemoSettings) -> list[str]:
-    """Probe flags shared by every demo probe: the answer budget, the training answers' needle order, and
-    --replace-stale (a rerun after a code change re-probes instead of stopping at the old results)."""
-    return ["--max-new-tokens", str(settings.answer_budget), "--answer-order", "nearest_first", "--replace-stale",
-            "--threads", "1"]
-
-
-def probe_lengths(settings: DemoSettings, train_len: int) -> list[int]:
-    return list(range(settings.probe_start, train_len + 1, settings.probe_step))
+def probed_lengths(settings: DemoSettings, train_len: int) -> list[int]:
+    """The NIAH test lengths n <= train_len a run of that length is probed at."""
+    return [n for n in settings.test_lengths if n <= train_len]
 
 
 def last_milestone(run: Path) -> Path:
@@ -134,26 +131,39 @@ def last_milestone(run: Path) -> Path:
 
 
 def train(p: Pipeline, settings: DemoSettings, stage: str, data: Path, run: Path, train_len: int, tokens: int,
-          *extra: str | Path) -> Path:
+          seed: int, *extra: str | Path) -> Path:
     """One train/pretrain.py run of the demo config; returns its last milestone checkpoint."""
     p.run(stage, "train/pretrain.py", "--config", "configs/demo.yaml", "--data.dir", data,
           "--data.seq_len", str(train_len), "--out_dir", run, "--total_tokens", str(tokens),
           "--global_batch_tokens", str(settings.global_batch_tokens),
           "--checkpoint.every_tokens", str(min(tokens, settings.checkpoint_every_tokens)),
-          "--seed", str(settings.seed), *extra)
+          "--seed", str(seed), *extra)
     return last_milestone(run)
 
 
-def train_and_probe(p: Pipeline, settings: DemoSettings, corpus: Path, data: Path, warm: Path, train_len: int) -> Path:
-    """Continue the warm-up model at `train_len`, then probe every milestone with rope and string."""
-    run = p.out / f"L{train_len}"
-    train(p, settings, f"train L={train_len}", data, run, train_len, settings.total_tokens, "--model.init_from", warm)
-    for scheme in ("rope", "string"):
+def probe(p: Pipeline, settings: DemoSettings, corpus: Path, stage: str, lengths: list[int], tests: int, seed: int,
+          out: Path, *source: str | Path) -> None:
+    """analysis/probe.py at test lengths `lengths` with the demo's answer budget and training answers' needle order.
+
+    --replace-stale: a rerun after a code change probes again instead of stopping at the old results.
+    """
+    p.run(stage, "analysis/probe.py", *source, "--haystack", corpus / "probe_haystack",
+          "--lengths", ",".join(map(str, lengths)), "--max-new-tokens", str(settings.answer_budget),
+          "--answer-order", "nearest_first", "--tests-per-length", str(tests), "--out", out, "--seed", str(seed),
+          "--replace-stale", "--threads", "1")
+
+
+def train_and_probe(p: Pipeline, settings: DemoSettings, corpus: Path, data: Path, warm: Future, seed: int,
+                    train_len: int) -> Path:
+    """Continue seed `seed`'s warm-up model at `train_len`, then probe every milestone (rope; string too for
+    the seeds in settings.string_seeds). The probe's tests are the same for every seed (probe seed 0)."""
+    run = p.out / f"L{train_len}-s{seed}"
+    train(p, settings, f"train L={train_len} seed={seed}", data, run, train_len, settings.total_tokens, seed,
+          "--model.init_from", warm.result())
+    for scheme in ("rope", "string") if seed in settings.string_seeds else ("rope",):
         out = run / ("probe" if scheme == "rope" else f"probe-{scheme}")
-        p.run(f"probe L={train_len} ({scheme})", "analysis/probe.py", "--run", run, "--positions", scheme,
-              "--haystack", corpus / "probe_haystack", "--lengths", ",".join(map(str, probe_lengths(settings, train_len))),
-              "--tests-per-length", str(settings.tests_per_length), "--out", out, "--seed", str(settings.seed),
-              *probe_options(settings))
+        probe(p, settings, corpus, f"probe L={train_len} seed={seed} ({scheme})", probed_lengths(settings, train_len),
+              settings.tests_per_length, 0, out, "--run", run, "--positions", scheme)
     return run
 
 
@@ -163,10 +173,8 @@ def table1(p: Pipeline, settings: DemoSettings, corpus: Path, run: Path, train_l
     rows = []
     for scheme in settings.table1_schemes:
         out = run / "table1" / scheme
-        p.run(f"table 1 L={train_len} ({scheme})", "analysis/probe.py", "--checkpoint", final, "--positions", scheme,
-              "--haystack", corpus / "probe_haystack", "--lengths", str(train_len),
-              "--tests-per-length", str(settings.table1_tests), "--out", out, "--seed", str(settings.seed + 1),
-              "--no-figures", *probe_options(settings))
+        probe(p, settings, corpus, f"table 1 L={train_len} ({scheme})", [train_len], settings.table1_tests, 1, out,
+              "--checkpoint", final, "--positions", scheme, "--no-figures")
         summary = read_csv(out / "summary.csv")[0]
         rows.append({"scheme": scheme, "pass_rate": float(summary["pass_rate"]),
                      "needle_recall": float(summary["needle_recall"]), "tests": int(summary["n_tests"])})
@@ -182,70 +190,74 @@ def markdown(rows: list[dict], columns: list[str]) -> str:
 def _cell(value) -> str:
     if value is None or value == "":
         return "–"
-    return f"{value:.2f}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    if isinstance(value, list):
+        return ", ".join(_cell(v) for v in value)
+    return str(value)
 
 
-def best_pass_rate(run: Path) -> float:
-    """The highest pass rate any checkpoint of the run reached at any length (rope and string probes)."""
-    best = 0.0
-    for table in run.glob("probe*/effective_length.csv"):
-        for row in read_csv(table):
-            best = max([best] + [float(v) for k, v in row.items() if k.startswith("pass_rate_") and v != ""])
-    return best
+def verdicts(conclusion: dict, quick: bool) -> list[str]:
+    """REPORT.md's conclusion: each computed verdict with the numbers and the test behind it."""
+    if quick:
+        return ["Quick mode trains for seconds: it checks that every stage runs and writes its outputs. "
+                "Its verdicts below are computed like the full demo's but mean nothing."]
+    lines = []
+    for name in ("shortfall", "longer_reaches_further", "curves_coincide"):
+        c = conclusion[name]
+        holds = {True: "**holds**", False: "**does not hold**", None: "**not testable**"}[c["holds"]]
+        detail = ""
+        if "interval_95" in c:
+            value = c.get("D_log10_f", c.get("mean_difference"))
+            detail = f" Estimate {value:.3f}, 95% interval [{c['interval_95'][0]:.3f}, {c['interval_95'][1]:.3f}]."
+        if "reason" in c:
+            detail = f" {c['reason']}."
+        test = f" Test: {c['test']}." if "test" in c else ""
+        lines.append(f"- {c['claim']}: {holds}.{detail}{test}")
+    return lines
 
 
-def write_report(out: Path, settings: DemoSettings, quick: bool, pipeline: Pipeline, runs: dict[int, Path],
-                 table: dict[int, list[dict]]) -> Path:
-    """REPORT.md: what ran, what came out, and what it does and does not show."""
+def write_report(out: Path, settings: DemoSettings, quick: bool, pipeline: Pipeline, runs: dict[str, Path],
+                 table: dict[int, list[dict]], conclusion: dict) -> Path:
+    """REPORT.md: what ran, what came out (computed verdicts with their numbers), every command."""
     lines = [
         f"# posfreq demo report{' (quick mode: toy scale, not a result)' if quick else ''}",
         "",
         f"Code version `{code_version()}`; settings: `{json.dumps(asdict(settings))}`.",
         "",
-        "## Effective length per checkpoint",
+        f"A test of length n is a prompt of n - {settings.answer_budget} tokens and at most "
+        f"{settings.answer_budget} generated tokens, so no token is generated at a position >= n. "
+        "Token counts include the warm-up (`tokens_seen`).",
+        "",
+        "## Conclusion (computed by analysis/compare.py; numbers in compare/conclusion.json)",
+        "",
+        *verdicts(conclusion, quick),
+        "",
+        "## When each run learnt retrieval",
+        "",
+        markdown(conclusion["emergence"], ["train_len", "seed", "checkpoints", "first_retrieval_tokens",
+                                           "share_of_budget"]),
+        "",
+        "## Effective length per checkpoint (95% bootstrap interval over tests)",
         "",
     ]
-    for train_len, run in runs.items():
-        for probe_dir in sorted(run.glob("probe*")):
-            rows = read_csv(find_run_results(probe_dir) / "effective_length.csv")
-            cols = ["tokens_seen", "tokens_this_run", "positions", "effective_length", "effective_length_lo",
-                    "effective_length_hi", "effective_length_status", "f_effective_length", "tf_effective_length"]
-            cols += [c for c in rows[0] if c.startswith("pass_rate_")]
-            lines += [f"### L = {train_len}, {probe_dir.name}", "", markdown(rows, cols), ""]
-    lines += ["## Table 1 analogue: pass rate at the training length, last checkpoint", ""]
+    cols = ["tokens_seen", "effective_length", "effective_length_lo", "effective_length_hi",
+            "effective_length_status", "f_effective_length", "tf_effective_length"]
+    for name, run in runs.items():
+        for probe_dir in sorted(d for d in run.glob("probe*") if d.is_dir()):
+            rows = read_csv(probe_dir / "effective_length.csv")
+            shown = cols + [c for c in rows[0] if c.startswith("pass_rate_")]
+            lines += [f"### {name}, {probe_dir.name}", "", markdown(rows, shown), ""]
+    lines += [f"## Table 1 analogue: pass rate at the training length, last checkpoint (seed {settings.seeds[0]})", ""]
     for train_len, rows in table.items():
         lines += [f"### L = {train_len}", "", markdown(rows, ["scheme", "pass_rate", "needle_recall", "tests"]), ""]
-    best = max(best_pass_rate(run) for run in runs.values())
     lines += ["## Figures", ""]
-    for figure in sorted((out / "figures").glob("*.png")):
-        lines.append(f"![{figure.stem}](figures/{figure.name})")
-    finals = {n: read_csv(run / "probe" / "effective_length.csv")[-1] for n, run in runs.items()}
-    lines += ["", "## What this shows and what it does not", "", reading(best, quick, finals), "", "## Commands", ""]
+    lines += [f"![{figure.stem}](figures/{figure.name})" for figure in sorted((out / "figures").glob("*.png"))]
+    lines += ["", "## Commands", ""]
     lines += [f"- {stage} ({seconds:.0f} s): `{cmd}`" for stage, cmd, seconds in pipeline.commands]
     path = out / "REPORT.md"
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def reading(best: float, quick: bool, finals: dict[int, dict]) -> str:
-    """An honest paragraph on what the numbers can support; `finals` is each run's last rope row."""
-    if quick:
-        return ("Quick mode trains for seconds: it checks that every stage runs and writes its outputs. "
-                "Its numbers mean nothing.")
-    if best < 0.5:
-        return (f"The miniature models did not learn needle retrieval well enough to measure an effective "
-                f"length: the best pass rate of any checkpoint at any length was {best:.2f} (a length passes at "
-                f">= 0.50). Every stage ran, and the curves above are what was measured; the paper's "
-                f"finding is not reproduced here. See the README's notes on the demo for what was tried.")
-    measured = "; ".join(f"L = {n}: effective length {row['effective_length']} ({row['effective_length_status']}), "
-                         f"f(effective length) = {row['f_effective_length'] or 'undefined'}" for n, row in finals.items())
-    return (f"The models learned retrieval, so effective lengths are measured. Last checkpoints (rope): {measured}. "
-            "The paper predicts that the longer training length reaches a given effective length with fewer "
-            "tokens (Fig. 2a) and that the runs coincide when effective length is plotted against f (Fig. 2b); "
-            "read both figures against that. With one seed, two 0.9M-parameter models, retrieval that emerges "
-            "abruptly between milestones and a few dozen tests per length (a step of the curve is within noise), "
-            "this illustrates the pipeline; it is not evidence at the paper's scale (1.3B parameters, 1T tokens, "
-            "500 tests per length).")
 
 
 def publish_figures(out: Path) -> None:
@@ -256,44 +268,43 @@ def publish_figures(out: Path) -> None:
         shutil.copy2(png, target / png.name)
 
 
-def collect_figures(out: Path, runs: dict[int, Path]) -> None:
-    """Gather the figures the report shows into OUT/figures."""
+def collect_figures(out: Path, runs: dict[str, Path], first_seed: int) -> None:
+    """Gather the figures the report shows into OUT/figures: f(i), the comparison, the first seed's heatmaps."""
     figures = out / "figures"
     figures.mkdir(parents=True, exist_ok=True)
-    for png in (out / "position_freq" / "figures").glob("fig*.png"):
+    for png in [*(out / "position_freq" / "figures").glob("fig*.png"), *(out / "compare" / "figures").glob("*.png")]:
         shutil.copy2(png, figures / png.name)
-    for train_len, run in runs.items():
-        last = sorted((run / "probe").glob("tokens-*"))[-1]
-        for png in (last / "figures").glob("*.png"):
-            shutil.copy2(png, figures / f"L{train_len}_{png.name}")
+    for name, run in runs.items():
+        if name.endswith(f"-s{first_seed}"):
+            last = sorted((run / "probe").glob("tokens-*"))[-1]
+            for png in (last / "figures").glob("*.png"):
+                shutil.copy2(png, figures / f"{name}_{png.name}")
 
 
-def validate(out: Path, runs: dict[int, Path]) -> None:
+def validate(out: Path, runs: dict[str, Path], settings: DemoSettings) -> None:
     """The quick mode's acceptance check: outputs exist and parse, >= 3 probed checkpoints per run."""
     problems = []
-    for train_len, run in runs.items():
-        for probe in ("probe", "probe-string"):
-            table = run / probe / "effective_length.csv"
+    for name, run in runs.items():
+        seed = int(name.rsplit("-s", 1)[1])
+        for probe_name in ("probe", "probe-string") if seed in settings.string_seeds else ("probe",):
+            table = run / probe_name / "effective_length.csv"
             if not table.is_file():
                 problems.append(f"missing {table}")
-                continue
-            rows = read_csv(table)
-            if len(rows) < 3:
-                problems.append(f"{table}: {len(rows)} probed checkpoints, need >= 3")
-    for name in ("REPORT.md", "position_freq/summary.json"):
+            elif len(read_csv(table)) < 3:
+                problems.append(f"{table}: {len(read_csv(table))} probed checkpoints, need >= 3")
+    for name in ("REPORT.md", "position_freq/summary.json", "compare/conclusion.json", "compare/checkpoints.csv"):
         if not (out / name).is_file():
             problems.append(f"missing {out / name}")
-    json.loads((out / "position_freq" / "summary.json").read_text())
-    pngs = list((out / "figures").glob("*.png"))
-    if len(pngs) < 4:
-        problems.append(f"only {len(pngs)} figures in {out / 'figures'}")
+    json.loads((out / "compare" / "conclusion.json").read_text())
+    if len(list((out / "figures").glob("*.png"))) < 4:
+        problems.append(f"fewer than 4 figures in {out / 'figures'}")
     if problems:
         raise SystemExit("demo: outputs incomplete:\n  " + "\n  ".join(problems))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="toy scale, a few minutes: checks that every stage runs")
+    parser.add_argument("--quick", action="store_true", help="toy scale, about a minute: checks that every stage runs")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default runs/demo or runs/demo-quick)")
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
@@ -303,11 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
 
     corpus = out / "corpus"
-    lengths = sorted({n for L in settings.train_lens for n in probe_lengths(settings, L)} | set(settings.train_lens))
+    lengths = sorted({n for L in settings.train_lens for n in probed_lengths(settings, L)} | set(settings.train_lens))
     p.run("demo tokenizer and corpora", "scripts/demo_corpus.py", "--out", corpus, "--docs", str(settings.corpus_docs),
           "--warmup-docs", str(settings.warmup_docs), "--probe-lengths", *map(str, lengths),
-          "--probe-tests", str(max(settings.tests_per_length, settings.table1_tests)),
-          "--probe-seeds", str(settings.seed), str(settings.seed + 1))
+          "--probe-tests", str(max(settings.tests_per_length, settings.table1_tests)), "--probe-seeds", "0", "1")
     tokenizer = f"hf:{corpus / 'tokenizer'}"
     main_corpus = corpus / "main" / "demo_corpus.jsonl"
     p.run("length histogram and f(i)", "analysis/position_freq.py", "--corpus", main_corpus,
@@ -316,17 +326,24 @@ def main(argv: list[str] | None = None) -> int:
     for name, path in (("warmup", corpus / "warmup" / "warmup.jsonl"), ("main", main_corpus)):
         p.run(f"token shards ({name})", "scripts/prepare_data.py", "--corpus", path, "--tokenizer", tokenizer,
               "--out", out / "data" / name)
-    warm = train(p, settings, "warm-up (copy drills)", out / "data" / "warmup", out / "warmup",
-                 min(settings.train_lens), settings.warmup_tokens)
-    runs = p.parallel({n: functools.partial(train_and_probe, p, settings, corpus, out / "data" / "main", warm, n)
-                       for n in settings.train_lens})
-    p.run("Fig. 2a / 2b / 3", "analysis/effective_length.py", *[runs[n] / "probe" for n in settings.train_lens],
-          "--out", out / "figures")
-    table = p.parallel({n: functools.partial(table1, p, settings, corpus, runs[n], n) for n in settings.train_lens})
-    collect_figures(out, runs)
-    report = write_report(out, settings, args.quick, p, runs, table)
+    # Two lanes: every seed's warm-up is queued first, then each seed's continued runs, longest first; a
+    # continued run waits for its own warm-up, which is queued before it, so none can starve.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        warm = {s: pool.submit(train, p, settings, f"warm-up seed={s}", out / "data" / "warmup", out / f"warmup-s{s}",
+                               settings.warmup_len, settings.warmup_tokens, s) for s in settings.seeds}
+        jobs = {f"L{n}-s{s}": pool.submit(train_and_probe, p, settings, corpus, out / "data" / "main", warm[s], s, n)
+                for s in settings.seeds for n in sorted(settings.train_lens, reverse=True)}
+        runs = {name: job.result() for name, job in sorted(jobs.items(), key=lambda kv: (len(kv[0]), kv[0]))}
+    p.run("compare runs: Fig. 2a / 2b, verdicts", "analysis/compare.py", *[run / "probe" for run in runs.values()],
+          "--out", out / "compare")
+    conclusion = json.loads((out / "compare" / "conclusion.json").read_text())
+    first = settings.seeds[0]
+    table = p.parallel({n: functools.partial(table1, p, settings, corpus, runs[f"L{n}-s{first}"], n)
+                        for n in settings.train_lens})
+    collect_figures(out, runs, first)
+    report = write_report(out, settings, args.quick, p, runs, table, conclusion)
     if args.quick:
-        validate(out, runs)
+        validate(out, runs, settings)
     else:
         publish_figures(out)
     print(f"\ndemo finished in {time.perf_counter() - start:.0f} s; report: {report}")

@@ -38,7 +38,7 @@ def test_probe_prompts_build_and_answers_parse(tokenizer, tmp_path):
 
     budget = FULL.answer_budget
     builder = NiahBuilder(tokenizer, demo_corpus.probe_haystack_dir(tmp_path / "hay"), PromptFormat(budget, bos=False))
-    assert builder.min_length() <= FULL.probe_start
+    assert builder.min_length() <= min(FULL.test_lengths)
     for test in builder.make_tests(256, 3, seed=0):
         assert len(test.input_ids) == 256 - budget and tokenizer.bos_id not in test.input_ids
         ids, spans = reference_answer(tokenizer, test, "nearest_first")
