@@ -36,7 +36,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.effective_length import STATUS_OK, find_run_results, read_csv, write_csv
+from analysis.effective_length import STATUS_ALL_PASSED, STATUS_OK, find_run_results, read_csv, write_csv
 
 COLUMNS = ("train_len", "seed", "checkpoint", "tokens_seen", "effective_length", "effective_length_lo",
            "effective_length_hi", "effective_length_status", "f_effective_length", "tf_effective_length")
@@ -92,10 +92,12 @@ def longer_reaches_further(rows: Sequence[Mapping], n_boot: int, seed: int) -> d
         return {"claim": "needs exactly two training lengths", "holds": None}
     last: dict[tuple, int] = {}
     tokens: dict[tuple, int] = {}
+    censored: dict[tuple, bool] = {}
     for r in rows:
         key = (r["train_len"], r["seed"])
         if key not in tokens or r["tokens_seen"] > tokens[key]:
             tokens[key], last[key] = r["tokens_seen"], int(r["effective_length"])
+            censored[key] = r["effective_length_status"] == STATUS_ALL_PASSED
     seeds = sorted({s for L, s in last if (lengths[0], s) in last and (lengths[1], s) in last}, key=str)
     if not seeds:
         return {"claim": "needs the same seeds at both lengths", "holds": None}
@@ -106,7 +108,10 @@ def longer_reaches_further(rows: Sequence[Mapping], n_boot: int, seed: int) -> d
     return {"claim": f"at the last checkpoint (equal tokens), L = {lengths[1]} reaches a larger effective length "
                      f"than L = {lengths[0]} (paired by seed)",
             "seeds": seeds, "differences": diffs.tolist(), "mean_difference": float(diffs.mean()),
-            "interval_95": [lo, hi], "holds": bool(lo > 0), "test": "percentile bootstrap over seeds"}
+            "interval_95": [lo, hi], "holds": bool(lo > 0), "test": "percentile bootstrap over seeds",
+            "censored": {str(L): sum(censored[(L, s)] for s in seeds) for L in lengths},
+            "note": "a run whose every probed length passed (all_passed) has an effective length that is only a "
+                    "lower bound: its training length caps it"}
 
 
 def _residual_shift(points: Sequence[tuple[int, float, float]], short: int, long: int) -> float | None:

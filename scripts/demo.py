@@ -207,11 +207,19 @@ def verdicts(conclusion: dict, quick: bool) -> list[str]:
         c = conclusion[name]
         holds = {True: "**holds**", False: "**does not hold**", None: "**not testable**"}[c["holds"]]
         detail = ""
+        if "last_checkpoints" in c:
+            detail = " Last checkpoints: " + "; ".join(
+                f"L = {x['train_len']} seed {x['seed']}: {x['effective_length']} ({x['status']}, interval up to "
+                f"{x['effective_length_hi']})" for x in c["last_checkpoints"]) + "."
         if "interval_95" in c:
             value = c.get("D_log10_f", c.get("mean_difference"))
             detail = f" Estimate {value:.3f}, 95% interval [{c['interval_95'][0]:.3f}, {c['interval_95'][1]:.3f}]."
+        if c.get("censored") and any(c["censored"].values()):
+            detail += (f" Censored runs (every probed length passed, so the value is a lower bound capped by L) per "
+                       f"length: {c['censored']}.")
         if "reason" in c:
-            detail = f" {c['reason']}."
+            detail = f" Not testable because there are {c['reason']}: {c.get('n_points')} points with a defined, "
+                      "uncensored effective length per training length."
         test = f" Test: {c['test']}." if "test" in c else ""
         lines.append(f"- {c['claim']}: {holds}.{detail}{test}")
     return lines
