@@ -218,8 +218,8 @@ def verdicts(conclusion: dict, quick: bool) -> list[str]:
             detail += (f" Censored runs (every probed length passed, so the value is a lower bound capped by L) per "
                        f"length: {c['censored']}.")
         if "reason" in c:
-            detail = f" Not testable because there are {c['reason']}: {c.get('n_points')} points with a defined, "
-                      "uncensored effective length per training length."
+            detail = (f" Not testable because there are {c['reason']}: {c.get('n_points')} points with a defined, "
+                      "uncensored effective length per training length.")
         test = f" Test: {c['test']}." if "test" in c else ""
         lines.append(f"- {c['claim']}: {holds}.{detail}{test}")
     return lines
@@ -269,9 +269,11 @@ def write_report(out: Path, settings: DemoSettings, quick: bool, pipeline: Pipel
 
 
 def publish_figures(out: Path) -> None:
-    """Copy the headline figures to docs/figures for the README (full mode only)."""
+    """Replace docs/figures with this run's figures for the README (full mode only): none left from an older run."""
     target = REPO / "docs" / "figures"
     target.mkdir(parents=True, exist_ok=True)
+    for stale in target.glob("*.png"):
+        stale.unlink()
     for png in (out / "figures").glob("*.png"):
         shutil.copy2(png, target / png.name)
 
