@@ -180,6 +180,28 @@ def _interval_bars(ax, centers: Sequence, values: Sequence, lo: Sequence | None,
         ax.errorbar(c, v, yerr=err, fmt="none", ecolor=color, alpha=0.5, capsize=3)
 
 
+def _save_fig2a(fig: plt.Figure, ax: plt.Axes, stem: str | Path, xlabel: str, title: str) -> list[Path]:
+    """Fig. 2a's axes (effective length from 0 against tokens), legend and files."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("effective context length (tokens)")
+    ax.set_title(title)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return save_figure(fig, stem)
+
+
+def _save_fig2b(fig: plt.Figure, ax: plt.Axes, stem: str | Path, xlabel: str, title: str) -> list[Path]:
+    """Fig. 2b's axes (log f against effective length), legend and files."""
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("position frequency f(effective length)")
+    ax.set_title(title)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend()
+    return save_figure(fig, stem)
+
+
 def plot_fig2a_effective_length_vs_tokens(
     runs: Mapping[str, tuple[Sequence[int], Sequence[int], Sequence[str]]], stem: str | Path,
     intervals: Mapping[str, tuple[Sequence, Sequence]] | None = None,
@@ -193,13 +215,8 @@ def plot_fig2a_effective_length_vs_tokens(
         (line,) = ax.plot(tokens, eff, marker="o", label=label)
         _censored_markers(ax, tokens, eff, status, line.get_color())
         _interval_bars(ax, tokens, eff, *(intervals or {}).get(label, (None, None)), line.get_color())
-    ax.set_xlabel("training tokens seen")
-    ax.set_ylabel("effective context length (tokens)")
-    ax.set_title("Effective length vs training tokens (bars: 95% bootstrap interval; hollow: all passed)")
-    ax.set_ylim(bottom=0)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    return save_figure(fig, stem)
+    return _save_fig2a(fig, ax, stem, "training tokens seen",
+                       "Effective length vs training tokens (bars: 95% bootstrap interval; hollow: all passed)")
 
 
 def plot_fig2b_frequency_vs_effective_length(
@@ -222,13 +239,7 @@ def plot_fig2b_frequency_vs_effective_length(
         (line,) = ax.plot(xs, [float(y) for y in ys], marker="o", label=label)
         _censored_markers(ax, xs, [float(y) for y in ys], ss, line.get_color())
         _interval_bars(ax, [float(y) for y in ys], xs, los, his, line.get_color(), horizontal=True)
-    ax.set_yscale("log")
-    ax.set_xlabel("effective context length (tokens)")
-    ax.set_ylabel("position frequency f(effective length)")
-    ax.set_title("Position frequency at the effective length")
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend()
-    return save_figure(fig, stem)
+    return _save_fig2b(fig, ax, stem, "effective context length (tokens)", "Position frequency at the effective length")
 
 
 def _by_length(rows: Sequence[Mapping]) -> dict[int, list[Mapping]]:
@@ -253,13 +264,8 @@ def plot_fig2a_seed_bands(rows: Sequence[Mapping], stem: str | Path) -> list[Pat
         ax.fill_between(tokens, np.nanmin(table, 0), np.nanmax(table, 0), color=color, alpha=0.15)
         ax.plot(tokens, np.nanmedian(table, 0), color=color, marker="o",
                 label=f"L = {train_len} (median of {len(seeds)} seeds; band: min-max)")
-    ax.set_xlabel("training tokens seen (warm-up included)")
-    ax.set_ylabel("effective context length (tokens)")
-    ax.set_title("Effective length vs training tokens, across seeds")
-    ax.set_ylim(bottom=0)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    return save_figure(fig, stem)
+    return _save_fig2a(fig, ax, stem, "training tokens seen (warm-up included)",
+                       "Effective length vs training tokens, across seeds")
 
 
 def plot_fig2b_seeds(rows: Sequence[Mapping], stem: str | Path) -> list[Path]:
@@ -277,13 +283,8 @@ def plot_fig2b_seeds(rows: Sequence[Mapping], stem: str | Path) -> list[Path]:
         ax.scatter(xs, ys, color=color, label=f"L = {train_len} ({len(pts)} checkpoints, all seeds)", zorder=3)
         _interval_bars(ax, ys, xs, [r["effective_length_lo"] for r in pts], [r["effective_length_hi"] for r in pts],
                        color, horizontal=True)
-    ax.set_yscale("log")
-    ax.set_xlabel("effective context length (tokens; bars: 95% bootstrap interval)")
-    ax.set_ylabel("position frequency f(effective length)")
-    ax.set_title("Position frequency at the effective length, across seeds")
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend()
-    return save_figure(fig, stem)
+    return _save_fig2b(fig, ax, stem, "effective context length (tokens; bars: 95% bootstrap interval)",
+                       "Position frequency at the effective length, across seeds")
 
 
 def plot_pass_rate_curves(rows: Sequence[Mapping], stem: str | Path, threshold: float = 0.5) -> list[Path]:
