@@ -45,12 +45,12 @@ if __package__ in (None, ""):  # run as `python train/pretrain.py`: import the p
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from train import checkpoint as ckpt
 from train.config import ModelConfig, model_preset
 from train.data import IGNORE_INDEX, PackedBatch, PackedSampler, TokenDataset
+from train.loss import head_returns_loss
 from train.model import Transformer
 from train.run_config import ConfigError, TrainConfig, config_differences, parse_args
 from train.run_lock import RunLock, RunLockError
@@ -390,8 +390,8 @@ class Trainer:
         for i, batch in enumerate(batches):
             batch = batch.to(device, non_blocking=True)
             with fabric.no_backward_sync(self.model, enabled=i < len(batches) - 1):
-                logits = self.model(batch.input_ids, batch.cu_seqlens, batch.max_seqlen)
-                loss = F.cross_entropy(logits.float(), batch.targets, ignore_index=IGNORE_INDEX, reduction="sum")
+                with head_returns_loss(self.model.lm_head, batch.targets):  # summed loss, no full logits
+                    loss = self.model(batch.input_ids, batch.cu_seqlens, batch.max_seqlen)
                 fabric.backward(loss * scale)
             loss_sum += loss.detach()
         return loss_sum, clip_grad_norm(self.params, self.cfg.optim.grad_clip)
