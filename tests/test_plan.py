@@ -1,0 +1,116 @@
+"""The job plan (train.plan): its memory figures against a real model on CPU, and the paper's 2K run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from train import plan
+from train.loss import head_returns_loss
+from train.model import Transformer, uniform_cu_seqlens
+from train.pretrain import build_optimizer
+from train.run_config import config_from_dict, parse_args
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+VOCAB = 97
+
+
+def tiny_cfg(precision: str = "32-true", **model):
+    return config_from_dict({"precision": precision, "data": {"seq_len": 64},
+                             "model": {"preset": "tiny-2l-128", "overrides": {"vocab_size": VOCAB, **model}}})
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_parameter_gradient_optimizer_bytes_are_exact(tied):
+    """World size 1, fp32: the plan's figures equal the bytes of a real model and AdamW after one step."""
+    cfg = tiny_cfg(tie_embeddings=tied)
+    config = plan.model_config(cfg)
+    torch.manual_seed(0)
+    model = Transformer(config, attention_backend="sdpa")
+    optimizer = build_optimizer(model, cfg)
+    ids = torch.randint(0, VOCAB, (2 * 64,))
+    with head_returns_loss(model.lm_head, torch.roll(ids, -1)):
+        model(ids, uniform_cu_seqlens(2, 64, "cpu"), 64).backward()
+    optimizer.step()
+    params = list(model.parameters())
+    state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+    planned = plan.memory(plan.meta_model(config), cfg, world=1, rows=2, checkpointing=False)
+    assert planned.parameters == sum(tensor_bytes(p) for p in params)
+    assert planned.gradients == sum(tensor_bytes(p.grad) for p in params)
+    assert planned.optimizer == sum(tensor_bytes(t) for t in state)
+
+
+def test_sharded_state_is_the_padded_share():
+    model = plan.meta_model(plan.model_config(tiny_cfg()))
+    whole = plan.state_bytes(model, 1)[0]
+    shard = plan.state_bytes(model, 16)[0]
+    assert whole / 16 <= shard <= whole / 16 + 4 * sum(p.numel() // p.shape[0] for p in model.parameters())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_activation_estimate_matches_saved_tensors(dtype):
+    """The plan's activations vs the bytes autograd saves in a forward (distinct storages, parameters excluded).
+
+    The plan models FlashAttention; the sdpa backend used on CPU additionally saves its own output
+    copy and an int64 index per layer (a T d + 8 T bytes), added here. Tolerance: 2% (measured: exact).
+    """
+    cfg = tiny_cfg()
+    config = plan.model_config(cfg)
+    torch.manual_seed(0)
+    model = Transformer(config, attention_backend="sdpa").to(dtype)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    rows, length = 4, 64
+    tokens, a = rows * length, torch.finfo(dtype).bits // 8
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.hidden_states(torch.randint(0, VOCAB, (tokens,)), uniform_cu_seqlens(rows, length, "cpu"), length)
+    sdpa_extra = config.n_layers * (a * tokens * config.d_model + 8 * tokens)
+    expected = plan.activation_bytes(config, tokens, a, checkpointing=False) + sdpa_extra
+    assert sum(saved.values()) == pytest.approx(expected, rel=0.02)
+
+
+def test_checkpointing_keeps_block_inputs_and_one_block():
+    config = plan.model_config(tiny_cfg())
+    full = plan.activation_bytes(config, 1024, 2, checkpointing=False)
+    ckpt = plan.activation_bytes(config, 1024, 2, checkpointing=True)
+    one_block = plan.block_activation_bytes(config, 1024, 2)
+    assert ckpt - (full - (config.n_layers - 1) * one_block) == config.n_layers * 2 * 1024 * config.d_model
+
+
+def test_paper_2k_run_fits_on_16_a100_80gb_with_sane_days(capsys):
+    cfg = parse_args(["--config", str(CONFIGS / "pretrain_2k.yaml")])
+    gpu = plan.GPUS["a100-80gb"]
+    model = plan.meta_model(plan.model_config(cfg))
+    assert sum(p.numel() for p in model.parameters()) == 1_494_312_960
+    assert plan.accumulation(cfg, 16) == 16  # as the config's comment says
+    mem = plan.memory(model, cfg, 16, cfg.micro_batch_rows, checkpointing=False)
+    assert mem.total <= plan.usable_bytes(gpu)
+    assert plan.largest_rows(model, cfg, 16, gpu, checkpointing=False) >= cfg.micro_batch_rows
+    steps = -(-cfg.total_tokens // cfg.global_batch_tokens)
+    days = steps * plan.step_seconds(cfg, plan.model_config(cfg), 16, gpu, 0.4) / 86400
+    assert 20 < days < 80  # the paper reports about 28 days
+    assert 0.3 < plan.tinyllama_mfu(gpu) < 0.7
+
+    plan.main(["--config", str(CONFIGS / "pretrain_2k.yaml"), "--nodes", "2", "--gpus-per-node", "8",
+               "--gpu", "a100-80gb", "--micro_batch_rows", "4"])
+    out = capsys.readouterr().out
+    assert "fit: fits" in out and "16 GPUs x 32 micro-batches x 4 rows" in out
+    assert f"{days:.1f} days for 1,000,000,000,000 tokens" in out
+
+
+def test_4k_run_accumulates_twice_as_much():
+    cfg = parse_args(["--config", str(CONFIGS / "pretrain_4k.yaml")])
+    assert plan.accumulation(cfg, 16) == 32

@@ -1,0 +1,288 @@
+"""A plan before a cluster job: parameters, per-GPU memory under FSDP2, batch geometry, days to the budget.
+
+Run ``python -m train.plan --config configs/pretrain_2k.yaml --nodes 2 --gpus-per-node 8 --gpu a100-80gb
+[--mfu 0.4] [--section.key value ...]``. The run config is read by the trainer's own parser
+(train.run_config.parse_args, overrides included), and the model is built on the meta device, so a
+plan for a 1.3B model takes no memory and no GPU. Why: a job that does not fit, or that would take
+twice the expected days, should be known before it waits in a queue.
+
+Memory per GPU (bytes; P_r = this rank's shard of every parameter, ceil(dim0 / world) x the rest,
+as FSDP2 pads it; a = 2 under bf16-mixed, 4 under 32-true):
+- parameters: 4 P_r (fp32 master weights); gradients: 4 P_r (fp32, reduce_dtype);
+- AdamW: 8 P_r (two fp32 moments) + 4 bytes of `step` per parameter tensor;
+- gathered compute copy: a x (root's parameters: embeddings, final norm, head, gathered for the whole
+  step) + a x GATHERED_BLOCKS blocks (the block computing and the one FSDP2 prefetches; the last
+  block also stays gathered from forward into backward);
+- activations per micro-batch of T = micro_batch_rows x L tokens, from what autograd saves:
+  per block (d model width, f FFN width, H heads, h head width, k = n_kv_heads x h):
+      T d (8 + 6a)      two RMSNorms (fp32 copy of the input 4, normed a, output a each), rotated q,
+                        attention output (flash keeps q, k, v, out; the o_proj input is out)
+    + 2 a T k           rotated k and v
+    + 4 a T h           cos and sin tables of the q and k rotations
+    + 4 T H + 8 T       flash's fp32 log-sum-exp; the RMSNorms' fp32 reciprocal RMS
+    + 4 a T f           SwiGLU: gate, silu(gate), up, their product
+  Attention is FlashAttention-2's (memory linear in T, no L^2 scores). Outside the blocks: the
+  final norm (4 T d + a T d + 4 T) and the token ids (8 T). With activation checkpointing each
+  block keeps only its input (a T d) and one block's full activations are recomputed at a time.
+- loss (train.loss.linear_cross_entropy, its peak at the end of forward, when every activation is
+  also held): one chunk of fp32 logits and its fp32 hidden rows (4 c V + 4 c d, c =
+  default_chunk_tokens(V)), the fp32 weight gradient (4 V d), grad_hidden (a T d), and under bf16
+  the fp32 copy of the weight (4 V d) and the gradient cast back to bf16 (a V d).
+The gradients of activations in backward (about one block's worth) and fragmentation are left to
+the margin (MARGIN of the GPU's memory, with the CUDA context).
+
+Time: FLOPs per optimizer step are the trainer's own (train.pretrain.step_flops, the formula its
+logged MFU uses): 6 N tokens + 6 n_layers d sum over segments s(s + 1), with N the matmul
+parameters (all but the input embedding; the head counts), evaluated for full rows of L tokens
+(one document per row, the upper bound of per-document attention), i.e. per token
+6 N + 6 n_layers d (L + 1). Step time = FLOPs / (GPUs x peak bf16 FLOP/s x MFU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, fields
+
+import torch
+from torch import nn
+
+from train.config import ModelConfig, model_preset
+from train.loss import default_chunk_tokens
+from train.model import Transformer
+from train.pretrain import step_flops
+from train.run_config import ConfigError, TrainConfig, parse_args
+
+
+@dataclass(frozen=True)
+class Gpu:
+    peak_bf16_flops: float  # dense, per second
+    memory_gib: float
+
+
+GPUS = {
+    "a100-40gb": Gpu(312e12, 40),
+    "a100-80gb": Gpu(312e12, 80),
+    "h100-sxm": Gpu(989e12, 80),
+    "h100-pcie": Gpu(756e12, 80),
+}
+MARGIN = 0.10  # of the GPU's memory, kept for the CUDA context, the allocator and backward's transients
+GATHERED_BLOCKS = 2  # the block computing plus the one FSDP2's implicit prefetch gathers
+# TinyLlama's published throughput: 24k tokens/s per A100 for TinyLlama-1.1B (this architecture
+# with the Llama-2 vocabulary of 32,000) at L = 2048, without activation checkpointing.
+TINYLLAMA = model_preset("tinyllama-1.3b", vocab_size=32_000, max_seq_len=2048)
+TINYLLAMA_TOKENS_PER_S = 24_000
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes per GPU, by kind."""
+
+    parameters: int
+    gradients: int
+    optimizer: int
+    gathered: int
+    activations: int
+    loss: int
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+
+def model_config(cfg: TrainConfig) -> ModelConfig:
+    """The trainer's model config, except vocab_size: the preset's unless overridden (the trainer takes the data's)."""
+    overrides = dict(cfg.model.overrides)
+    overrides.setdefault("max_seq_len", cfg.data.seq_len)
+    return model_preset(cfg.model.preset, **overrides)
+
+
+def meta_model(config: ModelConfig) -> Transformer:
+    """The model on the meta device: shapes only, no memory."""
+    with torch.device("meta"):
+        return Transformer(config)
+
+
+def compute_bytes(cfg: TrainConfig) -> int:
+    """Bytes per element of the compute copy and activations: bf16 under bf16-mixed, else fp32."""
+    return 2 if cfg.precision == "bf16-mixed" else 4
+
+
+def shard_numel(param: nn.Parameter, world: int) -> int:
+    """Elements of one rank's FSDP2 shard of `param` (dim 0 split in ceil(dim0 / world) rows, padded)."""
+    rows = -(-param.shape[0] // world)
+    return rows * (param.numel() // param.shape[0])
+
+
+def state_bytes(model: nn.Module, world: int) -> tuple[int, int, int]:
+    """(fp32 parameters, fp32 gradients, AdamW state) on one rank."""
+    params = list(model.parameters())
+    shard = sum(shard_numel(p, world) for p in params)
+    return 4 * shard, 4 * shard, 8 * shard + 4 * len(params)
+
+
+def gathered_bytes(model: Transformer, element_bytes: int) -> int:
+    """The unsharded compute copy: the root's own parameters plus GATHERED_BLOCKS blocks."""
+    block = sum(p.numel() for p in model.layers[0].parameters())
+    root = sum(p.numel() for p in model.parameters()) - len(model.layers) * block
+    return element_bytes * (root + min(GATHERED_BLOCKS, len(model.layers)) * block)
+
+
+def block_activation_bytes(config: ModelConfig, tokens: int, a: int) -> int:
+    """Bytes one block saves for backward (the module docstring's formula)."""
+    t, d, f, h = tokens, config.d_model, config.ffn_dim, config.head_dim
+    return (t * d * (8 + 6 * a) + 2 * a * t * config.n_kv_heads * h + 4 * a * t * h
+            + 4 * t * config.n_heads + 8 * t + 4 * a * t * f)
+
+
+def activation_bytes(config: ModelConfig, tokens: int, a: int, checkpointing: bool) -> int:
+    """Peak saved activations of one micro-batch of `tokens` tokens, with or without activation checkpointing."""
+    t, d = tokens, config.d_model
+    block = block_activation_bytes(config, t, a)
+    blocks = config.n_layers * a * t * d + block if checkpointing else config.n_layers * block
+    return blocks + 4 * t * d + a * t * d + 4 * t + 8 * t
+
+
+def loss_bytes(config: ModelConfig, tokens: int, a: int) -> int:
+    """Peak of train.loss.linear_cross_entropy's own buffers for `tokens` tokens (module docstring)."""
+    v, d = config.vocab_size, config.d_model
+    chunk = min(tokens, default_chunk_tokens(v))
+    lean = 4 * chunk * (v + d) + 4 * v * d + a * tokens * d
+    return lean + (4 * v * d + a * v * d if a < 4 else 0)
+
+
+def memory(model: Transformer, cfg: TrainConfig, world: int, rows: int, checkpointing: bool) -> Memory:
+    """Per-GPU memory of the run with `rows` rows per micro-batch."""
+    a, tokens = compute_bytes(cfg), rows * cfg.data.seq_len
+    params, grads, optim = state_bytes(model, world)
+    return Memory(params, grads, optim, gathered_bytes(model, a),
+                  activation_bytes(model.config, tokens, a, checkpointing), loss_bytes(model.config, tokens, a))
+
+
+def accumulation(cfg: TrainConfig, world: int) -> int:
+    """Micro-batches per optimizer step. Replicates train.pretrain.Plan's arithmetic (a method there, needing data)."""
+    L, rows_per_micro = cfg.data.seq_len, cfg.micro_batch_rows * world
+    if cfg.global_batch_tokens % L or (cfg.global_batch_tokens // L) % rows_per_micro:
+        raise ConfigError(f"global_batch_tokens={cfg.global_batch_tokens} is not a whole number of micro-batches of "
+                          f"micro_batch_rows={cfg.micro_batch_rows} x seq_len={L} x world_size={world} tokens")
+    return cfg.global_batch_tokens // L // rows_per_micro
+
+
+def flops_per_token(config: ModelConfig, seq_len: int) -> float:
+    """The trainer's step_flops for one full row of `seq_len` tokens, per token."""
+    return step_flops(config, seq_len, seq_len * (seq_len + 1)) / seq_len
+
+
+def tinyllama_mfu(gpu: Gpu) -> float:
+    """The MFU that TinyLlama's 24k tokens/s per A100 implies under flops_per_token."""
+    return TINYLLAMA_TOKENS_PER_S * flops_per_token(TINYLLAMA, TINYLLAMA.max_seq_len) / gpu.peak_bf16_flops
+
+
+def step_seconds(cfg: TrainConfig, config: ModelConfig, world: int, gpu: Gpu, mfu: float) -> float:
+    """Seconds per optimizer step at `mfu`."""
+    flops = cfg.global_batch_tokens * flops_per_token(config, cfg.data.seq_len)
+    return flops / (world * gpu.peak_bf16_flops * mfu)
+
+
+def usable_bytes(gpu: Gpu) -> float:
+    return (1 - MARGIN) * gpu.memory_gib * GIB
+
+
+def largest_rows(model: Transformer, cfg: TrainConfig, world: int, gpu: Gpu, checkpointing: bool) -> int:
+    """The most rows per micro-batch that fit (0 if not even one does)."""
+    rows = 0
+    while memory(model, cfg, world, rows + 1, checkpointing).total <= usable_bytes(gpu):
+        rows += 1
+    return rows
+
+
+def largest_valid_rows(rows: int, cfg: TrainConfig, world: int) -> int:
+    """The most rows <= `rows` that divide a step's rows per GPU (the trainer needs whole micro-batches)."""
+    per_gpu = cfg.global_batch_tokens // cfg.data.seq_len // world
+    return max((r for r in range(1, rows + 1) if per_gpu % r == 0), default=0)
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:6.2f} GiB"
+
+
+def _memory_lines(mem: Memory, label: str) -> list[str]:
+    return [f"  {label}",
+            f"    parameters (fp32 shard)      {_gib(mem.parameters)}",
+            f"    gradients (fp32 shard)       {_gib(mem.gradients)}",
+            f"    AdamW (2 fp32 moments)       {_gib(mem.optimizer)}",
+            f"    gathered compute copy        {_gib(mem.gathered)}",
+            f"    activations                  {_gib(mem.activations)}",
+            f"    loss (chunked, lean)         {_gib(mem.loss)}",
+            f"    total                        {_gib(mem.total)}"]
+
+
+def _time_lines(cfg: TrainConfig, config: ModelConfig, world: int, gpu: Gpu, mfu: float, label: str) -> list[str]:
+    seconds = step_seconds(cfg, config, world, gpu, mfu)
+    steps = -(-cfg.total_tokens // cfg.global_batch_tokens)
+    per_gpu = cfg.global_batch_tokens / seconds / world
+    return [f"  {label}: MFU {mfu:.3f}: {seconds:.2f} s/step, {per_gpu:,.0f} tokens/s/GPU, "
+            f"{steps * seconds / 86400:.1f} days for {cfg.total_tokens:,} tokens ({steps:,} steps)"]
+
+
+def report(cfg: TrainConfig, nodes: int, gpus_per_node: int, gpu_name: str, mfu: float) -> str:
+    """The plan, as printed."""
+    gpu, world = GPUS[gpu_name], nodes * gpus_per_node
+    config = model_config(cfg)
+    model = meta_model(config)
+    L, rows, ckpt = cfg.data.seq_len, cfg.micro_batch_rows, cfg.model.activation_checkpointing
+    total = sum(p.numel() for p in model.parameters())
+    embeddings = total - config.num_params(include_embeddings=False)
+    lines = [f"plan: {cfg.model.preset}, L = {L}, {nodes} x {gpus_per_node} {gpu_name} ({world} GPUs), "
+             f"{cfg.precision}, vocab {config.vocab_size:,}",
+             f"parameters: {total:,} total, {embeddings:,} embeddings, {total - embeddings:,} non-embedding",
+             f"batch: {cfg.global_batch_tokens:,} tokens/step = {world} GPUs x {accumulation(cfg, world)} micro-batches "
+             f"x {rows} rows x {L} tokens"]
+    lines.append(f"memory per GPU (FSDP2 full sharding over {world}; {rows} rows = {rows * L:,} tokens/micro-batch):")
+    for checkpointing in (False, True):
+        label = f"activation checkpointing {'on' if checkpointing else 'off'}" + (" (config)" if checkpointing == ckpt else "")
+        lines += _memory_lines(memory(model, cfg, world, rows, checkpointing), label)
+    mem = memory(model, cfg, world, rows, ckpt)
+    verdict = "fits" if mem.total <= usable_bytes(gpu) else "DOES NOT FIT"
+    lines.append(f"fit: {verdict}: {_gib(mem.total).strip()} of {_gib(usable_bytes(gpu)).strip()} usable "
+                 f"({gpu.memory_gib:g} GiB less {MARGIN:.0%} margin)")
+    for checkpointing in (False, True):
+        most = largest_rows(model, cfg, world, gpu, checkpointing)
+        lines.append(f"  largest micro-batch, checkpointing {'on' if checkpointing else 'off'}: {most} rows "
+                     f"({largest_valid_rows(most, cfg, world)} dividing the step's rows per GPU)")
+    lines.append(f"time (FLOPs/token {flops_per_token(config, L) / 1e9:.2f} G = 6 N + 6 n_layers d (L + 1), "
+                 f"N = {step_flops(config, 1, 0) / 6:,.0f} matmul params; peak {gpu.peak_bf16_flops / 1e12:g} TFLOP/s):")
+    lines += _time_lines(cfg, config, world, gpu, mfu, "at --mfu")
+    lines += _time_lines(cfg, config, world, gpu, tinyllama_mfu(GPUS["a100-80gb"]),
+                         "TinyLlama's 24k tokens/s/A100 (1.1B, vocab 32,000)")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The plan's own flags; every other flag goes to the trainer's parser."""
+    parser = argparse.ArgumentParser(
+        prog="python -m train.plan",
+        description="Plan a pretraining job: memory per GPU, fit, step time, days. Also takes --config and every "
+                    "--section.key flag of train/pretrain.py.")
+    parser.add_argument("--nodes", type=int, help="default: the config's num_nodes")
+    parser.add_argument("--gpus-per-node", type=int, help="default: the config's devices (when an integer)")
+    parser.add_argument("--gpu", choices=sorted(GPUS), required=True)
+    parser.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation (default 0.4)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, rest = build_parser().parse_known_args(argv)
+    try:
+        cfg = parse_args(rest)
+        gpus_per_node = args.gpus_per_node or cfg.devices
+        if not isinstance(gpus_per_node, int):
+            raise ConfigError("devices is 'auto': give --gpus-per-node")
+        print(report(cfg, args.nodes or cfg.num_nodes, gpus_per_node, args.gpu, args.mfu))
+    except ConfigError as err:
+        sys.exit(f"error: {err}")
+
+
+if __name__ == "__main__":
+    main()
