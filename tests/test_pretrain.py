@@ -9,6 +9,7 @@ import math
 import os
 import pickle
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -222,6 +223,142 @@ def test_nonfinite_loss_stops_with_resume_hint_or_skips(data_dir, tmp_path):
     assert len(history) == 6 and history[-1]["skipped"]
 
 
+def test_nonfinite_loss_error_names_a_command_that_continues(data_dir, tmp_path, monkeypatch):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(tiny(data_dir, tmp_path / "run", total_tokens=4 * 1024,
+                                      **{"checkpoint.latest_every_steps": 1})))
+    real_step = pretrain.Trainer._train_step
+
+    def nan_at_step_3(self, batches, n):
+        loss, grad_norm = real_step(self, batches, n)
+        return (loss * float("nan"), grad_norm) if self.step == 2 else (loss, grad_norm)
+
+    monkeypatch.setattr(pretrain.Trainer, "_train_step", nan_at_step_3)
+    with pytest.raises(SystemExit) as stopped:
+        pretrain.main(["--config", str(config)])
+    message = str(stopped.value.code)
+    latest = tmp_path / "run/checkpoints" / ckpt.LATEST
+    assert message.startswith("error: non-finite loss or gradient norm (loss nan") and "\n" not in message, message
+    assert f"at step 3 (tokens 2,048-3,072); the weights were not updated. To continue: resume from {latest}" in message
+    command = shlex.split(message.split(" Command: ")[1])
+    assert command == ["python", "train/pretrain.py", "--config", str(config), "--resume", "auto",
+                       "--resume_override", "optim.lr=0.0003"]
+    proc = subprocess.run([sys.executable, *command[1:]], env=subprocess_env(), capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resumed from {latest} at step 2" in proc.stdout
+    assert "resume_override: optim.lr: 0.003 -> 0.0003; schedule from step 2: next LR 0.003 -> 0.0003" in proc.stdout
+    assert ckpt.read_trainer_state(latest)["config"]["optim"]["lr"] == 0.0003
+
+
+def test_schedule_changes_on_resume_need_resume_override(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    run(tiny(data_dir, out, stop_at_step=2))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(tiny(data_dir, out)))
+    refusals = [
+        (["--optim.lr", "1e-3"], "optim.lr: checkpoint 0.003 vs now 0.001 (to change it on resume: "
+                                 "--resume_override optim.lr=0.001)"),
+        (["--total_tokens", "16384"], "total_tokens: checkpoint 8192 vs now 16384 (to change it on resume: "
+                                      "--resume_override total_tokens=16384)"),
+        (["--optim.beta2", "0.99"], "optim.beta2: checkpoint 0.95 vs now 0.99\n"),
+        (["--resume_override", "optim.beta2=0.99"], "resume_override: ['optim.beta2'] cannot change on resume; "
+                                                    "only ['optim.lr', 'optim.min_lr', 'optim.warmup_steps', "
+                                                    "'total_tokens'] can"),
+    ]
+    for flags, expected in refusals:
+        with pytest.raises(SystemExit) as refused:
+            pretrain.main(["--config", str(config), *flags])
+        assert str(refused.value.code).startswith("error: ") and expected in str(refused.value.code), flags
+    capsys.readouterr()
+    pretrain.main(["--config", str(config), "--optim.lr", "1e-3", "--resume_override", "optim.lr=2e-3",
+                   "total_tokens=12288", "--stop_at_step", "3"])
+    printed = capsys.readouterr().out
+    assert ("resume_override: optim.lr: 0.003 -> 0.002; total_tokens: 8192 -> 12288; schedule from step 2: "
+            "next LR 0.003 -> 0.002, total steps 8 -> 12") in printed  # the override wins over --optim.lr
+    assert "; 12 steps" in printed
+    latest = ckpt.read_trainer_state(out / "checkpoints" / ckpt.LATEST)
+    assert latest["step"] == 3 and latest["schedule"]["total_steps"] == 12
+    assert latest["config"]["resume_override"] == {"optim.lr": 0.002, "total_tokens": 12288}
+    logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert logged[-1]["step"] == 3 and logged[-1]["lr"] == pytest.approx(0.002)
+    # The checkpoint now holds the new values: resuming with the old file alone is refused, naming the flag.
+    with pytest.raises(SystemExit) as back:
+        pretrain.main(["--config", str(config)])
+    assert "optim.lr: checkpoint 0.002 vs now 0.003 (to change it on resume: --resume_override optim.lr=0.003)" \
+        in str(back.value.code)
+
+
+def test_keep_full_reduces_older_milestones_to_weights(data_dir, tmp_path, capsys, monkeypatch):
+    every = {"checkpoint.every_tokens": 2048, "checkpoint.latest_every_steps": 1}
+    run(tiny(data_dir, tmp_path / "whole", **every))
+    out = tmp_path / "kept"
+    root = out / "checkpoints"
+    kept = tiny(data_dir, out, **every, **{"checkpoint.keep_full": 1})
+    run({**kept, "stop_at_step": 5})
+    resumable = lambda: {p.name: m["resumable"] for p, m in ckpt.list_checkpoints(out)}  # noqa: E731
+    name = ckpt.milestone_name
+    assert resumable() == {name(2048): False, name(4096): True, ckpt.LATEST: True}
+    capsys.readouterr()
+    run(kept)
+    assert f"resumed from {root / ckpt.LATEST} at step 5" in capsys.readouterr().out
+    assert resumable() == {name(2048): False, name(4096): False, name(6144): False, name(8192): True,
+                           ckpt.LATEST: True}
+    for tokens in (2048, 4096, 6144, 8192):
+        expected = weights(tmp_path / "whole/checkpoints" / name(tokens))
+        model, tokenizer, meta = ckpt.load_model(root / name(tokens))
+        got = model.state_dict()
+        assert meta["tokens_seen"] == tokens and tokenizer["spec"] == "bytes"
+        assert expected.keys() == got.keys() and all(torch.equal(expected[k], got[k]) for k in expected)
+        np.testing.assert_array_equal(ckpt.load_trained_lengths(root / name(tokens)),
+                                      ckpt.load_trained_lengths(tmp_path / "whole/checkpoints" / name(tokens)))
+    reduced = root / name(2048)
+    assert sorted(p.name for p in reduced.iterdir()) == ["config.json", "manifest.json", "model.safetensors",
+                                                         "model_config.json", "tokenizer_spec.json",
+                                                         "trained_lengths.npy", "trainer.json"]
+    meta = ckpt.read_trainer_state(reduced)
+    ckpt.verify_checkpoint(reduced, meta)  # the manifest lists exactly what remains
+    assert meta["reduced_to_weights"] and not meta["resumable"]
+    with pytest.raises(ConfigError, match="holds model weights only"):
+        pretrain.Plan(config_from_dict({**kept, "resume": str(reduced)}), 1)
+    # A kill while reducing leaves the full milestone whole (and resumable), never a half-reduced one.
+    newest = root / name(8192)
+    monkeypatch.setattr(ckpt, "publish", lambda tmp, final: (_ for _ in ()).throw(KeyboardInterrupt("kill")))
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.reduce_to_weights(newest)
+    meta = ckpt.read_trainer_state(newest)
+    assert meta["resumable"] and (newest / "state" / ".metadata").is_file()
+    ckpt.verify_checkpoint(newest, meta)
+    assert ckpt.find_resume_checkpoint(out) == newest
+
+
+def test_wandb_run_id_is_reused_and_mode_follows_credentials(data_dir, tmp_path, monkeypatch):
+    for var in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    netrc_file = tmp_path / "netrc"
+    monkeypatch.setenv("NETRC", str(netrc_file))
+    cfg = config_from_dict(tiny(data_dir, tmp_path / "run", **{"logging.logger": "wandb"}))
+    first = pretrain._loggers(cfg)[0]
+    run_id = (tmp_path / "run" / pretrain.WANDB_ID_FILE).read_text().strip()
+    assert re.fullmatch("[0-9a-f]{8}", run_id)
+    assert first._wandb_init["id"] == run_id and first._wandb_init["resume"] == "allow" and first._offline
+    assert pretrain._loggers(cfg)[0]._wandb_init["id"] == run_id  # a requeued job: the same wandb run
+    assert (f"wandb: offline (no credentials: WANDB_API_KEY is unset and {netrc_file} has no login for "
+            f"api.wandb.ai); upload later with `wandb sync {tmp_path / 'run/wandb'}`; run id {run_id}") \
+        in pretrain._wandb_report(cfg)
+    netrc_file.write_text("machine api.wandb.ai\n  login user\n  password secret\n")
+    assert pretrain.wandb_mode() == (False, f"{netrc_file} has a login for api.wandb.ai (wandb login)")
+    assert not pretrain._loggers(cfg)[0]._offline
+    netrc_file.unlink()
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    assert pretrain.wandb_mode() == (False, "WANDB_API_KEY is set")
+    assert pretrain._wandb_report(cfg).startswith(f"wandb: online (WANDB_API_KEY is set); run id {run_id}")
+    monkeypatch.setenv("WANDB_MODE", "disabled")  # an explicit choice wins; a whole run with it logs nowhere
+    assert pretrain.wandb_mode() == (True, "WANDB_MODE=disabled is set")
+    run(tiny(data_dir, tmp_path / "run", stop_at_step=1, **{"logging.logger": "wandb"}))
+    assert (tmp_path / "run" / pretrain.WANDB_ID_FILE).read_text().strip() == run_id
+
+
 def test_signal_saves_latest_and_requeues(data_dir, tmp_path, monkeypatch):
     calls = []
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
@@ -261,11 +398,15 @@ def test_bad_configs_fail_before_compute(data_dir, tmp_path):
             pretrain.Plan(config_from_dict(cfg), world_size=1)
 
     run(tiny(data_dir, tmp_path / "a", total_tokens=1024, **{"checkpoint.latest_every_steps": 1}))
-    changed = tiny(data_dir, tmp_path / "a", **{"optim.lr": 1e-3})
+    changed = tiny(data_dir, tmp_path / "a", total_tokens=1024, **{"optim.lr": 1e-3})
     with pytest.raises(ConfigError, match="different config:\n  optim.lr: checkpoint 0.003 vs now 0.001"):
         pretrain.Plan(config_from_dict(changed), world_size=1)
-    # Run-time settings may change on resume.
-    pretrain.Plan(config_from_dict(tiny(data_dir, tmp_path / "a", micro_batch_rows=2, total_tokens=4096)), 1)
+    # Run-time settings may change on resume; the schedule only through resume_override.
+    pretrain.Plan(config_from_dict(tiny(data_dir, tmp_path / "a", micro_batch_rows=2, total_tokens=1024)), 1)
+    with pytest.raises(ConfigError, match=r"total_tokens: checkpoint 1024 vs now 4096 \(to change it on resume: "
+                                          r"--resume_override total_tokens=4096\)"):
+        pretrain.Plan(config_from_dict(tiny(data_dir, tmp_path / "a", total_tokens=4096)), 1)
+    pretrain.Plan(config_from_dict(tiny(data_dir, tmp_path / "a", resume_override={"total_tokens": 4096})), 1)
 
 
 def test_cli_overrides_and_schedule(data_dir):

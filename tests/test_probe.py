@@ -539,3 +539,16 @@ def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(tmp_path):
     ckpt = write_checkpoint(tmp_path / "run", 1024, tiny_model(), np.bincount([512], minlength=513))  # vocab 258
     with pytest.raises(SystemExit, match="128,256 ids but the model only 258"):
         probe.main(["--checkpoint", str(ckpt), "--tokenizer", "llama3", "--lengths", "420", "--quiet"])
+
+
+def test_a_consolidated_copy_has_the_checkpoints_fingerprint(tmp_path):
+    """Results are keyed by the model, not by optimizer state or file layout: a consolidation shares them."""
+    from train.checkpoint import consolidate, model_fingerprint
+
+    ckpt = write_checkpoint(tmp_path / "run", 1024, tiny_model(), np.bincount([512], minlength=513))
+    state = torch.load(ckpt / "state.pt", weights_only=True)
+    state["optimizer"] = {"state": {0: {"step": torch.tensor(3.0)}}, "param_groups": []}
+    torch.save(state, ckpt / "state.pt")  # optimizer state beside the weights
+    copy = consolidate(ckpt, tmp_path / "consolidated")
+    assert model_fingerprint(copy) == model_fingerprint(ckpt)
+    assert model_fingerprint(consolidate(ckpt, tmp_path / "bf16", dtype=torch.bfloat16)) != model_fingerprint(ckpt)

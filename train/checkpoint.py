@@ -23,6 +23,12 @@ checkpoint whose files all have their recorded size and sha256, and says which n
 skipped and why. Checkpoints written before manifests (no ``manifest_sha256`` in trainer.json)
 are resumed unverified.
 
+With ``checkpoint.keep_full: N`` only the newest N milestones keep the layout above; older ones
+are reduced to weights only (`reduce_to_weights`): ``model.safetensors``, ``trained_lengths.npy``,
+the three config files, a manifest of exactly those, and trainer.json with ``"resumable": false``.
+The reduced copy is built in ``NAME.tmp`` and published like a save, so ``NAME`` (or ``NAME.old``)
+is whole at every instant; `load_model` reads either form, and resume never picks a reduced one.
+
 A consolidated model (``python -m train.checkpoint consolidate CKPT OUT``) is a directory with
 ``model.safetensors`` (our state_dict, plain tensors), ``model_config.json``,
 ``tokenizer_spec.json``, ``trained_lengths.npy`` and ``meta.json``. `load_model` reads it or
@@ -34,6 +40,7 @@ resume the same guarantee before Lightning Fabric reads the checkpoint with DCP'
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import json
 import os
@@ -49,7 +56,7 @@ import numpy as np
 import torch
 
 from train.config import ModelConfig
-from train.fingerprint import file_sha256, files_sha256
+from train.fingerprint import file_sha256
 from train.model import Transformer
 
 CHECKPOINTS = "checkpoints"
@@ -57,6 +64,7 @@ LATEST = "latest"
 MILESTONE_PREFIX = "tokens-"
 TRAINER_FILE = "trainer.json"
 MANIFEST_FILE = "manifest.json"
+WEIGHTS_ONLY_FILES = ("trained_lengths.npy", "model_config.json", "tokenizer_spec.json", "config.json")
 FORMAT = "posfreq-pretrain-v1"
 CONSOLIDATED_WEIGHTS = "model.safetensors"
 UNTRUSTED_FIX = ("Fix: resume from another checkpoint (--resume PATH) or move this one away; load only "
@@ -134,7 +142,7 @@ def read_trainer_state(path: str | Path) -> dict | None:
         return None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         return None
-    has_state = (path / "state" / ".metadata").is_file() or (path / "state.pt").is_file()
+    has_state = any((path / name).is_file() for name in ("state/.metadata", "state.pt", CONSOLIDATED_WEIGHTS))
     return meta if has_state else None
 
 
@@ -494,19 +502,24 @@ def load_model(checkpoint_dir: str | Path, device: str | torch.device = "cpu",
 
 
 def model_fingerprint(checkpoint_dir: str | Path) -> str:
-    """sha256 of the files that define a checkpoint's model: config, tokenizer spec and weight files.
+    """sha256 of a checkpoint's model: its config and tokenizer spec files and its weight tensors.
 
-    For a trainer checkpoint the weight files include the optimizer state stored beside the model
-    (DCP shards mix them); two checkpoints share a fingerprint only when those bytes are equal.
+    The weights are hashed as loaded (name, dtype, shape, bytes), not as files, so the optimizer
+    state beside them in a trainer checkpoint does not count: a full milestone, its weights-only
+    reduction (`checkpoint.keep_full`) and a consolidation in the same dtype share one fingerprint,
+    and probe results made on one are found for the others.
     """
     path = Path(checkpoint_dir)
-    weights = [path / CONSOLIDATED_WEIGHTS, path / "state.pt"]
-    files = [f for f in [path / "model_config.json", path / "tokenizer_spec.json", *weights] if f.is_file()]
-    if (path / "state").is_dir():
-        files += [f for f in (path / "state").rglob("*") if f.is_file()]
-    if not any(f.name in (CONSOLIDATED_WEIGHTS, "state.pt") or f.parent.name == "state" for f in files):
-        raise FileNotFoundError(f"{path}: no weights ({CONSOLIDATED_WEIGHTS}, state.pt or state/) to fingerprint")
-    return files_sha256(path, files)
+    digest = hashlib.sha256()
+    for name in ("model_config.json", "tokenizer_spec.json"):
+        if (path / name).is_file():
+            digest.update(name.encode() + b"\0" + (path / name).read_bytes() + b"\n")
+    state = model_state_dict(path)
+    for key in sorted(state):
+        tensor = state[key].detach().contiguous().reshape(-1)
+        digest.update(f"{key}\0{tensor.dtype}\0{tuple(state[key].shape)}\n".encode())
+        digest.update(memoryview(tensor.view(torch.uint8).numpy()))
+    return digest.hexdigest()
 
 
 def load_trained_lengths(checkpoint_dir: str | Path) -> np.ndarray:
@@ -518,19 +531,63 @@ def load_trained_lengths(checkpoint_dir: str | Path) -> np.ndarray:
         raise CheckpointError(f"{file}: refusing to load it ({err}). {UNTRUSTED_FIX}") from None
 
 
-def consolidate(checkpoint_dir: str | Path, out_dir: str | Path, dtype: torch.dtype | None = None) -> Path:
-    """Write one trainer checkpoint as a single-file model directory (atomically); returns it."""
+def _write_weights(state: dict[str, torch.Tensor], file: Path, dtype: torch.dtype | None = None) -> None:
+    """Save a state_dict as safetensors, each tensor its own contiguous copy (safetensors refuses shared storage,
+    e.g. tied embeddings), floating tensors cast to `dtype` if given."""
     from safetensors.torch import save_file
 
-    src, out = Path(checkpoint_dir), Path(out_dir)
-    state = model_state_dict(src)
     tensors = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous().clone()
                for k, v in state.items()}
+    save_file(tensors, str(file), metadata={"format": "pt"})
+
+
+def reduce_to_weights(path: Path) -> None:
+    """Rewrite a verified full checkpoint as weights only (see the module docstring), marked non-resumable.
+
+    Built in NAME.tmp and published: a kill leaves the full NAME (or NAME.old), never a half-reduced one.
+    """
+    meta = read_trainer_state(path)
+    if meta is None:
+        raise CheckpointError(f"{path} is not a complete checkpoint")
+    verify_checkpoint(path, meta)  # never seal damaged weights under a fresh manifest
+    tmp = temporary(path)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    _write_weights(model_state_dict(path), tmp / CONSOLIDATED_WEIGHTS)
+    for name in WEIGHTS_ONLY_FILES:
+        shutil.copyfile(path / name, tmp / name)
+    manifest = write_manifest(tmp)
+    _write_file(tmp / TRAINER_FILE, {**meta, "resumable": False, "reduced_to_weights": True,
+                                      "manifest_sha256": manifest})
+    publish(tmp, path)
+
+
+def reduce_old_milestones(out_dir: str | Path, keep_full: int) -> list[str]:
+    """Reduce every resumable milestone but the newest `keep_full` to weights only; one report line for each.
+
+    A milestone whose files do not verify is left as it is (reported), not sealed under a new manifest.
+    """
+    milestones = [path for path, meta in list_checkpoints(out_dir)
+                  if re.fullmatch(rf"{MILESTONE_PREFIX}\d+", path.name) and meta.get("resumable")]
+    report = []
+    for path in milestones[:max(0, len(milestones) - keep_full)]:
+        try:
+            reduce_to_weights(path)
+            report.append(f"reduced {path} to weights only")
+        except (CheckpointError, OSError) as err:  # retention must not end a weeks-long run; the .tmp goes at start-up
+            report.append(f"left {path} as it is, not reduced: {err}")
+    return report
+
+
+def consolidate(checkpoint_dir: str | Path, out_dir: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write one trainer checkpoint as a single-file model directory (atomically); returns it."""
+    src, out = Path(checkpoint_dir), Path(out_dir)
     tmp = temporary(out)
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    save_file(tensors, str(tmp / CONSOLIDATED_WEIGHTS), metadata={"format": "pt"})
+    _write_weights(model_state_dict(src), tmp / CONSOLIDATED_WEIGHTS, dtype)
     for name in ("model_config.json", "tokenizer_spec.json", "trained_lengths.npy"):
         shutil.copyfile(src / name, tmp / name)
     meta = json.loads((src / TRAINER_FILE).read_text()) if (src / TRAINER_FILE).is_file() else {}

@@ -24,21 +24,26 @@ arrives while the run starts up is not fatal; the step after it ends with a save
 in a SLURM job (with ``requeue_on_signal``) the trainer runs ``scontrol requeue`` and exits 0.
 Otherwise nothing restarts the run, and after the save it exits with code 3
 (``EXIT_NOT_REQUEUED``), saying the job was not requeued; continue it with ``--resume auto``.
-Errors a user can fix (config, checkpoint, a run directory locked by another job) print
-``error: ...`` naming the key or file and the fix, and exit 1.
+Errors a user can fix (config, checkpoint, a run directory locked by another job, a non-finite
+loss) print ``error: ...`` naming the key or file and the fix, and exit 1; after a non-finite loss
+the fix is the exact command that continues with a lower LR (``--resume_override optim.lr=...``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import netrc
 import os
+import secrets
+import shlex
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from urllib.parse import urlparse
 
 if __package__ in (None, ""):  # run as `python train/pretrain.py`: import the package, not train/*.py
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
@@ -52,13 +57,14 @@ from train.config import ModelConfig, model_preset
 from train.data import IGNORE_INDEX, PackedBatch, PackedSampler, TokenDataset
 from train.loss import head_returns_loss
 from train.model import Transformer
-from train.run_config import ConfigError, TrainConfig, config_differences, parse_args
+from train.run_config import ConfigError, TrainConfig, config_differences, overridden_changes, parse_args
 from train.run_lock import RunLock, RunLockError
 from train.tokenizer import get_tokenizer
 
 PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "A10G": 125e12, "L4": 121e12}
 EXIT_NOT_REQUEUED = 3  # a signal stopped the run after a save, and no SLURM requeue will restart it
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+WANDB_ID_FILE = "wandb_run_id"  # in OUT: the wandb run every job of this run directory logs to
 
 
 # --------------------------------------------------------------------------------------------
@@ -203,6 +209,7 @@ class Plan:
         self.total_steps = -(-cfg.total_tokens // cfg.global_batch_tokens)
         self.tokenizer_spec = self._tokenizer_spec()
         self.skipped: list[str] = []  # checkpoints `--resume auto` passed over, each with the reason
+        self.schedule_change: str | None = None  # what --resume_override changed, for the start-up report
         self.resume_from = self._resume_point()
 
     def _tokenizer_spec(self) -> dict:
@@ -234,8 +241,9 @@ class Plan:
         if meta is None:
             raise ConfigError(f"resume={cfg.resume}: {path} is not a complete checkpoint (no valid trainer.json + state)")
         if not meta.get("resumable"):
-            raise ConfigError(f"resume: {path} holds model weights only (checkpoint.milestone_weights_only); "
-                              "resume from a full checkpoint such as OUT/checkpoints/latest")
+            raise ConfigError(f"resume: {path} holds model weights only (checkpoint.milestone_weights_only, or "
+                              "reduced by checkpoint.keep_full); resume from a full checkpoint such as "
+                              "OUT/checkpoints/latest")
         if cfg.resume != "auto":  # `auto` verified it while choosing
             self._verify_chosen(path, meta)
         diffs = config_differences(meta["config"], cfg.to_dict())
@@ -245,12 +253,22 @@ class Plan:
         if diffs:
             raise ConfigError(f"resume: {path} was written by a different config:\n  " + "\n  ".join(diffs)
                               + "\nFix: resume with the original config, or start a new run in a new out_dir.")
+        changes = overridden_changes(meta["config"], cfg.to_dict())
+        if changes:
+            self.schedule_change = self._schedule_change(meta, changes)
         self._check_same_data(path, meta)
         if meta["sharded"] != cfg.checkpoint.sharded:
             raise ConfigError(f"resume: {path} is {'sharded' if meta['sharded'] else 'a full file'}; set "
                               f"--checkpoint.sharded {str(meta['sharded']).lower()} to load it")
         ckpt.verify_resume_files(path)  # Fabric reads it through DCP's unrestricted unpickler
         return path
+
+    def _schedule_change(self, meta: dict, changes: list[str]) -> str:
+        """The overridden keys and the schedule from the resumed step on, before and after (next LR, total steps)."""
+        step, old = int(meta["step"]), meta["schedule"]
+        return (f"resume_override: {'; '.join(changes)}; schedule from step {step}: next LR {old['next_lr']:.6g} -> "
+                f"{lr_at(step, self.cfg, self.total_steps):.6g}, total steps {old['total_steps']:,} -> "
+                f"{self.total_steps:,}")
 
     def _verify_chosen(self, path: Path, meta: dict) -> None:
         """Check the files of the checkpoint named by --resume PATH against its manifest."""
@@ -275,6 +293,14 @@ class Plan:
 # --------------------------------------------------------------------------------------------
 # The trainer
 # --------------------------------------------------------------------------------------------
+
+
+class NonFiniteLoss(FloatingPointError):
+    """A non-finite loss or gradient norm stopped the run; `main` adds the command that continues at `lower_lr`."""
+
+    def __init__(self, message: str, lower_lr: float) -> None:
+        super().__init__(message)
+        self.lower_lr = lower_lr
 
 
 class StopSignals:
@@ -398,12 +424,12 @@ class Trainer:
 
     def _nonfinite(self, loss: float, grad_norm: float) -> None:
         resume = ckpt.find_resume_checkpoint(self.out)
-        where = (f"resume from {resume} with --resume auto" if resume
-                 else "no checkpoint exists yet; restart from scratch")
-        raise FloatingPointError(
+        where = f"resume from {resume}" if resume else "no checkpoint exists yet; start again"
+        raise NonFiniteLoss(
             f"non-finite loss or gradient norm (loss {loss}, grad norm {grad_norm}) at step {self.step + 1} "
             f"(tokens {self.tokens_seen:,}-{self.tokens_seen + self.cfg.global_batch_tokens:,}); the weights were "
-            f"not updated. To continue: {where}, perhaps with a lower --optim.lr, or set --on_nonfinite skip.")
+            f"not updated. To continue: {where} with a lower optim.lr (--resume_override optim.lr=...), or set "
+            "--on_nonfinite skip.", lower_lr=self.cfg.optim.lr / 10)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -474,12 +500,23 @@ class Trainer:
         if milestone:
             saved = self.save(root / ckpt.milestone_name(tokens), weights_only=c.milestone_weights_only)
             if not c.milestone_weights_only:
+                self._reduce_old_milestones()
                 self.last_latest_time = time.monotonic()
                 return saved
         if stopping or time_due or (c.latest_every_steps and step % c.latest_every_steps == 0):
             self.last_latest_time = time.monotonic()
             return self.save(root / ckpt.LATEST)
         return None
+
+    def _reduce_old_milestones(self) -> None:
+        """Rank 0 reduces the milestones older than the newest `checkpoint.keep_full` to weights only (disk space)."""
+        keep = self.cfg.checkpoint.keep_full
+        if keep is None:
+            return
+        if self.fabric.global_rank == 0:
+            for line in ckpt.reduce_old_milestones(self.out, keep):
+                self.fabric.print(f"checkpoint.keep_full={keep}: {line}")
+        self.fabric.barrier()
 
     def _stop_on_signal(self, saved: Path, usr1: bool) -> None:
         """After the signal's save: requeue the SLURM job if asked and possible, and say what happens next."""
@@ -572,6 +609,48 @@ def _progress(cfg: TrainConfig, plan: Plan, tokens: int, rank_zero: bool):
                 disable=not (rank_zero and cfg.logging.progress_bar), desc="pretrain")
 
 
+def wandb_run_id(out: Path) -> str:
+    """The wandb run id of run directory `out`, created once (the first process to link its file wins), so every
+    job of the run, requeued ones included, logs to the same wandb run."""
+    path = out / WANDB_ID_FILE
+    if not path.is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        mine = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        mine.write_text(secrets.token_hex(4) + "\n")
+        try:
+            os.link(mine, path)  # atomic and exclusive: never a half-written or overwritten id
+        except FileExistsError:
+            pass
+        finally:
+            mine.unlink()
+    return path.read_text().strip()
+
+
+def _netrc_file() -> Path:
+    """The netrc file wandb keeps its login in: $NETRC, else ~/.netrc, else ~/_netrc when only that exists."""
+    if os.environ.get("NETRC"):
+        return Path(os.environ["NETRC"]).expanduser()
+    unix, windows = Path("~/.netrc").expanduser(), Path("~/_netrc").expanduser()
+    return windows if windows.is_file() and not unix.is_file() else unix
+
+
+def wandb_mode() -> tuple[bool, str]:
+    """(offline, why): offline only when wandb would find no credentials (WANDB_API_KEY, or its netrc login) or
+    WANDB_MODE asks for it."""
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"] != "online", f"WANDB_MODE={os.environ['WANDB_MODE']} is set"
+    if os.environ.get("WANDB_API_KEY"):
+        return False, "WANDB_API_KEY is set"
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    file = _netrc_file()
+    try:
+        if netrc.netrc(file).authenticators(host):
+            return False, f"{file} has a login for {host} (wandb login)"
+    except (OSError, netrc.NetrcParseError):
+        pass
+    return True, f"no credentials: WANDB_API_KEY is unset and {file} has no login for {host}"
+
+
 def _loggers(cfg: TrainConfig) -> list:
     out = Path(cfg.out_dir)
     if cfg.logging.logger == "csv":
@@ -581,10 +660,18 @@ def _loggers(cfg: TrainConfig) -> list:
     if cfg.logging.logger == "wandb":
         from lightning.pytorch.loggers import WandbLogger
 
-        offline = not os.environ.get("WANDB_API_KEY")
         return [WandbLogger(project=cfg.logging.project, name=cfg.logging.run_name, save_dir=str(out),
-                            offline=offline, config=cfg.to_dict())]
+                            offline=wandb_mode()[0], id=wandb_run_id(out), resume="allow", config=cfg.to_dict())]
     return []
+
+
+def _wandb_report(cfg: TrainConfig) -> str:
+    """One line: the wandb mode and why, and the run id a requeued job resumes."""
+    offline, why = wandb_mode()
+    out = Path(cfg.out_dir)
+    sync = f"; upload later with `wandb sync {out / 'wandb'}`" if offline else ""
+    return (f"wandb: {'offline' if offline else 'online'} ({why}){sync}; run id {wandb_run_id(out)} "
+            f"(from {out / WANDB_ID_FILE}: every job of this run directory resumes it)")
 
 
 def build_fabric(cfg: TrainConfig):
@@ -623,6 +710,10 @@ def _start(cfg: TrainConfig, fabric, plan: Plan) -> None:
         fabric.print(f"removed an interrupted checkpoint write: {path}")
     for reason in plan.skipped:
         fabric.print(f"skipped checkpoint {reason}")
+    if plan.schedule_change:
+        fabric.print(plan.schedule_change)
+    if cfg.logging.logger == "wandb":
+        fabric.print(_wandb_report(cfg))
     fabric.print(f"{plan.model_config.num_params():,} parameters; {fabric.world_size} processes x "
                  f"{plan.accumulation} micro-batches x {cfg.micro_batch_rows} rows x {cfg.data.seq_len} tokens "
                  f"= {cfg.global_batch_tokens:,} tokens/step; {plan.total_steps:,} steps")
@@ -656,13 +747,23 @@ def train(cfg: TrainConfig) -> list[dict]:
         signals.restore()
 
 
+def continue_command(argv: list[str], lr: float) -> str:
+    """The command that continues this invocation from its newest checkpoint (or afresh) with learning rate `lr`."""
+    return shlex.join(["python", "train/pretrain.py", *argv, "--resume", "auto",
+                       "--resume_override", f"optim.lr={lr:g}"])
+
+
 def main(argv: list[str] | None = None) -> None:
-    """The command line: run `train`, printing `error: ...` (exit 1) for a config, checkpoint or lock error."""
+    """The command line: run `train`, printing `error: ...` (exit 1) for a config, checkpoint or lock error, or a
+    non-finite loss (with the command that continues the run at a lower LR)."""
+    argv = sys.argv[1:] if argv is None else argv
     try:
         cfg = parse_args(argv)
         train(cfg)
     except (ConfigError, ckpt.CheckpointError, RunLockError) as err:
         sys.exit(f"error: {err}")
+    except NonFiniteLoss as err:
+        sys.exit(f"error: {err} Command: {continue_command(argv, err.lower_lr)}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,11 @@ flags override the file, e.g. ``--optim.lr 1e-3 --data.dir /data/shards``; value
 as YAML scalars (``--checkpoint.sharded false``, ``--data.seq_len 4096``). Every number is
 checked against its valid range when the config is built (each section's ``__post_init__``), so
 a bad value is an error naming its key and range before any data is read.
+
+Resuming refuses a config that differs from the checkpoint's, except in run-time keys
+(`RESUMABLE_CHANGES`) and in the schedule keys of `RESUME_OVERRIDABLE`, which change only when
+named explicitly: ``--resume_override optim.lr=1e-4 total_tokens=2e12`` (or ``resume_override:``
+in the YAML) sets them and allows them to differ from the checkpoint.
 """
 
 from __future__ import annotations
@@ -107,10 +112,13 @@ class CheckpointSection:
     latest_every_steps: int = 500  # 0 disables the step trigger
     latest_every_minutes: float = 30.0  # 0 disables the time trigger
     milestone_weights_only: bool = False  # milestones keep model weights only (not resumable)
+    # The newest N milestones keep the full resumable state; older ones are reduced to weights only
+    # (about 4x smaller: no optimizer moments). None keeps every milestone whole.
+    keep_full: Optional[int] = None
     sharded: bool = True  # torch.distributed.checkpoint shards per rank; false: one full file
 
     def __post_init__(self) -> None:
-        _at_least("checkpoint.", self, 1, "every_tokens")
+        _at_least("checkpoint.", self, 1, "every_tokens", "keep_full")
         _at_least("checkpoint.", self, 0, "latest_every_steps", "latest_every_minutes")
 
 
@@ -146,6 +154,7 @@ class TrainConfig:
     stop_at_step: Optional[int] = None  # end this invocation after this step, saving `latest` (jobs, tests)
     on_nonfinite: Literal["stop", "skip"] = "stop"  # non-finite loss or grad norm: stop, or skip that step
     requeue_on_signal: bool = True  # on SIGUSR1 under SLURM: save latest, `scontrol requeue`, exit
+    resume_override: dict[str, Any] = field(default_factory=dict)  # RESUME_OVERRIDABLE keys set and allowed to change
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
     optim: OptimSection = field(default_factory=OptimSection)
@@ -165,15 +174,18 @@ class TrainConfig:
 # math of the run (which rows each step trains on, the model, the optimiser, the schedule).
 RESUMABLE_CHANGES = (
     "out_dir", "resume", "stop_at_step", "micro_batch_rows", "devices", "num_nodes", "accelerator",
-    "requeue_on_signal", "on_nonfinite", "total_tokens", "data.dir", "model.attention_backend",
+    "requeue_on_signal", "on_nonfinite", "resume_override", "data.dir", "model.attention_backend",
     "model.activation_checkpointing", "model.init_from", "checkpoint.", "logging.",
 )
+# Keys that change the schedule: they may change on resume only through --resume_override.
+RESUME_OVERRIDABLE = ("optim.lr", "optim.min_lr", "optim.warmup_steps", "total_tokens")
+NOT_FLATTENED = ("overrides", "resume_override")  # dict-valued keys, not sections
 
 
 def _flatten(data: dict, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in data.items():
-        if isinstance(value, dict) and key != "overrides":
+        if isinstance(value, dict) and key not in NOT_FLATTENED:
             out.update(_flatten(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
@@ -263,9 +275,30 @@ def config_from_dict(data: dict, where: str = "config") -> TrainConfig:
         raise ConfigError(f"{where}: unknown config keys {unknown}. Known keys: {sorted(known)}. "
                           "Fix: correct the spelling or remove them.")
     try:
-        return _build(TrainConfig, {k: _coerce(v, known[k], k) for k, v in flat.items()})
+        overrides = _resume_overrides(flat.pop("resume_override", {}))
+        typed = {k: _coerce(v, known[k], k) for k, v in {**flat, **overrides}.items()}
+        return _build(TrainConfig, {**typed, "resume_override": {k: typed[k] for k in overrides}})
     except ConfigError as err:  # a wrong type, or a value out of range (the sections' __post_init__)
         raise ConfigError(f"{where}: {err}") from None
+
+
+def _resume_overrides(overrides: Any) -> dict[str, Any]:
+    """The `resume_override` mapping, checked: only RESUME_OVERRIDABLE keys may be overridden."""
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"resume_override={overrides!r} should be a mapping of KEY: VALUE")
+    other = sorted(set(overrides) - set(RESUME_OVERRIDABLE))
+    if other:
+        raise ConfigError(f"resume_override: {other} cannot change on resume; only {list(RESUME_OVERRIDABLE)} "
+                          "can (the rest would change the model, the data stream or the optimizer)")
+    return overrides
+
+
+def _key_value(text: str) -> tuple[str, Any]:
+    """Parse one `--resume_override` item, KEY=VALUE (VALUE a YAML scalar)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. optim.lr=1e-4)")
+    return key, yaml.safe_load(value)
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -301,7 +334,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", help="YAML run config (configs/*.yaml)")
     defaults = _flatten(TrainConfig().to_dict())
+    parser.add_argument("--resume_override", dest="resume_override", metavar="KEY=VALUE", nargs="+",
+                        action="extend", type=_key_value,
+                        help=f"set and allow a change on resume of any of {', '.join(RESUME_OVERRIDABLE)}")
     for key, hint in _leaf_types().items():
+        if key == "resume_override":
+            continue
         parser.add_argument(f"--{key}", dest=key, metavar="VALUE", type=yaml.safe_load,
                             help=f"{getattr(hint, '__name__', str(hint))}, default {defaults.get(key)!r}")
     return parser
@@ -315,18 +353,31 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     for key, value in args.items():
         if key == "model.overrides" and isinstance(value, dict):
             data.setdefault("model", {}).setdefault("overrides", {}).update(value)
+        elif key == "resume_override":
+            data.setdefault("resume_override", {}).update(value)
         else:
             _set_dotted(data, key, value)
     return config_from_dict(data, where=f"{path or 'command line'} + command-line overrides")
 
 
 def config_differences(saved: dict, current: dict) -> list[str]:
-    """Keys whose values differ between two config dicts, ignoring RESUMABLE_CHANGES."""
+    """Keys whose values differ between two config dicts, ignoring RESUMABLE_CHANGES and the keys `current`
+    overrides (its resume_override); a RESUME_OVERRIDABLE key names the flag that would allow its change."""
     a, b = _flatten(saved), _flatten(current)
+    allowed = set(current.get("resume_override", {}))
     diffs = []
     for key in sorted(set(a) | set(b)):
-        if any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMABLE_CHANGES):
+        if key in allowed or any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMABLE_CHANGES):
             continue
         if a.get(key) != b.get(key):
-            diffs.append(f"{key}: checkpoint {a.get(key)!r} vs now {b.get(key)!r}")
+            hint = f" (to change it on resume: --resume_override {key}={b.get(key)})" \
+                if key in RESUME_OVERRIDABLE else ""
+            diffs.append(f"{key}: checkpoint {a.get(key)!r} vs now {b.get(key)!r}{hint}")
     return diffs
+
+
+def overridden_changes(saved: dict, current: dict) -> list[str]:
+    """The RESUME_OVERRIDABLE keys `current` overrides to a value other than the checkpoint's, as 'key: old -> new'."""
+    a, b = _flatten(saved), _flatten(current)
+    return [f"{key}: {a.get(key)!r} -> {b.get(key)!r}" for key in current.get("resume_override", {})
+            if a.get(key) != b.get(key)]
