@@ -5,9 +5,12 @@ For each context length L a small TinyLlama-architecture model is built with tra
 Goal: STRING within 1.15x of RoPE's time and 1.1x of its memory at the longest length.
 
 - Prefill time: `hidden_states` over the whole document (no LM head, whose cost is the same
-  for both), best of --repeats runs, the two schemes interleaved so machine noise hits both.
+  for both). Each scheme is first warmed up once at the measured length (untimed), then timed
+  --repeats times, the two schemes interleaved with their order alternating between repeats
+  so machine noise and cache effects hit both; reported: the median, with the spread
+  (min-max) of the repeats.
 - Decode time: per token, over --decode-steps single-token steps on a KV cache holding L
-  tokens, best of --repeats.
+  tokens; the same warm-up, alternation and median with spread.
 - Peak memory. CPU (Linux): per L, a fresh subprocess with glibc's mmap threshold at 64 KiB
   (so every sizeable tensor is mapped on allocation and unmapped when freed, and resident
   memory follows live tensors instead of the allocator's cache) resets the kernel's peak-RSS
@@ -30,6 +33,7 @@ import os
 import re
 import subprocess
 import sys
+import statistics
 import time
 from pathlib import Path
 
@@ -57,24 +61,44 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-@torch.no_grad()
-def prefill_seconds(model: Transformer, tokens: torch.Tensor, cu: torch.Tensor, repeats: int, device: str) -> dict[str, float]:
-    """Best prefill wall time per scheme, schemes interleaved."""
-    best = {name: float("inf") for name in SCHEMES}
-    for _ in range(repeats):
-        for name in SCHEMES:
-            model.set_positions(name)
-            sync(device)
-            start = time.perf_counter()
-            model.hidden_states(tokens, cu, tokens.numel())
-            sync(device)
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
+def interleaved(run, repeats: int) -> dict[str, list[float]]:
+    """Times of `run(name)` per scheme: one untimed warm-up each, then `repeats` rounds, order alternating."""
+    for name in SCHEMES:
+        run(name)
+    times: dict[str, list[float]] = {name: [] for name in SCHEMES}
+    for r in range(repeats):
+        for name in SCHEMES if r % 2 == 0 else SCHEMES[::-1]:
+            times[name].append(run(name))
+    return times
+
+
+def median(times: list[float]) -> float:
+    return statistics.median(times)
+
+
+def spread(times: list[float]) -> str:
+    """min-max of the repeats, as +/- percent of the median."""
+    mid = median(times)
+    return f"-{100 * (mid - min(times)) / mid:.0f}/+{100 * (max(times) - mid) / mid:.0f}%"
 
 
 @torch.no_grad()
-def decode_seconds(model: Transformer, tokens: torch.Tensor, steps: int, repeats: int, device: str) -> dict[str, float]:
-    """Best per-token decode time per scheme on a cache holding the whole document.
+def prefill_seconds(model: Transformer, tokens: torch.Tensor, cu: torch.Tensor, repeats: int, device: str) -> dict[str, list[float]]:
+    """Prefill wall times per scheme (see `interleaved`)."""
+    def run(name: str) -> float:
+        model.set_positions(name)
+        sync(device)
+        start = time.perf_counter()
+        model.hidden_states(tokens, cu, tokens.numel())
+        sync(device)
+        return time.perf_counter() - start
+
+    return interleaved(run, repeats)
+
+
+@torch.no_grad()
+def decode_seconds(model: Transformer, tokens: torch.Tensor, steps: int, repeats: int, device: str) -> dict[str, list[float]]:
+    """Per-token decode times per scheme on a cache holding the whole document (see `interleaved`).
 
     The cache is filled once (what it holds does not change the cost) and rewound to the
     document's length before every timed run.
@@ -84,19 +108,19 @@ def decode_seconds(model: Transformer, tokens: torch.Tensor, steps: int, repeats
     model.set_positions("rope")
     model.hidden_states(tokens, uniform_cu_seqlens(1, length, device), length, caches)
     one = uniform_cu_seqlens(1, 1, device)
-    best = {name: float("inf") for name in SCHEMES}
-    for _ in range(repeats):
-        for name in SCHEMES:
-            model.set_positions(name)
-            for cache in caches:
-                cache.length = length
-            sync(device)
-            start = time.perf_counter()
-            for step in range(steps):
-                model.hidden_states(tokens[step : step + 1], one, 1, caches, position_offset=caches[0].length)
-            sync(device)
-            best[name] = min(best[name], (time.perf_counter() - start) / steps)
-    return best
+
+    def run(name: str) -> float:
+        model.set_positions(name)
+        for cache in caches:
+            cache.length = length
+        sync(device)
+        start = time.perf_counter()
+        for step in range(steps):
+            model.hidden_states(tokens[step : step + 1], one, 1, caches, position_offset=caches[0].length)
+        sync(device)
+        return (time.perf_counter() - start) / steps
+
+    return interleaved(run, repeats)
 
 
 def cpu_peak_bytes(preset: str, length: int, threads: int) -> dict[str, int]:
@@ -150,7 +174,7 @@ def main() -> None:
     parser.add_argument("--preset", default="tiny-2l-128", help="model preset (train.config.PRESETS)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--decode-steps", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (1: least noise on a shared machine)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -174,19 +198,23 @@ def main() -> None:
         rows.append((length, options, prefill, memory, decode))
         del model
 
-    print(f"\nSTRING vs RoPE, preset {args.preset}, {args.device}, {dtype}, threads {torch.get_num_threads()}")
-    print(f"{'L':>6} {'S':>5} {'W':>4} | {'prefill rope':>12} {'string':>8} {'ratio':>6} | "
-          f"{'peak MiB rope':>13} {'string':>8} {'ratio':>6} | {'decode ms rope':>14} {'string':>7} {'ratio':>6}")
+    print(f"\nSTRING vs RoPE, preset {args.preset}, {args.device}, {dtype}, threads {torch.get_num_threads()}; "
+          f"times: median of {args.repeats} (spread min-max vs median), after a warm-up at each length")
+    print(f"{'L':>6} {'S':>5} {'W':>4} | {'prefill s rope':>21} {'string':>21} {'ratio':>6} | "
+          f"{'peak MiB rope':>13} {'string':>8} {'ratio':>6} | {'decode ms rope':>21} {'string':>21} {'ratio':>6}")
     for length, options, prefill, memory, decode in rows:
         mem_ratio = memory["string"] / memory["rope"] if memory["rope"] > 0 else float("nan")
-        print(f"{length:>6} {options['shift']:>5} {options['window']:>4} | {prefill['rope']:>11.3f}s {prefill['string']:>7.3f}s "
-              f"{prefill['string'] / prefill['rope']:>6.3f} | {memory['rope'] / 2**20:>13.1f} {memory['string'] / 2**20:>8.1f} "
-              f"{mem_ratio:>6.3f} | {decode['rope'] * 1e3:>14.2f} {decode['string'] * 1e3:>7.2f} {decode['string'] / decode['rope']:>6.3f}")
+        pre = {name: f"{median(t):.3f} {spread(t)}" for name, t in prefill.items()}
+        dec = {name: f"{median(t) * 1e3:.2f} {spread(t)}" for name, t in decode.items()}
+        print(f"{length:>6} {options['shift']:>5} {options['window']:>4} | {pre['rope']:>21} {pre['string']:>21} "
+              f"{median(prefill['string']) / median(prefill['rope']):>6.3f} | {memory['rope'] / 2**20:>13.1f} "
+              f"{memory['string'] / 2**20:>8.1f} {mem_ratio:>6.3f} | {dec['rope']:>21} {dec['string']:>21} "
+              f"{median(decode['string']) / median(decode['rope']):>6.3f}")
     length, _, prefill, memory, decode = rows[-1]
-    time_ratio = prefill["string"] / prefill["rope"]
+    time_ratio = median(prefill["string"]) / median(prefill["rope"])
     mem_ratio = memory["string"] / memory["rope"] if memory["rope"] > 0 else float("nan")
     print(f"\nlongest length {length}: prefill time {time_ratio:.3f}x (goal <= 1.15x), peak memory {mem_ratio:.3f}x "
-          f"(goal <= 1.1x), decode {decode['string'] / decode['rope']:.3f}x per token")
+          f"(goal <= 1.1x), decode {median(decode['string']) / median(decode['rope']):.3f}x per token (goal <= 1.15x)")
 
 
 if __name__ == "__main__":

@@ -162,6 +162,36 @@ def test_bf16_close_to_float32_reference(name, options, monkeypatch):
     torch.testing.assert_close(fast.float(), reference_attend(scheme, x).float(), atol=3e-2, rtol=3e-2)
 
 
+@pytest.mark.parametrize("options", [{"shift": 7, "window": 2}, {"shift": 12, "window": 0}, {"shift": 5, "window": 4, "temperature": True}])
+@pytest.mark.parametrize("len_q", [1, 3, 9])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_string_one_pass_decode_equals_reference_and_two_pass(options, len_q, batch, monkeypatch):
+    """Cached decoding (equal sequences, len_q < len_k) takes `StringScheme.decode`: one pass per
+    layer, both query rotations scored against slices of the cached keys, one softmax. It equals
+    the per-pair reference and the two-pass (window + shifted, log-sum-exp) path, single tokens
+    and chunks, with caches shorter than, at and beyond the shift and chunks straddling it."""
+    scheme = scheme_for("string", options)
+    shift = options["shift"]
+    calls = []
+    one_pass = positions.StringScheme.decode
+
+    def recorded(self, q, k, v, pos_q, batch_, len_q_, len_k):
+        calls.append(len_k)
+        return one_pass(self, q, k, v, pos_q, batch_, len_q_, len_k)
+
+    monkeypatch.setattr(positions.StringScheme, "decode", recorded)
+    for block in (64, 2):  # DECODE_BLOCK 2 splits chunks into query blocks
+        monkeypatch.setattr(positions, "DECODE_BLOCK", block)
+        for len_k in sorted({len_q + 1, shift - 1, shift, shift + 1, shift + len_q - 1, shift + len_q, 2 * shift + 5, 40}):
+            if len_k <= len_q:
+                continue
+            x = make_inputs(scheme, [len_k] * batch, [len_q] * batch, seed=len_k)
+            fast = scheme.attend(x)
+            torch.testing.assert_close(fast, reference_attend(scheme, x), atol=2e-5, rtol=2e-5)
+            torch.testing.assert_close(fast, positions.SplitScheme.attend(scheme, x), atol=2e-5, rtol=2e-5)
+    assert calls and min(calls) > shift  # the one-pass path ran, and only beyond the shift
+
+
 def test_string_shorter_than_shift_is_rope_bit_for_bit():
     string, rope = scheme_for("string", {"shift": 41, "window": 8}), scheme_for("rope", {})
     x = make_inputs(rope, [3, 17, 40])
@@ -221,6 +251,23 @@ def test_model_prefill_and_cached_decoding(model, name, options, monkeypatch):
     assert generated == ref_generated
     torch.testing.assert_close(stepwise, ref_stepwise, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(ref_stepwise, full.view(2, 30, -1)[:, 19:], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("options", [{}, {"shift": 9, "window": 3, "temperature": True}])
+def test_model_string_chunked_decoding_equals_full_forward(model, options):
+    """Chunks of new tokens on a STRING KV cache (one-pass decode), below and beyond the shift, equal a full forward."""
+    m = _with_scheme(model, "string", options, False)
+    tokens = torch.randint(0, CONFIG.vocab_size, (2, 34), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        full = m.hidden_states(tokens.reshape(-1), uniform_cu_seqlens(2, 34, "cpu"), 34).view(2, 34, -1)
+        caches = m.new_caches(2, 34, torch.float32, tokens.device)
+        start, chunks = 0, []
+        for size in (5, 1, 4, 7, 1, 3, 13):  # crosses the shift (12 or 9) inside a chunk and between chunks
+            cu = uniform_cu_seqlens(2, size, "cpu")
+            ids = tokens[:, start : start + size].reshape(-1)
+            chunks.append(m.hidden_states(ids, cu, size, caches, position_offset=start).view(2, size, -1))
+            start += size
+    torch.testing.assert_close(torch.cat(chunks, 1), full, atol=1e-4, rtol=1e-4)
 
 
 def test_model_string_equals_rope_below_shift(model):

@@ -17,7 +17,9 @@ the fast implementation the model runs.
 
 The schemes that rewrite distances run as several causal attention passes over packed
 sequences (`varlen_attention`), each with its own query rotation and key set, merged exactly
-through their log-sum-exp, so every key is counted once per query.
+through their log-sum-exp, so every key is counted once per query. STRING's cached decoding
+(new queries after a KV cache) instead runs in one pass per layer (`StringScheme.decode`):
+both query rotations scored against slices of the cached keys, one softmax, one matmul with V.
 
 The extrapolation baselines (ntk, yarn, rerope, self_extend, dca) take ``protocol``:
 ``"paper"`` (default) is the STRING paper's evaluation protocol, which treats the training
@@ -295,6 +297,82 @@ class StringScheme(SplitScheme):
 
     def far_query_positions(self, pos_q: Tensor) -> Tensor:
         return pos_q - self.split + self.window
+
+    def attend(self, x: AttentionInputs) -> Tensor:
+        shape = _decode_shape(x)
+        if shape is not None and x.max_seqlen_k > self.split:
+            return self.decode(x.q, x.k, x.v, x.pos_q, *shape)
+        return super().attend(x)
+
+    def decode(self, q: Tensor, k: Tensor, v: Tensor, pos_q: Tensor, batch: int, len_q: int, len_k: int) -> Tensor:
+        """Cached decoding in one pass: `batch` sequences, each with its last len_q queries over len_k keys.
+
+        q: (batch * len_q, H, D) un-rotated, at positions pos_q; k, v: (batch * len_k, Hkv, D),
+        k rotated at true positions (the packed cache). As in `SplitScheme.attend`, query i sits
+        at m = len_k - len_q + i (bottom-right) and scores key n <= m with its ordinary rotation
+        when m - n < S and with its shifted one (at m - S + W, Algorithm 1) when m - n >= S: the
+        key at distance exactly S is far (distance W), each key counted once. The far keys of
+        query m are the prefix n <= m - S and its near keys the suffix, so each rotation is one
+        matmul against a slice of the cached keys (no re-rotation; for batch 1 no copy either). For a chunk
+        the n - 1 keys that are far for some queries and near for others are scored both ways
+        and picked per query. Both score blocks form one row: one softmax (float32), one matmul
+        with V. Queries go in blocks of DECODE_BLOCK, bounding the (H, block, len_k) scores.
+        """
+        heads, dim = q.shape[1], q.shape[2]
+        kv_heads = k.shape[1]
+        groups = heads // kv_heads
+        split = self.split
+        keys = k.reshape(batch, len_k, kv_heads, dim).transpose(1, 2)  # (B, Hkv, Lk, D), a view of the packed cache
+        values = v.reshape(batch, len_k, kv_heads, dim).transpose(1, 2)
+        queries = q.view(batch, len_q, heads, dim)
+        positions = pos_q.view(batch, len_q)
+        outs = []
+        for b0 in range(0, len_q, DECODE_BLOCK):
+            n = min(DECODE_BLOCK, len_q - b0)
+            first = len_k - len_q + b0  # the block's first query
+            reach = first + n  # keys [0, reach) are visible to some query of the block
+            far_end = max(0, reach - split)  # keys [0, far_end) are far for some query (n <= m - S)
+            near_start = max(0, first - split + 1)  # keys [near_start, reach) are near for some query
+            block = queries[:, b0 : b0 + n].reshape(batch * n, heads, dim)
+            pos = positions[:, b0 : b0 + n].reshape(-1)
+            both = self.rotary.rotate(torch.cat((block, block)), torch.cat((pos, pos - (split - self.window))))
+            # (2, B, n, Hkv, G, D) -> (2, B, Hkv, G * n, D): rows of one KV head ordered (group, query)
+            both = both.mul_(1.0 / math.sqrt(dim)).view(2, batch, n, kv_heads, groups, dim)
+            both = both.permute(0, 1, 3, 4, 2, 5).reshape(2, batch, kv_heads, groups * n, dim)
+            near = torch.matmul(both[0], keys[:, :, near_start:reach].transpose(-1, -2))
+            if n > 1:  # a chunk: mask the keys after each query; the overlap takes each query's rotation
+                cols = torch.arange(near_start, reach, device=q.device)
+                dist = torch.arange(first, reach, device=q.device)[:, None] - cols[None, :]  # (n, reach - near_start)
+                near5 = near.view(batch, kv_heads, groups, n, -1)
+                near5.masked_fill_(dist < 0, -math.inf)
+            if far_end == 0:
+                scores = near
+            else:
+                far = torch.matmul(both[1], keys[:, :, :far_end].transpose(-1, -2))
+                overlap = far_end - near_start  # n - 1 columns for a chunk away from the start; none for one query
+                if overlap > 0:
+                    far5 = far.view(batch, kv_heads, groups, n, -1)[..., near_start:]
+                    near5[..., :overlap] = torch.where(dist[:, :overlap] >= split, far5, near5[..., :overlap])
+                    far = far[..., :near_start]
+                scores = torch.cat((far, near), dim=-1)
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+            o = torch.matmul(probs, values[:, :, :reach])  # (B, Hkv, G * n, D)
+            outs.append(o.view(batch, kv_heads, groups, n, dim).permute(0, 3, 1, 2, 4))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        return out.reshape(q.shape)
+
+
+DECODE_BLOCK = 64
+"""Query block of STRING's one-pass cached decoding (see `StringScheme.decode`)."""
+
+
+def _decode_shape(x: AttentionInputs) -> tuple[int, int, int] | None:
+    """(batch, len_q, len_k) when x is cached decoding of equal sequences (len_q < len_k each), else None."""
+    batch = x.cu_seqlens_q.numel() - 1
+    len_q, len_k = x.max_seqlen_q, x.max_seqlen_k
+    if len_q >= len_k or x.q.shape[0] != batch * len_q or x.k.shape[0] != batch * len_k:
+        return None  # equal lengths follow from the totals: each sequence has at most max_seqlen
+    return batch, len_q, len_k
 
 
 @dataclass
