@@ -488,11 +488,15 @@ def _write_meta(plan: Plan, job: Job) -> None:
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
 
 
-def probe_models(sources: Sequence[ModelSource], outs: Sequence[Path], job: Job, builders: Builders) -> list[dict]:
-    """Probe models into their result directories and derive each one's tables; their effective_length rows."""
+def probe_models(sources: Sequence[ModelSource], outs: Sequence[Path], job: Job, builders: Builders,
+                 derive: bool = True) -> list[dict]:
+    """Probe models into their result directories and (unless a run merge will) derive each one's tables.
+
+    Returns their effective_length rows, or nothing when `derive` is False.
+    """
     plans = [plan_model(s, o, job, builders) for s, o in zip(sources, outs)]
     execute(plans, job)
-    return [results.derive_model(p.out, job.analysis, job.figures) for p in plans]
+    return [results.derive_model(p.out, job.analysis, job.figures) for p in plans] if derive else []
 
 
 def run_out_default(run_dir: Path, first: ModelSource, job: Job, builders: Builders) -> Path:
@@ -510,7 +514,10 @@ def probe_run(run_dir: Path, out: Path | None, job: Job, shard: tuple[int, int] 
     mine = checkpoints if shard is None else checkpoints[shard[0] :: shard[1]]
     sources = {p: checkpoint_source(p, job.settings) for p in (mine if shard is not None else checkpoints)}
     out = out or run_out_default(run_dir, sources[mine[0]], job, builders)
-    rows = [] if merge_only else probe_models([sources[p] for p in mine], [out / p.name for p in mine], job, builders)
+    rows: list[dict] = []
+    if not merge_only:  # a sharded task derives its own checkpoints; otherwise derive_run does, once
+        rows = probe_models([sources[p] for p in mine], [out / p.name for p in mine], job, builders,
+                            derive=shard is not None)
     if shard is not None:
         return out, rows
     keys = {p.name: result_key(key_parts(s, builders.for_source(s, job.settings), job.settings))

@@ -183,7 +183,8 @@ def derive_model(out: Path, analysis: Analysis = Analysis(), figures: bool = Tru
 def derive_run(out: Path, analysis: Analysis = Analysis(), figures: bool = True) -> list[dict]:
     """The run tables of a run's result directory from its complete checkpoint directories.
 
-    effective_length.csv (a row per checkpoint), distance_by_checkpoint.csv, position_frequency.csv
+    Each checkpoint's own tables and figures (`derive_model`), then effective_length.csv (a row per
+    checkpoint), distance_by_checkpoint.csv, position_frequency.csv
     (Eq. 2 on the last checkpoint's histogram) and Fig. 2a/2b; the checkpoints are those listed in
     the run's probe.json with the key each one's results must have (results under another key, e.g.
     of a checkpoint since retrained, are left out and listed as missing).
@@ -196,10 +197,10 @@ def derive_run(out: Path, analysis: Analysis = Analysis(), figures: bool = True)
     for name, key in meta["checkpoints"].items():
         sub = out / name
         sub_meta = read_json(sub / META_FILE) if (sub / META_FILE).is_file() else {}
-        if not sub_meta.get("complete") or sub_meta.get("key") != key:
-            missing.append(name)
+        if sub_meta.get("key") != key or set(sub_meta.get("lengths", [None])) - set(done_lengths(sub, key)):
+            missing.append(name)  # not (fully) probed under the key the checkpoint has now
             continue
-        row = derive_model(sub, analysis, figures=False)
+        row = derive_model(sub, analysis, figures)
         rows.append(row)
         for d in read_csv(sub / "distance.csv"):
             distances.append({"checkpoint": name, "tokens_seen": row["tokens_seen"], **d})
