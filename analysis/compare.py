@@ -33,10 +33,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as a file: import the installed posfreq package, never this folder's files by bare name
+    sys.path.pop(0)
 
-from analysis.effective_length import STATUS_ALL_PASSED, STATUS_OK, find_run_results, read_csv, write_csv
+from posfreq.analysis.effective_length import STATUS_ALL_PASSED, STATUS_OK, find_run_results, read_csv, write_csv
 
 COLUMNS = ("train_len", "seed", "checkpoint", "tokens_seen", "effective_length", "effective_length_lo",
            "effective_length_hi", "effective_length_status", "f_effective_length", "tf_effective_length")
@@ -191,7 +191,7 @@ def compare(paths: Sequence[Path], out: Path, n_boot: int = 2000, seed: int = 0,
                   "curves_coincide": curves_coincide(rows, n_boot, seed), "emergence": emergence(rows)}
     (out / "conclusion.json").write_text(json.dumps(conclusion, indent=1) + "\n")
     if figures:
-        from analysis import plots
+        from posfreq.analysis import plots
 
         plots.plot_fig2a_seed_bands(rows, out / "figures" / "fig2a_effective_length_vs_tokens")
         plots.plot_fig2b_seeds(rows, out / "figures" / "fig2b_frequency_vs_effective_length")

@@ -41,10 +41,10 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as a file: import the installed posfreq package, never this folder's files by bare name
+    sys.path.pop(0)
 
-from analysis.position_freq import position_frequency
+from posfreq.analysis.position_freq import position_frequency
 
 STATUS_OK = "ok"
 STATUS_NONE_PASSED = "none_passed"
@@ -423,7 +423,7 @@ def load_run(path: str | Path, label: str | None = None) -> RunResults:
 
 def draw_run_figures(runs: Sequence[RunResults], out: Path) -> list[Path]:
     """Fig. 2a (effective length vs tokens seen) and Fig. 2b (f(effective length) vs effective length)."""
-    from analysis import plots
+    from posfreq.analysis import plots
 
     curves = {r.label: (
         [row["tokens_seen"] for row in r.rows], [row["effective_length"] for row in r.rows],
@@ -452,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = {k: v for k, v in (("threshold", args.threshold), ("min_retrieved", args.min_retrieved),
                                  ("scoring", args.scoring), ("bootstrap", args.bootstrap)) if v is not None}
     if options:
-        from analysis import results
+        from posfreq.analysis import results
 
         for run in args.runs:
             directory = find_run_results(run)
@@ -468,8 +468,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths = draw_run_figures(runs, args.out)
     with_f = [r for r in runs if r.frequency.size and r.frequency[0] > 0]
     if len(with_f) > 1:
-        from analysis import plots
-        from analysis.position_freq import scale_to_budget
+        from posfreq.analysis import plots
+        from posfreq.analysis.position_freq import scale_to_budget
 
         budget = min(float(r.frequency[0]) for r in with_f)
         curves = {r.train_len: scale_to_budget(r.frequency, budget) for r in with_f}

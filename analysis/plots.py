@@ -54,7 +54,7 @@ def plot_fig1a_length_and_frequency(
 
     `pieces[n]` counts pieces of length n (0..L, from `piece_histogram`); `f` is Eq. 2 for this L.
     """
-    from analysis.position_freq import length_buckets
+    from posfreq.analysis.position_freq import length_buckets
 
     buckets = length_buckets(train_len)
     total = max(int(pieces.sum()), 1)

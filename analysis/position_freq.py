@@ -31,10 +31,10 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as a file: import the installed posfreq package, never this folder's files by bare name
+    sys.path.pop(0)
 
-from analysis.corpora import (
+from posfreq.analysis.corpora import (
     Corpus,
     CorpusError,
     CorpusFile,
@@ -48,7 +48,7 @@ from analysis.corpora import (
     lost_files_report,
     resolve_corpus,
 )
-from train.cli import parse_shard
+from posfreq.train.cli import parse_shard
 
 CACHE_VERSION = 2  # 2: truncated .zst files are detected (version 1 read them cut short)
 PERCENTILES = (10, 25, 50, 75, 90, 99)
@@ -236,7 +236,7 @@ _WORKER_TOKENIZERS: dict = {}
 def _tokenizer(spec: str):
     """The tokenizer for `spec`, built once per process."""
     if spec not in _WORKER_TOKENIZERS:
-        from train.tokenizer import get_tokenizer
+        from posfreq.train.tokenizer import get_tokenizer
 
         _WORKER_TOKENIZERS[spec] = get_tokenizer(spec)
     return _WORKER_TOKENIZERS[spec]
@@ -517,7 +517,7 @@ def _write_columns_csv(path: Path, columns: dict[str, np.ndarray]) -> None:
 
 def _write_figures(directory: Path, hist: np.ndarray, train_lens: Sequence[int], budget_tokens: float) -> None:
     """Fig. 1a/1b/1c for every L and Fig. 3 comparing all L at the same token budget."""
-    from analysis import plots
+    from posfreq.analysis import plots
 
     for L in train_lens:
         pieces = piece_histogram(hist, L)
@@ -652,6 +652,6 @@ def _count(args: argparse.Namespace) -> tuple[LengthHistogram, dict]:
 
 
 if __name__ == "__main__":
-    from analysis.position_freq import main as _main  # one module identity for pickling in workers
+    from posfreq.analysis.position_freq import main as _main  # one module identity for pickling in workers
 
     sys.exit(_main())

@@ -44,12 +44,12 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 import torch
 
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as a file: import the installed posfreq package, never this folder's files by bare name
+    sys.path.pop(0)
 
-from analysis import results
-from analysis.effective_length import SCORING_RULES, STATUS_NONE_PASSED, Analysis
-from analysis.niah import (
+from posfreq.analysis import results
+from posfreq.analysis.effective_length import SCORING_RULES, STATUS_NONE_PASSED, Analysis
+from posfreq.analysis.niah import (
     ANSWER_BUDGET,
     NiahBuilder,
     NiahTest,
@@ -59,9 +59,9 @@ from analysis.niah import (
     load_haystack,
     score_answer,
 )
-from train.cli import code_version, parse_shard
-from train.fingerprint import code_sha256
-from train.tokenizer import Tokenizer, get_tokenizer
+from posfreq.train.cli import code_version, parse_shard
+from posfreq.train.fingerprint import code_sha256
+from posfreq.train.tokenizer import Tokenizer, get_tokenizer
 
 PRECISIONS = ("auto", "float32", "bfloat16")
 BOS_POLICIES = ("auto", "always", "never")
@@ -268,11 +268,11 @@ class ModelSource:
     def load(self, settings: ProbeSettings, device: torch.device, attention_backend: str = "auto") -> Generator:
         """The model on `device` in float32, eval mode, with the settings' position scheme."""
         if self.kind == "checkpoint":
-            from train.checkpoint import load_model
+            from posfreq.train.checkpoint import load_model
 
             model, _, _ = load_model(self.path, device="cpu", dtype=torch.float32, attention_backend=attention_backend)
         else:
-            from train.hf import load_hf_model
+            from posfreq.train.hf import load_hf_model
 
             model = load_hf_model(self.path, dtype=torch.float32, attention_backend=attention_backend)
         model = model.to(device=device, dtype=torch.float32).eval()
@@ -283,7 +283,7 @@ class ModelSource:
 
 def checkpoint_source(path: Path, settings: ProbeSettings) -> ModelSource:
     """One of our checkpoints (trainer milestone or consolidated directory)."""
-    from train.checkpoint import load_model_config, model_fingerprint
+    from posfreq.train.checkpoint import load_model_config, model_fingerprint
 
     spec_file = path / "tokenizer_spec.json"
     spec = json.loads(spec_file.read_text()) if spec_file.is_file() else {}
@@ -300,7 +300,7 @@ def checkpoint_source(path: Path, settings: ProbeSettings) -> ModelSource:
 
 def hf_source(directory: Path, settings: ProbeSettings) -> ModelSource:
     """A Hugging Face Llama-family directory (its tokenizer.json unless --tokenizer overrides)."""
-    from train.hf import config_from_hf, hf_model_fingerprint, tokenizer_spec
+    from posfreq.train.hf import config_from_hf, hf_model_fingerprint, tokenizer_spec
 
     spec = settings.tokenizer or tokenizer_spec(directory)
     if spec is None:
@@ -322,7 +322,7 @@ def _tokens(path: Path) -> tuple[int | None, int]:
 
 def milestones(run_dir: Path) -> list[Path]:
     """The run's complete milestone checkpoints (tokens-*/, never .tmp), oldest first."""
-    from train.checkpoint import MILESTONE_PREFIX, list_checkpoints
+    from posfreq.train.checkpoint import MILESTONE_PREFIX, list_checkpoints
 
     found = [p for p, _ in list_checkpoints(run_dir) if p.name.startswith(MILESTONE_PREFIX)]
     if not found:
@@ -534,7 +534,7 @@ def probe_run(run_dir: Path, out: Path | None, job: Job, shard: tuple[int, int] 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
-    from train.positions import SCHEMES
+    from posfreq.train.positions import SCHEMES
 
     p = argparse.ArgumentParser(prog="python analysis/probe.py", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)

@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from analysis.effective_length import (
+from posfreq.analysis.effective_length import (
     Analysis,
     checkpoint_row,
     depth_grid,
@@ -169,7 +169,7 @@ def derive_model(out: Path, analysis: Analysis = Analysis(), figures: bool = Tru
     write_csv(out / "failure_by_thirds.csv", thirds)
     write_atomic(out / "failure_by_thirds.md", markdown_table(thirds))
     if figures:
-        from analysis import plots
+        from posfreq.analysis import plots
 
         grid_lengths, edges, recall = depth_grid(records, analysis=analysis)
         plots.plot_niah_heatmap(grid_lengths, edges, recall, out / "figures" / "niah_heatmap", title=meta["model"])
@@ -189,8 +189,8 @@ def derive_run(out: Path, analysis: Analysis = Analysis(), figures: bool = True)
     the run's probe.json with the key each one's results must have (results under another key, e.g.
     of a checkpoint since retrained, are left out and listed as missing).
     """
-    from analysis.effective_length import draw_run_figures, load_run
-    from analysis.position_freq import position_frequency
+    from posfreq.analysis.effective_length import draw_run_figures, load_run
+    from posfreq.analysis.position_freq import position_frequency
 
     meta = read_json(out / META_FILE)
     rows, distances, missing = [], [], []

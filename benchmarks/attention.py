@@ -15,7 +15,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from train.attention import available_backends, varlen_attention
+from posfreq.train.attention import available_backends, varlen_attention
 
 
 def document_mixes(row: int) -> dict[str, list[int]]:

@@ -30,13 +30,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from train.data import IGNORE_INDEX  # noqa: E402
-from train.loss import default_chunk_tokens, linear_cross_entropy  # noqa: E402
+from posfreq.train.data import IGNORE_INDEX  # noqa: E402
+from posfreq.train.loss import default_chunk_tokens, linear_cross_entropy  # noqa: E402
 
 VARIANTS = ("plain", "lean")
 MIB = 2**20

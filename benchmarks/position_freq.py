@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.corpora import resolve_corpus, write_jsonl  # noqa: E402
-from analysis.position_freq import BATCH_CHARS, CountSettings, count_lengths  # noqa: E402
-from train.tokenizer import get_tokenizer  # noqa: E402
+from posfreq.analysis.corpora import resolve_corpus, write_jsonl  # noqa: E402
+from posfreq.analysis.position_freq import BATCH_CHARS, CountSettings, count_lengths  # noqa: E402
+from posfreq.train.tokenizer import get_tokenizer  # noqa: E402
 
 SOURCES = ("RedPajamaCommonCrawl", "RedPajamaC4", "RedPajamaGithub", "RedPajamaArXiv")
 

@@ -40,10 +40,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from train.config import model_preset  # noqa: E402
-from train.model import Transformer, uniform_cu_seqlens  # noqa: E402
+from posfreq.train.config import model_preset  # noqa: E402
+from posfreq.train.model import Transformer, uniform_cu_seqlens  # noqa: E402
 
 SCHEMES = ("rope", "string")
 

@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -46,10 +45,9 @@ from typing import Callable, Sequence, TypeVar
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.niah import NiahTest  # noqa: E402
-from analysis.probe import (  # noqa: E402
+from posfreq.analysis.niah import NiahTest  # noqa: E402
+from posfreq.analysis.probe import (  # noqa: E402
     Builders,
     ProbeSettings,
     checkpoint_source,
@@ -58,10 +56,10 @@ from analysis.probe import (  # noqa: E402
     parse_lengths,
     teacher_forced,
 )
-from train.config import ModelConfig, model_preset  # noqa: E402
-from train.hf import export_hf  # noqa: E402
-from train.model import Transformer  # noqa: E402
-from train.tokenizer import Tokenizer, get_tokenizer, register_tokenizer  # noqa: E402
+from posfreq.train.config import ModelConfig, model_preset  # noqa: E402
+from posfreq.train.hf import export_hf  # noqa: E402
+from posfreq.train.model import Transformer  # noqa: E402
+from posfreq.train.tokenizer import Tokenizer, get_tokenizer, register_tokenizer  # noqa: E402
 
 SMOLLM_135M = ModelConfig(vocab_size=49_152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536,
                           tie_embeddings=True)

@@ -17,22 +17,20 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from train.config import model_preset  # noqa: E402
-from train.data import IGNORE_INDEX, PackedSampler, ShardWriter, TokenDataset  # noqa: E402
-from train.model import Transformer  # noqa: E402
-from train.pretrain import build_optimizer, train  # noqa: E402
-from train.run_config import config_from_dict  # noqa: E402
+from posfreq.train.config import model_preset  # noqa: E402
+from posfreq.train.data import IGNORE_INDEX, PackedSampler, ShardWriter, TokenDataset  # noqa: E402
+from posfreq.train.model import Transformer  # noqa: E402
+from posfreq.train.pretrain import build_optimizer, train  # noqa: E402
+from posfreq.train.run_config import config_from_dict  # noqa: E402
 
 
 def matmul_flops(n: int = 1024, seconds: float = 2.0, device: str = "cpu", dtype=torch.float32) -> float:

@@ -38,12 +38,10 @@ from pathlib import Path
 from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
-from analysis.effective_length import read_csv  # noqa: E402
-from train.checkpoint import MILESTONE_PREFIX, list_checkpoints  # noqa: E402
-from train.cli import code_version  # noqa: E402
+from posfreq.analysis.effective_length import read_csv  # noqa: E402
+from posfreq.train.checkpoint import MILESTONE_PREFIX, list_checkpoints  # noqa: E402
+from posfreq.train.cli import code_version  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -93,8 +91,7 @@ class Pipeline:
         self.logs = out / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.commands: list[tuple[str, str, float]] = []
-        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-                    "OMP_NUM_THREADS": "1"}
+        self.env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     def run(self, stage: str, *args: str | Path) -> None:
         cmd = [sys.executable, *map(str, args)]

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.niah import ANSWER_PREFIX, INSTRUCTION, NEEDLE, QUESTION, answer_text, clean_haystack, split_sentences
+from posfreq.analysis.niah import ANSWER_PREFIX, INSTRUCTION, NEEDLE, QUESTION, answer_text, clean_haystack, split_sentences
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"  # UNK is never produced: every byte has a piece
 CONTINUATION = "\u2042"  # "⁂" marks a piece that continues a word; no byte-level symbol is this character
@@ -81,7 +81,7 @@ WARMUP = CorpusMix(digit_copy=1.0, line_copy=0.0, drill=0.0)
 
 def split_essays(n_train: int = N_TRAIN_ESSAYS) -> tuple[list[str], list[str]]:
     """The PG essays sorted by name, split into (training texts, probe texts)."""
-    from analysis.corpora import pg_essays
+    from posfreq.analysis.corpora import pg_essays
 
     texts = [d.text for d in sorted(pg_essays(), key=lambda d: d.source)]
     return texts[:n_train], texts[n_train:]
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     """Write the demo's tokenizer, warm-up and main corpora and the probe haystack under --out."""
     import argparse
 
-    from analysis.niah import probe_needles
+    from posfreq.analysis.niah import probe_needles
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="directory for tokenizer/, warmup/, main/, probe_haystack/")

@@ -12,15 +12,13 @@ from quicktok's bundled ranks (needs the `tokenizers` package). Other tokenizers
 from __future__ import annotations
 
 import argparse
-import sys
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from train.checkpoint import load_model  # noqa: E402
-from train.hf import DTYPES, export_hf, write_llama3_tokenizer  # noqa: E402
-from train.tokenizer import get_tokenizer  # noqa: E402
+from posfreq.train.checkpoint import load_model  # noqa: E402
+from posfreq.train.hf import DTYPES, export_hf, write_llama3_tokenizer  # noqa: E402
+from posfreq.train.tokenizer import get_tokenizer  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> Path:

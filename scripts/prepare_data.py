@@ -25,21 +25,19 @@ import argparse
 import hashlib
 import os
 import re
-import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.corpora import (  # noqa: E402
+from posfreq.analysis.corpora import (  # noqa: E402
     SUFFIXES, Corpus, CorpusError, CorpusFile, ReadStats, StreamShard, lost_files_report, resolve_corpus,
 )
-from train.cli import parse_shard  # noqa: E402
-from train.data import ShardWriter, shard_is_complete  # noqa: E402
-from train.tokenizer import Tokenizer, get_tokenizer  # noqa: E402
+from posfreq.train.cli import parse_shard  # noqa: E402
+from posfreq.train.data import ShardWriter, shard_is_complete  # noqa: E402
+from posfreq.train.tokenizer import Tokenizer, get_tokenizer  # noqa: E402
 
 BATCH_CHARS = 4 << 20  # tokenize this many characters of text at a time
 

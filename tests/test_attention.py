@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from train.attention import available_backends, resolve_backend, varlen_attention
+from posfreq.train.attention import available_backends, resolve_backend, varlen_attention
 
 
 def naive_attention(q, k, v, lens_q, lens_k, window=None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis import compare
+from posfreq.analysis import compare
 
 
 def rows_on_lines(shift_decades: float, seeds=(0, 1, 2), noise: float = 0.0) -> list[dict]:
@@ -59,7 +59,7 @@ def test_longer_training_length_and_shortfall_and_emergence():
 
 
 def test_figures_are_drawn(tmp_path):
-    from analysis import plots
+    from posfreq.analysis import plots
 
     rows = rows_on_lines(0.3, noise=0.1)
     for draw, stem in ((plots.plot_fig2a_seed_bands, "a"), (plots.plot_fig2b_seeds, "b"),

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from analysis.corpora import (
+from posfreq.analysis.corpora import (
     Corpus,
     CorpusError,
     Document,
@@ -179,9 +179,9 @@ def histogram_counts(histogram) -> dict:
 
 
 def test_stream_histogram_equals_local_copy_and_one_by_one(tmp_path, monkeypatch):
-    from analysis import position_freq as pf
-    from analysis.corpora import StreamShard
-    from train.tokenizer import get_tokenizer
+    from posfreq.analysis import position_freq as pf
+    from posfreq.analysis.corpora import StreamShard
+    from posfreq.train.tokenizer import get_tokenizer
 
     monkeypatch.delenv("SLIMPAJAMA_HF", raising=False)
     written = make_slimpajama(tmp_path / "sp")
@@ -215,7 +215,7 @@ def test_stream_histogram_equals_local_copy_and_one_by_one(tmp_path, monkeypatch
 
 
 def test_stream_cache_key_follows_dataset_split_and_content(tmp_path):
-    from analysis import position_freq as pf
+    from posfreq.analysis import position_freq as pf
 
     make_slimpajama(tmp_path / "sp", chunks=(1,))
     make_slimpajama(tmp_path / "sp", split="validation", chunks=(1,))
@@ -232,21 +232,14 @@ def test_stream_cache_key_follows_dataset_split_and_content(tmp_path):
 
 
 def test_stream_env_var_and_prepare_data(tmp_path, monkeypatch):
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    from train.data import TokenDataset
+    from posfreq.train.data import TokenDataset
 
     written = make_slimpajama(tmp_path / "sp", chunks=(1, 2), files_per_chunk=1)
     monkeypatch.setenv("SLIMPAJAMA_DIR", str(tmp_path / "missing"))
     monkeypatch.setenv("SLIMPAJAMA_HF", str(tmp_path / "sp"))
     corpus = resolve_corpus("slimpajama")
-    spec = importlib.util.spec_from_file_location(
-        "prepare_data", Path(__file__).resolve().parents[1] / "scripts" / "prepare_data.py")
-    prep = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "prepare_data", prep)
-    spec.loader.exec_module(prep)
+    from posfreq.scripts import prepare_data as prep
+
     totals = prep.prepare(corpus, tmp_path / "tokens", "bytes", progress=False)
     assert totals["docs"] == len(written)
     data = TokenDataset(tmp_path / "tokens", tokenizer="bytes")

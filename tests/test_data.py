@@ -7,17 +7,15 @@ once" is a plain sort-and-compare.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from train.data import IGNORE_INDEX, PackedBatch, PackedSampler, ShardWriter, TokenDataset
-from train.tokenizer import get_tokenizer
+from posfreq.train.data import IGNORE_INDEX, PackedBatch, PackedSampler, ShardWriter, TokenDataset
+from posfreq.train.tokenizer import get_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -237,19 +235,11 @@ def test_interrupted_writer_leaves_no_shard(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["shard00.json", "shard00.offsets.npy", "shard00.tokens.bin"]
 
 
-def load_prepare_data():
-    """scripts/prepare_data.py as a module (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("prepare_data", ROOT / "scripts" / "prepare_data.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["prepare_data"] = module  # worker processes find its functions by module name
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_prepare_data_matches_one_by_one_tokenization_and_restarts(tmp_path: Path) -> None:
-    from analysis.corpora import resolve_corpus
+    from posfreq.analysis.corpora import resolve_corpus
 
-    prep = load_prepare_data()
+    from posfreq.scripts import prepare_data as prep
+
     corpus_dir = tmp_path / "corpus"
     (corpus_dir / "part").mkdir(parents=True)
     texts = {"part/a.jsonl": ["hello world", "naïve café ☕", ""], "part/b.jsonl": ["x" * 50],

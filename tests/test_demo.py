@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from analysis.effective_length import read_csv
-from demo import QUICK, probed_lengths  # scripts/, on the path through conftest.py
+from posfreq.analysis.effective_length import read_csv
+from posfreq.scripts.demo import QUICK, probed_lengths
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis.niah import NiahBuilder, PromptFormat, clean_haystack, extract_numbers, probe_needles, split_sentences
-from train.tokenizer import get_tokenizer
+from posfreq.analysis.niah import NiahBuilder, PromptFormat, clean_haystack, extract_numbers, probe_needles, split_sentences
+from posfreq.train.tokenizer import get_tokenizer
 
-import demo_corpus  # scripts/, on the path through conftest.py
+from posfreq.scripts import demo_corpus
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +33,8 @@ def test_the_build_is_reproducible(tmp_path):
 
 
 def test_probe_prompts_build_and_answers_parse(tokenizer, tmp_path):
-    from analysis.probe import reference_answer
-    from demo import FULL
+    from posfreq.analysis.probe import reference_answer
+    from posfreq.scripts.demo import FULL
 
     budget = FULL.answer_budget
     builder = NiahBuilder(tokenizer, demo_corpus.probe_haystack_dir(tmp_path / "hay"), PromptFormat(budget, bos=False))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.effective_length import (
+from posfreq.analysis.effective_length import (
     RUN_COLUMNS,
     Analysis,
     bootstrap_interval,
@@ -102,7 +102,7 @@ def test_run_table_round_trip_and_figures(tmp_path):
     assert table[1]["effective_length_lo"] is None  # no bootstrap asked for
     run = load_run(tmp_path)
     assert run.label.startswith(tmp_path.name) and len(run.rows) == 3
-    from analysis.effective_length import draw_run_figures
+    from posfreq.analysis.effective_length import draw_run_figures
 
     paths = draw_run_figures([run], tmp_path / "figures")
     assert {p.name for p in paths} >= {"fig2a_effective_length_vs_tokens.png", "fig2b_frequency_vs_effective_length.pdf"}

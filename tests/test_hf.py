@@ -16,10 +16,10 @@ transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM  # noqa: E402
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 
-from train.config import ModelConfig  # noqa: E402
-from train.hf import export_hf, load_hf_model, tokenizer_spec  # noqa: E402
-from train.model import Transformer  # noqa: E402
-from train.positions import rotary_inv_freq, scaled_inv_freq  # noqa: E402
+from posfreq.train.config import ModelConfig  # noqa: E402
+from posfreq.train.hf import export_hf, load_hf_model, tokenizer_spec  # noqa: E402
+from posfreq.train.model import Transformer  # noqa: E402
+from posfreq.train.positions import rotary_inv_freq, scaled_inv_freq  # noqa: E402
 
 # head_dim 16 with base 10,000 and original length 256: rotary wavelengths 6 .. 19,869 fall in all three
 # of llama3's bands (kept, interpolated, divided by factor).
@@ -165,13 +165,10 @@ def test_export_reloads_in_transformers(tmp_path: Path, tie: bool) -> None:
 
 def test_export_script_roundtrip(tmp_path: Path) -> None:
     """scripts/export_hf.py on a consolidated model directory (train.checkpoint's layout)."""
-    import importlib.util
-
     from safetensors.torch import save_file
 
-    spec = importlib.util.spec_from_file_location("export_hf_script", Path(__file__).parents[1] / "scripts" / "export_hf.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    from posfreq.scripts import export_hf as script
+
     config = ModelConfig(vocab_size=258, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=64, tie_embeddings=True)
     ours = Transformer(config).eval()
     checkpoint = tmp_path / "ckpt"
@@ -238,7 +235,7 @@ def test_no_q_k_permutation_needed() -> None:
     """Our rotary equals transformers' apply_rotary_pos_emb (half-split layout), so q/k weights copy as is."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    from train.positions import Rotary
+    from posfreq.train.positions import Rotary
 
     head_dim, positions = 16, torch.arange(7)
     inv_freq = rotary_inv_freq(head_dim, 10_000.0)
@@ -252,8 +249,8 @@ def test_no_q_k_permutation_needed() -> None:
 
 def test_llama3_tokenizer_json_matches_quicktok(tmp_path: Path) -> None:
     """The exported tokenizer.json gives quicktok's Llama 3 ids (HF's own loader reads it too)."""
-    from train.hf import write_llama3_tokenizer
-    from train.tokenizer import get_tokenizer
+    from posfreq.train.hf import write_llama3_tokenizer
+    from posfreq.train.tokenizer import get_tokenizer
 
     write_llama3_tokenizer(tmp_path)
     ours, reference = get_tokenizer(f"hf:{tmp_path}"), get_tokenizer("llama3")

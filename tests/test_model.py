@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from train.config import PRESETS, ModelConfig, model_preset
-from train.model import Transformer, positions_in_sequences
+from posfreq.train.config import PRESETS, ModelConfig, model_preset
+from posfreq.train.model import Transformer, positions_in_sequences
 
 
 def small_model(seed: int = 0, **overrides) -> Transformer:

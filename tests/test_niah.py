@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.niah import (
+from posfreq.analysis.niah import (
     ANSWER_PREFIX,
     INSTRUCTION,
     NEEDLE,
@@ -26,7 +26,7 @@ from analysis.niah import (
     score_answer,
     split_sentences,
 )
-from train.tokenizer import get_tokenizer
+from posfreq.train.tokenizer import get_tokenizer
 
 HEAD = INSTRUCTION + "\n\n"
 TAIL = "\n\n" + QUESTION + "\n" + ANSWER_PREFIX
@@ -235,7 +235,7 @@ def test_records_are_json_ready(test0):
 
 
 def test_probe_needles_are_exactly_the_tests_needles():
-    from analysis.niah import probe_needles
+    from posfreq.analysis.niah import probe_needles
 
     builder = NiahBuilder(get_tokenizer("llama3"), "noise", FORMAT)
     built = {n for length in (128, 256) for test in builder.make_tests(length, 5, seed=3) for n in test.needles}

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from train import plan
-from train.loss import head_returns_loss
-from train.model import Transformer, uniform_cu_seqlens
-from train.pretrain import build_optimizer
-from train.run_config import config_from_dict, parse_args
+from posfreq.train import plan
+from posfreq.train.loss import head_returns_loss
+from posfreq.train.model import Transformer, uniform_cu_seqlens
+from posfreq.train.pretrain import build_optimizer
+from posfreq.train.run_config import config_from_dict, parse_args
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 VOCAB = 97

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis import position_freq as pf
-from analysis.corpora import resolve_corpus, write_jsonl
-from train.tokenizer import get_tokenizer
+from posfreq.analysis import position_freq as pf
+from posfreq.analysis.corpora import resolve_corpus, write_jsonl
+from posfreq.train.tokenizer import get_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -228,7 +228,7 @@ def test_cli_on_pg_essays_writes_all_outputs(tmp_path):
 
 def test_module_entry_point_and_missing_slimpajama(tmp_path):
     env = {"SLIMPAJAMA_DIR": str(tmp_path / "none"), "POSFREQ_CACHE": str(tmp_path), "PATH": ""}
-    result = subprocess.run([sys.executable, "-m", "analysis.position_freq", "--quiet"], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "posfreq.analysis.position_freq", "--quiet"], cwd=REPO,
                             capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode != 0
     assert "SlimPajama (train split) not found" in result.stderr and "--corpus pg-essays" in result.stderr

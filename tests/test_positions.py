@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-import train.positions as positions
-from train.config import ModelConfig
-from train.model import Transformer, positions_in_sequences, uniform_cu_seqlens
-from train.positions import AttentionInputs, PositionScheme, build_scheme
+import posfreq.train.positions as positions
+from posfreq.train.config import ModelConfig
+from posfreq.train.model import Transformer, positions_in_sequences, uniform_cu_seqlens
+from posfreq.train.positions import AttentionInputs, PositionScheme, build_scheme
 
 HEAD_DIM = 16
 
@@ -335,7 +335,7 @@ def test_bad_options_are_refused(name, options, message):
 
 
 def test_distance_picture(tmp_path):
-    from train.position_plots import save_distance_figure
+    from posfreq.train.position_plots import save_distance_figure
 
     schemes = [scheme_for("rope", {}, 9), scheme_for("string", {"shift": 3, "window": 0}, 9), scheme_for("string", {"shift": 3, "window": 1}, 9)]
     path = save_distance_figure(schemes, 9, tmp_path / "fig5.png")

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 import torch
 
-from train import checkpoint as ckpt
-from train import pretrain
-from train.data import PackedSampler, ShardWriter, TokenDataset
-from train.run_config import ConfigError, config_from_dict, parse_args
+from posfreq.train import checkpoint as ckpt
+from posfreq.train import pretrain
+from posfreq.train.data import PackedSampler, ShardWriter, TokenDataset
+from posfreq.train.run_config import ConfigError, config_from_dict, parse_args
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = "the cat sat on a mat and then it ran to the red house where a dog slept all day".split()
@@ -682,7 +682,7 @@ def replace(src, dst, *args, **kwargs):
 
 
 os.replace = replace
-from train import pretrain
+from posfreq.train import pretrain
 pretrain.main()
 """
 
@@ -751,7 +751,7 @@ def test_second_job_on_a_locked_out_dir_is_refused_and_a_stale_lock_taken_over(d
     # A SLURM job that was requeued (perhaps onto another node) takes over its own lock.
     lock.write_text(json.dumps({**owner, "job": "4242", "host": "node-elsewhere", "pid": 1}))
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    from train.run_lock import RunLock
+    from posfreq.train.run_lock import RunLock
 
     RunLock.acquire(out).release()
     assert not lock.exists()
@@ -759,7 +759,7 @@ def test_second_job_on_a_locked_out_dir_is_refused_and_a_stale_lock_taken_over(d
 
 SIGNAL_DURING_STARTUP = """
 import os, signal
-from train import pretrain
+from posfreq.train import pretrain
 
 real_plan_init = pretrain.Plan.__init__
 

@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 import torch
 
-from analysis import probe, results
-from analysis.effective_length import RUN_COLUMNS, Analysis, read_csv
-from analysis.niah import ANSWER_PREFIX, INSTRUCTION, QUESTION, NiahBuilder, PromptFormat, answer_text
-from train.checkpoint import FORMAT, milestone_name
-from train.config import model_preset
-from train.model import Transformer
-from train.positions import SCHEMES
-from train.tokenizer import get_tokenizer
+from posfreq.analysis import probe, results
+from posfreq.analysis.effective_length import RUN_COLUMNS, Analysis, read_csv
+from posfreq.analysis.niah import ANSWER_PREFIX, INSTRUCTION, QUESTION, NiahBuilder, PromptFormat, answer_text
+from posfreq.train.checkpoint import FORMAT, milestone_name
+from posfreq.train.config import model_preset
+from posfreq.train.model import Transformer
+from posfreq.train.positions import SCHEMES
+from posfreq.train.tokenizer import get_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = get_tokenizer("llama3")
@@ -470,7 +470,7 @@ def test_threshold_is_recomputed_from_stored_records(tmp_path, monkeypatch):
     names = make_fake_run(run, 512, {40_960: 150, 81_920: 300})
     probe_fake_run(run, out, names, [160, 256, 384, 512], [], monkeypatch, tests=8)
     before = {r["checkpoint"]: r for r in read_csv(out / "effective_length.csv")}
-    from analysis import effective_length
+    from posfreq.analysis import effective_length
 
     monkeypatch.setattr(probe.ModelSource, "load", lambda *a, **k: pytest.fail("re-derivation must not load a model"))
     effective_length.main([str(out), "--threshold", "0.99", "--min-retrieved", "1", "--out", str(tmp_path / "fig")])
@@ -543,7 +543,7 @@ def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(tmp_path):
 
 def test_a_consolidated_copy_has_the_checkpoints_fingerprint(tmp_path):
     """Results are keyed by the model, not by optimizer state or file layout: a consolidation shares them."""
-    from train.checkpoint import consolidate, model_fingerprint
+    from posfreq.train.checkpoint import consolidate, model_fingerprint
 
     ckpt = write_checkpoint(tmp_path / "run", 1024, tiny_model(), np.bincount([512], minlength=513))
     state = torch.load(ckpt / "state.pt", weights_only=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from train.run_config import parse_args
+from posfreq.train.run_config import parse_args
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = [ROOT / "slurm/pretrain_2k.sh", ROOT / "slurm/pretrain_4k.sh"]

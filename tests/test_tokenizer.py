@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from train.tokenizer import get_tokenizer
+from posfreq.train.tokenizer import get_tokenizer
 
 
 def test_llama3_known_ids():

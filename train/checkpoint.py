@@ -29,7 +29,7 @@ the three config files, a manifest of exactly those, and trainer.json with ``"re
 The reduced copy is built in ``NAME.tmp`` and published like a save, so ``NAME`` (or ``NAME.old``)
 is whole at every instant; `load_model` reads either form, and resume never picks a reduced one.
 
-A consolidated model (``python -m train.checkpoint consolidate CKPT OUT``) is a directory with
+A consolidated model (``python -m posfreq.train.checkpoint consolidate CKPT OUT``) is a directory with
 ``model.safetensors`` (our state_dict, plain tensors), ``model_config.json``,
 ``tokenizer_spec.json``, ``trained_lengths.npy`` and ``meta.json``. `load_model` reads it or
 any trainer checkpoint, using only safetensors, ``torch.load(weights_only=True)`` and a
@@ -55,9 +55,9 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from train.config import ModelConfig
-from train.fingerprint import file_sha256
-from train.model import Transformer
+from posfreq.train.config import ModelConfig
+from posfreq.train.fingerprint import file_sha256
+from posfreq.train.model import Transformer
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -598,8 +598,8 @@ def consolidate(checkpoint_dir: str | Path, out_dir: str | Path, dtype: torch.dt
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m train.checkpoint consolidate CKPT OUT [--dtype bf16]` or `list OUT_DIR`."""
-    parser = argparse.ArgumentParser(prog="python -m train.checkpoint", description=__doc__.split("\n")[0])
+    """`python -m posfreq.train.checkpoint consolidate CKPT OUT [--dtype bf16]` or `list OUT_DIR`."""
+    parser = argparse.ArgumentParser(prog="python -m posfreq.train.checkpoint", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     cons = sub.add_parser("consolidate", help="write model.safetensors + configs from a trainer checkpoint")
     cons.add_argument("checkpoint")

@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from train.checkpoint import contained_file
-from train.config import ModelConfig
-from train.model import Transformer
-from train.positions import rope_scaling_type
+from posfreq.train.checkpoint import contained_file
+from posfreq.train.config import ModelConfig
+from posfreq.train.model import Transformer
+from posfreq.train.positions import rope_scaling_type
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
@@ -185,7 +185,7 @@ def load_hf_model(
 
 def hf_model_fingerprint(directory: str | Path) -> str:
     """sha256 of a Hugging Face model directory's config and weight files (*.safetensors, *.bin index)."""
-    from train.fingerprint import files_sha256
+    from posfreq.train.fingerprint import files_sha256
 
     path = Path(directory)
     files = [path / "config.json", *path.glob("*.safetensors"), *path.glob("*.safetensors.index.json")]

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from train.config import ModelConfig
-from train.positions import AttentionInputs, PositionScheme, build_scheme, scaled_inv_freq
+from posfreq.train.config import ModelConfig
+from posfreq.train.positions import AttentionInputs, PositionScheme, build_scheme, scaled_inv_freq
 
 
 def positions_in_sequences(cu_seqlens: Tensor, total: int) -> Tensor:

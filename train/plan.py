@@ -1,6 +1,6 @@
 """A plan before a cluster job: parameters, per-GPU memory under FSDP2, batch geometry, days to the budget.
 
-Run ``python -m train.plan --config configs/pretrain_2k.yaml --nodes 2 --gpus-per-node 8 --gpu a100-80gb
+Run ``python -m posfreq.train.plan --config configs/pretrain_2k.yaml --nodes 2 --gpus-per-node 8 --gpu a100-80gb
 [--mfu 0.4] [--section.key value ...]``. The run config is read by the trainer's own parser
 (train.run_config.parse_args, overrides included), and the model is built on the meta device, so a
 plan for a 1.3B model takes no memory and no GPU. Why: a job that does not fit, or that would take
@@ -47,11 +47,11 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 
-from train.config import ModelConfig, model_preset
-from train.loss import default_chunk_tokens
-from train.model import Transformer
-from train.pretrain import step_flops
-from train.run_config import ConfigError, TrainConfig, parse_args
+from posfreq.train.config import ModelConfig, model_preset
+from posfreq.train.loss import default_chunk_tokens
+from posfreq.train.model import Transformer
+from posfreq.train.pretrain import step_flops
+from posfreq.train.run_config import ConfigError, TrainConfig, parse_args
 
 
 @dataclass(frozen=True)
@@ -262,7 +262,7 @@ def report(cfg: TrainConfig, nodes: int, gpus_per_node: int, gpu_name: str, mfu:
 def build_parser() -> argparse.ArgumentParser:
     """The plan's own flags; every other flag goes to the trainer's parser."""
     parser = argparse.ArgumentParser(
-        prog="python -m train.plan",
+        prog="python -m posfreq.train.plan",
         description="Plan a pretraining job: memory per GPU, fit, step time, days. Also takes --config and every "
                     "--section.key flag of train/pretrain.py.")
     parser.add_argument("--nodes", type=int, help="default: the config's num_nodes")

@@ -8,7 +8,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from train.positions import PositionScheme
+from posfreq.train.positions import PositionScheme
 
 ANNOTATE_UP_TO = 24
 """Matrices up to this size get their distance written in every cell."""

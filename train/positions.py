@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from train.attention import resolve_backend, varlen_attention
+from posfreq.train.attention import resolve_backend, varlen_attention
 
 DENSE_BLOCK = 256
 """Query block of DCA's cross-chunk pass, computed densely (see `DualChunkScheme`)."""

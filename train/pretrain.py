@@ -45,21 +45,21 @@ from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlparse
 
-if __package__ in (None, ""):  # run as `python train/pretrain.py`: import the package, not train/*.py
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+if __package__ in (None, ""):  # run as a file: import the installed posfreq package, never this folder's files by bare name
+    sys.path.pop(0)
 
 import numpy as np
 import torch
 from torch import nn
 
-from train import checkpoint as ckpt
-from train.config import ModelConfig, model_preset
-from train.data import IGNORE_INDEX, PackedBatch, PackedSampler, TokenDataset
-from train.loss import head_returns_loss
-from train.model import Transformer
-from train.run_config import ConfigError, TrainConfig, config_differences, overridden_changes, parse_args
-from train.run_lock import RunLock, RunLockError
-from train.tokenizer import get_tokenizer
+from posfreq.train import checkpoint as ckpt
+from posfreq.train.config import ModelConfig, model_preset
+from posfreq.train.data import IGNORE_INDEX, PackedBatch, PackedSampler, TokenDataset
+from posfreq.train.loss import head_returns_loss
+from posfreq.train.model import Transformer
+from posfreq.train.run_config import ConfigError, TrainConfig, config_differences, overridden_changes, parse_args
+from posfreq.train.run_lock import RunLock, RunLockError
+from posfreq.train.tokenizer import get_tokenizer
 
 PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "A10G": 125e12, "L4": 121e12}
 EXIT_NOT_REQUEUED = 3  # a signal stopped the run after a save, and no SLURM requeue will restart it

@@ -25,7 +25,7 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from train.config import ModelConfig, model_preset
+from posfreq.train.config import ModelConfig, model_preset
 
 
 class ConfigError(ValueError):
