@@ -1,0 +1,54 @@
+"""`posfreq`: one command with a subcommand for every job, from corpus analysis to the demo.
+
+Each subcommand is the `main(argv)` of one module, imported only when it runs (so `posfreq --help`
+is instant); `posfreq SUBCOMMAND --help` lists that job's options with descriptions and defaults.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Sequence
+
+# subcommand -> (module with main(argv), one line for `posfreq --help`)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "analyze": ("posfreq.analysis.position_freq", "document-length histogram and position frequency f(i) of a corpus"),
+    "prepare": ("posfreq.scripts.prepare_data", "tokenize a corpus into token shards for pretraining"),
+    "plan": ("posfreq.train.plan", "memory, accumulation and days for a pretraining run, before submitting it"),
+    "pretrain": ("posfreq.train.pretrain", "pretrain a model (Lightning Fabric; FSDP2 on GPUs)"),
+    "checkpoint": ("posfreq.train.checkpoint", "list a run's checkpoints or consolidate one into model.safetensors"),
+    "probe": ("posfreq.analysis.probe", "4-needle NIAH probe of checkpoints or a Hugging Face model"),
+    "effective-length": ("posfreq.analysis.effective_length", "re-derive a run's effective lengths from its probe records"),
+    "compare": ("posfreq.analysis.compare", "effective length across runs and seeds, with intervals and verdicts"),
+    "export-hf": ("posfreq.scripts.export_hf", "write a checkpoint as a Hugging Face Llama model directory"),
+    "demo": ("posfreq.scripts.demo", "the CPU miniature of the whole study (train, probe, compare, report)"),
+}
+
+
+def usage() -> str:
+    """`posfreq --help`: the subcommands and one line on each."""
+    width = max(map(len, SUBCOMMANDS))
+    lines = [f"  {name:<{width}}  {about}" for name, (_, about) in SUBCOMMANDS.items()]
+    return ("usage: posfreq SUBCOMMAND [options]   (posfreq SUBCOMMAND --help for its options)\n\n"
+            "Why effective context length falls short of the training length: pretrain, analyse, probe, fix.\n\n"
+            "subcommands:\n" + "\n".join(lines) + "\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Dispatch `posfreq SUBCOMMAND ...` to that module's main."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage(), end="")
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in SUBCOMMANDS:
+        print(usage(), end="", file=sys.stderr)
+        print(f"posfreq: unknown subcommand {name!r}; choose one of: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    sys.argv[0] = f"posfreq {name}"
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
