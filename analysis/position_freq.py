@@ -34,7 +34,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: import the installed posfreq package, never this folder's files by bare name
     sys.path.pop(0)
 
-from posfreq.analysis.corpora import (
+from posfreq.train.corpora import (
     Corpus,
     CorpusError,
     CorpusFile,

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 
-from posfreq.analysis.corpora import resolve_corpus, write_jsonl  # noqa: E402
+from posfreq.train.corpora import resolve_corpus, write_jsonl  # noqa: E402
 from posfreq.analysis.position_freq import BATCH_CHARS, CountSettings, count_lengths  # noqa: E402
 from posfreq.train.tokenizer import get_tokenizer  # noqa: E402
 

@@ -32,7 +32,7 @@ import numpy as np
 from tqdm import tqdm
 
 
-from posfreq.analysis.corpora import (  # noqa: E402
+from posfreq.train.corpora import (  # noqa: E402
     SUFFIXES, Corpus, CorpusError, CorpusFile, ReadStats, StreamShard, lost_files_report, resolve_corpus,
 )
 from posfreq.train.cli import parse_shard  # noqa: E402

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from posfreq.analysis.corpora import (
+from posfreq.train.corpora import (
     Corpus,
     CorpusError,
     Document,
@@ -180,7 +180,7 @@ def histogram_counts(histogram) -> dict:
 
 def test_stream_histogram_equals_local_copy_and_one_by_one(tmp_path, monkeypatch):
     from posfreq.analysis import position_freq as pf
-    from posfreq.analysis.corpora import StreamShard
+    from posfreq.train.corpora import StreamShard
     from posfreq.train.tokenizer import get_tokenizer
 
     monkeypatch.delenv("SLIMPAJAMA_HF", raising=False)

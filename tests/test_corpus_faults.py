@@ -15,7 +15,7 @@ import zstandard
 
 from posfreq.scripts import prepare_data
 from posfreq.analysis import position_freq as pf
-from posfreq.analysis.corpora import CorpusError, ReadStats, iter_documents, write_jsonl
+from posfreq.train.corpora import CorpusError, ReadStats, iter_documents, write_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = [{"text": f"document {k}: " + "lorem ipsum " * (k % 40)} for k in range(3000)]

@@ -236,7 +236,7 @@ def test_interrupted_writer_leaves_no_shard(tmp_path: Path) -> None:
 
 
 def test_prepare_data_matches_one_by_one_tokenization_and_restarts(tmp_path: Path) -> None:
-    from posfreq.analysis.corpora import resolve_corpus
+    from posfreq.train.corpora import resolve_corpus
 
     from posfreq.scripts import prepare_data as prep
 

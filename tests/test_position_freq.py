@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from posfreq.analysis import position_freq as pf
-from posfreq.analysis.corpora import resolve_corpus, write_jsonl
+from posfreq.train.corpora import resolve_corpus, write_jsonl
 from posfreq.train.tokenizer import get_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
