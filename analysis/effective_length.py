@@ -45,6 +45,7 @@ if __package__ in (None, ""):  # run as a file: import the installed posfreq pac
     sys.path.pop(0)
 
 from posfreq.analysis.position_freq import position_frequency
+from posfreq.train.atomic import atomic_open
 
 STATUS_OK = "ok"
 STATUS_NONE_PASSED = "none_passed"
@@ -299,12 +300,10 @@ def markdown_table(rows: Sequence[Mapping]) -> str:
 def write_csv(path: Path, rows: Sequence[Mapping], columns: Sequence[str] | None = None) -> None:
     """Write dict rows to CSV atomically (missing cells empty)."""
     columns = list(columns or (rows[0] if rows else []))
-    tmp = Path(str(path) + ".tmp")
-    with open(tmp, "w", newline="") as fh:
+    with atomic_open(path, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=columns, restval="")
         writer.writeheader()
         writer.writerows(rows)
-    tmp.replace(path)
 
 
 def _number(text: str) -> float | int | str | None:

@@ -37,6 +37,7 @@ from posfreq.analysis.effective_length import (
     write_csv,
     write_effective_length_csv,
 )
+from posfreq.train.atomic import write_json_atomic, write_text_atomic
 
 KEY_FILE = "key.json"
 META_FILE = "probe.json"
@@ -49,15 +50,9 @@ class StaleResults(RuntimeError):
     """A result directory holds results made by other weights, prompts, settings or code."""
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temporary sibling, then rename it over `path`."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def write_json(path: Path, data: dict) -> None:
-    write_atomic(path, json.dumps(data, indent=1, default=str) + "\n")
+    """Write a result file's JSON object atomically (values JSON does not know as strings)."""
+    write_json_atomic(path, data, indent=1, default=str)
 
 
 def read_json(path: Path) -> dict:
@@ -123,7 +118,7 @@ def write_length(out: Path, length: int, records: Sequence[dict], marker: dict) 
     """One length's records, then its completion marker (so a marker always means a whole file)."""
     jsonl, marker_path = length_files(out, length)
     jsonl.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(jsonl, "".join(json.dumps(r) + "\n" for r in records))
+    write_text_atomic(jsonl, "".join(json.dumps(r) + "\n" for r in records))
     write_json(marker_path, {"length": length, "n_tests": len(records), **marker})
 
 
@@ -167,7 +162,7 @@ def derive_model(out: Path, analysis: Analysis = Analysis(), figures: bool = Tru
     write_effective_length_csv(out / "effective_length.csv", [row])
     thirds = failure_by_thirds(records, analysis)
     write_csv(out / "failure_by_thirds.csv", thirds)
-    write_atomic(out / "failure_by_thirds.md", markdown_table(thirds))
+    write_text_atomic(out / "failure_by_thirds.md", markdown_table(thirds))
     if figures:
         from posfreq.analysis import plots
 

@@ -55,6 +55,7 @@ from typing import IO, Any
 import numpy as np
 import torch
 
+from posfreq.train.atomic import atomic_open, fsync_path, write_json_atomic
 from posfreq.train.config import ModelConfig
 from posfreq.train.fingerprint import file_sha256
 from posfreq.train.model import Transformer
@@ -88,15 +89,6 @@ def milestone_name(tokens: int) -> str:
 def temporary(path: Path) -> Path:
     """Where `path` is written before it is renamed into place."""
     return path.with_name(path.name + ".tmp")
-
-
-def fsync_path(path: Path) -> None:
-    """Flush one file's or directory's data and metadata to stable storage."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def fsync_tree(root: Path) -> None:
@@ -270,11 +262,12 @@ def rng_file(directory: Path, rank: int) -> Path:
 
 
 def _write_file(path: Path, content: Any) -> None:
+    """Write one checkpoint file atomically: a numpy array as .npy, anything else as sorted, indented JSON."""
     if isinstance(content, np.ndarray):
-        with open(path, "wb") as f:
+        with atomic_open(path, "wb") as f:
             np.save(f, content, allow_pickle=False)
     else:
-        path.write_text(json.dumps(content, indent=1, sort_keys=True, default=int) + "\n")
+        write_json_atomic(path, content, indent=1, sort_keys=True, default=int)
 
 
 def save_checkpoint(fabric: Any, final: Path, objects: dict, files: dict[str, Any], trainer_state: dict,
@@ -592,7 +585,7 @@ def consolidate(checkpoint_dir: str | Path, out_dir: str | Path, dtype: torch.dt
         shutil.copyfile(src / name, tmp / name)
     meta = json.loads((src / TRAINER_FILE).read_text()) if (src / TRAINER_FILE).is_file() else {}
     meta["consolidated_from"] = str(src.resolve())
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    write_json_atomic(tmp / "meta.json", meta, indent=1, sort_keys=True)
     publish(tmp, out)
     return out
 

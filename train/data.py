@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -48,6 +47,8 @@ from typing import Iterable, Iterator, Literal
 
 import numpy as np
 import torch
+
+from posfreq.train.atomic import AtomicFile, atomic_open, write_json_atomic
 
 FORMAT = "posfreq-tokens-v1"
 TOKENS_SUFFIX = ".tokens.bin"
@@ -78,8 +79,7 @@ class ShardWriter:
         self.name = name
         self.meta = {"format": FORMAT, "name": name, "tokenizer": tokenizer,
                      "vocab_size": int(vocab_size), "eos_id": int(eos_id), **(extra or {})}
-        self._tokens_tmp = self.directory / f".{name}{TOKENS_SUFFIX}.tmp"
-        self._file = open(self._tokens_tmp, "wb")
+        self._tokens = AtomicFile(self.directory / f"{name}{TOKENS_SUFFIX}", "wb")
         self._lengths: list[int] = []
 
     def add(self, tokens: np.ndarray | list[int]) -> None:
@@ -87,7 +87,7 @@ class ShardWriter:
         array = np.asarray(tokens, dtype=np.int64)
         if array.size and (array.min() < 0 or array.max() >= self.meta["vocab_size"]):
             raise ValueError(f"shard {self.name}: token ids outside [0, {self.meta['vocab_size']})")
-        self._file.write(array.astype(np.uint32).tobytes())
+        self._tokens.file.write(array.astype(np.uint32).tobytes())
         self._lengths.append(int(array.size))
 
     def add_many(self, documents: Iterable[np.ndarray | list[int]]) -> None:
@@ -96,26 +96,19 @@ class ShardWriter:
             self.add(doc)
 
     def finish(self) -> dict:
-        """Close and rename the files into place (metadata last); returns the metadata."""
-        self._file.close()
+        """Publish the tokens, then the offsets, then the metadata (each atomically); returns the metadata."""
         offsets = np.zeros(len(self._lengths) + 1, dtype=np.int64)
         np.cumsum(self._lengths, out=offsets[1:])
         self.meta.update(num_docs=len(self._lengths), num_tokens=int(offsets[-1]))
-        offsets_tmp = self.directory / f".{self.name}{OFFSETS_SUFFIX}.tmp"
-        meta_tmp = self.directory / f".{self.name}{META_SUFFIX}.tmp"
-        with open(offsets_tmp, "wb") as f:
+        self._tokens.commit()
+        with atomic_open(self.directory / f"{self.name}{OFFSETS_SUFFIX}", "wb") as f:
             np.save(f, offsets)
-        meta_tmp.write_text(json.dumps(self.meta, indent=1, sort_keys=True) + "\n")
-        os.replace(self._tokens_tmp, self.directory / f"{self.name}{TOKENS_SUFFIX}")
-        os.replace(offsets_tmp, self.directory / f"{self.name}{OFFSETS_SUFFIX}")
-        os.replace(meta_tmp, self.directory / f"{self.name}{META_SUFFIX}")
+        write_json_atomic(self.directory / f"{self.name}{META_SUFFIX}", self.meta, indent=1, sort_keys=True)
         return self.meta
 
     def abort(self) -> None:
-        """Close and delete the temporary files."""
-        self._file.close()
-        for path in self.directory.glob(f".{self.name}.*.tmp"):
-            path.unlink(missing_ok=True)
+        """Close and delete the temporary token file; nothing of the shard is published."""
+        self._tokens.discard()
 
     def __enter__(self) -> "ShardWriter":
         return self

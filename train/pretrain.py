@@ -53,6 +53,7 @@ import torch
 from torch import nn
 
 from posfreq.train import checkpoint as ckpt
+from posfreq.train.atomic import write_text_atomic
 from posfreq.train.config import ModelConfig, model_preset
 from posfreq.train.data import IGNORE_INDEX, PackedBatch, PackedSampler, TokenDataset
 from posfreq.train.loss import head_returns_loss
@@ -560,7 +561,7 @@ class MetricsLog:
                     f.write("".join(line + "\n" for line in unreadable))
                 print(f"{path}: moved {len(unreadable)} line(s) that are not JSON rows to {aside} (a run killed "
                       "mid-write leaves a torn last line)", file=sys.stderr)
-            write_atomic(path, "".join(line + "\n" for line in keep))
+            write_text_atomic(path, "".join(line + "\n" for line in keep))
         self.file = open(path, "a")
 
     def log(self, row: dict, fabric) -> None:
@@ -589,16 +590,6 @@ def _split_metrics(text: str, resumed_step: int) -> tuple[list[str], list[str]]:
         elif row.get("step", 0) <= resumed_step:
             keep.append(line)
     return keep, unreadable
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temporary sibling, fsync it, rename it over `path`: a kill leaves old or new, never half."""
-    tmp = ckpt.temporary(path)
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _progress(cfg: TrainConfig, plan: Plan, tokens: int, rank_zero: bool):

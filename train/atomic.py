@@ -1,0 +1,90 @@
+"""Atomic file writes: a crash leaves the old file or the new one under the final name, never half of either.
+
+Every write goes to a temporary sibling (same directory, so the rename stays on one filesystem),
+is flushed and fsynced, renamed over the final name with `os.replace`, and the directory is
+fsynced so the rename itself survives a power loss. Temporaries are named
+``.NAME.<random>.tmp``: hidden, unique per writer (two processes writing the same file never
+share one), and created with mode ``0o666 & ~umask`` like any other file, so results users
+share are world-readable under the usual umask (``tempfile.mkstemp`` would make them 0600).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+
+def fsync_path(path: str | Path) -> None:
+    """Flush one file's or directory's data and metadata to stable storage."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class AtomicFile:
+    """A file being written under a temporary name; `commit()` publishes it as `path`, `discard()` drops it.
+
+    For writers that keep the file open across calls (a shard's token stream); one-shot writes
+    use `atomic_open` or the `write_*_atomic` functions.
+    """
+
+    def __init__(self, path: str | Path, mode: str = "w", **open_kwargs: Any) -> None:
+        if not set(mode) <= set("wbt"):
+            raise ValueError(f"mode {mode!r}: an atomic write creates a new file (use 'w', 'wb' or 'wt')")
+        self.path = Path(path)
+        self.tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(6)}.tmp")
+        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        self.file: IO = os.fdopen(fd, mode, **open_kwargs)
+
+    def commit(self) -> Path:
+        """Flush, fsync and close the file, rename it over `path`, fsync the directory; returns `path`."""
+        try:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+        except BaseException:
+            self.discard()
+            raise
+        self.file.close()
+        os.replace(self.tmp, self.path)
+        fsync_path(self.path.parent)
+        return self.path
+
+    def discard(self) -> None:
+        """Close and delete the temporary file; `path` is left as it was."""
+        self.file.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def atomic_open(path: str | Path, mode: str = "w", **open_kwargs: Any) -> Iterator[IO]:
+    """Open a temporary sibling of `path` for writing; on a clean exit it replaces `path`, on an error it is deleted."""
+    atomic = AtomicFile(path, mode, **open_kwargs)
+    try:
+        yield atomic.file
+    except BaseException:
+        atomic.discard()
+        raise
+    atomic.commit()
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Replace `path` with `text` (UTF-8) atomically."""
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    """Replace `path` with `data` atomically."""
+    with atomic_open(path, "wb") as f:
+        f.write(data)
+
+
+def write_json_atomic(path: str | Path, obj: Any, **dumps_kwargs: Any) -> None:
+    """Replace `path` with `obj` as JSON plus a final newline, atomically (`dumps_kwargs` go to `json.dumps`)."""
+    write_text_atomic(path, json.dumps(obj, **dumps_kwargs) + "\n")
