@@ -23,21 +23,19 @@ def umask_022():
 def test_failed_write_keeps_old_content_and_leaves_no_temporary(tmp_path: Path) -> None:
     path = tmp_path / "result.json"
     path.write_text("old\n")
-    with pytest.raises(RuntimeError, match="killed"):
-        with atomic_open(path) as f:
-            f.write("new, first half")
-            f.flush()
-            raise RuntimeError("killed midway")
+    with pytest.raises(RuntimeError, match="killed"), atomic_open(path) as f:
+        f.write("new, first half")
+        f.flush()
+        raise RuntimeError("killed midway")
     assert path.read_text() == "old\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]
 
 
 def test_failed_first_write_leaves_no_file(tmp_path: Path) -> None:
     path = tmp_path / "result.txt"
-    with pytest.raises(RuntimeError):
-        with atomic_open(path) as f:
-            f.write("partial")
-            raise RuntimeError
+    with pytest.raises(RuntimeError), atomic_open(path) as f:
+        f.write("partial")
+        raise RuntimeError
     assert list(tmp_path.iterdir()) == []
 
 
@@ -67,7 +65,7 @@ def test_variants_write_exact_content(tmp_path: Path) -> None:
     write_text_atomic(tmp_path / "a.txt", "héllo\n")
     write_bytes_atomic(tmp_path / "b.bin", b"\x00\xff")
     write_json_atomic(tmp_path / "c.json", {"b": 1, "a": [2]}, sort_keys=True)
-    assert (tmp_path / "a.txt").read_bytes() == "héllo\n".encode("utf-8")
+    assert (tmp_path / "a.txt").read_bytes() == "héllo\n".encode()
     assert (tmp_path / "b.bin").read_bytes() == b"\x00\xff"
     assert (tmp_path / "c.json").read_text() == '{"a": [2], "b": 1}\n'
     assert json.loads((tmp_path / "c.json").read_text()) == {"a": [2], "b": 1}

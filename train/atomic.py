@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any
 
 
 def fsync_path(path: str | Path) -> None:
