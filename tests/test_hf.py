@@ -19,7 +19,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 from posfreq.train.config import ModelConfig  # noqa: E402
 from posfreq.train.hf import export_hf, load_hf_model, tokenizer_spec  # noqa: E402
 from posfreq.train.model import Transformer  # noqa: E402
-from posfreq.train.positions import rotary_inv_freq, scaled_inv_freq  # noqa: E402
+from posfreq.train.rotary import rotary_inv_freq, scaled_inv_freq  # noqa: E402
 
 # head_dim 16 with base 10,000 and original length 256: rotary wavelengths 6 .. 19,869 fall in all three
 # of llama3's bands (kept, interpolated, divided by factor).
@@ -235,7 +235,7 @@ def test_no_q_k_permutation_needed() -> None:
     """Our rotary equals transformers' apply_rotary_pos_emb (half-split layout), so q/k weights copy as is."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    from posfreq.train.positions import Rotary
+    from posfreq.train.rotary import Rotary
 
     head_dim, positions = 16, torch.arange(7)
     inv_freq = rotary_inv_freq(head_dim, 10_000.0)

@@ -12,6 +12,7 @@ import posfreq.train.positions as positions
 from posfreq.train.config import ModelConfig
 from posfreq.train.model import Transformer, positions_in_sequences, uniform_cu_seqlens
 from posfreq.train.positions import AttentionInputs, PositionScheme, build_scheme
+from posfreq.train.rotary import RotaryBase
 
 HEAD_DIM = 16
 
@@ -92,7 +93,7 @@ IDS = [f"{name}-{'-'.join(f'{k}{v}' for k, v in opts.items()) or 'default'}" for
 
 
 def scheme_for(name: str, options: dict, train_len: int = 48) -> PositionScheme:
-    return build_scheme(name, HEAD_DIM, 10_000.0, train_len, **options)
+    return build_scheme(name, RotaryBase(HEAD_DIM), train_len, **options)
 
 
 # ----------------------------------------------------------------------------- distance matrices
@@ -297,7 +298,7 @@ def test_yarn_matches_hugging_face():
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     for train_len, scale in ((2048, None), (4096, 4.0)):
-        scheme = build_scheme("yarn", 64, 10_000.0, train_len, **({} if scale is None else {"scale": scale}))
+        scheme = build_scheme("yarn", RotaryBase(64), train_len, **({} if scale is None else {"scale": scale}))
         original = round(2 * train_len / 3)
         config = LlamaConfig(
             hidden_size=64 * 4, num_attention_heads=4, max_position_embeddings=train_len,
@@ -310,16 +311,30 @@ def test_yarn_matches_hugging_face():
 
 
 def test_ntk_raises_the_base_and_protocols():
-    scheme = build_scheme("ntk", 64, 10_000.0, 2048)
+    scheme = build_scheme("ntk", RotaryBase(64), 2048)
     expected = 1.0 / (10_000.0 * 1.5 ** (64 / 62)) ** (torch.arange(0, 64, 2).float() / 64)
     torch.testing.assert_close(scheme.rotary.inv_freq, expected)
-    native = build_scheme("ntk", 64, 10_000.0, 2048, protocol="native")
-    torch.testing.assert_close(native.rotary.inv_freq, build_scheme("rope", 64, 10_000.0, 2048).rotary.inv_freq)
-    assert build_scheme("self_extend", 64, 10_000.0, 2048, protocol="native").options["group"] == 1
-    paper = build_scheme("self_extend", 64, 10_000.0, 2048).options
+    native = build_scheme("ntk", RotaryBase(64), 2048, protocol="native")
+    torch.testing.assert_close(native.rotary.inv_freq, build_scheme("rope", RotaryBase(64), 2048).rotary.inv_freq)
+    assert build_scheme("self_extend", RotaryBase(64), 2048, protocol="native").options["group"] == 1
+    paper = build_scheme("self_extend", RotaryBase(64), 2048).options
     assert paper["window"] == 341 and paper["group"] == 2
-    assert build_scheme("dca", 64, 10_000.0, 2048).options == {"chunk_size": 1023, "local_window": 85, "protocol": "paper"}
-    assert build_scheme("string", 64, 10_000.0, 2048).options == {"shift": 682, "window": 128, "temperature": False}
+    assert build_scheme("dca", RotaryBase(64), 2048).options == {"chunk_size": 1023, "local_window": 85, "protocol": "paper"}
+    assert build_scheme("string", RotaryBase(64), 2048).options == {"shift": 682, "window": 128, "temperature": False}
+
+
+def test_schemes_keep_a_scaled_base_and_frequency_schemes_refuse_it():
+    """A checkpoint's rope_scaling stays under every scheme but ntk and yarn, which replace the frequencies and refuse it."""
+    scaled = RotaryBase(HEAD_DIM, 10_000.0, {"rope_type": "linear", "factor": 2.0})
+    expected = 1.0 / 10_000.0 ** (torch.arange(0, HEAD_DIM, 2).float() / HEAD_DIM) / 2.0
+    for name, options in SETTINGS:
+        if name in ("ntk", "yarn"):
+            with pytest.raises(ValueError, match="replaces RoPE's frequencies.*rope_scaling"):
+                build_scheme(name, scaled, 48, **options)
+            unscaled = build_scheme(name, RotaryBase(HEAD_DIM, 10_000.0, {"rope_type": "default"}), 48, **options)
+            assert unscaled.rotary.inv_freq[0] == 1.0  # the default type is no scaling
+        else:
+            torch.testing.assert_close(build_scheme(name, scaled, 48, **options).rotary.inv_freq, expected)
 
 
 @pytest.mark.parametrize("name,options,message", [
@@ -331,7 +346,7 @@ def test_ntk_raises_the_base_and_protocols():
 ])
 def test_bad_options_are_refused(name, options, message):
     with pytest.raises(ValueError, match=message):
-        build_scheme(name, HEAD_DIM, 10_000.0, 48, **options)
+        build_scheme(name, RotaryBase(HEAD_DIM), 48, **options)
 
 
 def test_distance_picture(tmp_path):

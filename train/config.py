@@ -20,7 +20,7 @@ class ModelConfig:
     max_seq_len: int = 2048  # the training length L (STRING's defaults derive from it)
     tie_embeddings: bool = False
     # Hugging Face's rope_scaling dict for imported models (e.g. {"rope_type": "llama3", "factor": 8.0,
-    # ...}; see train.hf.scaled_inv_freq); None for plain RoPE. Excluded from the hash (a dict).
+    # ...}; see train.rotary.scaled_inv_freq); None for plain RoPE. Excluded from the hash (a dict).
     rope_scaling: dict | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:

@@ -24,7 +24,7 @@ from torch import Tensor
 from posfreq.train.checkpoint import contained_file
 from posfreq.train.config import ModelConfig
 from posfreq.train.model import Transformer
-from posfreq.train.positions import rope_scaling_type
+from posfreq.train.rotary import rope_scaling_type
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")

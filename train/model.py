@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posfreq.train.config import ModelConfig
-from posfreq.train.positions import AttentionInputs, PositionScheme, build_scheme, scaled_inv_freq
+from posfreq.train.positions import AttentionInputs, PositionScheme, build_scheme
+from posfreq.train.rotary import RotaryBase
 
 
 def positions_in_sequences(cu_seqlens: Tensor, total: int) -> Tensor:
@@ -85,7 +86,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(t, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(t, self.n_kv_heads, self.head_dim)
         v = self.v_proj(x).view(t, self.n_kv_heads, self.head_dim)
-        k = ctx.scheme.rotary.rotate(k, ctx.pos_q)
+        k = ctx.scheme.rotate_keys(k, ctx.pos_q)
         cu_k, max_k, pos_k = ctx.cu_seqlens, ctx.max_seqlen, ctx.pos_q
         if cache is not None:
             batch = ctx.cu_seqlens.numel() - 1
@@ -154,12 +155,13 @@ class Transformer(nn.Module):
             self.init_weights()
 
     def set_positions(self, name: str, **options) -> None:
-        """Select the position scheme used at attention time (rope, string, ...; see train.positions)."""
-        self.positions = build_scheme(name, self.config.head_dim, self.config.rope_base, train_len=self.config.max_seq_len, **options)
-        if self.config.rope_scaling is not None:  # a checkpoint's own frequency scaling (e.g. Llama-3.1)
-            if name in ("ntk", "yarn"):
-                raise ValueError(f"{name} replaces RoPE's frequencies; it cannot be combined with this model's rope_scaling {self.config.rope_scaling}")
-            self.positions.rotary.inv_freq = scaled_inv_freq(self.positions.rotary.inv_freq, self.config.rope_scaling)
+        """Select the position scheme used at attention time (rope, string, ...; see train.positions).
+
+        The scheme is built on this model's own rotary base (a checkpoint's rope_scaling included)
+        with the model's training length setting its defaults.
+        """
+        rope = RotaryBase(self.config.head_dim, self.config.rope_base, self.config.rope_scaling)
+        self.positions = build_scheme(name, rope, self.config.max_seq_len, **options)
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -174,6 +176,7 @@ class Transformer(nn.Module):
                 nn.init.ones_(module.weight)
 
     def _context(self, cu_seqlens: Tensor, max_seqlen: int, total: int) -> ForwardContext:
+        """The per-forward facts of `total` packed tokens laid out by `cu_seqlens`."""
         pos = positions_in_sequences(cu_seqlens, total)
         return ForwardContext(cu_seqlens, max_seqlen, pos, self.positions, self.attention_backend)
 
@@ -205,6 +208,7 @@ class Transformer(nn.Module):
         return self.lm_head(self.hidden_states(input_ids, cu_seqlens, max_seqlen))
 
     def new_caches(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> list[LayerCache]:
+        """Empty KV caches, one per layer, for `batch` sequences of up to `capacity` positions."""
         shape = (batch, capacity, self.config.n_kv_heads, self.config.head_dim)
         return [LayerCache(torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device)) for _ in self.layers]
 

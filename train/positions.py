@@ -1,10 +1,14 @@
 """Position schemes: which relative distance the rotary embedding sees for each (query, key).
 
-Keys are always rotated (and cached) at their true positions by the model, with the scheme's
-`rotary`. A scheme receives the un-rotated queries and decides how to rotate them, and over
-which keys, so that each (query m, key n <= m) pair of a document sees the scheme's distance.
-Every scheme has `distances(L)`, the reference (L, L) matrix of those distances, and `attend`,
-the fast implementation the model runs.
+What the model needs from a scheme is two methods: `rotate_keys` (keys are rotated, and
+cached, at their true positions with the scheme's `rotary`: its frequencies and cos/sin scale)
+and `attend` (the scheme's attention over packed sequences, given the un-rotated queries: it
+decides how to rotate them, and over which keys, so that each (query m, key n <= m) pair of a
+document sees the scheme's distance). The model never asks which scheme it runs. Every scheme
+also has `distances(L)`, the reference (L, L) matrix of those distances. Schemes are built by
+`build_scheme` on the model's `RotaryBase` (train/rotary.py): all but ntk and yarn keep the
+model's own frequencies, rope_scaling included; ntk and yarn replace them, so they refuse a
+model that carries a rope_scaling.
 
 - ``rope``: m - n.
 - ``string`` (STRING, An et al. 2024): m - n below the shift S, m - n - S + W at or beyond it.
@@ -39,41 +43,13 @@ import torch
 from torch import Tensor
 
 from posfreq.train.attention import resolve_backend, varlen_attention
+from posfreq.train.rotary import Rotary, RotaryBase, ntk_inv_freq, yarn_parameters
 
 DENSE_BLOCK = 256
 """Query block of DCA's cross-chunk pass, computed densely (see `DualChunkScheme`)."""
 
 STRING_TEMPERATURE = 1.0 + 0.1 * math.log(2.0)
 """The official STRING code multiplies RoPE's cos/sin by this (not in the paper)."""
-
-
-def rotary_inv_freq(head_dim: int, base: float) -> Tensor:
-    """RoPE's inverse frequencies base^(-2j/d), float32, as Llama computes them."""
-    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-
-
-@dataclass
-class Rotary:
-    """Rotates vectors by their positions: x * cos + rotate_half(x) * sin (Llama's half-split layout)."""
-
-    inv_freq: Tensor
-    scale: float = 1.0  # multiplies cos/sin (YaRN's attention temperature); 1 for plain RoPE
-
-    def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return (emb.cos() * self.scale).to(dtype)[:, None, :], (emb.sin() * self.scale).to(dtype)[:, None, :]
-
-    def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
-        """x: (T, H, D) rotated at `positions` (T,), which may be any integers, negative included."""
-        cos, sin = self.cos_sin(positions, x.dtype)
-        half = x.shape[-1] // 2
-        rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1).mul_(sin)
-        return (x * cos).add_(rotated_half)  # = x * cos + rotated_half * sin, with two buffers instead of four
-
-    def rerotate(self, x: Tensor, shift: Tensor) -> Tensor:
-        """Rotate already rotated vectors further by `shift` (rotations compose), in float32, without `scale` again."""
-        return Rotary(self.inv_freq).rotate(x.float(), shift).to(x.dtype)
 
 
 @dataclass
@@ -94,11 +70,15 @@ class AttentionInputs:
 
 @dataclass
 class PositionScheme:
-    """Base scheme = RoPE: every pair sees distance m - n."""
+    """Base scheme = RoPE: every pair sees distance m - n (ntk and yarn too, with their own `rotary`)."""
 
     name: str = "rope"
     rotary: Rotary = field(default=None)  # type: ignore[assignment]
     options: dict = field(default_factory=dict)  # the resolved options, for logs and plots
+
+    def rotate_keys(self, k: Tensor, positions: Tensor) -> Tensor:
+        """Keys (T, Hkv, D) rotated at their true `positions`, as the model computes and caches them."""
+        return self.rotary.rotate(k, positions)
 
     def pair_distance(self, m: np.ndarray, n: np.ndarray) -> np.ndarray:
         """Distance seen by query position m and key position n <= m (broadcasting arrays)."""
@@ -111,6 +91,7 @@ class PositionScheme:
         return np.where(n <= m, self.pair_distance(m, n), -1)
 
     def attend(self, x: AttentionInputs) -> Tensor:
+        """Attention output (Tq, H, D) of the un-rotated queries over the rotated keys, each pair at the scheme's distance."""
         q = self.rotary.rotate(x.q, x.pos_q)
         return varlen_attention(
             q, x.k, x.v, x.cu_seqlens_q, x.cu_seqlens_k, x.max_seqlen_q, x.max_seqlen_k, backend=x.backend
@@ -121,6 +102,7 @@ class PositionScheme:
 
 
 def _lengths(cu: Tensor) -> Tensor:
+    """Sequence lengths (int64) from cu_seqlens."""
     return (cu[1:] - cu[:-1]).long()
 
 
@@ -250,9 +232,11 @@ class SplitScheme(PositionScheme):
     split: int = 1
 
     def far_distance(self, m: np.ndarray, n: np.ndarray) -> np.ndarray:
+        """Distance seen by query m and key n at m - n >= split (broadcasting arrays)."""
         raise NotImplementedError
 
     def far_query_positions(self, pos_q: Tensor) -> Tensor:
+        """Positions the far pass rotates the queries at (against keys at their cached rotation, or shifted)."""
         raise NotImplementedError
 
     def far_key_shift(self, pos_k: Tensor) -> Tensor | None:
@@ -443,6 +427,7 @@ class DualChunkScheme(PositionScheme):
 
     @property
     def chunk_len(self) -> int:
+        """c = chunk_size - local_window: the positions one chunk covers."""
         return self.chunk_size - self.local_window
 
     def pair_distance(self, m: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -497,86 +482,6 @@ class DualChunkScheme(PositionScheme):
                 _merge_into(out, lse, rows, o_s, l_s)
 
 
-# ----------------------------------------------------------------------------- frequency scaling
-
-
-def ntk_inv_freq(head_dim: int, base: float, scale: float) -> Tensor:
-    """NTK-aware RoPE: the base raised to base * scale^(d / (d - 2))."""
-    return rotary_inv_freq(head_dim, base * scale ** (head_dim / (head_dim - 2)))
-
-
-def yarn_parameters(
-    head_dim: int, base: float, scale: float, original_len: int, beta_fast: float = 32.0, beta_slow: float = 1.0,
-) -> tuple[Tensor, float]:
-    """YaRN's per-band inverse frequencies and attention factor, as Hugging Face computes them.
-
-    Bands rotating more than beta_fast times over original_len keep their frequency, those
-    rotating less than beta_slow times are interpolated by 1/scale, with a linear ramp between;
-    the attention factor 0.1 ln(scale) + 1 multiplies cos and sin (logits by its square).
-    """
-    def correction_dim(rotations: float) -> float:
-        return head_dim * math.log(original_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
-
-    low = max(math.floor(correction_dim(beta_fast)), 0)
-    high = min(math.ceil(correction_dim(beta_slow)), head_dim - 1)
-    pos_freqs = base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
-    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (scale * pos_freqs)
-    top = high + 0.001 if high == low else high  # avoid a zero-width ramp, as Hugging Face does
-    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (top - low)).clamp(0, 1)
-    keep = 1 - ramp
-    inv_freq = interpolation * (1 - keep) + extrapolation * keep
-    factor = 1.0 if scale <= 1 else 0.1 * math.log(scale) + 1.0
-    return inv_freq, factor
-
-
-ROPE_SCALING_TYPES = ("default", "linear", "llama3")
-
-
-def llama3_inv_freq(
-    inv_freq: Tensor, factor: float, low_freq_factor: float, high_freq_factor: float, original_max_position_embeddings: int
-) -> Tensor:
-    """Llama-3.1's rope scaling: divide low frequencies by `factor`, keep high ones, interpolate between."""
-    low_freq_wavelen = original_max_position_embeddings / low_freq_factor
-    high_freq_wavelen = original_max_position_embeddings / high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (original_max_position_embeddings / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
-    return torch.where(is_medium, smoothed, scaled)
-
-
-def scaled_inv_freq(inv_freq: Tensor, rope_scaling: dict | None) -> Tensor:
-    """Apply a Hugging Face `rope_scaling` dict (none/default, linear, llama3) to RoPE's inverse frequencies."""
-    rope_type = rope_scaling_type(rope_scaling)
-    if rope_type == "default":
-        return inv_freq
-    try:
-        if rope_type == "linear":
-            return inv_freq / float(rope_scaling["factor"])
-        return llama3_inv_freq(
-            inv_freq,
-            float(rope_scaling["factor"]),
-            float(rope_scaling["low_freq_factor"]),
-            float(rope_scaling["high_freq_factor"]),
-            int(rope_scaling["original_max_position_embeddings"]),
-        )
-    except KeyError as err:
-        raise ValueError(f"rope_scaling of type {rope_type!r} lacks the key {err.args[0]!r}: {rope_scaling}") from err
-
-
-def rope_scaling_type(rope_scaling: dict | None) -> str:
-    """The scaling type of a rope_scaling dict (HF spells it rope_type, older files type); refuses unknown types."""
-    if not rope_scaling:
-        return "default"
-    rope_type = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
-    if rope_type not in ROPE_SCALING_TYPES:
-        raise ValueError(
-            f"unsupported rope_scaling type {rope_type!r} (rope_scaling={rope_scaling}); supported: {ROPE_SCALING_TYPES}"
-        )
-    return rope_type
-
-
 # ----------------------------------------------------------------------------- construction
 
 
@@ -598,29 +503,41 @@ def extrapolation_setting(train_len: int, protocol: str, scale: float | None) ->
 
 
 def _check(condition: bool, message: str) -> None:
+    """Refuse an option value with `message` unless `condition` holds."""
     if not condition:
         raise ValueError(message)
 
 
-def _string(head_dim, rope_base, train_len, shift=None, window=None, temperature=False) -> PositionScheme:
+def _own_frequencies(name: str, rope: RotaryBase) -> None:
+    """Refuse a scheme that replaces RoPE's frequencies on a model whose frequencies carry a rope_scaling."""
+    _check(not rope.scaled, f"{name} replaces RoPE's frequencies; it cannot be combined with this model's "
+                            f"rope_scaling {rope.scaling}")
+
+
+def _string(rope: RotaryBase, train_len: int, shift: int | None = None, window: int | None = None,
+            temperature: bool = False) -> PositionScheme:
+    """STRING over the model's frequencies; shift S = L // 3, window W = min(128, S // 2) by default."""
     shift = train_len // 3 if shift is None else int(shift)
     window = min(128, shift // 2) if window is None else int(window)
     _check(shift >= 1, f"string: shift must be >= 1, got {shift}")
     _check(0 <= window < shift, f"string: need 0 <= window < shift, got window={window}, shift={shift}")
     scale = STRING_TEMPERATURE if temperature else 1.0
     options = dict(shift=shift, window=window, temperature=bool(temperature))
-    return StringScheme("string", Rotary(rotary_inv_freq(head_dim, rope_base), scale), options, split=shift, window=window)
+    return StringScheme("string", Rotary(rope.inv_freq(), scale), options, split=shift, window=window)
 
 
-def _rerope(head_dim, rope_base, train_len, window=None, protocol="paper") -> PositionScheme:
+def _rerope(rope: RotaryBase, train_len: int, window: int | None = None, protocol: str = "paper") -> PositionScheme:
+    """ReRoPE over the model's frequencies; window min(512, L' // 4) by default."""
     length, _ = extrapolation_setting(train_len, protocol, None)
     window = min(512, length // 4) if window is None else int(window)
     _check(window >= 1, f"rerope: window must be >= 1, got {window}")
     options = dict(window=window, protocol=protocol)
-    return ReRoPEScheme("rerope", Rotary(rotary_inv_freq(head_dim, rope_base)), options, split=window)
+    return ReRoPEScheme("rerope", rope.rotary(), options, split=window)
 
 
-def _self_extend(head_dim, rope_base, train_len, group=None, window=None, protocol="paper", scale=None) -> PositionScheme:
+def _self_extend(rope: RotaryBase, train_len: int, group: int | None = None, window: int | None = None,
+                 protocol: str = "paper", scale: float | None = None) -> PositionScheme:
+    """Self-Extend over the model's frequencies; window min(512, L' // 4), the smallest group that fits."""
     length, factor = extrapolation_setting(train_len, protocol, scale)
     window = min(512, length // 4) if window is None else int(window)
     _check(1 <= window < length, f"self_extend: need 1 <= window < {length}, got {window}")
@@ -628,35 +545,43 @@ def _self_extend(head_dim, rope_base, train_len, group=None, window=None, protoc
     group = max(1, math.ceil((factor * length - window) / (length - window))) if group is None else int(group)
     _check(group >= 1, f"self_extend: group must be >= 1, got {group}")
     options = dict(group=group, window=window, protocol=protocol, scale=factor)
-    return SelfExtendScheme("self_extend", Rotary(rotary_inv_freq(head_dim, rope_base)), options, split=window, group=group)
+    return SelfExtendScheme("self_extend", rope.rotary(), options, split=window, group=group)
 
 
-def _dca(head_dim, rope_base, train_len, chunk_size=None, local_window=None, protocol="paper") -> PositionScheme:
+def _dca(rope: RotaryBase, train_len: int, chunk_size: int | None = None, local_window: int | None = None,
+         protocol: str = "paper") -> PositionScheme:
+    """Dual chunk attention over the model's frequencies; chunk_size 3L' // 4, local_window L' // 16 by default."""
     length, _ = extrapolation_setting(train_len, protocol, None)
     chunk_size = length * 3 // 4 if chunk_size is None else int(chunk_size)
     local_window = length // 16 if local_window is None else int(local_window)
     _check(0 <= local_window < chunk_size, f"dca: need 0 <= local_window < chunk_size, got {local_window}, {chunk_size}")
     options = dict(chunk_size=chunk_size, local_window=local_window, protocol=protocol)
-    return DualChunkScheme("dca", Rotary(rotary_inv_freq(head_dim, rope_base)), options,
-                           chunk_size=chunk_size, local_window=local_window)
+    return DualChunkScheme("dca", rope.rotary(), options, chunk_size=chunk_size, local_window=local_window)
 
 
-def _ntk(head_dim, rope_base, train_len, scale=None, protocol="paper") -> PositionScheme:
+def _ntk(rope: RotaryBase, train_len: int, scale: float | None = None, protocol: str = "paper") -> PositionScheme:
+    """RoPE distances with NTK-aware frequencies in place of the model's."""
+    _own_frequencies("ntk", rope)
     _, factor = extrapolation_setting(train_len, protocol, scale)
     _check(factor >= 1, f"ntk: scale must be >= 1, got {factor}")
-    return PositionScheme("ntk", Rotary(ntk_inv_freq(head_dim, rope_base, factor)), dict(scale=factor, protocol=protocol))
+    inv_freq = ntk_inv_freq(rope.head_dim, rope.base, factor)
+    return PositionScheme("ntk", Rotary(inv_freq), dict(scale=factor, protocol=protocol))
 
 
-def _yarn(head_dim, rope_base, train_len, scale=None, protocol="paper", beta_fast=32.0, beta_slow=1.0) -> PositionScheme:
+def _yarn(rope: RotaryBase, train_len: int, scale: float | None = None, protocol: str = "paper",
+          beta_fast: float = 32.0, beta_slow: float = 1.0) -> PositionScheme:
+    """RoPE distances with YaRN's frequencies and attention temperature in place of the model's."""
+    _own_frequencies("yarn", rope)
     length, factor = extrapolation_setting(train_len, protocol, scale)
     _check(factor >= 1, f"yarn: scale must be >= 1, got {factor}")
-    inv_freq, attention_factor = yarn_parameters(head_dim, rope_base, factor, length, beta_fast, beta_slow)
+    inv_freq, attention_factor = yarn_parameters(rope.head_dim, rope.base, factor, length, beta_fast, beta_slow)
     options = dict(scale=factor, original_len=length, beta_fast=beta_fast, beta_slow=beta_slow, protocol=protocol)
     return PositionScheme("yarn", Rotary(inv_freq, attention_factor), options)
 
 
-def _rope(head_dim, rope_base, train_len) -> PositionScheme:
-    return PositionScheme("rope", Rotary(rotary_inv_freq(head_dim, rope_base)))
+def _rope(rope: RotaryBase, train_len: int) -> PositionScheme:
+    """Plain RoPE with the model's own frequencies."""
+    return PositionScheme("rope", rope.rotary())
 
 
 _BUILDERS = {
@@ -667,20 +592,21 @@ _BUILDERS = {
 SCHEMES = tuple(_BUILDERS)
 
 
-def build_scheme(name: str, head_dim: int, rope_base: float, train_len: int, **kwargs) -> PositionScheme:
-    """A position scheme by name with its options; `train_len` (the model's L) sets the defaults.
+def build_scheme(name: str, rope: RotaryBase, train_len: int, **options) -> PositionScheme:
+    """A position scheme by name with its options, on the model's rotary base; `train_len` (L) sets the defaults.
 
     rope: none. string: shift=L//3, window=min(128, shift//2), temperature=False.
     rerope: window=min(512, L'//4). self_extend: window=min(512, L'//4), group=smallest keeping
     distances of a scale*L' input below L', scale. dca: chunk_size=3L'//4, local_window=L'//16.
     ntk: scale. yarn: scale, beta_fast=32, beta_slow=1. The baselines also take protocol=
-    "paper" (default: L' = 2L/3, scale 3/2) or "native" (L' = L, scale 1).
+    "paper" (default: L' = 2L/3, scale 3/2) or "native" (L' = L, scale 1). ntk and yarn replace
+    the model's frequencies, so they refuse a model whose `rope` carries a rope_scaling.
     """
     if name not in _BUILDERS:
         raise ValueError(f"unknown position scheme {name!r}; choose one of {SCHEMES}")
     builder = _BUILDERS[name]
-    allowed = list(inspect.signature(builder).parameters)[3:]
-    unknown = sorted(set(kwargs) - set(allowed))
+    allowed = list(inspect.signature(builder).parameters)[2:]
+    unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ValueError(f"{name} does not take {unknown}; its options are {allowed}")
-    return builder(head_dim, rope_base, train_len, **kwargs)
+    return builder(rope, train_len, **options)
