@@ -1,55 +1,61 @@
 """Export one of our checkpoints as a Hugging Face LlamaForCausalLM directory (for lm-eval-harness, RULER, ...).
 
-    python scripts/export_hf.py CHECKPOINT OUT_DIR [--tokenizer llama3|hf:<dir>|none] [--dtype bfloat16]
+    posfreq export-hf CHECKPOINT --out DIR [--tokenizer llama3|bytes|hf:<dir>|none] [--dtype bfloat16]
 
 CHECKPOINT is anything `train.checkpoint.load_model` reads: a consolidated model directory
 (model.safetensors + model_config.json + tokenizer_spec.json) or a trainer checkpoint. The
-tokenizer (default: the checkpoint's tokenizer_spec.json) gives the BOS/EOS ids; an hf:<dir>
-tokenizer's files are copied, and for `llama3` a tokenizer.json with Llama 3's exact ids is built
-from quicktok's bundled ranks (needs the `tokenizers` package). Other tokenizers get no files.
+tokenizer (default: the checkpoint's tokenizer_spec.json) gives the BOS/EOS ids and the tokenizer
+files (`train.hf.write_tokenizer_files`): `llama3` and `bytes` are rebuilt offline with our exact
+ids, an hf:<dir> tokenizer's files are copied, others get none (a warning says so).
 """
 
 from __future__ import annotations
 
-import argparse
-import warnings
+import sys
 from pathlib import Path
+from typing import Literal, Optional, Sequence
+
+from posfreq.train.cli import command_parser, parse
+from posfreq.train.hf import DTYPES
 
 
-from posfreq.train.checkpoint import load_model  # noqa: E402
-from posfreq.train.hf import DTYPES, export_hf, write_llama3_tokenizer  # noqa: E402
-from posfreq.train.tokenizer import get_tokenizer  # noqa: E402
+def build_parser():
+    """The command line: a checkpoint, --out, and the tokenizer and dtype to export with."""
+    parser = command_parser("posfreq export-hf", __doc__.split("\n")[0])
+    parser.add_argument("checkpoint", type=str, help="consolidated model directory or trainer checkpoint directory")
+    parser.add_argument("--out", type=str, required=True, help="output directory for the Hugging Face model")
+    parser.add_argument("--tokenizer", type=Optional[str], default=None,
+                        help="tokenizer spec (llama3, bytes, hf:<dir>) or 'none' for no tokenizer; "
+                        "default: the checkpoint's own tokenizer_spec.json")
+    parser.add_argument("--dtype", type=Optional[Literal[tuple(sorted(DTYPES))]], default=None,
+                        help="cast the weights to this dtype; default: as stored")
+    return parser
 
 
-def main(argv: list[str] | None = None) -> Path:
-    """Parse the command line, load the checkpoint and write the Hugging Face directory."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("checkpoint", help="consolidated model directory or trainer checkpoint directory")
-    parser.add_argument("out_dir", help="output directory for the Hugging Face model")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer spec (llama3, hf:<dir>) or 'none'; default: the checkpoint's")
-    parser.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="cast the weights (default: as stored)")
-    args = parser.parse_args(argv)
+def main(argv: Sequence[str] | None = None) -> int:
+    """Load the checkpoint and write the Hugging Face directory (weights, configs, tokenizer files)."""
+    from posfreq.train.checkpoint import load_model
+    from posfreq.train.hf import export_hf, write_tokenizer_files
+    from posfreq.train.tokenizer import get_tokenizer
+
+    args = parse(build_parser(), argv)
     model, tokenizer_info, _ = load_model(args.checkpoint, dtype=DTYPES[args.dtype] if args.dtype else None)
     spec = args.tokenizer or tokenizer_info["spec"]
-    bos = eos = tokenizer_dir = None
+    bos = eos = None
     if spec != "none":
         tokenizer = get_tokenizer(spec)
         if tokenizer.vocab_size > model.config.vocab_size:
-            raise ValueError(
+            raise SystemExit(
                 f"tokenizer {spec!r} has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}; "
                 "pass the tokenizer the model was trained with (--tokenizer)"
             )
         bos, eos = tokenizer.bos_id, tokenizer.eos_id
-        if spec.startswith("hf:"):
-            tokenizer_dir = spec[3:]
-        elif spec != "llama3":
-            warnings.warn(f"tokenizer {spec!r} has no Hugging Face files; {args.out_dir} gets none")
-    out = export_hf(model, args.out_dir, tokenizer_dir=tokenizer_dir, bos_token_id=bos, eos_token_id=eos)
-    if spec == "llama3":
-        write_llama3_tokenizer(out)
+    out = export_hf(model, args.out, bos_token_id=bos, eos_token_id=eos)
+    if spec != "none":
+        write_tokenizer_files(spec, out)
     print(f"wrote {out}")
-    return out
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

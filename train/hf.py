@@ -7,20 +7,24 @@ Our parameter names are HF's without the "model." prefix, and our rotary uses HF
 logits against transformers). Anything we would compute differently (biases, another activation,
 sliding window, an unknown rope_scaling type, ...) is refused with an error naming the field.
 
-Export writes config.json, model.safetensors and generation_config.json (plus tokenizer files
-when we have them) that `transformers.AutoModelForCausalLM.from_pretrained` loads.
+Export writes config.json, model.safetensors and generation_config.json that
+`transformers.AutoModelForCausalLM.from_pretrained` loads, and tokenizer files that
+`transformers.AutoTokenizer.from_pretrained` loads offline with our ids (`write_tokenizer_files`):
+Llama 3's BPE rebuilt from quicktok's ranks, the `bytes` tokenizer as a byte-level model (byte b
+is id b, BOS 256, EOS 257), or a `hf:<dir>` tokenizer's own files copied. Every file is written
+atomically with mode 0666 & ~umask (0644 under the usual umask), via `train.atomic`.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import warnings
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from posfreq.train.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
 from posfreq.train.checkpoint import contained_file
 from posfreq.train.config import ModelConfig
 from posfreq.train.model import Transformer
@@ -28,6 +32,7 @@ from posfreq.train.rotary import rope_scaling_type
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
+BYTES_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>")  # the exported names of the bytes tokenizer's 256, 257
 
 # HF's defaults for keys a config.json may omit (LlamaConfig / MistralConfig).
 _DEFAULTS = {
@@ -232,15 +237,15 @@ def config_to_hf(config: ModelConfig, dtype: torch.dtype, bos_token_id: int | No
 def export_hf(
     model: Transformer,
     out_dir: str | Path,
-    tokenizer_dir: str | Path | None = None,
     bos_token_id: int | None = None,
     eos_token_id: int | None = None,
 ) -> Path:
-    """Write `model` as a HF LlamaForCausalLM directory (config, safetensors, generation config, tokenizer files).
+    """Write `model` as a HF LlamaForCausalLM directory: config, safetensors weights and generation config.
 
     Refuses a model whose position scheme is not plain RoPE (transformers would compute it differently).
+    Tokenizer files are `write_tokenizer_files`'s job.
     """
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     if model.positions.name != "rope":
         raise ValueError(f"the model uses position scheme {model.positions.name!r}; transformers only runs 'rope'")
@@ -254,18 +259,79 @@ def export_hf(
         hf_name = name if name == "lm_head.weight" else f"model.{name}"
         tensors[hf_name] = tensor.detach().to("cpu").contiguous()
     dtype = model.embed_tokens.weight.dtype
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = config_to_hf(model.config, dtype, bos_token_id, eos_token_id)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    # safetensors' own save_file creates the file 0600; serialising to bytes lets train.atomic write it 0644.
+    write_bytes_atomic(out / "model.safetensors", save(tensors, metadata={"format": "pt"}))
+    write_json_atomic(out / "config.json", config_to_hf(model.config, dtype, bos_token_id, eos_token_id), indent=2)
     generation = {"bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "do_sample": False}
-    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    if tokenizer_dir is not None:
-        copied = [f for f in TOKENIZER_FILES if (Path(tokenizer_dir) / f).is_file()]
-        if not copied:
-            raise FileNotFoundError(f"{tokenizer_dir}: none of the tokenizer files {TOKENIZER_FILES}")
-        for name in copied:
-            shutil.copyfile(Path(tokenizer_dir) / name, out / name)
+    write_json_atomic(out / "generation_config.json", generation, indent=2)
     return out
+
+
+def write_tokenizer_files(spec: str, out_dir: str | Path) -> list[Path]:
+    """Hugging Face tokenizer files for the tokenizer `spec` names, in `out_dir`; [] when we cannot make any.
+
+    `llama3` and `bytes` are rebuilt offline with the `tokenizers` library (same ids as ours);
+    `hf:<dir>` copies that directory's tokenizer files. Other tokenizers (e.g. a registered demo
+    vocabulary) have no Hugging Face form yet: a warning says so and nothing is written.
+    """
+    if spec == "llama3":
+        return write_llama3_tokenizer(out_dir)
+    if spec == "bytes":
+        return write_bytes_tokenizer(out_dir)
+    if spec.startswith("hf:"):
+        source, out = Path(spec[3:]), Path(out_dir)
+        copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
+        if not copied:
+            raise FileNotFoundError(f"{source}: none of the tokenizer files {TOKENIZER_FILES}")
+        out.mkdir(parents=True, exist_ok=True)
+        for name in copied:
+            write_bytes_atomic(out / name, (source / name).read_bytes())
+        return [out / name for name in copied]
+    warnings.warn(f"tokenizer {spec!r} has no Hugging Face files; {out_dir} gets none", stacklevel=2)
+    return []
+
+
+def _write_tokenizer(tokenizer, config: dict, out_dir: str | Path) -> list[Path]:
+    """Save a `tokenizers.Tokenizer` as tokenizer.json beside `config` as tokenizer_config.json (atomic, 0644)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "tokenizer.json", tokenizer.to_str())
+    write_json_atomic(out / "tokenizer_config.json", config, indent=2)
+    return [out / "tokenizer.json", out / "tokenizer_config.json"]
+
+
+def _tokenizer_config(bos: str, eos: str, model_max_length: int, split_special_tokens: bool) -> dict:
+    """tokenizer_config.json for a PreTrainedTokenizerFast.
+
+    `split_special_tokens` keeps special-token strings in text as plain text (as our `encode` does);
+    Llama 3's export leaves it off, as Meta's files do, so chat markers rendered by a template still parse.
+    """
+    return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos,
+            "split_special_tokens": split_special_tokens, "clean_up_tokenization_spaces": False,
+            "model_input_names": ["input_ids", "attention_mask"], "model_max_length": model_max_length}
+
+
+def write_bytes_tokenizer(out_dir: str | Path) -> list[Path]:
+    """tokenizer.json + tokenizer_config.json equal to `train.tokenizer.ByteTokenizer`: byte b is id b, BOS 256, EOS 257.
+
+    A byte-level BPE with no merges over GPT-2's printable byte alphabet, so every UTF-8 byte is its
+    own token; no BOS is added (ours never adds one) and "<|end_of_text|>" in text stays bytes.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from posfreq.train.tokenizer import ByteTokenizer
+
+    alphabet = _byte_level_alphabet()
+    tokenizer = Tokenizer(models.BPE({alphabet[b]: b for b in range(256)}, []))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    bos, eos = BYTES_SPECIAL_TOKENS
+    tokenizer.add_special_tokens([bos, eos])
+    ids = (tokenizer.token_to_id(bos), tokenizer.token_to_id(eos))
+    if ids != (ByteTokenizer.bos_id, ByteTokenizer.eos_id):
+        raise AssertionError(f"bytes tokenizer export gave BOS/EOS ids {ids}, ours are "
+                             f"{(ByteTokenizer.bos_id, ByteTokenizer.eos_id)}: a bug in write_bytes_tokenizer")
+    return _write_tokenizer(tokenizer, _tokenizer_config(bos, eos, 1 << 20, split_special_tokens=True), out_dir)
 
 
 # Llama 3's pretokenizer regex (as in Meta's tokenizer.json / tiktoken model).
@@ -323,11 +389,4 @@ def write_llama3_tokenizer(out_dir: str | Path) -> list[Path]:
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, enc.encode_single_token(bos))]
     )
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(out / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos,
-              "clean_up_tokenization_spaces": False, "model_input_names": ["input_ids", "attention_mask"],
-              "model_max_length": 131072}
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return [out / "tokenizer.json", out / "tokenizer_config.json"]
+    return _write_tokenizer(tokenizer, _tokenizer_config(bos, eos, 131072, split_special_tokens=False), out_dir)
