@@ -1,0 +1,77 @@
+"""The effective-length notebook runs on the committed fixture runs and draws every figure as an image.
+
+Executed with nbclient (the `dev` / `notebook` extras); each figure must be shown as a PNG output
+whose bytes are the file the plotting function saved, so a figure printed as text, or not shown,
+fails.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOK = REPO / "notebooks" / "effective_length_vs_position_frequency.ipynb"
+FIXTURES = Path("tests") / "fixtures" / "demo_probe"
+FIGURES = ("pass_rate_vs_length", "fig2a_effective_length_vs_tokens", "fig2b_frequency_vs_effective_length",
+           "fig3_position_frequency")
+
+
+def execute(repo: Path, monkeypatch, **env: str) -> nbformat.NotebookNode:
+    """Run the notebook with its kernel in `repo`/notebooks (as Jupyter opened there would) and the given environment."""
+    for name in ("POSFREQ_RUNS", "POSFREQ_FIGURES"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    nbclient.NotebookClient(notebook, timeout=180, kernel_name="python3",
+                            resources={"metadata": {"path": str(repo / "notebooks")}}).execute()
+    return notebook
+
+
+def outputs(notebook: nbformat.NotebookNode) -> tuple[str, list[bytes]]:
+    """All text the code cells printed, and every PNG they displayed (decoded)."""
+    cells = [o for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    text = "".join(o.get("text", "") for o in cells)
+    images = [base64.b64decode(o["data"]["image/png"]) for o in cells if "image/png" in o.get("data", {})]
+    return text, images
+
+
+def assert_every_figure_shown(figures: Path, images: list[bytes]) -> None:
+    """Each expected figure was saved by matplotlib and displayed as that very PNG."""
+    for stem in FIGURES:
+        png = figures / f"{stem}.png"
+        assert png.is_file(), stem
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", stem
+        assert png.read_bytes() in images, f"{stem} was saved but not displayed"
+    assert len(images) == len(FIGURES)
+
+
+def test_relative_runs_resolve_from_the_repository_root(tmp_path: Path, monkeypatch) -> None:
+    """POSFREQ_RUNS relative to the repository root works although the kernel runs in notebooks/."""
+    runs = os.pathsep.join(str(FIXTURES / name / "probe") for name in ("L256-s0", "L512-s0"))
+    notebook = execute(REPO, monkeypatch, POSFREQ_RUNS=runs, POSFREQ_FIGURES=str(tmp_path / "figures"))
+    text, images = outputs(notebook)
+    assert "L256-s0 (L = 256): 8 checkpoints" in text and "L512-s0 (L = 512): 8 checkpoints" in text
+    assert "skipping" not in text
+    assert_every_figure_shown(tmp_path / "figures", images)
+
+
+def test_fixture_runs_are_drawn_when_there_is_no_demo(tmp_path: Path, monkeypatch) -> None:
+    """In a checkout without runs/demo the notebook says it draws the committed fixtures, and draws them."""
+    repo = tmp_path / "repo"
+    (repo / "notebooks").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text("")
+    shutil.copytree(REPO / FIXTURES, repo / FIXTURES)
+    notebook = execute(repo, monkeypatch)
+    text, images = outputs(notebook)
+    assert "drawing the committed fixture runs" in text
+    assert "L256-s0 (L = 256): 8 checkpoints" in text and "L512-s0 (L = 512): 8 checkpoints" in text
+    assert_every_figure_shown(repo / "runs" / "notebook_figures", images)
