@@ -10,7 +10,7 @@ every output so any other definition can be recomputed. Two edge cases carry a s
 - ``all_passed``: no probed length fails; the effective length is the largest probed length,
   a lower bound (censored).
 
-f(effective length) is Eq. 2 (`analysis.position_freq.position_frequency`) applied to the
+f(effective length) is Eq. 2 (`analysis.frequency.position_frequency`) applied to the
 checkpoint's histogram of trained segment lengths, evaluated at i = effective length, as in the
 paper ("f(1280) = 100B"); for i >= L it is 0, since no trained segment is longer than L.
 
@@ -44,7 +44,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: import the installed posfreq package, never this folder's files by bare name
     sys.path.pop(0)
 
-from posfreq.analysis.position_freq import position_frequency
+from posfreq.analysis.frequency import position_frequency
 from posfreq.train.atomic import atomic_open
 
 STATUS_OK = "ok"
@@ -468,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with_f = [r for r in runs if r.frequency.size and r.frequency[0] > 0]
     if len(with_f) > 1:
         from posfreq.analysis import plots
-        from posfreq.analysis.position_freq import scale_to_budget
+        from posfreq.analysis.frequency import scale_to_budget
 
         budget = min(float(r.frequency[0]) for r in with_f)
         curves = {r.train_len: scale_to_budget(r.frequency, budget) for r in with_f}

@@ -1,10 +1,15 @@
 """Matplotlib figures, one function per figure; each saves `<stem>.png` and `<stem>.pdf`.
 
-Position frequency (analysis/position_freq.py):
+Position frequency (analysis/position_freq.py; the maths from analysis/frequency.py, the only analysis module
+imported here):
 - `plot_fig1a_length_and_frequency`: document-length distribution (bars) and f(i) on twin axes.
 - `plot_fig1b_uniform_lengths`: f(i) when document lengths are uniform on 1..L (quadratic).
 - `plot_fig1c_concatenated`: f(i) when everything is concatenated into full rows (linear).
 - `plot_fig3_budget_comparison`: f(i) for several training lengths at the same token budget.
+
+Position schemes (train/positions.py):
+- `plot_position_distances`: the relative distance each scheme's rotary sees, per (query, key) pair
+  (the STRING paper's Fig. 5 / Fig. 8), one panel per scheme.
 
 NIAH probe and effective length (analysis/probe.py, analysis/effective_length.py):
 - `plot_niah_heatmap`: needle recall by context length and needle depth (Fig. 4).
@@ -21,13 +26,19 @@ Across seeds (analysis/compare.py; rows of checkpoints.csv):
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the non-interactive backend)
 import numpy as np  # noqa: E402
+
+from posfreq.analysis.frequency import bucket_label, length_buckets  # noqa: E402
+from posfreq.train.atomic import atomic_open  # noqa: E402
+
+if TYPE_CHECKING:
+    from posfreq.train.positions import PositionScheme
 
 
 def save_figure(fig: plt.Figure, stem: str | Path) -> list[Path]:
@@ -37,14 +48,10 @@ def save_figure(fig: plt.Figure, stem: str | Path) -> list[Path]:
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
     fig.tight_layout()
     for path in paths:
-        fig.savefig(path, dpi=150)
+        with atomic_open(path, "wb") as fh:
+            fig.savefig(fh, format=path.suffix[1:], dpi=150)
     plt.close(fig)
     return paths
-
-
-def _bucket_label(lo: int, hi: int) -> str:
-    """'256-511' for a range bar, '2048' for the single-length bar."""
-    return f"{lo}" if hi == lo + 1 else f"{lo}-{hi - 1}"
 
 
 def plot_fig1a_length_and_frequency(
@@ -54,8 +61,6 @@ def plot_fig1a_length_and_frequency(
 
     `pieces[n]` counts pieces of length n (0..L, from `piece_histogram`); `f` is Eq. 2 for this L.
     """
-    from posfreq.analysis.position_freq import length_buckets
-
     buckets = length_buckets(train_len)
     total = max(int(pieces.sum()), 1)
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -65,7 +70,7 @@ def plot_fig1a_length_and_frequency(
         share = 100 * pieces[lo:hi].sum() / total
         left, width = (lo, hi - lo) if hi > lo + 1 else (lo, train_len / 32)
         ax.bar(left, share, width=width, align="edge", color="tab:blue", alpha=0.6, edgecolor="white")
-        ax.annotate(_bucket_label(lo, hi), (left + width / 2, share), ha="center", va="bottom", fontsize=7)
+        ax.annotate(bucket_label(lo, hi), (left + width / 2, share), ha="center", va="bottom", fontsize=7)
     ax.set_xlim(0, train_len * 1.04)
     ax.set_xlabel("document length after truncation (bars) / relative position i (line), tokens")
     ax.set_ylabel("share of documents (%)", color="tab:blue")
@@ -115,6 +120,38 @@ def plot_fig3_budget_comparison(
     ax.set_title(f"Same token budget ({budget_tokens:.3g} tokens), different training lengths")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend()
+    return save_figure(fig, stem)
+
+
+# Position schemes (train/positions.py).
+
+ANNOTATE_UP_TO = 24
+"""Distance matrices up to this size get their distance written in every cell."""
+
+
+def _draw_distances(scheme: PositionScheme, length: int, ax: plt.Axes) -> None:
+    """Heatmap of `scheme.distances(length)` on `ax` (queries m down, keys n across; the masked upper triangle blank)."""
+    matrix = scheme.distances(length).astype(float)
+    image = ax.imshow(np.ma.masked_less(matrix, 0), cmap="viridis_r", vmin=0, vmax=max(length - 1, 1),
+                      interpolation="nearest")
+    if length <= ANNOTATE_UP_TO:
+        for m, n in zip(*np.nonzero(matrix >= 0)):
+            value = matrix[m, n]
+            ax.text(n, m, f"{value:.0f}", ha="center", va="center", fontsize=7,
+                    color="black" if value < 0.5 * (length - 1) else "white")
+    options = ", ".join(f"{k}={v}" for k, v in scheme.options.items() if k != "protocol")
+    ax.set_title(scheme.name + (f" ({options})" if options else ""), fontsize=9)
+    ax.set_xlabel("key position n")
+    ax.set_ylabel("query position m")
+    ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="relative distance seen")
+
+
+def plot_position_distances(schemes: Sequence[PositionScheme], length: int, stem: str | Path) -> list[Path]:
+    """Fig. 5 of the STRING paper: for each scheme, the relative distance its rotary sees per (query, key) pair."""
+    size = 0.3 * min(length, 40) + 2
+    fig, axes = plt.subplots(1, len(schemes), figsize=(size * len(schemes), size), squeeze=False)
+    for scheme, ax in zip(schemes, axes[0]):
+        _draw_distances(scheme, length, ax)
     return save_figure(fig, stem)
 
 

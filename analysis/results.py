@@ -185,7 +185,7 @@ def derive_run(out: Path, analysis: Analysis = Analysis(), figures: bool = True)
     of a checkpoint since retrained, are left out and listed as missing).
     """
     from posfreq.analysis.effective_length import draw_run_figures, load_run
-    from posfreq.analysis.position_freq import position_frequency
+    from posfreq.analysis.frequency import position_frequency
 
     meta = read_json(out / META_FILE)
     rows, distances, missing = [], [], []

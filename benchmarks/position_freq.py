@@ -20,7 +20,7 @@ import numpy as np
 
 
 from posfreq.train.corpora import resolve_corpus, write_jsonl  # noqa: E402
-from posfreq.analysis.position_freq import BATCH_CHARS, CountSettings, count_lengths  # noqa: E402
+from posfreq.analysis.histogram import BATCH_CHARS, CountSettings, count_lengths  # noqa: E402
 from posfreq.train.tokenizer import get_tokenizer  # noqa: E402
 
 SOURCES = ("RedPajamaCommonCrawl", "RedPajamaC4", "RedPajamaGithub", "RedPajamaArXiv")

@@ -1,9 +1,13 @@
-"""Tokenize a corpus into memory-mapped token shards, one shard per input file.
+"""`posfreq prepare`: tokenize a corpus into memory-mapped token shards, one shard per input file.
 
     python scripts/prepare_data.py --corpus pg-essays --out data/pg
     python scripts/prepare_data.py --corpus slimpajama --data-dir /data/SlimPajama-627B \\
-        --out /data/tokens/slimpajama --workers 16 --shard 3/64
+        --exclude-sources github --out /data/tokens/slimpajama --workers 16 --shard 3/64
     python scripts/prepare_data.py --corpus slimpajama --hf-dataset cerebras/SlimPajama-627B --out DIR
+
+The corpus options (--corpus, --data-dir, --sources, --exclude-sources, --tokenizer, --workers,
+--shard, --on-error, ...) are those of `posfreq analyze` (train/corpus_cli.py); `--config FILE.yaml`
+reads them from YAML and `--print-config` prints them.
 
 Each document becomes its tokens followed by EOS. A shard is named after its input file's
 path relative to the corpus's common root (``train/chunk1/example_train_0.jsonl.zst`` ->
@@ -21,23 +25,23 @@ corrupt ``.zst``, empty files); the summary line repeats them, and a rerun redoe
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import re
+import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
+from jsonargparse import ArgumentParser
 from tqdm import tqdm
 
-
-from posfreq.train.corpora import (  # noqa: E402
-    SUFFIXES, Corpus, CorpusError, CorpusFile, ReadStats, StreamShard, lost_files_report, resolve_corpus,
-)
-from posfreq.train.cli import parse_shard  # noqa: E402
-from posfreq.train.data import ShardWriter, shard_is_complete  # noqa: E402
-from posfreq.train.tokenizer import Tokenizer, get_tokenizer  # noqa: E402
+from posfreq.train.cli import command_parser, parse
+from posfreq.train.corpora import SUFFIXES, Corpus, CorpusError, CorpusFile, ReadStats, StreamShard, lost_files_report
+from posfreq.train.corpus_cli import add_corpus_arguments, corpus_from_args, shard_from_args
+from posfreq.train.data import ShardWriter, shard_is_complete
+from posfreq.train.tokenizer import Tokenizer, get_tokenizer
 
 BATCH_CHARS = 4 << 20  # tokenize this many characters of text at a time
 
@@ -111,6 +115,7 @@ def tokenize_file(corpus: Corpus, file: CorpusFile, name: str, out: Path, tokeni
 
 
 def _tokenize_in_worker(corpus: Corpus, file: CorpusFile, name: str, out: Path, on_error: str) -> dict:
+    """`tokenize_file` with this worker process's tokenizer (built once by `_init_worker`)."""
     assert _worker_tokenizer is not None
     return tokenize_file(corpus, file, name, out, _worker_tokenizer, on_error)
 
@@ -143,6 +148,7 @@ def prepare(corpus: Corpus, out: Path, tokenizer_spec: str = "llama3", workers: 
               "skipped_items": 0, "lost_files": []}
     bar = tqdm(total=len(todo), unit="file", desc=f"tokenize {corpus.name} -> {out}", disable=not progress)
     def done(meta: dict) -> None:
+        """Add one finished shard's counts to the totals and the progress bar."""
         totals["docs"] += meta["num_docs"]
         totals["tokens"] += meta["num_tokens"]
         totals["skipped_items"] += meta["skipped_items"]
@@ -171,35 +177,40 @@ def skip_report(totals: dict, out: Path) -> list[str]:
     return lines + lost_files_report(totals["lost_files"], where)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--corpus", default="pg-essays", help="slimpajama, pg-essays, or a local file/directory")
-    parser.add_argument("--out", type=Path, required=True, help="output directory of token shards")
-    parser.add_argument("--tokenizer", default="llama3", help="llama3 (default), bytes, or hf:<dir>")
-    parser.add_argument("--data-dir", default=None, help="where SlimPajama lives (else $SLIMPAJAMA_DIR)")
-    parser.add_argument("--hf-dataset", default=None, help="with no local SlimPajama, stream this dataset with "
-                        "`datasets` (e.g. cerebras/SlimPajama-627B; default: $SLIMPAJAMA_HF, else not tried)")
-    parser.add_argument("--split", default="train", help="SlimPajama split (train, validation, test)")
-    parser.add_argument("--text-field", default="text", help="JSON/Parquet field holding the text")
-    parser.add_argument("--sources", nargs="*", default=None,
-                        help="keep only these sources; prefix '-' to drop one (e.g. -github)")
-    parser.add_argument("--workers", type=int, default=1, help="processes tokenizing files in parallel")
-    parser.add_argument("--shard", type=parse_shard, default=(0, 1), help="i/n: take files i, i+n, ... (0-based)")
-    parser.add_argument("--on-error", choices=("raise", "skip"), default="raise",
-                        help="bad records: stop with the file and line (raise) or count and skip them")
-    args = parser.parse_args(argv)
+def build_parser() -> ArgumentParser:
+    """The command line of `posfreq prepare` (the corpus options are shared with `posfreq analyze`)."""
+    parser = command_parser(
+        "posfreq prepare",
+        "Tokenize a corpus into token shards (one per input file; each document's tokens then EOS) for "
+        "pretraining. Restartable: a rerun skips complete shards. --shard i/n takes files i, i+n, ... (0-based).",
+        config_file=True,
+    )
+    add_corpus_arguments(parser, default_corpus="pg-essays", default_workers=1)
+    parser.add_argument("--out", type=str, required=True, help="output directory of token shards")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Tokenize this shard's files of the corpus and print what was written (and skipped)."""
+    parser = build_parser()
+    args = parse(parser, argv)
+    if args.workers < 1:
+        parser.error(f"--workers must be >= 1, got {args.workers}")
     try:
-        corpus = resolve_corpus(args.corpus, data_dir=args.data_dir, split=args.split,
-                                text_field=args.text_field, sources=args.sources, hf_dataset=args.hf_dataset)
-        totals = prepare(corpus, args.out, args.tokenizer, args.workers, args.shard, args.on_error)
+        shard = shard_from_args(args) or (0, 1)
+        out = Path(args.out)
+        totals = prepare(corpus_from_args(args), out, args.tokenizer, args.workers, shard, args.on_error,
+                         progress=not args.quiet)
     except CorpusError as err:
         raise SystemExit(f"error: {err}") from None
-    print(f"{args.out}: {totals['files']} files in shard {args.shard[0]}/{args.shard[1]} "
+    print(f"{out}: {totals['files']} files in shard {shard[0]}/{shard[1]} "
           f"({totals['skipped_complete']} already complete); wrote {totals['docs']:,} documents, "
           f"{totals['tokens']:,} tokens")
-    for line in skip_report(totals, args.out):
+    for line in skip_report(totals, out):
         print(line)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

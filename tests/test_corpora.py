@@ -179,7 +179,7 @@ def histogram_counts(histogram) -> dict:
 
 
 def test_stream_histogram_equals_local_copy_and_one_by_one(tmp_path, monkeypatch):
-    from posfreq.analysis import position_freq as pf
+    from posfreq.analysis import histogram as hg
     from posfreq.train.corpora import StreamShard
     from posfreq.train.tokenizer import get_tokenizer
 
@@ -193,36 +193,36 @@ def test_stream_histogram_equals_local_copy_and_one_by_one(tmp_path, monkeypatch
     assert sorted(docs, key=str) == sorted(local.documents(), key=str)  # train split only, every document
     assert len(docs) == len(written)
 
-    settings = pf.CountSettings(tokenizer="bytes", default_source=stream.default_source)
-    from_stream, stats = pf.count_lengths(stream.files, settings, workers=1, progress=False)
-    from_local, _ = pf.count_lengths(local.files, settings, workers=1, progress=False)
+    settings = hg.CountSettings(tokenizer="bytes", default_source=stream.default_source)
+    from_stream, stats = hg.count_lengths(stream.files, settings, workers=1, progress=False)
+    from_local, _ = hg.count_lengths(local.files, settings, workers=1, progress=False)
     expected = length_counts(docs, get_tokenizer("bytes"))
     assert histogram_counts(from_stream) == histogram_counts(from_local) == expected
     assert stats.documents == len(written)
 
     kept = resolve_corpus("slimpajama", data_dir=tmp_path / "missing", hf_dataset=str(tmp_path / "sp"),
                           sources=["-github"])
-    settings = pf.CountSettings(tokenizer="bytes", sources=kept.sources)
-    serial, stats = pf.count_lengths(kept.files, settings, workers=1, progress=False)
+    settings = hg.CountSettings(tokenizer="bytes", sources=kept.sources)
+    serial, stats = hg.count_lengths(kept.files, settings, workers=1, progress=False)
     assert histogram_counts(serial) == length_counts([d for d in docs if d.source != "RedPajamaGithub"],
                                                      get_tokenizer("bytes"))
     assert stats.filtered == sum(d.source == "RedPajamaGithub" for d in docs)
-    parallel, _ = pf.count_lengths(kept.files, settings, workers=2, progress=False)
-    merged = pf.LengthHistogram()
+    parallel, _ = hg.count_lengths(kept.files, settings, workers=2, progress=False)
+    merged = hg.LengthHistogram()
     for i in range(4):
-        merged.merge(pf.count_lengths(kept.shard(i, 4).files, settings, workers=1, progress=False)[0])
+        merged.merge(hg.count_lengths(kept.shard(i, 4).files, settings, workers=1, progress=False)[0])
     assert histogram_counts(parallel) == histogram_counts(merged) == histogram_counts(serial)
 
 
 def test_stream_cache_key_follows_dataset_split_and_content(tmp_path):
-    from posfreq.analysis import position_freq as pf
+    from posfreq.analysis import histogram as hg
 
     make_slimpajama(tmp_path / "sp", chunks=(1,))
     make_slimpajama(tmp_path / "sp", split="validation", chunks=(1,))
-    settings = pf.CountSettings(tokenizer="bytes")
+    settings = hg.CountSettings(tokenizer="bytes")
 
     def key(split="train"):
-        return pf.cache_key(resolve_corpus("slimpajama", data_dir=tmp_path / "no", split=split,
+        return hg.cache_key(resolve_corpus("slimpajama", data_dir=tmp_path / "no", split=split,
                                            hf_dataset=str(tmp_path / "sp")), settings)
 
     first = key()
@@ -290,3 +290,40 @@ def test_cli_hub_dataset_offline_fails_fast_with_where_it_looked(tmp_path):
     assert "dataset 'no-such-org/fake', split 'train', streamed with `datasets` (--hf-dataset)" in result.stderr
     assert "Offline" in result.stderr and str(tmp_path / "cache" / "SlimPajama-627B" / "train") in result.stderr
     assert "--corpus pg-essays" in result.stderr
+
+
+def test_source_options_are_comma_or_yaml_lists_with_one_way_to_exclude(tmp_path):
+    from posfreq.train.cli import command_parser, parse
+    from posfreq.train.corpus_cli import add_corpus_arguments, corpus_from_args, shard_from_args, source_names
+
+    assert source_names("arxiv, book,") == source_names(["arxiv", "book"]) == ["arxiv", "book"]
+    assert source_names(None) == source_names("") == source_names([]) == []
+    with pytest.raises(CorpusError, match="Fix: list sources to drop with --exclude-sources github"):
+        source_names(["-github"])
+    written = make_slimpajama(tmp_path)
+    parser = command_parser("test", "corpus options", config_file=True)
+    add_corpus_arguments(parser, default_corpus="slimpajama", default_workers=1)
+    base = ["--data-dir", str(tmp_path)]
+    for flags in (["--exclude-sources", "github"], ["--sources", "[c4]"], ["--sources", "C4,RedPajamaC4"]):
+        docs = list(corpus_from_args(parse(parser, base + flags)).documents())
+        assert docs == [Document(r["text"], "RedPajamaC4") for r in written if r["meta"]["redpajama_set_name"] != "RedPajamaGithub"]
+    assert shard_from_args(parse(parser, base)) is None and shard_from_args(parse(parser, ["--shard", "2/3"])) == (2, 3)
+    with pytest.raises(CorpusError, match="need 0 <= i < n"):
+        shard_from_args(parse(parser, ["--shard", "3/3"]))
+
+
+def test_prepare_cli_takes_the_shared_corpus_options(tmp_path, capsys):
+    from posfreq.scripts import prepare_data
+
+    written = make_slimpajama(tmp_path / "sp")
+    config = tmp_path / "prepare.yaml"
+    config.write_text(f"corpus: slimpajama\ndata_dir: {tmp_path / 'sp'}\ntokenizer: bytes\nexclude_sources: [github]\n")
+    out = tmp_path / "tokens"
+    for shard in ("0/2", "1/2"):
+        assert prepare_data.main(["--config", str(config), "--shard", shard, "--out", str(out), "--quiet"]) == 0
+    assert "3 files in shard 1/2" in capsys.readouterr().out
+    kept = [r["text"] for r in written if r["meta"]["redpajama_set_name"] == "RedPajamaC4"]
+    metas = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    assert len(metas) == 6 and {m["sources"][0] for m in metas} == {"-github"}
+    assert sum(m["num_docs"] for m in metas) == len(kept)
+    assert sum(m["num_tokens"] for m in metas) == sum(len(text.encode()) + 1 for text in kept)  # bytes + EOS

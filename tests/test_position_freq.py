@@ -1,8 +1,9 @@
-"""Eq. 2 against a naive reference and analytic cases; the histogram job, cache, shards and CLI."""
+"""Eq. 2 against a naive reference and analytic cases; the histogram job, cache, shards; the CLI and its outputs."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from posfreq.analysis import frequency as fq
+from posfreq.analysis import histogram as hg
 from posfreq.analysis import position_freq as pf
 from posfreq.train.corpora import resolve_corpus, write_jsonl
 from posfreq.train.tokenizer import get_tokenizer
@@ -34,25 +37,25 @@ def test_fast_path_matches_naive_double_loop(seed):
     train_len = int(rng.integers(2, 40))
     hist = rng.integers(0, 5, size=int(rng.integers(1, 4 * train_len)))
     hist[min(train_len, hist.size - 1)] += 3  # documents of exactly L (or the longest there is)
-    f = pf.position_frequency(hist, train_len)
+    f = fq.position_frequency(hist, train_len)
     assert f.dtype == np.int64 and f.shape == (train_len,)
     np.testing.assert_array_equal(f, naive_frequency(hist, train_len))
 
 
 def test_one_document_of_length_L():
     L = 64
-    np.testing.assert_array_equal(pf.position_frequency(pf.concatenated_histogram(1, L), L), L - np.arange(L))
+    np.testing.assert_array_equal(fq.position_frequency(fq.concatenated_histogram(1, L), L), L - np.arange(L))
 
 
 def test_concatenated_rows_are_linear():
     L, rows = 128, 1000
-    f = pf.position_frequency(pf.concatenated_histogram(rows, L), L)
+    f = fq.position_frequency(fq.concatenated_histogram(rows, L), L)
     np.testing.assert_array_equal(f, rows * (L - np.arange(L)))
 
 
 def test_uniform_lengths_are_quadratic():
     L = 100
-    f = pf.position_frequency(pf.uniform_length_histogram(L, docs_per_length=3), L)
+    f = fq.position_frequency(fq.uniform_length_histogram(L, docs_per_length=3), L)
     k = L - np.arange(L)
     np.testing.assert_array_equal(f, 3 * k * (k + 1) // 2)
 
@@ -61,53 +64,53 @@ def test_truncation_before_eq2():
     L = 10
     hist = np.zeros(2 * L + 4, dtype=np.int64)
     hist[2 * L + 3] = 1  # one document of 23 tokens -> pieces 10, 10, 3
-    np.testing.assert_array_equal(pf.piece_histogram(hist, L)[[3, L]], [1, 2])
+    np.testing.assert_array_equal(fq.piece_histogram(hist, L)[[3, L]], [1, 2])
     expected = 2 * (L - np.arange(L)) + np.maximum(3 - np.arange(L), 0)
-    np.testing.assert_array_equal(pf.position_frequency(hist, L), expected)
+    np.testing.assert_array_equal(fq.position_frequency(hist, L), expected)
 
 
 def test_trained_segment_histogram_needs_no_truncation():
     L = 16
     segments = np.bincount([16, 16, 5, 1, 9, 16], minlength=L + 1)  # as a checkpoint stores it
     expected = sum(np.maximum(n - np.arange(L), 0) for n in [16, 16, 5, 1, 9, 16])
-    np.testing.assert_array_equal(pf.position_frequency(segments, L), expected)
+    np.testing.assert_array_equal(fq.position_frequency(segments, L), expected)
 
 
 def test_exact_in_int64_at_trillion_scale():
     L = 2048
-    f = pf.position_frequency(pf.concatenated_histogram(10**12 // L, L), L)
+    f = fq.position_frequency(fq.concatenated_histogram(10**12 // L, L), L)
     assert int(f[0]) == (10**12 // L) * L and f.dtype == np.int64
 
 
 def test_scale_to_budget_and_bad_inputs():
-    f = pf.position_frequency(np.bincount([4, 8], minlength=9), 8)
-    scaled = pf.scale_to_budget(f, 1200)
+    f = fq.position_frequency(np.bincount([4, 8], minlength=9), 8)
+    scaled = fq.scale_to_budget(f, 1200)
     assert scaled[0] == pytest.approx(1200) and scaled[1] == pytest.approx(1200 * f[1] / f[0])
     with pytest.raises(ValueError, match="integer"):
-        pf.position_frequency(np.array([0.0, 1.0]), 4)
+        fq.position_frequency(np.array([0.0, 1.0]), 4)
     with pytest.raises(ValueError, match="negative"):
-        pf.position_frequency(np.array([0, -1]), 4)
+        fq.position_frequency(np.array([0, -1]), 4)
     with pytest.raises(ValueError, match="1-D"):
-        pf.position_frequency(np.zeros((2, 2), dtype=int), 4)
+        fq.position_frequency(np.zeros((2, 2), dtype=int), 4)
 
 
 def test_frequency_stats_shares():
     L = 8
-    hist = pf.concatenated_histogram(1, L)
-    stats = pf.frequency_stats(hist, L, budget_tokens=80)
+    hist = fq.concatenated_histogram(1, L)
+    stats = fq.frequency_stats(hist, L, budget_tokens=80)
     f = L - np.arange(L)  # 8..1, sum 36; i <= 4: 8+7+6+5+4 = 30; i >= 6: 2+1 = 3
     assert stats["share_pieces_at_L"] == 1.0
     assert stats["share_positions_le_half_L"] == pytest.approx(30 / f.sum())
     assert stats["share_positions_ge_three_quarter_L"] == pytest.approx(3 / f.sum())
-    assert pf.length_stats(np.bincount([2, 2, 3, 10]))["median_length"] == 2
+    assert fq.length_stats(np.bincount([2, 2, 3, 10]))["median_length"] == 2
 
 
 def test_histogram_npz_round_trip(tmp_path):
-    h = pf.LengthHistogram()
+    h = hg.LengthHistogram()
     h.add("a", np.array([3, 3, 70000]))
     h.add("b", np.array([5]))
-    pf.save_histogram(tmp_path / "h.npz", h, {"x": 1})
-    back, meta = pf.load_histogram(tmp_path / "h.npz")
+    hg.save_histogram(tmp_path / "h.npz", h, {"x": 1})
+    back, meta = hg.load_histogram(tmp_path / "h.npz")
     assert meta == {"x": 1} and back.sources == ["a", "b"]
     np.testing.assert_array_equal(back.counts(), h.counts())
 
@@ -155,8 +158,8 @@ def assert_histograms_equal(histogram, expected):
 def test_corpus_histogram_equals_tokenizing_one_by_one(slimpajama, tokenizer):
     root, records = slimpajama
     corpus = resolve_corpus("slimpajama", data_dir=root)
-    settings = pf.CountSettings(tokenizer=tokenizer, default_source=corpus.default_source)
-    histogram, stats = pf.count_lengths(corpus.files, settings, workers=1, progress=False)
+    settings = hg.CountSettings(tokenizer=tokenizer, default_source=corpus.default_source)
+    histogram, stats = hg.count_lengths(corpus.files, settings, workers=1, progress=False)
     assert stats.documents == len(records)
     assert_histograms_equal(histogram, one_by_one(records, get_tokenizer(tokenizer)))
 
@@ -164,14 +167,14 @@ def test_corpus_histogram_equals_tokenizing_one_by_one(slimpajama, tokenizer):
 def test_source_filter_and_worker_shard_independence(slimpajama):
     root, records = slimpajama
     corpus = resolve_corpus("slimpajama", data_dir=root, sources=["-github"])
-    settings = pf.CountSettings(tokenizer="bytes", sources=corpus.sources)
-    serial, _ = pf.count_lengths(corpus.files, settings, workers=1, progress=False)
+    settings = hg.CountSettings(tokenizer="bytes", sources=corpus.sources)
+    serial, _ = hg.count_lengths(corpus.files, settings, workers=1, progress=False)
     expected = one_by_one(records, get_tokenizer("bytes"), keep=lambda s: s != "RedPajamaGithub")
     assert_histograms_equal(serial, expected)
-    parallel, _ = pf.count_lengths(corpus.files, settings, workers=2, progress=False)
-    merged = pf.LengthHistogram()
+    parallel, _ = hg.count_lengths(corpus.files, settings, workers=2, progress=False)
+    merged = hg.LengthHistogram()
     for i in range(4):
-        part, _ = pf.count_lengths(corpus.shard(i, 4).files, settings, workers=1, progress=False)
+        part, _ = hg.count_lengths(corpus.shard(i, 4).files, settings, workers=1, progress=False)
         merged.merge(part)
     for other in (parallel, merged):
         assert other.sources == serial.sources
@@ -208,6 +211,107 @@ def test_empty_corpus_is_an_error(slimpajama, tmp_path, monkeypatch):
     assert not (tmp_path / "o").exists()
 
 
+def listing(out: Path) -> set[str]:
+    """Every file under `out`, as a path relative to it."""
+    return {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
+
+
+def summary_files(out: Path) -> list[str]:
+    """The `files` list of out/summary.json."""
+    return json.loads((out / "summary.json").read_text())["files"]
+
+
+def test_rerun_with_other_lengths_leaves_only_its_own_outputs(slimpajama, tmp_path, monkeypatch):
+    root, _ = slimpajama
+    monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    common = ["--corpus", "slimpajama", "--data-dir", str(root), "--tokenizer", "bytes", "--workers", "1",
+              "--quiet", "--out", str(out)]
+    assert pf.main(common + ["--train-len", "32", "64"]) == 0
+    assert listing(out) == set(summary_files(out))
+    assert {"position_frequency_L64.csv", "figures/fig1a_L64.pdf", "figures/fig3_L32_vs_L64.png"} <= listing(out)
+    (out / "notes.txt").write_text("not the job's: never deleted, never listed")
+
+    assert pf.main(common + ["--train-len", "16"]) == 0
+    expected = {"summary.json", "histogram.npz", "lengths.csv", "position_frequency.npz", "position_frequency_L16.csv"}
+    expected |= {f"figures/fig1{panel}_L16.{ext}" for panel in "abc" for ext in ("png", "pdf")}
+    assert summary_files(out) == sorted(expected)
+    assert listing(out) == expected | {"notes.txt"}
+    assert list(json.loads((out / "summary.json").read_text())["all"]["by_train_len"]) == ["16"]
+    assert {key.split("/")[0] for key in np.load(out / "position_frequency.npz").files} == {"L16"}
+
+    assert pf.main(common + ["--train-len", "16", "--no-figures"]) == 0
+    assert listing(out) == set(summary_files(out)) | {"notes.txt"} and not (out / "figures").exists()
+    assert pf.main(common + ["--shard", "0/2"]) == 0  # a partial histogram replaces the full outputs too
+    assert listing(out) == {"histogram.npz", "summary.json", "notes.txt"}
+    assert summary_files(out) == ["histogram.npz", "summary.json"]
+
+
+@pytest.mark.parametrize("listed", [None, ["../victim.txt"]], ids=["no-files-list", "outside-out"])
+def test_outputs_it_did_not_list_are_never_deleted(slimpajama, tmp_path, monkeypatch, listed):
+    root, _ = slimpajama
+    monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "victim.txt").write_text("keep")
+    (out / "lengths.csv").write_text("an older run's")
+    (out / "summary.json").write_text(json.dumps({"all": {}} if listed is None else {"files": listed}))
+    with pytest.raises(SystemExit, match="error: .*summary.json (does not list the files|lists files outside)"):
+        pf.main(["--corpus", "slimpajama", "--data-dir", str(root), "--tokenizer", "bytes", "--workers", "1",
+                 "--quiet", "--no-figures", "--train-len", "16", "--out", str(out)])
+    assert listing(out) == {"lengths.csv", "summary.json"} and (tmp_path / "victim.txt").read_text() == "keep"
+
+
+def test_source_lists_comma_yaml_and_config_file_agree(slimpajama, tmp_path, monkeypatch):
+    root, records = slimpajama
+    monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
+    common = ["--corpus", "slimpajama", "--data-dir", str(root), "--tokenizer", "bytes", "--workers", "1", "--quiet",
+              "--no-figures", "--no-cache", "--train-len", "16"]
+    config = tmp_path / "analyze.yaml"
+    config.write_text("sources: [c4, RedPajamaBook]\nexclude_sources: [book]\n")
+    runs = {"comma": ["--sources", "c4,book", "--exclude-sources", "book"],
+            "yaml": ["--sources", "[C4, book]", "--exclude-sources", "[book]"],
+            "config": ["--config", str(config)]}
+    for name, flags in runs.items():
+        assert pf.main(common + flags + ["--out", str(tmp_path / name)]) == 0
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        assert summary["all"]["documents"] == sum(r["meta"]["redpajama_set_name"] == "RedPajamaC4" for r in records)
+        assert list(summary["by_source"]) == ["RedPajamaC4"]
+    with pytest.raises(SystemExit, match="--exclude-sources github"):
+        pf.main(common + ["--sources", "c4,-github", "--out", str(tmp_path / "refused")])
+
+
+@pytest.mark.parametrize("module", ["posfreq.analysis.position_freq", "posfreq.scripts.prepare_data"])
+def test_every_option_has_help_and_a_shown_default(module):
+    import importlib
+
+    parser = importlib.import_module(module).build_parser()
+    section = parser.format_help().split("\noptions:\n")[1]
+    blocks = {block.split()[0].rstrip(","): " ".join(block.split()) for block in re.split(r"\n(?=  -)", section)}
+    options = [a for a in parser._actions if a.option_strings and a.dest not in ("help", "config", "print_config")]
+    for action in options:
+        shown = blocks[action.option_strings[0]]
+        assert action.help and action.help in shown, shown
+        assert "default:" in shown or (action.required and "required" in shown), shown
+    flags = {o for a in options for o in a.option_strings}
+    assert {"--corpus", "--data-dir", "--sources", "--exclude-sources", "--workers", "--tokenizer", "--out",
+            "--shard", "--on-error"} <= flags
+
+
+def test_layout_imports_flow_one_way():
+    """frequency needs neither matplotlib nor torch; plots needs no other analysis module; train never imports analysis."""
+    code = ("import sys; import posfreq.analysis.frequency; "
+            "assert not [m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'torch')], 'frequency'; "
+            "import posfreq.analysis.plots, posfreq.train.corpus_cli, posfreq.train.corpora; "
+            "analysis = {m for m in sys.modules if m.startswith('posfreq.analysis.')}; "
+            "assert analysis == {'posfreq.analysis.frequency', 'posfreq.analysis.plots'}, analysis; "
+            "assert 'torch' not in sys.modules, 'torch'")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    for path in (REPO / "train").glob("*.py"):
+        assert not re.search(r"^\s*(from|import) posfreq\.analysis", path.read_text(), re.M), path.name
+
+
 def test_cli_on_pg_essays_writes_all_outputs(tmp_path):
     out = tmp_path / "pg"
     cmd = [sys.executable, "analysis/position_freq.py", "--corpus", "pg-essays", "--out", str(out),
@@ -222,6 +326,7 @@ def test_cli_on_pg_essays_writes_all_outputs(tmp_path):
         assert (out / "figures" / f"{fig}.png").is_file() and (out / "figures" / f"{fig}.pdf").is_file()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["all"]["documents"] == 49
+    assert listing(out) == set(summary["files"])
     f = np.load(out / "position_frequency.npz")["L2048/f"]
     assert f[0] == summary["all"]["tokens"]  # no piece is lost: f(0) counts every token
 

@@ -350,8 +350,8 @@ def test_bad_options_are_refused(name, options, message):
 
 
 def test_distance_picture(tmp_path):
-    from posfreq.train.position_plots import save_distance_figure
+    from posfreq.analysis.plots import plot_position_distances
 
     schemes = [scheme_for("rope", {}, 9), scheme_for("string", {"shift": 3, "window": 0}, 9), scheme_for("string", {"shift": 3, "window": 1}, 9)]
-    path = save_distance_figure(schemes, 9, tmp_path / "fig5.png")
+    path = plot_position_distances(schemes, 9, tmp_path / "fig5")[0]
     assert path.stat().st_size > 1000
