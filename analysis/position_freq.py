@@ -113,7 +113,7 @@ def previous_outputs(out: Path) -> list[Path]:
     """The files the previous run wrote into `out`, as its summary.json lists them (none without a summary.json).
 
     Raises OutputDirError when a summary.json is there but lists no files (an older version, or another job,
-    wrote it) or lists a path outside `out`: nothing is deleted then.
+    wrote it), or lists a path outside `out` or a folder: nothing is deleted then.
     """
     path = out / SUMMARY_FILE
     if not path.is_file():
@@ -131,6 +131,9 @@ def previous_outputs(out: Path) -> list[Path]:
     outside = [name for name, file in zip(listed, files) if root not in file.resolve().parents]
     if outside:
         raise OutputDirError(f"{path} lists files outside {out}: {outside}. {fix}")
+    folders = [name for name, file in zip(listed, files) if file.is_dir()]
+    if folders:
+        raise OutputDirError(f"{path} lists folders, not files: {folders}. {fix}")
     return files
 
 

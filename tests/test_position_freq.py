@@ -247,16 +247,16 @@ def test_rerun_with_other_lengths_leaves_only_its_own_outputs(slimpajama, tmp_pa
     assert summary_files(out) == ["histogram.npz", "summary.json"]
 
 
-@pytest.mark.parametrize("listed", [None, ["../victim.txt"]], ids=["no-files-list", "outside-out"])
+@pytest.mark.parametrize("listed", [None, ["../victim.txt"], ["sub"]], ids=["no-files-list", "outside-out", "folder"])
 def test_outputs_it_did_not_list_are_never_deleted(slimpajama, tmp_path, monkeypatch, listed):
     root, _ = slimpajama
     monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"
-    out.mkdir()
+    (out / "sub").mkdir(parents=True)
     (tmp_path / "victim.txt").write_text("keep")
     (out / "lengths.csv").write_text("an older run's")
     (out / "summary.json").write_text(json.dumps({"all": {}} if listed is None else {"files": listed}))
-    with pytest.raises(SystemExit, match="error: .*summary.json (does not list the files|lists files outside)"):
+    with pytest.raises(SystemExit, match="error: .*summary.json (does not list the files|lists files outside|lists folders)"):
         pf.main(["--corpus", "slimpajama", "--data-dir", str(root), "--tokenizer", "bytes", "--workers", "1",
                  "--quiet", "--no-figures", "--train-len", "16", "--out", str(out)])
     assert listing(out) == {"lengths.csv", "summary.json"} and (tmp_path / "victim.txt").read_text() == "keep"
