@@ -1,6 +1,6 @@
 """Effective length across training lengths and seeds, and a computed verdict on the paper's claims.
 
-    python analysis/compare.py RUN_OR_PROBE_DIR [...] --out DIR [--bootstrap 2000] [--seed 0]
+    python analysis/compare.py RUN_OR_PROBE_DIR [...] --out DIR [--bootstrap 2000] [--bootstrap-seed 0]
 
 Each argument is a probed run (see analysis/probe.py --run); its training length and seed are
 read from its checkpoints' config.json. Writes
@@ -25,18 +25,19 @@ The claims, tested on checkpoints whose effective length is defined (status ok):
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
+from jsonargparse import ArgumentParser
 
 if __package__ in (None, ""):  # run as a file: import the installed posfreq package, never this folder's files by bare name
     sys.path.pop(0)
 
 from posfreq.analysis.effective_length import STATUS_ALL_PASSED, STATUS_OK, find_run_results, read_csv, write_csv
+from posfreq.train.cli import command_parser, parse
 
 COLUMNS = ("train_len", "seed", "checkpoint", "tokens_seen", "effective_length", "effective_length_lo",
            "effective_length_hi", "effective_length_status", "f_effective_length", "tf_effective_length")
@@ -199,16 +200,27 @@ def compare(paths: Sequence[Path], out: Path, n_boot: int = 2000, seed: int = 0,
     return conclusion
 
 
+def build_parser() -> ArgumentParser:
+    """`posfreq compare`: the probed runs, where the outputs go, and the bootstrap over seeds."""
+    parser = command_parser(
+        "posfreq compare",
+        "Effective length across training lengths and seeds, and computed verdicts on the paper's claims "
+        "(shortfall, longer L reaches further, C2: curves coincide against f). Each run's training length and seed "
+        "are read from its checkpoints' config.json.")
+    parser.add_argument("runs", nargs="+", type=Path,
+                        help="Probed run directories (posfreq probe --run) or their probe output directories.")
+    parser.add_argument("--out", type=Path, default=Path("runs/compare"),
+                        help="Directory for checkpoints.csv, conclusion.json and figures/.")
+    parser.add_argument("--bootstrap", type=int, default=2000, help="Bootstrap replicates over seeds.")
+    parser.add_argument("--bootstrap-seed", type=int, default=0, help="Seed of the bootstrap resampling.")
+    parser.add_argument("--no-figures", action="store_true", help="Skip the figures.")
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python analysis/compare.py", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("runs", nargs="+", type=Path, help="probed run directories or their probe directories")
-    p.add_argument("--out", type=Path, required=True, help="directory for checkpoints.csv, conclusion.json, figures/")
-    p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap replicates over seeds")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
-    p.add_argument("--no-figures", action="store_true", help="skip the figures")
-    args = p.parse_args(argv)
-    conclusion = compare(args.runs, args.out, args.bootstrap, args.seed, not args.no_figures)
+    """Compare the runs, print each verdict and where the outputs are."""
+    args = parse(build_parser(), argv)
+    conclusion = compare(args.runs, args.out, args.bootstrap, args.bootstrap_seed, not args.no_figures)
     for name in ("shortfall", "longer_reaches_further", "curves_coincide"):
         c = conclusion[name]
         print(f"{name}: holds={c['holds']}  {c.get('interval_95', '')}  ({c['claim']})")

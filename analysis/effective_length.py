@@ -31,21 +31,22 @@ one ``pass_rate_<length>`` column per probed length). Comparing runs:
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Literal, Mapping, Sequence, get_args
 
 import numpy as np
+from jsonargparse import ArgumentParser
 
 if __package__ in (None, ""):  # run as a file: import the installed posfreq package, never this folder's files by bare name
     sys.path.pop(0)
 
 from posfreq.analysis.frequency import position_frequency
 from posfreq.train.atomic import atomic_open
+from posfreq.train.cli import command_parser, parse
 
 STATUS_OK = "ok"
 STATUS_NONE_PASSED = "none_passed"
@@ -66,19 +67,26 @@ DISTANCE_COLUMNS = (
     "distance_lo", "distance_hi", "needles", "needle_recall", "tf_recall", "tf_needle_prob", "tests", "pass_rate",
     "f_distance_lo",
 )
-SCORING_RULES = ("anywhere", "first_line")
+ScoringRule = Literal["anywhere", "first_line"]
+SCORING_RULES: tuple[str, ...] = get_args(ScoringRule)
 
 
 @dataclass(frozen=True)
 class Analysis:
     """How stored per-test records become pass rates and intervals (no decoding involved)."""
 
-    threshold: float = 0.5  # a length fails when its pass rate is below this
-    min_retrieved: int = 2  # needles (of 4) a passing answer must contain
-    scoring: str = "anywhere"  # anywhere in the answer (the official script) or first_line
-    bootstrap: int = 1000  # resamples for the effective length's interval (0: none)
+    threshold: float = 0.5
+    """A length fails when its pass rate is below this."""
+    min_retrieved: int = 2
+    """Needles (of 4) a passing answer must contain."""
+    scoring: ScoringRule = "anywhere"
+    """Where needles count: anywhere in the answer (the official script) or on its first line only."""
+    bootstrap: int = 1000
+    """Bootstrap resamples of the tests for the effective length's interval (0: no interval)."""
     bootstrap_seed: int = 0
+    """Seed of the bootstrap resampling."""
     level: float = 0.95
+    """Coverage of the bootstrap interval, in (0, 1)."""
 
     def __post_init__(self) -> None:
         if self.scoring not in SCORING_RULES:
@@ -437,19 +445,25 @@ def draw_run_figures(runs: Sequence[RunResults], out: Path) -> list[Path]:
     return paths
 
 
+def build_parser() -> ArgumentParser:
+    """`posfreq effective-length`: the runs, the figures' directory and the `Analysis` options to re-derive with."""
+    parser = command_parser(
+        "posfreq effective-length",
+        "Draw Fig. 2a / 2b (and Fig. 3 from the runs' f(i)) for several probed runs on shared axes. An analysis "
+        "option given here re-derives every table from the stored per-test records first (no decoding); one left "
+        "unset (null) keeps the value the tables were derived with.")
+    parser.add_argument("runs", nargs="+", type=Path,
+                        help="Probed run directories (posfreq probe --run) or their probe output directories.")
+    parser.add_argument("--out", type=Path, default=Path("runs/effective_length"), help="Directory for the figures.")
+    parser.add_class_arguments(Analysis, nested_key=None, as_group=True)
+    parser.set_defaults({f.name: None for f in fields(Analysis)})
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Draw Fig. 2a/2b (and Fig. 3 from the runs' f(i)) for several runs on shared axes, re-deriving them first if asked."""
-    p = argparse.ArgumentParser(prog="python analysis/effective_length.py", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("runs", nargs="+", type=Path, help="run directories or their probe output directories")
-    p.add_argument("--out", type=Path, required=True, help="directory for the figures")
-    p.add_argument("--threshold", type=float, help="re-derive every table with this pass-rate threshold")
-    p.add_argument("--min-retrieved", type=int, help="re-derive with this many needles (of 4) per pass")
-    p.add_argument("--scoring", choices=SCORING_RULES, help="re-derive with this scoring rule")
-    p.add_argument("--bootstrap", type=int, help="re-derive with this many bootstrap resamples (0: no interval)")
-    args = p.parse_args(argv)
-    options = {k: v for k, v in (("threshold", args.threshold), ("min_retrieved", args.min_retrieved),
-                                 ("scoring", args.scoring), ("bootstrap", args.bootstrap)) if v is not None}
+    args = parse(build_parser(), argv)
+    options = {f.name: args[f.name] for f in fields(Analysis) if args[f.name] is not None}
     if options:
         from posfreq.analysis import results
 

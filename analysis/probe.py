@@ -37,18 +37,19 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Literal, Optional, Protocol, Sequence, get_args
 
 import numpy as np
 import torch
+from jsonargparse import ArgumentParser, Namespace
 
 if __package__ in (None, ""):  # run as a file: import the installed posfreq package, never this folder's files by bare name
     sys.path.pop(0)
 
 from posfreq.analysis import results
-from posfreq.analysis.effective_length import SCORING_RULES, STATUS_NONE_PASSED, Analysis
+from posfreq.analysis.effective_length import STATUS_NONE_PASSED, Analysis
 from posfreq.analysis.niah import (
     ANSWER_BUDGET,
     NiahBuilder,
@@ -59,13 +60,20 @@ from posfreq.analysis.niah import (
     load_haystack,
     score_answer,
 )
-from posfreq.train.cli import code_version, parse_shard
+from posfreq.train.attention import BACKENDS
+from posfreq.train.cli import code_version, command_parser, parse, parse_shard
 from posfreq.train.fingerprint import code_sha256
+from posfreq.train.positions import SCHEMES
 from posfreq.train.tokenizer import Tokenizer, get_tokenizer
 
-PRECISIONS = ("auto", "float32", "bfloat16")
-BOS_POLICIES = ("auto", "always", "never")
-ANSWER_ORDERS = ("document", "nearest_first")
+Precision = Literal["auto", "float32", "bfloat16"]
+BosPolicy = Literal["auto", "always", "never"]
+AnswerOrder = Literal["document", "nearest_first"]
+SchemeName = Literal[SCHEMES]  # the position schemes of posfreq.train.positions
+AttentionBackend = Literal[BACKENDS]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+BOS_POLICIES: tuple[str, ...] = get_args(BosPolicy)
+ANSWER_ORDERS: tuple[str, ...] = get_args(AnswerOrder)
 
 
 class Generator(Protocol):
@@ -79,20 +87,46 @@ class Generator(Protocol):
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    """Everything that decides the probe's answers (hashed into the result key, with the model and prompts)."""
+    """What decides the probe's answers (hashed into the result key, with the model and the prompts)."""
 
     tests_per_length: int = 500
+    """NIAH tests per length (the paper: 500)."""
     seed: int = 0
+    """Test seed: the same seed builds the same tests (needles, depths, haystack windows) anywhere."""
     haystack: str = "pg"
-    max_new_tokens: int = ANSWER_BUDGET  # the answer budget, inside each test's length
-    positions: str = "rope"
-    position_options: dict = field(default_factory=dict)
-    precision: str = "float32"  # resolved: float32 or bfloat16 (autocast)
-    tokenizer: str | None = None  # None: the model's own
-    bos: str = "auto"
+    """The haystack: pg (Paul Graham essays), noise, or a .txt file or a directory of them."""
+    max_new_tokens: int = ANSWER_BUDGET
+    """The answer budget B: a test of length n is a prompt of n - B tokens and at most B generated ones
+    (the official script's 128), so no token is generated at a position >= n."""
+    positions: SchemeName = "rope"
+    """The position scheme the model decodes with (posfreq.train.positions)."""
+    position_options: dict[str, Any] = field(default_factory=dict)
+    """Options of the position scheme, e.g. {shift: 1365} (or --position-options.shift 1365)."""
+    precision: Precision = "auto"
+    """auto: bf16 autocast on GPU and float32 on CPU (resolved before results are keyed); float32; or bfloat16
+    (autocast over float32 weights)."""
+    tokenizer: Optional[str] = None
+    """The tokenizer spec (llama3, bytes, hf:DIR) instead of the model's own (null: the model's own)."""
+    bos: BosPolicy = "auto"
+    """Prepend BOS: auto follows how the model saw text in training (ours: as the trainer's shards, no BOS;
+    Hugging Face: its tokenizer's convention; with chat_template: only what the template renders)."""
     chat_template: bool = False
+    """Frame each prompt with the tokenizer's chat template (one user turn; the answer prefix opens the
+    assistant's turn)."""
     teacher_forced: bool = True
-    answer_order: str = "document"  # needle order of the teacher-forced reference answer
+    """Also score each needle under teacher forcing (its log-probability and token accuracy, one extra forward
+    pass per batch)."""
+    answer_order: AnswerOrder = "document"
+    """Needle order of the teacher-forced reference answer: as in the document, or nearest the question first."""
+
+    def __post_init__(self) -> None:
+        if min(self.tests_per_length, self.max_new_tokens) < 1:
+            raise ValueError(f"tests_per_length and max_new_tokens must be >= 1, got {self.tests_per_length} "
+                             f"and {self.max_new_tokens}")
+        for name, allowed in (("positions", SCHEMES), ("precision", PRECISIONS), ("bos", BOS_POLICIES),
+                              ("answer_order", ANSWER_ORDERS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
     def decoding(self) -> dict:
         """The settings that change answers given the prompts (names of files excluded: content is keyed apart)."""
@@ -121,17 +155,6 @@ def parse_lengths(spec: str) -> list[int]:
     if not lengths or min(lengths) < 1:
         raise argparse.ArgumentTypeError(f"--lengths {spec!r} gives no positive lengths")
     return sorted(set(lengths))
-
-
-def parse_option(text: str) -> tuple[str, Any]:
-    """'key=value' with value parsed as JSON when possible (numbers, true/false), else a string."""
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"--position-option expects KEY=VALUE, got {text!r}")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -335,19 +358,34 @@ def milestones(run_dir: Path) -> list[Path]:
 
 @dataclass
 class Job:
-    """What the CLI asked for, resolved."""
+    """What the CLI asked for, resolved: the settings' precision is that of `device`."""
 
     settings: ProbeSettings
+    """What decides the answers."""
     lengths: list[int] | None
+    """Test lengths; None: 128, 256, ... up to each model's training length."""
     batch_size: int
+    """Prompts decoded together."""
     device: torch.device
+    """Where the models run."""
     analysis: Analysis = Analysis()
+    """How the records become the derived tables."""
     attention_backend: str = "auto"
+    """posfreq.train.attention backend."""
     figures: bool = True
+    """Draw the figures beside the tables."""
     show_progress: bool = True
+    """Show a progress bar."""
     replace_stale: bool = False
+    """Delete results in an output directory made under another key (else refuse)."""
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        self.settings = replace(self.settings, precision=resolve_precision(self.settings.precision, self.device))
 
     def lengths_for(self, train_len: int) -> list[int]:
+        """The lengths asked for, or the default ones of a model trained at `train_len`."""
         return self.lengths or default_lengths(train_len)
 
 
@@ -532,81 +570,89 @@ def probe_run(run_dir: Path, out: Path | None, job: Job, shard: tuple[int, int] 
 # ------------------------------------------------------------------ CLI
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command-line interface."""
-    from posfreq.train.positions import SCHEMES
+def build_parser() -> ArgumentParser:
+    """`posfreq probe`: the model source, `ProbeSettings`, `Analysis` and how the job runs."""
+    parser = command_parser(
+        "posfreq probe",
+        "4-needle NIAH probe of one checkpoint, of every milestone of a run, or of a Hugging Face model: pass rate "
+        "per test length, effective length with a bootstrap interval, f(effective length), teacher-forced needle "
+        "scores. Results are keyed by the content of the model, prompts, settings and code: a length already "
+        "probed under the same key is never decoded again.", config_file=True)
+    source = parser.add_argument_group("The model(s) to probe: exactly one of")
+    source.add_argument("--checkpoint", type=Optional[Path], default=None,
+                        help="One trainer checkpoint or consolidated model directory.")
+    source.add_argument("--run", type=Optional[Path], default=None,
+                        help="A training run directory: probe every complete milestone RUN/checkpoints/tokens-*/.")
+    source.add_argument("--model", type=Optional[str], default=None,
+                        help="hf:DIR, a Hugging Face Llama-family model directory.")
+    parser.add_argument("--lengths", type=Optional[str], default=None,
+                        help="Test lengths n (prompt + answer budget): START:STOP:STEP (STOP included) or a comma "
+                        "list; null: 128, 256, ... up to the model's training length.")
+    parser.add_argument("--out", type=Optional[Path], default=None,
+                        help="Output directory; null: runs/probe/<model>-<key> for one model, "
+                        "RUN/probe-<positions>-<key> for --run (key: a hash of model, prompts, settings and code).")
+    parser.add_argument("--replace-stale", action="store_true",
+                        help="Delete results in --out made by other weights, prompts, settings or code (else refuse).")
+    parser.add_argument("--batch-size", type=int, default=8, help="Prompts decoded together.")
+    parser.add_argument("--device", type=str, default="auto",
+                        help="cpu, cuda, cuda:1, ...; auto: cuda when a GPU is available, else cpu.")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="CPU threads for torch (0: one per core available to this process).")
+    parser.add_argument("--attention-backend", type=AttentionBackend, default="auto",
+                        help="Varlen attention backend (posfreq.train.attention); auto picks by device and what is "
+                        "installed.")
+    parser.add_argument("--shard", type=Optional[str], default=None,
+                        help="With --run: probe checkpoints i, i+n, ... only, as i/n (0-based, e.g. "
+                        "$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT), and write no run tables.")
+    parser.add_argument("--merge-only", action="store_true",
+                        help="With --run: only write the run tables and figures from the stored results.")
+    parser.add_argument("--no-figures", action="store_true", help="Skip the PNG/PDF figures.")
+    parser.add_argument("--quiet", action="store_true", help="No progress bar.")
+    parser.add_class_arguments(ProbeSettings, nested_key=None, as_group=True)
+    parser.add_class_arguments(Analysis, nested_key=None, as_group=True)
+    return parser
 
-    p = argparse.ArgumentParser(prog="python analysis/probe.py", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", type=Path, help="one trainer checkpoint or consolidated model directory")
-    src.add_argument("--run", type=Path, help="a training run directory: probe every RUN/checkpoints/tokens-*/")
-    src.add_argument("--model", help="hf:DIR, a Hugging Face Llama-family model directory")
-    p.add_argument("--positions", default="rope", choices=SCHEMES, help="position scheme (train.positions)")
-    p.add_argument("--position-option", type=parse_option, action="append", default=[], metavar="KEY=VALUE",
-                   help="option for the position scheme (repeatable), e.g. shift=1365")
-    p.add_argument("--lengths", type=parse_lengths, help="test lengths (prompt + answer budget): START:STOP:STEP "
-                   "(STOP included) or a comma list; default 128:L:128 with L the training length")
-    p.add_argument("--tests-per-length", type=int, default=500, help="NIAH tests per length (paper: 500)")
-    p.add_argument("--batch-size", type=int, default=8, help="prompts decoded together")
-    p.add_argument("--max-new-tokens", type=int, default=ANSWER_BUDGET,
-                   help="the answer budget: a test of length n is a prompt of n - this and at most this many "
-                   "generated tokens (the official script's 128)")
-    p.add_argument("--bos", default="auto", choices=BOS_POLICIES,
-                   help="prepend BOS: auto follows the model's training (ours: no BOS; HF: its tokenizer's "
-                   "convention; with --chat-template: only what the template renders)")
-    p.add_argument("--chat-template", action="store_true",
-                   help="frame each prompt with the tokenizer's chat template (one user turn, answer prefix "
-                   "opening the assistant's turn)")
-    p.add_argument("--no-teacher-forced", action="store_true",
-                   help="skip the teacher-forced needle score (one extra forward pass per batch)")
-    p.add_argument("--answer-order", default="document", choices=ANSWER_ORDERS,
-                   help="needle order of the teacher-forced reference answer")
-    p.add_argument("--threshold", type=float, default=0.5, help="a length fails when its pass rate is below this")
-    p.add_argument("--min-retrieved", type=int, default=2, help="needles (of 4) a passing answer must contain")
-    p.add_argument("--scoring", default="anywhere", choices=SCORING_RULES,
-                   help="count needles anywhere in the answer (official script) or on its first line only")
-    p.add_argument("--haystack", default="pg", help="pg (Paul Graham essays), noise, or a .txt file / directory")
-    p.add_argument("--seed", type=int, default=0, help="test seed: the same seed gives the same tests anywhere")
-    p.add_argument("--tokenizer", help="override the model's tokenizer spec (llama3, bytes, hf:DIR)")
-    p.add_argument("--out", type=Path, help="output directory (default: derived from the result key, see above)")
-    p.add_argument("--replace-stale", action="store_true",
-                   help="delete results in --out made by other weights, prompts, settings or code (default: refuse)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda, cuda:1, ...")
-    p.add_argument("--dtype", default="auto", choices=PRECISIONS, help="auto: bf16 autocast on GPU, float32 on CPU")
-    p.add_argument("--threads", type=int, default=0,
-                   help="CPU threads for torch (0: one per core available to this process)")
-    p.add_argument("--attention-backend", default="auto", help="train.attention backend (auto, sdpa, flash, ...)")
-    p.add_argument("--shard", type=parse_shard, help="with --run: probe checkpoints i, i+n, ... only, no merge")
-    p.add_argument("--merge-only", action="store_true", help="with --run: only write the run tables and figures")
-    p.add_argument("--no-figures", action="store_true", help="skip PNG/PDF figures")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    return p
+
+def from_args(cls: type, args: Namespace, parser: ArgumentParser) -> Any:
+    """An instance of the dataclass `cls` from its fields in `args`; a value its checks refuse is a usage error."""
+    try:
+        return cls(**{f.name: args[f.name] for f in fields(cls)})
+    except ValueError as err:
+        parser.error(str(err))
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` -> cuda when a GPU is available, else cpu; any other name as torch reads it."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments, probe, print the effective length(s)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parse(parser, argv)
+    if sum(x is not None for x in (args.checkpoint, args.run, args.model)) != 1:
+        parser.error("give exactly one of --checkpoint, --run, --model")
     if (args.shard or args.merge_only) and not args.run:
-        raise SystemExit("--shard and --merge-only need --run")
-    if min(args.batch_size, args.tests_per_length, args.max_new_tokens) < 1 or args.threads < 0:
-        raise SystemExit("--batch-size, --tests-per-length and --max-new-tokens must be >= 1, --threads >= 0")
-    torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
-    device = torch.device(args.device)
-    settings = ProbeSettings(
-        tests_per_length=args.tests_per_length, seed=args.seed, haystack=args.haystack,
-        max_new_tokens=args.max_new_tokens, positions=args.positions, position_options=dict(args.position_option),
-        precision=resolve_precision(args.dtype, device), tokenizer=args.tokenizer, bos=args.bos,
-        chat_template=args.chat_template, teacher_forced=not args.no_teacher_forced, answer_order=args.answer_order,
-    )
+        parser.error("--shard and --merge-only need --run")
+    if args.threads < 0:
+        parser.error(f"--threads must be >= 0, got {args.threads}")
     try:
-        analysis = Analysis(threshold=args.threshold, min_retrieved=args.min_retrieved, scoring=args.scoring)
+        lengths = parse_lengths(args.lengths) if args.lengths else None
+        shard = parse_shard(args.shard) if args.shard else None
+    except argparse.ArgumentTypeError as err:
+        parser.error(str(err))
+    torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
+    try:
+        job = Job(from_args(ProbeSettings, args, parser), lengths, args.batch_size, resolve_device(args.device),
+                  from_args(Analysis, args, parser), args.attention_backend, not args.no_figures, not args.quiet,
+                  args.replace_stale)
     except ValueError as err:
-        raise SystemExit(f"error: {err}") from None
-    job = Job(settings, args.lengths, args.batch_size, device, analysis, args.attention_backend, not args.no_figures,
-              not args.quiet, args.replace_stale)
+        parser.error(str(err))
+    settings = job.settings
     if args.run:
-        out, rows = probe_run(args.run, args.out, job, args.shard, args.merge_only)
+        out, rows = probe_run(args.run, args.out, job, shard, args.merge_only)
     else:
         builders = Builders(settings.haystack)
         if args.checkpoint:

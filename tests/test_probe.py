@@ -18,6 +18,7 @@ from posfreq.analysis import probe, results
 from posfreq.analysis.effective_length import RUN_COLUMNS, Analysis, read_csv
 from posfreq.analysis.niah import ANSWER_PREFIX, INSTRUCTION, QUESTION, NiahBuilder, PromptFormat, answer_text
 from posfreq.train.checkpoint import FORMAT, milestone_name
+from posfreq.train.cli import parse
 from posfreq.train.config import model_preset
 from posfreq.train.model import Transformer
 from posfreq.train.positions import SCHEMES
@@ -125,10 +126,26 @@ def test_window_model_fails_exactly_for_needles_beyond_k(tmp_path):
 def test_lengths_and_options_parsing():
     assert probe.parse_lengths("128:512:128") == [128, 256, 384, 512]
     assert probe.parse_lengths("512,128") == [128, 512]
-    assert probe.parse_option("shift=1365") == ("shift", 1365)
-    assert probe.parse_option("mode=fast") == ("mode", "fast")
     with pytest.raises(Exception):
         probe.parse_lengths("128:512:0")
+    args = parse(probe.build_parser(), ["--run", "r", "--position-options.shift", "1365",
+                                        "--position-options.mode", "fast", "--teacher-forced", "false"])
+    assert args.position_options == {"shift": 1365, "mode": "fast"} and args.teacher_forced is False
+
+
+def test_settings_are_checked_and_precision_resolved():
+    """Checks live in the dataclasses (so a library caller gets them too); the CLI turns them into usage errors."""
+    with pytest.raises(ValueError, match="bos"):
+        probe.ProbeSettings(bos="sometimes")
+    with pytest.raises(ValueError, match="tests_per_length"):
+        probe.ProbeSettings(tests_per_length=0)
+    job = probe.Job(probe.ProbeSettings(), None, 1, torch.device("cpu"))
+    assert job.settings.precision == "float32"  # auto on CPU, resolved before any key is computed
+    for bad in (["--tests-per-length", "0"], ["--batch-size", "0"], ["--lengths", "1:2:0"], ["--shard", "3/2"],
+                ["--positions", "nope"]):
+        with pytest.raises(SystemExit) as exit_info:
+            probe.main(["--checkpoint" if bad[0] != "--shard" else "--run", "x", *bad])
+        assert exit_info.value.code == 2, bad
 
 
 # ------------------------------------------------------------------ real tiny Transformer

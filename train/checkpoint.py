@@ -29,7 +29,7 @@ the three config files, a manifest of exactly those, and trainer.json with ``"re
 The reduced copy is built in ``NAME.tmp`` and published like a save, so ``NAME`` (or ``NAME.old``)
 is whole at every instant; `load_model` reads either form, and resume never picks a reduced one.
 
-A consolidated model (``python -m posfreq.train.checkpoint consolidate CKPT OUT``) is a directory with
+A consolidated model (``posfreq checkpoint consolidate --checkpoint CKPT --out DIR``) is a directory with
 ``model.safetensors`` (our state_dict, plain tensors), ``model_config.json``,
 ``tokenizer_spec.json``, ``trained_lengths.npy`` and ``meta.json``. `load_model` reads it or
 any trainer checkpoint, using only safetensors, ``torch.load(weights_only=True)`` and a
@@ -39,7 +39,6 @@ resume the same guarantee before Lightning Fabric reads the checkpoint with DCP'
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
@@ -48,14 +47,17 @@ import pickle
 import random
 import re
 import shutil
+import sys
 import warnings
 from pathlib import Path, PurePath
-from typing import IO, Any
+from typing import IO, Any, Literal, Optional
 
 import numpy as np
 import torch
+from jsonargparse import ArgumentParser
 
 from posfreq.train.atomic import atomic_open, fsync_path, write_json_atomic
+from posfreq.train.cli import command_parser, parse
 from posfreq.train.config import ModelConfig
 from posfreq.train.fingerprint import file_sha256
 from posfreq.train.model import Transformer
@@ -590,25 +592,41 @@ def consolidate(checkpoint_dir: str | Path, out_dir: str | Path, dtype: torch.dt
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`python -m posfreq.train.checkpoint consolidate CKPT OUT [--dtype bf16]` or `list OUT_DIR`."""
-    parser = argparse.ArgumentParser(prog="python -m posfreq.train.checkpoint", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    cons = sub.add_parser("consolidate", help="write model.safetensors + configs from a trainer checkpoint")
-    cons.add_argument("checkpoint")
-    cons.add_argument("out")
-    cons.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default=None, help="cast floating weights")
-    lst = sub.add_parser("list", help="list the complete checkpoints of a run directory")
-    lst.add_argument("out_dir")
-    args = parser.parse_args(argv)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def build_parser() -> ArgumentParser:
+    """`posfreq checkpoint`: the subcommands `consolidate` and `list`."""
+    parser = command_parser("posfreq checkpoint", "List a run's complete checkpoints, or consolidate one into a "
+                            "model directory (model.safetensors and its config files).")
+    consolidate_parser = command_parser("posfreq checkpoint consolidate", "Write a trainer checkpoint's weights as "
+                                        "model.safetensors, with its config files, into a new directory (atomically).")
+    consolidate_parser.add_argument("--checkpoint", type=Path, required=True,
+                                    help="A trainer checkpoint directory (RUN/checkpoints/tokens-*/ or latest/).")
+    consolidate_parser.add_argument("--out", type=Path, required=True, help="The model directory to write.")
+    consolidate_parser.add_argument("--dtype", type=Optional[Literal["fp32", "bf16", "fp16"]], default=None,
+                                    help="Cast the floating-point weights to this dtype (null: keep the trained one).")
+    list_parser = command_parser("posfreq checkpoint list", "One line per complete checkpoint of a run: its path, "
+                                 "step, tokens seen, and whether it is resumable or weights only.")
+    list_parser.add_argument("--run", type=Path, required=True, help="A training run directory (the trainer's --out).")
+    subcommands = parser.add_subcommands(dest="command")
+    subcommands.add_subcommand("consolidate", consolidate_parser, help="consolidate a checkpoint into model.safetensors")
+    subcommands.add_subcommand("list", list_parser, help="list the complete checkpoints of a run")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`posfreq checkpoint consolidate --checkpoint CKPT --out DIR [--dtype bf16]` or `list --run RUN`."""
+    args = parse(build_parser(), argv)
     if args.command == "consolidate":
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, None: None}[args.dtype]
-        print(consolidate(args.checkpoint, args.out, dtype))
+        cmd = args.consolidate
+        print(consolidate(cmd.checkpoint, cmd.out, DTYPES.get(cmd.dtype)))
     else:
-        for path, meta in list_checkpoints(args.out_dir):
+        for path, meta in list_checkpoints(args.list.run):
             kind = "resumable" if meta.get("resumable") else "weights only"
             print(f"{path}\tstep {meta['step']}\ttokens {meta['tokens_seen']}\t{kind}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
