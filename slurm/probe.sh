@@ -11,7 +11,7 @@
 #   DRY_RUN=1 bash slurm/probe.sh RUN_DIR            # print the sbatch commands, submit nothing
 #
 # Probe options are those of analysis/probe.py (--lengths, --tests-per-length, --batch-size,
-# --threshold, --positions, --position-option, --haystack, --seed, --out, ...); they are passed to
+# --threshold, --positions, --position-options.KEY, --haystack, --seed, --out, ...); they are passed to
 # every task and to the merge, which must see the same settings. Edit the #SBATCH lines (account,
 # partition) for your cluster, or export MAX_TASKS to cap the array size (default: one task per
 # checkpoint).
