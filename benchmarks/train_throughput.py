@@ -27,10 +27,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from posfreq.train.config import model_preset  # noqa: E402
-from posfreq.train.data import IGNORE_INDEX, PackedSampler, ShardWriter, TokenDataset  # noqa: E402
 from posfreq.train.model import Transformer  # noqa: E402
+from posfreq.train.packing import IGNORE_INDEX, PackedSampler  # noqa: E402
 from posfreq.train.pretrain import build_optimizer, train  # noqa: E402
 from posfreq.train.run_config import config_from_dict  # noqa: E402
+from posfreq.train.shards import ShardWriter, TokenDataset  # noqa: E402
 
 
 def matmul_flops(n: int = 1024, seconds: float = 2.0, device: str = "cpu", dtype=torch.float32) -> float:

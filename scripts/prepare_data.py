@@ -40,7 +40,7 @@ from tqdm import tqdm
 from posfreq.train.cli import command_parser, parse
 from posfreq.train.corpora import SUFFIXES, Corpus, CorpusError, CorpusFile, ReadStats, StreamShard, lost_files_report
 from posfreq.train.corpus_cli import add_corpus_arguments, corpus_from_args, shard_from_args
-from posfreq.train.data import ShardWriter, shard_is_complete
+from posfreq.train.shards import ShardWriter, shard_is_complete
 from posfreq.train.tokenizer import Tokenizer, get_tokenizer
 
 BATCH_CHARS = 4 << 20  # tokenize this many characters of text at a time

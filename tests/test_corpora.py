@@ -232,7 +232,7 @@ def test_stream_cache_key_follows_dataset_split_and_content(tmp_path):
 
 
 def test_stream_env_var_and_prepare_data(tmp_path, monkeypatch):
-    from posfreq.train.data import TokenDataset
+    from posfreq.train.shards import TokenDataset
 
     written = make_slimpajama(tmp_path / "sp", chunks=(1, 2), files_per_chunk=1)
     monkeypatch.setenv("SLIMPAJAMA_DIR", str(tmp_path / "missing"))

@@ -1,4 +1,4 @@
-"""Token shards, packing and the resumable sampler, checked against independent references.
+"""Shards (train/shards.py), packing and the resumable sampler (train/packing.py), against independent references.
 
 Most tests use a "unique-token" dataset: token values are the global token positions
 (0, 1, 2, ...), so each token identifies its document and offset, and "every token exactly
@@ -8,13 +8,16 @@ once" is a plain sort-and-compare.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from posfreq.train.data import IGNORE_INDEX, PackedBatch, PackedSampler, ShardWriter, TokenDataset
+from posfreq.train.packing import IGNORE_INDEX, PackedBatch, PackedSampler
+from posfreq.train.shards import ShardWriter, TokenDataset, concat_ranges
 from posfreq.train.tokenizer import get_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,6 +198,25 @@ def test_dataset_reads_documents(unique) -> None:
         assert np.array_equal(ds.document(i), np.arange(offsets[i], offsets[i + 1]))
     batch = next(PackedSampler(ds, 8, 2, seed=0)).to("cpu")
     assert isinstance(batch, PackedBatch) and batch.num_tokens == 16
+
+
+def test_concat_ranges_against_a_loop() -> None:
+    starts, lengths = np.array([5, 0, 9, 3]), np.array([2, 0, 3, 1])
+    expected = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lengths)])
+    assert concat_ranges(starts, lengths).tolist() == expected.tolist() == [5, 6, 9, 10, 11, 3]
+    assert concat_ranges(np.array([4]), np.array([0])).size == 0
+
+
+def test_shard_files_are_world_readable(tmp_path: Path) -> None:
+    """Data directories are shared between users: every shard file is 0644 under the usual umask 022."""
+    old = os.umask(0o022)
+    try:
+        unique_dataset(tmp_path, [[2, 3]])
+    finally:
+        os.umask(old)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["shard00.json", "shard00.offsets.npy", "shard00.tokens.bin"]
+    assert {stat.S_IMODE((tmp_path / n).stat().st_mode) for n in names} == {0o644}
 
 
 def test_shard_validation_errors(tmp_path: Path) -> None:

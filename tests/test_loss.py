@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from posfreq.train.config import model_preset
-from posfreq.train.data import IGNORE_INDEX
 from posfreq.train.loss import default_chunk_tokens, head_returns_loss, linear_cross_entropy
 from posfreq.train.model import Transformer
+from posfreq.train.packing import IGNORE_INDEX
 
 ROWS, LENGTH, D, VOCAB = 3, 37, 16, 53  # 111 tokens: chunks of 5, 7 and 64 leave a short last chunk
 

@@ -23,8 +23,9 @@ import torch
 
 from posfreq.train import checkpoint as ckpt
 from posfreq.train import pretrain
-from posfreq.train.data import PackedSampler, ShardWriter, TokenDataset
+from posfreq.train.packing import PackedSampler
 from posfreq.train.run_config import ConfigError, config_from_dict, parse_args
+from posfreq.train.shards import ShardWriter, TokenDataset
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = "the cat sat on a mat and then it ran to the red house where a dog slept all day".split()

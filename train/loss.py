@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from posfreq.train.data import IGNORE_INDEX
+from posfreq.train.packing import IGNORE_INDEX
 
 CHUNK_LOGITS_BYTES = 256 * 2**20  # default cap on one chunk's fp32 logits (523 tokens at V = 128,256)
 

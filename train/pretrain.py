@@ -55,11 +55,12 @@ from torch import nn
 from posfreq.train import checkpoint as ckpt
 from posfreq.train.atomic import write_text_atomic
 from posfreq.train.config import ModelConfig, model_preset
-from posfreq.train.data import IGNORE_INDEX, PackedBatch, PackedSampler, TokenDataset
 from posfreq.train.loss import head_returns_loss
 from posfreq.train.model import Transformer
+from posfreq.train.packing import IGNORE_INDEX, PackedBatch, PackedSampler
 from posfreq.train.run_config import ConfigError, TrainConfig, config_differences, overridden_changes, parse_args
 from posfreq.train.run_lock import RunLock, RunLockError
+from posfreq.train.shards import TokenDataset
 from posfreq.train.tokenizer import get_tokenizer
 
 PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "A10G": 125e12, "L4": 121e12}
