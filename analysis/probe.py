@@ -14,7 +14,7 @@ autocast on GPU and float32 on CPU.
 
 Prompts: `--bos auto` follows how the model saw text in training: for our checkpoints, as the
 trainer's shards hold it (no BOS), for Hugging Face models as their tokenizer's post-processor
-or `add_bos_token` says; with `--chat-template` the template frames the prompt as one user turn
+or `add_bos_token` says; with `--chat-template true` the template frames the prompt as one user turn
 (the answer prefix opens the assistant's turn) and no BOS is added beyond what it renders.
 
 Results are keyed by content (`analysis.results`): the model's weight and config files, the
@@ -418,7 +418,7 @@ class Builders:
             frame = getattr(tokenizer, "chat_frame", None)
             if frame is None or getattr(tokenizer, "chat_template", None) is None:
                 raise SystemExit(f"--chat-template: tokenizer {tokenizer.name} has no chat template "
-                                 "(tokenizer_config.json's chat_template); drop the flag")
+                                 "(tokenizer_config.json's chat_template); leave --chat-template false")
             chat = frame()
         bos = {"always": True, "never": False}.get(settings.bos)
         if bos is None:
