@@ -463,7 +463,7 @@ def plan_model(source: ModelSource, out: Path, job: Job, builders: Builders) -> 
         if len(answer) > job.settings.max_new_tokens:
             raise SystemExit(f"the teacher-forced reference answer takes {len(answer)} tokens of tokenizer "
                              f"{builder.tokenizer.name}, more than the answer budget {job.settings.max_new_tokens}. "
-                             f"Fix: --max-new-tokens {len(answer)} or more, or --no-teacher-forced")
+                             f"Fix: --max-new-tokens {len(answer)} or more, or --teacher-forced false")
     try:
         results.claim(out, key, parts, job.replace_stale)
     except results.StaleResults as err:
