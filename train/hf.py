@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -29,6 +30,10 @@ from posfreq.train.checkpoint import contained_file
 from posfreq.train.config import ModelConfig
 from posfreq.train.model import Transformer
 from posfreq.train.rotary import rope_scaling_type
+from posfreq.train.tokenizer import ByteTokenizer
+
+if TYPE_CHECKING:
+    import tokenizers
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
@@ -291,7 +296,7 @@ def write_tokenizer_files(spec: str, out_dir: str | Path) -> list[Path]:
     return []
 
 
-def _write_tokenizer(tokenizer, config: dict, out_dir: str | Path) -> list[Path]:
+def _write_tokenizer(tokenizer: tokenizers.Tokenizer, config: dict, out_dir: str | Path) -> list[Path]:
     """Save a `tokenizers.Tokenizer` as tokenizer.json beside `config` as tokenizer_config.json (atomic, 0644)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -318,8 +323,6 @@ def write_bytes_tokenizer(out_dir: str | Path) -> list[Path]:
     own token; no BOS is added (ours never adds one) and "<|end_of_text|>" in text stays bytes.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    from posfreq.train.tokenizer import ByteTokenizer
 
     alphabet = _byte_level_alphabet()
     tokenizer = Tokenizer(models.BPE({alphabet[b]: b for b in range(256)}, []))
