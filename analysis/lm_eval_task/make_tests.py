@@ -53,7 +53,7 @@ def jsonl_record(test: NiahTest, tokenizer: Tokenizer, bos: bool, min_retrieved:
 def task_config(length: int, data: Path, answer_budget: int, provenance: dict) -> dict:
     """The task of one length: the shared definition, this length's JSONL and an answer budget of B tokens."""
     return {
-        "include": str(BASE_YAML), "task": f"{GROUP}_{length}", "tag": [f"{GROUP}_lengths"],
+        "include": str(BASE_YAML), "task": f"{GROUP}_{length}",
         "dataset_kwargs": {"data_files": {"test": str(data.resolve())}},
         "generation_kwargs": {"until": [], "do_sample": False, "max_gen_toks": answer_budget},
         "metadata": {"version": 1.0, "length": length, **provenance},
