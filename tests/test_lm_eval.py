@@ -13,12 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-lm_eval = pytest.importorskip("lm_eval")
-pytest.importorskip("transformers")
-
-from posfreq.analysis.lm_eval_task import make_tests, scoring  # noqa: E402
-from posfreq.train.config import ModelConfig  # noqa: E402
-from posfreq.train.model import Transformer  # noqa: E402
+from posfreq.analysis.lm_eval_task import make_tests, scoring
+from posfreq.train.config import ModelConfig
+from posfreq.train.model import Transformer
 
 LENGTHS = (480, 560)  # the bytes tokenizer's shortest test with a 40-token budget is about 470
 TESTS = 3
@@ -47,6 +44,7 @@ def write_checkpoint(directory: Path) -> Path:
 
 def run_lm_eval(model_dir: Path, task_dir: Path) -> dict:
     """lm-eval's hf model on CPU, greedy, over the generated task; per-test samples logged."""
+    import lm_eval
     from lm_eval.tasks import TaskManager
 
     return lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={model_dir},dtype=float32",
@@ -55,6 +53,7 @@ def run_lm_eval(model_dir: Path, task_dir: Path) -> dict:
 
 
 def test_lm_eval_scores_each_test_as_the_probe(tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("lm_eval", reason="the lmeval extra: pip install -e '.[lmeval]'")
     import datasets
 
     from posfreq.analysis import probe, results
