@@ -12,8 +12,8 @@ GPUS_PER_NODE="${SLURM_NTASKS_PER_NODE:-8}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"
 
 cmd=(srun --kill-on-bad-exit=1 --ntasks-per-node="$GPUS_PER_NODE"
-     "$PYTHON" train/pretrain.py --config "$CONFIG" --data.dir "$DATA_DIR" --out_dir "$OUT_DIR"
-     --num_nodes "$NODES" --devices "$GPUS_PER_NODE" --resume auto "$@")
+     "$PYTHON" train/pretrain.py --config "$CONFIG" --data.dir "$DATA_DIR" --out "$OUT_DIR"
+     --num-nodes "$NODES" --devices "$GPUS_PER_NODE" --resume auto "$@")
 
 if [[ "${DRY_RUN:-0}" == "1" ]]; then
     printf '%q ' "${cmd[@]}"

@@ -20,9 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from posfreq.train import checkpoint as ckpt
 from posfreq.train import pretrain
+from posfreq.train.model import Transformer
 from posfreq.train.packing import PackedSampler
 from posfreq.train.run_config import ConfigError, config_from_dict, parse_args
 from posfreq.train.shards import ShardWriter, TokenDataset
@@ -62,11 +64,11 @@ def data_dir(tmp_path_factory) -> Path:
 def tiny(data_dir: Path, out: Path, **overrides) -> dict:
     """A config dict small enough for a step in a fraction of a second."""
     cfg = {
-        "out_dir": str(out), "seed": 1, "total_tokens": 8 * 1024, "global_batch_tokens": 1024,
+        "out": str(out), "seed": 1, "total_tokens": 8 * 1024, "global_batch_tokens": 1024,
         "micro_batch_rows": 4, "accelerator": "cpu", "devices": 1, "precision": "32-true", "resume": "auto",
         "model": {"preset": "tiny-2l-128", "overrides": {"d_model": 64, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 128},
                   "attention_backend": "sdpa"},
-        "data": {"dir": str(data_dir), "seq_len": 128},
+        "data": {"dir": str(data_dir), "train_len": 128},
         "optim": {"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 2},
         "checkpoint": {"every_tokens": 4096, "latest_every_steps": 2, "latest_every_minutes": 0},
         "logging": {"progress_bar": False},
@@ -132,7 +134,7 @@ def test_init_from_carries_weights_and_trained_lengths(data_dir, tmp_path):
     # Continued at a longer training length, with lr 0: the single step changes nothing, so the
     # weights must be the warm-up's, and the histogram the warm-up's plus this step's segments.
     run(tiny(data_dir, tmp_path / "next", total_tokens=1024, **{"model.init_from": str(warm), "optim.lr": 0.0,
-                                                                "optim.min_lr": 0.0, "data.seq_len": 256}))
+                                                                "optim.min_lr": 0.0, "data.train_len": 256}))
     final = tmp_path / "next/checkpoints" / ckpt.milestone_name(1024)
     a, b = weights(warm), weights(final)
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -146,8 +148,8 @@ def test_init_from_carries_weights_and_trained_lengths(data_dir, tmp_path):
     other = tiny(data_dir, tmp_path / "bad", **{"model.init_from": str(warm), "model.overrides.d_model": 128})
     with pytest.raises(ConfigError, match="init_from"):
         run(other)
-    shorter = tiny(data_dir, tmp_path / "short", **{"model.init_from": str(final), "data.seq_len": 128})
-    with pytest.raises(ConfigError, match="longer than data.seq_len"):
+    shorter = tiny(data_dir, tmp_path / "short", **{"model.init_from": str(final), "data.train_len": 128})
+    with pytest.raises(ConfigError, match="longer than data.train_len"):
         run(shorter)
 
 
@@ -242,9 +244,9 @@ def test_nonfinite_loss_error_names_a_command_that_continues(data_dir, tmp_path,
     assert message.startswith("error: non-finite loss or gradient norm (loss nan") and "\n" not in message, message
     assert f"at step 3 (tokens 2,048-3,072); the weights were not updated. To continue: resume from {latest}" in message
     command = shlex.split(message.split(" Command: ")[1])
-    assert command == ["python", "train/pretrain.py", "--config", str(config), "--resume", "auto",
-                       "--resume_override", "optim.lr=0.0003"]
-    proc = subprocess.run([sys.executable, *command[1:]], env=subprocess_env(), capture_output=True, text=True,
+    assert command == ["posfreq", "pretrain", "--config", str(config), "--resume", "auto",
+                       "--resume-override", "{optim.lr: 0.0003}"]
+    proc = subprocess.run([sys.executable, "-m", "posfreq.scripts.cli", *command[1:]], env=subprocess_env(), capture_output=True, text=True,
                           timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"resumed from {latest} at step 2" in proc.stdout
@@ -259,11 +261,11 @@ def test_schedule_changes_on_resume_need_resume_override(data_dir, tmp_path, cap
     config.write_text(json.dumps(tiny(data_dir, out)))
     refusals = [
         (["--optim.lr", "1e-3"], "optim.lr: checkpoint 0.003 vs now 0.001 (to change it on resume: "
-                                 "--resume_override optim.lr=0.001)"),
+                                 "--resume-override \"{optim.lr: 0.001}\")"),
         (["--total_tokens", "16384"], "total_tokens: checkpoint 8192 vs now 16384 (to change it on resume: "
-                                      "--resume_override total_tokens=16384)"),
+                                      "--resume-override \"{total_tokens: 16384}\")"),
         (["--optim.beta2", "0.99"], "optim.beta2: checkpoint 0.95 vs now 0.99\n"),
-        (["--resume_override", "optim.beta2=0.99"], "resume_override: ['optim.beta2'] cannot change on resume; "
+        (["--resume-override", "{optim.beta2: 0.99}"], "resume_override: ['optim.beta2'] cannot change on resume; "
                                                     "only ['optim.lr', 'optim.min_lr', 'optim.warmup_steps', "
                                                     "'total_tokens'] can"),
     ]
@@ -272,8 +274,8 @@ def test_schedule_changes_on_resume_need_resume_override(data_dir, tmp_path, cap
             pretrain.main(["--config", str(config), *flags])
         assert str(refused.value.code).startswith("error: ") and expected in str(refused.value.code), flags
     capsys.readouterr()
-    pretrain.main(["--config", str(config), "--optim.lr", "1e-3", "--resume_override", "optim.lr=2e-3",
-                   "total_tokens=12288", "--stop_at_step", "3"])
+    pretrain.main(["--config", str(config), "--optim.lr", "1e-3", "--resume-override",
+                   "{optim.lr: 2e-3, total_tokens: 12288}", "--stop-at-step", "3"])
     printed = capsys.readouterr().out
     assert ("resume_override: optim.lr: 0.003 -> 0.002; total_tokens: 8192 -> 12288; schedule from step 2: "
             "next LR 0.003 -> 0.002, total steps 8 -> 12") in printed  # the override wins over --optim.lr
@@ -286,7 +288,7 @@ def test_schedule_changes_on_resume_need_resume_override(data_dir, tmp_path, cap
     # The checkpoint now holds the new values: resuming with the old file alone is refused, naming the flag.
     with pytest.raises(SystemExit) as back:
         pretrain.main(["--config", str(config)])
-    assert "optim.lr: checkpoint 0.002 vs now 0.003 (to change it on resume: --resume_override optim.lr=0.003)" \
+    assert "optim.lr: checkpoint 0.002 vs now 0.003 (to change it on resume: --resume-override \"{optim.lr: 0.003}\")" \
         in str(back.value.code)
 
 
@@ -383,17 +385,17 @@ def test_signal_saves_latest_and_requeues(data_dir, tmp_path, monkeypatch):
 
 def test_bad_configs_fail_before_compute(data_dir, tmp_path):
     cases = [
-        (tiny(data_dir, tmp_path, optim={"lrr": 1.0}), "unknown config keys \\['optim.lrr'\\]"),
-        (tiny(data_dir, tmp_path, data={"dir": str(tmp_path / "missing"), "seq_len": 128}), "does not exist"),
-        (tiny(data_dir, tmp_path, data={"dir": "", "seq_len": 128}), "data.dir is empty"),
+        (tiny(data_dir, tmp_path, optim={"lrr": 1.0}), "Group 'optim' does not accept option 'lrr'"),
+        (tiny(data_dir, tmp_path, data={"dir": str(tmp_path / "missing"), "train_len": 128}), "does not exist"),
+        (tiny(data_dir, tmp_path, data={"dir": "", "train_len": 128}), "data.dir is empty"),
         (tiny(data_dir, tmp_path, global_batch_tokens=1000), "not a whole number of micro-batches"),
         (tiny(data_dir, tmp_path, micro_batch_rows=3), "not a whole number of micro-batches"),
-        (tiny(data_dir, tmp_path, **{"data.seq_len": 8192, "global_batch_tokens": 8192 * 4,
+        (tiny(data_dir, tmp_path, **{"data.train_len": 8192, "global_batch_tokens": 8192 * 4,
                                      "model.overrides.max_seq_len": 4096}), "exceeds the model's max_seq_len"),
-        (tiny(data_dir, tmp_path, seed="x"), "seed='x' should be of type int"),
+        (tiny(data_dir, tmp_path, seed="x"), 'Parser key "seed":\n  Expected a <class \'int\'>. Got value: x'),
     ]
     (tmp_path / "empty").mkdir()
-    cases.append((tiny(data_dir, tmp_path, data={"dir": str(tmp_path / "empty"), "seq_len": 128}), "no token shards"))
+    cases.append((tiny(data_dir, tmp_path, data={"dir": str(tmp_path / "empty"), "train_len": 128}), "no token shards"))
     for cfg, message in cases:
         with pytest.raises(ConfigError, match=message):
             pretrain.Plan(config_from_dict(cfg), world_size=1)
@@ -405,7 +407,7 @@ def test_bad_configs_fail_before_compute(data_dir, tmp_path):
     # Run-time settings may change on resume; the schedule only through resume_override.
     pretrain.Plan(config_from_dict(tiny(data_dir, tmp_path / "a", micro_batch_rows=2, total_tokens=1024)), 1)
     with pytest.raises(ConfigError, match=r"total_tokens: checkpoint 1024 vs now 4096 \(to change it on resume: "
-                                          r"--resume_override total_tokens=4096\)"):
+                                          r"--resume-override \"\{total_tokens: 4096\}\"\)"):
         pretrain.Plan(config_from_dict(tiny(data_dir, tmp_path / "a", total_tokens=4096)), 1)
     pretrain.Plan(config_from_dict(tiny(data_dir, tmp_path / "a", resume_override={"total_tokens": 4096})), 1)
 
@@ -440,18 +442,23 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 
 
 def test_two_gloo_processes_match_one_process(data_dir, tmp_path):
-    single = run(tiny(data_dir, tmp_path / "one", micro_batch_rows=2))
+    val = {"data.val_dir": str(data_dir), "data.val_rows": 5}  # rank 1 runs out of rows in the second round
+    single = run(tiny(data_dir, tmp_path / "one", micro_batch_rows=2, **val))
     base = [sys.executable, str(ROOT / "train/pretrain.py")]
     cfg_path = tmp_path / "two.json"
-    cfg_path.write_text(json.dumps(tiny(data_dir, tmp_path / "two", devices=2, micro_batch_rows=2)))
+    cfg_path.write_text(json.dumps(tiny(data_dir, tmp_path / "two", devices=2, micro_batch_rows=2, **val)))
     env = subprocess_env()
     for extra in (["--stop_at_step", "5"], []):  # interrupted after step 5, then resumed
         proc = subprocess.run(base + ["--config", str(cfg_path)] + extra, env=env, capture_output=True, text=True,
                               timeout=300, cwd=ROOT)
         assert proc.returncode == 0, proc.stderr[-3000:]
     logged = [json.loads(x) for x in (tmp_path / "two/metrics.jsonl").read_text().splitlines()]
-    assert [x["step"] for x in logged] == list(range(1, 9))
-    np.testing.assert_allclose([x["loss"] for x in logged], [r["loss"] for r in single], rtol=1e-5)
+    assert [x["step"] for x in logged if "loss" in x] == list(range(1, 9))
+    np.testing.assert_allclose([x["loss"] for x in logged if "loss" in x], [r["loss"] for r in single], rtol=1e-5)
+    one_val = [json.loads(x) for x in (tmp_path / "one/metrics.jsonl").read_text().splitlines() if "val_loss" in x]
+    two_val = [x for x in logged if "val_loss" in x]
+    assert [x["step"] for x in two_val] == [8] and two_val[0]["val_targets"] == one_val[0]["val_targets"]
+    assert two_val[0]["val_loss"] == pytest.approx(one_val[0]["val_loss"], rel=1e-5)
     end = ckpt.milestone_name(8 * 1024)
     assert (tmp_path / "two/checkpoints" / end / "state/__1_0.distcp").is_file()  # really sharded over 2 ranks
     a, b = weights(tmp_path / "one/checkpoints" / end), weights(tmp_path / "two/checkpoints" / end)
@@ -639,7 +646,7 @@ def test_damaged_newest_checkpoint_is_skipped_and_the_run_matches(stopped_at_6, 
     config.write_text(json.dumps(tiny(data_dir, out, **{"checkpoint.sharded": kind == "sharded"})))
     pretrain.main(["--config", str(config)])
     printed = capsys.readouterr().out
-    skipped = next(line for line in printed.splitlines() if line.startswith("skipped checkpoint"))
+    skipped = next(line.split(" ", 2)[2] for line in printed.splitlines() if " skipped checkpoint " in line)
     assert skipped.startswith(f"skipped checkpoint {root / ckpt.LATEST}: ") and re.search(reason, skipped), skipped
     assert f"resumed from {root / ckpt.milestone_name(4096)} at step 4" in printed
     final = weights(root / ckpt.milestone_name(8 * 1024))
@@ -734,7 +741,7 @@ def test_second_job_on_a_locked_out_dir_is_refused_and_a_stale_lock_taken_over(d
             pretrain.main(["--config", str(config)])
         assert str(same_host.value.code).startswith(
             f"error: {out} is in use by job (not SLURM), pid {first_job.pid} on host {owner['host']}")
-        assert "still running. Fix: wait for it to end, or pass another --out_dir" in str(same_host.value.code)
+        assert "still running. Fix: wait for it to end, or pass another --out" in str(same_host.value.code)
         assert in_flight.is_dir()  # untouched
         lock.write_text(json.dumps({**owner, "host": "node-elsewhere", "pid": first_job.pid}))
         with pytest.raises(SystemExit) as other_host:
@@ -816,7 +823,7 @@ def test_resume_refuses_other_documents_with_the_same_counts(resumable, data_dir
     ("--total_tokens", "0", "total_tokens=0 is out of range: it must be >= 1"),
     ("--total_tokens", "-5", "total_tokens=-5 is out of range: it must be >= 1"),
     ("--optim.lr", "-1", "optim.lr=-1.0 is out of range: it must be >= 0"),
-    ("--model.overrides", "{d_model: x}", "model.overrides.d_model='x' should be of type int"),
+    ("--model.overrides", "{d_model: x}", "model.overrides.d_model='x' should be a number"),
     ("--model.overrides", "{n_heads: 0}", "model.overrides (preset 'tiny-2l-128'): n_heads=0 is out of range: "
                                           "it must be >= 1"),
 ])
@@ -827,3 +834,53 @@ def test_out_of_range_values_are_named_before_anything_runs(data_dir, tmp_path, 
         pretrain.main(["--config", str(config), flag, value])
     assert exit_info.value.code == f"error: {config} + command-line overrides: {message}"
     assert not (tmp_path / "run").exists()
+
+
+def test_cluster_log_is_plain_timestamped_lines_with_a_summary(data_dir, tmp_path):
+    """stdout to a file (a SLURM .out): no progress bar, one parseable line per logged step, then a summary."""
+    from posfreq.train.run_log import parse_line
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(tiny(data_dir, tmp_path / "run", **{"logging.every_steps": 2})))
+    log = tmp_path / "job.out"
+    with log.open("w") as sink:
+        proc = subprocess.run([sys.executable, "-m", "posfreq.scripts.cli", "pretrain", "--config", str(config)],
+                              stdout=sink, stderr=subprocess.PIPE, text=True, env=subprocess_env(), timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = log.read_text()
+    assert "\r" not in text and "pretrain:" not in text  # no tqdm
+    lines = [parse_line(line) for line in text.splitlines()]
+    stamp = re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}$")
+    assert all(stamp.match(line["time"]) for line in lines), text
+    steps = [line for line in lines if "step" in line]
+    assert [line["step"] for line in steps] == ["2/8", "4/8", "6/8", "8/8"]
+    metrics = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    assert [float(line["loss"]) for line in steps] == pytest.approx([m["loss"] for m in metrics], abs=5e-5)
+    assert all(m["time"].endswith("+00:00") for m in metrics)
+    summary = lines[-1]
+    assert (summary["summary"], summary["steps"], summary["tokens"]) == ("finished", "1-8/8", "8.2k"), summary
+    assert float(summary["loss"]) == pytest.approx(metrics[-1]["loss"], abs=5e-5)
+    assert summary["checkpoints"].split(",") == ["latest", "tokens-000000000004096", "tokens-000000000008192"]
+
+
+def test_validation_loss_equals_a_full_logits_cross_entropy_of_the_final_weights(data_dir, tmp_path):
+    """data.val_dir: the logged val_loss is the mean token cross-entropy of the held-out rows under the weights of
+    that step, computed here independently from full logits; training is unchanged by validating."""
+    val = {"data.val_dir": str(data_dir), "data.val_every_tokens": 4096, "data.val_rows": 6}
+    history = run(tiny(data_dir, tmp_path / "val", **val))
+    rows = [json.loads(x) for x in (tmp_path / "val/metrics.jsonl").read_text().splitlines()]
+    checks = [r for r in rows if "val_loss" in r]
+    assert [r["step"] for r in checks] == [4, 8] and all(r["val_targets"] > 0 for r in checks)
+    plain = run(tiny(data_dir, tmp_path / "plain"))
+    assert [r["loss"] for r in history] == [r["loss"] for r in plain]  # validating does not disturb training
+
+    config = ckpt.load_model_config(tmp_path / "val/checkpoints" / ckpt.milestone_name(8192))
+    model = Transformer(config).eval()
+    model.load_state_dict(weights(tmp_path / "val/checkpoints" / ckpt.milestone_name(8192)))
+    batch = next(PackedSampler(TokenDataset(data_dir), 128, 6, seed=0, shuffle=False))
+    with torch.no_grad():
+        logits = model(batch.input_ids, batch.cu_seqlens, batch.max_seqlen)
+    expected = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), batch.targets.reshape(-1),
+                               ignore_index=-100)
+    assert checks[-1]["val_targets"] == int((batch.targets != -100).sum())
+    assert checks[-1]["val_loss"] == pytest.approx(float(expected), rel=1e-5)

@@ -41,14 +41,14 @@ def test_dry_run_prints_the_srun_command(script, length):
     i = cmd.index("train/pretrain.py")
     assert cmd[:i] == ["srun", "--kill-on-bad-exit=1", "--ntasks-per-node=8", ".venv/bin/python"]
     assert cmd[i + 1:] == ["--config", f"configs/pretrain_{length // 1024}k.yaml", "--data.dir", "/data/sp",
-                           "--out_dir", "/runs/x", "--num_nodes", "2", "--devices", "8", "--resume", "auto",
+                           "--out", "/runs/x", "--num-nodes", "2", "--devices", "8", "--resume", "auto",
                            "--optim.lr", "3e-4"]
     cfg = parse_args(cmd[i + 1:])  # every flag the script passes exists
-    assert (cfg.data.seq_len, cfg.num_nodes, cfg.devices, cfg.resume, cfg.optim.lr) == (length, 2, 8, "auto", 3e-4)
+    assert (cfg.data.train_len, cfg.num_nodes, cfg.devices, cfg.resume, cfg.optim.lr) == (length, 2, 8, "auto", 3e-4)
     # Inside an allocation the node and task counts come from SLURM.
     cmd = dry_run(script, SLURM_NNODES="4", SLURM_NTASKS_PER_NODE="4", SLURM_JOB_ID="1",
                   SLURM_SUBMIT_DIR=str(ROOT))
-    assert "--ntasks-per-node=4" in cmd and cmd[cmd.index("--num_nodes") + 1] == "4"
+    assert "--ntasks-per-node=4" in cmd and cmd[cmd.index("--num-nodes") + 1] == "4"
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)

@@ -1,6 +1,6 @@
 """Pretraining entry point: Lightning Fabric + FSDP2, checkpoints every N tokens, exact resume.
 
-Run ``python train/pretrain.py --config configs/pretrain_2k.yaml [--section.key value ...]``
+Run ``posfreq pretrain --config configs/pretrain_2k.yaml [--section.key value ...]``
 (``--help`` lists every key). One code path on CPU (gloo) and GPU (NCCL): Fabric's
 `ModelParallelStrategy` with a parallelize function that applies FSDP2 (`fully_shard` on each
 block and the root; bf16 compute with fp32 weights and gradient reduction under
@@ -26,12 +26,11 @@ Otherwise nothing restarts the run, and after the save it exits with code 3
 (``EXIT_NOT_REQUEUED``), saying the job was not requeued; continue it with ``--resume auto``.
 Errors a user can fix (config, checkpoint, a run directory locked by another job, a non-finite
 loss) print ``error: ...`` naming the key or file and the fix, and exit 1; after a non-finite loss
-the fix is the exact command that continues with a lower LR (``--resume_override optim.lr=...``).
+the fix is the exact command that continues with a lower LR (``--resume-override "{optim.lr: ...}"``).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import netrc
 import os
@@ -53,13 +52,13 @@ import torch
 from torch import nn
 
 from posfreq.train import checkpoint as ckpt
-from posfreq.train.atomic import write_text_atomic
 from posfreq.train.config import ModelConfig, model_preset
 from posfreq.train.loss import head_returns_loss
 from posfreq.train.model import Transformer
 from posfreq.train.packing import IGNORE_INDEX, PackedBatch, PackedSampler
 from posfreq.train.run_config import ConfigError, TrainConfig, config_differences, overridden_changes, parse_args
 from posfreq.train.run_lock import RunLock, RunLockError
+from posfreq.train.run_log import LOG, RunLog, start_console
 from posfreq.train.shards import TokenDataset
 from posfreq.train.tokenizer import get_tokenizer
 
@@ -184,11 +183,12 @@ class Plan:
         if self.dataset.num_tokens == 0:
             raise ConfigError(f"data.dir {cfg.data.dir} holds no tokens. Fix: re-run scripts/prepare_data.py")
         self.data_fingerprint = self.dataset.fingerprint()
+        self.val_dataset = self._validation_data(cfg)
         overrides = dict(cfg.model.overrides)
         overrides.setdefault("vocab_size", self.dataset.vocab_size)
         # The checkpoint records the length it was trained at: STRING and the baselines derive their
         # defaults (e.g. S = L/3) from it at inference.
-        overrides.setdefault("max_seq_len", cfg.data.seq_len)
+        overrides.setdefault("max_seq_len", cfg.data.train_len)
         try:
             self.model_config = model_preset(cfg.model.preset, **overrides)
         except ValueError as err:
@@ -196,15 +196,15 @@ class Plan:
         if self.model_config.vocab_size < self.dataset.vocab_size:
             raise ConfigError(f"model vocab_size {self.model_config.vocab_size} < the data's {self.dataset.vocab_size} "
                               f"({self.dataset.tokenizer}). Fix: drop model.overrides.vocab_size.")
-        L = cfg.data.seq_len
+        L = cfg.data.train_len
         if L > self.model_config.max_seq_len:
-            raise ConfigError(f"data.seq_len={L} exceeds the model's max_seq_len={self.model_config.max_seq_len} "
+            raise ConfigError(f"data.train_len={L} exceeds the model's max_seq_len={self.model_config.max_seq_len} "
                               f"(its RoPE table / training length). Fix: set model.overrides.max_seq_len: {L}.")
         rows_per_micro = cfg.micro_batch_rows * world_size
         if cfg.global_batch_tokens % L or (cfg.global_batch_tokens // L) % rows_per_micro:
             raise ConfigError(
                 f"global_batch_tokens={cfg.global_batch_tokens} is not a whole number of micro-batches of "
-                f"micro_batch_rows={cfg.micro_batch_rows} x seq_len={L} x world_size={world_size} = "
+                f"micro_batch_rows={cfg.micro_batch_rows} x train_len={L} x world_size={world_size} = "
                 f"{rows_per_micro * L} tokens. Fix: make global_batch_tokens a multiple of {rows_per_micro * L}.")
         self.global_rows = cfg.global_batch_tokens // L
         self.accumulation = self.global_rows // rows_per_micro
@@ -213,6 +213,19 @@ class Plan:
         self.skipped: list[str] = []  # checkpoints `--resume auto` passed over, each with the reason
         self.schedule_change: str | None = None  # what --resume_override changed, for the start-up report
         self.resume_from = self._resume_point()
+
+    def _validation_data(self, cfg: TrainConfig) -> TokenDataset | None:
+        """The held-out shards of data.val_dir (same tokenizer as the training shards), or None."""
+        if not cfg.data.val_dir:
+            return None
+        try:
+            val = TokenDataset(cfg.data.val_dir, tokenizer=self.dataset.tokenizer)
+        except (FileNotFoundError, ValueError) as err:
+            raise ConfigError(f"data.val_dir: {err}") from err
+        if val.num_tokens == 0:
+            raise ConfigError(f"data.val_dir {cfg.data.val_dir} holds no tokens. Fix: point it at held-out shards "
+                              "(posfreq prepare --val-fraction writes them) or set it to null")
+        return val
 
     def _tokenizer_spec(self) -> dict:
         spec = {"spec": self.dataset.tokenizer, "vocab_size": self.dataset.vocab_size, "eos_id": self.dataset.eos_id}
@@ -224,12 +237,12 @@ class Plan:
 
     def _auto_resume_point(self) -> Path | None:
         """The newest checkpoint that verifies; None for a fresh run; an error if checkpoints exist but none verify."""
-        path, self.skipped = ckpt.choose_resume_checkpoint(self.cfg.out_dir)
+        path, self.skipped = ckpt.choose_resume_checkpoint(self.cfg.out)
         if path is None and self.skipped:
             raise ckpt.CheckpointError(
-                f"resume=auto: no checkpoint under {ckpt.checkpoint_root(self.cfg.out_dir)} can be resumed:\n  "
+                f"resume=auto: no checkpoint under {ckpt.checkpoint_root(self.cfg.out)} can be resumed:\n  "
                 + "\n  ".join(self.skipped) + "\nFix: restore a good copy of one of them, or pass --resume PATH to "
-                "a checkpoint you trust; to start over, use a new --out_dir (nothing was deleted).")
+                "a checkpoint you trust; to start over, use a new --out (nothing was deleted).")
         return path
 
     def _resume_point(self) -> Path | None:
@@ -254,7 +267,7 @@ class Plan:
             diffs.append(f"model config: checkpoint {saved_model.to_dict()} vs now {self.model_config.to_dict()}")
         if diffs:
             raise ConfigError(f"resume: {path} was written by a different config:\n  " + "\n  ".join(diffs)
-                              + "\nFix: resume with the original config, or start a new run in a new out_dir.")
+                              + "\nFix: resume with the original config, or start a new run in a new --out directory.")
         changes = overridden_changes(meta["config"], cfg.to_dict())
         if changes:
             self.schedule_change = self._schedule_change(meta, changes)
@@ -289,7 +302,7 @@ class Plan:
             f"resume: {path} was trained on data.dir {saved['dir']} (data fingerprint {saved['fingerprint'][:16]}), "
             f"but data.dir {self.cfg.data.dir} holds other documents (fingerprint {self.data_fingerprint[:16]}): "
             "shard names, file sizes or document offsets differ. Fix: set --data.dir to the data this run was "
-            "trained on (a copy of its shard files is fine), or start a new run in a new out_dir.")
+            "trained on (a copy of its shard files is fine), or start a new run in a new --out directory.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -326,11 +339,12 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, fabric, plan: Plan, signals: StopSignals) -> None:
         self.cfg, self.fabric, self.plan, self.signals = cfg, fabric, plan, signals
-        self.out = Path(cfg.out_dir)
+        self.out = Path(cfg.out)
         self.step = 0
         self.exit_code = 0  # EXIT_NOT_REQUEUED once a signal stopped the run and nothing requeued it
+        self.checkpoints_written: list[str] = []  # names of the checkpoints this invocation saved, for the summary
         self.last_latest_time = time.monotonic()
-        self.trained_lengths = np.zeros(cfg.data.seq_len + 1, dtype=np.int64)  # this rank's counts since start/resume
+        self.trained_lengths = np.zeros(cfg.data.train_len + 1, dtype=np.int64)  # this rank's counts since start/resume
         self.tokens_before = 0  # tokens the initial weights (model.init_from) had already been trained on
         self.wall_time = 0.0
         torch.manual_seed(cfg.seed)
@@ -342,7 +356,7 @@ class Trainer:
         self.params = list(self.model.parameters())
         self.optimizer = fabric.setup_optimizers(build_optimizer(self.model, cfg))
         d = cfg.data
-        self.sampler = PackedSampler(plan.dataset, d.seq_len, cfg.micro_batch_rows, seed=cfg.seed,
+        self.sampler = PackedSampler(plan.dataset, d.train_len, cfg.micro_batch_rows, seed=cfg.seed,
                                      rank=fabric.global_rank, world_size=fabric.world_size,
                                      mix_documents=d.mix_documents, attention=d.attention, shuffle=d.shuffle,
                                      shuffle_block=d.shuffle_block)
@@ -366,14 +380,16 @@ class Trainer:
         files = {"trained_lengths.npy": self._global_lengths(), "model_config.json": self.plan.model_config.to_dict(),
                  "tokenizer_spec.json": self.plan.tokenizer_spec, "config.json": self.cfg.to_dict()}
         state = {"step": self.step, "tokens_seen": self.tokens_seen, "tokens_before": self.tokens_before,
-                 "resumable": not weights_only,
+                 "train_len": self.cfg.data.train_len, "resumable": not weights_only,
                  "sharded": self.cfg.checkpoint.sharded, "world_size": self.fabric.world_size,
                  "sampler": self.sampler.state_dict(), "config": self.cfg.to_dict(),
                  "data": {"dir": self.cfg.data.dir, "fingerprint": self.plan.data_fingerprint},
                  "schedule": {"next_lr": lr_at(self.step, self.cfg, self.plan.total_steps),
                               "total_steps": self.plan.total_steps},
                  "wall_time_s": self.wall_time, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        return ckpt.save_checkpoint(self.fabric, final, objects, files, state, self.cfg.checkpoint.sharded)
+        saved = ckpt.save_checkpoint(self.fabric, final, objects, files, state, self.cfg.checkpoint.sharded)
+        self.checkpoints_written.append(saved.name)
+        return saved
 
     def _init_from(self, path: Path, model: Transformer) -> None:
         """Continue from another run's weights (e.g. a warm-up phase), counting its trained lengths too."""
@@ -385,13 +401,13 @@ class Trainer:
         source = ckpt.read_trainer_state(path) or {}
         self.tokens_before = int(source.get("tokens_seen", 0)) + int(source.get("tokens_before", 0))
         lengths = ckpt.load_trained_lengths(path)
-        if lengths[self.cfg.data.seq_len + 1:].any():
-            raise ConfigError(f"model.init_from={path} trained segments longer than data.seq_len="
-                              f"{self.cfg.data.seq_len}; start from a run with a training length <= this one's")
+        if lengths[self.cfg.data.train_len + 1:].any():
+            raise ConfigError(f"model.init_from={path} trained segments longer than data.train_len="
+                              f"{self.cfg.data.train_len}; start from a run with a training length <= this one's")
         if self.fabric.global_rank == 0:  # a global histogram, counted once
             n = min(len(lengths), len(self.trained_lengths))
             self.trained_lengths[:n] += lengths[:n]
-        self.fabric.print(f"initialised from {path} ({int(lengths.sum()):,} trained segments carried over)")
+        LOG.info(f"initialised from {path} ({int(lengths.sum()):,} trained segments carried over)")
 
     def _load(self, path: Path) -> None:
         meta = ckpt.read_trainer_state(path)
@@ -406,7 +422,7 @@ class Trainer:
         rng = ckpt.rng_file(path, self.fabric.global_rank)
         if rng.is_file():
             ckpt.restore_rng(ckpt.load_pickled(rng))
-        self.fabric.print(f"resumed from {path} at step {self.step} ({self.tokens_seen:,} tokens)")
+        LOG.info(f"resumed from {path} at step {self.step} ({self.tokens_seen:,} tokens)")
 
     # -- one optimizer step --------------------------------------------------------------------
 
@@ -430,16 +446,49 @@ class Trainer:
         raise NonFiniteLoss(
             f"non-finite loss or gradient norm (loss {loss}, grad norm {grad_norm}) at step {self.step + 1} "
             f"(tokens {self.tokens_seen:,}-{self.tokens_seen + self.cfg.global_batch_tokens:,}); the weights were "
-            f"not updated. To continue: {where} with a lower optim.lr (--resume_override optim.lr=...), or set "
-            "--on_nonfinite skip.", lower_lr=self.cfg.optim.lr / 10)
+            f"not updated. To continue: {where} with a lower optim.lr (--resume-override '{{optim.lr: ...}}'), or set "
+            "--on-nonfinite skip.", lower_lr=self.cfg.optim.lr / 10)
+
+    def validate(self) -> tuple[float, int]:
+        """(mean token loss, targets) over the first data.val_rows rows of the held-out shards, split over ranks.
+
+        The same rows every time and for any world size (no shuffle, its own sampler), so values compare across
+        steps and runs; the training stream, the RNG and the model's mode are left as they were.
+        """
+        cfg, fabric = self.cfg, self.fabric
+        micro, total = cfg.micro_batch_rows, cfg.data.val_rows
+        sampler = PackedSampler(self.plan.val_dataset, cfg.data.train_len, micro, seed=0,
+                                mix_documents=cfg.data.mix_documents, attention=cfg.data.attention, shuffle=False)
+        totals = torch.zeros(2, dtype=torch.float64, device=fabric.device)
+        self.model.eval()
+        with torch.no_grad():
+            for step in range(-(-total // (fabric.world_size * micro))):  # the same count on every rank (FSDP)
+                first = (step * fabric.world_size + fabric.global_rank) * micro
+                rows = min(micro, total - first)
+                batch = sampler.make_batch(first if rows > 0 else 0, max(rows, 1)).to(fabric.device)
+                with head_returns_loss(self.model.lm_head, batch.targets):
+                    loss = self.model(batch.input_ids, batch.cu_seqlens, batch.max_seqlen).double()
+                if rows > 0:  # a rank past the last row still runs the forward its peers' collectives need
+                    totals += torch.stack([loss, (batch.targets != IGNORE_INDEX).sum().double()])
+        self.model.train()
+        loss_sum, targets = fabric.all_reduce(totals, reduce_op="sum").tolist()
+        return loss_sum / max(targets, 1.0), int(targets)
+
+    def _validation_due(self) -> bool:
+        """Validate after this step: every data.val_every_tokens tokens, and at the last step of the run."""
+        if self.plan.val_dataset is None:
+            return False
+        every, tokens = self.cfg.data.val_every_tokens, self.tokens_seen
+        crossed = every > 0 and tokens // every > (tokens - self.cfg.global_batch_tokens) // every
+        return crossed or self.step == self.plan.total_steps
 
     # -- the loop ------------------------------------------------------------------------------
 
     def fit(self) -> list[dict]:
         """Train until total_tokens (or stop_at_step / a signal); returns this run's logged metrics."""
         cfg, fabric, plan = self.cfg, self.fabric, self.plan
-        logger = MetricsLog(self.out, self.step, fabric.global_rank == 0, cfg)
-        bar = _progress(cfg, plan, self.tokens_seen, fabric.global_rank == 0)
+        log = RunLog(self.out, self.step, plan.total_steps, cfg.logging.every_steps, fabric.global_rank == 0,
+                     cfg.logging.progress_bar)
         history: list[dict] = []
         stop_at = min(plan.total_steps, cfg.stop_at_step or plan.total_steps)
         while self.step < stop_at:
@@ -464,7 +513,7 @@ class Trainer:
                     group["lr"] = lr
                 self.optimizer.step()
                 for batch in batches:
-                    self.trained_lengths += np.bincount(batch.segment_lengths, minlength=cfg.data.seq_len + 1)
+                    self.trained_lengths += np.bincount(batch.segment_lengths, minlength=cfg.data.train_len + 1)
             elif cfg.on_nonfinite == "stop":
                 self._nonfinite(loss, grad_norm)
             self.optimizer.zero_grad(set_to_none=True)
@@ -479,16 +528,17 @@ class Trainer:
                    "flops_per_s": flops / elapsed,
                    "mfu": flops / elapsed / (self.peak * fabric.world_size) if self.peak else None}
             history.append(row)
-            if self.step % cfg.logging.every_steps == 0 or self.step == stop_at:
-                logger.log(row, fabric)
-            bar.update(cfg.global_batch_tokens)
-            bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
+            log.step(row, fabric)
+            if self._validation_due():
+                log.validation(self.step, self.tokens_seen, *self.validate(), fabric)
             saved = self._maybe_save(stop_flag > 0 or self.step == stop_at, time_flag > 0)
             if stop_flag > 0:
                 self._stop_on_signal(saved, requeue_flag > 0)
                 break
-        bar.close()
-        logger.close()
+        why = ("signal" if stop_flag > 0 else "finished" if self.step == plan.total_steps
+               else "stop_at_step") if history else "nothing_left"
+        log.summary(why, self.checkpoints_written)
+        log.close()
         for external in fabric.loggers:  # the CSV logger writes its file here
             external.finalize("success")
         return history
@@ -517,7 +567,7 @@ class Trainer:
             return
         if self.fabric.global_rank == 0:
             for line in ckpt.reduce_old_milestones(self.out, keep):
-                self.fabric.print(f"checkpoint.keep_full={keep}: {line}")
+                LOG.info(f"checkpoint.keep_full={keep}: {line}")
         self.fabric.barrier()
 
     def _stop_on_signal(self, saved: Path, usr1: bool) -> None:
@@ -528,10 +578,10 @@ class Trainer:
         if why_not is None and self.fabric.global_rank == 0:
             why_not = _requeue(job)
         if self.fabric.broadcast(why_not is None, src=0):
-            self.fabric.print(f"signal received: saved {saved} at step {self.step}; requeued SLURM job {job}")
+            LOG.info(f"signal received: saved {saved} at step {self.step}; requeued SLURM job {job}")
         else:
             self.exit_code = EXIT_NOT_REQUEUED
-            self.fabric.print(f"signal received: saved {saved} at step {self.step}; the job was NOT requeued "
+            LOG.info(f"signal received: saved {saved} at step {self.step}; the job was NOT requeued "
                               f"({why_not}): exiting with code {EXIT_NOT_REQUEUED}. Continue with --resume auto.")
 
 
@@ -542,63 +592,6 @@ def _requeue(job: str) -> str | None:
     except OSError as err:
         return f"scontrol requeue {job} could not run: {err}"
     return None if proc.returncode == 0 else f"scontrol requeue {job} failed: {(proc.stderr or '').strip()}"
-
-
-class MetricsLog:
-    """Rank 0: OUT/metrics.jsonl (always) plus the configured Fabric logger (csv / wandb)."""
-
-    def __init__(self, out: Path, resumed_step: int, active: bool, cfg: TrainConfig) -> None:
-        self.active = active
-        self.file = None
-        if not active:
-            return
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / "metrics.jsonl"
-        if path.exists():  # drop lines a crashed run wrote after the checkpoint we resume from
-            keep, unreadable = _split_metrics(path.read_text(errors="replace"), resumed_step)
-            if unreadable:
-                aside = path.with_name(path.name + ".unreadable")
-                with open(aside, "a") as f:
-                    f.write("".join(line + "\n" for line in unreadable))
-                print(f"{path}: moved {len(unreadable)} line(s) that are not JSON rows to {aside} (a run killed "
-                      "mid-write leaves a torn last line)", file=sys.stderr)
-            write_text_atomic(path, "".join(line + "\n" for line in keep))
-        self.file = open(path, "a")
-
-    def log(self, row: dict, fabric) -> None:
-        if self.file is not None:
-            self.file.write(json.dumps(row) + "\n")
-            self.file.flush()
-        fabric.log_dict({k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}, step=row["step"])
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-
-
-def _split_metrics(text: str, resumed_step: int) -> tuple[list[str], list[str]]:
-    """(JSON rows of metrics.jsonl up to `resumed_step`, lines that are not JSON rows, e.g. one torn by a kill)."""
-    keep, unreadable = [], []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            row = None
-        if not isinstance(row, dict):
-            unreadable.append(line)
-        elif row.get("step", 0) <= resumed_step:
-            keep.append(line)
-    return keep, unreadable
-
-
-def _progress(cfg: TrainConfig, plan: Plan, tokens: int, rank_zero: bool):
-    from tqdm.auto import tqdm
-
-    total = plan.total_steps * cfg.global_batch_tokens
-    return tqdm(total=total, initial=tokens, unit="tok", unit_scale=True, dynamic_ncols=True,
-                disable=not (rank_zero and cfg.logging.progress_bar), desc="pretrain")
 
 
 def wandb_run_id(out: Path) -> str:
@@ -644,7 +637,7 @@ def wandb_mode() -> tuple[bool, str]:
 
 
 def _loggers(cfg: TrainConfig) -> list:
-    out = Path(cfg.out_dir)
+    out = Path(cfg.out)
     if cfg.logging.logger == "csv":
         from lightning.fabric.loggers import CSVLogger
 
@@ -660,7 +653,7 @@ def _loggers(cfg: TrainConfig) -> list:
 def _wandb_report(cfg: TrainConfig) -> str:
     """One line: the wandb mode and why, and the run id a requeued job resumes."""
     offline, why = wandb_mode()
-    out = Path(cfg.out_dir)
+    out = Path(cfg.out)
     sync = f"; upload later with `wandb sync {out / 'wandb'}`" if offline else ""
     return (f"wandb: {'offline' if offline else 'online'} ({why}){sync}; run id {wandb_run_id(out)} "
             f"(from {out / WANDB_ID_FILE}: every job of this run directory resumes it)")
@@ -682,12 +675,12 @@ def build_fabric(cfg: TrainConfig):
                   precision="32-true", loggers=_loggers(cfg))
 
 
-def _lock_out_dir(cfg: TrainConfig, fabric) -> RunLock | None:
+def _lock_run_dir(cfg: TrainConfig, fabric) -> RunLock | None:
     """Rank 0 takes OUT's run lock (the lock it returns); every rank raises RunLockError if it could not."""
     lock, refusal = None, None
     if fabric.global_rank == 0:
         try:
-            lock = RunLock.acquire(cfg.out_dir)
+            lock = RunLock.acquire(cfg.out)
         except RunLockError as err:
             refusal = str(err)
     refusal = fabric.broadcast(refusal, src=0)
@@ -698,16 +691,16 @@ def _lock_out_dir(cfg: TrainConfig, fabric) -> RunLock | None:
 
 def _start(cfg: TrainConfig, fabric, plan: Plan) -> None:
     """Rank 0: clear interrupted writes (safe: this job holds the lock) and report the run and its resume point."""
-    for path in ckpt.remove_stale_temporaries(cfg.out_dir):
-        fabric.print(f"removed an interrupted checkpoint write: {path}")
+    for path in ckpt.remove_stale_temporaries(cfg.out):
+        LOG.info(f"removed an interrupted checkpoint write: {path}")
     for reason in plan.skipped:
-        fabric.print(f"skipped checkpoint {reason}")
+        LOG.info(f"skipped checkpoint {reason}")
     if plan.schedule_change:
-        fabric.print(plan.schedule_change)
+        LOG.info(plan.schedule_change)
     if cfg.logging.logger == "wandb":
-        fabric.print(_wandb_report(cfg))
-    fabric.print(f"{plan.model_config.num_params():,} parameters; {fabric.world_size} processes x "
-                 f"{plan.accumulation} micro-batches x {cfg.micro_batch_rows} rows x {cfg.data.seq_len} tokens "
+        LOG.info(_wandb_report(cfg))
+    LOG.info(f"{plan.model_config.num_params():,} parameters; {fabric.world_size} processes x "
+                 f"{plan.accumulation} micro-batches x {cfg.micro_batch_rows} rows x {cfg.data.train_len} tokens "
                  f"= {cfg.global_batch_tokens:,} tokens/step; {plan.total_steps:,} steps")
 
 
@@ -722,7 +715,8 @@ def train(cfg: TrainConfig) -> list[dict]:
         fabric = build_fabric(cfg)
         plan = Plan(cfg, fabric.world_size)  # every check before any process or compute starts
         fabric.launch()
-        lock = _lock_out_dir(cfg, fabric)
+        start_console(fabric.global_rank == 0)
+        lock = _lock_run_dir(cfg, fabric)
         if fabric.global_rank == 0:
             _start(cfg, fabric, plan)
         fabric.barrier()
@@ -741,17 +735,16 @@ def train(cfg: TrainConfig) -> list[dict]:
 
 def continue_command(argv: list[str], lr: float) -> str:
     """The command that continues this invocation from its newest checkpoint (or afresh) with learning rate `lr`."""
-    return shlex.join(["python", "train/pretrain.py", *argv, "--resume", "auto",
-                       "--resume_override", f"optim.lr={lr:g}"])
+    return shlex.join(["posfreq", "pretrain", *argv, "--resume", "auto", "--resume-override", f"{{optim.lr: {lr:g}}}"])
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     """The command line: run `train`, printing `error: ...` (exit 1) for a config, checkpoint or lock error, or a
     non-finite loss (with the command that continues the run at a lower LR)."""
     argv = sys.argv[1:] if argv is None else argv
     try:
-        cfg = parse_args(argv)
-        train(cfg)
+        train(parse_args(argv))
+        return 0
     except (ConfigError, ckpt.CheckpointError, RunLockError) as err:
         sys.exit(f"error: {err}")
     except NonFiniteLoss as err:
@@ -759,4 +752,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,30 +1,27 @@
-"""Pretraining run configuration: dataclasses read from YAML, with `--section.key value` overrides.
+"""Pretraining run configuration: dataclasses, read from YAML and flags by jsonargparse.
 
 A run config is one YAML file whose sections mirror `TrainConfig` (model, data, optim,
-checkpoint, logging) plus top-level run keys. Every key must exist in the dataclasses: an
-unknown or mistyped key is an error naming the file (or flag) and the known keys. Command-line
-flags override the file, e.g. ``--optim.lr 1e-3 --data.dir /data/shards``; values are parsed
-as YAML scalars (``--checkpoint.sharded false``, ``--data.seq_len 4096``). Every number is
-checked against its valid range when the config is built (each section's ``__post_init__``), so
-a bad value is an error naming its key and range before any data is read.
+checkpoint, logging) plus top-level run keys; `posfreq pretrain --help` lists every key with its
+description, allowed values and default, and `--print-config` prints the resolved config. Flags
+override the file: ``--optim.lr 1e-3 --data.dir /data/shards``. An unknown or mistyped key is an
+error naming it; every number is checked against its valid range when the config is built (each
+section's ``__post_init__``), before any data is read.
 
 Resuming refuses a config that differs from the checkpoint's, except in run-time keys
 (`RESUMABLE_CHANGES`) and in the schedule keys of `RESUME_OVERRIDABLE`, which change only when
-named explicitly: ``--resume_override optim.lr=1e-4 total_tokens=2e12`` (or ``resume_override:``
-in the YAML) sets them and allows them to differ from the checkpoint.
+named explicitly: ``--resume-override "{optim.lr: 1e-4, total_tokens: 2e12}"`` (or
+``resume_override:`` in the YAML) sets them and allows them to differ from the checkpoint.
 """
 
 from __future__ import annotations
 
-import argparse
-import types
 import typing
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal, Optional, Sequence, Union
 
-import yaml
+from jsonargparse import ArgumentParser, Namespace
 
+from posfreq.train.cli import command_parser, parse
 from posfreq.train.config import ModelConfig, model_preset
 
 
@@ -40,43 +37,78 @@ def _at_least(section: str, obj: Any, minimum: float, *names: str) -> None:
             raise ConfigError(f"{section}{name}={value!r} is out of range: it must be >= {minimum}")
 
 
+def _number(value: Any, hint: Any, key: str) -> Any:
+    """`value` as the int or float `hint` asks for (YAML may give 1e-3 as a string), else ConfigError."""
+    if hint not in (int, float) or isinstance(value, bool):
+        return value
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}={value!r} should be a number") from None
+    if hint is int:
+        if not number.is_integer():
+            raise ConfigError(f"{key}={value!r} should be an integer")
+        return int(number)
+    return number
+
+
 @dataclass
 class ModelSection:
-    """Which model to train: a preset from train.config plus field overrides."""
+    """Which model to train: a preset from posfreq.train.config plus field overrides."""
 
     preset: str = "tinyllama-1.3b"
-    overrides: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields; vocab_size defaults to the data's
-    attention_backend: str = "auto"  # train.attention backend: auto, sdpa, flash, xformers, flex
-    activation_checkpointing: bool = False  # recompute each block in backward (less memory, ~1/3 more compute)
-    init_from: Optional[str] = None  # start from this checkpoint's weights and trained-length histogram (fresh optimizer)
+    """A model preset name (posfreq.train.config.PRESETS), e.g. tinyllama-1.3b, tiny-2l-128."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """ModelConfig fields that replace the preset's, e.g. {n_layers: 2}; vocab_size defaults to the data's."""
+    attention_backend: str = "auto"
+    """Varlen attention backend: auto, sdpa, flash, xformers or flex (auto picks by device and what is installed)."""
+    activation_checkpointing: bool = False
+    """Recompute each block in backward: less activation memory for about 1/3 more compute."""
+    init_from: Optional[str] = None
+    """Start from this checkpoint's weights and trained-length histogram (with a fresh optimizer)."""
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(ModelConfig)
         unknown = sorted(set(self.overrides) - set(hints))
         if unknown:
             raise ConfigError(f"model.overrides: unknown keys {unknown}. Known keys: {sorted(hints)}")
-        self.overrides = {k: _coerce(v, hints[k], f"model.overrides.{k}") for k, v in self.overrides.items()}
+        self.overrides = {k: _number(v, hints[k], f"model.overrides.{k}") for k, v in self.overrides.items()}
         try:
             model_preset(self.preset, **self.overrides)
-        except ValueError as err:
+        except (TypeError, ValueError) as err:
             raise ConfigError(f"model.overrides (preset {self.preset!r}): {err}") from None
 
 
 @dataclass
 class DataSection:
-    """Token shards and how they are packed (see train.data.PackedSampler)."""
+    """Token shards and how they are packed into rows (see posfreq.train.packing)."""
 
-    dir: str = ""  # a directory written by scripts/prepare_data.py
-    seq_len: int = 2048  # the training length L (rows of L tokens)
-    tokenizer: Optional[str] = None  # if set, the shards must have been tokenized with it
+    dir: str = ""
+    """A directory of token shards written by `posfreq prepare`."""
+    train_len: int = 2048
+    """The training length L: rows of L tokens (written into every checkpoint)."""
+    tokenizer: Optional[str] = None
+    """If set, the shards must have been tokenized with this tokenizer (refused otherwise)."""
     mix_documents: bool = True
+    """Pack several documents per row (true) or one document piece per row, padded (false)."""
     attention: Literal["document", "row"] = "document"
+    """Attend within each document only (document) or across the whole row (row)."""
     shuffle: bool = True
+    """Shuffle documents each epoch (deterministic for the seed)."""
     shuffle_block: int = 1 << 20
+    """Documents per shuffle block (bounds the sampler's memory on huge corpora)."""
+    val_dir: Optional[str] = None
+    """Token shards of held-out documents for the validation loss (`posfreq prepare --val-fraction` writes them
+    beside the training shards, in OUT/val); null: no validation."""
+    val_every_tokens: int = 0
+    """Compute the validation loss every this many training tokens and at the end; 0: only at the end."""
+    val_rows: int = 64
+    """Rows of train_len tokens per validation: the same rows every time, so the values compare across steps."""
 
     def __post_init__(self) -> None:
-        _at_least("data.", self, 2, "seq_len")  # a 1-token row has no target
-        _at_least("data.", self, 1, "shuffle_block")
+        _at_least("data.", self, 2, "train_len")  # a 1-token row has no target
+        _at_least("data.", self, 1, "shuffle_block", "val_rows")
+        _at_least("data.", self, 0, "val_every_tokens")
 
 
 @dataclass
@@ -84,17 +116,25 @@ class OptimSection:
     """AdamW with linear warmup then cosine decay (the paper's TinyLlama recipe)."""
 
     lr: float = 4e-4
+    """Peak learning rate, reached after warmup_steps."""
     min_lr: float = 4e-5
+    """Learning rate at the end of the cosine decay."""
     warmup_steps: int = 2000
-    decay_steps: Optional[int] = None  # cosine reaches min_lr here; default: the run's total steps
+    """Optimizer steps of linear warmup from 0 to lr."""
+    decay_steps: Optional[int] = None
+    """The step at which the cosine reaches min_lr (default: the run's total steps)."""
     beta1: float = 0.9
+    """AdamW beta1, in [0, 1)."""
     beta2: float = 0.95
+    """AdamW beta2, in [0, 1)."""
     eps: float = 1e-8
+    """AdamW epsilon."""
     weight_decay: float = 0.1
-    # "all": every parameter decays, as TinyLlama's pretrain script does (AdamW over
-    # model.parameters()); "matrices": only 2-D weights other than the embedding decay.
+    """Decoupled weight decay."""
     weight_decay_scope: Literal["all", "matrices"] = "all"
-    grad_clip: float = 1.0  # max global L2 norm; 0 disables clipping
+    """all: every parameter decays (TinyLlama's recipe); matrices: only 2-D weights other than the embedding."""
+    grad_clip: float = 1.0
+    """Maximum global L2 norm of the gradient; 0 disables clipping."""
 
     def __post_init__(self) -> None:
         _at_least("optim.", self, 0, "lr", "min_lr", "warmup_steps", "eps", "weight_decay", "grad_clip")
@@ -106,16 +146,20 @@ class OptimSection:
 
 @dataclass
 class CheckpointSection:
-    """Milestones every N tokens (kept forever) and a rolling `latest` for resuming."""
+    """Milestones every N tokens (kept) and a rolling `latest` for resuming."""
 
     every_tokens: int = 10_000_000_000
-    latest_every_steps: int = 500  # 0 disables the step trigger
-    latest_every_minutes: float = 30.0  # 0 disables the time trigger
-    milestone_weights_only: bool = False  # milestones keep model weights only (not resumable)
-    # The newest N milestones keep the full resumable state; older ones are reduced to weights only
-    # (about 4x smaller: no optimizer moments). None keeps every milestone whole.
+    """A milestone checkpoint every this many tokens (the paper: every 10B)."""
+    latest_every_steps: int = 500
+    """Save the rolling `latest` checkpoint every this many steps; 0 disables the step trigger."""
+    latest_every_minutes: float = 30.0
+    """Save `latest` at least this often in wall-clock minutes; 0 disables the time trigger."""
+    milestone_weights_only: bool = False
+    """Milestones keep model weights only (smaller, not resumable)."""
     keep_full: Optional[int] = None
-    sharded: bool = True  # torch.distributed.checkpoint shards per rank; false: one full file
+    """The newest N milestones keep the full resumable state, older ones only weights (about 4x smaller); null keeps all."""
+    sharded: bool = True
+    """Save with torch.distributed.checkpoint, one shard per rank; false: one full file."""
 
     def __post_init__(self) -> None:
         _at_least("checkpoint.", self, 1, "every_tokens", "keep_full")
@@ -124,14 +168,20 @@ class CheckpointSection:
 
 @dataclass
 class LoggingSection:
-    """Where metrics go: OUT/metrics.jsonl always, plus an optional logger."""
+    """Where metrics go: OUT/metrics.jsonl and the log always, plus an optional logger."""
 
     logger: Literal["none", "csv", "wandb"] = "none"
+    """An extra metrics logger: none, csv (OUT/csv) or wandb (offline without credentials)."""
     project: str = "posfreq"
+    """The wandb project."""
     run_name: Optional[str] = None
+    """The wandb run name (default: wandb's)."""
     every_steps: int = 1
+    """Log a line of metrics every this many optimizer steps."""
     progress_bar: bool = True
-    peak_flops_per_device: Optional[float] = None  # for MFU; default: known GPU peak (bf16), none on CPU
+    """Show a progress bar when stdout is a terminal (cluster logs always get plain timestamped lines)."""
+    peak_flops_per_device: Optional[float] = None
+    """Peak FLOP/s of one device for MFU (default: the known bf16 peak of the GPU; none on CPU)."""
 
     def __post_init__(self) -> None:
         _at_least("logging.", self, 1, "every_steps")
@@ -141,30 +191,66 @@ class LoggingSection:
 class TrainConfig:
     """A whole pretraining run."""
 
-    out_dir: str = "runs/pretrain"
+    out: str = "runs/pretrain"
+    """The run directory: checkpoints, metrics.jsonl, train.log."""
     seed: int = 0
+    """Seed of the data order and the model initialisation."""
     total_tokens: int = 1_000_000_000_000
-    global_batch_tokens: int = 4_194_304  # 4M tokens per optimizer step, over all ranks and micro-batches
-    micro_batch_rows: int = 8  # rows of L tokens per rank per forward/backward
+    """Train until this many tokens have been seen."""
+    global_batch_tokens: int = 4_194_304
+    """Tokens per optimizer step over all ranks and micro-batches (the paper: 4M)."""
+    micro_batch_rows: int = 8
+    """Rows of train_len tokens per rank per forward/backward."""
     accelerator: Literal["auto", "cpu", "cuda"] = "auto"
-    devices: Union[int, str] = "auto"  # processes per node ("auto": all GPUs, or 1 on CPU)
+    """Where to train: auto picks cuda when a GPU is present."""
+    devices: Union[int, str] = "auto"
+    """Processes per node: auto means every GPU, or 1 on CPU."""
     num_nodes: int = 1
-    precision: Literal["bf16-mixed", "32-true"] = "bf16-mixed"  # bf16-mixed: bf16 compute, fp32 weights/grad reduce
-    resume: Optional[str] = None  # None, "auto" (newest complete checkpoint in OUT, else start), or a checkpoint dir
-    stop_at_step: Optional[int] = None  # end this invocation after this step, saving `latest` (jobs, tests)
-    on_nonfinite: Literal["stop", "skip"] = "stop"  # non-finite loss or grad norm: stop, or skip that step
-    requeue_on_signal: bool = True  # on SIGUSR1 under SLURM: save latest, `scontrol requeue`, exit
-    resume_override: dict[str, Any] = field(default_factory=dict)  # RESUME_OVERRIDABLE keys set and allowed to change
+    """Nodes (under SLURM, the job's node count)."""
+    precision: Literal["bf16-mixed", "32-true"] = "bf16-mixed"
+    """bf16-mixed: bf16 compute with fp32 weights and gradient reduction; 32-true: fp32 throughout."""
+    resume: Optional[str] = None
+    """null: start fresh; auto: the newest complete checkpoint in OUT (else start); or a checkpoint directory."""
+    stop_at_step: Optional[int] = None
+    """End this invocation after this step, saving `latest` (for jobs and tests)."""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """On a non-finite loss or gradient norm: stop, or skip that step."""
+    requeue_on_signal: bool = True
+    """On SIGUSR1 under SLURM: save latest, `scontrol requeue`, exit."""
+    resume_override: dict[str, Any] = field(default_factory=dict)
+    """Schedule keys set and allowed to differ from the checkpoint on resume, e.g. {optim.lr: 1e-4}."""
     model: ModelSection = field(default_factory=ModelSection)
+    """The model."""
     data: DataSection = field(default_factory=DataSection)
+    """The token shards and their packing."""
     optim: OptimSection = field(default_factory=OptimSection)
+    """The optimizer and its schedule."""
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    """Checkpoint cadence and retention."""
     logging: LoggingSection = field(default_factory=LoggingSection)
+    """Logs and metrics."""
 
     def __post_init__(self) -> None:
+        self.total_tokens = _number(self.total_tokens, int, "total_tokens")
+        self._apply_resume_override()
         _at_least("", self, 1, "total_tokens", "global_batch_tokens", "micro_batch_rows", "num_nodes", "stop_at_step")
         if not (self.devices == "auto" or (isinstance(self.devices, int) and self.devices >= 1)):
             raise ConfigError(f"devices={self.devices!r} is out of range: it must be 'auto' or an integer >= 1")
+
+    def _apply_resume_override(self) -> None:
+        """Check `resume_override` (only RESUME_OVERRIDABLE keys) and set each key it names to its value."""
+        other = sorted(set(self.resume_override) - set(RESUME_OVERRIDABLE))
+        if other:
+            raise ConfigError(f"resume_override: {other} cannot change on resume; only {list(RESUME_OVERRIDABLE)} "
+                              "can (the rest would change the model, the data stream or the optimizer)")
+        for key, value in list(self.resume_override.items()):
+            *section, name = key.split(".")
+            target = getattr(self, section[0]) if section else self
+            value = _number(value, type(getattr(target, name)), f"resume_override.{key}")
+            self.resume_override[key] = value
+            setattr(target, name, value)
+            if section:
+                target.__post_init__()  # the section's range checks, on the new value
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -173,16 +259,17 @@ class TrainConfig:
 # Keys that may change between a checkpoint and the run resuming it: they do not change the
 # math of the run (which rows each step trains on, the model, the optimiser, the schedule).
 RESUMABLE_CHANGES = (
-    "out_dir", "resume", "stop_at_step", "micro_batch_rows", "devices", "num_nodes", "accelerator",
+    "out", "resume", "stop_at_step", "micro_batch_rows", "devices", "num_nodes", "accelerator",
     "requeue_on_signal", "on_nonfinite", "resume_override", "data.dir", "model.attention_backend",
     "model.activation_checkpointing", "model.init_from", "checkpoint.", "logging.",
 )
-# Keys that change the schedule: they may change on resume only through --resume_override.
+# Keys that change the schedule: they may change on resume only through --resume-override.
 RESUME_OVERRIDABLE = ("optim.lr", "optim.min_lr", "optim.warmup_steps", "total_tokens")
 NOT_FLATTENED = ("overrides", "resume_override")  # dict-valued keys, not sections
 
 
 def _flatten(data: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as {'section.key': value}."""
     out: dict[str, Any] = {}
     for key, value in data.items():
         if isinstance(value, dict) and key not in NOT_FLATTENED:
@@ -192,172 +279,43 @@ def _flatten(data: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _leaf_types(cls: type = TrainConfig, prefix: str = "") -> dict[str, Any]:
-    """Every settable key (dotted) and its declared type."""
-    hints = typing.get_type_hints(cls)
-    out: dict[str, Any] = {}
-    for f in fields(cls):
-        hint = hints[f.name]
-        if is_dataclass(hint):
-            out.update(_leaf_types(hint, f"{prefix}{f.name}."))
-        else:
-            out[f"{prefix}{f.name}"] = hint
-    return out
-
-
-def _coerce(value: Any, hint: Any, key: str) -> Any:
-    """Check `value` against a simple type hint (int, float, str, bool, Optional, Union, Literal, dict)."""
-    origin = typing.get_origin(hint)
-    if origin in (Union, types.UnionType):
-        for option in typing.get_args(hint):
-            try:
-                return _coerce(value, option, key)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{key}={value!r} matches none of {hint}")
-    if hint is type(None):
-        if value is None:
-            return None
-    elif origin is Literal:
-        if value in typing.get_args(hint):
-            return value
-        raise ConfigError(f"{key}={value!r} must be one of {list(typing.get_args(hint))}")
-    elif hint is bool:
-        if isinstance(value, bool):
-            return value
-    elif hint in (int, float):
-        number = value
-        if isinstance(value, str):  # PyYAML reads 1e-3 (no dot) as a string
-            try:
-                number = float(value)
-            except ValueError:
-                number = None
-        if isinstance(number, (int, float)) and not isinstance(number, bool):
-            if hint is float:
-                return float(number)
-            if float(number).is_integer():
-                return int(number)
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-    elif origin is dict or hint is dict:
-        if isinstance(value, dict):
-            return dict(value)
-    elif hint is Any:
-        return value
-    raise ConfigError(f"{key}={value!r} should be of type {getattr(hint, '__name__', hint)}")
-
-
-def _build(cls: type, flat: dict[str, Any], prefix: str = "") -> Any:
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for f in fields(cls):
-        hint = hints[f.name]
-        if is_dataclass(hint):
-            kwargs[f.name] = _build(hint, flat, f"{prefix}{f.name}.")
-        elif f"{prefix}{f.name}" in flat:
-            kwargs[f.name] = flat[f"{prefix}{f.name}"]
-    return cls(**kwargs)
-
-
-def config_from_dict(data: dict, where: str = "config") -> TrainConfig:
-    """Build a TrainConfig from a nested dict; unknown keys and wrong types are errors."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected a mapping of config keys, got {type(data).__name__}")
-    known = _leaf_types()
-    flat = _flatten(data)
-    sections = {k.split(".")[0] for k in known if "." in k}
-    for key in flat:
-        if key in sections:
-            raise ConfigError(f"{where}: {key!r} is a section; give it a mapping of keys")
-    unknown = sorted(k for k in flat if k not in known)
-    if unknown:
-        raise ConfigError(f"{where}: unknown config keys {unknown}. Known keys: {sorted(known)}. "
-                          "Fix: correct the spelling or remove them.")
-    try:
-        overrides = _resume_overrides(flat.pop("resume_override", {}))
-        typed = {k: _coerce(v, known[k], k) for k, v in {**flat, **overrides}.items()}
-        return _build(TrainConfig, {**typed, "resume_override": {k: typed[k] for k in overrides}})
-    except ConfigError as err:  # a wrong type, or a value out of range (the sections' __post_init__)
-        raise ConfigError(f"{where}: {err}") from None
-
-
-def _resume_overrides(overrides: Any) -> dict[str, Any]:
-    """The `resume_override` mapping, checked: only RESUME_OVERRIDABLE keys may be overridden."""
-    if not isinstance(overrides, dict):
-        raise ConfigError(f"resume_override={overrides!r} should be a mapping of KEY: VALUE")
-    other = sorted(set(overrides) - set(RESUME_OVERRIDABLE))
-    if other:
-        raise ConfigError(f"resume_override: {other} cannot change on resume; only {list(RESUME_OVERRIDABLE)} "
-                          "can (the rest would change the model, the data stream or the optimizer)")
-    return overrides
-
-
-def _key_value(text: str) -> tuple[str, Any]:
-    """Parse one `--resume_override` item, KEY=VALUE (VALUE a YAML scalar)."""
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. optim.lr=1e-4)")
-    return key, yaml.safe_load(value)
-
-
-def load_yaml(path: str | Path) -> dict:
-    """Read one YAML mapping (an empty file is an empty mapping)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from err
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of config keys")
-    return data
-
-
-def _set_dotted(data: dict, key: str, value: Any) -> None:
-    parts = key.split(".")
-    node = data
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"--{key}: {part!r} is not a section")
-    node[parts[-1]] = value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """`--config FILE` plus one `--dotted.key VALUE` flag per config field."""
-    parser = argparse.ArgumentParser(
-        prog="python train/pretrain.py",
-        description="Pretrain a TinyLlama-style model (Lightning Fabric + FSDP2). Values are YAML scalars.",
-        argument_default=argparse.SUPPRESS,
-    )
-    parser.add_argument("--config", help="YAML run config (configs/*.yaml)")
-    defaults = _flatten(TrainConfig().to_dict())
-    parser.add_argument("--resume_override", dest="resume_override", metavar="KEY=VALUE", nargs="+",
-                        action="extend", type=_key_value,
-                        help=f"set and allow a change on resume of any of {', '.join(RESUME_OVERRIDABLE)}")
-    for key, hint in _leaf_types().items():
-        if key == "resume_override":
-            continue
-        parser.add_argument(f"--{key}", dest=key, metavar="VALUE", type=yaml.safe_load,
-                            help=f"{getattr(hint, '__name__', str(hint))}, default {defaults.get(key)!r}")
+def build_parser() -> ArgumentParser:
+    """`posfreq pretrain`'s parser: --config FILE.yaml plus one flag per TrainConfig field."""
+    parser = command_parser("posfreq pretrain", "Pretrain a TinyLlama-style model (Lightning Fabric + FSDP2). "
+                            "Options come from a YAML --config and flags (flags win).", config_file=True)
+    parser.add_class_arguments(TrainConfig, nested_key=None, as_group=False)
     return parser
 
 
-def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    """The run config from `--config FILE` and command-line overrides."""
-    args = vars(build_parser().parse_args(argv))
-    path = args.pop("config", None)
-    data = load_yaml(path) if path else {}
-    for key, value in args.items():
-        if key == "model.overrides" and isinstance(value, dict):
-            data.setdefault("model", {}).setdefault("overrides", {}).update(value)
-        elif key == "resume_override":
-            data.setdefault("resume_override", {}).update(value)
-        else:
-            _set_dotted(data, key, value)
-    return config_from_dict(data, where=f"{path or 'command line'} + command-line overrides")
+def _build(parser: ArgumentParser, namespace: Namespace) -> TrainConfig:
+    """TrainConfig from a parsed namespace (sections instantiated, then the run keys)."""
+    values = parser.instantiate(namespace)
+    return TrainConfig(**{f.name: values[f.name] for f in fields(TrainConfig)})
+
+
+def config_from_dict(data: dict, where: str = "config") -> TrainConfig:
+    """Build a TrainConfig from a nested dict; unknown keys, wrong types and out-of-range values are ConfigError."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of config keys, got {type(data).__name__}")
+    parser = build_parser()
+    parser.exit_on_error = False
+    try:
+        return _build(parser, parser.parse_object(data))
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    except Exception as err:  # jsonargparse's ArgumentError / ValueError: an unknown key or a wrong type
+        raise ConfigError(f"{where}: {err}") from None
+
+
+def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
+    """The run config from `--config FILE` and command-line flags (exits with a usage error on a bad flag)."""
+    parser = build_parser()
+    namespace = parse(parser, argv)
+    where = " + ".join([str(path) for path in namespace.get("config") or []] + ["command-line overrides"])
+    try:
+        return _build(parser, namespace)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
 
 
 def config_differences(saved: dict, current: dict) -> list[str]:
@@ -370,7 +328,7 @@ def config_differences(saved: dict, current: dict) -> list[str]:
         if key in allowed or any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMABLE_CHANGES):
             continue
         if a.get(key) != b.get(key):
-            hint = f" (to change it on resume: --resume_override {key}={b.get(key)})" \
+            hint = f" (to change it on resume: --resume-override \"{{{key}: {b.get(key)}}}\")" \
                 if key in RESUME_OVERRIDABLE else ""
             diffs.append(f"{key}: checkpoint {a.get(key)!r} vs now {b.get(key)!r}{hint}")
     return diffs

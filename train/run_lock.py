@@ -77,15 +77,15 @@ def _refusal(lock: Path, holder: dict | None, me: dict) -> str:
     out = lock.parent
     if holder is None:
         return (f"{lock} exists but cannot be read, so another job may be using {out}. Fix: if no job is "
-                f"running on {out}, delete the lock (rm {lock}); otherwise pass another --out_dir.")
+                f"running on {out}, delete the lock (rm {lock}); otherwise pass another --out.")
     who = (f"job {holder.get('job') or '(not SLURM)'}, pid {holder.get('pid')} on host {holder.get('host')}, "
            f"started {holder.get('started')}")
     if holder.get("host") == me["host"]:
         return (f"{out} is in use by {who} ({lock}); that process is still running. Fix: wait for it to end, "
-                "or pass another --out_dir.")
+                "or pass another --out.")
     return (f"{out} is locked by {who} ({lock}); from this host ({me['host']}) it cannot be told whether that "
             f"process still runs. Fix: if it has ended (check squeue / ps on {holder.get('host')}), delete the "
-            f"stale lock (rm {lock}) and start again; otherwise pass another --out_dir.")
+            f"stale lock (rm {lock}) and start again; otherwise pass another --out.")
 
 
 @dataclass(frozen=True)
