@@ -18,7 +18,7 @@ VOCAB = 97
 
 
 def tiny_cfg(precision: str = "32-true", **model):
-    return config_from_dict({"precision": precision, "data": {"seq_len": 64},
+    return config_from_dict({"precision": precision, "data": {"train_len": 64},
                              "model": {"preset": "tiny-2l-128", "overrides": {"vocab_size": VOCAB, **model}}})
 
 
@@ -104,11 +104,17 @@ def test_paper_2k_run_fits_on_16_a100_80gb_with_sane_days(capsys):
     assert 20 < days < 80  # the paper reports about 28 days
     assert 0.3 < plan.tinyllama_mfu(gpu) < 0.7
 
-    plan.main(["--config", str(CONFIGS / "pretrain_2k.yaml"), "--nodes", "2", "--gpus-per-node", "8",
-               "--gpu", "a100-80gb", "--micro_batch_rows", "4"])
+    assert plan.main(["--config", str(CONFIGS / "pretrain_2k.yaml"), "--num-nodes", "2", "--devices", "8",
+                      "--gpu", "a100-80gb", "--micro-batch-rows", "4"]) == 0
     out = capsys.readouterr().out
     assert "fit: fits" in out and "16 GPUs x 32 micro-batches x 4 rows" in out
     assert f"{days:.1f} days for 1,000,000,000,000 tokens" in out
+
+
+def test_the_plan_needs_a_gpu_count():
+    """`devices: auto` (the paper configs') names no GPU count: the plan asks for --devices instead of guessing."""
+    with pytest.raises(SystemExit, match="give --devices"):
+        plan.main(["--config", str(CONFIGS / "pretrain_2k.yaml"), "--num-nodes", "2"])
 
 
 def test_4k_run_accumulates_twice_as_much():

@@ -1,9 +1,9 @@
 """A plan before a cluster job: parameters, per-GPU memory under FSDP2, batch geometry, days to the budget.
 
-Run ``python -m posfreq.train.plan --config configs/pretrain_2k.yaml --nodes 2 --gpus-per-node 8 --gpu a100-80gb
-[--mfu 0.4] [--section.key value ...]``. The run config is read by the trainer's own parser
-(train.run_config.parse_args, overrides included), and the model is built on the meta device, so a
-plan for a 1.3B model takes no memory and no GPU. Why: a job that does not fit, or that would take
+Run ``posfreq plan --config configs/pretrain_2k.yaml --num-nodes 2 --devices 8 --gpu a100-80gb
+[--mfu 0.4] [--section.key value ...]`` (or ``python -m posfreq.train.plan ...``). The run config and
+flags are read by the trainer's own parser (train.run_config.build_parser), and the model is built on
+the meta device, so a plan for a 1.3B model takes no memory and no GPU. Why: a job that does not fit, or that would take
 twice the expected days, should be known before it waits in a queue.
 
 Memory per GPU (bytes; P_r = this rank's shard of every parameter, ceil(dim0 / world) x the rest,
@@ -40,24 +40,31 @@ parameters (all but the input embedding; the head counts), evaluated for full ro
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass, fields
+from typing import Literal, Sequence
 
 import torch
+from jsonargparse import ArgumentParser
 from torch import nn
 
 from posfreq.train.config import ModelConfig, model_preset
 from posfreq.train.loss import default_chunk_tokens
 from posfreq.train.model import Transformer
 from posfreq.train.pretrain import step_flops
-from posfreq.train.run_config import ConfigError, TrainConfig, parse_args
+from posfreq.train.cli import parse
+from posfreq.train.run_config import ConfigError, TrainConfig, config_from_dict
+from posfreq.train.run_config import build_parser as train_parser
 
 
 @dataclass(frozen=True)
 class Gpu:
-    peak_bf16_flops: float  # dense, per second
+    """A GPU model as the plan needs it."""
+
+    peak_bf16_flops: float
+    """Dense bf16 FLOP/s (the datasheet's peak without sparsity)."""
     memory_gib: float
+    """Memory in GiB."""
 
 
 GPUS = {
@@ -66,6 +73,7 @@ GPUS = {
     "h100-sxm": Gpu(989e12, 80),
     "h100-pcie": Gpu(756e12, 80),
 }
+GpuName = Literal[tuple(GPUS)]
 MARGIN = 0.10  # of the GPU's memory, kept for the CUDA context, the allocator and backward's transients
 GATHERED_BLOCKS = 2  # the block computing plus the one FSDP2's implicit prefetch gathers
 # TinyLlama's published throughput: 24k tokens/s per A100 for TinyLlama-1.1B (this architecture
@@ -80,21 +88,28 @@ class Memory:
     """Bytes per GPU, by kind."""
 
     parameters: int
+    """This rank's fp32 shard of the weights."""
     gradients: int
+    """This rank's fp32 shard of the gradients."""
     optimizer: int
+    """AdamW's two fp32 moments of the shard and its step counters."""
     gathered: int
+    """The unsharded compute copy FSDP2 gathers (root parameters and GATHERED_BLOCKS blocks)."""
     activations: int
+    """What autograd saves for backward in one micro-batch."""
     loss: int
+    """The chunked loss's own buffers at its peak."""
 
     @property
     def total(self) -> int:
+        """All of the above."""
         return sum(getattr(self, f.name) for f in fields(self))
 
 
 def model_config(cfg: TrainConfig) -> ModelConfig:
     """The trainer's model config, except vocab_size: the preset's unless overridden (the trainer takes the data's)."""
     overrides = dict(cfg.model.overrides)
-    overrides.setdefault("max_seq_len", cfg.data.seq_len)
+    overrides.setdefault("max_seq_len", cfg.data.train_len)
     return model_preset(cfg.model.preset, **overrides)
 
 
@@ -154,7 +169,7 @@ def loss_bytes(config: ModelConfig, tokens: int, a: int) -> int:
 
 def memory(model: Transformer, cfg: TrainConfig, world: int, rows: int, checkpointing: bool) -> Memory:
     """Per-GPU memory of the run with `rows` rows per micro-batch."""
-    a, tokens = compute_bytes(cfg), rows * cfg.data.seq_len
+    a, tokens = compute_bytes(cfg), rows * cfg.data.train_len
     params, grads, optim = state_bytes(model, world)
     return Memory(params, grads, optim, gathered_bytes(model, a),
                   activation_bytes(model.config, tokens, a, checkpointing), loss_bytes(model.config, tokens, a))
@@ -162,7 +177,7 @@ def memory(model: Transformer, cfg: TrainConfig, world: int, rows: int, checkpoi
 
 def accumulation(cfg: TrainConfig, world: int) -> int:
     """Micro-batches per optimizer step. Replicates train.pretrain.Plan's arithmetic (a method there, needing data)."""
-    L, rows_per_micro = cfg.data.seq_len, cfg.micro_batch_rows * world
+    L, rows_per_micro = cfg.data.train_len, cfg.micro_batch_rows * world
     if cfg.global_batch_tokens % L or (cfg.global_batch_tokens // L) % rows_per_micro:
         raise ConfigError(f"global_batch_tokens={cfg.global_batch_tokens} is not a whole number of micro-batches of "
                           f"micro_batch_rows={cfg.micro_batch_rows} x seq_len={L} x world_size={world} tokens")
@@ -181,11 +196,12 @@ def tinyllama_mfu(gpu: Gpu) -> float:
 
 def step_seconds(cfg: TrainConfig, config: ModelConfig, world: int, gpu: Gpu, mfu: float) -> float:
     """Seconds per optimizer step at `mfu`."""
-    flops = cfg.global_batch_tokens * flops_per_token(config, cfg.data.seq_len)
+    flops = cfg.global_batch_tokens * flops_per_token(config, cfg.data.train_len)
     return flops / (world * gpu.peak_bf16_flops * mfu)
 
 
 def usable_bytes(gpu: Gpu) -> float:
+    """The GPU's memory less MARGIN."""
     return (1 - MARGIN) * gpu.memory_gib * GIB
 
 
@@ -199,15 +215,17 @@ def largest_rows(model: Transformer, cfg: TrainConfig, world: int, gpu: Gpu, che
 
 def largest_valid_rows(rows: int, cfg: TrainConfig, world: int) -> int:
     """The most rows <= `rows` that divide a step's rows per GPU (the trainer needs whole micro-batches)."""
-    per_gpu = cfg.global_batch_tokens // cfg.data.seq_len // world
+    per_gpu = cfg.global_batch_tokens // cfg.data.train_len // world
     return max((r for r in range(1, rows + 1) if per_gpu % r == 0), default=0)
 
 
 def _gib(n: float) -> str:
+    """Bytes as GiB, right-aligned for the report's columns."""
     return f"{n / GIB:6.2f} GiB"
 
 
 def _memory_lines(mem: Memory, label: str) -> list[str]:
+    """The report's lines of one memory breakdown."""
     return [f"  {label}",
             f"    parameters (fp32 shard)      {_gib(mem.parameters)}",
             f"    gradients (fp32 shard)       {_gib(mem.gradients)}",
@@ -219,6 +237,7 @@ def _memory_lines(mem: Memory, label: str) -> list[str]:
 
 
 def _time_lines(cfg: TrainConfig, config: ModelConfig, world: int, gpu: Gpu, mfu: float, label: str) -> list[str]:
+    """The report's line of step time, throughput and days at `mfu`."""
     seconds = step_seconds(cfg, config, world, gpu, mfu)
     steps = -(-cfg.total_tokens // cfg.global_batch_tokens)
     per_gpu = cfg.global_batch_tokens / seconds / world
@@ -231,7 +250,7 @@ def report(cfg: TrainConfig, nodes: int, gpus_per_node: int, gpu_name: str, mfu:
     gpu, world = GPUS[gpu_name], nodes * gpus_per_node
     config = model_config(cfg)
     model = meta_model(config)
-    L, rows, ckpt = cfg.data.seq_len, cfg.micro_batch_rows, cfg.model.activation_checkpointing
+    L, rows, ckpt = cfg.data.train_len, cfg.micro_batch_rows, cfg.model.activation_checkpointing
     total = sum(p.numel() for p in model.parameters())
     embeddings = total - config.num_params(include_embeddings=False)
     lines = [f"plan: {cfg.model.preset}, L = {L}, {nodes} x {gpus_per_node} {gpu_name} ({world} GPUs), "
@@ -259,30 +278,38 @@ def report(cfg: TrainConfig, nodes: int, gpus_per_node: int, gpu_name: str, mfu:
     return "\n".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The plan's own flags; every other flag goes to the trainer's parser."""
-    parser = argparse.ArgumentParser(
-        prog="python -m posfreq.train.plan",
-        description="Plan a pretraining job: memory per GPU, fit, step time, days. Also takes --config and every "
-                    "--section.key flag of train/pretrain.py.")
-    parser.add_argument("--nodes", type=int, help="default: the config's num_nodes")
-    parser.add_argument("--gpus-per-node", type=int, help="default: the config's devices (when an integer)")
-    parser.add_argument("--gpu", choices=sorted(GPUS), required=True)
-    parser.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation (default 0.4)")
+def build_parser() -> ArgumentParser:
+    """`posfreq plan`: the trainer's own parser (a run config and every flag of `posfreq pretrain`), the GPU and MFU."""
+    parser = train_parser()
+    parser.prog = "posfreq plan"
+    parser.description = (
+        "Plan a pretraining job before it waits in a queue: parameters, per-GPU memory under FSDP2 with and without "
+        "activation checkpointing, fit, largest micro-batch, gradient accumulation, step time and days at an MFU. "
+        "Takes the run config and every flag of posfreq pretrain, read as the trainer reads them; the cluster is "
+        "--num-nodes nodes of --devices GPUs each.")
+    group = parser.add_argument_group("The plan's own options")
+    group.add_argument("--gpu", type=GpuName, default="a100-80gb", help="The GPU: its peak bf16 FLOP/s and memory.")
+    group.add_argument("--mfu", type=float, default=0.4,
+                       help="Model FLOPs utilisation assumed for the step time and days, in (0, 1].")
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
-    args, rest = build_parser().parse_known_args(argv)
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the plan of the run config and flags in `argv` (exit 1 with `error: ...` for a config that cannot work)."""
+    parser = build_parser()
+    args = parse(parser, argv)
+    if not 0 < args.mfu <= 1:
+        parser.error(f"--mfu must be in (0, 1], got {args.mfu}")
+    values = args.as_dict()
     try:
-        cfg = parse_args(rest)
-        gpus_per_node = args.gpus_per_node or cfg.devices
-        if not isinstance(gpus_per_node, int):
-            raise ConfigError("devices is 'auto': give --gpus-per-node")
-        print(report(cfg, args.nodes or cfg.num_nodes, gpus_per_node, args.gpu, args.mfu))
+        cfg = config_from_dict({f.name: values[f.name] for f in fields(TrainConfig)}, where="run config and flags")
+        if not isinstance(cfg.devices, int):
+            raise ConfigError("devices is 'auto': give --devices, the GPUs per node")
+        print(report(cfg, cfg.num_nodes, cfg.devices, args.gpu, args.mfu))
     except ConfigError as err:
         sys.exit(f"error: {err}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
