@@ -11,7 +11,7 @@ Stages, each one of the project's own commands (REPORT.md lists them exactly):
 3. token shards (scripts/prepare_data.py);
 4. per seed, a warm-up run on the copy drills at L = 128 (an induction circuit must exist before
    retrieval can be learnt), then two models continued from it at L = 256 and L = 512 with the
-   same data, model and token budget (train/pretrain.py --model.init_from); the seed sets the
+   same data, model and token budget (train/pretrain.py --model.init-from); the seed sets the
    model init and the data order. Two single-thread lanes run the trainings (every warm-up first,
    then the continued runs, longest first). Milestone checkpoints carry trained-length histograms;
 5. the NIAH probe of every milestone with rope (and with string for the first seed): a test of
@@ -23,7 +23,6 @@ Stages, each one of the project's own commands (REPORT.md lists them exactly):
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -35,13 +34,15 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
+
+from jsonargparse import ArgumentParser
 
 REPO = Path(__file__).resolve().parents[1]
 
 from posfreq.analysis.effective_length import read_csv  # noqa: E402
 from posfreq.train.checkpoint import MILESTONE_PREFIX, list_checkpoints  # noqa: E402
-from posfreq.train.cli import code_version  # noqa: E402
+from posfreq.train.cli import code_version, command_parser, parse  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -127,27 +128,52 @@ def last_milestone(run: Path) -> Path:
     return [path for path, _ in list_checkpoints(run) if path.name.startswith(MILESTONE_PREFIX)][-1]
 
 
+def analyze_command(settings: DemoSettings, corpus: Path, tokenizer: str, out: Path) -> list[str | Path]:
+    """The analysis/position_freq.py command line: the corpus's length histogram and f(i) at both training lengths."""
+    return ["analysis/position_freq.py", "--corpus", corpus, "--tokenizer", tokenizer,
+            "--train-len", *map(str, settings.train_lens), "--budget-tokens", str(settings.total_tokens),
+            "--out", out, "--quiet"]
+
+
+def shards_command(corpus: Path, tokenizer: str, out: Path) -> list[str | Path]:
+    """The scripts/prepare_data.py command line that tokenizes one demo corpus into token shards."""
+    return ["scripts/prepare_data.py", "--corpus", corpus, "--tokenizer", tokenizer, "--out", out]
+
+
+def train_command(settings: DemoSettings, data: Path, run: Path, train_len: int, tokens: int, seed: int,
+                  *extra: str | Path) -> list[str | Path]:
+    """The train/pretrain.py command line of one run of the demo config."""
+    return ["train/pretrain.py", "--config", "configs/demo.yaml", "--data.dir", data,
+            "--data.train-len", str(train_len), "--out", run, "--total-tokens", str(tokens),
+            "--global-batch-tokens", str(settings.global_batch_tokens),
+            "--checkpoint.every-tokens", str(min(tokens, settings.checkpoint_every_tokens)),
+            "--seed", str(seed), *extra]
+
+
 def train(p: Pipeline, settings: DemoSettings, stage: str, data: Path, run: Path, train_len: int, tokens: int,
           seed: int, *extra: str | Path) -> Path:
     """One train/pretrain.py run of the demo config; returns its last milestone checkpoint."""
-    p.run(stage, "train/pretrain.py", "--config", "configs/demo.yaml", "--data.dir", data,
-          "--data.seq_len", str(train_len), "--out_dir", run, "--total_tokens", str(tokens),
-          "--global_batch_tokens", str(settings.global_batch_tokens),
-          "--checkpoint.every_tokens", str(min(tokens, settings.checkpoint_every_tokens)),
-          "--seed", str(seed), *extra)
+    p.run(stage, *train_command(settings, data, run, train_len, tokens, seed, *extra))
     return last_milestone(run)
+
+
+def probe_command(settings: DemoSettings, corpus: Path, lengths: list[int], tests: int, seed: int, out: Path,
+                  *source: str | Path) -> list[str | Path]:
+    """The analysis/probe.py command line at test lengths `lengths`, with the demo's answer budget and the
+    training answers' needle order.
+
+    --replace-stale: a rerun after a code change probes again instead of stopping at the old results.
+    """
+    return ["analysis/probe.py", *source, "--haystack", corpus / "probe_haystack",
+            "--lengths", ",".join(map(str, lengths)), "--max-new-tokens", str(settings.answer_budget),
+            "--answer-order", "nearest_first", "--tests-per-length", str(tests), "--out", out, "--seed", str(seed),
+            "--replace-stale", "--threads", "1"]
 
 
 def probe(p: Pipeline, settings: DemoSettings, corpus: Path, stage: str, lengths: list[int], tests: int, seed: int,
           out: Path, *source: str | Path) -> None:
-    """analysis/probe.py at test lengths `lengths` with the demo's answer budget and training answers' needle order.
-
-    --replace-stale: a rerun after a code change probes again instead of stopping at the old results.
-    """
-    p.run(stage, "analysis/probe.py", *source, "--haystack", corpus / "probe_haystack",
-          "--lengths", ",".join(map(str, lengths)), "--max-new-tokens", str(settings.answer_budget),
-          "--answer-order", "nearest_first", "--tests-per-length", str(tests), "--out", out, "--seed", str(seed),
-          "--replace-stale", "--threads", "1")
+    """Run the probe (`probe_command`) as one stage."""
+    p.run(stage, *probe_command(settings, corpus, lengths, tests, seed, out, *source))
 
 
 def train_and_probe(p: Pipeline, settings: DemoSettings, corpus: Path, data: Path, warm: Future, seed: int,
@@ -156,7 +182,7 @@ def train_and_probe(p: Pipeline, settings: DemoSettings, corpus: Path, data: Pat
     the seeds in settings.string_seeds). The probe's tests are the same for every seed (probe seed 0)."""
     run = p.out / f"L{train_len}-s{seed}"
     train(p, settings, f"train L={train_len} seed={seed}", data, run, train_len, settings.total_tokens, seed,
-          "--model.init_from", warm.result())
+          "--model.init-from", warm.result())
     for scheme in ("rope", "string") if seed in settings.string_seeds else ("rope",):
         out = run / ("probe" if scheme == "rope" else f"probe-{scheme}")
         probe(p, settings, corpus, f"probe L={train_len} seed={seed} ({scheme})", probed_lengths(settings, train_len),
@@ -309,11 +335,25 @@ def validate(out: Path, runs: dict[str, Path], settings: DemoSettings) -> None:
         raise SystemExit("demo: outputs incomplete:\n  " + "\n  ".join(problems))
 
 
+def build_parser() -> ArgumentParser:
+    """`posfreq demo`: full or quick mode, and where everything goes."""
+    parser = command_parser(
+        "posfreq demo",
+        "The CPU miniature of the whole study, over three seeds: demo corpora and tokenizer, length histogram and "
+        "f(i), token shards, warm-up and continued training at two lengths, the NIAH probe of every milestone, "
+        "the comparison with computed verdicts, and OUT/REPORT.md listing every command it ran. Finished training "
+        "and probing are reused on a rerun.")
+    parser.add_argument("--quick", action="store_true",
+                        help="Every stage at toy scale, about a minute: checks that each stage runs and writes its "
+                        "outputs (its verdicts mean nothing).")
+    parser.add_argument("--out", type=Optional[Path], default=None,
+                        help="Output directory; null: runs/demo, or runs/demo-quick with --quick.")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="toy scale, about a minute: checks that every stage runs")
-    parser.add_argument("--out", type=Path, default=None, help="output directory (default runs/demo or runs/demo-quick)")
-    args = parser.parse_args(argv)
+    """Run every stage, write OUT/REPORT.md, and (full mode) publish the figures to docs/figures."""
+    args = parse(build_parser(), argv)
     settings = QUICK if args.quick else FULL
     out = (args.out or REPO / "runs" / ("demo-quick" if args.quick else "demo")).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -327,12 +367,9 @@ def main(argv: list[str] | None = None) -> int:
           "--probe-tests", str(max(settings.tests_per_length, settings.table1_tests)), "--probe-seeds", "0", "1")
     tokenizer = f"hf:{corpus / 'tokenizer'}"
     main_corpus = corpus / "main" / "demo_corpus.jsonl"
-    p.run("length histogram and f(i)", "analysis/position_freq.py", "--corpus", main_corpus,
-          "--tokenizer", tokenizer, "--train-len", *map(str, settings.train_lens),
-          "--budget-tokens", str(settings.total_tokens), "--out", out / "position_freq", "--quiet")
+    p.run("length histogram and f(i)", *analyze_command(settings, main_corpus, tokenizer, out / "position_freq"))
     for name, path in (("warmup", corpus / "warmup" / "warmup.jsonl"), ("main", main_corpus)):
-        p.run(f"token shards ({name})", "scripts/prepare_data.py", "--corpus", path, "--tokenizer", tokenizer,
-              "--out", out / "data" / name)
+        p.run(f"token shards ({name})", *shards_command(path, tokenizer, out / "data" / name))
     # Two lanes: every seed's warm-up is queued first, then each seed's continued runs, longest first; a
     # continued run waits for its own warm-up, which is queued before it, so none can starve.
     with ThreadPoolExecutor(max_workers=2) as pool:

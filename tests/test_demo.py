@@ -10,10 +10,31 @@ from pathlib import Path
 
 import pytest
 
+from posfreq.analysis import position_freq, probe
 from posfreq.analysis.effective_length import read_csv
-from posfreq.scripts.demo import QUICK, probed_lengths
+from posfreq.scripts import prepare_data
+from posfreq.scripts.demo import QUICK, analyze_command, probe_command, probed_lengths, shards_command, train_command
+from posfreq.train.cli import parse
+from posfreq.train.run_config import parse_args
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_demo_passes_flags_its_commands_accept(monkeypatch):
+    """The demo's command lines parse with those commands' own parsers (nothing runs)."""
+    monkeypatch.chdir(REPO)
+    here = Path("/nowhere")
+    analyze = parse(position_freq.build_parser(), [str(a) for a in analyze_command(QUICK, here, "bytes", here)[1:]])
+    assert (analyze.train_len, analyze.budget_tokens) == (list(QUICK.train_lens), QUICK.total_tokens)
+    shards = parse(prepare_data.build_parser(), [str(a) for a in shards_command(here / "c.jsonl", "bytes", here)[1:]])
+    assert (shards.tokenizer, shards.out) == ("bytes", str(here))
+    train = train_command(QUICK, here / "data", here / "run", 256, QUICK.total_tokens, 1, "--model.init-from", here / "w")
+    cfg = parse_args([str(a) for a in train[1:]])
+    assert (cfg.data.train_len, cfg.out, cfg.seed, cfg.model.init_from) == (256, str(here / "run"), 1, str(here / "w"))
+    command = probe_command(QUICK, here, [144, 256], 4, 0, here / "out", "--run", here / "run", "--positions", "string")
+    args = parse(probe.build_parser(), [str(a) for a in command[1:]])
+    assert (args.lengths, args.max_new_tokens, args.positions, args.answer_order, args.threads) == \
+        ("144,256", QUICK.answer_budget, "string", "nearest_first", 1)
 
 
 @pytest.fixture(scope="module")
