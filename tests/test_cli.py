@@ -1,0 +1,122 @@
+"""Every `posfreq` subcommand's parser: built without a subprocess, each option described and its default shown.
+
+The table of subcommands is scripts/cli.py's SUBCOMMANDS, so a new subcommand is checked as soon as it is
+listed: its module must expose `build_parser() -> ArgumentParser` and `main(argv) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Iterator
+
+import pytest
+from jsonargparse import ActionConfigFile, ArgumentParser
+from jsonargparse._actions import _ActionConfigLoad
+
+from posfreq.scripts.cli import SUBCOMMANDS
+from posfreq.train.cli import hyphenate, parse
+
+# Subcommands whose module another agent is still converting to the shared parser (train/cli.py).
+IN_PROGRESS: dict[str, str] = {}
+# Other spellings of the options every command shares (--out, --seed, --workers, --tokenizer, --threads, --run,
+# --config): a command must use the shared name.
+SYNONYMS = {
+    "--out-dir", "--outdir", "--output", "--output-dir", "--random-seed", "--rng-seed", "--num-workers",
+    "--n-workers", "--jobs", "--processes", "--tokenizer-spec", "--num-threads", "--n-threads", "--run-dir",
+    "--rundir", "--config-file", "--cfg", "--yaml",
+}
+
+
+def subcommand(name: str):
+    """`name`'s entry of SUBCOMMANDS as a pytest parameter, expected to fail while its conversion is in progress
+    (not strict: the other agent's finished conversion passes without breaking this file; then drop the entry)."""
+    marks = [pytest.mark.xfail(reason=IN_PROGRESS[name])] if name in IN_PROGRESS else []
+    return pytest.param(name, marks=marks, id=name)
+
+
+ALL = [subcommand(name) for name in SUBCOMMANDS]
+
+
+def command_parser_of(name: str) -> ArgumentParser:
+    """The parser of subcommand `name`, as `parse` sees it (hyphenated)."""
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    assert callable(getattr(module, "main", None)), f"{module.__name__} has no main(argv)"
+    assert callable(getattr(module, "build_parser", None)), f"{module.__name__} has no build_parser()"
+    parser = module.build_parser()
+    assert isinstance(parser, ArgumentParser), f"{module.__name__}.build_parser() is not a jsonargparse parser"
+    hyphenate(parser)
+    return parser
+
+
+def parsers(parser: argparse.ArgumentParser, name: str) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """`parser` and the parsers of its subcommands, each with the command line that reaches it."""
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action.choices, dict):
+            for sub, subparser in action.choices.items():
+                if isinstance(subparser, argparse.ArgumentParser):
+                    yield from parsers(subparser, f"{name} {sub}")
+
+
+def undocumented(parser: argparse.ArgumentParser) -> list[str]:
+    """The options of `parser` whose --help entry lacks a description, or a default when the option is optional.
+
+    jsonargparse's help formatter appends "(type: ..., default: ...)", or "required", to each option's help.
+    """
+    formatter = parser._get_formatter()
+    problems = []
+    for action in parser._actions:
+        if isinstance(action, (argparse._HelpAction, ActionConfigFile, _ActionConfigLoad)) \
+                or action.dest == "print_config" or isinstance(action.choices, dict):
+            continue  # --help, --config, a section's --SECTION FILE.yaml, --print-config, the subcommands
+        name = "/".join(action.option_strings) or action.dest
+        if not (action.help or "").strip() or action.help == argparse.SUPPRESS:
+            problems.append(f"{name}: no description")
+            continue
+        shown = formatter._get_help_string(action)
+        if "default:" not in shown and "required" not in shown:
+            problems.append(f"{name}: no default shown")
+    return problems
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_option_has_a_description_and_a_default(name):
+    for command, parser in parsers(command_parser_of(name), f"posfreq {name}"):
+        assert undocumented(parser) == [], command
+        assert parser.description, f"{command}: no description"
+        assert parser.format_help(), command  # it renders (a bare % in a help text would raise)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_shared_options_have_the_shared_names(name):
+    for command, parser in parsers(command_parser_of(name), f"posfreq {name}"):
+        spelled = {option for action in parser._actions for option in action.option_strings}
+        assert not spelled & SYNONYMS, f"{command}: use the shared names, not {sorted(spelled & SYNONYMS)}"
+
+
+@pytest.mark.parametrize("argv", [["probe"], ["effective-length"], ["compare"], ["checkpoint", "consolidate"],
+                                  ["checkpoint", "list"], ["demo"], ["plan"]], ids=" ".join)
+def test_help_exits_cleanly(argv, capsys):
+    module = importlib.import_module(SUBCOMMANDS[argv[0]][0])
+    with pytest.raises(SystemExit) as exit_info:
+        module.main([*argv[1:], "--help"])
+    assert exit_info.value.code == 0
+    assert "type:" in capsys.readouterr().out
+
+
+def test_checkpoint_subcommands_take_the_shared_names():
+    parser = command_parser_of("checkpoint")
+    args = parse(parser, ["consolidate", "--checkpoint", "c", "--out", "o", "--dtype", "bf16"])
+    assert (args.command, str(args.consolidate.checkpoint), str(args.consolidate.out)) == ("consolidate", "c", "o")
+    assert str(parse(command_parser_of("checkpoint"), ["list", "--run", "r"]).list.run) == "r"
+
+
+@pytest.mark.xfail(reason="train/cli.py: jsonargparse recognises only the literal --print_config (it "
+                   "appends '=' to that exact string), so the hyphenated alias asks for an argument")
+def test_print_config_prints_the_resolved_options(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse(command_parser_of("probe"), ["--run", "r", "--seed", "3", "--print-config"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "seed: 3" in out and "run: r" in out
