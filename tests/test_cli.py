@@ -112,8 +112,6 @@ def test_checkpoint_subcommands_take_the_shared_names():
     assert str(parse(command_parser_of("checkpoint"), ["list", "--run", "r"]).list.run) == "r"
 
 
-@pytest.mark.xfail(reason="train/cli.py: jsonargparse recognises only the literal --print_config (it "
-                   "appends '=' to that exact string), so the hyphenated alias asks for an argument")
 def test_print_config_prints_the_resolved_options(capsys):
     with pytest.raises(SystemExit) as exit_info:
         parse(command_parser_of("probe"), ["--run", "r", "--seed", "3", "--print-config"])

@@ -23,7 +23,7 @@ set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
 def command_parser(prog: str, description: str, config_file: bool = False) -> ArgumentParser:
     """A parser for one posfreq command; `config_file` adds `--config FILE.yaml` (values the flags override)."""
-    parser = ArgumentParser(prog=prog, description=description)
+    parser = ArgumentParser(prog=prog, description=description, print_config="--print-config")
     if config_file:
         parser.add_argument("--config", action=ActionConfigFile,
                             help="A YAML file of options (keys as in --print-config); flags after it override it.")

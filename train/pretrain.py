@@ -56,6 +56,7 @@ from posfreq.train.config import ModelConfig, model_preset
 from posfreq.train.loss import head_returns_loss
 from posfreq.train.model import Transformer
 from posfreq.train.packing import IGNORE_INDEX, PackedBatch, PackedSampler
+from posfreq.train import run_config
 from posfreq.train.run_config import ConfigError, TrainConfig, config_differences, overridden_changes, parse_args
 from posfreq.train.run_lock import RunLock, RunLockError
 from posfreq.train.run_log import LOG, RunLog, start_console
@@ -736,6 +737,11 @@ def train(cfg: TrainConfig) -> list[dict]:
 def continue_command(argv: list[str], lr: float) -> str:
     """The command that continues this invocation from its newest checkpoint (or afresh) with learning rate `lr`."""
     return shlex.join(["posfreq", "pretrain", *argv, "--resume", "auto", "--resume-override", f"{{optim.lr: {lr:g}}}"])
+
+
+def build_parser():
+    """`posfreq pretrain`'s parser: the run config's (a --config YAML plus one flag per TrainConfig field)."""
+    return run_config.build_parser()
 
 
 def main(argv: list[str] | None = None) -> int:
