@@ -10,9 +10,10 @@
 #
 # Edit these (or export them before sbatch):
 #   SLIMPAJAMA_DIR  a copy of cerebras/SlimPajama-627B (holds train/chunk1..chunk10/*.jsonl.zst)
-#   TOKENS_DIR      output directory of token shards (what the trainer's data path points to)
+#   DATA_DIR        output directory of token shards (the trainer's --data.dir)
 #   TOKENIZER       llama3 (the paper's) or hf:<dir>
-#   and the #SBATCH --account / --partition lines for your cluster.
+#   PYTHON, POSFREQ_SETUP as in slurm/common.sh, and the #SBATCH --account / --partition lines.
+# Logs: logs/posfreq-prepare_<array id>_<task>.out.
 #SBATCH --job-name=posfreq-prepare
 #SBATCH --array=0-63
 #SBATCH --nodes=1
@@ -20,17 +21,24 @@
 #SBATCH --cpus-per-task=16
 #SBATCH --mem=64G
 #SBATCH --time=12:00:00
-#SBATCH --output=prepare_data_%A_%a.out
+#SBATCH --output=logs/%x_%A_%a.out
 ##SBATCH --account=YOUR_ACCOUNT
 ##SBATCH --partition=YOUR_CPU_PARTITION
 
 set -euo pipefail
 
-SLIMPAJAMA_DIR="${SLIMPAJAMA_DIR:-/data/SlimPajama-627B}"
-TOKENS_DIR="${TOKENS_DIR:-/data/tokens/slimpajama-llama3}"
+if [[ -n "${SLURM_JOB_ID:-}" ]]; then
+    cd "${SLURM_SUBMIT_DIR:-.}"   # sbatch runs a copy of this script; the repository is where it was submitted
+fi
+# shellcheck source=slurm/common.sh
+source slurm/common.sh
+
+SLIMPAJAMA_DIR="${SLIMPAJAMA_DIR:-/path/to/SlimPajama-627B}"
+DATA_DIR="${DATA_DIR:-/path/to/tokens/slimpajama-llama3}"
 TOKENIZER="${TOKENIZER:-llama3}"
 SPLIT="${SPLIT:-train}"
-PYTHON="${PYTHON:-python}"
+require_path SLIMPAJAMA_DIR
+[[ "$DATA_DIR" == /path/to/* ]] && require_path DATA_DIR  # the output may not exist yet, but not a placeholder
 
 TASK_ID="${SLURM_ARRAY_TASK_ID:-0}"
 TASK_COUNT="${NUM_TASKS:-${SLURM_ARRAY_TASK_COUNT:-1}}"
@@ -38,7 +46,7 @@ WORKERS="${SLURM_CPUS_PER_TASK:-$(nproc)}"
 
 cmd=("$PYTHON" scripts/prepare_data.py
      --corpus slimpajama --data-dir "$SLIMPAJAMA_DIR" --split "$SPLIT"
-     --out "$TOKENS_DIR" --tokenizer "$TOKENIZER"
+     --out "$DATA_DIR" --tokenizer "$TOKENIZER"
      --workers "$WORKERS" --shard "$TASK_ID/$TASK_COUNT")
 
 if [[ "${DRY_RUN:-0}" == "1" ]]; then
@@ -47,5 +55,4 @@ if [[ "${DRY_RUN:-0}" == "1" ]]; then
     exit 0
 fi
 
-cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}"
 exec "${cmd[@]}"

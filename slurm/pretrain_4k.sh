@@ -6,8 +6,10 @@
 #   DRY_RUN=1 bash slurm/pretrain_4k.sh               # print the exact srun command, run nothing
 #
 # Edit for your cluster: the ##SBATCH account/partition lines below (remove one '#'), and export
-# (or edit the defaults of) DATA_DIR (token shards from scripts/prepare_data.py), OUT_DIR (run
-# directory: checkpoints/, metrics.jsonl), CONFIG and PYTHON (e.g. .venv/bin/python).
+# (or edit the defaults of) DATA_DIR (token shards from `posfreq prepare`), OUT_DIR (run
+# directory: checkpoints/, metrics.jsonl), CONFIG, PYTHON (default .venv/bin/python) and
+# POSFREQ_SETUP (one line run first, e.g. "module load cuda; source ~/venvs/posfreq/bin/activate").
+# The log is logs/posfreq-4k_<job id>.out.
 # srun starts one task per GPU; Lightning Fabric reads SLURM's variables for the rendezvous.
 # 120 s before the time limit SLURM sends SIGUSR1: the trainer saves OUT_DIR/checkpoints/latest,
 # runs `scontrol requeue`, and exits; the requeued job resumes (--resume auto) by itself.
@@ -21,7 +23,7 @@
 #SBATCH --signal=USR1@120
 #SBATCH --requeue
 #SBATCH --open-mode=append
-#SBATCH --output=pretrain_4k_%j.out
+#SBATCH --output=logs/%x_%j.out
 ##SBATCH --account=YOUR_ACCOUNT
 ##SBATCH --partition=YOUR_GPU_PARTITION
 

@@ -3,15 +3,20 @@
 # headers and the CONFIG / OUT_DIR defaults, then source this file from the repository root.
 set -euo pipefail
 : "${CONFIG:?set CONFIG (the trainer YAML)}" "${OUT_DIR:?set OUT_DIR (the run directory)}"
+# shellcheck source=slurm/common.sh
+source slurm/common.sh
 
 DATA_DIR="${DATA_DIR:-/path/to/slimpajama-llama3}"
-PYTHON="${PYTHON:-python}"
+require_path DATA_DIR
 NODES="${SLURM_NNODES:-2}"
 GPUS_PER_NODE="${SLURM_NTASKS_PER_NODE:-8}"
+CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-12}"
 
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$CPUS_PER_TASK}"
 
-cmd=(srun --kill-on-bad-exit=1 --ntasks-per-node="$GPUS_PER_NODE"
+# --cpus-per-task again on srun: since Slurm 22.05 srun does not inherit it from sbatch, and each rank
+# would get one core while OMP_NUM_THREADS asks for more.
+cmd=(srun --kill-on-bad-exit=1 --ntasks-per-node="$GPUS_PER_NODE" --cpus-per-task="$CPUS_PER_TASK"
      "$PYTHON" train/pretrain.py --config "$CONFIG" --data.dir "$DATA_DIR" --out "$OUT_DIR"
      --num-nodes "$NODES" --devices "$GPUS_PER_NODE" --resume auto "$@")
 

@@ -14,7 +14,9 @@
 # --threshold, --positions, --position-options.KEY, --haystack, --seed, --out, ...); they are passed to
 # every task and to the merge, which must see the same settings. Edit the #SBATCH lines (account,
 # partition) for your cluster, or export MAX_TASKS to cap the array size (default: one task per
-# checkpoint).
+# checkpoint). The merge is slurm/probe_merge.sh, a CPU job (no GPU request at all: some GPU partitions
+# refuse a zero GPU request); MERGE_PARTITION names a CPU partition for it. PYTHON and POSFREQ_SETUP as in
+# slurm/common.sh. Logs: logs/posfreq-probe_<array id>_<task>.out and logs/posfreq-probe-merge_<id>.out.
 #SBATCH --job-name=posfreq-probe
 #SBATCH --nodes=1
 #SBATCH --ntasks=1
@@ -22,13 +24,11 @@
 #SBATCH --cpus-per-task=8
 #SBATCH --mem=64G
 #SBATCH --time=24:00:00
-#SBATCH --output=probe_%A_%a.out
+#SBATCH --output=logs/%x_%A_%a.out
 ##SBATCH --account=YOUR_ACCOUNT
 ##SBATCH --partition=YOUR_GPU_PARTITION
 
 set -euo pipefail
-
-PYTHON="${PYTHON:-python}"
 
 if [[ $# -lt 1 ]]; then
     echo "usage: bash slurm/probe.sh RUN_DIR [analysis/probe.py options]" >&2
@@ -40,16 +40,16 @@ shift
 if [[ -n "${SLURM_JOB_ID:-}" ]]; then
     cd "${SLURM_SUBMIT_DIR:-.}"
 fi
+# shellcheck source=slurm/common.sh
+source slurm/common.sh
 
 if [[ "${PROBE_STEP:-submit}" == "task" ]]; then
     exec "$PYTHON" analysis/probe.py --run "$RUN_DIR" --quiet \
         --shard "${SLURM_ARRAY_TASK_ID}/${SLURM_ARRAY_TASK_COUNT}" "$@"
 fi
-if [[ "${PROBE_STEP:-submit}" == "merge" ]]; then
-    exec "$PYTHON" analysis/probe.py --run "$RUN_DIR" --merge-only --quiet "$@"
-fi
 
 # Submit: one array task per complete milestone checkpoint (never a *.tmp directory).
+require_path RUN_DIR
 shopt -s nullglob
 checkpoints=()
 for dir in "$RUN_DIR"/checkpoints/tokens-*/; do
@@ -63,8 +63,7 @@ fi
 tasks=$(( count < ${MAX_TASKS:-$count} ? count : ${MAX_TASKS:-$count} ))
 
 array=(sbatch --parsable --array="0-$((tasks - 1))" --export="ALL,PROBE_STEP=task" "$0" "$RUN_DIR" "$@")
-merge=(sbatch --parsable --gpus=0 --cpus-per-task=2 --time=1:00:00 --output=probe_merge_%j.out
-       --export="ALL,PROBE_STEP=merge" "$0" "$RUN_DIR" "$@")
+merge=(sbatch --parsable ${MERGE_PARTITION:+--partition="$MERGE_PARTITION"} slurm/probe_merge.sh "$RUN_DIR" "$@")
 
 if [[ "${DRY_RUN:-0}" == "1" ]]; then
     printf '%q ' "${array[@]}"; printf '\n'
