@@ -17,8 +17,6 @@ from jsonargparse._actions import _ActionConfigLoad
 from posfreq.scripts.cli import SUBCOMMANDS
 from posfreq.train.cli import hyphenate, parse
 
-# Subcommands whose module another agent is still converting to the shared parser (train/cli.py).
-IN_PROGRESS: dict[str, str] = {}
 # Other spellings of the options every command shares (--out, --seed, --workers, --tokenizer, --threads, --run,
 # --config): a command must use the shared name.
 SYNONYMS = {
@@ -26,16 +24,6 @@ SYNONYMS = {
     "--n-workers", "--jobs", "--processes", "--tokenizer-spec", "--num-threads", "--n-threads", "--run-dir",
     "--rundir", "--config-file", "--cfg", "--yaml",
 }
-
-
-def subcommand(name: str):
-    """`name`'s entry of SUBCOMMANDS as a pytest parameter, expected to fail while its conversion is in progress
-    (not strict: the other agent's finished conversion passes without breaking this file; then drop the entry)."""
-    marks = [pytest.mark.xfail(reason=IN_PROGRESS[name])] if name in IN_PROGRESS else []
-    return pytest.param(name, marks=marks, id=name)
-
-
-ALL = [subcommand(name) for name in SUBCOMMANDS]
 
 
 def command_parser_of(name: str) -> ArgumentParser:
@@ -80,7 +68,7 @@ def undocumented(parser: argparse.ArgumentParser) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", SUBCOMMANDS)
 def test_every_option_has_a_description_and_a_default(name):
     for command, parser in parsers(command_parser_of(name), f"posfreq {name}"):
         assert undocumented(parser) == [], command
@@ -88,7 +76,7 @@ def test_every_option_has_a_description_and_a_default(name):
         assert parser.format_help(), command  # it renders (a bare % in a help text would raise)
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", SUBCOMMANDS)
 def test_shared_options_have_the_shared_names(name):
     for command, parser in parsers(command_parser_of(name), f"posfreq {name}"):
         spelled = {option for action in parser._actions for option in action.option_strings}
