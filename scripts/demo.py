@@ -292,7 +292,11 @@ def write_report(out: Path, settings: DemoSettings, quick: bool, pipeline: Pipel
 
 
 def publish_figures(out: Path) -> None:
-    """Replace docs/figures with this run's figures for the README (full mode only): none left from an older run."""
+    """Replace docs/figures with this run's figures for the README (full mode, in a checkout): none left from an
+    older run. An installed posfreq has no docs/ to publish to; the figures stay in OUT/figures."""
+    if not (REPO / "docs").is_dir():
+        print(f"not a checkout (no {REPO / 'docs'}): the figures stay in {out / 'figures'}")
+        return
     target = REPO / "docs" / "figures"
     target.mkdir(parents=True, exist_ok=True)
     for stale in target.glob("*.png"):
@@ -347,7 +351,8 @@ def build_parser() -> ArgumentParser:
                         help="Every stage at toy scale, about a minute: checks that each stage runs and writes its "
                         "outputs (its verdicts mean nothing).")
     parser.add_argument("--out", type=Optional[Path], default=None,
-                        help="Output directory; null: runs/demo, or runs/demo-quick with --quick.")
+                        help="Output directory; null: runs/demo, or runs/demo-quick with --quick (under the current "
+                        "directory).")
     return parser
 
 
@@ -355,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run every stage, write OUT/REPORT.md, and (full mode) publish the figures to docs/figures."""
     args = parse(build_parser(), argv)
     settings = QUICK if args.quick else FULL
-    out = (args.out or REPO / "runs" / ("demo-quick" if args.quick else "demo")).resolve()
+    out = (args.out or Path("runs") / ("demo-quick" if args.quick else "demo")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     p = Pipeline(out)
     start = time.perf_counter()
