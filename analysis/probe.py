@@ -314,10 +314,10 @@ def checkpoint_source(path: Path, settings: ProbeSettings) -> ModelSource:
         raise SystemExit(f"{path}: no tokenizer_spec.json; pass --tokenizer SPEC (llama3, bytes, hf:DIR)")
     hist_file = path / "trained_lengths.npy"
     hist = np.load(hist_file, allow_pickle=False) if hist_file.is_file() else None
-    train_len = len(hist) - 1 if hist is not None else load_model_config(path).max_seq_len
+    config = load_model_config(path)
     this_run, before = _tokens(path)
     return ModelSource(path.name, path, "checkpoint", model_fingerprint(path), settings.tokenizer or spec["spec"],
-                       train_len, load_model_config(path).vocab_size, bool(spec.get("bos_in_training", False)), hist,
+                       config.train_len, config.vocab_size, bool(spec.get("bos_in_training", False)), hist,
                        None if this_run is None else this_run + before, this_run)
 
 
@@ -329,7 +329,7 @@ def hf_source(directory: Path, settings: ProbeSettings) -> ModelSource:
     if spec is None:
         raise SystemExit(f"--model hf:{directory}: no tokenizer.json there; pass --tokenizer SPEC (e.g. llama3)")
     config = config_from_hf(json.loads((directory / "config.json").read_text()), str(directory / "config.json"))
-    return ModelSource(directory.name, directory, "hf", hf_model_fingerprint(directory), spec, config.max_seq_len,
+    return ModelSource(directory.name, directory, "hf", hf_model_fingerprint(directory), spec, config.train_len,
                        config.vocab_size, get_tokenizer(spec).adds_bos)
 
 

@@ -50,7 +50,7 @@ SCHEMES = ("rope", "string")
 def build(preset: str, length: int, device: str, dtype: torch.dtype) -> tuple[Transformer, torch.Tensor, torch.Tensor]:
     """A model with training length `length` and one random document of that length."""
     torch.manual_seed(0)
-    model = Transformer(model_preset(preset, vocab_size=512, max_seq_len=length)).to(device=device, dtype=dtype).eval()
+    model = Transformer(model_preset(preset, vocab_size=512, train_len=length)).to(device=device, dtype=dtype).eval()
     tokens = torch.randint(0, 512, (length,), device=device)
     return model, tokens, uniform_cu_seqlens(1, length, device)
 

@@ -221,7 +221,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="length 256 and tiny-4l-256's shape (same vocabulary)")
     args = p.parse_args()
     lengths = args.lengths or ([256] if args.quick else [1024, 4096])
-    config = replace(QUICK if args.quick else SMOLLM_135M, max_seq_len=max(lengths))
+    config = replace(QUICK if args.quick else SMOLLM_135M, train_len=max(lengths))
     folded = FoldedLlama3(config.vocab_size)
     register_tokenizer(folded.name, lambda: folded)
     settings = ProbeSettings(tests_per_length=args.tests, max_new_tokens=args.max_new_tokens)

@@ -149,7 +149,7 @@ def test_bf16_import(tmp_path: Path) -> None:
 @pytest.mark.parametrize("tie", [False, True])
 def test_export_reloads_in_transformers(tmp_path: Path, tie: bool) -> None:
     config = ModelConfig(vocab_size=101, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
-                         max_seq_len=512, tie_embeddings=tie, rope_scaling=LLAMA3_SCALING if tie else None)
+                         train_len=512, tie_embeddings=tie, rope_scaling=LLAMA3_SCALING if tie else None)
     torch.manual_seed(0)
     ours = Transformer(config).eval()
     export_hf(ours, tmp_path, bos_token_id=1, eos_token_id=2)

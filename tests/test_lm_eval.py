@@ -27,7 +27,7 @@ def write_checkpoint(directory: Path) -> Path:
     """A random 1-layer bytes-tokenizer model as a consolidated checkpoint; weights large enough for clear argmaxes."""
     from safetensors.torch import save_file
 
-    config = ModelConfig(vocab_size=258, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=64, max_seq_len=1024)
+    config = ModelConfig(vocab_size=258, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=64, train_len=1024)
     torch.manual_seed(0)
     model = Transformer(config).eval()
     with torch.no_grad():

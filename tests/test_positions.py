@@ -201,7 +201,7 @@ def test_string_shorter_than_shift_is_rope_bit_for_bit():
 
 # ----------------------------------------------------------------------------- through the model
 
-CONFIG = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, max_seq_len=36)
+CONFIG = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, train_len=36)
 MODEL_SETTINGS = [
     ("string", {}),  # shift 12, window 6
     ("string", {"shift": 9, "window": 3, "temperature": True}),

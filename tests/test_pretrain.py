@@ -144,7 +144,7 @@ def test_init_from_carries_weights_and_trained_lengths(data_dir, tmp_path):
     carried[:129] = ckpt.load_trained_lengths(warm)
     assert np.array_equal(ckpt.load_trained_lengths(final), carried + own)
     # Each checkpoint records the length it was trained at (STRING's defaults derive from it).
-    assert [json.loads((d / "model_config.json").read_text())["max_seq_len"] for d in (warm, final)] == [128, 256]
+    assert [json.loads((d / "model_config.json").read_text())["train_len"] for d in (warm, final)] == [128, 256]
     other = tiny(data_dir, tmp_path / "bad", **{"model.init_from": str(warm), "model.overrides.d_model": 128})
     with pytest.raises(ConfigError, match="init_from"):
         run(other)
@@ -390,8 +390,7 @@ def test_bad_configs_fail_before_compute(data_dir, tmp_path):
         (tiny(data_dir, tmp_path, data={"dir": "", "train_len": 128}), "data.dir is empty"),
         (tiny(data_dir, tmp_path, global_batch_tokens=1000), "not a whole number of micro-batches"),
         (tiny(data_dir, tmp_path, micro_batch_rows=3), "not a whole number of micro-batches"),
-        (tiny(data_dir, tmp_path, **{"data.train_len": 8192, "global_batch_tokens": 8192 * 4,
-                                     "model.overrides.max_seq_len": 4096}), "exceeds the model's max_seq_len"),
+        (tiny(data_dir, tmp_path, **{"model.overrides.train_len": 4096}), "the training length has one name"),
         (tiny(data_dir, tmp_path, seed="x"), 'Parser key "seed":\n  Expected a <class \'int\'>. Got value: x'),
     ]
     (tmp_path / "empty").mkdir()

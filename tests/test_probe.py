@@ -153,7 +153,7 @@ def test_settings_are_checked_and_precision_resolved():
 
 def tiny_model(seed=0) -> Transformer:
     torch.manual_seed(seed)
-    config = model_preset("tiny-2l-128", vocab_size=258, max_seq_len=512, n_layers=1)
+    config = model_preset("tiny-2l-128", vocab_size=258, train_len=512, n_layers=1)
     model = Transformer(config, attention_backend="sdpa")
     with torch.no_grad():  # larger weights: clear argmaxes, so float rounding cannot flip a greedy token
         model.lm_head.weight.mul_(30)
@@ -410,7 +410,8 @@ def make_fake_run(run: Path, train_len: int, ks: dict[int, int], seed: int = 0) 
         lengths = rng.integers(1, train_len + 1, size=tokens // train_len * 2)
         path = write_checkpoint(run, tokens, model, np.bincount(lengths, minlength=train_len + 1), spec="llama3")
         config = json.loads((path / "model_config.json").read_text())  # the window model stands in for a
-        (path / "model_config.json").write_text(json.dumps({**config, "vocab_size": TOKENIZER.vocab_size}))  # llama3 one
+        (path / "model_config.json").write_text(json.dumps({**config, "vocab_size": TOKENIZER.vocab_size,
+                                                            "train_len": train_len}))  # llama3 one, trained at L
         names[path.name] = k
     return names
 

@@ -17,14 +17,14 @@ class ModelConfig:
     ffn_dim: int = 5632
     rope_base: float = 10_000.0
     norm_eps: float = 1e-5
-    max_seq_len: int = 2048  # the training length L (STRING's defaults derive from it)
+    train_len: int = 2048  # the training length L: the rows it was trained on; STRING's defaults derive from it
     tie_embeddings: bool = False
     # Hugging Face's rope_scaling dict for imported models (e.g. {"rope_type": "llama3", "factor": 8.0,
     # ...}; see train.rotary.scaled_inv_freq); None for plain RoPE. Excluded from the hash (a dict).
     rope_scaling: dict | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "max_seq_len"):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "train_len"):
             if not getattr(self, name) >= 1:
                 raise ValueError(f"{name}={getattr(self, name)!r} is out of range: it must be >= 1")
         for name in ("rope_base", "norm_eps"):
@@ -46,6 +46,10 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "ModelConfig":
+        """A config from its JSON dict; unknown keys are an error. A checkpoint written before the training length
+        had one name calls it `max_seq_len`; it is read as `train_len`."""
+        if "max_seq_len" in data and "train_len" not in data:
+            data = {("train_len" if k == "max_seq_len" else k): v for k, v in data.items()}
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -67,8 +71,8 @@ class ModelConfig:
 # with them (1.23B if they were tied); the paper's "1.3B" matches none exactly (see README).
 PRESETS: dict[str, ModelConfig] = {
     "tinyllama-1.3b": ModelConfig(),
-    "tiny-4l-256": ModelConfig(d_model=256, n_layers=4, n_heads=8, n_kv_heads=2, ffn_dim=704, max_seq_len=4096),
-    "tiny-2l-128": ModelConfig(d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=352, max_seq_len=4096),
+    "tiny-4l-256": ModelConfig(d_model=256, n_layers=4, n_heads=8, n_kv_heads=2, ffn_dim=704, train_len=4096),
+    "tiny-2l-128": ModelConfig(d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=352, train_len=4096),
 }
 
 

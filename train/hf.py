@@ -118,7 +118,7 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
         ffn_dim=int(hf["intermediate_size"]),
         rope_base=float(rope_theta),
         norm_eps=float(hf.get("rms_norm_eps", defaults["rms_norm_eps"])),
-        max_seq_len=max_len,
+        train_len=max_len,
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         rope_scaling=None if rope_scaling_type(rope_scaling) == "default" else dict(rope_scaling),
     )
@@ -224,7 +224,7 @@ def config_to_hf(config: ModelConfig, dtype: torch.dtype, bos_token_id: int | No
         "num_key_value_heads": config.n_kv_heads,
         "head_dim": config.head_dim,
         "hidden_act": "silu",
-        "max_position_embeddings": config.max_seq_len,
+        "max_position_embeddings": config.train_len,
         "rms_norm_eps": config.norm_eps,
         "rope_theta": config.rope_base,
         "rope_scaling": config.rope_scaling,

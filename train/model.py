@@ -161,7 +161,7 @@ class Transformer(nn.Module):
         with the model's training length setting its defaults.
         """
         rope = RotaryBase(self.config.head_dim, self.config.rope_base, self.config.rope_scaling)
-        self.positions = build_scheme(name, rope, self.config.max_seq_len, **options)
+        self.positions = build_scheme(name, rope, self.config.train_len, **options)
 
     @torch.no_grad()
     def init_weights(self) -> None:

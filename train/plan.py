@@ -78,7 +78,7 @@ MARGIN = 0.10  # of the GPU's memory, kept for the CUDA context, the allocator a
 GATHERED_BLOCKS = 2  # the block computing plus the one FSDP2's implicit prefetch gathers
 # TinyLlama's published throughput: 24k tokens/s per A100 for TinyLlama-1.1B (this architecture
 # with the Llama-2 vocabulary of 32,000) at L = 2048, without activation checkpointing.
-TINYLLAMA = model_preset("tinyllama-1.3b", vocab_size=32_000, max_seq_len=2048)
+TINYLLAMA = model_preset("tinyllama-1.3b", vocab_size=32_000, train_len=2048)
 TINYLLAMA_TOKENS_PER_S = 24_000
 GIB = 2**30
 
@@ -109,7 +109,7 @@ class Memory:
 def model_config(cfg: TrainConfig) -> ModelConfig:
     """The trainer's model config, except vocab_size: the preset's unless overridden (the trainer takes the data's)."""
     overrides = dict(cfg.model.overrides)
-    overrides.setdefault("max_seq_len", cfg.data.train_len)
+    overrides["train_len"] = cfg.data.train_len
     return model_preset(cfg.model.preset, **overrides)
 
 
@@ -191,7 +191,7 @@ def flops_per_token(config: ModelConfig, seq_len: int) -> float:
 
 def tinyllama_mfu(gpu: Gpu) -> float:
     """The MFU that TinyLlama's 24k tokens/s per A100 implies under flops_per_token."""
-    return TINYLLAMA_TOKENS_PER_S * flops_per_token(TINYLLAMA, TINYLLAMA.max_seq_len) / gpu.peak_bf16_flops
+    return TINYLLAMA_TOKENS_PER_S * flops_per_token(TINYLLAMA, TINYLLAMA.train_len) / gpu.peak_bf16_flops
 
 
 def step_seconds(cfg: TrainConfig, config: ModelConfig, world: int, gpu: Gpu, mfu: float) -> float:

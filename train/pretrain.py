@@ -189,7 +189,7 @@ class Plan:
         overrides.setdefault("vocab_size", self.dataset.vocab_size)
         # The checkpoint records the length it was trained at: STRING and the baselines derive their
         # defaults (e.g. S = L/3) from it at inference.
-        overrides.setdefault("max_seq_len", cfg.data.train_len)
+        overrides["train_len"] = cfg.data.train_len
         try:
             self.model_config = model_preset(cfg.model.preset, **overrides)
         except ValueError as err:
@@ -198,9 +198,6 @@ class Plan:
             raise ConfigError(f"model vocab_size {self.model_config.vocab_size} < the data's {self.dataset.vocab_size} "
                               f"({self.dataset.tokenizer}). Fix: drop model.overrides.vocab_size.")
         L = cfg.data.train_len
-        if L > self.model_config.max_seq_len:
-            raise ConfigError(f"data.train_len={L} exceeds the model's max_seq_len={self.model_config.max_seq_len} "
-                              f"(its RoPE table / training length). Fix: set model.overrides.max_seq_len: {L}.")
         rows_per_micro = cfg.micro_batch_rows * world_size
         if cfg.global_batch_tokens % L or (cfg.global_batch_tokens // L) % rows_per_micro:
             raise ConfigError(
@@ -395,7 +392,7 @@ class Trainer:
     def _init_from(self, path: Path, model: Transformer) -> None:
         """Continue from another run's weights (e.g. a warm-up phase), counting its trained lengths too."""
         saved = ckpt.load_model_config(path)
-        if replace(saved, max_seq_len=self.plan.model_config.max_seq_len) != self.plan.model_config:  # L may differ
+        if replace(saved, train_len=self.plan.model_config.train_len) != self.plan.model_config:  # L may differ
             raise ConfigError(f"model.init_from={path}: its model config {saved} differs from this run's "
                               f"{self.plan.model_config}")
         model.load_state_dict(ckpt.model_state_dict(path, saved))

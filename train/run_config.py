@@ -72,6 +72,9 @@ class ModelSection:
         unknown = sorted(set(self.overrides) - set(hints))
         if unknown:
             raise ConfigError(f"model.overrides: unknown keys {unknown}. Known keys: {sorted(hints)}")
+        if "train_len" in self.overrides:
+            raise ConfigError("model.overrides.train_len: the training length has one name and one place, "
+                              "data.train_len (the model records it from there). Fix: set data.train_len instead.")
         self.overrides = {k: _number(v, hints[k], f"model.overrides.{k}") for k, v in self.overrides.items()}
         try:
             model_preset(self.preset, **self.overrides)
