@@ -30,6 +30,7 @@ import os
 import re
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Sequence
 
@@ -44,6 +45,7 @@ from posfreq.train.shards import ShardWriter, shard_is_complete
 from posfreq.train.tokenizer import Tokenizer, get_tokenizer
 
 BATCH_CHARS = 4 << 20  # tokenize this many characters of text at a time
+VAL_DIR = "val"  # held-out documents' shards, under --out (the trainer's data.val_dir)
 
 _worker_tokenizer: Tokenizer | None = None
 
@@ -91,41 +93,64 @@ def source_identity(file: CorpusFile, hash_content: bool = True) -> dict:
     return identity | ({"source_sha256": file_sha256(file)} if hash_content else {})
 
 
+def held_out(text: str, fraction: float) -> bool:
+    """Whether a document goes to the validation shards: decided by a hash of its text, so the split is the same
+    for any --shard, --workers or file order, and a document is never in both."""
+    return fraction > 0 and int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") < fraction * 2**64
+
+
 def tokenize_file(corpus: Corpus, file: CorpusFile, name: str, out: Path, tokenizer: Tokenizer,
-                  on_error: str = "raise") -> dict:
-    """Tokenize one input file into shard `name` under `out` (atomically); returns its metadata."""
+                  on_error: str = "raise", val_fraction: float = 0.0) -> dict:
+    """Tokenize one input file into shard `name` under `out` (atomically), and its held-out documents into shard
+    `name` under `out/val` when val_fraction > 0; returns the training shard's metadata."""
     stats = ReadStats()
     extra = {**source_identity(file), "corpus": corpus.name, "text_field": corpus.text_field,
-             "sources": list(corpus.sources)}
+             "sources": list(corpus.sources), "val_fraction": val_fraction}
     eos = np.array([tokenizer.eos_id], dtype=np.int64)
-    with ShardWriter(out, name, tokenizer=tokenizer.name, vocab_size=tokenizer.vocab_size,
-                     eos_id=tokenizer.eos_id, extra=extra) as writer:
-        texts: list[str] = []
+    spec = dict(tokenizer=tokenizer.name, vocab_size=tokenizer.vocab_size, eos_id=tokenizer.eos_id, extra=extra)
+    with ExitStack() as stack:
+        writers = [stack.enter_context(ShardWriter(out, name, **spec))]
+        if val_fraction > 0:
+            writers.append(stack.enter_context(ShardWriter(out / VAL_DIR, name, **spec)))
+        batches: list[list[str]] = [[] for _ in writers]
         size = 0
+
+        def flush() -> None:
+            for writer, texts in zip(writers, batches):
+                writer.add_many(np.concatenate([ids, eos]) for ids in tokenizer.encode_batch(texts))
+                texts.clear()
+
         for doc in corpus.iter_documents(file, on_error=on_error, stats=stats):
-            texts.append(doc.text)
+            batches[held_out(doc.text, val_fraction)].append(doc.text)
             size += len(doc.text)
             if size >= BATCH_CHARS:
-                writer.add_many(np.concatenate([ids, eos]) for ids in tokenizer.encode_batch(texts))
-                texts, size = [], 0
-        writer.add_many(np.concatenate([ids, eos]) for ids in tokenizer.encode_batch(texts))
-        writer.meta.update(skipped_items=stats.skipped, filtered_items=stats.filtered, skipped_errors=stats.errors,
-                           lost_files=stats.lost_files)
-    return writer.meta
+                flush()
+                size = 0
+        flush()
+        for writer in writers:
+            writer.meta.update(skipped_items=stats.skipped, filtered_items=stats.filtered,
+                               skipped_errors=stats.errors, lost_files=stats.lost_files)
+    writers[0].meta["val_docs"] = writers[1].meta["num_docs"] if val_fraction > 0 else 0
+    return writers[0].meta
 
 
-def _tokenize_in_worker(corpus: Corpus, file: CorpusFile, name: str, out: Path, on_error: str) -> dict:
+def _tokenize_in_worker(corpus: Corpus, file: CorpusFile, name: str, out: Path, on_error: str,
+                        val_fraction: float) -> dict:
     """`tokenize_file` with this worker process's tokenizer (built once by `_init_worker`)."""
     assert _worker_tokenizer is not None
-    return tokenize_file(corpus, file, name, out, _worker_tokenizer, on_error)
+    return tokenize_file(corpus, file, name, out, _worker_tokenizer, on_error, val_fraction)
 
 
-def pending_files(corpus: Corpus, names: dict[CorpusFile, str], out: Path, tokenizer: Tokenizer) -> list[CorpusFile]:
-    """Files whose shard is not complete yet, or lost data to a bad input file (it may have been fetched again);
-    refuses an --out tokenized with another tokenizer."""
+def pending_files(corpus: Corpus, names: dict[CorpusFile, str], out: Path, tokenizer: Tokenizer,
+                  val_fraction: float = 0.0) -> list[CorpusFile]:
+    """Files whose shard (and validation shard) is not complete yet, was split with another --val-fraction, or lost
+    data to a bad input file (it may have been fetched again); refuses an --out tokenized with another tokenizer."""
     todo = []
     for file in corpus.files:
         meta = shard_is_complete(out, names[file])
+        if meta is not None and (meta.get("val_fraction", 0.0) != val_fraction
+                                 or (val_fraction > 0 and shard_is_complete(out / VAL_DIR, names[file]) is None)):
+            meta = None
         if meta is not None and meta.get("tokenizer") != tokenizer.name:
             raise SystemExit(f"{out}/{names[file]} was tokenized with {meta.get('tokenizer')!r}, not "
                              f"{tokenizer.name!r}. Fix: use a fresh --out directory per tokenizer.")
@@ -137,30 +162,33 @@ def pending_files(corpus: Corpus, names: dict[CorpusFile, str], out: Path, token
 
 
 def prepare(corpus: Corpus, out: Path, tokenizer_spec: str = "llama3", workers: int = 1,
-            shard: tuple[int, int] = (0, 1), on_error: str = "raise", progress: bool = True) -> dict:
-    """Tokenize this shard's files of `corpus` into `out`; returns counts for the summary line."""
+            shard: tuple[int, int] = (0, 1), on_error: str = "raise", progress: bool = True,
+            val_fraction: float = 0.0) -> dict:
+    """Tokenize this shard's files of `corpus` into `out` (held-out documents into `out/val`); returns counts for
+    the summary line."""
     names = shard_names(corpus.files)  # from the full file list, so names are independent of --shard
     mine = corpus.shard(*shard)
     tokenizer = get_tokenizer(tokenizer_spec)
-    todo = pending_files(mine, names, out, tokenizer)
+    todo = pending_files(mine, names, out, tokenizer, val_fraction)
     out.mkdir(parents=True, exist_ok=True)
     totals = {"files": len(mine.files), "skipped_complete": len(mine.files) - len(todo), "docs": 0, "tokens": 0,
-              "skipped_items": 0, "lost_files": []}
+              "val_docs": 0, "skipped_items": 0, "lost_files": []}
     bar = tqdm(total=len(todo), unit="file", desc=f"tokenize {corpus.name} -> {out}", disable=not progress)
     def done(meta: dict) -> None:
         """Add one finished shard's counts to the totals and the progress bar."""
         totals["docs"] += meta["num_docs"]
         totals["tokens"] += meta["num_tokens"]
+        totals["val_docs"] += meta["val_docs"]
         totals["skipped_items"] += meta["skipped_items"]
         totals["lost_files"] += meta["lost_files"]
         bar.update(1)
         bar.set_postfix(tokens=f"{totals['tokens']:,}")
     if workers <= 1:
         for file in todo:
-            done(tokenize_file(mine, file, names[file], out, tokenizer, on_error))
+            done(tokenize_file(mine, file, names[file], out, tokenizer, on_error, val_fraction))
     else:
         with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(tokenizer_spec,)) as pool:
-            futures = [pool.submit(_tokenize_in_worker, mine, f, names[f], out, on_error) for f in todo]
+            futures = [pool.submit(_tokenize_in_worker, mine, f, names[f], out, on_error, val_fraction) for f in todo]
             for future in as_completed(futures):
                 done(future.result())
     bar.close()
@@ -188,6 +216,9 @@ def build_parser() -> ArgumentParser:
     add_corpus_arguments(parser, default_corpus="pg-essays", default_workers=1)
     parser.add_argument("--out", type=str, required=True, help="output directory of token shards")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--val-fraction", type=float, default=0.0,
+                        help="hold out this fraction of documents (chosen by a hash of their text) as validation "
+                        "shards in OUT/val, for the trainer's data.val_dir; 0: none")
     return parser
 
 
@@ -197,16 +228,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(parser, argv)
     if args.workers < 1:
         parser.error(f"--workers must be >= 1, got {args.workers}")
+    if not 0 <= args.val_fraction < 1:
+        parser.error(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
     try:
         shard = shard_from_args(args) or (0, 1)
         out = Path(args.out)
         totals = prepare(corpus_from_args(args), out, args.tokenizer, args.workers, shard, args.on_error,
-                         progress=not args.quiet)
+                         progress=not args.quiet, val_fraction=args.val_fraction)
     except CorpusError as err:
         raise SystemExit(f"error: {err}") from None
     print(f"{out}: {totals['files']} files in shard {shard[0]}/{shard[1]} "
           f"({totals['skipped_complete']} already complete); wrote {totals['docs']:,} documents, "
-          f"{totals['tokens']:,} tokens")
+          f"{totals['tokens']:,} tokens" + (f"; held out {totals['val_docs']:,} documents in {out / VAL_DIR} "
+                                             "(data.val_dir)" if args.val_fraction else ""))
     for line in skip_report(totals, out):
         print(line)
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pyarrow as pa
@@ -327,3 +328,36 @@ def test_prepare_cli_takes_the_shared_corpus_options(tmp_path, capsys):
     assert len(metas) == 6 and {m["sources"][0] for m in metas} == {"-github"}
     assert sum(m["num_docs"] for m in metas) == len(kept)
     assert sum(m["num_tokens"] for m in metas) == sum(len(text.encode()) + 1 for text in kept)  # bytes + EOS
+
+
+def test_prepare_val_fraction_holds_out_documents_by_content(tmp_path) -> None:
+    """--val-fraction: every document lands in exactly one of OUT and OUT/val, chosen by its text's hash (the same
+    split whatever the file layout or worker count), near the asked fraction; a changed fraction redoes shards."""
+    from posfreq.scripts import prepare_data as prep
+    from posfreq.train.shards import TokenDataset
+    from posfreq.train.tokenizer import get_tokenizer
+
+    texts = [f"document number {i} " * (1 + i % 7) for i in range(400)]
+    for layout, chunks in (("one", [texts]), ("four", [texts[i::4] for i in range(4)])):
+        root = tmp_path / layout
+        root.mkdir()
+        for k, chunk in enumerate(chunks):
+            (root / f"part{k}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in chunk))
+    tok = get_tokenizer("bytes")
+    split = {}
+    for layout, workers in (("one", 1), ("four", 2)):
+        out = tmp_path / f"tokens-{layout}"
+        totals = prep.prepare(resolve_corpus(tmp_path / layout), out, "bytes", workers=workers, progress=False,
+                              val_fraction=0.25)
+        train, val = TokenDataset(out, tokenizer="bytes"), TokenDataset(out / "val", tokenizer="bytes")
+        decode = lambda ds: {tok.decode(ds.document(i)[:-1].tolist()) for i in range(ds.num_docs)}  # noqa: E731
+        train_texts, val_texts = decode(train), decode(val)
+        assert train_texts.isdisjoint(val_texts) and train_texts | val_texts == set(texts)
+        assert totals["val_docs"] == len(val_texts) and totals["docs"] == len(train_texts)
+        expected = {t for t in texts if int.from_bytes(hashlib.sha256(t.encode()).digest()[:8], "big") < 2**62}
+        assert val_texts == expected  # by content: an independent recomputation of the rule
+        split[layout] = val_texts
+    assert split["one"] == split["four"] and 60 <= len(split["one"]) <= 140  # 25% of 400, loosely
+    again = prep.prepare(resolve_corpus(tmp_path / "one"), tmp_path / "tokens-one", "bytes", progress=False,
+                         val_fraction=0.1)
+    assert again["skipped_complete"] == 0 and again["val_docs"] < len(split["one"])
