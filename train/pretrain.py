@@ -355,9 +355,9 @@ class Trainer:
         self.optimizer = fabric.setup_optimizers(build_optimizer(self.model, cfg))
         d = cfg.data
         self.sampler = PackedSampler(plan.dataset, d.train_len, cfg.micro_batch_rows, seed=cfg.seed,
-                                     rank=fabric.global_rank, world_size=fabric.world_size,
-                                     mix_documents=d.mix_documents, attention=d.attention, shuffle=d.shuffle,
-                                     shuffle_block=d.shuffle_block)
+                                     rank=fabric.global_rank, world_size=fabric.world_size, packing=d.packing,
+                                     attention=d.attention, shuffle=d.shuffle, shuffle_block=d.shuffle_block,
+                                     upsample=d.length_upsample)
         self.peak = peak_flops(fabric.device, cfg.logging.peak_flops_per_device)
         if plan.resume_from is not None:
             self._load(plan.resume_from)
@@ -455,8 +455,8 @@ class Trainer:
         """
         cfg, fabric = self.cfg, self.fabric
         micro, total = cfg.micro_batch_rows, cfg.data.val_rows
-        sampler = PackedSampler(self.plan.val_dataset, cfg.data.train_len, micro, seed=0,
-                                mix_documents=cfg.data.mix_documents, attention=cfg.data.attention, shuffle=False)
+        sampler = PackedSampler(self.plan.val_dataset, cfg.data.train_len, micro, seed=0, packing=cfg.data.packing,
+                                attention=cfg.data.attention, shuffle=False)
         totals = torch.zeros(2, dtype=torch.float64, device=fabric.device)
         self.model.eval()
         with torch.no_grad():
@@ -501,19 +501,26 @@ class Trainer:
                                   float(self.signals.received == signal.SIGUSR1)], dtype=torch.float64,
                                  device=fabric.device)
             n_targets, sum_s_s1, stop_flag, time_flag, requeue_flag = fabric.all_reduce(local, reduce_op="sum").tolist()
-            loss_sum, grad_norm = self._train_step(batches, n_targets)
-            loss = float(fabric.all_reduce(loss_sum, reduce_op="sum")) / n_targets
-            grad_norm = float(grad_norm)
+            skip_reason = None
+            if n_targets == 0:  # no row of the global batch has a target (e.g. one 1-token piece per row): no loss
+                loss = grad_norm = math.nan
+                skip_reason = "no_targets"
+            else:
+                loss_sum, grad_norm = self._train_step(batches, n_targets)
+                loss = float(fabric.all_reduce(loss_sum, reduce_op="sum")) / n_targets
+                grad_norm = float(grad_norm)
+                if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                    skip_reason = "non_finite"
+                    if cfg.on_nonfinite == "stop":
+                        self._nonfinite(loss, grad_norm)
             lr = lr_at(self.step, cfg, plan.total_steps)
-            finite = math.isfinite(loss) and math.isfinite(grad_norm)
-            if finite:
+            if skip_reason is None:
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
                 self.optimizer.step()
+            if skip_reason != "non_finite":  # the histogram counts the segments fed, targets or not (as in any step)
                 for batch in batches:
                     self.trained_lengths += np.bincount(batch.segment_lengths, minlength=cfg.data.train_len + 1)
-            elif cfg.on_nonfinite == "stop":
-                self._nonfinite(loss, grad_norm)
             self.optimizer.zero_grad(set_to_none=True)
             self.step += 1
             if fabric.device.type == "cuda":
@@ -522,8 +529,8 @@ class Trainer:
             self.wall_time += elapsed
             flops = step_flops(plan.model_config, cfg.global_batch_tokens, sum_s_s1)
             row = {"step": self.step, "tokens": self.tokens_seen, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                   "skipped": not finite, "step_time_s": elapsed, "tokens_per_s": cfg.global_batch_tokens / elapsed,
-                   "flops_per_s": flops / elapsed,
+                   "skipped": skip_reason is not None, "skip_reason": skip_reason, "step_time_s": elapsed,
+                   "tokens_per_s": cfg.global_batch_tokens / elapsed, "flops_per_s": flops / elapsed,
                    "mfu": flops / elapsed / (self.peak * fabric.world_size) if self.peak else None}
             history.append(row)
             log.step(row, fabric)

@@ -23,6 +23,7 @@ from jsonargparse import ArgumentParser, Namespace
 
 from posfreq.train.cli import command_parser, parse
 from posfreq.train.config import ModelConfig, model_preset
+from posfreq.train.upsample import LengthUpsample
 
 
 class ConfigError(ValueError):
@@ -92,14 +93,20 @@ class DataSection:
     """The training length L: rows of L tokens (written into every checkpoint)."""
     tokenizer: Optional[str] = None
     """If set, the shards must have been tokenized with this tokenizer (refused otherwise)."""
-    mix_documents: bool = True
-    """Pack several documents per row (true) or one document piece per row, padded (false)."""
+    packing: Literal["concat", "best_fit", "padded"] = "concat"
+    """How document pieces (documents cut at every train_len tokens) fill rows: concat (the token stream cut into
+    rows, no padding), best_fit (whole pieces packed by best-fit decreasing within each shuffle block, the rest of a
+    row padding; Ding et al. 2024) or padded (one piece per row, padded). See posfreq.train.packing_plan."""
+    length_upsample: dict[str, float] = field(default_factory=dict)
+    """Expected copies per epoch of a document by its length in tokens (EOS included), e.g. {0-1024: 0.5, 4096-: 2.0}
+    (Fu et al. 2024): LO-HI is LO <= length < HI, LO- has no end; weight w gives floor(w) copies plus one more with
+    probability w - floor(w), drawn each epoch; other lengths keep 1; {}: every document once (train/upsample.py)."""
     attention: Literal["document", "row"] = "document"
-    """Attend within each document only (document) or across the whole row (row)."""
+    """Attend within each document only (document) or across the whole row (row; packing concat only)."""
     shuffle: bool = True
     """Shuffle documents each epoch (deterministic for the seed)."""
     shuffle_block: int = 1 << 20
-    """Documents per shuffle block (bounds the sampler's memory on huge corpora)."""
+    """Documents per shuffle block: bounds the sampler's memory on huge corpora, and is best_fit's packing buffer."""
     val_dir: Optional[str] = None
     """Token shards of held-out documents for the validation loss (`posfreq prepare --val-fraction` writes them
     beside the training shards, in OUT/val); null: no validation."""
@@ -112,6 +119,16 @@ class DataSection:
         _at_least("data.", self, 2, "train_len")  # a 1-token row has no target
         _at_least("data.", self, 1, "shuffle_block", "val_rows")
         _at_least("data.", self, 0, "val_every_tokens")
+        if self.attention == "row" and self.packing != "concat":
+            raise ConfigError(f"data.attention=row needs data.packing=concat, not {self.packing!r} (padding must stay "
+                              "its own attention segment)")
+        try:
+            upsample = LengthUpsample.parse(self.length_upsample, where="data.length_upsample")
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        if upsample.sources:
+            raise ConfigError(f"data.length_upsample: per-source keys ({list(upsample.sources)}) need per-document "
+                              "sources, which token shards do not record; use LO-HI keys")
 
 
 @dataclass
