@@ -39,28 +39,35 @@ if __package__ in (None, ""):  # run as a file: import the installed posfreq pac
 from posfreq.analysis.effective_length import STATUS_ALL_PASSED, STATUS_OK, find_run_results, read_csv, write_csv
 from posfreq.train.cli import command_parser, parse
 
-COLUMNS = ("train_len", "seed", "checkpoint", "tokens_seen", "effective_length", "effective_length_lo",
+COLUMNS = ("train_len", "seed", "variant", "checkpoint", "tokens_seen", "effective_length", "effective_length_lo",
            "effective_length_hi", "effective_length_status", "f_effective_length", "tf_effective_length")
 
 
-def run_identity(probe_dir: Path) -> tuple[int, int | None]:
-    """(training length, training seed) of a probed run, from its first checkpoint's config.json."""
+def data_variant(config: Mapping) -> str:
+    """How a run's rows were made, as a label: the packing strategy, plus `+upsample` when lengths were reweighted."""
+    data = config.get("data", {})
+    packing = data.get("packing") or ("concat" if data.get("mix_documents", True) else "padded")
+    return packing + ("+upsample" if data.get("length_upsample") else "")
+
+
+def run_identity(probe_dir: Path) -> tuple[int, int | None, str]:
+    """(training length, training seed, data variant) of a probed run, from its first checkpoint's config.json."""
     meta = json.loads((probe_dir / "probe.json").read_text())
     rows = read_csv(probe_dir / "effective_length.csv")
     config_file = Path(meta.get("run", "")) / "checkpoints" / str(rows[0]["checkpoint"]) / "config.json"
-    seed = json.loads(config_file.read_text()).get("seed") if config_file.is_file() else None
-    return int(rows[0]["train_len"]), seed
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    return int(rows[0]["train_len"]), config.get("seed"), data_variant(config)
 
 
 def load_checkpoints(paths: Sequence[Path]) -> list[dict]:
-    """Every probed checkpoint of the given runs, with its run's training length and seed."""
+    """Every probed checkpoint of the given runs, with its run's training length, seed and data variant."""
     rows = []
     for path in paths:
         directory = find_run_results(path)
-        train_len, seed = run_identity(directory)
+        train_len, seed, variant = run_identity(directory)
         for row in read_csv(directory / "effective_length.csv"):
             rows.append({**{c: row.get(c) for c in COLUMNS}, "train_len": train_len, "seed": seed,
-                         **{k: v for k, v in row.items() if k.startswith("pass_rate_")}})
+                         "variant": variant, **{k: v for k, v in row.items() if k.startswith("pass_rate_")}})
     return rows
 
 
@@ -74,12 +81,12 @@ def shortfall(rows: Sequence[Mapping]) -> dict:
     """C1: each run's last checkpoint, its effective length interval against its training length."""
     runs = {}
     for r in rows:
-        key = (r["train_len"], r["seed"])
+        key = (r["train_len"], r["variant"], r["seed"])
         if key not in runs or r["tokens_seen"] > runs[key]["tokens_seen"]:
             runs[key] = r
-    last = [{"train_len": L, "seed": s, "effective_length": r["effective_length"],
+    last = [{"train_len": L, "variant": v, "seed": s, "effective_length": r["effective_length"],
              "effective_length_hi": r["effective_length_hi"], "status": r["effective_length_status"]}
-            for (L, s), r in sorted(runs.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))]
+            for (L, v, s), r in sorted(runs.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2])))]
     holds = all(x["status"] == STATUS_OK and x["effective_length_hi"] is not None and x["effective_length_hi"] < x["train_len"]
                 for x in last)
     return {"claim": "the effective length of every run's last checkpoint falls short of its training length",
@@ -115,8 +122,8 @@ def longer_reaches_further(rows: Sequence[Mapping], n_boot: int, seed: int) -> d
                     "lower bound: its training length caps it"}
 
 
-def _residual_shift(points: Sequence[tuple[int, float, float]], short: int, long: int) -> float | None:
-    """D for (train_len, effective length, log10 f) points: mean residual (long) - mean residual (short) in the overlap."""
+def _residual_shift(points: Sequence[tuple[object, float, float]], short: object, long: object) -> float | None:
+    """D for (group, effective length, log10 f) points: mean residual (long) - mean residual (short) in the overlap."""
     by_len = {L: [(x, y) for LL, x, y in points if LL == L] for L in (short, long)}
     if any(len(v) < 2 for v in by_len.values()):
         return None
@@ -132,20 +139,24 @@ def _residual_shift(points: Sequence[tuple[int, float, float]], short: int, long
     return float(mean_res[long] - mean_res[short])
 
 
-def curves_coincide(rows: Sequence[Mapping], n_boot: int, seed: int) -> dict:
-    """C2: do f(effective length) vs effective length curves of the two training lengths coincide?"""
-    lengths = sorted({r["train_len"] for r in rows})
+def curves_coincide(rows: Sequence[Mapping], n_boot: int, seed: int, group: str = "train_len",
+                    groups: Sequence | None = None) -> dict:
+    """C2: do the f(effective length) vs effective length curves of two groups coincide? By default the groups are
+    the two training lengths (the paper's C2); `group="variant", groups=(baseline, other)` compares data variants."""
+    lengths = list(groups) if groups is not None else sorted({r[group] for r in rows})
     if len(lengths) != 2:
-        return {"claim": "needs exactly two training lengths", "holds": None}
+        return {"claim": f"needs exactly two values of {group}", "holds": None}
     short, long = lengths
     points = {}
     for r in rows:
         f = r["f_effective_length"]
-        if r["effective_length_status"] == STATUS_OK and f not in (None, "") and float(f) > 0:
-            points.setdefault((r["train_len"], r["seed"]), []).append(
-                (r["train_len"], int(r["effective_length"]), float(np.log10(float(f)))))
+        if (r[group] in lengths and r["effective_length_status"] == STATUS_OK and f not in (None, "")
+                and float(f) > 0):
+            points.setdefault((r[group], r["seed"]), []).append(
+                (r[group], int(r["effective_length"]), float(np.log10(float(f)))))
     observed = _residual_shift([p for v in points.values() for p in v], short, long)
-    claim = (f"f(effective length) vs effective length of L = {short} and L = {long} coincide (the paper's C2): "
+    names = (f"L = {short} and L = {long}" if group == "train_len" else f"{short} and {long}")
+    claim = (f"f(effective length) vs effective length of {names} coincide (the paper's C2): "
              "the interval of D, the shift in log10 f at equal effective length, holds 0")
     if observed is None:
         return {"claim": claim, "holds": None, "n_points": {str(L): sum(len(v) for (LL, _), v in points.items() if LL == L)
@@ -169,14 +180,43 @@ def curves_coincide(rows: Sequence[Mapping], n_boot: int, seed: int) -> dict:
                     "length (percentile bootstrap)"}
 
 
+def variant_effect(rows: Sequence[Mapping], baseline: str, other: str, n_boot: int, seed: int) -> dict:
+    """At equal tokens, does data variant `other` reach a larger effective length than `baseline`?
+
+    Per seed: the mean over the milestones both runs reached of EL(other) - EL(baseline) (0 before retrieval
+    counts), then a percentile bootstrap over seeds; also the difference at the last shared milestone.
+    """
+    el = {(r["variant"], r["seed"], int(r["tokens_seen"])): int(r["effective_length"]) for r in rows}
+    seeds = sorted({s for v, s, _ in el if v == baseline} & {s for v, s, _ in el if v == other}, key=str)
+    claim = f"at equal tokens, {other} reaches a larger effective length than {baseline} (paired by seed)"
+    if not seeds:
+        return {"claim": claim, "holds": None, "reason": "no seed trained with both variants"}
+    means, last = [], []
+    for s in seeds:
+        shared = sorted({t for v, ss, t in el if ss == s and v == baseline} & {t for v, ss, t in el if ss == s and v == other})
+        diffs = [el[(other, s, t)] - el[(baseline, s, t)] for t in shared]
+        means.append(float(np.mean(diffs)))
+        last.append(diffs[-1])
+    rng = np.random.default_rng(seed)
+    boots = [float(np.mean(rng.choice(means, size=len(means)))) for _ in range(n_boot)]
+    lo, hi = _percentile(boots)
+    return {"claim": claim, "seeds": seeds, "mean_difference_per_seed": means, "mean_difference": float(np.mean(means)),
+            "interval_95": [lo, hi], "last_milestone_differences": last, "holds": bool(lo > 0),
+            "differs": not lo <= 0 <= hi,
+            "test": "per seed, mean over shared milestones of the effective-length difference; percentile bootstrap "
+                    "over seeds"}
+
+
 def emergence(rows: Sequence[Mapping]) -> list[dict]:
     """Per run: the first checkpoint with a non-zero effective length, as a share of the run's tokens."""
     out = []
-    for (L, s) in sorted({(r["train_len"], r["seed"]) for r in rows}, key=lambda k: (k[0], str(k[1]))):
-        mine = sorted((r for r in rows if (r["train_len"], r["seed"]) == (L, s)), key=lambda r: r["tokens_seen"])
+    runs = {(r["train_len"], r["variant"], r["seed"]) for r in rows}
+    for (L, v, s) in sorted(runs, key=lambda k: (k[0], k[1], str(k[2]))):
+        mine = sorted((r for r in rows if (r["train_len"], r["variant"], r["seed"]) == (L, v, s)),
+                      key=lambda r: r["tokens_seen"])
         first = next((r for r in mine if int(r["effective_length"]) > 0), None)
         share = None if first is None else first["tokens_seen"] / mine[-1]["tokens_seen"]
-        out.append({"train_len": L, "seed": s, "checkpoints": len(mine), "first_retrieval_tokens":
+        out.append({"train_len": L, "variant": v, "seed": s, "checkpoints": len(mine), "first_retrieval_tokens":
                     None if first is None else first["tokens_seen"], "share_of_budget": share})
     return out
 
@@ -187,9 +227,14 @@ def compare(paths: Sequence[Path], out: Path, n_boot: int = 2000, seed: int = 0,
     out.mkdir(parents=True, exist_ok=True)
     pass_cols = sorted({k for r in rows for k in r if k.startswith("pass_rate_")}, key=lambda k: int(k.split("_")[-1]))
     write_csv(out / "checkpoints.csv", rows, list(COLUMNS) + pass_cols)
+    variants = sorted({r["variant"] for r in rows})
+    baseline = "concat" if "concat" in variants else variants[0]
     conclusion = {"runs": [str(p) for p in paths], "shortfall": shortfall(rows),
                   "longer_reaches_further": longer_reaches_further(rows, n_boot, seed),
-                  "curves_coincide": curves_coincide(rows, n_boot, seed), "emergence": emergence(rows)}
+                  "curves_coincide": curves_coincide(rows, n_boot, seed), "emergence": emergence(rows),
+                  "variants": {other: {"equal_tokens": variant_effect(rows, baseline, other, n_boot, seed),
+                                       "against_f": curves_coincide(rows, n_boot, seed, "variant", (baseline, other))}
+                               for other in variants if other != baseline}}
     (out / "conclusion.json").write_text(json.dumps(conclusion, indent=1) + "\n")
     if figures:
         from posfreq.analysis import plots

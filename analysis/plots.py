@@ -279,17 +279,19 @@ def plot_fig2b_frequency_vs_effective_length(
     return _save_fig2b(fig, ax, stem, "effective context length (tokens)", "Position frequency at the effective length")
 
 
-def _by_length(rows: Sequence[Mapping]) -> dict[int, list[Mapping]]:
-    out: dict[int, list[Mapping]] = {}
+def _by_group(rows: Sequence[Mapping]) -> dict[str, list[Mapping]]:
+    """Rows per run group, labelled `L = 512`, or `L = 512, best_fit` when the rows hold several data variants."""
+    variants = {r.get("variant") for r in rows}
+    out: dict[tuple, list[Mapping]] = {}
     for r in rows:
-        out.setdefault(int(r["train_len"]), []).append(r)
-    return dict(sorted(out.items()))
+        out.setdefault((int(r["train_len"]), str(r.get("variant") or "")), []).append(r)
+    return {(f"L = {L}, {v}" if len(variants) > 1 else f"L = {L}"): mine for (L, v), mine in sorted(out.items())}
 
 
 def plot_fig2a_seed_bands(rows: Sequence[Mapping], stem: str | Path) -> list[Path]:
     """Fig. 2a across seeds: per training length, each seed's curve (thin), the median and the min-max band."""
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for k, (train_len, mine) in enumerate(_by_length(rows).items()):
+    for k, (label, mine) in enumerate(_by_group(rows).items()):
         color = f"C{k}"
         seeds = sorted({r["seed"] for r in mine}, key=str)
         tokens = sorted({r["tokens_seen"] for r in mine})
@@ -300,7 +302,7 @@ def plot_fig2a_seed_bands(rows: Sequence[Mapping], stem: str | Path) -> list[Pat
             ax.plot(tokens, row, color=color, alpha=0.3, linewidth=0.8)
         ax.fill_between(tokens, np.nanmin(table, 0), np.nanmax(table, 0), color=color, alpha=0.15)
         ax.plot(tokens, np.nanmedian(table, 0), color=color, marker="o",
-                label=f"L = {train_len} (median of {len(seeds)} seeds; band: min-max)")
+                label=f"{label} (median of {len(seeds)} seeds; band: min-max)")
     return _save_fig2a(fig, ax, stem, "training tokens seen (warm-up included)",
                        "Effective length vs training tokens, across seeds")
 
@@ -308,16 +310,16 @@ def plot_fig2a_seed_bands(rows: Sequence[Mapping], stem: str | Path) -> list[Pat
 def plot_fig2b_seeds(rows: Sequence[Mapping], stem: str | Path) -> list[Path]:
     """Fig. 2b across seeds: f(effective length) (log) vs effective length, with bootstrap intervals in x."""
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for k, (train_len, mine) in enumerate(_by_length(rows).items()):
+    for k, (label, mine) in enumerate(_by_group(rows).items()):
         pts = [r for r in mine if r["effective_length_status"] == "ok" and r["f_effective_length"] not in (None, "")
                and float(r["f_effective_length"]) > 0]
         color = f"C{k}"
         if not pts:
-            ax.plot([], [], marker="o", color=color, label=f"L = {train_len} (no defined point)")
+            ax.plot([], [], marker="o", color=color, label=f"{label} (no defined point)")
             continue
         xs = np.array([float(r["effective_length"]) for r in pts])
         ys = np.array([float(r["f_effective_length"]) for r in pts])
-        ax.scatter(xs, ys, color=color, label=f"L = {train_len} ({len(pts)} checkpoints, all seeds)", zorder=3)
+        ax.scatter(xs, ys, color=color, label=f"{label} ({len(pts)} checkpoints, all seeds)", zorder=3)
         _interval_bars(ax, ys, xs, [r["effective_length_lo"] for r in pts], [r["effective_length_hi"] for r in pts],
                        color, horizontal=True)
     return _save_fig2b(fig, ax, stem, "effective context length (tokens; bars: 95% bootstrap interval)",
@@ -325,10 +327,10 @@ def plot_fig2b_seeds(rows: Sequence[Mapping], stem: str | Path) -> list[Path]:
 
 
 def plot_pass_rate_curves(rows: Sequence[Mapping], stem: str | Path, threshold: float = 0.5) -> list[Path]:
-    """Pass rate vs test length of every milestone (mean over seeds), one panel per training length."""
-    groups = _by_length(rows)
+    """Pass rate vs test length of every milestone (mean over seeds), one panel per training length (and variant)."""
+    groups = _by_group(rows)
     fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.2), squeeze=False)
-    for ax, (train_len, mine) in zip(axes[0], groups.items()):
+    for ax, (label, mine) in zip(axes[0], groups.items()):
         tokens = sorted({r["tokens_seen"] for r in mine})
         cmap = plt.get_cmap("viridis")
         for i, t in enumerate(tokens):
@@ -339,7 +341,7 @@ def plot_pass_rate_curves(rows: Sequence[Mapping], stem: str | Path, threshold: 
             rates = [np.mean([float(r[c]) for r in at if r.get(c) not in (None, "")]) for c in cols]
             ax.plot(lengths, rates, marker=".", color=cmap(i / max(len(tokens) - 1, 1)), label=f"{t / 1e6:.2f}M tokens")
         ax.axhline(threshold, color="grey", linestyle="--", linewidth=0.8)
-        ax.set_title(f"L = {train_len}: pass rate by test length (mean over seeds)")
+        ax.set_title(f"{label}: pass rate by test length (mean over seeds)")
         ax.set_xlabel("test length (tokens)")
         ax.set_ylabel("pass rate")
         ax.set_ylim(-0.02, 1.02)

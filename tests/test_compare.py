@@ -16,7 +16,8 @@ def rows_on_lines(shift_decades: float, seeds=(0, 1, 2), noise: float = 0.0) -> 
         for seed in seeds:
             for k, eff in enumerate(effs):
                 log_f = 2 + eff / 64 + (shift_decades if train_len == 256 else 0) + noise * rng.standard_normal()
-                rows.append({"train_len": train_len, "seed": seed, "checkpoint": f"c{k}", "tokens_seen": 1000 * (k + 1),
+                rows.append({"train_len": train_len, "seed": seed, "variant": "concat", "checkpoint": f"c{k}",
+                             "tokens_seen": 1000 * (k + 1),
                              "effective_length": eff, "effective_length_lo": eff - 16, "effective_length_hi": eff + 16,
                              "effective_length_status": "ok", "f_effective_length": 10 ** log_f,
                              "pass_rate_32": 1.0, "pass_rate_64": 0.5})
@@ -66,3 +67,24 @@ def test_figures_are_drawn(tmp_path):
                        (plots.plot_pass_rate_curves, "c")):
         paths = draw(rows, tmp_path / stem)
         assert all(p.is_file() and p.stat().st_size > 1000 for p in paths)
+
+
+def test_variant_effect_at_equal_tokens_and_against_f():
+    """Two data variants at one L: best_fit is 16, 32, 48 tokens ahead (seed 0, 1, 2) at every milestone, on the same
+    f-curve; the paired mean is 32 with a bootstrap interval inside [16, 48], and against f the curves coincide."""
+    rows = []
+    for seed, lead in ((0, 16), (1, 32), (2, 48)):
+        for k, eff in enumerate((64, 96, 128, 160)):
+            for variant, el in (("concat", eff), ("best_fit", eff + lead)):
+                rows.append({"train_len": 256, "seed": seed, "variant": variant, "checkpoint": f"c{k}",
+                             "tokens_seen": 1000 * (k + 1), "effective_length": el, "effective_length_lo": el - 8,
+                             "effective_length_hi": el + 8, "effective_length_status": "ok",
+                             "f_effective_length": 10 ** (2 + el / 64)})
+    effect = compare.variant_effect(rows, "concat", "best_fit", n_boot=500, seed=0)
+    assert effect["mean_difference_per_seed"] == [16.0, 32.0, 48.0] and effect["mean_difference"] == 32.0
+    assert 16 <= effect["interval_95"][0] < 32 < effect["interval_95"][1] <= 48
+    assert effect["holds"] is True and effect["last_milestone_differences"] == [16, 32, 48]
+    same_f = compare.curves_coincide(rows, n_boot=300, seed=0, group="variant", groups=("concat", "best_fit"))
+    assert same_f["holds"] is True and same_f["D_log10_f"] == pytest.approx(0.0, abs=1e-9)
+    none = compare.variant_effect(rows, "concat", "padded", n_boot=10, seed=0)
+    assert none["holds"] is None
