@@ -111,8 +111,9 @@ class Documents:
                            np.asarray(per_source[name], dtype=np.int64)) for code, name in enumerate(names)]
         packed = np.concatenate(coded or [np.zeros(0, dtype=np.int64)])  # length * n + source, in one array
         np.random.default_rng(seed).shuffle(packed)  # in place: no permutation array of the corpus's size
-        lengths, sources = np.divmod(packed, n)
-        return cls(lengths, sources if by_source else None, names if by_source else ())
+        sources = packed % n if by_source else None
+        packed //= n  # in place: the lengths
+        return cls(packed, sources, names if by_source else ())
 
     @property
     def num_docs(self) -> int:
