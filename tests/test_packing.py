@@ -331,6 +331,7 @@ def test_upsample_weights_by_source_override_the_general_bucket() -> None:
     ({"0-10": -1.0}, r"\['0-10'\]=-1.0: a weight is a finite number >= 0"),
     ({"0-10": float("nan")}, r"\['0-10'\]=nan"),
     ({"0-100": 1.0, "50-": 2.0}, r"\['50-'\] overlaps .*\['0-100'\]"),
+    ({"0-100": 0.0, "100-": 0}, r": every document length has weight 0"),
 ])
 def test_bad_upsample_weights_are_named(weights, message) -> None:
     with pytest.raises(ValueError, match=message):

@@ -78,6 +78,12 @@ class LengthUpsample:
             if a.source == b.source and (a.hi is None or a.hi > b.lo):
                 raise ValueError(f"{where}[{b.key!r}] overlaps {where}[{a.key!r}]: the buckets of one scope must be "
                                  "disjoint")
+        reach = 1  # the source-free zero-weight buckets cover every length from 1 up to here
+        for b in buckets:
+            if b.source is None and b.weight == 0 and b.lo <= reach:
+                reach = math.inf if b.hi is None else b.hi
+        if reach == math.inf and not any(b.source is not None and b.weight > 0 for b in buckets):
+            raise ValueError(f"{where}: every document length has weight 0, so an epoch would hold no document")
         return cls(tuple(buckets))
 
     def __bool__(self) -> bool:
