@@ -34,7 +34,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Literal, Optional
 
 from jsonargparse import ArgumentParser
 
@@ -188,6 +188,28 @@ def train_and_probe(p: Pipeline, settings: DemoSettings, corpus: Path, data: Pat
         probe(p, settings, corpus, f"probe L={train_len} seed={seed} ({scheme})", probed_lengths(settings, train_len),
               settings.tests_per_length, 0, out, "--run", run, "--positions", scheme)
     return run
+
+
+def prepare_inputs(p: Pipeline, settings: DemoSettings) -> Path:
+    """Stages 1-3: the demo tokenizer and corpora, the main corpus's f(i), and token shards of both corpora under
+    OUT/data/{warmup,main}; returns the corpus directory (its tokenizer, corpora and probe haystack)."""
+    corpus = p.out / "corpus"
+    lengths = sorted({n for L in settings.train_lens for n in probed_lengths(settings, L)} | set(settings.train_lens))
+    p.run("demo tokenizer and corpora", "scripts/demo_corpus.py", "--out", corpus, "--docs", str(settings.corpus_docs),
+          "--warmup-docs", str(settings.warmup_docs), "--probe-lengths", *map(str, lengths),
+          "--probe-tests", str(max(settings.tests_per_length, settings.table1_tests)), "--probe-seeds", "0", "1")
+    tokenizer = f"hf:{corpus / 'tokenizer'}"
+    main_corpus = corpus / "main" / "demo_corpus.jsonl"
+    p.run("length histogram and f(i)", *analyze_command(settings, main_corpus, tokenizer, p.out / "position_freq"))
+    for name, path in (("warmup", corpus / "warmup" / "warmup.jsonl"), ("main", main_corpus)):
+        p.run(f"token shards ({name})", *shards_command(path, tokenizer, p.out / "data" / name))
+    return corpus
+
+
+def warm_ups(p: Pipeline, settings: DemoSettings, pool: ThreadPoolExecutor) -> dict[int, Future]:
+    """Queue every seed's warm-up run on the copy drills; each future gives its last milestone checkpoint."""
+    return {s: pool.submit(train, p, settings, f"warm-up seed={s}", p.out / "data" / "warmup", p.out / f"warmup-s{s}",
+                           settings.warmup_len, settings.warmup_tokens, s) for s in settings.seeds}
 
 
 def table1(p: Pipeline, settings: DemoSettings, corpus: Path, run: Path, train_len: int) -> list[dict]:
@@ -350,9 +372,12 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--quick", action="store_true",
                         help="Every stage at toy scale, about a minute: checks that each stage runs and writes its "
                         "outputs (its verdicts mean nothing).")
+    parser.add_argument("--experiment", type=Literal["demo", "packing"], default="demo",
+                        help="demo: the paper's probing experiment at L = 256 and 512; packing: at L = 512, concat vs "
+                        "best_fit vs length upsampling, same budget and seeds (scripts/packing_experiment.py).")
     parser.add_argument("--out", type=Optional[Path], default=None,
-                        help="Output directory; null: runs/demo, or runs/demo-quick with --quick (under the current "
-                        "directory).")
+                        help="Output directory; null: runs/<experiment>, or runs/<experiment>-quick with --quick "
+                        "(under the current directory).")
     return parser
 
 
@@ -360,26 +385,23 @@ def main(argv: list[str] | None = None) -> int:
     """Run every stage, write OUT/REPORT.md, and (full mode) publish the figures to docs/figures."""
     args = parse(build_parser(), argv)
     settings = QUICK if args.quick else FULL
-    out = (args.out or Path("runs") / ("demo-quick" if args.quick else "demo")).resolve()
+    out = (args.out or Path("runs") / (args.experiment + ("-quick" if args.quick else ""))).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if args.experiment == "packing":
+        from posfreq.scripts.packing_experiment import run_experiment
+
+        start = time.perf_counter()
+        report = run_experiment(out, args.quick)
+        print(f"\npacking experiment finished in {time.perf_counter() - start:.0f} s; report: {report}")
+        return 0
     p = Pipeline(out)
     start = time.perf_counter()
 
-    corpus = out / "corpus"
-    lengths = sorted({n for L in settings.train_lens for n in probed_lengths(settings, L)} | set(settings.train_lens))
-    p.run("demo tokenizer and corpora", "scripts/demo_corpus.py", "--out", corpus, "--docs", str(settings.corpus_docs),
-          "--warmup-docs", str(settings.warmup_docs), "--probe-lengths", *map(str, lengths),
-          "--probe-tests", str(max(settings.tests_per_length, settings.table1_tests)), "--probe-seeds", "0", "1")
-    tokenizer = f"hf:{corpus / 'tokenizer'}"
-    main_corpus = corpus / "main" / "demo_corpus.jsonl"
-    p.run("length histogram and f(i)", *analyze_command(settings, main_corpus, tokenizer, out / "position_freq"))
-    for name, path in (("warmup", corpus / "warmup" / "warmup.jsonl"), ("main", main_corpus)):
-        p.run(f"token shards ({name})", *shards_command(path, tokenizer, out / "data" / name))
+    corpus = prepare_inputs(p, settings)
     # Two lanes: every seed's warm-up is queued first, then each seed's continued runs, longest first; a
     # continued run waits for its own warm-up, which is queued before it, so none can starve.
     with ThreadPoolExecutor(max_workers=2) as pool:
-        warm = {s: pool.submit(train, p, settings, f"warm-up seed={s}", out / "data" / "warmup", out / f"warmup-s{s}",
-                               settings.warmup_len, settings.warmup_tokens, s) for s in settings.seeds}
+        warm = warm_ups(p, settings, pool)
         jobs = {f"L{n}-s{s}": pool.submit(train_and_probe, p, settings, corpus, out / "data" / "main", warm[s], s, n)
                 for s in settings.seeds for n in sorted(settings.train_lens, reverse=True)}
         runs = {name: job.result() for name, job in sorted(jobs.items(), key=lambda kv: (len(kv[0]), kv[0]))}

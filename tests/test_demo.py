@@ -72,3 +72,27 @@ def test_quick_demo_outputs(quick_demo: Path) -> None:
     figures = {p.name for p in (quick_demo / "figures").glob("*.png")}
     assert any(name.startswith("fig2a") for name in figures) and any(name.startswith("fig2b") for name in figures)
     assert any("heatmap" in name for name in figures) and "pass_rate_vs_length.png" in figures
+
+
+def test_quick_packing_experiment_trains_each_variant_and_reports_the_effect(tmp_path: Path) -> None:
+    """`scripts/demo.py --experiment packing --quick`: one run per variant with its packing recorded, the effect
+    tested for each variant against concat, and the trained f of best_fit above concat's at long distances (whole
+    pieces are never cut at a row end); concat trains every row token (no padding)."""
+    from posfreq.scripts.packing_experiment import TRAIN_LEN, VARIANTS
+
+    subprocess.run([sys.executable, "scripts/demo.py", "--experiment", "packing", "--quick", "--out", str(tmp_path)],
+                   cwd=REPO, env=dict(os.environ), check=True, timeout=900)
+    conclusion = json.loads((tmp_path / "compare/conclusion.json").read_text())
+    assert set(conclusion["variants"]) == set(VARIANTS) - {"concat"}
+    assert all("interval_95" in v["equal_tokens"] for v in conclusion["variants"].values())
+    for variant in VARIANTS:
+        run = tmp_path / f"{variant}-s{QUICK.seeds[0]}"
+        last = sorted((run / "checkpoints").glob("tokens-*"))[-1]
+        data = json.loads((last / "config.json").read_text())["data"]
+        assert data["packing"] == ("best_fit" if variant == "best_fit" else "concat") and data["train_len"] == TRAIN_LEN
+        assert bool(data["length_upsample"]) == variant.endswith("upsample")
+    report = (tmp_path / "REPORT.md").read_text()
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in report.splitlines()
+            if line.startswith("| concat |") or line.startswith("| best_fit |")}
+    assert float(rows["best_fit"][2]) > float(rows["concat"][2])  # f(3L/4)
+    assert float(rows["concat"][3]) == 0.0
