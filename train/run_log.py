@@ -65,7 +65,7 @@ def step_line(row: dict, total_steps: int, eta_s: float | None) -> str:
     if row.get("mfu") is not None:
         parts.append(f"mfu {100 * row['mfu']:.1f}%")
     if row.get("skipped"):
-        parts.append("skipped non-finite")
+        parts.append(f"skipped {row.get('skip_reason') or 'non_finite'}")
     if eta_s is not None:
         parts.append(f"eta {duration(eta_s)}")
     return " ".join(parts)
