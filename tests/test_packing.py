@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +29,8 @@ from posfreq.train.packing_plan import (
 from posfreq.train.run_config import ConfigError, DataSection, config_from_dict
 from posfreq.train.shards import ShardWriter, TokenDataset
 from posfreq.train.upsample import LengthUpsample
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 PIECE_RULES = ("best_fit", "padded")  # the strategies that place whole pieces (and pad)
 
@@ -400,20 +401,6 @@ def test_prediction_from_a_histogram_or_an_array() -> None:
 
 
 L_TRAIN = 16
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: on a shared 2-core machine, more threads make these tiny steps slower."""
-    before, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
-    torch.set_num_threads(1)
-    os.environ["OMP_NUM_THREADS"] = "1"
-    yield
-    torch.set_num_threads(before)
-    if env is None:
-        os.environ.pop("OMP_NUM_THREADS", None)
-    else:
-        os.environ["OMP_NUM_THREADS"] = env
 
 
 def byte_shards(directory: Path, lengths: list[int]) -> Path:

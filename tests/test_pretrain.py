@@ -33,18 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WORDS = "the cat sat on a mat and then it ran to the red house where a dog slept all day".split()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: on a shared 2-core machine, more threads make these tiny steps 10x slower."""
-    before, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
-    torch.set_num_threads(1)
-    os.environ["OMP_NUM_THREADS"] = "1"  # else Fabric's launcher sets cpu_count // processes threads
-    yield
-    torch.set_num_threads(before)
-    if env is None:
-        os.environ.pop("OMP_NUM_THREADS", None)
-    else:
-        os.environ["OMP_NUM_THREADS"] = env
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
