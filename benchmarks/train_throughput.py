@@ -59,13 +59,13 @@ def make_shards(directory: Path, vocab: int, eos: int, tokenizer: str, docs: int
             writer.add(np.append(rng.integers(0, eos, n), eos))
 
 
-def config(preset: str, data: Path, out: Path, steps: int, seq_len: int, rows: int, micro: int, gpu: bool) -> dict:
+def config(preset: str, data: Path, out: Path, steps: int, train_len: int, rows: int, micro: int, gpu: bool) -> dict:
     return {
-        "out_dir": str(out), "total_tokens": steps * rows * seq_len, "global_batch_tokens": rows * seq_len,
+        "out": str(out), "total_tokens": steps * rows * train_len, "global_batch_tokens": rows * train_len,
         "micro_batch_rows": micro, "accelerator": "cuda" if gpu else "cpu", "devices": 1,
         "precision": "bf16-mixed" if gpu else "32-true",
         "model": {"preset": preset, "attention_backend": "auto" if gpu else "sdpa"},
-        "data": {"dir": str(data), "seq_len": seq_len},
+        "data": {"dir": str(data), "train_len": train_len},
         "optim": {"warmup_steps": 2},
         "checkpoint": {"every_tokens": 10**15, "latest_every_steps": 0, "latest_every_minutes": 0},
         "logging": {"progress_bar": False},
@@ -78,8 +78,8 @@ def bare_loop(cfg: dict, steps: int) -> list[float]:
     dataset = TokenDataset(run.data.dir)
     model = Transformer(model_preset(run.model.preset, vocab_size=dataset.vocab_size), attention_backend="sdpa")
     optimizer = build_optimizer(model, run)
-    sampler = PackedSampler(dataset, run.data.seq_len, run.micro_batch_rows, seed=run.seed)
-    accumulation = run.global_batch_tokens // (run.data.seq_len * run.micro_batch_rows)
+    sampler = PackedSampler(dataset, run.data.train_len, run.micro_batch_rows, seed=run.seed)
+    accumulation = run.global_batch_tokens // (run.data.train_len * run.micro_batch_rows)
     times = []
     for _ in range(steps):
         start = time.perf_counter()
@@ -103,7 +103,7 @@ def cpu_report(presets: list[str], steps: int, warmup: int) -> None:
         data = Path(tmp) / "data"
         make_shards(data, vocab=258, eos=257, tokenizer="bytes")
         for preset in presets:
-            cfg = config(preset, data, Path(tmp) / preset, steps, seq_len=256, rows=32, micro=16, gpu=False)
+            cfg = config(preset, data, Path(tmp) / preset, steps, train_len=256, rows=32, micro=16, gpu=False)
             bare = statistics.median(bare_loop(cfg, steps)[warmup:])
             history = train(config_from_dict(cfg))[warmup:]
             trainer = statistics.median(r["step_time_s"] for r in history)
@@ -119,7 +119,7 @@ def gpu_report(steps: int, warmup: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         make_shards(data, vocab=128_256, eos=128_001, tokenizer="llama3", docs=4000)
-        cfg = config("tinyllama-1.3b", data, Path(tmp) / "run", steps, seq_len=2048, rows=16, micro=4, gpu=True)
+        cfg = config("tinyllama-1.3b", data, Path(tmp) / "run", steps, train_len=2048, rows=16, micro=4, gpu=True)
         history = train(config_from_dict(cfg))[warmup:]
         row = history[len(history) // 2]
         mfu = statistics.median(r["mfu"] for r in history) if row["mfu"] is not None else None

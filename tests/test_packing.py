@@ -77,7 +77,7 @@ def naive_f(pieces, L: int) -> np.ndarray:
 def scan_segments(batch: PackedBatch, offsets: np.ndarray, pad_id: int) -> list[list[int]]:
     """Per row, the lengths of its document segments, found token by token: a segment ends at a row end, at padding,
     where tokens stop being consecutive, or before a token at a document-local multiple of L (a piece start)."""
-    L, ids = batch.seq_len, batch.input_ids.numpy()
+    L, ids = batch.train_len, batch.input_ids.numpy()
     out = []
     for r in range(batch.rows):
         row, lengths, run = ids[r * L:(r + 1) * L].tolist(), [], 0
@@ -107,7 +107,7 @@ def real_tokens(batch: PackedBatch, pad_id: int) -> np.ndarray:
 def check_batch(batch: PackedBatch, offsets: np.ndarray, pad_id: int, whole_pieces: bool) -> None:
     """Invariants of one batch, segment by segment with plain Python: row boundaries cut, targets inside segments,
     position ids, padding never a target; a document segment inside one piece (the whole piece if `whole_pieces`)."""
-    L, T = batch.seq_len, batch.rows * batch.seq_len
+    L, T = batch.train_len, batch.rows * batch.train_len
     cu = batch.cu_seqlens.numpy().astype(np.int64)
     ids, tgt, pos = batch.input_ids.numpy(), batch.targets.numpy(), batch.position_ids.numpy()
     assert batch.cu_seqlens.dtype == torch.int32 and batch.input_ids.dtype == torch.int64
@@ -139,17 +139,17 @@ def check_batch(batch: PackedBatch, offsets: np.ndarray, pad_id: int, whole_piec
 
 
 @pytest.mark.parametrize("packing", STRATEGIES)
-@pytest.mark.parametrize("seq_len,block", [(8, 1 << 20), (5, 3), (16, 4)])
-def test_an_epoch_holds_every_token_once(unique, packing, seq_len, block) -> None:
+@pytest.mark.parametrize("train_len,block", [(8, 1 << 20), (5, 3), (16, 4)])
+def test_an_epoch_holds_every_token_once(unique, packing, train_len, block) -> None:
     ds, offsets = unique
-    sampler = PackedSampler(ds, seq_len, 3, seed=3, packing=packing, shuffle_block=block)
+    sampler = PackedSampler(ds, train_len, 3, seed=3, packing=packing, shuffle_block=block)
     rows = sampler.plan.epoch_rows(0)
     assert rows.start == 0
     batch = sampler.make_batch(0, len(rows))
     check_batch(batch, offsets, ds.eos_id, whole_pieces=packing != "concat")
     stream = real_tokens(batch, ds.eos_id)
     if packing == "concat":
-        assert len(rows) == -(-ds.num_tokens // seq_len)
+        assert len(rows) == -(-ds.num_tokens // train_len)
         stream = stream[: ds.num_tokens]  # the last row runs on into the next epoch
         starts = set(offsets[:-1].tolist())
         inside = np.array([t not in starts for t in stream[1:]])
@@ -158,7 +158,7 @@ def test_an_epoch_holds_every_token_once(unique, packing, seq_len, block) -> Non
     found = [n for row in scan_segments(batch, offsets, ds.eos_id) for n in row]
     assert sorted(found) == sorted(batch.segment_lengths.tolist())
     if packing == "padded":
-        assert len(rows) == len(naive_pieces(ds.doc_lengths(), seq_len))
+        assert len(rows) == len(naive_pieces(ds.doc_lengths(), train_len))
         assert all(len(row) == 1 for row in scan_segments(batch, offsets, ds.eos_id))
 
 
@@ -270,7 +270,7 @@ def test_resume_mid_epoch_reproduces_the_stream(unique, packing, upsample) -> No
 def test_state_from_other_stream_is_refused(unique) -> None:
     ds, _ = unique
     state = PackedSampler(ds, 8, 2, seed=1).state_dict()
-    with pytest.raises(ValueError, match="seq_len: saved 8 vs now 16"):
+    with pytest.raises(ValueError, match="train_len: saved 8 vs now 16"):
         PackedSampler(ds, 16, 2, seed=1).load_state_dict(state)
     with pytest.raises(ValueError, match="packing: saved 'concat' vs now 'best_fit'"):
         PackedSampler(ds, 8, 2, seed=1, packing="best_fit").load_state_dict(state)

@@ -33,7 +33,7 @@ IGNORE_INDEX = -100
 
 @dataclass(frozen=True)
 class PackedBatch:
-    """`rows` rows of `seq_len` tokens, flattened, with the attention segments of each row.
+    """`rows` rows of `train_len` tokens, flattened, with the attention segments of each row.
 
     `segment_lengths` are the lengths of the segments that hold document tokens (what the
     trainer bincounts into the trained-length histogram); padding segments are in `cu_seqlens`
@@ -41,19 +41,19 @@ class PackedBatch:
     under ``concat``).
     """
 
-    input_ids: torch.Tensor  # (rows * seq_len,) int64
-    targets: torch.Tensor  # (rows * seq_len,) int64, IGNORE_INDEX where there is no target
-    position_ids: torch.Tensor  # (rows * seq_len,) int64, 0 at every segment start
+    input_ids: torch.Tensor  # (rows * train_len,) int64
+    targets: torch.Tensor  # (rows * train_len,) int64, IGNORE_INDEX where there is no target
+    position_ids: torch.Tensor  # (rows * train_len,) int64, 0 at every segment start
     cu_seqlens: torch.Tensor  # (n_segments + 1,) int32 over the flattened batch
     max_seqlen: int
     segment_lengths: np.ndarray  # int64 lengths of the non-padding segments
     rows: int
-    seq_len: int
+    train_len: int
 
     @property
     def num_tokens(self) -> int:
-        """Tokens in the batch (rows * seq_len), padding included."""
-        return self.rows * self.seq_len
+        """Tokens in the batch (rows * train_len), padding included."""
+        return self.rows * self.train_len
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "PackedBatch":
         """The same batch with its tensors on `device`."""
@@ -64,7 +64,7 @@ class PackedBatch:
 
 def assemble(layout: RowLayout, dataset: TokenDataset, pad_id: int) -> PackedBatch:
     """The batch of a row layout: its runs' tokens read from `dataset`, padding, targets, position ids."""
-    total, cuts = layout.rows * layout.seq_len, layout.cuts
+    total, cuts = layout.rows * layout.train_len, layout.cuts
     tokens = dataset.read_runs(dataset.token_offsets(layout.docs) + layout.starts, layout.lengths)
     seg_lengths = np.diff(cuts)
     padded = not layout.real.all()
@@ -85,7 +85,7 @@ def assemble(layout: RowLayout, dataset: TokenDataset, pad_id: int) -> PackedBat
         max_seqlen=int(seg_lengths.max()),
         segment_lengths=layout.segment_lengths().astype(np.int64),
         rows=layout.rows,
-        seq_len=layout.seq_len,
+        train_len=layout.train_len,
     )
 
 
@@ -98,7 +98,7 @@ class PackedSampler:
     next global row.
     """
 
-    def __init__(self, dataset: TokenDataset, seq_len: int, rows_per_batch: int, seed: int = 0,
+    def __init__(self, dataset: TokenDataset, train_len: int, rows_per_batch: int, seed: int = 0,
                  rank: int = 0, world_size: int = 1, *, packing: Strategy = "concat",
                  attention: Attention = "document", pad_id: int | None = None, shuffle: bool = True,
                  shuffle_block: int = 1 << 20,
@@ -109,10 +109,10 @@ class PackedSampler:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         if dataset.num_tokens == 0:
             raise ValueError(f"{dataset.directory} holds no tokens. {PREPARE_HINT}")
-        self.plan = PackingPlan(dataset, seq_len, packing, attention=attention, seed=seed, shuffle=shuffle,
+        self.plan = PackingPlan(dataset, train_len, packing, attention=attention, seed=seed, shuffle=shuffle,
                                 shuffle_block=shuffle_block, upsample=upsample)
         self.dataset = dataset
-        self.seq_len, self.rows_per_batch, self.seed = seq_len, rows_per_batch, seed
+        self.train_len, self.rows_per_batch, self.seed = train_len, rows_per_batch, seed
         self.rank, self.world_size = rank, world_size
         self.pad_id = dataset.eos_id if pad_id is None else pad_id
         self.next_row = 0  # index of the first row of the next global batch
@@ -150,7 +150,7 @@ class PackedSampler:
     def _stream_identity(self) -> dict:
         """Settings that define the row stream; a saved state is only valid for the same ones."""
         plan = self.plan
-        return {"seed": self.seed, "seq_len": self.seq_len, "packing": plan.packing_name,
+        return {"seed": self.seed, "train_len": self.train_len, "packing": plan.packing_name,
                 "attention": plan.attention, "shuffle": plan.shuffle, "shuffle_block": plan.shuffle_block,
                 "length_upsample": plan.upsample.as_dict(), "num_docs": self.dataset.num_docs,
                 "num_tokens": self.dataset.num_tokens, "pad_id": self.pad_id}

@@ -129,11 +129,11 @@ class Documents:
         return None if self.sources is None else self.sources[start:stop]
 
 
-def cut_pieces(docs: np.ndarray, lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def cut_pieces(docs: np.ndarray, lengths: np.ndarray, train_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The pieces of documents cut at local offsets 0, L, 2L, ...: (document, first token, length) of each."""
-    n_pieces = -(-lengths // seq_len)
-    starts = concat_ranges(np.zeros(len(lengths), dtype=np.int64), n_pieces) * seq_len
-    return np.repeat(docs, n_pieces), starts, np.minimum(seq_len, np.repeat(lengths, n_pieces) - starts)
+    n_pieces = -(-lengths // train_len)
+    starts = concat_ranges(np.zeros(len(lengths), dtype=np.int64), n_pieces) * train_len
+    return np.repeat(docs, n_pieces), starts, np.minimum(train_len, np.repeat(lengths, n_pieces) - starts)
 
 
 def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> np.ndarray:
@@ -191,7 +191,7 @@ class RowLayout:
 
     rows: int
     """Rows laid out."""
-    seq_len: int
+    train_len: int
     """Tokens per row (L)."""
     docs: np.ndarray
     """Global document id of each token run."""
@@ -202,7 +202,7 @@ class RowLayout:
     dest: np.ndarray
     """Position of each run's first token in the flattened rows (increasing)."""
     cuts: np.ndarray
-    """Attention segment boundaries over the flattened rows: 0, ..., rows * seq_len (int64)."""
+    """Attention segment boundaries over the flattened rows: 0, ..., rows * train_len (int64)."""
     real: np.ndarray
     """Per segment: True if it holds document tokens, False if it is padding."""
 
@@ -213,23 +213,23 @@ class RowLayout:
     @property
     def padding_tokens(self) -> int:
         """Positions that hold no document token."""
-        return self.rows * self.seq_len - int(self.lengths.sum())
+        return self.rows * self.train_len - int(self.lengths.sum())
 
 
 def _piece_layout(row: np.ndarray, docs: np.ndarray, starts: np.ndarray, lengths: np.ndarray, rows: int,
-                  seq_len: int) -> RowLayout:
+                  train_len: int) -> RowLayout:
     """Rows filled with whole pieces back to back from each row's start (pieces grouped by `row`, in order), then
     padding: a segment per piece, and one padding segment per row that is not full."""
     before = np.cumsum(lengths) - lengths
     first_of_row = np.searchsorted(row, np.arange(rows, dtype=np.int64))
-    dest = row * seq_len + before - before[first_of_row][row]
+    dest = row * train_len + before - before[first_of_row][row]
     fill = np.bincount(row, weights=lengths, minlength=rows).astype(np.int64)
-    short = np.flatnonzero(fill < seq_len)
-    segment_starts = np.concatenate([dest, short * seq_len + fill[short]])
+    short = np.flatnonzero(fill < train_len)
+    segment_starts = np.concatenate([dest, short * train_len + fill[short]])
     real = np.concatenate([np.ones(len(dest), dtype=bool), np.zeros(len(short), dtype=bool)])
     order = np.argsort(segment_starts, kind="stable")
-    cuts = np.append(segment_starts[order], rows * seq_len)
-    return RowLayout(rows, seq_len, docs, starts, lengths, dest, cuts, real[order])
+    cuts = np.append(segment_starts[order], rows * train_len)
+    return RowLayout(rows, train_len, docs, starts, lengths, dest, cuts, real[order])
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,7 +281,7 @@ Parts = Sequence[tuple[Block, int, int]]
 class Packing(ABC):
     """One packing rule: how a block's ordered documents become units, and rows of L tokens from units."""
 
-    seq_len: int
+    train_len: int
 
     @property
     @abstractmethod
@@ -301,13 +301,13 @@ class Packing(ABC):
 class ConcatRows(Packing):
     """``concat``: rows of L tokens cut from the endless token stream; a unit is a token."""
 
-    seq_len: int
+    train_len: int
     attention: Attention = "document"
 
     @property
     def units_per_row(self) -> int:
         """A row takes L tokens of the stream."""
-        return self.seq_len
+        return self.train_len
 
     def plan_block(self, docs: np.ndarray, lengths: np.ndarray, rng: np.random.Generator | None) -> StreamBlock:
         """The document copies as they are, with their cumulative token counts."""
@@ -315,7 +315,7 @@ class ConcatRows(Packing):
 
     def layout(self, parts: Parts, rows: int) -> RowLayout:
         """Runs of documents over the rows' tokens; segments are the pieces cut at row boundaries, or whole rows."""
-        L, total = self.seq_len, rows * self.seq_len
+        L, total = self.train_len, rows * self.train_len
         docs, starts, counts = [], [], []
         for block, lo, hi in parts:
             cum = block.cum
@@ -341,7 +341,7 @@ class ConcatRows(Packing):
 class PieceRows(Packing):
     """Rows that hold whole pieces, then padding; a unit is a row."""
 
-    seq_len: int
+    train_len: int
 
     @property
     def units_per_row(self) -> int:
@@ -359,18 +359,18 @@ class PieceRows(Packing):
             lengths.append(block.lengths[a:b])
             offset += hi - lo
         return _piece_layout(*(np.concatenate(x).astype(np.int64) for x in (row, docs, starts, lengths)),
-                             rows, self.seq_len)
+                             rows, self.train_len)
 
 
 @dataclass(frozen=True)
 class PaddedRows(PieceRows):
     """``padded``: one piece per row, in stream order, padded to L."""
 
-    seq_len: int
+    train_len: int
 
     def plan_block(self, docs: np.ndarray, lengths: np.ndarray, rng: np.random.Generator | None) -> RowBlock:
         """Each piece its own row."""
-        pieces = cut_pieces(docs, lengths, self.seq_len)
+        pieces = cut_pieces(docs, lengths, self.train_len)
         return RowBlock(*pieces, np.arange(len(pieces[0]) + 1, dtype=np.int64))
 
 
@@ -378,12 +378,12 @@ class PaddedRows(PieceRows):
 class BestFitRows(PieceRows):
     """``best_fit``: a block's pieces packed whole into rows by best-fit decreasing; rows shuffled by `rng`."""
 
-    seq_len: int
+    train_len: int
 
     def plan_block(self, docs: np.ndarray, lengths: np.ndarray, rng: np.random.Generator | None) -> RowBlock:
         """Best-fit decreasing over the block's pieces; in a row, pieces in the order they were placed."""
-        docs, starts, sizes = cut_pieces(docs, lengths, self.seq_len)
-        row = best_fit_decreasing(sizes, self.seq_len)
+        docs, starts, sizes = cut_pieces(docs, lengths, self.train_len)
+        row = best_fit_decreasing(sizes, self.train_len)
         placed = np.argsort(-sizes, kind="stable")  # placement order; sorting by row keeps it within a row
         order = placed[np.argsort(row[placed], kind="stable")]
         counts = np.bincount(row, minlength=int(row.max(initial=-1)) + 1)
@@ -395,14 +395,14 @@ class BestFitRows(PieceRows):
         return RowBlock(docs[order], starts[order], sizes[order], np.concatenate([[0], np.cumsum(counts)]))
 
 
-def make_packing(packing: Strategy, seq_len: int, attention: Attention = "document") -> Packing:
+def make_packing(packing: Strategy, train_len: int, attention: Attention = "document") -> Packing:
     """The strategy object for a `data.packing` name."""
     if packing == "concat":
-        return ConcatRows(seq_len, attention)
+        return ConcatRows(train_len, attention)
     if packing == "best_fit":
-        return BestFitRows(seq_len)
+        return BestFitRows(train_len)
     if packing == "padded":
-        return PaddedRows(seq_len)
+        return PaddedRows(train_len)
     raise ValueError(f"packing must be one of {list(STRATEGIES)}, not {packing!r}")
 
 
@@ -428,7 +428,7 @@ class EpochPrediction:
     """Index = attention segment length (0..L), value = segments of that length: the trainer's trained_lengths."""
     rows: int
     """Rows of L tokens the epoch takes."""
-    seq_len: int
+    train_len: int
     """L."""
 
     @property
@@ -439,17 +439,17 @@ class EpochPrediction:
     @property
     def padding_share(self) -> float:
         """Share of the rows' positions that are padding."""
-        return 1.0 - self.tokens / (self.rows * self.seq_len) if self.rows else 0.0
+        return 1.0 - self.tokens / (self.rows * self.train_len) if self.rows else 0.0
 
 
 class PackingPlan:
     """Every row of the endless, seeded stream of epochs (module docstring), from document lengths alone."""
 
-    def __init__(self, corpus: DocumentLengths, seq_len: int, packing: Strategy = "concat", *,
+    def __init__(self, corpus: DocumentLengths, train_len: int, packing: Strategy = "concat", *,
                  attention: Attention = "document", seed: int = 0, shuffle: bool = True,
                  shuffle_block: int = 1 << 20, upsample: LengthUpsample | Mapping[str, float] | None = None) -> None:
-        if seq_len < 1 or shuffle_block < 1:
-            raise ValueError(f"need seq_len and shuffle_block >= 1; got {seq_len}, {shuffle_block}")
+        if train_len < 1 or shuffle_block < 1:
+            raise ValueError(f"need train_len and shuffle_block >= 1; got {train_len}, {shuffle_block}")
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
         if attention not in ("document", "row"):
@@ -459,8 +459,8 @@ class PackingPlan:
                              "padding must stay its own segment")
         if corpus.num_docs == 0:
             raise ValueError("the corpus holds no documents")
-        self.corpus, self.seq_len, self.packing_name = corpus, seq_len, packing
-        self.packing = make_packing(packing, seq_len, attention)
+        self.corpus, self.train_len, self.packing_name = corpus, train_len, packing
+        self.packing = make_packing(packing, train_len, attention)
         self.attention, self.seed, self.shuffle, self.shuffle_block = attention, seed, shuffle, shuffle_block
         self.upsample = upsample if isinstance(upsample, LengthUpsample) else LengthUpsample.parse(upsample)
         self._sources = corpus if isinstance(corpus, Documents) and corpus.sources is not None else None
@@ -558,19 +558,19 @@ class PackingPlan:
 
     def histogram(self, rows: range, chunk_rows: int = 4096) -> np.ndarray:
         """Bincount (0..L) of the non-padding attention segment lengths of `rows`, as the trainer counts them."""
-        counts = np.zeros(self.seq_len + 1, dtype=np.int64)
+        counts = np.zeros(self.train_len + 1, dtype=np.int64)
         for first in range(rows.start, rows.stop, chunk_rows):
             layout = self.layout(first, min(chunk_rows, rows.stop - first))
-            counts += np.bincount(layout.segment_lengths(), minlength=self.seq_len + 1)
+            counts += np.bincount(layout.segment_lengths(), minlength=self.train_len + 1)
         return counts
 
     def predict_epoch(self, epoch: int = 0) -> EpochPrediction:
         """The trained-length histogram of training exactly the rows of `epoch`."""
         rows = self.epoch_rows(epoch)
-        return EpochPrediction(self.histogram(rows), len(rows), self.seq_len)
+        return EpochPrediction(self.histogram(rows), len(rows), self.train_len)
 
 
-def predict_trained_histogram(corpus: DocumentLengths | np.ndarray, seq_len: int, packing: Strategy = "concat", *,
+def predict_trained_histogram(corpus: DocumentLengths | np.ndarray, train_len: int, packing: Strategy = "concat", *,
                               attention: Attention = "document", seed: int = 0, shuffle: bool = True,
                               shuffle_block: int = 1 << 20,
                               upsample: LengthUpsample | Mapping[str, float] | None = None,
@@ -582,5 +582,5 @@ def predict_trained_histogram(corpus: DocumentLengths | np.ndarray, seq_len: int
     histogram, with sources for per-source weights), or an array of document lengths in corpus order.
     """
     documents = Documents(corpus) if isinstance(corpus, np.ndarray) else corpus
-    return PackingPlan(documents, seq_len, packing, attention=attention, seed=seed, shuffle=shuffle,
+    return PackingPlan(documents, train_len, packing, attention=attention, seed=seed, shuffle=shuffle,
                        shuffle_block=shuffle_block, upsample=upsample).predict_epoch(epoch)

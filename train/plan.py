@@ -180,13 +180,13 @@ def accumulation(cfg: TrainConfig, world: int) -> int:
     L, rows_per_micro = cfg.data.train_len, cfg.micro_batch_rows * world
     if cfg.global_batch_tokens % L or (cfg.global_batch_tokens // L) % rows_per_micro:
         raise ConfigError(f"global_batch_tokens={cfg.global_batch_tokens} is not a whole number of micro-batches of "
-                          f"micro_batch_rows={cfg.micro_batch_rows} x seq_len={L} x world_size={world} tokens")
+                          f"micro_batch_rows={cfg.micro_batch_rows} x train_len={L} x world_size={world} tokens")
     return cfg.global_batch_tokens // L // rows_per_micro
 
 
-def flops_per_token(config: ModelConfig, seq_len: int) -> float:
-    """The trainer's step_flops for one full row of `seq_len` tokens, per token."""
-    return step_flops(config, seq_len, seq_len * (seq_len + 1)) / seq_len
+def flops_per_token(config: ModelConfig, train_len: int) -> float:
+    """The trainer's step_flops for one full row of `train_len` tokens, per token."""
+    return step_flops(config, train_len, train_len * (train_len + 1)) / train_len
 
 
 def tinyllama_mfu(gpu: Gpu) -> float:
