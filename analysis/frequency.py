@@ -3,7 +3,8 @@
 Eq. 2 lives in `position_frequency` only: documents are cut into pieces of at most L tokens (the
 paper's truncation), then f(i) = sum over pieces s of max(|s| - i, 0) for 0 <= i < L. The same
 function serves a corpus histogram, the analytic cases of Fig. 1b/1c, and a trainer checkpoint's
-histogram of trained segment lengths (already <= L, so truncation is a no-op).
+histogram of trained segment lengths or its prediction by the packing plan (train/packing_plan.py;
+segments are already <= L, so truncation is a no-op).
 
 Numpy only (no matplotlib, no torch), so every job and figure that needs f imports it from here.
 """
@@ -78,16 +79,32 @@ def concatenated_histogram(n_rows: int, train_len: int) -> np.ndarray:
     return hist
 
 
-def scale_to_budget(f: np.ndarray, budget_tokens: float) -> np.ndarray:
-    """f(i) after training on `budget_tokens` tokens drawn like this histogram (f(0) is its token count)."""
+def scale_to_budget(f: np.ndarray, budget_tokens: float, positions: int | None = None) -> np.ndarray:
+    """f(i) after training on `budget_tokens` tokens drawn like the rows that gave `f`.
+
+    `positions`: the row positions those rows hold, padding included (a trainer counts its tokens as steps x
+    tokens per step, so padding takes its share of the budget); None: f(0), the document tokens (no padding).
+    """
     if f.size == 0 or f[0] == 0:
         raise ValueError("cannot scale an empty position frequency (no tokens)")
-    return f.astype(np.float64) * (float(budget_tokens) / float(f[0]))
+    return f.astype(np.float64) * (float(budget_tokens) / float(f[0] if positions is None else positions))
+
+
+def first_split(f_a: np.ndarray, f_b: np.ndarray, tolerance: float = 0.05) -> int | None:
+    """The smallest i (over both curves' common range) at which f_a and f_b differ by more than `tolerance` of the
+    larger; None if they never do."""
+    n = min(len(f_a), len(f_b))
+    a, b = np.asarray(f_a[:n], dtype=np.float64), np.asarray(f_b[:n], dtype=np.float64)
+    apart = np.flatnonzero(np.abs(a - b) > tolerance * np.maximum(np.abs(a), np.abs(b)))
+    return int(apart[0]) if apart.size else None
 
 
 def length_buckets(train_len: int) -> list[tuple[int, int]]:
-    """Fig. 1a's bars as [lo, hi) ranges: [1, 128), [128, 256), ... doubling up to L, then exactly L."""
-    edges = [1] + [2**k for k in range(7, 64) if 2**k < train_len] + [train_len]
+    """Fig. 1a's bars as [lo, hi) ranges, log-spaced: [1, 2), [2, 4), [4, 8), ... doubling up to L, then exactly L.
+
+    Equal widths on a log length axis, so no bar looks heavier for being wide.
+    """
+    edges = [2**k for k in range(64) if 2**k < train_len] + [train_len]
     return [(a, b) for a, b in zip(edges[:-1], edges[1:])] + [(train_len, train_len + 1)]
 
 
@@ -129,25 +146,36 @@ def length_stats(length_hist: Sequence[int] | np.ndarray) -> dict:
 def frequency_stats(length_hist: Sequence[int] | np.ndarray, train_len: int, budget_tokens: float) -> dict:
     """The paper's numbers for one L: pieces at exactly L and where the position occurrences sit.
 
-    ``share_positions_le_half_L`` is the share of all f(i) with i <= L/2 (the paper: over 80% at
-    i <= 1024 for L = 2048); ``share_positions_ge_three_quarter_L`` the share with i >= 3L/4 (under 5%).
+    The shares at i <= L/2 and i >= 3L/4 are `position_shares` of Eq. 2; ``share_tokens_in_documents_longer_than_L``
+    is the share of tokens in documents that this L cuts into pieces (the tokens whose f depends on L).
     """
     hist = as_histogram(length_hist)
     pieces = piece_histogram(hist, train_len)
     f = position_frequency(hist, train_len)
-    occurrences = int(f.sum())
-    if occurrences == 0:
+    if not f.any():
         return {"train_len": train_len, "pieces": 0}
-    half, three_quarters = train_len // 2, (3 * train_len) // 4
+    lengths = np.arange(hist.size, dtype=np.int64)
     return {
         "train_len": train_len,
         "pieces": int(pieces.sum()),
         "share_pieces_at_L": float(pieces[train_len] / pieces.sum()),
         "share_documents_longer_than_L": float(hist[train_len + 1:].sum() / hist.sum()),
-        "position_occurrences": occurrences,
-        "share_positions_le_half_L": float(f[: half + 1].sum() / occurrences),
-        "share_positions_ge_three_quarter_L": float(f[three_quarters:].sum() / occurrences),
+        "share_tokens_in_documents_longer_than_L": float(hist[train_len + 1:] @ lengths[train_len + 1:] / f[0]),
+        **position_shares(f),
         "piece_length_shares": bucket_shares(pieces, train_len),
         "budget_tokens": budget_tokens,
-        "f_at_half_L_after_budget": float(scale_to_budget(f, budget_tokens)[half]),
+        "f_at_half_L_after_budget": float(scale_to_budget(f, budget_tokens)[train_len // 2]),
+    }
+
+
+def position_shares(f: np.ndarray) -> dict:
+    """Where the position occurrences of f (Eq. 2 for L = len(f)) sit: their total, and the shares at i <= L/2 and
+    at i >= 3L/4 (the paper, L = 2048, SlimPajama: over 80% at i <= 1024, under 5% at i >= 1536)."""
+    train_len, occurrences = len(f), int(np.sum(f))
+    if occurrences == 0:
+        raise ValueError("no position occurrences (no tokens)")
+    return {
+        "position_occurrences": occurrences,
+        "share_positions_le_half_L": float(f[: train_len // 2 + 1].sum() / occurrences),
+        "share_positions_ge_three_quarter_L": float(f[(3 * train_len) // 4:].sum() / occurrences),
     }

@@ -234,7 +234,7 @@ def test_rerun_with_other_lengths_leaves_only_its_own_outputs(slimpajama, tmp_pa
 
     assert pf.main(common + ["--train-len", "16"]) == 0
     expected = {"summary.json", "histogram.npz", "lengths.csv", "position_frequency.npz", "position_frequency_L16.csv"}
-    expected |= {f"figures/fig1{panel}_L16.{ext}" for panel in "abc" for ext in ("png", "pdf")}
+    expected |= {f"figures/fig{name}_L16.{ext}" for name in ("1a", "1b", "1c", "_packing") for ext in ("png", "pdf")}
     assert summary_files(out) == sorted(expected)
     assert listing(out) == expected | {"notes.txt"}
     assert list(json.loads((out / "summary.json").read_text())["all"]["by_train_len"]) == ["16"]
@@ -337,3 +337,167 @@ def test_module_entry_point_and_missing_slimpajama(tmp_path):
                             capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode != 0
     assert "SlimPajama (train split) not found" in result.stderr and "--corpus pg-essays" in result.stderr
+
+
+# ------------------------------------------------------------------------- trained f per packing
+
+
+def naive_pieces(length_hist, train_len):
+    """Every piece length, by cutting each document every L tokens in a loop."""
+    pieces = []
+    for length, count in enumerate(length_hist):
+        for _ in range(int(count)):
+            pieces += [train_len] * (length // train_len) + ([length % train_len] if length % train_len else [])
+    return pieces
+
+
+def naive_best_fit_rows(sizes, capacity):
+    """Rows best-fit decreasing needs: each piece, longest first, into the fullest open row that holds it."""
+    free = []
+    for size in sorted(sizes, reverse=True):
+        fits = [k for k, space in enumerate(free) if space >= size]
+        if fits:
+            k = min(fits, key=lambda j: free[j])
+            free[k] -= size
+        else:
+            free.append(capacity - size)
+    return len(free)
+
+
+def concat_segments(doc_len, docs, train_len):
+    """Brute force for a corpus of `docs` documents of one length (any order is the same order): lay the epoch's
+    documents end to end (and the next epoch's after them), cut rows of L from its start until a row starts past
+    the epoch, and cut each row's tokens wherever a document, a piece (every L tokens of a document) or a row
+    ends; returns the segment lengths."""
+    rows = -(-doc_len * docs // train_len)
+    end = rows * train_len
+    cuts = set(range(0, end + 1, train_len))
+    for start in range(0, end, doc_len):
+        cuts |= set(range(start, min(start + doc_len, end), train_len)) | {min(start + doc_len, end)}
+    cuts = sorted(cuts)
+    return [b - a for a, b in zip(cuts, cuts[1:])]
+
+
+def write(histogram, tmp_path, train_lens, **settings):
+    """write_outputs without figures into tmp_path/out; returns (summary, npz arrays)."""
+    out = tmp_path / "out"
+    summary = pf.write_outputs(out, histogram, {"corpus": "test"}, train_lens, 1e12,
+                               pf.PackingSettings(**settings), figures=False)
+    with np.load(out / "position_frequency.npz") as arrays:
+        return summary, dict(arrays)
+
+
+def test_best_fit_and_padded_train_exactly_eq2_over_the_pieces(tmp_path):
+    rng = np.random.default_rng(7)
+    histogram = hg.LengthHistogram()
+    histogram.add("a", rng.integers(1, 90, size=60))
+    histogram.add("b", rng.integers(1, 40, size=40))
+    train_lens = [16, 24, 64]
+    summary, arrays = write(histogram, tmp_path, train_lens, seed=3, shuffle_block=1000, global_batch_tokens=1000)
+    hist = histogram.counts()
+    for L in train_lens:
+        expected = naive_frequency(hist, L)
+        pieces = naive_pieces(hist, L)
+        tokens = sum(pieces)
+        np.testing.assert_array_equal(arrays[f"L{L}/f_trained_best_fit"], expected)
+        np.testing.assert_array_equal(arrays[f"L{L}/f_trained_padded"], expected)
+        packing = summary["all"]["by_train_len"][str(L)]["packing"]
+        assert packing["padded"]["rows_per_epoch"] == len(pieces)
+        assert packing["padded"]["padding_share"] == pytest.approx(1 - tokens / (len(pieces) * L))
+        assert packing["padded"]["tokens_lost_per_step"] == pytest.approx(1000 * (1 - tokens / (len(pieces) * L)))
+        rows = naive_best_fit_rows(pieces, L)  # one shuffle block holds the whole corpus
+        assert packing["best_fit"]["rows_per_epoch"] == rows
+        assert packing["best_fit"]["padding_share"] == pytest.approx(1 - tokens / (rows * L))
+        for strategy in ("best_fit", "padded"):
+            stats = packing[strategy]
+            assert stats["position_occurrences"] == expected.sum()
+            assert stats["share_positions_le_half_L"] == pytest.approx(expected[: L // 2 + 1].sum() / expected.sum())
+            assert stats["share_positions_ge_three_quarter_L"] == pytest.approx(
+                expected[3 * L // 4:].sum() / expected.sum())
+            assert stats["share_segments_at_L"] == pytest.approx(pieces.count(L) / len(pieces))
+
+
+@pytest.mark.parametrize("doc_len, docs, train_len", [(37, 11, 16), (16, 5, 16), (5, 40, 16), (100, 3, 64)])
+@pytest.mark.parametrize("copies", [1, 2])
+def test_concat_prediction_equals_a_brute_force_stream(tmp_path, doc_len, docs, train_len, copies):
+    histogram = hg.LengthHistogram()
+    histogram.add("only", np.full(docs, doc_len))
+    upsample = {"0-": float(copies)} if copies > 1 else {}
+    summary, arrays = write(histogram, tmp_path, [train_len], seed=1, length_upsample=upsample)
+    segments = concat_segments(doc_len, copies * docs, train_len)
+    expected = naive_frequency(np.bincount(segments), train_len)
+    np.testing.assert_array_equal(arrays[f"L{train_len}/f_trained_concat"], expected)
+    stats = summary["all"]["by_train_len"][str(train_len)]["packing"]["concat"]
+    assert stats["rows_per_epoch"] == -(-copies * docs * doc_len // train_len)
+    assert stats["padding_share"] == 0 and stats["tokens_lost_per_step"] == 0
+    assert stats["share_segments_at_L"] == pytest.approx(segments.count(train_len) / len(segments))
+    np.testing.assert_array_equal(arrays[f"L{train_len}/f"], naive_frequency(histogram.counts(), train_len))
+
+
+def test_length_upsample_weights_the_trained_f_not_the_corpus_f(tmp_path):
+    histogram = hg.LengthHistogram()
+    histogram.add("arxiv", np.array([50, 70, 70, 9]))
+    histogram.add("c4", np.array([3, 12, 30, 30]))
+    _, arrays = write(histogram, tmp_path, [32], length_upsample={"arxiv:0-": 3.0, "0-20": 2.0})
+    weighted = 3 * histogram.counts("arxiv")
+    c4 = histogram.counts("c4")
+    weighted[: c4.size] += np.where(np.arange(c4.size) < 20, 2, 1) * c4
+    np.testing.assert_array_equal(arrays["L32/f_trained_best_fit"], naive_frequency(weighted, 32))
+    np.testing.assert_array_equal(arrays["L32/f"], naive_frequency(histogram.counts(), 32))
+
+
+def test_cli_packing_options(slimpajama, tmp_path, monkeypatch, capsys):
+    root, _ = slimpajama
+    monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
+    common = ["--corpus", "slimpajama", "--data-dir", str(root), "--tokenizer", "bytes", "--workers", "1", "--quiet",
+              "--train-len", "16", "32"]
+    out = tmp_path / "out"
+    assert pf.main(common + ["--out", str(out), "--packing", "padded", "concat", "--seed", "4",
+                             "--length-upsample", "{0-100: 0.5}", "--global-batch-tokens", "1000"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["packing_settings"] == {"strategies": ["padded", "concat"], "length_upsample": {"0-100": 0.5},
+                                           "seed": 4, "shuffle_block": 1 << 20, "global_batch_tokens": 1000}
+    assert list(summary["all"]["by_train_len"]["32"]["packing"]) == ["padded", "concat"]
+    header = (out / "position_frequency_L16.csv").read_text().splitlines()[0].split(",")
+    assert {"f", "f_trained_padded", "f_trained_concat"} <= set(header) and "f_trained_best_fit" not in header
+    assert {"figures/fig_packing_L32.png", "figures/fig3_L16_vs_L32.pdf"} <= set(summary["files"])
+    assert listing(out) == set(summary["files"])
+    printed = capsys.readouterr().out
+    assert "per packing (seed 4" in printed and re.search(r"\n  padded +[\d,]+ +16 ", printed)
+    with pytest.raises(SystemExit, match="sources this corpus does not have: \\['wiki'\\]"):
+        pf.main(common + ["--out", str(tmp_path / "x"), "--length-upsample", "{wiki:0-: 2}", "--no-figures"])
+    with pytest.raises(SystemExit):
+        pf.main(common + ["--out", str(tmp_path / "x"), "--length-upsample", "{0-: 0}"])
+    assert "every document length has weight 0" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_first_split_and_log_spaced_buckets():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        a = rng.uniform(1, 2, size=30)
+        b = a * np.where(rng.random(30) < 0.1, 1.2, 1.0)
+        apart = [i for i in range(30) if abs(a[i] - b[i]) > 0.05 * max(a[i], b[i])]
+        assert fq.first_split(a, b) == (apart[0] if apart else None)
+    for L in (2, 16, 100, 2048):
+        buckets = fq.length_buckets(L)
+        assert [n for lo, hi in buckets for n in range(lo, hi)] == list(range(1, L + 1))  # each length once
+        assert all(hi == 2 * lo for lo, hi in buckets[:-2]) and buckets[-1] == (L, L + 1)
+
+
+def test_fig3_note_says_why_the_curves_part():
+    L1, L2 = 256, 512
+    i1, i2 = np.arange(L1), np.arange(L2)
+    long_docs = {L1: 1e12 * (1 - i1 / L1), L2: 1e12 * (1 - i2 / L2)}  # Fig. 1c: every token in full rows
+    stats = {L1: {"share_tokens_in_documents_longer_than_L": 0.9}}
+    # (1 - i/256) / (1 - i/512) < 0.95 first at i = 25
+    assert min(i for i in range(L1) if (1 - i / L1) / (1 - i / L2) < 0.95) == 25
+    note = pf.fig3_note(long_docs, stats)
+    assert "apart from i = 25" in note and "90% of the tokens are in documents longer than 256" in note
+    assert "i = 0" not in note and "row boundary" not in note
+    assert "row boundary" in pf.fig3_note(long_docs, stats, concat=True)
+    padded = {L1: 0.6 * long_docs[L1], L2: 0.3 * long_docs[L2]}
+    assert pf.fig3_note(padded, stats, padding={L1: 0.4, L2: 0.7}).startswith(
+        "Apart from i = 0: padding fills 40.0% of the L = 256 rows and 70.0% of the L = 512 rows")
+    short_docs = {L: np.full(L, 1e12) for L in (L1, L2)}
+    assert pf.fig3_note(short_docs, stats) == "f/f(0) within 5% at every i < 256."
