@@ -1,11 +1,17 @@
-"""Benchmark: the length-histogram job vs the raw tokenizer on the same texts, per worker count.
+"""Benchmark: the length-histogram job vs the raw tokenizer on the same texts, per worker count; and the
+trained-f prediction per packing strategy vs the histogram job.
 
 Generates a small SlimPajama-layout corpus (.jsonl.zst, mixed sources) in a temporary directory,
 measures the raw throughput of `tokenizer.encode_batch` over its texts in one process (the
 limit), then runs the histogram job end to end (read, decompress, parse JSON, tokenize, count)
 with 1..N worker processes. Goal: >= 80% of the raw throughput per core, scaling with cores.
 
-    python benchmarks/position_freq.py [--docs 12000] [--files 8] [--tokenizer llama3]
+Then it times `predict_packing` (one epoch of the packing plan per L and strategy, from the
+lengths alone) on the counted histogram with every count multiplied by --predict-copies (a
+corpus that size), in corpus tokens per second on one core, next to the histogram job's rate with
+one worker. Goal: the prediction adds under 10% to the counting job's time.
+
+    python benchmarks/position_freq.py [--docs 12000] [--files 8] [--tokenizer llama3] [--predict-copies 200]
 """
 
 from __future__ import annotations
@@ -20,10 +26,13 @@ import numpy as np
 
 
 from posfreq.train.corpora import resolve_corpus, write_jsonl  # noqa: E402
-from posfreq.analysis.histogram import BATCH_CHARS, CountSettings, count_lengths  # noqa: E402
+from posfreq.analysis.histogram import BATCH_CHARS, CountSettings, LengthHistogram, count_lengths  # noqa: E402
+from posfreq.analysis.position_freq import PackingSettings, predict_packing  # noqa: E402
 from posfreq.train.tokenizer import get_tokenizer  # noqa: E402
 
 SOURCES = ("RedPajamaCommonCrawl", "RedPajamaC4", "RedPajamaGithub", "RedPajamaArXiv")
+PREDICTION_GOAL = 0.1  # the prediction may add at most this share to the histogram job's time
+SLIMPAJAMA_TOKENS = 627e9
 
 
 def synthetic_texts(n_docs: int, seed: int = 0) -> list[str]:
@@ -60,6 +69,10 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--tokenizer", default="llama3")
     parser.add_argument("--max-workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--predict-copies", type=int, default=200,
+                        help="time the packing prediction on the counted histogram with every count times this")
+    parser.add_argument("--train-lens", type=int, nargs="+", default=[2048, 4096],
+                        help="training lengths of the packing prediction")
     args = parser.parse_args()
 
     texts = synthetic_texts(args.docs)
@@ -86,7 +99,32 @@ def main() -> None:
             assert counted == tokens and stats.documents == len(texts), "histogram disagrees with raw count"
             ratio = (tokens / elapsed) / (raw * workers)
             print(f"{workers:>8}{stats.documents / elapsed:>12,.0f}{tokens / elapsed / 1e6:>12.2f}{ratio:>17.0%}")
+            if workers == 1:
+                job_rate = tokens / elapsed
     print("(end to end includes process start-up, zstd, JSON and the tokenizer load in each worker)")
+    prediction_rate(histogram, args.predict_copies, args.train_lens, job_rate)
+
+
+def prediction_rate(histogram: LengthHistogram, copies: int, train_lens: list[int], job_rate: float) -> None:
+    """Time `predict_packing` (every strategy, each L) on `histogram` with its counts times `copies`, and print its
+    corpus tokens/s against the histogram job's `job_rate` (tokens/s, one worker)."""
+    scaled = LengthHistogram({source: counts * copies for source, counts in histogram.by_source.items()})
+    total = scaled.counts()
+    tokens = int(total @ np.arange(total.size))
+    settings = PackingSettings()
+    start = time.perf_counter()
+    predictions = predict_packing(scaled, train_lens, settings)
+    elapsed = time.perf_counter() - start
+    rate = tokens / elapsed
+    share = job_rate / rate  # prediction time / counting time, for the same corpus on one core each
+    print(f"\npacking prediction, {len(train_lens)} L x {len(settings.strategies)} strategies, one core, on "
+          f"{int(total.sum()):,} docs / {tokens / 1e6:,.0f}M tokens ({copies} copies of the corpus above):")
+    for L, by_strategy in predictions.items():
+        print(f"  L={L}: " + ", ".join(f"{name} {p.rows:,} rows, padding {p.padding_share:.1%}"
+                                       for name, p in by_strategy.items()))
+    print(f"  {rate / 1e6:,.0f}M corpus tokens/s = {share:.2%} of the histogram job's time (1 worker; goal < "
+          f"{PREDICTION_GOAL:.0%}: {'met' if share < PREDICTION_GOAL else 'MISS'}); SlimPajama's "
+          f"{SLIMPAJAMA_TOKENS / 1e9:.0f}B tokens: about {SLIMPAJAMA_TOKENS / rate / 60:.0f} min")
 
 
 if __name__ == "__main__":
