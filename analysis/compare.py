@@ -44,10 +44,14 @@ COLUMNS = ("train_len", "seed", "variant", "checkpoint", "tokens_seen", "effecti
 
 
 def data_variant(config: Mapping) -> str:
-    """How a run's rows were made, as a label: the packing strategy, plus `+upsample` when lengths were reweighted."""
+    """How a run's rows were made, as a label that tells every setting apart: the packing strategy, `/row` for
+    whole-row attention, and `+upsample{...}` with the length weights, e.g. `concat+upsample{256-: 2.0}`."""
     data = config.get("data", {})
     packing = data.get("packing") or ("concat" if data.get("mix_documents", True) else "padded")
-    return packing + ("+upsample" if data.get("length_upsample") else "")
+    row = "/row" if data.get("attention") == "row" else ""
+    weights = data.get("length_upsample") or {}
+    upsample = "+upsample{" + ", ".join(f"{k}: {float(weights[k]):g}" for k in sorted(weights)) + "}" if weights else ""
+    return packing + row + upsample
 
 
 def run_identity(probe_dir: Path) -> tuple[int, int | None, str]:
@@ -181,20 +185,25 @@ def curves_coincide(rows: Sequence[Mapping], n_boot: int, seed: int, group: str 
 
 
 def variant_effect(rows: Sequence[Mapping], baseline: str, other: str, n_boot: int, seed: int) -> dict:
-    """At equal tokens, does data variant `other` reach a larger effective length than `baseline`?
+    """At equal tokens, does data variant `other` reach a larger effective length than `baseline`? (Rows of one
+    training length.)
 
     Per seed: the mean over the milestones both runs reached of EL(other) - EL(baseline) (0 before retrieval
-    counts), then a percentile bootstrap over seeds; also the difference at the last shared milestone.
+    counts), then a percentile bootstrap over seeds; also the difference at the last shared milestone. A seed
+    whose two runs share no milestone is left out.
     """
+    if len({r["train_len"] for r in rows}) > 1:
+        raise ValueError("variant_effect compares variants at one training length; filter the rows by train_len")
     el = {(r["variant"], r["seed"], int(r["tokens_seen"])): int(r["effective_length"]) for r in rows}
-    seeds = sorted({s for v, s, _ in el if v == baseline} & {s for v, s, _ in el if v == other}, key=str)
     claim = f"at equal tokens, {other} reaches a larger effective length than {baseline} (paired by seed)"
+    shared = {s: sorted({t for v, ss, t in el if ss == s and v == baseline}
+                        & {t for v, ss, t in el if ss == s and v == other}) for s in {s for _, s, _ in el}}
+    seeds = sorted((s for s, tokens in shared.items() if tokens), key=str)
     if not seeds:
-        return {"claim": claim, "holds": None, "reason": "no seed trained with both variants"}
+        return {"claim": claim, "holds": None, "reason": "no seed has milestones of both variants at equal tokens"}
     means, last = [], []
     for s in seeds:
-        shared = sorted({t for v, ss, t in el if ss == s and v == baseline} & {t for v, ss, t in el if ss == s and v == other})
-        diffs = [el[(other, s, t)] - el[(baseline, s, t)] for t in shared]
+        diffs = [el[(other, s, t)] - el[(baseline, s, t)] for t in shared[s]]
         means.append(float(np.mean(diffs)))
         last.append(diffs[-1])
     rng = np.random.default_rng(seed)
@@ -205,6 +214,24 @@ def variant_effect(rows: Sequence[Mapping], baseline: str, other: str, n_boot: i
             "differs": not lo <= 0 <= hi,
             "test": "per seed, mean over shared milestones of the effective-length difference; percentile bootstrap "
                     "over seeds"}
+
+
+def baseline_variant(rows: Sequence[Mapping]) -> str:
+    """The data variant others are compared with: plain concat when present, else the first label."""
+    variants = sorted({r["variant"] for r in rows})
+    return "concat" if "concat" in variants else variants[0]
+
+
+def variant_comparisons(rows: Sequence[Mapping], baseline: str, n_boot: int, seed: int) -> list[dict]:
+    """Per training length, every other data variant against the baseline: at equal tokens and against f."""
+    out = []
+    for L in sorted({r["train_len"] for r in rows}):
+        at_L = [r for r in rows if r["train_len"] == L]
+        for other in sorted({r["variant"] for r in at_L} - {baseline}):
+            out.append({"train_len": L, "baseline": baseline, "variant": other,
+                        "equal_tokens": variant_effect(at_L, baseline, other, n_boot, seed),
+                        "against_f": curves_coincide(at_L, n_boot, seed, "variant", (baseline, other))})
+    return out
 
 
 def emergence(rows: Sequence[Mapping]) -> list[dict]:
@@ -227,14 +254,12 @@ def compare(paths: Sequence[Path], out: Path, n_boot: int = 2000, seed: int = 0,
     out.mkdir(parents=True, exist_ok=True)
     pass_cols = sorted({k for r in rows for k in r if k.startswith("pass_rate_")}, key=lambda k: int(k.split("_")[-1]))
     write_csv(out / "checkpoints.csv", rows, list(COLUMNS) + pass_cols)
-    variants = sorted({r["variant"] for r in rows})
-    baseline = "concat" if "concat" in variants else variants[0]
+    baseline = baseline_variant(rows)
+    same_data = [r for r in rows if r["variant"] == baseline]  # the claims across L compare like with like
     conclusion = {"runs": [str(p) for p in paths], "shortfall": shortfall(rows),
-                  "longer_reaches_further": longer_reaches_further(rows, n_boot, seed),
-                  "curves_coincide": curves_coincide(rows, n_boot, seed), "emergence": emergence(rows),
-                  "variants": {other: {"equal_tokens": variant_effect(rows, baseline, other, n_boot, seed),
-                                       "against_f": curves_coincide(rows, n_boot, seed, "variant", (baseline, other))}
-                               for other in variants if other != baseline}}
+                  "longer_reaches_further": longer_reaches_further(same_data, n_boot, seed),
+                  "curves_coincide": curves_coincide(same_data, n_boot, seed), "emergence": emergence(rows),
+                  "baseline_variant": baseline, "variants": variant_comparisons(rows, baseline, n_boot, seed)}
     (out / "conclusion.json").write_text(json.dumps(conclusion, indent=1) + "\n")
     if figures:
         from posfreq.analysis import plots

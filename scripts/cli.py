@@ -46,7 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"posfreq: unknown subcommand {name!r}; choose one of: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
         return 2
     module = importlib.import_module(SUBCOMMANDS[name][0])
-    sys.argv[0] = f"posfreq {name}"
+    # sys.argv stays as it is: Lightning's launcher re-runs sys.argv[0] (this console script) for the other local
+    # ranks, so it must remain a file that exists; each parser names itself `posfreq SUBCOMMAND`.
     return int(module.main(rest) or 0)
 
 

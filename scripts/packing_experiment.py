@@ -79,8 +79,8 @@ def verdict_lines(conclusion: dict, quick: bool) -> list[str]:
     """The measured effect of each variant against concat, in words with its numbers."""
     lines = ["Quick mode trains for seconds: the numbers below check that every stage runs; they mean nothing."] \
         if quick else []
-    for variant, tests in conclusion["variants"].items():
-        tokens, against_f = tests["equal_tokens"], tests["against_f"]
+    for tests in conclusion["variants"]:
+        variant, tokens, against_f = tests["variant"], tests["equal_tokens"], tests["against_f"]
         if tokens["holds"] is None:
             lines.append(f"- {variant}: not testable at equal tokens ({tokens.get('reason')}).")
             continue

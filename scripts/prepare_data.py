@@ -41,7 +41,7 @@ from tqdm import tqdm
 from posfreq.train.cli import command_parser, parse
 from posfreq.train.corpora import SUFFIXES, Corpus, CorpusError, CorpusFile, ReadStats, StreamShard, lost_files_report
 from posfreq.train.corpus_cli import add_corpus_arguments, corpus_from_args, shard_from_args
-from posfreq.train.shards import ShardWriter, shard_is_complete
+from posfreq.train.shards import META_SUFFIX, OFFSETS_SUFFIX, TOKENS_SUFFIX, ShardWriter, shard_is_complete
 from posfreq.train.tokenizer import Tokenizer, get_tokenizer
 
 BATCH_CHARS = 4 << 20  # tokenize this many characters of text at a time
@@ -99,6 +99,18 @@ def held_out(text: str, fraction: float) -> bool:
     return fraction > 0 and int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") < fraction * 2**64
 
 
+def remove_shard_leftovers(out: Path, name: str, val_fraction: float) -> None:
+    """Before shard `name` is (re)written: delete the temporaries an interrupted write of it left (atomic writes
+    use unique hidden names, which no rerun would overwrite), and, when no documents are held out now, its
+    validation shard from an earlier --val-fraction (else those documents would be in both splits)."""
+    for directory in (out, out / VAL_DIR):
+        for temporary in directory.glob(f".{name}.*.tmp"):
+            temporary.unlink(missing_ok=True)
+    if val_fraction == 0:
+        for suffix in (META_SUFFIX, TOKENS_SUFFIX, OFFSETS_SUFFIX):  # metadata first: never a complete-looking shard
+            (out / VAL_DIR / f"{name}{suffix}").unlink(missing_ok=True)
+
+
 def tokenize_file(corpus: Corpus, file: CorpusFile, name: str, out: Path, tokenizer: Tokenizer,
                   on_error: str = "raise", val_fraction: float = 0.0) -> dict:
     """Tokenize one input file into shard `name` under `out` (atomically), and its held-out documents into shard
@@ -108,6 +120,7 @@ def tokenize_file(corpus: Corpus, file: CorpusFile, name: str, out: Path, tokeni
              "sources": list(corpus.sources), "val_fraction": val_fraction}
     eos = np.array([tokenizer.eos_id], dtype=np.int64)
     spec = dict(tokenizer=tokenizer.name, vocab_size=tokenizer.vocab_size, eos_id=tokenizer.eos_id, extra=extra)
+    remove_shard_leftovers(out, name, val_fraction)
     with ExitStack() as stack:
         writers = [stack.enter_context(ShardWriter(out, name, **spec))]
         if val_fraction > 0:

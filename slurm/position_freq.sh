@@ -5,8 +5,8 @@
 #   sbatch --array=0-63 slurm/position_freq.sh count  # the counting array alone
 #   sbatch slurm/position_freq.sh merge               # the merge alone (after every shard finished)
 #
-# Extra args go to analysis/position_freq.py, e.g. `--exclude-sources github` (as TinyLlama did)
-# or `--tokenizer hf:/path/to/tokenizer`. Settings come from the environment:
+# Extra args go to analysis/position_freq.py in both steps, e.g. `--exclude-sources github` (as
+# TinyLlama did), `--tokenizer hf:/path/to/tokenizer`, or the merge's `--packing best_fit --seed 1`. Settings come from the environment:
 #   SLIMPAJAMA_DIR (required)  the dataset root holding train/chunk1..chunk10/*.jsonl.zst
 #   SHARDS=64                   number of array tasks (each counts files i, i+SHARDS, ...)
 #   OUT_DIR=runs/position_freq/slimpajama   output directory (partials in $OUT_DIR/shard_<i>)
@@ -40,7 +40,7 @@ case "$mode" in
     require_path SLIMPAJAMA_DIR
     export SLIMPAJAMA_DIR
     array_id=$(sbatch --parsable --array="0-$((SHARDS - 1))" "$0" count "$@")
-    merge_id=$(sbatch --parsable --dependency="afterok:${array_id}" "$0" merge)
+    merge_id=$(sbatch --parsable --dependency="afterok:${array_id}" "$0" merge "$@")
     echo "submitted counting array ${array_id} (${SHARDS} shards) and merge ${merge_id}; outputs in ${OUT_DIR}"
     ;;
   count)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from typing import Iterator
 
 import pytest
@@ -106,3 +107,14 @@ def test_print_config_prints_the_resolved_options(capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "seed: 3" in out and "run: r" in out
+
+
+def test_dispatch_leaves_sys_argv_alone(monkeypatch):
+    """Lightning's launcher re-runs sys.argv[0] for the other local ranks: `posfreq pretrain --devices 2` needs it
+    to stay the console script's path, not become a prog name."""
+    from posfreq.scripts.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/posfreq", "plan", "--help"])
+    with pytest.raises(SystemExit) as done:
+        main(["plan", "--help"])
+    assert done.value.code == 0 and sys.argv[0] == "/venv/bin/posfreq"

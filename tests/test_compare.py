@@ -88,3 +88,27 @@ def test_variant_effect_at_equal_tokens_and_against_f():
     assert same_f["holds"] is True and same_f["D_log10_f"] == pytest.approx(0.0, abs=1e-9)
     none = compare.variant_effect(rows, "concat", "padded", n_boot=10, seed=0)
     assert none["holds"] is None
+
+
+def test_variants_are_compared_within_each_training_length_and_labelled_apart():
+    """best_fit is +100 over concat at L = 512 and +0 at L = 256: each length gets its own comparison (pooling
+    them would mix the two); a seed with no milestone shared by both variants is left out, not a crash."""
+    rows = []
+    for train_len, lead in ((256, 0), (512, 100)):
+        for seed in (0, 1):
+            for k in range(3):
+                for variant, el in (("concat", 100 + 10 * k), ("best_fit", 100 + 10 * k + lead)):
+                    rows.append({"train_len": train_len, "seed": seed, "variant": variant, "tokens_seen": 1000 * (k + 1),
+                                 "effective_length": el, "effective_length_status": "ok", "f_effective_length": 1e6})
+    rows.append({"train_len": 512, "seed": 2, "variant": "best_fit", "tokens_seen": 999, "effective_length": 5,
+                 "effective_length_status": "ok", "f_effective_length": 1e6})  # seed 2 has no concat run
+    found = {c["train_len"]: c["equal_tokens"] for c in compare.variant_comparisons(rows, "concat", 200, 0)}
+    assert found[256]["mean_difference"] == 0.0 and found[512]["mean_difference"] == 100.0
+    assert found[512]["seeds"] == [0, 1]
+    with pytest.raises(ValueError, match="one training length"):
+        compare.variant_effect(rows, "concat", "best_fit", 10, 0)
+    labels = {compare.data_variant({"data": d}) for d in (
+        {"packing": "concat"}, {"packing": "concat", "attention": "row"},
+        {"packing": "concat", "length_upsample": {"256-": 2.0}}, {"packing": "concat", "length_upsample": {"256-": 3}},
+        {"packing": "best_fit"})}
+    assert labels == {"concat", "concat/row", "concat+upsample{256-: 2}", "concat+upsample{256-: 3}", "best_fit"}

@@ -361,3 +361,9 @@ def test_prepare_val_fraction_holds_out_documents_by_content(tmp_path) -> None:
     again = prep.prepare(resolve_corpus(tmp_path / "one"), tmp_path / "tokens-one", "bytes", progress=False,
                          val_fraction=0.1)
     assert again["skipped_complete"] == 0 and again["val_docs"] < len(split["one"])
+    # Back to no held-out documents: every document trains, and no stale validation shard still holds some of them.
+    (tmp_path / "tokens-one" / ".part0.tokens.bin.0123abcd.tmp").write_bytes(b"torn")  # an interrupted write
+    none = prep.prepare(resolve_corpus(tmp_path / "one"), tmp_path / "tokens-one", "bytes", progress=False)
+    assert none["docs"] == len(texts) and none["val_docs"] == 0
+    assert not list((tmp_path / "tokens-one" / "val").iterdir())
+    assert not list((tmp_path / "tokens-one").glob(".*.tmp"))

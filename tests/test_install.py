@@ -60,6 +60,10 @@ def test_wheel_install_has_one_namespace_and_the_posfreq_command(installed, tmp_
     config = Path(subprocess.run([python, "-c", "import posfreq.configs as c; print(list(c.__path__)[0])"],
                                  capture_output=True, text=True, cwd=tmp_path).stdout.strip())
     assert (config / "pretrain_2k.yaml").is_file() and (config / "demo.yaml").is_file()
+    task = subprocess.run([python, "-c", "import posfreq.analysis.lm_eval_task.make_tests as m, pathlib;"
+                           "print(*sorted(p.name for p in pathlib.Path(m.__file__).parent.glob('*.yaml')))"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert task.returncode == 0 and task.stdout.split(), task.stderr[-2000:]  # the lm-eval task ships its YAML
 
 
 def test_installed_analyze_runs_end_to_end(installed, tmp_path):

@@ -533,7 +533,7 @@ class Trainer:
                    "tokens_per_s": cfg.global_batch_tokens / elapsed, "flops_per_s": flops / elapsed,
                    "mfu": flops / elapsed / (self.peak * fabric.world_size) if self.peak else None}
             history.append(row)
-            log.step(row, fabric)
+            log.step(row, fabric, last=self.step == stop_at or stop_flag > 0)
             if self._validation_due():
                 log.validation(self.step, self.tokens_seen, *self.validate(), fabric)
             saved = self._maybe_save(stop_flag > 0 or self.step == stop_at, time_flag > 0)

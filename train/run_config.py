@@ -280,7 +280,8 @@ class TrainConfig:
 # math of the run (which rows each step trains on, the model, the optimiser, the schedule).
 RESUMABLE_CHANGES = (
     "out", "resume", "stop_at_step", "micro_batch_rows", "devices", "num_nodes", "accelerator",
-    "requeue_on_signal", "on_nonfinite", "resume_override", "data.dir", "model.attention_backend",
+    "requeue_on_signal", "on_nonfinite", "resume_override", "data.dir", "data.val_dir", "data.val_every_tokens",
+    "data.val_rows", "model.attention_backend",
     "model.activation_checkpointing", "model.init_from", "checkpoint.", "logging.",
 )
 # Keys that change the schedule: they may change on resume only through --resume-override.

@@ -157,8 +157,9 @@ class RunLog:
         fabric.log_dict({k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
                          and k != "step"}, step=row["step"])
 
-    def step(self, row: dict, fabric: Any) -> None:
-        """One optimizer step: counted always; written and printed every `every_steps` steps and at the last."""
+    def step(self, row: dict, fabric: Any, last: bool = False) -> None:
+        """One optimizer step: counted always; written and printed every `every_steps` steps, at the run's last step
+        and at `last`, this invocation's last step (stop_at_step, a signal), so no job ends on an unlogged step."""
         if not self.active:
             return
         t = self.totals
@@ -169,7 +170,7 @@ class RunLog:
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}", refresh=False)
-        if row["step"] % self.every and row["step"] != self.total_steps:
+        if row["step"] % self.every and row["step"] != self.total_steps and not last:
             return
         self._record(row, fabric)
         if self.bar is None:
