@@ -380,6 +380,7 @@ def test_bad_configs_fail_before_compute(data_dir, tmp_path):
         (tiny(data_dir, tmp_path, global_batch_tokens=1000), "not a whole number of micro-batches"),
         (tiny(data_dir, tmp_path, micro_batch_rows=3), "not a whole number of micro-batches"),
         (tiny(data_dir, tmp_path, **{"model.overrides.train_len": 4096}), "the training length has one name"),
+        (tiny(data_dir, tmp_path, **{"data.length_upsample": {"0-100000": 0.0}}), "gives every document of data.dir"),
         (tiny(data_dir, tmp_path, seed="x"), 'Parser key "seed":\n  Expected a <class \'int\'>. Got value: x'),
     ]
     (tmp_path / "empty").mkdir()

@@ -62,6 +62,7 @@ from posfreq.train.run_lock import RunLock, RunLockError
 from posfreq.train.run_log import LOG, RunLog, start_console
 from posfreq.train.shards import TokenDataset
 from posfreq.train.tokenizer import get_tokenizer
+from posfreq.train.upsample import LengthUpsample
 
 PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "A10G": 125e12, "L4": 121e12}
 EXIT_NOT_REQUEUED = 3  # a signal stopped the run after a save, and no SLURM requeue will restart it
@@ -185,6 +186,7 @@ class Plan:
             raise ConfigError(f"data.dir {cfg.data.dir} holds no tokens. Fix: re-run scripts/prepare_data.py")
         self.data_fingerprint = self.dataset.fingerprint()
         self.val_dataset = self._validation_data(cfg)
+        self._check_upsample(cfg)
         overrides = dict(cfg.model.overrides)
         overrides.setdefault("vocab_size", self.dataset.vocab_size)
         # The checkpoint records the length it was trained at: STRING and the baselines derive their
@@ -211,6 +213,15 @@ class Plan:
         self.skipped: list[str] = []  # checkpoints `--resume auto` passed over, each with the reason
         self.schedule_change: str | None = None  # what --resume_override changed, for the start-up report
         self.resume_from = self._resume_point()
+
+    def _check_upsample(self, cfg: TrainConfig) -> None:
+        """Refuse length weights that give the corpus's documents no expected copy at all (every epoch empty)."""
+        weights = LengthUpsample.parse(cfg.data.length_upsample, where="data.length_upsample")
+        docs, step = self.dataset.num_docs, 1 << 22  # blocks of documents: stops at the first one with weight
+        if weights and not any(weights.weights(self.dataset.doc_lengths(a, min(a + step, docs))).any()
+                               for a in range(0, docs, step)):
+            raise ConfigError(f"data.length_upsample={cfg.data.length_upsample} gives every document of data.dir "
+                              f"{cfg.data.dir} weight 0: no epoch would hold a token. Fix: give some lengths a weight.")
 
     def _validation_data(self, cfg: TrainConfig) -> TokenDataset | None:
         """The held-out shards of data.val_dir (same tokenizer as the training shards), or None."""
