@@ -488,3 +488,17 @@ def test_trainer_resume_with_best_fit_and_upsampling_matches_an_uninterrupted_ru
     assert np.array_equal(final_lengths(tmp_path / "split", steps), final_lengths(tmp_path / "full", steps))
     state = ckpt.read_trainer_state(tmp_path / "split/checkpoints/latest")["sampler"]
     assert state["packing"] == "best_fit" and state["length_upsample"] == {"1-2": 0.5, "17-": 2.0}
+
+
+def test_sampler_state_of_the_old_spelling_resumes_and_another_stream_is_refused(tmp_path):
+    """A state saved when the training length was called seq_len continues the same rows; a state of another
+    training length is refused, naming the setting."""
+    ds = TokenDataset(byte_shards(tmp_path, [5, 17, 40, 3, 64, 9, 33]))
+    first = PackedSampler(ds, 16, 2, seed=4)
+    next(first)
+    legacy = {("seq_len" if k == "train_len" else k): v for k, v in first.state_dict().items()}
+    resumed = PackedSampler(ds, 16, 2, seed=4)
+    resumed.load_state_dict(legacy)
+    assert torch.equal(next(resumed).input_ids, next(first).input_ids)
+    with pytest.raises(ValueError, match="train_len: saved 16 vs now 8"):
+        PackedSampler(ds, 8, 2, seed=4).load_state_dict(first.state_dict())

@@ -164,7 +164,10 @@ class PackedSampler:
                 "cursor": list(cursor), **self._stream_identity()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue the stream where `state` left it; refuses a state from another stream."""
+        """Continue the stream where `state` left it; refuses a state from another stream. A state saved before the
+        training length had one name calls it `seq_len`."""
+        if "seq_len" in state and "train_len" not in state:
+            state = {("train_len" if k == "seq_len" else k): v for k, v in state.items()}
         mine = self._stream_identity()
         diff = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
         if diff:

@@ -422,7 +422,10 @@ class Trainer:
         meta = ckpt.read_trainer_state(path)
         state_path = path / ("state" if meta["sharded"] else "state.pt")
         self.fabric.load(state_path, {"model": self.model, "optimizer": self.optimizer}, weights_only=True)
-        self.sampler.load_state_dict(meta["sampler"])
+        try:
+            self.sampler.load_state_dict(meta["sampler"])
+        except ValueError as err:
+            raise ckpt.CheckpointError(f"resume from {path}: {err}") from None
         self.step = int(meta["step"])
         self.tokens_before = int(meta.get("tokens_before", 0))
         self.wall_time = float(meta.get("wall_time_s", 0.0))
