@@ -502,3 +502,19 @@ def test_sampler_state_of_the_old_spelling_resumes_and_another_stream_is_refused
     assert torch.equal(next(resumed).input_ids, next(first).input_ids)
     with pytest.raises(ValueError, match="train_len: saved 16 vs now 8"):
         PackedSampler(ds, 8, 2, seed=4).load_state_dict(first.state_dict())
+
+
+def test_an_epoch_whose_draws_keep_no_document_is_passed_not_fatal(tmp_path):
+    """Weight 0.5 on a 3-document corpus: some epoch draws no copy at all (the review found epoch 6 for seed 0);
+    the stream goes on with the next epoch, every row still a real row; weights that give every present document 0
+    are refused."""
+    ds = TokenDataset(byte_shards(tmp_path, [9, 12, 7]))
+    plan = PackingPlan(ds, 8, "concat", seed=0, upsample={"0-": 0.5})
+    empty = [e for e in range(40) if plan.predict_epoch(e).tokens == 0]
+    assert empty, "no empty epoch drawn: pick another seed for this test"
+    sampler = PackedSampler(ds, 8, 2, seed=0, upsample={"0-": 0.5})
+    for _ in range(60):  # walks well past the first empty epoch
+        batch = next(sampler)
+        assert (batch.targets != IGNORE_INDEX).any()
+    with pytest.raises(ValueError, match="gives every document weight 0"):
+        next(PackedSampler(ds, 8, 2, seed=0, upsample={"0-100": 0.0}))

@@ -505,13 +505,22 @@ class PackingPlan:
         first = cursor.first_unit + self._block(cursor.epoch, cursor.position).units
         if cursor.position + 1 < len(self._bounds) - 1:
             after = Cursor(first, cursor.epoch, cursor.position + 1, cursor.epoch_first_unit)
-        elif first == cursor.epoch_first_unit:
+        elif first == cursor.epoch_first_unit and not self._some_document_has_weight():
             raise ValueError(f"epoch {cursor.epoch} holds no tokens: length_upsample {self.upsample.as_dict()} "
-                             "kept no document")
-        else:
+                             "gives every document weight 0")
+        else:  # an epoch whose random draws kept no document (fractional weights, tiny corpus) is simply passed
             after = Cursor(first, cursor.epoch + 1, 0, first)
         self.remember(after)
         return after
+
+    def _some_document_has_weight(self) -> bool:
+        """Whether any document has a positive expected number of copies (else every epoch would be empty)."""
+        names = () if self._sources is None else self._sources.source_names
+        for a, b in zip(self._bounds[:-1].tolist(), self._bounds[1:].tolist()):
+            sources = None if self._sources is None else self._sources.doc_sources(a, b)
+            if self.upsample.weights(self.corpus.doc_lengths(a, b), sources, names).any():
+                return True
+        return False
 
     def remember(self, cursor: Cursor) -> None:
         """Record where a block starts (e.g. from a sampler state), so rows from there on need no walk to it."""
