@@ -5,6 +5,8 @@ the answer budget), on the same seeded tests, it prints as ratios measured in th
 
 1. tests/s of the probe's greedy decoding (`analysis.probe.generate_answers`, KV cache) at batch 1
    and at `--batch-size` (default 8); the generated token ids must be equal (asserted);
+   and at batch 1 under `--precision bfloat16` (CPU autocast; the token ids agreeing with float32 are counted,
+   not asserted: bf16 rounding changes near-ties);
 2. the teacher-forced score (`analysis.probe.teacher_forced`, one forward pass per batch) vs greedy
    decoding, as time per test at `--batch-size`;
 3. Hugging Face `transformers` (`LlamaForCausalLM.generate`, greedy, float32) on the same weights
@@ -144,11 +146,11 @@ def timed(fn: Callable[[], T]) -> tuple[float, T]:
 
 
 def probe_ids(model: Recording, tokenizer: Tokenizer, tests: Sequence[NiahTest], batch: int,
-              new_tokens: int) -> list[list[int]]:
-    """The probe's greedy decoding of `tests`, `batch` at a time; the token ids it generated."""
+              new_tokens: int, precision: str = "float32") -> list[list[int]]:
+    """The probe's greedy decoding of `tests`, `batch` at a time (at `precision`); the token ids it generated."""
     model.rows = []
     for chunk in chunks(tests, batch):
-        generate_answers(model, tokenizer, chunk, CPU, "float32", new_tokens)
+        generate_answers(model, tokenizer, chunk, CPU, precision, new_tokens)
     return model.rows
 
 
@@ -186,6 +188,8 @@ def bench_length(model: Recording, hf: torch.nn.Module, tokenizer: Tokenizer, te
     if ids_one != ids_many:
         raise SystemExit(f"batch 1 and batch {batch} generate different tokens on tests "
                          f"{[i for i, (a, b) in enumerate(zip(ids_one, ids_many)) if a != b]}")
+    bf16, ids_bf16 = timed(lambda: probe_ids(model, tokenizer, tests, 1, new_tokens, "bfloat16"))
+    same_bf16 = sum(a == b for a, b in zip(ids_one, ids_bf16))
     forced, _ = timed(lambda: probe_scores(model, tokenizer, tests, batch))
     hf_one, theirs_one = timed(lambda: hf_ids(hf, tests, 1, new_tokens, eos))
     hf_many, theirs_many = timed(lambda: hf_ids(hf, tests, batch, new_tokens, eos))
@@ -197,6 +201,8 @@ def bench_length(model: Recording, hf: torch.nn.Module, tokenizer: Tokenizer, te
     print(f"  probe greedy    batch 1    {n / one:8.3f} tests/s")
     print(f"  probe greedy    batch {batch:<4d} {n / many:8.3f} tests/s   batch {batch} / batch 1: {one / many:5.2f}x "
           "(same token ids)")
+    print(f"  probe bf16      batch 1    {n / bf16:8.3f} tests/s   bf16 / float32 batch 1: {one / bf16:5.2f}x "
+          f"(same ids as float32 on {same_bf16}/{n} tests)")
     print(f"  teacher-forced  batch {batch:<4d} {n / forced:8.3f} tests/s   time per test vs greedy batch {batch}: "
           f"{forced / many:5.3f}x")
     print(f"  transformers    batch 1    {n / hf_one:8.3f} tests/s   probe / transformers: {hf_one / one:5.2f}x "
