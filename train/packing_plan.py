@@ -442,6 +442,19 @@ class EpochPrediction:
         return 1.0 - self.tokens / (self.rows * self.train_len) if self.rows else 0.0
 
 
+def some_document_has_weight(corpus: DocumentLengths, upsample: LengthUpsample, block: int = 1 << 22) -> bool:
+    """Whether any document of `corpus` has a positive expected number of copies under `upsample` (else every
+    epoch would be empty); reads `block` documents' lengths at a time and stops at the first with weight."""
+    with_sources = isinstance(corpus, Documents) and corpus.sources is not None
+    names = corpus.source_names if with_sources else ()
+    for a in range(0, corpus.num_docs, block):
+        b = min(a + block, corpus.num_docs)
+        sources = corpus.doc_sources(a, b) if with_sources else None
+        if upsample.weights(corpus.doc_lengths(a, b), sources, names).any():
+            return True
+    return False
+
+
 class PackingPlan:
     """Every row of the endless, seeded stream of epochs (module docstring), from document lengths alone."""
 
@@ -505,22 +518,13 @@ class PackingPlan:
         first = cursor.first_unit + self._block(cursor.epoch, cursor.position).units
         if cursor.position + 1 < len(self._bounds) - 1:
             after = Cursor(first, cursor.epoch, cursor.position + 1, cursor.epoch_first_unit)
-        elif first == cursor.epoch_first_unit and not self._some_document_has_weight():
+        elif first == cursor.epoch_first_unit and not some_document_has_weight(self.corpus, self.upsample):
             raise ValueError(f"epoch {cursor.epoch} holds no tokens: length_upsample {self.upsample.as_dict()} "
                              "gives every document weight 0")
         else:  # an epoch whose random draws kept no document (fractional weights, tiny corpus) is simply passed
             after = Cursor(first, cursor.epoch + 1, 0, first)
         self.remember(after)
         return after
-
-    def _some_document_has_weight(self) -> bool:
-        """Whether any document has a positive expected number of copies (else every epoch would be empty)."""
-        names = () if self._sources is None else self._sources.source_names
-        for a, b in zip(self._bounds[:-1].tolist(), self._bounds[1:].tolist()):
-            sources = None if self._sources is None else self._sources.doc_sources(a, b)
-            if self.upsample.weights(self.corpus.doc_lengths(a, b), sources, names).any():
-                return True
-        return False
 
     def remember(self, cursor: Cursor) -> None:
         """Record where a block starts (e.g. from a sampler state), so rows from there on need no walk to it."""

@@ -56,6 +56,7 @@ from posfreq.train.config import ModelConfig, model_preset
 from posfreq.train.loss import head_returns_loss
 from posfreq.train.model import Transformer
 from posfreq.train.packing import IGNORE_INDEX, PackedBatch, PackedSampler
+from posfreq.train.packing_plan import some_document_has_weight
 from posfreq.train import run_config
 from posfreq.train.run_config import ConfigError, TrainConfig, config_differences, overridden_changes, parse_args
 from posfreq.train.run_lock import RunLock, RunLockError
@@ -217,9 +218,7 @@ class Plan:
     def _check_upsample(self, cfg: TrainConfig) -> None:
         """Refuse length weights that give the corpus's documents no expected copy at all (every epoch empty)."""
         weights = LengthUpsample.parse(cfg.data.length_upsample, where="data.length_upsample")
-        docs, step = self.dataset.num_docs, 1 << 22  # blocks of documents: stops at the first one with weight
-        if weights and not any(weights.weights(self.dataset.doc_lengths(a, min(a + step, docs))).any()
-                               for a in range(0, docs, step)):
+        if weights and not some_document_has_weight(self.dataset, weights):
             raise ConfigError(f"data.length_upsample={cfg.data.length_upsample} gives every document of data.dir "
                               f"{cfg.data.dir} weight 0: no epoch would hold a token. Fix: give some lengths a weight.")
 
