@@ -367,3 +367,17 @@ def test_prepare_val_fraction_holds_out_documents_by_content(tmp_path) -> None:
     assert none["docs"] == len(texts) and none["val_docs"] == 0
     assert not list((tmp_path / "tokens-one" / "val").iterdir())
     assert not list((tmp_path / "tokens-one").glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("fraction, message", [("-0.1", "--val-fraction must be in [0, 1)"),
+                                               ("1", "--val-fraction must be in [0, 1)"),
+                                               ("nan", 'Parser key "val_fraction"')])
+def test_prepare_refuses_a_val_fraction_outside_0_1(tmp_path, fraction, message, capsys):
+    from posfreq.scripts import prepare_data as prep
+
+    (tmp_path / "c.jsonl").write_text('{"text": "a"}\n')
+    with pytest.raises(SystemExit) as refused:
+        prep.main(["--corpus", str(tmp_path / "c.jsonl"), "--tokenizer", "bytes", "--out", str(tmp_path / "t"),
+                   "--val-fraction", fraction])
+    assert refused.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "t").exists()

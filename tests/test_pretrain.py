@@ -385,6 +385,8 @@ def test_bad_configs_fail_before_compute(data_dir, tmp_path):
     ]
     (tmp_path / "empty").mkdir()
     cases.append((tiny(data_dir, tmp_path, data={"dir": str(tmp_path / "empty"), "train_len": 128}), "no token shards"))
+    cases.append((tiny(data_dir, tmp_path, **{"data.val_dir": str(tmp_path / "empty")}), "data.val_dir: .*no token shards"))
+    cases.append((tiny(data_dir, tmp_path, **{"data.val_dir": str(tmp_path / "missing")}), "data.val_dir: .*does not exist"))
     for cfg, message in cases:
         with pytest.raises(ConfigError, match=message):
             pretrain.Plan(config_from_dict(cfg), world_size=1)
