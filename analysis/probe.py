@@ -66,7 +66,7 @@ from posfreq.train.fingerprint import code_sha256
 from posfreq.train.positions import SCHEMES
 from posfreq.train.tokenizer import Tokenizer, get_tokenizer
 
-Precision = Literal["auto", "float32", "bfloat16"]
+Precision = Literal["auto", "float32", "bfloat16", "bfloat16-prefill"]
 BosPolicy = Literal["auto", "always", "never"]
 AnswerOrder = Literal["document", "nearest_first"]
 SchemeName = Literal[SCHEMES]  # the position schemes of posfreq.train.positions
@@ -80,7 +80,8 @@ class Generator(Protocol):
     """What the probe needs of a model (train.model.Transformer): greedy decoding and teacher forcing."""
 
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int,
-                 stop: Callable[[int, list[int]], bool] | None = None) -> list[list[int]]: ...
+                 stop: Callable[[int, list[int]], bool] | None = None,
+                 prefill_dtype: torch.dtype | None = None) -> list[list[int]]: ...
 
     def target_logprobs(self, input_ids: torch.Tensor, first_target: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -103,8 +104,10 @@ class ProbeSettings:
     position_options: dict[str, Any] = field(default_factory=dict)
     """Options of the position scheme, e.g. {shift: 1365} (or --position-options.shift 1365)."""
     precision: Precision = "auto"
-    """auto: bf16 autocast on GPU and float32 on CPU (resolved before results are keyed); float32; or bfloat16
-    (autocast over float32 weights)."""
+    """auto: bf16 autocast on GPU and float32 on CPU (resolved before results are keyed); float32; bfloat16
+    (autocast over float32 weights); or bfloat16-prefill (the prompt's forward and the teacher-forced pass under
+    bf16 autocast, the KV cache and the decoding steps in float32: the fastest on a CPU with bf16 units, see the
+    README's Performance section)."""
     tokenizer: Optional[str] = None
     """The tokenizer spec (llama3, bytes, hf:DIR) instead of the model's own (null: the model's own)."""
     bos: BosPolicy = "auto"
@@ -166,9 +169,10 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return precision
 
 
-def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """bf16 autocast for `bfloat16` (weights stay float32), nothing for float32."""
-    if precision == "bfloat16":
+def autocast(precision: str, device: torch.device, prefill: bool = False) -> contextlib.AbstractContextManager:
+    """bf16 autocast for `bfloat16`, and for `bfloat16-prefill` around a prefill-only pass (weights stay float32);
+    nothing otherwise."""
+    if precision == "bfloat16" or (prefill and precision == "bfloat16-prefill"):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -197,8 +201,9 @@ def generate_answers(
         return tokens[-1] == tokenizer.eos_id or all_needles_in(tests[row].needles, tokenizer.decode(tokens))
 
     prompt = torch.from_numpy(np.stack([t.input_ids for t in tests])).to(device)
+    prefill_dtype = torch.bfloat16 if precision == "bfloat16-prefill" else None
     with torch.inference_mode(), autocast(precision, device):
-        generated = model.generate(prompt, max_new_tokens, stop=stop)
+        generated = model.generate(prompt, max_new_tokens, stop=stop, prefill_dtype=prefill_dtype)
     return [tokenizer.decode(cut_at_eos(g, tokenizer.eos_id)) for g in generated]
 
 
@@ -247,7 +252,7 @@ def teacher_forced(
     for row, (test, (ids, _)) in enumerate(zip(tests, answers)):
         batch[row, :prompt_length] = test.input_ids
         batch[row, prompt_length : prompt_length + len(ids)] = ids
-    with torch.inference_mode(), autocast(precision, device):
+    with torch.inference_mode(), autocast(precision, device, prefill=True):
         logprobs, correct = model.target_logprobs(torch.from_numpy(batch).to(device), prompt_length)
     logprobs, correct = logprobs.float().cpu().numpy(), correct.cpu().numpy()
     scores = []

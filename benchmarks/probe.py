@@ -5,8 +5,9 @@ the answer budget), on the same seeded tests, it prints as ratios measured in th
 
 1. tests/s of the probe's greedy decoding (`analysis.probe.generate_answers`, KV cache) at batch 1
    and at `--batch-size` (default 8); the generated token ids must be equal (asserted);
-   and at batch 1 under `--precision bfloat16` (CPU autocast; the token ids agreeing with float32 are counted,
-   not asserted: bf16 rounding changes near-ties);
+   at batch 1 under `--precision bfloat16` (CPU autocast of everything), and at both batch sizes under
+   `--precision bfloat16-prefill` (the prompt's forward in bf16, the cache and the decoding steps in
+   float32); the token ids agreeing with float32 are counted, not asserted: bf16 rounding changes near-ties;
 2. the teacher-forced score (`analysis.probe.teacher_forced`, one forward pass per batch) vs greedy
    decoding, as time per test at `--batch-size`;
 3. Hugging Face `transformers` (`LlamaForCausalLM.generate`, greedy, float32) on the same weights
@@ -63,8 +64,7 @@ from posfreq.train.hf import export_hf  # noqa: E402
 from posfreq.train.model import Transformer  # noqa: E402
 from posfreq.train.tokenizer import Tokenizer, get_tokenizer, register_tokenizer  # noqa: E402
 
-SMOLLM_135M = ModelConfig(vocab_size=49_152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536,
-                          tie_embeddings=True)
+SMOLLM_135M = model_preset("smollm-135m")
 QUICK = model_preset("tiny-4l-256", vocab_size=49_152, tie_embeddings=True)
 ASSERTED = 2  # tests per length and batch size whose greedy ids must equal transformers'
 CPU = torch.device("cpu")
@@ -101,8 +101,9 @@ class Recording:
         self.rows: list[list[int]] = []
 
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int,
-                 stop: Callable[[int, list[int]], bool] | None = None) -> list[list[int]]:
-        rows = self.model.generate(prompt_ids, max_new_tokens, stop=stop)
+                 stop: Callable[[int, list[int]], bool] | None = None,
+                 prefill_dtype: torch.dtype | None = None) -> list[list[int]]:
+        rows = self.model.generate(prompt_ids, max_new_tokens, stop=stop, prefill_dtype=prefill_dtype)
         self.rows += rows
         return rows
 
@@ -183,6 +184,8 @@ def bench_length(model: Recording, hf: torch.nn.Module, tokenizer: Tokenizer, te
                  new_tokens: int) -> None:
     """Time every row at one length and print it with its ratio."""
     n, eos = len(tests), tokenizer.eos_id
+    hf_one, theirs_one = timed(lambda: hf_ids(hf, tests, 1, new_tokens, eos))
+    hf_many, theirs_many = timed(lambda: hf_ids(hf, tests, batch, new_tokens, eos))
     one, ids_one = timed(lambda: probe_ids(model, tokenizer, tests, 1, new_tokens))
     many, ids_many = timed(lambda: probe_ids(model, tokenizer, tests, batch, new_tokens))
     if ids_one != ids_many:
@@ -190,9 +193,10 @@ def bench_length(model: Recording, hf: torch.nn.Module, tokenizer: Tokenizer, te
                          f"{[i for i, (a, b) in enumerate(zip(ids_one, ids_many)) if a != b]}")
     bf16, ids_bf16 = timed(lambda: probe_ids(model, tokenizer, tests, 1, new_tokens, "bfloat16"))
     same_bf16 = sum(a == b for a, b in zip(ids_one, ids_bf16))
+    pre_one, ids_pre_one = timed(lambda: probe_ids(model, tokenizer, tests, 1, new_tokens, "bfloat16-prefill"))
+    pre_many, ids_pre_many = timed(lambda: probe_ids(model, tokenizer, tests, batch, new_tokens, "bfloat16-prefill"))
+    same_pre = [sum(a == b for a, b in zip(ids_one, ids)) for ids in (ids_pre_one, ids_pre_many)]
     forced, _ = timed(lambda: probe_scores(model, tokenizer, tests, batch))
-    hf_one, theirs_one = timed(lambda: hf_ids(hf, tests, 1, new_tokens, eos))
-    hf_many, theirs_many = timed(lambda: hf_ids(hf, tests, batch, new_tokens, eos))
     same_one = agreement(ids_one, theirs_one, eos, "transformers at batch 1")
     same_many = agreement(ids_many, theirs_many, eos, f"transformers at batch {batch}")
     mean_new = np.mean([len(ids) for ids in ids_one])
@@ -203,6 +207,10 @@ def bench_length(model: Recording, hf: torch.nn.Module, tokenizer: Tokenizer, te
           "(same token ids)")
     print(f"  probe bf16      batch 1    {n / bf16:8.3f} tests/s   bf16 / float32 batch 1: {one / bf16:5.2f}x "
           f"(same ids as float32 on {same_bf16}/{n} tests)")
+    for size, seconds, same, hf_seconds in ((1, pre_one, same_pre[0], hf_one), (batch, pre_many, same_pre[1], hf_many)):
+        print(f"  probe bf16-prefill batch {size:<4d} {n / seconds:8.3f} tests/s   vs float32 same batch: "
+              f"{(one if size == 1 else many) / seconds:5.2f}x, vs transformers (float32) same batch: "
+              f"{hf_seconds / seconds:5.2f}x (same ids as float32 on {same}/{n} tests)")
     print(f"  teacher-forced  batch {batch:<4d} {n / forced:8.3f} tests/s   time per test vs greedy batch {batch}: "
           f"{forced / many:5.3f}x")
     print(f"  transformers    batch 1    {n / hf_one:8.3f} tests/s   probe / transformers: {hf_one / one:5.2f}x "

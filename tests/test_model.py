@@ -100,6 +100,25 @@ def test_generate_batched_equals_unbatched_and_stops():
     assert all(len(row) == 2 for row in stopped)
 
 
+def test_generate_with_a_bf16_prefill_decodes_in_float32():
+    """prefill_dtype=bfloat16: the prompt's forward under bf16 autocast, then float32 steps over a float32 cache; equal
+    to doing those two things by hand, and the cache is never bf16."""
+    model = small_model(seed=5)
+    prompts = torch.randint(0, 97, (2, 10))
+    generated = model.generate(prompts, 5, prefill_dtype=torch.bfloat16)
+    caches = model.new_caches(2, 15, torch.float32, prompts.device)
+    with torch.no_grad():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            hidden = model.hidden_states(prompts.reshape(-1), cu([10, 10]), 10, caches)
+        assert caches[0].k.dtype == torch.float32
+        ids = model.lm_head(hidden.view(2, 10, -1)[:, -1].float()).argmax(-1)
+        expected = [ids]
+        for _ in range(4):
+            ids = model.lm_head(model.hidden_states(ids, cu([1, 1]), 1, caches, position_offset=caches[0].length)).argmax(-1)
+            expected.append(ids)
+    assert generated == torch.stack(expected, 1).tolist()
+
+
 def test_config_rejects_unknown_keys():
     try:
         ModelConfig.from_dict({"d_model": 64, "n_heads": 4, "n_kv_heads": 2, "colour": "red"})

@@ -203,6 +203,7 @@ def test_string_shorter_than_shift_is_rope_bit_for_bit():
 
 CONFIG = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, train_len=36)
 MODEL_SETTINGS = [
+    ("rope", {}),  # cached decoding over the cache's strided views, never packed
     ("string", {}),  # shift 12, window 6
     ("string", {"shift": 9, "window": 3, "temperature": True}),
     ("rerope", {}),  # protocol paper: L' = 24, window 6
@@ -254,10 +255,12 @@ def test_model_prefill_and_cached_decoding(model, name, options, monkeypatch):
     torch.testing.assert_close(ref_stepwise, full.view(2, 30, -1)[:, 19:], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("options", [{}, {"shift": 9, "window": 3, "temperature": True}])
-def test_model_string_chunked_decoding_equals_full_forward(model, options):
-    """Chunks of new tokens on a STRING KV cache (one-pass decode), below and beyond the shift, equal a full forward."""
-    m = _with_scheme(model, "string", options, False)
+@pytest.mark.parametrize("name,options", [("string", {}), ("string", {"shift": 9, "window": 3, "temperature": True}),
+                                          ("rope", {})])
+def test_model_chunked_decoding_equals_full_forward(model, name, options):
+    """Chunks of new tokens on a KV cache (STRING's one-pass decode; RoPE's attention over the cache's views), below
+    and beyond the shift, equal a full forward."""
+    m = _with_scheme(model, name, options, False)
     tokens = torch.randint(0, CONFIG.vocab_size, (2, 34), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         full = m.hidden_states(tokens.reshape(-1), uniform_cu_seqlens(2, 34, "cpu"), 34).view(2, 34, -1)
@@ -269,6 +272,27 @@ def test_model_string_chunked_decoding_equals_full_forward(model, options):
             chunks.append(m.hidden_states(ids, cu, size, caches, position_offset=start).view(2, size, -1))
             start += size
     torch.testing.assert_close(torch.cat(chunks, 1), full, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["rope", "string"])
+def test_cached_decoding_never_packs_the_cache(model, name, monkeypatch):
+    """Batched decoding steps read the KV cache through its strided views: packing it would copy the whole cache at
+    every step and layer (the cost that made batch 8 slower than batch 1 at 4K tokens)."""
+    m = _with_scheme(model, name, {}, False)
+    prompt = torch.randint(0, CONFIG.vocab_size, (3, 20), generator=torch.Generator().manual_seed(4))
+    caches = m.new_caches(3, 30, torch.float32, prompt.device)
+
+    def refuse(self):
+        raise AssertionError("the KV cache was packed")
+
+    with torch.no_grad():
+        m.hidden_states(prompt.reshape(-1), uniform_cu_seqlens(3, 20, "cpu"), 20, caches)
+        monkeypatch.setattr(positions.AttentionInputs, "k", property(refuse))
+        monkeypatch.setattr(positions.AttentionInputs, "v", property(refuse))
+        for size in (1, 1, 4):
+            ids = prompt[:, :size].reshape(-1)
+            m.hidden_states(ids, uniform_cu_seqlens(3, size, "cpu"), size, caches, position_offset=caches[0].length)
+    assert caches[0].length == 26
 
 
 def test_model_string_equals_rope_below_shift(model):

@@ -36,7 +36,7 @@ class WindowModel:
         self.tokenizer, self.k, self.silent = tokenizer, k, silent
         self.calls: list[tuple[int, int]] = []
 
-    def generate(self, prompt_ids, max_new_tokens, stop=None):
+    def generate(self, prompt_ids, max_new_tokens, stop=None, prefill_dtype=None):
         self.calls.append(tuple(prompt_ids.shape))
         rows = []
         for ids in prompt_ids.tolist():

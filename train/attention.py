@@ -92,6 +92,21 @@ def varlen_attention(
     return impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window, return_lse, scale)
 
 
+def cached_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> Tensor:
+    """Bottom-right causal attention of B equal query blocks over B equal KV caches, on sdpa, without packing.
+
+    q: (B, Lq, H, D), the last Lq positions of each sequence; k, v: (B, Lk, Hkv, D), typically
+    strided views of a preallocated cache (packing them for `varlen_attention` would copy the
+    whole cache at every decoding step). Returns (B, Lq, H, D).
+    """
+    len_q, len_k = q.shape[1], k.shape[1]
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    causal = len_q == len_k and len_q > 1
+    mask = causal_mask(len_q, len_k, None, q.device) if 1 < len_q < len_k else None
+    out, _ = _attend_dense(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, causal, False, scale)
+    return out.transpose(1, 2)
+
+
 def causal_mask(len_q: int, len_k: int, window: int | None, device: torch.device) -> Tensor:
     """Boolean (len_q, len_k) mask of allowed keys: bottom-right causal, optionally windowed."""
     distance = torch.arange(len_q, device=device)[:, None] + (len_k - len_q) - torch.arange(len_k, device=device)

@@ -73,6 +73,9 @@ PRESETS: dict[str, ModelConfig] = {
     "tinyllama-1.3b": ModelConfig(),
     "tiny-4l-256": ModelConfig(d_model=256, n_layers=4, n_heads=8, n_kv_heads=2, ffn_dim=704, train_len=4096),
     "tiny-2l-128": ModelConfig(d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=352, train_len=4096),
+    # SmolLM-135M's shape (a public Llama-family model of about 135M parameters): the benchmarks' real-size model.
+    "smollm-135m": ModelConfig(vocab_size=49_152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536,
+                               tie_embeddings=True),
 }
 
 

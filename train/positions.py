@@ -34,6 +34,7 @@ self_extend then equal rope).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from posfreq.train.attention import resolve_backend, varlen_attention
+from posfreq.train.attention import cached_attention, resolve_backend, varlen_attention
 from posfreq.train.rotary import Rotary, RotaryBase, ntk_inv_freq, yarn_parameters
 
 DENSE_BLOCK = 256
@@ -54,11 +55,17 @@ STRING_TEMPERATURE = 1.0 + 0.1 * math.log(2.0)
 
 @dataclass
 class AttentionInputs:
-    """Everything a scheme needs for one layer's attention over packed sequences."""
+    """Everything a scheme needs for one layer's attention over packed sequences.
+
+    Keys and values come packed, (Tk, Hkv, D), or, in cached decoding of B equal-length sequences,
+    as the KV cache's (B, Lk, Hkv, D) views. Those are strided (a slice of a preallocated cache), so
+    packing them is a copy of the whole cache: `k` and `v` make it only when a scheme asks for the
+    packed form, and `cached_kv` hands the views over as they are.
+    """
 
     q: Tensor  # (Tq, H, D), not yet rotated
-    k: Tensor  # (Tk, Hkv, D), rotated at pos_k
-    v: Tensor  # (Tk, Hkv, D)
+    keys: Tensor  # (Tk, Hkv, D) or (B, Lk, Hkv, D), rotated at pos_k
+    values: Tensor  # same layout as keys
     pos_q: Tensor  # (Tq,) true positions of the queries within their sequence
     pos_k: Tensor  # (Tk,)
     cu_seqlens_q: Tensor
@@ -66,6 +73,26 @@ class AttentionInputs:
     max_seqlen_q: int
     max_seqlen_k: int
     backend: str = "auto"
+
+    @functools.cached_property
+    def k(self) -> Tensor:
+        """Keys packed as (Tk, Hkv, D)."""
+        return self.keys.reshape(-1, *self.keys.shape[-2:])
+
+    @functools.cached_property
+    def v(self) -> Tensor:
+        """Values packed as (Tk, Hkv, D)."""
+        return self.values.reshape(-1, *self.values.shape[-2:])
+
+    @property
+    def cached_kv(self) -> tuple[Tensor, Tensor] | None:
+        """The KV cache's (B, Lk, Hkv, D) views, or None when keys and values came packed."""
+        return (self.keys, self.values) if self.keys.dim() == 4 else None
+
+    @property
+    def total_k(self) -> int:
+        """Number of keys over all sequences (Tk)."""
+        return self.keys.shape[0] * (self.keys.shape[1] if self.keys.dim() == 4 else 1)
 
 
 @dataclass
@@ -93,6 +120,10 @@ class PositionScheme:
     def attend(self, x: AttentionInputs) -> Tensor:
         """Attention output (Tq, H, D) of the un-rotated queries over the rotated keys, each pair at the scheme's distance."""
         q = self.rotary.rotate(x.q, x.pos_q)
+        cached = x.cached_kv
+        if cached is not None and resolve_backend(x.backend, q.device) == "sdpa":
+            k, v = cached
+            return cached_attention(q.view(k.shape[0], -1, *q.shape[1:]), k, v).view(q.shape)
         return varlen_attention(
             q, x.k, x.v, x.cu_seqlens_q, x.cu_seqlens_k, x.max_seqlen_q, x.max_seqlen_k, backend=x.backend
         )
@@ -285,29 +316,31 @@ class StringScheme(SplitScheme):
     def attend(self, x: AttentionInputs) -> Tensor:
         shape = _decode_shape(x)
         if shape is not None and x.max_seqlen_k > self.split:
-            return self.decode(x.q, x.k, x.v, x.pos_q, *shape)
+            batch, _, len_k = shape
+            k, v = x.cached_kv or (x.k.view(batch, len_k, *x.k.shape[1:]), x.v.view(batch, len_k, *x.v.shape[1:]))
+            return self.decode(x.q, k, v, x.pos_q, *shape)
         return super().attend(x)
 
     def decode(self, q: Tensor, k: Tensor, v: Tensor, pos_q: Tensor, batch: int, len_q: int, len_k: int) -> Tensor:
         """Cached decoding in one pass: `batch` sequences, each with its last len_q queries over len_k keys.
 
-        q: (batch * len_q, H, D) un-rotated, at positions pos_q; k, v: (batch * len_k, Hkv, D),
-        k rotated at true positions (the packed cache). As in `SplitScheme.attend`, query i sits
+        q: (batch * len_q, H, D) un-rotated, at positions pos_q; k, v: (batch, len_k, Hkv, D),
+        k rotated at true positions (views of the KV cache). As in `SplitScheme.attend`, query i sits
         at m = len_k - len_q + i (bottom-right) and scores key n <= m with its ordinary rotation
         when m - n < S and with its shifted one (at m - S + W, Algorithm 1) when m - n >= S: the
         key at distance exactly S is far (distance W), each key counted once. The far keys of
         query m are the prefix n <= m - S and its near keys the suffix, so each rotation is one
-        matmul against a slice of the cached keys (no re-rotation; for batch 1 no copy either). For a chunk
+        matmul against a slice of the cached keys (no re-rotation, no copy). For a chunk
         the n - 1 keys that are far for some queries and near for others are scored both ways
         and picked per query. Both score blocks form one row: one softmax (float32), one matmul
         with V. Queries go in blocks of DECODE_BLOCK, bounding the (H, block, len_k) scores.
         """
         heads, dim = q.shape[1], q.shape[2]
-        kv_heads = k.shape[1]
+        kv_heads = k.shape[2]
         groups = heads // kv_heads
         split = self.split
-        keys = k.reshape(batch, len_k, kv_heads, dim).transpose(1, 2)  # (B, Hkv, Lk, D), a view of the packed cache
-        values = v.reshape(batch, len_k, kv_heads, dim).transpose(1, 2)
+        keys = k.transpose(1, 2)  # (B, Hkv, Lk, D), a view of the cache
+        values = v.transpose(1, 2)
         queries = q.view(batch, len_q, heads, dim)
         positions = pos_q.view(batch, len_q)
         outs = []
@@ -354,7 +387,7 @@ def _decode_shape(x: AttentionInputs) -> tuple[int, int, int] | None:
     """(batch, len_q, len_k) when x is cached decoding of equal sequences (len_q < len_k each), else None."""
     batch = x.cu_seqlens_q.numel() - 1
     len_q, len_k = x.max_seqlen_q, x.max_seqlen_k
-    if len_q >= len_k or x.q.shape[0] != batch * len_q or x.k.shape[0] != batch * len_k:
+    if len_q >= len_k or x.q.shape[0] != batch * len_q or x.total_k != batch * len_k:
         return None  # equal lengths follow from the totals: each sequence has at most max_seqlen
     return batch, len_q, len_k
 
