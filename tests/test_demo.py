@@ -66,9 +66,15 @@ def test_quick_demo_outputs(quick_demo: Path) -> None:
     assert all(isinstance(r["effective_length_lo"], int) for r in checkpoints)
     conclusion = json.loads((quick_demo / "compare" / "conclusion.json").read_text())
     assert {"shortfall", "longer_reaches_further", "curves_coincide", "emergence"} <= set(conclusion)
+    strict = quick_demo / f"strict-{QUICK.strict_min_retrieved}of4"
+    assert {"shortfall", "curves_coincide"} <= set(json.loads((strict / "compare" / "conclusion.json").read_text()))
+    for train_len in QUICK.train_lens:  # the copies were re-derived under the stricter criterion, the originals kept
+        run = f"L{train_len}-s{QUICK.seeds[0]}"
+        assert read_csv(strict / run / "probe" / "effective_length.csv")[0]["min_retrieved"] == 3
+        assert read_csv(quick_demo / run / "probe" / "effective_length.csv")[0]["min_retrieved"] == 2
     report = (quick_demo / "REPORT.md").read_text()
     assert "## Commands" in report and "train/pretrain.py" in report and "analysis/probe.py" in report
-    assert "## Conclusion" in report and "analysis/compare.py" in report
+    assert "## Conclusion" in report and "analysis/compare.py" in report and "at least 3 of 4 needles" in report
     figures = {p.name for p in (quick_demo / "figures").glob("*.png")}
     assert any(name.startswith("fig2a") for name in figures) and any(name.startswith("fig2b") for name in figures)
     assert any("heatmap" in name for name in figures) and "pass_rate_vs_length.png" in figures
@@ -96,3 +102,32 @@ def test_quick_packing_experiment_trains_each_variant_and_reports_the_effect(tmp
             if line.startswith("| concat |") or line.startswith("| best_fit |")}
     assert float(rows["best_fit"][2]) > float(rows["concat"][2])  # f(3L/4)
     assert float(rows["concat"][3]) == 0.0
+
+
+def _demo_output(root: Path, lengths: list[tuple[int, int, int]], holds: bool) -> Path:
+    """A demo output with only what the agreement reads: compare/checkpoints.csv and compare/conclusion.json."""
+    from posfreq.analysis.effective_length import write_csv
+    from posfreq.scripts.demo_agreement import VERDICTS
+
+    (root / "compare").mkdir(parents=True)
+    write_csv(root / "compare" / "checkpoints.csv", [
+        {"train_len": 256, "seed": 0, "variant": "concat", "tokens_seen": 100 * (i + 1), "effective_length": value,
+         "effective_length_lo": lo, "effective_length_hi": hi} for i, (value, lo, hi) in enumerate(lengths)])
+    (root / "compare" / "conclusion.json").write_text(json.dumps({name: {"holds": holds} for name in VERDICTS}))
+    return root
+
+
+def test_agreement_counts_values_inside_the_reference_intervals(tmp_path: Path) -> None:
+    from posfreq.scripts.demo_agreement import agreement, agreement_lines
+
+    reference = _demo_output(tmp_path / "ref", [(100, 80, 120), (200, 200, 200), (0, 0, 0)], True)
+    ours = _demo_output(tmp_path / "ours", [(120, 90, 150), (208, 176, 208), (0, 0, 0)], True)
+    result = agreement(ours, reference, "paper", Path("compare"))
+    assert (result["shared_checkpoints"], result["within"], result["overlap"]) == (3, 2, 3)
+    assert result["same_verdicts"]
+    assert "| 256 | 0 | 200 | 208 | 200 [200, 200] |" in agreement_lines(result)
+    other = _demo_output(tmp_path / "other", [(120, 90, 150)], False)
+    result = agreement(other, reference, "paper", Path("compare"))
+    assert (result["shared_checkpoints"], result["only_in_one"], result["same_verdicts"]) == (1, 2, False)
+    with pytest.raises(SystemExit, match="checkpoints.csv is missing"):
+        agreement(other, tmp_path / "nowhere", "paper", Path("compare"))

@@ -1,0 +1,68 @@
+"""Does a demo run reproduce another? Effective lengths against the other run's intervals, and the verdicts.
+
+The miniature's claim is only a result if it survives another machine or thread setting: this compares two
+demo output directories checkpoint by checkpoint (same training length, seed and tokens) and verdict by verdict.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from posfreq.analysis.effective_length import read_csv
+
+VERDICTS = ("shortfall", "longer_reaches_further", "curves_coincide")
+
+
+def _checkpoints(compare: Path) -> dict[tuple, dict]:
+    """A comparison's checkpoints.csv, keyed by (train_len, seed, variant, tokens_seen)."""
+    path = compare / "checkpoints.csv"
+    if not path.is_file():
+        raise SystemExit(f"demo: {path} is missing: the reference must be the output directory of a finished "
+                         "`python scripts/demo.py` of this version (its comparison stages write that table)")
+    return {(r["train_len"], r["seed"], r["variant"], r["tokens_seen"]): r for r in read_csv(path)}
+
+
+def agreement(out: Path, reference: Path, criterion: str, compare: Path) -> dict:
+    """Per shared checkpoint of the comparison at `compare` (relative to both output directories): this run's
+    effective length, the reference's and its 95% interval; and the verdicts.
+
+    `within` counts this run's values inside the reference's interval; `overlap` counts intervals that meet.
+    """
+    ours, theirs = _checkpoints(out / compare), _checkpoints(reference / compare)
+    rows = []
+    for key in sorted(ours.keys() & theirs.keys()):
+        a, b = ours[key], theirs[key]
+        lo, hi = b["effective_length_lo"], b["effective_length_hi"]
+        rows.append({"train_len": key[0], "seed": key[1], "variant": key[2], "tokens_seen": key[3],
+                     "effective_length": a["effective_length"], "reference": b["effective_length"],
+                     "reference_lo": lo, "reference_hi": hi,
+                     "within": lo <= a["effective_length"] <= hi,
+                     "overlap": a["effective_length_lo"] <= hi and lo <= a["effective_length_hi"]})
+    conclusions = [json.loads((d / compare / "conclusion.json").read_text()) for d in (out, reference)]
+    verdicts = {name: {"this_run": conclusions[0][name]["holds"], "reference": conclusions[1][name]["holds"]}
+                for name in VERDICTS}
+    return {"reference": str(reference), "criterion": criterion, "comparison": str(compare), "checkpoints": rows, "shared_checkpoints": len(rows),
+            "only_in_one": len(ours.keys() ^ theirs.keys()),
+            "within": sum(r["within"] for r in rows), "overlap": sum(r["overlap"] for r in rows),
+            "verdicts": verdicts, "same_verdicts": all(v["this_run"] == v["reference"] for v in verdicts.values())}
+
+
+def agreement_lines(result: dict) -> list[str]:
+    """REPORT.md's section on the comparison with a reference run."""
+    outside = [r for r in result["checkpoints"] if not r["within"]]
+    lines = [f"## Agreement with the reference run `{result['reference']}` ({result['criterion']} criterion, "
+             f"{result['comparison']})", "",
+             f"- Shared checkpoints: {result['shared_checkpoints']} ({result['only_in_one']} in one run only).",
+             f"- This run's effective length lies inside the reference's 95% interval at {result['within']} of "
+             f"{result['shared_checkpoints']}; the two intervals meet at {result['overlap']}.",
+             "- Verdicts (this run / reference): " + "; ".join(
+                 f"{name} {v['this_run']} / {v['reference']}" for name, v in result["verdicts"].items())
+             + (" (the same)." if result["same_verdicts"] else " (**they differ**)."), ""]
+    if outside:
+        lines += ["Checkpoints outside the reference's interval:", "",
+                  "| L | seed | tokens | this run | reference [interval] |", "|---|---|---|---|---|"]
+        lines += [f"| {r['train_len']} | {r['seed']} | {r['tokens_seen']} | {r['effective_length']} | "
+                  f"{r['reference']} [{r['reference_lo']}, {r['reference_hi']}] |" for r in outside]
+        lines.append("")
+    return lines
