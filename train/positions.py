@@ -226,23 +226,21 @@ def windowed_attention(q: Tensor, x: AttentionInputs, window: int) -> tuple[Tens
     cu = _cu(block_len)
     out, lse = varlen_attention(q, x.k, x.v, cu, cu, int(block_len.max()), int(block_len.max()), return_lse=True, backend="sdpa")
     # Block j > 0 over block j - 1: query i sees previous-block key r iff r > i. Reversing
-    # both (u = window - 2 - i, key window - 1 - u') makes that top-left causal over
-    # window - 1 keys. Short last blocks are padded with ignored query rows.
+    # both (u = window - 2 - i, key window - 1 - u') makes that causal over window - 1 keys; a
+    # short last block of n queries is the last n rows of that triangle, which is bottom-right
+    # causal with n queries (no padded rows: a 2-query tail costs 2 rows, not a whole block).
     later = index > 0
     start, length = block_start[later], torch.clamp(block_len[later], max=window - 1)
     u = torch.arange(window - 1, device=q.device)
     i = (window - 2 - u)[None, :]
-    valid = (i < length[:, None]).reshape(-1)
-    rows_q = torch.where(i < length[:, None], start[:, None] + i, start[:, None]).reshape(-1)
+    rows_q = (start[:, None] + i)[i < length[:, None]]  # per block, the last `length` reversed rows in order
     rows_k = (start[:, None] - 1 - u[None, :]).reshape(-1)
-    cu_prev = torch.arange(0, (len(start) + 1) * (window - 1), window - 1, device=q.device, dtype=torch.int32)
+    cu_k = torch.arange(0, (len(start) + 1) * (window - 1), window - 1, device=q.device, dtype=torch.int32)
     out_prev, lse_prev = varlen_attention(
-        q[rows_q], x.k[rows_k], x.v[rows_k], cu_prev, cu_prev, window - 1, window - 1, return_lse=True, backend="sdpa"
+        q[rows_q], x.k[rows_k], x.v[rows_k], _cu(length), cu_k, int(length.max()), window - 1, return_lse=True,
+        backend="sdpa",
     )
-    if bool(valid.all()):
-        _merge_into(out, lse, rows_q, out_prev, lse_prev)
-    else:
-        _merge_into(out, lse, rows_q[valid], out_prev[valid], lse_prev[valid])
+    _merge_into(out, lse, rows_q, out_prev, lse_prev)
     return out, lse
 
 
