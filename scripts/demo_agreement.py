@@ -7,6 +7,7 @@ demo output directories checkpoint by checkpoint (same training length, seed and
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from posfreq.analysis.effective_length import read_csv
@@ -25,9 +26,12 @@ def _checkpoints(compare: Path) -> dict[tuple, dict]:
 
 def agreement(out: Path, reference: Path, criterion: str, compare: Path) -> dict:
     """Per shared checkpoint of the comparison at `compare` (relative to both output directories): this run's
-    effective length, the reference's and its 95% interval; and the verdicts.
+    effective length, the reference's and its 95% interval; per milestone, this run's median over seeds against the
+    range of the reference's seeds; and the verdicts.
 
-    `within` counts this run's values inside the reference's interval; `overlap` counts intervals that meet.
+    `within` counts this run's values inside the reference's interval (which resamples tests, not training);
+    `overlap` counts intervals that meet; `milestones_within` counts milestones whose seed median lies inside the
+    reference's seed range (the run-to-run spread a second machine should stay inside).
     """
     ours, theirs = _checkpoints(out / compare), _checkpoints(reference / compare)
     rows = []
@@ -39,12 +43,21 @@ def agreement(out: Path, reference: Path, criterion: str, compare: Path) -> dict
                      "reference_lo": lo, "reference_hi": hi,
                      "within": lo <= a["effective_length"] <= hi,
                      "overlap": a["effective_length_lo"] <= hi and lo <= a["effective_length_hi"]})
+    milestones: dict[tuple, tuple[list, list]] = {}
+    for r in rows:
+        mine, theirs_ = milestones.setdefault((r["train_len"], r["variant"], r["tokens_seen"]), ([], []))
+        mine.append(r["effective_length"])
+        theirs_.append(r["reference"])
+    milestone_rows = [{"train_len": k[0], "variant": k[1], "tokens_seen": k[2], "seed_median": statistics.median(a),
+                       "reference_seeds": sorted(b), "within": min(b) <= statistics.median(a) <= max(b)}
+                      for k, (a, b) in sorted(milestones.items())]
     conclusions = [json.loads((d / compare / "conclusion.json").read_text()) for d in (out, reference)]
     verdicts = {name: {"this_run": conclusions[0][name]["holds"], "reference": conclusions[1][name]["holds"]}
                 for name in VERDICTS}
     return {"reference": str(reference), "criterion": criterion, "comparison": str(compare), "checkpoints": rows, "shared_checkpoints": len(rows),
             "only_in_one": len(ours.keys() ^ theirs.keys()),
             "within": sum(r["within"] for r in rows), "overlap": sum(r["overlap"] for r in rows),
+            "milestones": milestone_rows, "milestones_within": sum(r["within"] for r in milestone_rows),
             "verdicts": verdicts, "same_verdicts": all(v["this_run"] == v["reference"] for v in verdicts.values())}
 
 
@@ -55,7 +68,10 @@ def agreement_lines(result: dict) -> list[str]:
              f"{result['comparison']})", "",
              f"- Shared checkpoints: {result['shared_checkpoints']} ({result['only_in_one']} in one run only).",
              f"- This run's effective length lies inside the reference's 95% interval at {result['within']} of "
-             f"{result['shared_checkpoints']}; the two intervals meet at {result['overlap']}.",
+             f"{result['shared_checkpoints']}; the two intervals meet at {result['overlap']}. Those intervals resample "
+             "tests, not training.",
+             f"- Per milestone, this run's median over seeds lies inside the range of the reference's seeds at "
+             f"{result['milestones_within']} of {len(result['milestones'])}.",
              "- Verdicts (this run / reference): " + "; ".join(
                  f"{name} {v['this_run']} / {v['reference']}" for name, v in result["verdicts"].items())
              + (" (the same)." if result["same_verdicts"] else " (**they differ**)."), ""]

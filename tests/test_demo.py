@@ -104,15 +104,17 @@ def test_quick_packing_experiment_trains_each_variant_and_reports_the_effect(tmp
     assert float(rows["concat"][3]) == 0.0
 
 
-def _demo_output(root: Path, lengths: list[tuple[int, int, int]], holds: bool) -> Path:
-    """A demo output with only what the agreement reads: compare/checkpoints.csv and compare/conclusion.json."""
+def _demo_output(root: Path, lengths: list[tuple[int, int, int]], holds: bool, seeds: int = 1) -> Path:
+    """A demo output with only what the agreement reads: compare/checkpoints.csv and compare/conclusion.json.
+    `lengths` lists (effective length, lo, hi) per checkpoint, milestone by milestone, `seeds` per milestone."""
     from posfreq.analysis.effective_length import write_csv
     from posfreq.scripts.demo_agreement import VERDICTS
 
     (root / "compare").mkdir(parents=True)
     write_csv(root / "compare" / "checkpoints.csv", [
-        {"train_len": 256, "seed": 0, "variant": "concat", "tokens_seen": 100 * (i + 1), "effective_length": value,
-         "effective_length_lo": lo, "effective_length_hi": hi} for i, (value, lo, hi) in enumerate(lengths)])
+        {"train_len": 256, "seed": i % seeds, "variant": "concat", "tokens_seen": 100 * (i // seeds + 1),
+         "effective_length": value, "effective_length_lo": lo, "effective_length_hi": hi}
+        for i, (value, lo, hi) in enumerate(lengths)])
     (root / "compare" / "conclusion.json").write_text(json.dumps({name: {"holds": holds} for name in VERDICTS}))
     return root
 
@@ -124,10 +126,16 @@ def test_agreement_counts_values_inside_the_reference_intervals(tmp_path: Path) 
     ours = _demo_output(tmp_path / "ours", [(120, 90, 150), (208, 176, 208), (0, 0, 0)], True)
     result = agreement(ours, reference, "paper", Path("compare"))
     assert (result["shared_checkpoints"], result["within"], result["overlap"]) == (3, 2, 3)
+    assert [m["within"] for m in result["milestones"]] == [False, False, True]  # one seed: its value, exactly
     assert result["same_verdicts"]
     assert "| 256 | 0 | 200 | 208 | 200 [200, 200] |" in agreement_lines(result)
     other = _demo_output(tmp_path / "other", [(120, 90, 150)], False)
     result = agreement(other, reference, "paper", Path("compare"))
     assert (result["shared_checkpoints"], result["only_in_one"], result["same_verdicts"]) == (1, 2, False)
+    seeded = [(100, 0, 0), (140, 0, 0), (180, 0, 0), (200, 0, 0), (200, 0, 0), (200, 0, 0)]
+    ours = _demo_output(tmp_path / "three", [(110, 0, 0), (170, 0, 0), (300, 0, 0), (200, 0, 0), (208, 0, 0),
+                                             (256, 0, 0)], True, seeds=3)
+    result = agreement(ours, _demo_output(tmp_path / "ref3", seeded, True, seeds=3), "paper", Path("compare"))
+    assert [(m["seed_median"], m["within"]) for m in result["milestones"]] == [(170, True), (208, False)]
     with pytest.raises(SystemExit, match="checkpoints.csv is missing"):
         agreement(other, tmp_path / "nowhere", "paper", Path("compare"))
