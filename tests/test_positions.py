@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import posfreq.train.attention as attention
 import posfreq.train.positions as positions
 from posfreq.train.config import ModelConfig
 from posfreq.train.model import Transformer, positions_in_sequences, uniform_cu_seqlens
@@ -255,11 +256,14 @@ def test_model_prefill_and_cached_decoding(model, name, options, monkeypatch):
     torch.testing.assert_close(ref_stepwise, full.view(2, 30, -1)[:, 19:], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("grouped", [64, 4])
 @pytest.mark.parametrize("name,options", [("string", {}), ("string", {"shift": 9, "window": 3, "temperature": True}),
                                           ("rope", {})])
-def test_model_chunked_decoding_equals_full_forward(model, name, options):
-    """Chunks of new tokens on a KV cache (STRING's one-pass decode; RoPE's attention over the cache's views), below
-    and beyond the shift, equal a full forward."""
+def test_model_chunked_decoding_equals_full_forward(model, name, options, grouped, monkeypatch):
+    """Chunks of new tokens on a KV cache (STRING's one-pass decode; RoPE's attention over the cache's views, by
+    matmuls up to `grouped` new queries and by sdpa's kernel beyond), below and beyond the shift, equal a full
+    forward."""
+    monkeypatch.setattr(attention, "GROUPED_QUERIES", grouped)
     m = _with_scheme(model, name, options, False)
     tokens = torch.randint(0, CONFIG.vocab_size, (2, 34), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():

@@ -92,19 +92,38 @@ def varlen_attention(
     return impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window, return_lse, scale)
 
 
+GROUPED_QUERIES = 64
+"""Up to this many new queries per sequence, `cached_attention` scores them by plain matmuls (see there)."""
+
+
 def cached_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> Tensor:
     """Bottom-right causal attention of B equal query blocks over B equal KV caches, on sdpa, without packing.
 
     q: (B, Lq, H, D), the last Lq positions of each sequence; k, v: (B, Lk, Hkv, D), typically
     strided views of a preallocated cache (packing them for `varlen_attention` would copy the
-    whole cache at every decoding step). Returns (B, Lq, H, D).
+    whole cache at every decoding step). Returns (B, Lq, H, D). Up to GROUPED_QUERIES new
+    queries (decoding), each KV head's G query heads and Lq queries form one (G * Lq, D) block
+    scored by two matmuls against the cache; on CPU that is about twice as fast as sdpa's
+    grouped-query kernel for one query over 8K-32K keys. Longer blocks take sdpa's kernel.
     """
-    len_q, len_k = q.shape[1], k.shape[1]
-    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    causal = len_q == len_k and len_q > 1
-    mask = causal_mask(len_q, len_k, None, q.device) if 1 < len_q < len_k else None
-    out, _ = _attend_dense(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, causal, False, scale)
-    return out.transpose(1, 2)
+    batch, len_q, heads, dim = q.shape
+    len_k, kv_heads = k.shape[1], k.shape[2]
+    scale = scale if scale is not None else 1.0 / math.sqrt(dim)
+    if len_q > GROUPED_QUERIES or len_q >= len_k:
+        causal = len_q == len_k and len_q > 1
+        mask = causal_mask(len_q, len_k, None, q.device) if 1 < len_q < len_k else None
+        out, _ = _attend_dense(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, causal, False, scale)
+        return out.transpose(1, 2)
+    groups = heads // kv_heads
+    rows = q.reshape(batch, len_q, kv_heads, groups, dim).permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, -1, dim)
+    scores = torch.matmul(rows * scale, k.permute(0, 2, 3, 1))  # (B, Hkv, G * Lq, Lk)
+    if len_q > 1:
+        allowed = causal_mask(len_q, len_k, None, q.device)
+        scores = scores.view(batch, kv_heads, groups, len_q, len_k).masked_fill(~allowed, -math.inf)
+        scores = scores.view(batch, kv_heads, groups * len_q, len_k)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+    out = torch.matmul(probs, v.transpose(1, 2))  # (B, Hkv, G * Lq, D)
+    return out.view(batch, kv_heads, groups, len_q, dim).permute(0, 3, 1, 2, 4).reshape(batch, len_q, heads, dim)
 
 
 def causal_mask(len_q: int, len_k: int, window: int | None, device: torch.device) -> Tensor:

@@ -123,7 +123,7 @@ class PositionScheme:
         cached = x.cached_kv
         if cached is not None and resolve_backend(x.backend, q.device) == "sdpa":
             k, v = cached
-            return cached_attention(q.view(k.shape[0], -1, *q.shape[1:]), k, v).view(q.shape)
+            return cached_attention(q.reshape(k.shape[0], -1, *q.shape[1:]), k, v).reshape(q.shape)
         return varlen_attention(
             q, x.k, x.v, x.cu_seqlens_q, x.cu_seqlens_k, x.max_seqlen_q, x.max_seqlen_k, backend=x.backend
         )
