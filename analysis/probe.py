@@ -39,7 +39,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional, Protocol, Sequence, get_args
+from typing import Any, Callable, Literal, Optional, Protocol, Sequence, Union, get_args
 
 import numpy as np
 import torch
@@ -68,6 +68,8 @@ from posfreq.train.tokenizer import Tokenizer, get_tokenizer
 
 Precision = Literal["auto", "float32", "bfloat16", "bfloat16-prefill"]
 BosPolicy = Literal["auto", "always", "never"]
+CPU_BATCH_TOKENS = 8192
+"""--batch-tokens auto on a CPU: the most test tokens decoded together."""
 AnswerOrder = Literal["document", "nearest_first"]
 SchemeName = Literal[SCHEMES]  # the position schemes of posfreq.train.positions
 AttentionBackend = Literal[BACKENDS]
@@ -370,7 +372,7 @@ class Job:
     lengths: list[int] | None
     """Test lengths; None: 128, 256, ... up to each model's training length."""
     batch_size: int
-    """Prompts decoded together."""
+    """Prompts decoded together, at most."""
     device: torch.device
     """Where the models run."""
     analysis: Analysis = Analysis()
@@ -383,11 +385,21 @@ class Job:
     """Show a progress bar."""
     replace_stale: bool = False
     """Delete results in an output directory made under another key (else refuse)."""
+    batch_tokens: int | None = None
+    """At most this many test tokens decoded together (a batch of at least one test); None: no cap."""
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.batch_tokens is not None and self.batch_tokens < 1:
+            raise ValueError(f"batch_tokens must be >= 1 or null, got {self.batch_tokens}")
         self.settings = replace(self.settings, precision=resolve_precision(self.settings.precision, self.device))
+
+    def batch_for(self, length: int) -> int:
+        """Tests of `length` tokens decoded together: batch_size, fewer where batch_tokens caps it (never 0)."""
+        if self.batch_tokens is None:
+            return self.batch_size
+        return max(1, min(self.batch_size, self.batch_tokens // length))
 
     def lengths_for(self, train_len: int) -> list[int]:
         """The lengths asked for, or the default ones of a model trained at `train_len`."""
@@ -501,15 +513,16 @@ def probe_length(model: Generator, plan: Plan, length: int, job: Job, bar: Any =
     tokenizer = plan.builder.tokenizer
     started = time.perf_counter()
     records: list[dict] = []
-    for start in range(0, len(tests), job.batch_size):
-        batch = tests[start : start + job.batch_size]
+    size = job.batch_for(length)
+    for start in range(0, len(tests), size):
+        batch = tests[start : start + size]
         answers = generate_answers(model, tokenizer, batch, job.device, s.precision, s.max_new_tokens)
         tf = teacher_forced(model, tokenizer, batch, job.device, s.precision, s.answer_order) if s.teacher_forced else None
         records += score_tests(batch, answers, tf, plan.key)
         if bar is not None:
             bar.update(len(batch))
     results.write_length(plan.out, length, records, {
-        "key": plan.key, "seconds": time.perf_counter() - started, "batch_size": job.batch_size,
+        "key": plan.key, "seconds": time.perf_counter() - started, "batch_size": size,
         "device": str(job.device), "threads": torch.get_num_threads()})
 
 
@@ -526,8 +539,8 @@ def _write_meta(plan: Plan, job: Job) -> None:
         "haystack": plan.builder.haystack.name, "haystack_sha256": plan.builder.haystack.sha256,
         "note": "a test of length n is a prompt of n - max_new_tokens tokens plus at most max_new_tokens "
                 "generated ones: no token is generated at a position >= n",
-        "batch_size": job.batch_size, "device": str(job.device), "threads": torch.get_num_threads(),
-        "torch": torch.__version__, "code_version": code_version(), "command": sys.argv,
+        "batch_size": job.batch_size, "batch_tokens": job.batch_tokens, "device": str(job.device),
+        "threads": torch.get_num_threads(), "torch": torch.__version__, "code_version": code_version(), "command": sys.argv,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
 
 
@@ -598,7 +611,12 @@ def build_parser() -> ArgumentParser:
                         "RUN/probe-<positions>-<key> for --run (key: a hash of model, prompts, settings and code).")
     parser.add_argument("--replace-stale", action="store_true",
                         help="Delete results in --out made by other weights, prompts, settings or code (else refuse).")
-    parser.add_argument("--batch-size", type=int, default=8, help="Prompts decoded together.")
+    parser.add_argument("--batch-size", type=int, default=8, help="Prompts decoded together, at most.")
+    parser.add_argument("--batch-tokens", type=Union[int, Literal["auto"], None], default="auto",
+                        help="At most this many test tokens decoded together, so long tests go in smaller batches; "
+                        f"null: batch-size at every length; auto: {CPU_BATCH_TOKENS} on a CPU (8 tests of 1K, 2 of "
+                        "4K, 1 beyond: there a batch of 4K-token prompts is no faster per test than one alone, see "
+                        "the README's Performance section) and no cap on a GPU.")
     parser.add_argument("--device", type=str, default="auto",
                         help="cpu, cuda, cuda:1, ...; auto: cuda when a GPU is available, else cpu.")
     parser.add_argument("--threads", type=int, default=0,
@@ -650,9 +668,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(err))
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     try:
-        job = Job(from_args(ProbeSettings, args, parser), lengths, args.batch_size, resolve_device(args.device),
+        device = resolve_device(args.device)
+        batch_tokens = args.batch_tokens
+        if batch_tokens == "auto":
+            batch_tokens = CPU_BATCH_TOKENS if device.type == "cpu" else None
+        job = Job(from_args(ProbeSettings, args, parser), lengths, args.batch_size, device,
                   from_args(Analysis, args, parser), args.attention_backend, not args.no_figures, not args.quiet,
-                  args.replace_stale)
+                  args.replace_stale, batch_tokens)
     except ValueError as err:
         parser.error(str(err))
     settings = job.settings

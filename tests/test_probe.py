@@ -141,8 +141,12 @@ def test_settings_are_checked_and_precision_resolved():
         probe.ProbeSettings(tests_per_length=0)
     job = probe.Job(probe.ProbeSettings(), None, 1, torch.device("cpu"))
     assert job.settings.precision == "float32"  # auto on CPU, resolved before any key is computed
-    for bad in (["--tests-per-length", "0"], ["--batch-size", "0"], ["--lengths", "1:2:0"], ["--shard", "3/2"],
-                ["--positions", "nope"]):
+    capped = probe.Job(probe.ProbeSettings(), None, 8, torch.device("cpu"), batch_tokens=8192)
+    assert [capped.batch_for(n) for n in (512, 1024, 4096, 8192, 32768)] == [8, 8, 2, 1, 1]
+    assert job.batch_for(32768) == 1 and probe.Job(probe.ProbeSettings(), None, 8, torch.device("cpu")).batch_for(
+        32768) == 8  # no token cap: the batch size at every length
+    for bad in (["--tests-per-length", "0"], ["--batch-size", "0"], ["--batch-tokens", "0"], ["--lengths", "1:2:0"],
+                ["--shard", "3/2"], ["--positions", "nope"]):
         with pytest.raises(SystemExit) as exit_info:
             probe.main(["--checkpoint" if bad[0] != "--shard" else "--run", "x", *bad])
         assert exit_info.value.code == 2, bad
