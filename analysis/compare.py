@@ -126,6 +126,12 @@ def longer_reaches_further(rows: Sequence[Mapping], n_boot: int, seed: int) -> d
                     "lower bound: its training length caps it"}
 
 
+C2_MIN_POINTS = 3
+C2_MIN_SEEDS = 2
+"""C2 is tested only with at least this many uncensored points, from this many seeds, per length: with fewer, D
+rests on one or two checkpoints and its seed bootstrap has next to nothing to resample."""
+
+
 def _residual_shift(points: Sequence[tuple[object, float, float]], short: object, long: object) -> float | None:
     """D for (group, effective length, log10 f) points: mean residual (long) - mean residual (short) in the overlap."""
     by_len = {L: [(x, y) for LL, x, y in points if LL == L] for L in (short, long)}
@@ -158,14 +164,18 @@ def curves_coincide(rows: Sequence[Mapping], n_boot: int, seed: int, group: str 
                 and float(f) > 0):
             points.setdefault((r[group], r["seed"]), []).append(
                 (r[group], int(r["effective_length"]), float(np.log10(float(f)))))
-    observed = _residual_shift([p for v in points.values() for p in v], short, long)
     names = (f"L = {short} and L = {long}" if group == "train_len" else f"{short} and {long}")
     claim = (f"f(effective length) vs effective length of {names} coincide (the paper's C2): "
              "the interval of D, the shift in log10 f at equal effective length, holds 0")
+    n_points = {L: sum(len(v) for (LL, _), v in points.items() if LL == L) for L in lengths}
+    n_seeds = {L: sum(1 for LL, _ in points if LL == L) for L in lengths}
+    enough = all(n_points[L] >= C2_MIN_POINTS and n_seeds[L] >= C2_MIN_SEEDS for L in lengths)
+    observed = _residual_shift([p for v in points.values() for p in v], short, long) if enough else None
     if observed is None:
-        return {"claim": claim, "holds": None, "n_points": {str(L): sum(len(v) for (LL, _), v in points.items() if LL == L)
-                                                           for L in lengths},
-                "reason": "fewer than 2 defined points per length, or their effective lengths do not overlap"}
+        return {"claim": claim, "holds": None, "n_points": {str(L): n for L, n in n_points.items()},
+                "n_seeds": {str(L): n for L, n in n_seeds.items()},
+                "reason": f"fewer than {C2_MIN_POINTS} defined, uncensored points from {C2_MIN_SEEDS} seeds per "
+                          "length, or their effective lengths do not overlap"}
     seeds = {L: sorted({s for LL, s in points if LL == L}, key=str) for L in lengths}
     rng = np.random.default_rng(seed)
     boots = []

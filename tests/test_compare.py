@@ -44,6 +44,19 @@ def test_curves_without_overlap_are_not_testable():
     assert verdict["holds"] is None and "overlap" in verdict["reason"]
 
 
+def test_curves_with_too_few_points_or_seeds_are_not_testable():
+    """Two points of one length (one per seed), or three points of one seed, are too few to test C2."""
+    rows = rows_on_lines(1.0)
+    two_points = [r for r in rows if r["train_len"] == 256 or r["checkpoint"] == "c1" and r["seed"] < 2]
+    verdict = compare.curves_coincide(two_points, n_boot=50, seed=0)
+    assert verdict["holds"] is None and verdict["n_points"]["128"] == 2 and "fewer than 3" in verdict["reason"]
+    one_seed = [r for r in rows if r["train_len"] == 256 or r["seed"] == 0]
+    verdict = compare.curves_coincide(one_seed, n_boot=50, seed=0)
+    assert verdict["holds"] is None and verdict["n_seeds"]["128"] == 1
+    assert compare.curves_coincide([r for r in rows if r["train_len"] == 256 or r["seed"] < 2], n_boot=50,
+                                   seed=0)["holds"] is False  # 8 points from 2 seeds: testable, and shifted
+
+
 def test_longer_training_length_and_shortfall_and_emergence():
     rows = rows_on_lines(0.0)
     further = compare.longer_reaches_further(rows, n_boot=200, seed=0)
