@@ -168,6 +168,9 @@ def resolve_precision(precision: str, device: torch.device) -> str:
         raise ValueError(f"unknown precision {precision!r}; choose one of {PRECISIONS}")
     if precision == "auto":
         return "bfloat16" if device.type == "cuda" else "float32"
+    if precision == "bfloat16-prefill" and device.type != "cpu":
+        raise ValueError("precision bfloat16-prefill is for CPUs (a bf16 prompt forward, float32 decoding steps); "
+                         f"on {device.type} use auto or bfloat16")
     return precision
 
 

@@ -449,6 +449,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.threads < 1:
         raise SystemExit(f"demo: --threads {args.threads}: give at least one torch thread per lane")
+    if args.reference and not (args.reference / "compare" / "checkpoints.csv").is_file():
+        raise SystemExit(f"demo: --reference {args.reference} has no compare/checkpoints.csv: give the output "
+                         "directory of a finished `python scripts/demo.py` (checked now, before any training)")
     p = Pipeline(out, args.lanes, args.threads)
     start = time.perf_counter()
 
@@ -471,8 +474,12 @@ def main(argv: list[str] | None = None) -> int:
     references = []
     if args.reference:
         comparisons = {"paper": Path("compare"), "strict": strict_dir.relative_to(out)}
+        missing = [path for path in comparisons.values() if not (args.reference / path / "checkpoints.csv").is_file()]
+        if missing:
+            print(f"demo: the reference {args.reference} has no {', '.join(map(str, missing))} (an older demo): "
+                  "those comparisons are left out")
         references = [agreement(out, args.reference.resolve(), criterion, path)
-                      for criterion, path in comparisons.items()]
+                      for criterion, path in comparisons.items() if path not in missing]
         (out / "agreement.json").write_text(json.dumps(references, indent=1) + "\n")
         print("\n".join(line for reference in references for line in agreement_lines(reference)))
     report = write_report(out, settings, args.quick, p, runs, table, conclusion, strict, references)

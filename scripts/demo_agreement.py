@@ -24,6 +24,14 @@ def _checkpoints(compare: Path) -> dict[tuple, dict]:
     return {(r["train_len"], r["seed"], r["variant"], r["tokens_seen"]): r for r in read_csv(path)}
 
 
+def _interval(row: dict) -> tuple[float, float]:
+    """A checkpoint's 95% interval; without one (no bootstrap ran), the effective length itself."""
+    lo, hi = row["effective_length_lo"], row["effective_length_hi"]
+    if all(isinstance(x, (int, float)) for x in (lo, hi)):
+        return lo, hi
+    return row["effective_length"], row["effective_length"]
+
+
 def agreement(out: Path, reference: Path, criterion: str, compare: Path) -> dict:
     """Per shared checkpoint of the comparison at `compare` (relative to both output directories): this run's
     effective length, the reference's and its 95% interval; per milestone, this run's median over seeds against the
@@ -37,12 +45,11 @@ def agreement(out: Path, reference: Path, criterion: str, compare: Path) -> dict
     rows = []
     for key in sorted(ours.keys() & theirs.keys()):
         a, b = ours[key], theirs[key]
-        lo, hi = b["effective_length_lo"], b["effective_length_hi"]
+        (lo, hi), (our_lo, our_hi) = _interval(b), _interval(a)
         rows.append({"train_len": key[0], "seed": key[1], "variant": key[2], "tokens_seen": key[3],
                      "effective_length": a["effective_length"], "reference": b["effective_length"],
                      "reference_lo": lo, "reference_hi": hi,
-                     "within": lo <= a["effective_length"] <= hi,
-                     "overlap": a["effective_length_lo"] <= hi and lo <= a["effective_length_hi"]})
+                     "within": lo <= a["effective_length"] <= hi, "overlap": our_lo <= hi and lo <= our_hi})
     milestones: dict[tuple, tuple[list, list]] = {}
     for r in rows:
         mine, theirs_ = milestones.setdefault((r["train_len"], r["variant"], r["tokens_seen"]), ([], []))

@@ -137,5 +137,9 @@ def test_agreement_counts_values_inside_the_reference_intervals(tmp_path: Path) 
                                              (256, 0, 0)], True, seeds=3)
     result = agreement(ours, _demo_output(tmp_path / "ref3", seeded, True, seeds=3), "paper", Path("compare"))
     assert [(m["seed_median"], m["within"]) for m in result["milestones"]] == [(170, True), (208, False)]
+    no_interval = _demo_output(tmp_path / "bare", [(100, "", ""), (200, "", ""), (0, "", "")], True)
+    mine = _demo_output(tmp_path / "mine", [(100, 90, 110), (208, "", ""), (0, 0, 0)], True)
+    result = agreement(mine, no_interval, "paper", Path("compare"))  # no interval: the value itself
+    assert [(r["within"], r["overlap"]) for r in result["checkpoints"]] == [(True, True), (False, False), (True, True)]
     with pytest.raises(SystemExit, match="checkpoints.csv is missing"):
         agreement(other, tmp_path / "nowhere", "paper", Path("compare"))

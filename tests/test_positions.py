@@ -307,6 +307,28 @@ def test_model_string_equals_rope_below_shift(model):
     assert torch.equal(rope, string)
 
 
+@pytest.mark.parametrize("name", ["rope", "string", "rerope", "self_extend", "dca"])
+def test_bf16_prefill_with_every_split_scheme_beyond_its_split(model, name):
+    """generate(prefill_dtype=bfloat16) with a prompt longer than the split: the prefill attends over its own bf16
+    keys (the float32 cache is only read by the float32 decoding steps), and the answer equals the one from a
+    bf16-autocast prefill done by hand followed by float32 steps."""
+    m = _with_scheme(model, name, {}, False)
+    prompt = torch.randint(0, CONFIG.vocab_size, (2, 30), generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        generated = m.generate(prompt, 4, prefill_dtype=torch.bfloat16)
+        caches = m.new_caches(2, 34, torch.float32, prompt.device)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            hidden = m.hidden_states(prompt.reshape(-1), uniform_cu_seqlens(2, 30, "cpu"), 30, caches)
+        ids = m.lm_head(hidden.view(2, 30, -1)[:, -1].float()).argmax(-1)
+        expected = [ids]
+        for _ in range(3):
+            step = m.hidden_states(ids, uniform_cu_seqlens(2, 1, "cpu"), 1, caches, position_offset=caches[0].length)
+            ids = m.lm_head(step).argmax(-1)
+            expected.append(ids)
+    assert caches[0].k.dtype == torch.float32
+    assert generated == torch.stack(expected, 1).tolist()
+
+
 def test_model_bf16_generate_runs(model):
     import copy
 

@@ -141,6 +141,8 @@ def test_settings_are_checked_and_precision_resolved():
         probe.ProbeSettings(tests_per_length=0)
     job = probe.Job(probe.ProbeSettings(), None, 1, torch.device("cpu"))
     assert job.settings.precision == "float32"  # auto on CPU, resolved before any key is computed
+    with pytest.raises(ValueError, match="bfloat16-prefill is for CPUs"):
+        probe.Job(probe.ProbeSettings(precision="bfloat16-prefill"), None, 1, torch.device("cuda"))
     capped = probe.Job(probe.ProbeSettings(), None, 8, torch.device("cpu"), batch_tokens=8192)
     assert [capped.batch_for(n) for n in (512, 1024, 4096, 8192, 32768)] == [8, 8, 2, 1, 1]
     assert job.batch_for(32768) == 1 and probe.Job(probe.ProbeSettings(), None, 8, torch.device("cpu")).batch_for(

@@ -90,10 +90,12 @@ class Attention(nn.Module):
         cu_k, max_k, pos_k = ctx.cu_seqlens, ctx.max_seqlen, ctx.pos_q
         if cache is not None:
             batch = ctx.cu_seqlens.numel() - 1
+            prefill = cache.length == 0  # the cache will hold exactly these keys: attend over them as computed
             cache.append(k.view(batch, -1, *k.shape[1:]), v.view(batch, -1, *v.shape[1:]))
-            k, v = cache.filled()
-            cu_k, max_k = uniform_cu_seqlens(batch, cache.length, x.device), cache.length
-            pos_k = positions_in_sequences(cu_k, batch * cache.length)
+            if not prefill:  # (and in their dtype: a bf16 prefill's cache is float32)
+                k, v = cache.filled()
+                cu_k, max_k = uniform_cu_seqlens(batch, cache.length, x.device), cache.length
+                pos_k = positions_in_sequences(cu_k, batch * cache.length)
         inputs = AttentionInputs(q, k, v, ctx.pos_q, pos_k, ctx.cu_seqlens, cu_k, ctx.max_seqlen, max_k, ctx.backend)
         return self.o_proj(ctx.scheme.attend(inputs).reshape(t, -1))
 

@@ -315,7 +315,8 @@ class StringScheme(SplitScheme):
         shape = _decode_shape(x)
         if shape is not None and x.max_seqlen_k > self.split:
             batch, _, len_k = shape
-            k, v = x.cached_kv or (x.k.view(batch, len_k, *x.k.shape[1:]), x.v.view(batch, len_k, *x.v.shape[1:]))
+            k, v = x.cached_kv or (x.k.reshape(batch, len_k, *x.k.shape[1:]),
+                                   x.v.reshape(batch, len_k, *x.v.shape[1:]))
             return self.decode(x.q, k, v, x.pos_q, *shape)
         return super().attend(x)
 
