@@ -110,9 +110,9 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None
     batch, len_q, heads, dim = q.shape
     len_k, kv_heads = k.shape[1], k.shape[2]
     scale = scale if scale is not None else 1.0 / math.sqrt(dim)
-    if len_q > GROUPED_QUERIES or len_q >= len_k:
-        causal = len_q == len_k and len_q > 1
-        mask = causal_mask(len_q, len_k, None, q.device) if 1 < len_q < len_k else None
+    if len_q > GROUPED_QUERIES:
+        causal = len_q == len_k  # a dense mask only where the kernel's own causal flag cannot say it
+        mask = None if causal else causal_mask(len_q, len_k, None, q.device)
         out, _ = _attend_dense(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, causal, False, scale)
         return out.transpose(1, 2)
     groups = heads // kv_heads
