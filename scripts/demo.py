@@ -43,7 +43,7 @@ from jsonargparse import ArgumentParser
 REPO = Path(__file__).resolve().parents[1]
 
 from posfreq.analysis.effective_length import read_csv  # noqa: E402
-from posfreq.scripts.demo_agreement import agreement, agreement_lines  # noqa: E402
+from posfreq.scripts.demo_agreement import agreement, agreement_lines, checkpoints_of  # noqa: E402
 from posfreq.train.checkpoint import MILESTONE_PREFIX, list_checkpoints  # noqa: E402
 from posfreq.train.cli import code_version, command_parser, parse  # noqa: E402
 
@@ -449,9 +449,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.threads < 1:
         raise SystemExit(f"demo: --threads {args.threads}: give at least one torch thread per lane")
-    if args.reference and not (args.reference / "compare" / "checkpoints.csv").is_file():
-        raise SystemExit(f"demo: --reference {args.reference} has no compare/checkpoints.csv: give the output "
-                         "directory of a finished `python scripts/demo.py` (checked now, before any training)")
+    if args.reference:
+        checkpoints_of(args.reference / "compare")  # a wrong --reference stops now, before any training
     p = Pipeline(out, args.lanes, args.threads)
     start = time.perf_counter()
 

@@ -15,7 +15,7 @@ from posfreq.analysis.effective_length import read_csv
 VERDICTS = ("shortfall", "longer_reaches_further", "curves_coincide")
 
 
-def _checkpoints(compare: Path) -> dict[tuple, dict]:
+def checkpoints_of(compare: Path) -> dict[tuple, dict]:
     """A comparison's checkpoints.csv, keyed by (train_len, seed, variant, tokens_seen)."""
     path = compare / "checkpoints.csv"
     if not path.is_file():
@@ -41,7 +41,7 @@ def agreement(out: Path, reference: Path, criterion: str, compare: Path) -> dict
     `overlap` counts intervals that meet; `milestones_within` counts milestones whose seed median lies inside the
     reference's seed range (the run-to-run spread a second machine should stay inside).
     """
-    ours, theirs = _checkpoints(out / compare), _checkpoints(reference / compare)
+    ours, theirs = checkpoints_of(out / compare), checkpoints_of(reference / compare)
     rows = []
     for key in sorted(ours.keys() & theirs.keys()):
         a, b = ours[key], theirs[key]
@@ -50,19 +50,21 @@ def agreement(out: Path, reference: Path, criterion: str, compare: Path) -> dict
                      "effective_length": a["effective_length"], "reference": b["effective_length"],
                      "reference_lo": lo, "reference_hi": hi,
                      "within": lo <= a["effective_length"] <= hi, "overlap": our_lo <= hi and lo <= our_hi})
-    milestones: dict[tuple, tuple[list, list]] = {}
+    milestones: dict[tuple, list[dict]] = {}
     for r in rows:
-        mine, theirs_ = milestones.setdefault((r["train_len"], r["variant"], r["tokens_seen"]), ([], []))
-        mine.append(r["effective_length"])
-        theirs_.append(r["reference"])
-    milestone_rows = [{"train_len": k[0], "variant": k[1], "tokens_seen": k[2], "seed_median": statistics.median(a),
-                       "reference_seeds": sorted(b), "within": min(b) <= statistics.median(a) <= max(b)}
-                      for k, (a, b) in sorted(milestones.items())]
+        milestones.setdefault((r["train_len"], r["variant"], r["tokens_seen"]), []).append(r)
+    milestone_rows = []
+    for (train_len, variant, tokens), seeds in sorted(milestones.items()):
+        median = statistics.median(r["effective_length"] for r in seeds)
+        reference_seeds = sorted(r["reference"] for r in seeds)
+        milestone_rows.append({"train_len": train_len, "variant": variant, "tokens_seen": tokens, "seed_median": median,
+                               "reference_seeds": reference_seeds,
+                               "within": reference_seeds[0] <= median <= reference_seeds[-1]})
     conclusions = [json.loads((d / compare / "conclusion.json").read_text()) for d in (out, reference)]
     verdicts = {name: {"this_run": conclusions[0][name]["holds"], "reference": conclusions[1][name]["holds"]}
                 for name in VERDICTS}
-    return {"reference": str(reference), "criterion": criterion, "comparison": str(compare), "checkpoints": rows, "shared_checkpoints": len(rows),
-            "only_in_one": len(ours.keys() ^ theirs.keys()),
+    return {"reference": str(reference), "criterion": criterion, "comparison": str(compare), "checkpoints": rows,
+            "shared_checkpoints": len(rows), "only_in_one": len(ours.keys() ^ theirs.keys()),
             "within": sum(r["within"] for r in rows), "overlap": sum(r["overlap"] for r in rows),
             "milestones": milestone_rows, "milestones_within": sum(r["within"] for r in milestone_rows),
             "verdicts": verdicts, "same_verdicts": all(v["this_run"] == v["reference"] for v in verdicts.values())}

@@ -143,3 +143,17 @@ def test_agreement_counts_values_inside_the_reference_intervals(tmp_path: Path) 
     assert [(r["within"], r["overlap"]) for r in result["checkpoints"]] == [(True, True), (False, False), (True, True)]
     with pytest.raises(SystemExit, match="checkpoints.csv is missing"):
         agreement(other, tmp_path / "nowhere", "paper", Path("compare"))
+
+
+def test_bad_lanes_threads_or_reference_stop_before_any_work(tmp_path: Path) -> None:
+    """--threads 0, --lanes 3 and a --reference without a finished comparison are refused before anything runs."""
+    from posfreq.scripts import demo
+
+    for argv, message in ((["--threads", "0"], "at least one torch thread"),
+                          (["--reference", str(tmp_path / "renamed-away")], "checkpoints.csv is missing")):
+        with pytest.raises(SystemExit, match=message):
+            demo.main([*argv, "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as exit_info:
+        demo.main(["--lanes", "3", "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert not (tmp_path / "out" / "logs").exists()  # no stage started
