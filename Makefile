@@ -28,7 +28,7 @@ test: setup
 	$(PY) -m pytest -q
 
 bench: setup
-	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
+	for b in benchmarks/[!_]*.py; do $(PY) $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) runs/demo .pytest_cache

@@ -37,16 +37,15 @@ import os
 import re
 import subprocess
 import sys
-import statistics
 import time
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-
-from posfreq.train.config import model_preset  # noqa: E402
-from posfreq.train.model import Transformer, uniform_cu_seqlens  # noqa: E402
+from _timing import interleaved, median, spread
+from posfreq.train.config import model_preset
+from posfreq.train.model import Transformer, uniform_cu_seqlens
 
 SCHEMES = ("rope", "string")
 
@@ -64,27 +63,6 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def interleaved(run, repeats: int) -> dict[str, list[float]]:
-    """Times of `run(name)` per scheme: one untimed warm-up each, then `repeats` rounds, order alternating."""
-    for name in SCHEMES:
-        run(name)
-    times: dict[str, list[float]] = {name: [] for name in SCHEMES}
-    for r in range(repeats):
-        for name in SCHEMES if r % 2 == 0 else SCHEMES[::-1]:
-            times[name].append(run(name))
-    return times
-
-
-def median(times: list[float]) -> float:
-    return statistics.median(times)
-
-
-def spread(times: list[float]) -> str:
-    """min-max of the repeats, as +/- percent of the median."""
-    mid = median(times)
-    return f"-{100 * (mid - min(times)) / mid:.0f}/+{100 * (max(times) - mid) / mid:.0f}%"
-
-
 @torch.no_grad()
 def prefill_seconds(model: Transformer, tokens: torch.Tensor, cu: torch.Tensor, repeats: int, device: str) -> dict[str, list[float]]:
     """Prefill wall times per scheme (see `interleaved`)."""
@@ -96,7 +74,7 @@ def prefill_seconds(model: Transformer, tokens: torch.Tensor, cu: torch.Tensor, 
         sync(device)
         return time.perf_counter() - start
 
-    return interleaved(run, repeats)
+    return interleaved(run, SCHEMES, repeats)
 
 
 @torch.no_grad()
@@ -124,7 +102,7 @@ def decode_seconds(model: Transformer, tokens: torch.Tensor, steps: int, repeats
         sync(device)
         return (time.perf_counter() - start) / steps
 
-    return interleaved(run, repeats)
+    return interleaved(run, SCHEMES, repeats)
 
 
 def cpu_peak_bytes(preset: str, length: int, threads: int) -> dict[str, int]:

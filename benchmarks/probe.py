@@ -43,14 +43,15 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
-
-from posfreq.analysis.niah import NiahTest  # noqa: E402
-from posfreq.analysis.probe import (  # noqa: E402
+from _timing import interleaved, median, spread
+from posfreq.analysis.niah import NiahTest
+from posfreq.analysis.probe import (
+    CPU_PREFILL_TOKENS,
     Builders,
     ProbeSettings,
     checkpoint_source,
@@ -59,16 +60,15 @@ from posfreq.analysis.probe import (  # noqa: E402
     parse_lengths,
     teacher_forced,
 )
-from posfreq.train.config import ModelConfig, model_preset  # noqa: E402
-from posfreq.train.hf import export_hf  # noqa: E402
-from posfreq.train.model import Transformer  # noqa: E402
-from posfreq.train.tokenizer import Tokenizer, get_tokenizer, register_tokenizer  # noqa: E402
+from posfreq.train.config import ModelConfig, model_preset
+from posfreq.train.hf import export_hf
+from posfreq.train.model import Transformer
+from posfreq.train.tokenizer import Tokenizer, get_tokenizer, register_tokenizer
 
 SMOLLM_135M = model_preset("smollm-135m")
 QUICK = model_preset("tiny-4l-256", vocab_size=49_152, tie_embeddings=True)
 ASSERTED = 2  # tests per length and batch size whose greedy ids must equal transformers'
 CPU = torch.device("cpu")
-T = TypeVar("T")
 
 
 class FoldedLlama3:
@@ -102,13 +102,15 @@ class Recording:
 
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int,
                  stop: Callable[[int, list[int]], bool] | None = None,
-                 prefill_dtype: torch.dtype | None = None) -> list[list[int]]:
-        rows = self.model.generate(prompt_ids, max_new_tokens, stop=stop, prefill_dtype=prefill_dtype)
+                 prefill_dtype: torch.dtype | None = None, prefill_tokens: int | None = None) -> list[list[int]]:
+        rows = self.model.generate(prompt_ids, max_new_tokens, stop=stop, prefill_dtype=prefill_dtype,
+                                   prefill_tokens=prefill_tokens)
         self.rows += rows
         return rows
 
-    def target_logprobs(self, input_ids: torch.Tensor, first_target: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.model.target_logprobs(input_ids, first_target)
+    def target_logprobs(self, input_ids: torch.Tensor, first_target: int,
+                        prefill_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.target_logprobs(input_ids, first_target, prefill_tokens)
 
 
 def save_random_checkpoint(directory: Path, config: ModelConfig, tokenizer: str) -> Path:
@@ -139,25 +141,19 @@ def chunks(tests: Sequence[NiahTest], batch: int) -> list[Sequence[NiahTest]]:
     return [tests[i : i + batch] for i in range(0, len(tests), batch)]
 
 
-def timed(fn: Callable[[], T]) -> tuple[float, T]:
-    """Seconds and result of fn()."""
-    start = time.perf_counter()
-    result = fn()
-    return time.perf_counter() - start, result
-
-
-def probe_ids(model: Recording, tokenizer: Tokenizer, tests: Sequence[NiahTest], batch: int,
-              new_tokens: int, precision: str = "float32") -> list[list[int]]:
+def probe_ids(model: Recording, tokenizer: Tokenizer, tests: Sequence[NiahTest], batch: int, new_tokens: int,
+              precision: str = "float32", prefill_tokens: int | None = CPU_PREFILL_TOKENS) -> list[list[int]]:
     """The probe's greedy decoding of `tests`, `batch` at a time (at `precision`); the token ids it generated."""
     model.rows = []
     for chunk in chunks(tests, batch):
-        generate_answers(model, tokenizer, chunk, CPU, precision, new_tokens)
+        generate_answers(model, tokenizer, chunk, CPU, precision, new_tokens, prefill_tokens)
     return model.rows
 
 
 def probe_scores(model: Recording, tokenizer: Tokenizer, tests: Sequence[NiahTest], batch: int) -> list[dict]:
     """The probe's teacher-forced needle scores of `tests`, `batch` at a time."""
-    return [s for chunk in chunks(tests, batch) for s in teacher_forced(model, tokenizer, chunk, CPU, "float32")]
+    return [s for chunk in chunks(tests, batch)
+            for s in teacher_forced(model, tokenizer, chunk, CPU, "float32", prefill_tokens=CPU_PREFILL_TOKENS)]
 
 
 def hf_ids(hf: torch.nn.Module, tests: Sequence[NiahTest], batch: int, new_tokens: int, eos_id: int) -> list[list[int]]:
@@ -181,42 +177,59 @@ def agreement(ours: list[list[int]], theirs: list[list[int]], eos_id: int, what:
 
 
 def bench_length(model: Recording, hf: torch.nn.Module, tokenizer: Tokenizer, tests: Sequence[NiahTest], batch: int,
-                 new_tokens: int) -> None:
-    """Time every row at one length and print it with its ratio."""
+                 new_tokens: int, repeats: int) -> None:
+    """Time every row at one length, interleaved over `repeats` rounds, and print medians, spreads and ratios."""
     n, eos = len(tests), tokenizer.eos_id
-    hf_one, theirs_one = timed(lambda: hf_ids(hf, tests, 1, new_tokens, eos))
-    hf_many, theirs_many = timed(lambda: hf_ids(hf, tests, batch, new_tokens, eos))
-    one, ids_one = timed(lambda: probe_ids(model, tokenizer, tests, 1, new_tokens))
-    many, ids_many = timed(lambda: probe_ids(model, tokenizer, tests, batch, new_tokens))
-    if ids_one != ids_many:
-        raise SystemExit(f"batch 1 and batch {batch} generate different tokens on tests "
-                         f"{[i for i, (a, b) in enumerate(zip(ids_one, ids_many)) if a != b]}")
-    bf16, ids_bf16 = timed(lambda: probe_ids(model, tokenizer, tests, 1, new_tokens, "bfloat16"))
-    same_bf16 = sum(a == b for a, b in zip(ids_one, ids_bf16))
-    pre_one, ids_pre_one = timed(lambda: probe_ids(model, tokenizer, tests, 1, new_tokens, "bfloat16-prefill"))
-    pre_many, ids_pre_many = timed(lambda: probe_ids(model, tokenizer, tests, batch, new_tokens, "bfloat16-prefill"))
-    same_pre = [sum(a == b for a, b in zip(ids_one, ids)) for ids in (ids_pre_one, ids_pre_many)]
-    forced, _ = timed(lambda: probe_scores(model, tokenizer, tests, batch))
-    same_one = agreement(ids_one, theirs_one, eos, "transformers at batch 1")
-    same_many = agreement(ids_many, theirs_many, eos, f"transformers at batch {batch}")
-    mean_new = np.mean([len(ids) for ids in ids_one])
+    runs: dict[str, Callable[[], object]] = {
+        "probe 1": lambda: probe_ids(model, tokenizer, tests, 1, new_tokens),
+        "probe B": lambda: probe_ids(model, tokenizer, tests, batch, new_tokens),
+        "probe B, prefill at once": lambda: probe_ids(model, tokenizer, tests, batch, new_tokens, prefill_tokens=None),
+        "bf16 1": lambda: probe_ids(model, tokenizer, tests, 1, new_tokens, "bfloat16"),
+        "bf16-prefill 1": lambda: probe_ids(model, tokenizer, tests, 1, new_tokens, "bfloat16-prefill"),
+        "bf16-prefill B": lambda: probe_ids(model, tokenizer, tests, batch, new_tokens, "bfloat16-prefill"),
+        "teacher-forced B": lambda: probe_scores(model, tokenizer, tests, batch),
+        "transformers 1": lambda: hf_ids(hf, tests, 1, new_tokens, eos),
+        "transformers B": lambda: hf_ids(hf, tests, batch, new_tokens, eos),
+    }
+    ids: dict[str, object] = {}
+
+    def run(name: str) -> float:
+        start = time.perf_counter()
+        ids[name] = runs[name]()
+        return time.perf_counter() - start
+
+    times = interleaved(run, list(runs), repeats, warm_up=False)  # main() warmed every implementation up
+    t = {name: median(values) for name, values in times.items()}
+    one = ids["probe 1"]
+    for name in ("probe B", "probe B, prefill at once"):
+        if ids[name] != one:
+            raise SystemExit(f"{name}: batch {batch} generates other tokens than batch 1 on tests "
+                             f"{[i for i, (a, b) in enumerate(zip(one, ids[name])) if a != b]}")
+    same = {name: sum(a == b for a, b in zip(one, ids[name])) for name in ("bf16 1", "bf16-prefill 1", "bf16-prefill B")}
+    same_hf = {size: agreement(ids[f"probe {size}"], ids[f"transformers {size}"], eos, f"transformers at batch {size}")
+               for size in ("1", "B")}
+    mean_new = np.mean([len(row) for row in one])
+
+    def row(name: str, comparison: str) -> None:
+        label = name.replace(" B", f" {batch}")
+        print(f"  {label:<28s} {n / t[name]:7.3f} tests/s ({spread(times[name])})  {comparison}")
+
     print(f"length {tests[0].length}: prompt {tests[0].prompt_length} tokens, {n} tests, {mean_new:.1f} new tokens "
-          f"per test")
-    print(f"  probe greedy    batch 1    {n / one:8.3f} tests/s")
-    print(f"  probe greedy    batch {batch:<4d} {n / many:8.3f} tests/s   batch {batch} / batch 1: {one / many:5.2f}x "
-          "(same token ids)")
-    print(f"  probe bf16      batch 1    {n / bf16:8.3f} tests/s   bf16 / float32 batch 1: {one / bf16:5.2f}x "
-          f"(same ids as float32 on {same_bf16}/{n} tests)")
-    for size, seconds, same, hf_seconds in ((1, pre_one, same_pre[0], hf_one), (batch, pre_many, same_pre[1], hf_many)):
-        print(f"  probe bf16-prefill batch {size:<4d} {n / seconds:8.3f} tests/s   vs float32 same batch: "
-              f"{(one if size == 1 else many) / seconds:5.2f}x, vs transformers (float32) same batch: "
-              f"{hf_seconds / seconds:5.2f}x (same ids as float32 on {same}/{n} tests)")
-    print(f"  teacher-forced  batch {batch:<4d} {n / forced:8.3f} tests/s   time per test vs greedy batch {batch}: "
-          f"{forced / many:5.3f}x")
-    print(f"  transformers    batch 1    {n / hf_one:8.3f} tests/s   probe / transformers: {hf_one / one:5.2f}x "
-          f"(same ids on {same_one}/{n} tests)")
-    print(f"  transformers    batch {batch:<4d} {n / hf_many:8.3f} tests/s   probe / transformers: "
-          f"{hf_many / many:5.2f}x (same ids on {same_many}/{n} tests)")
+          f"per test; median of {repeats} interleaved repeats (spread min-max)")
+    row("probe 1", f"probe / transformers batch 1: {t['transformers 1'] / t['probe 1']:5.2f}x "
+        f"(same ids on {same_hf['1']}/{n} tests)")
+    row("probe B", f"probe / transformers batch {batch}: {t['transformers B'] / t['probe B']:5.2f}x "
+        f"(same ids on {same_hf['B']}/{n}); batch {batch} / batch 1: {t['probe 1'] / t['probe B']:5.2f}x")
+    row("probe B, prefill at once", f"prefill in {CPU_PREFILL_TOKENS}-token groups / at once: "
+        f"{t['probe B, prefill at once'] / t['probe B']:5.2f}x (same ids)")
+    row("bf16 1", f"vs float32 batch 1: {t['probe 1'] / t['bf16 1']:5.2f}x (same ids as float32 on {same['bf16 1']}/{n})")
+    for size in ("1", "B"):
+        name = f"bf16-prefill {size}"
+        row(name, f"vs float32: {t[f'probe {size}'] / t[name]:5.2f}x, vs transformers: "
+            f"{t[f'transformers {size}'] / t[name]:5.2f}x (same ids as float32 on {same[name]}/{n})")
+    row("teacher-forced B", f"time per test vs greedy batch {batch}: {t['teacher-forced B'] / t['probe B']:5.3f}x")
+    row("transformers 1", "")
+    row("transformers B", f"batch {batch} / batch 1: {t['transformers 1'] / t['transformers B']:5.2f}x")
 
 
 def warm_up(model: Recording, hf: torch.nn.Module, tokenizer: Tokenizer, test: NiahTest) -> None:
@@ -232,6 +245,7 @@ def main() -> None:
     p.add_argument("--tests", type=int, default=8, help="tests per length, decoded by every row")
     p.add_argument("--batch-size", type=int, default=8, help="the batched setting compared with batch 1")
     p.add_argument("--max-new-tokens", type=int, default=32, help="the answer budget, all decoded by a random model")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved timed rounds of every row (median reported)")
     p.add_argument("--quick", action="store_true", help="length 256 and tiny-4l-256's shape (same vocabulary)")
     args = p.parse_args()
     lengths = args.lengths or ([256] if args.quick else [1024, 4096])
@@ -254,7 +268,7 @@ def main() -> None:
     recording = Recording(model)
     warm_up(recording, hf, builder.tokenizer, tests[lengths[0]][0])
     for n in lengths:
-        bench_length(recording, hf, builder.tokenizer, tests[n], args.batch_size, args.max_new_tokens)
+        bench_length(recording, hf, builder.tokenizer, tests[n], args.batch_size, args.max_new_tokens, args.repeats)
 
 
 if __name__ == "__main__":

@@ -145,6 +145,21 @@ def test_agreement_counts_values_inside_the_reference_intervals(tmp_path: Path) 
         agreement(other, tmp_path / "nowhere", "paper", Path("compare"))
 
 
+def test_agreement_run_range_spans_every_reference_seed_interval(tmp_path: Path) -> None:
+    """A milestone's run range runs from the lowest to the highest end of the reference seeds' intervals; every seed of
+    this run is checked against it, whatever its seed number (seeds do not pair across machines)."""
+    from posfreq.scripts.demo_agreement import agreement, agreement_lines
+
+    reference = _demo_output(tmp_path / "ref", [(100, 80, 120), (140, 130, 160), (180, 150, 190),
+                                                (200, 200, 200), (200, 200, 200), (200, 176, 200)], True, seeds=3)
+    ours = _demo_output(tmp_path / "ours", [(70, 60, 80), (150, 140, 160), (200, 190, 200),
+                                            (200, 200, 200), (208, 208, 208), (176, 176, 200)], True, seeds=3)
+    result = agreement(ours, reference, "paper", Path("compare"))
+    assert [(m["reference_run_range"], m["runs_within"]) for m in result["milestones"]] == [([80, 190], 1), ([176, 200], 2)]
+    assert result["runs_within"] == 3
+    assert "| 256 | 100 | [70, 150, 200] | [100, 140, 180] | [80, 190] | 1 of 3 |" in agreement_lines(result)
+
+
 def test_bad_lanes_threads_or_reference_stop_before_any_work(tmp_path: Path) -> None:
     """--threads 0, --lanes 3 and a --reference without a finished comparison are refused before anything runs."""
     from posfreq.scripts import demo

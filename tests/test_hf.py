@@ -288,8 +288,14 @@ def test_no_q_k_permutation_needed() -> None:
     freqs = positions.float()[:, None] * inv_freq[None]
     emb = torch.cat((freqs, freqs), -1)
     expected, _ = apply_rotary_pos_emb(x.transpose(0, 1)[None], x.transpose(0, 1)[None], emb.cos()[None], emb.sin()[None])
-    torch.testing.assert_close(Rotary(inv_freq).rotate(x, positions), expected[0].transpose(0, 1))
+    rotary = Rotary(inv_freq)
+    torch.testing.assert_close(rotary.rotate(x, positions), expected[0].transpose(0, 1))
     assert math.isclose(float(inv_freq[1]), 10_000.0 ** (-2 / head_dim), rel_tol=1e-6)
+    # cos/sin are kept for the last positions tensor only: other positions, or another dtype, are computed afresh
+    shifted = positions + 5
+    torch.testing.assert_close(rotary.rotate(x, shifted), Rotary(inv_freq).rotate(x, shifted))
+    assert rotary.rotate(x.double(), shifted).dtype == torch.float64
+    torch.testing.assert_close(rotary.rotate(x, positions), expected[0].transpose(0, 1))
 
 
 def _umask() -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from posfreq.train.config import PRESETS, ModelConfig, model_preset
-from posfreq.train.model import Transformer, positions_in_sequences
+from posfreq.train.model import Transformer, positions_in_sequences, row_groups
 
 
 def small_model(seed: int = 0, **overrides) -> Transformer:
@@ -98,6 +98,24 @@ def test_generate_batched_equals_unbatched_and_stops():
     assert batched == single
     stopped = model.generate(prompts, 6, stop=lambda row, toks: len(toks) == 2)
     assert all(len(row) == 2 for row in stopped)
+
+
+def test_prefill_in_row_groups_equals_full_recompute():
+    """prefill_tokens forwards the prompts a few rows at a time into one shared cache (generate) or one forward per
+    group (target_logprobs): the same greedy tokens and teacher-forced log-probabilities as full recomputes."""
+    model = small_model(seed=6)
+    prompts = torch.randint(0, 97, (5, 11))
+    seq = prompts.clone()
+    for _ in range(7):
+        seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    expected = model(seq).log_softmax(-1)[:, 10:-1].gather(-1, seq[:, 11:, None])[..., 0]
+    assert [(g.start, g.stop) for g in row_groups(5, 11, 22)] == [(0, 2), (2, 4), (4, 5)]
+    for tokens in (1, 11, 22, 40, None):  # below one row, 1, 2 and 3 rows per group, all at once
+        assert model.generate(prompts, 7, prefill_tokens=tokens) == seq[:, 11:].tolist()
+        with torch.no_grad():
+            logprobs, correct = model.target_logprobs(seq, 11, prefill_tokens=tokens)
+        torch.testing.assert_close(logprobs, expected, rtol=1e-5, atol=1e-5)
+        assert bool(correct.all())  # seq continues greedily, so every target is the argmax
 
 
 def test_generate_with_a_bf16_prefill_decodes_in_float32():

@@ -36,7 +36,7 @@ class WindowModel:
         self.tokenizer, self.k, self.silent = tokenizer, k, silent
         self.calls: list[tuple[int, int]] = []
 
-    def generate(self, prompt_ids, max_new_tokens, stop=None, prefill_dtype=None):
+    def generate(self, prompt_ids, max_new_tokens, stop=None, prefill_dtype=None, prefill_tokens=None):
         self.calls.append(tuple(prompt_ids.shape))
         rows = []
         for ids in prompt_ids.tolist():
@@ -147,7 +147,10 @@ def test_settings_are_checked_and_precision_resolved():
     assert [capped.batch_for(n) for n in (512, 1024, 4096, 8192, 32768)] == [8, 8, 2, 1, 1]
     assert job.batch_for(32768) == 1 and probe.Job(probe.ProbeSettings(), None, 8, torch.device("cpu")).batch_for(
         32768) == 8  # no token cap: the batch size at every length
-    for bad in (["--tests-per-length", "0"], ["--batch-size", "0"], ["--batch-tokens", "0"], ["--lengths", "1:2:0"],
+    with pytest.raises(ValueError, match="prefill_tokens"):
+        probe.Job(probe.ProbeSettings(), None, 8, torch.device("cpu"), prefill_tokens=0)
+    for bad in (["--tests-per-length", "0"], ["--batch-size", "0"], ["--batch-tokens", "0"], ["--prefill-tokens", "0"],
+                ["--lengths", "1:2:0"],
                 ["--shard", "3/2"], ["--positions", "nope"]):
         with pytest.raises(SystemExit) as exit_info:
             probe.main(["--checkpoint" if bad[0] != "--shard" else "--run", "x", *bad])

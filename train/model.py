@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -52,7 +52,7 @@ class RMSNorm(nn.Module):
 class LayerCache:
     """Rotated keys and values of one layer for B sequences of equal length, preallocated."""
 
-    k: Tensor  # (B, capacity, Hkv, D)
+    k: Tensor  # (B, capacity, Hkv, D), a view of head-major storage (see Transformer.new_caches)
     v: Tensor
     length: int = 0
 
@@ -68,6 +68,20 @@ class LayerCache:
     def filled(self) -> tuple[Tensor, Tensor]:
         """Views of the cached keys and values, (B, length, Hkv, D) each (strided: no copy)."""
         return self.k[:, : self.length], self.v[:, : self.length]
+
+    def rows(self, rows: slice) -> "LayerCache":
+        """The cache of sequences `rows` alone, sharing this cache's storage (its appends land here)."""
+        return LayerCache(self.k[rows], self.v[rows], self.length)
+
+
+def row_groups(batch: int, length: int, max_tokens: int | None) -> list[slice]:
+    """Consecutive row slices of a (batch, length) input holding at most `max_tokens` tokens each (one row at least).
+
+    A long prompt's forward is faster in such groups than all at once on a CPU (1.10-1.12x for
+    2K-4K-token groups of a 135M model: smaller activations stay in cache); None: one group.
+    """
+    rows = batch if max_tokens is None else max(1, max_tokens // length)
+    return [slice(start, min(start + rows, batch)) for start in range(0, batch, rows)]
 
 
 class Attention(nn.Module):
@@ -94,8 +108,7 @@ class Attention(nn.Module):
             cache.append(k.view(batch, -1, *k.shape[1:]), v.view(batch, -1, *v.shape[1:]))
             if not prefill:  # (and in their dtype: a bf16 prefill's cache is float32)
                 k, v = cache.filled()
-                cu_k, max_k = uniform_cu_seqlens(batch, cache.length, x.device), cache.length
-                pos_k = positions_in_sequences(cu_k, batch * cache.length)
+                (cu_k, pos_k), max_k = ctx.cached_layout(batch, cache.length), cache.length
         inputs = AttentionInputs(q, k, v, ctx.pos_q, pos_k, ctx.cu_seqlens, cu_k, ctx.max_seqlen, max_k, ctx.backend)
         return self.o_proj(ctx.scheme.attend(inputs).reshape(t, -1))
 
@@ -137,6 +150,15 @@ class ForwardContext:
     pos_q: Tensor
     scheme: PositionScheme
     backend: str
+    _cached_layouts: dict[tuple[int, int], tuple[Tensor, Tensor]] = field(default_factory=dict, repr=False)
+
+    def cached_layout(self, batch: int, length: int) -> tuple[Tensor, Tensor]:
+        """cu_seqlens and positions of `batch` cached sequences of `length` keys, computed once per forward
+        (every layer's cache holds as many)."""
+        if (batch, length) not in self._cached_layouts:
+            cu = uniform_cu_seqlens(batch, length, self.pos_q.device)
+            self._cached_layouts[(batch, length)] = cu, positions_in_sequences(cu, batch * length)
+        return self._cached_layouts[(batch, length)]
 
 
 class Transformer(nn.Module):
@@ -210,9 +232,19 @@ class Transformer(nn.Module):
         return self.lm_head(self.hidden_states(input_ids, cu_seqlens, max_seqlen))
 
     def new_caches(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> list[LayerCache]:
-        """Empty KV caches, one per layer, for `batch` sequences of up to `capacity` positions."""
-        shape = (batch, capacity, self.config.n_kv_heads, self.config.head_dim)
-        return [LayerCache(torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device)) for _ in self.layers]
+        """Empty KV caches, one per layer, for `batch` sequences of up to `capacity` positions.
+
+        Stored head-major, (B, Hkv, capacity, D), and seen as (B, capacity, Hkv, D): the batched
+        matmuls of decoding then read every (sequence, head) block in place, where a
+        position-major cache made them copy the whole cache per layer and step (a third of a
+        decoding step at batch 8 over 1K tokens on a CPU).
+        """
+        shape = (batch, self.config.n_kv_heads, capacity, self.config.head_dim)
+
+        def empty() -> Tensor:
+            return torch.empty(shape, dtype=dtype, device=device).transpose(1, 2)
+
+        return [LayerCache(empty(), empty()) for _ in self.layers]
 
     @torch.no_grad()
     def generate(
@@ -221,6 +253,7 @@ class Transformer(nn.Module):
         max_new_tokens: int,
         stop: Callable[[int, list[int]], bool] | None = None,
         prefill_dtype: torch.dtype | None = None,
+        prefill_tokens: int | None = None,
     ) -> list[list[int]]:
         """Greedy decoding with a KV cache for a (B, T) batch of equal-length prompts.
 
@@ -241,9 +274,15 @@ class Transformer(nn.Module):
             dtype = torch.get_autocast_dtype(device.type)
         caches = self.new_caches(batch, length + max_new_tokens, dtype, device)
         prefill = contextlib.nullcontext() if prefill_dtype is None else torch.autocast(device.type, dtype=prefill_dtype)
+        last = torch.empty(batch, self.config.d_model, dtype=dtype, device=device)
         with prefill:
-            hidden = self.hidden_states(prompt_ids.reshape(-1), uniform_cu_seqlens(batch, length, device), length, caches)
-        last = hidden.view(batch, length, -1)[:, -1].to(dtype)
+            for rows in row_groups(batch, length, prefill_tokens):
+                n = rows.stop - rows.start
+                cu = uniform_cu_seqlens(n, length, device)
+                hidden = self.hidden_states(prompt_ids[rows].reshape(-1), cu, length, [c.rows(rows) for c in caches])
+                last[rows] = hidden.view(n, length, -1)[:, -1]
+        for cache in caches:
+            cache.length = length
         outputs: list[list[int]] = [[] for _ in range(batch)]
         done = [False] * batch
         one = uniform_cu_seqlens(batch, 1, device)
@@ -259,18 +298,25 @@ class Transformer(nn.Module):
         return outputs
 
     @torch.no_grad()
-    def target_logprobs(self, input_ids: Tensor, first_target: int) -> tuple[Tensor, Tensor]:
+    def target_logprobs(
+        self, input_ids: Tensor, first_target: int, prefill_tokens: int | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Teacher forcing: log p(input_ids[:, j] | input_ids[:, :j]) for j >= first_target, and whether it is the argmax.
 
-        Logits are computed for those positions only, never for the whole (B, T, vocab) batch.
+        Logits are computed for those positions only, never for the whole (B, T, vocab) batch; one
+        forward holds at most `prefill_tokens` tokens (`row_groups`).
         """
         if input_ids.dim() != 2 or not 1 <= first_target < input_ids.shape[1]:
             raise ValueError(f"need (batch, length) ids and 1 <= first_target < length, got {tuple(input_ids.shape)}, "
                              f"{first_target}")
         batch, length = input_ids.shape
-        cu = uniform_cu_seqlens(batch, length, input_ids.device)
-        hidden = self.hidden_states(input_ids.reshape(-1), cu, length).view(batch, length, -1)
-        logits = self.lm_head(hidden[:, first_target - 1 : length - 1]).float()
-        targets = input_ids[:, first_target:]
-        logprobs = logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0]
-        return logprobs, logits.argmax(-1) == targets
+        logprobs, correct = [], []
+        for rows in row_groups(batch, length, prefill_tokens):
+            n = rows.stop - rows.start
+            cu = uniform_cu_seqlens(n, length, input_ids.device)
+            hidden = self.hidden_states(input_ids[rows].reshape(-1), cu, length).view(n, length, -1)
+            logits = self.lm_head(hidden[:, first_target - 1 : length - 1]).float()
+            targets = input_ids[rows, first_target:]
+            logprobs.append(logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0])
+            correct.append(logits.argmax(-1) == targets)
+        return torch.cat(logprobs), torch.cat(correct)
