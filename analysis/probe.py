@@ -628,8 +628,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--batch-tokens", type=Union[int, Literal["auto"], None], default="auto",
                         help="At most this many test tokens decoded together, so long tests go in smaller batches; "
                         f"null: batch-size at every length; auto: {CPU_BATCH_TOKENS} on a CPU (8 tests of 1K, 2 of "
-                        "4K, 1 beyond: there a batch of 4K-token prompts is no faster per test than one alone, see "
-                        "the README's Performance section) and no cap on a GPU.")
+                        "4K, 1 beyond: a batch of 8 4K-token prompts is only 1.05x one alone per test there, and holds "
+                        "8 KV caches; see the README's Performance section) and no cap on a GPU.")
     parser.add_argument("--prefill-tokens", type=Union[int, Literal["auto"], None], default="auto",
                         help="At most this many prompt tokens in one forward pass (whole prompts, one at least); "
                         f"null: a batch at once; auto: {CPU_PREFILL_TOKENS} on a CPU (1.1x faster than 8 prompts of "

@@ -1,13 +1,17 @@
 """NIAH probe decoding throughput on a SmolLM-135M-shaped model, side by side with its alternatives.
 
 For each test length (default 1,024 and 4,096 tokens: a prompt of length - max_new_tokens plus
-the answer budget), on the same seeded tests, it prints as ratios measured in the same run:
+the answer budget), on the same seeded tests, it times every row below `--repeats` times (default 3),
+the rows interleaved with their order alternating between rounds, and prints each row's median
+tests/s with the spread of the repeats, and ratios of medians:
 
-1. tests/s of the probe's greedy decoding (`analysis.probe.generate_answers`, KV cache) at batch 1
-   and at `--batch-size` (default 8); the generated token ids must be equal (asserted);
-   at batch 1 under `--precision bfloat16` (CPU autocast of everything), and at both batch sizes under
-   `--precision bfloat16-prefill` (the prompt's forward in bf16, the cache and the decoding steps in
-   float32); the token ids agreeing with float32 are counted, not asserted: bf16 rounding changes near-ties;
+1. the probe's greedy decoding (`analysis.probe.generate_answers`, KV cache, prompts forwarded in
+   groups of at most CPU_PREFILL_TOKENS tokens as `--prefill-tokens auto` does on a CPU) at batch 1
+   and at `--batch-size` (default 8), and at `--batch-size` with the whole batch forwarded at once;
+   the generated token ids must be equal (asserted); at batch 1 under `--precision bfloat16` (CPU
+   autocast of everything), and at both batch sizes under `--precision bfloat16-prefill` (the
+   prompt's forward in bf16, the cache and the decoding steps in float32); the token ids agreeing
+   with float32 are counted, not asserted: bf16 rounding changes near-ties;
 2. the teacher-forced score (`analysis.probe.teacher_forced`, one forward pass per batch) vs greedy
    decoding, as time per test at `--batch-size`;
 3. Hugging Face `transformers` (`LlamaForCausalLM.generate`, greedy, float32) on the same weights
@@ -26,10 +30,10 @@ on which; the `bytes` tokenizer would fit the vocabulary too, but its 35-token r
 does not fit a 32-token budget (Llama-3's takes 16). A random model never writes EOS or the four
 needles, so every test decodes the full `--max-new-tokens` (default 32, about a real 4-number
 answer; each length's line prints the mean generated). CPU, float32, torch's default thread count.
-The default run takes 10-20 minutes on 2 cores (one 4K test is about 1.5 TFLOP, decoded about 40
-times over the comparisons); `--lengths 1024` alone takes a few minutes.
+The default run takes about 45 minutes on 2 cores (one 4K test is about 1.5 TFLOP, decoded 9 times
+per round); `--lengths 1024` alone takes about 10.
 
-    python benchmarks/probe.py [--lengths 1024,4096] [--tests 8] [--batch-size 8] [--max-new-tokens 32]
+    python benchmarks/probe.py [--lengths 1024,4096] [--tests 8] [--batch-size 8] [--max-new-tokens 32] [--repeats 3]
     python benchmarks/probe.py --quick   # length 256, tiny-4l-256's shape (15.4M parameters): checks that it runs
 """
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import platform
 import shlex
 import shutil
 import subprocess
@@ -296,6 +297,25 @@ def verdicts(conclusion: dict, quick: bool) -> list[str]:
     return lines
 
 
+CPU_KERNEL_OVERRIDES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "DNNL_MAX_CPU_ISA")
+"""Environment variables that make torch, MKL and oneDNN use narrower vector kernels (an older CPU's rounding)."""
+
+
+def machine_description() -> str:
+    """The CPU and the torch kernels a run used: its rounding, and so its training trajectories, depend on both."""
+    import torch
+
+    cpu = platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    overrides = ", ".join(f"{name}={os.environ[name]}" for name in CPU_KERNEL_OVERRIDES if name in os.environ)
+    return (f"{cpu}, {os.cpu_count()} CPUs, torch {torch.__version__} with {torch.backends.cpu.get_cpu_capability()} "
+            f"kernels" + (f" ({overrides})" if overrides else ""))
+
+
 def write_report(out: Path, settings: DemoSettings, quick: bool, pipeline: Pipeline, runs: dict[str, Path],
                  table: dict[int, list[dict]], conclusion: dict, strict: dict,
                  references: list[dict] | None = None) -> Path:
@@ -304,7 +324,7 @@ def write_report(out: Path, settings: DemoSettings, quick: bool, pipeline: Pipel
         f"# posfreq demo report{' (quick mode: toy scale, not a result)' if quick else ''}",
         "",
         f"Code version `{code_version()}`; settings: `{json.dumps(asdict(settings))}`; {pipeline.lanes} lane(s) of "
-        f"{pipeline.threads} torch thread(s) (OMP_NUM_THREADS={pipeline.threads}).",
+        f"{pipeline.threads} torch thread(s) (OMP_NUM_THREADS={pipeline.threads}); machine: {machine_description()}.",
         "",
         f"A test of length n is a prompt of n - {settings.answer_budget} tokens and at most "
         f"{settings.answer_budget} generated tokens, so no token is generated at a position >= n. "
