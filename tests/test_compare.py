@@ -45,7 +45,7 @@ def test_curves_without_overlap_are_not_testable():
 
 
 def test_curves_with_too_few_points_or_seeds_are_not_testable():
-    """Two points of one length (one per seed), or three points of one seed, are too few to test C2."""
+    """Two points of one length (one per seed), or the points of fewer than three seeds, are too few to test C2."""
     rows = rows_on_lines(1.0)
     two_points = [r for r in rows if r["train_len"] == 256 or r["checkpoint"] == "c1" and r["seed"] < 2]
     verdict = compare.curves_coincide(two_points, n_boot=50, seed=0)
@@ -53,8 +53,9 @@ def test_curves_with_too_few_points_or_seeds_are_not_testable():
     one_seed = [r for r in rows if r["train_len"] == 256 or r["seed"] == 0]
     verdict = compare.curves_coincide(one_seed, n_boot=50, seed=0)
     assert verdict["holds"] is None and verdict["n_seeds"]["128"] == 1
-    assert compare.curves_coincide([r for r in rows if r["train_len"] == 256 or r["seed"] < 2], n_boot=50,
-                                   seed=0)["holds"] is False  # 8 points from 2 seeds: testable, and shifted
+    two_seeds = compare.curves_coincide([r for r in rows if r["train_len"] == 256 or r["seed"] < 2], n_boot=50, seed=0)
+    assert two_seeds["holds"] is None and two_seeds["n_seeds"]["128"] == 2  # 8 points, but a bootstrap of 2 seeds
+    assert compare.curves_coincide(rows, n_boot=50, seed=0)["holds"] is False  # 12 points from 3 seeds: shifted
 
 
 def test_longer_training_length_and_shortfall_and_emergence():
