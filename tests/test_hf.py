@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -296,6 +297,8 @@ def test_no_q_k_permutation_needed() -> None:
     torch.testing.assert_close(rotary.rotate(x, shifted), Rotary(inv_freq).rotate(x, shifted))
     assert rotary.rotate(x.double(), shifted).dtype == torch.float64
     torch.testing.assert_close(rotary.rotate(x, positions), expected[0].transpose(0, 1))
+    scaled = dataclasses.replace(rotary, scale=2.0)  # a copy with another scale does not inherit the kept cos/sin
+    torch.testing.assert_close(scaled.rotate(x, positions), Rotary(inv_freq, 2.0).rotate(x, positions))
 
 
 def _umask() -> int:

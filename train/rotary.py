@@ -31,7 +31,7 @@ class Rotary:
     inv_freq: Tensor
     scale: float = 1.0
     """Multiplies cos/sin (YaRN's attention temperature, so logits by its square); 1 for plain RoPE."""
-    _last: tuple[Tensor, torch.dtype, Tensor, Tensor] | None = field(default=None, repr=False, compare=False)
+    _last: tuple[Tensor, torch.dtype, Tensor, Tensor] | None = field(default=None, init=False, repr=False, compare=False)
     """cos/sin of the last positions tensor (held, so its identity stays its own): every layer of a forward rotates
     at the same positions tensor, so they are computed once per forward, not twice per layer (a tenth of a
     single-token decoding step of a 135M model on a CPU). Positions tensors are never changed in place."""
