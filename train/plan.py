@@ -18,11 +18,11 @@ as FSDP2 pads it; a = 2 under bf16-mixed, 4 under 32-true):
       T d (8 + 6a)      two RMSNorms (fp32 copy of the input 4, normed a, output a each), rotated q,
                         attention output (flash keeps q, k, v, out; the o_proj input is out)
     + 2 a T k           rotated k and v
-    + 4 a T h           cos and sin tables of the q and k rotations
     + 4 T H + 8 T       flash's fp32 log-sum-exp; the RMSNorms' fp32 reciprocal RMS
     + 4 a T f           SwiGLU: gate, silu(gate), up, their product
   Attention is FlashAttention-2's (memory linear in T, no L^2 scores). Outside the blocks: the
-  final norm (4 T d + a T d + 4 T) and the token ids (8 T). With activation checkpointing each
+  rotary cos and sin tables (2 a T h: computed once per forward, every block's q and k rotations
+  share them), the final norm (4 T d + a T d + 4 T) and the token ids (8 T). With activation checkpointing each
   block keeps only its input (a T d) and one block's full activations are recomputed at a time.
 - loss (train.loss.linear_cross_entropy, its peak at the end of forward, when every activation is
   also held): one chunk of fp32 logits and its fp32 hidden rows (4 c V + 4 c d, c =
@@ -147,8 +147,7 @@ def gathered_bytes(model: Transformer, element_bytes: int) -> int:
 def block_activation_bytes(config: ModelConfig, tokens: int, a: int) -> int:
     """Bytes one block saves for backward (the module docstring's formula)."""
     t, d, f, h = tokens, config.d_model, config.ffn_dim, config.head_dim
-    return (t * d * (8 + 6 * a) + 2 * a * t * config.n_kv_heads * h + 4 * a * t * h
-            + 4 * t * config.n_heads + 8 * t + 4 * a * t * f)
+    return t * d * (8 + 6 * a) + 2 * a * t * config.n_kv_heads * h + 4 * t * config.n_heads + 8 * t + 4 * a * t * f
 
 
 def activation_bytes(config: ModelConfig, tokens: int, a: int, checkpointing: bool) -> int:
@@ -156,7 +155,7 @@ def activation_bytes(config: ModelConfig, tokens: int, a: int, checkpointing: bo
     t, d = tokens, config.d_model
     block = block_activation_bytes(config, t, a)
     blocks = config.n_layers * a * t * d + block if checkpointing else config.n_layers * block
-    return blocks + 4 * t * d + a * t * d + 4 * t + 8 * t
+    return blocks + 2 * a * t * config.head_dim + 4 * t * d + a * t * d + 4 * t + 8 * t
 
 
 def loss_bytes(config: ModelConfig, tokens: int, a: int) -> int:
