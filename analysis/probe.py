@@ -632,8 +632,8 @@ def build_parser() -> ArgumentParser:
                         "8 KV caches; see the README's Performance section) and no cap on a GPU.")
     parser.add_argument("--prefill-tokens", type=Union[int, Literal["auto"], None], default="auto",
                         help="At most this many prompt tokens in one forward pass (whole prompts, one at least); "
-                        f"null: a batch at once; auto: {CPU_PREFILL_TOKENS} on a CPU (1.1x faster than 8 prompts of "
-                        "1K or 2 of 4K at once, see the README's Performance section) and null on a GPU.")
+                        f"null: a batch at once; auto: {CPU_PREFILL_TOKENS} on a CPU (1.02x the tests/s of 8 prompts "
+                        "of 1K at once, 1.27x for 8 of 4K; see the README's Performance section) and null on a GPU.")
     parser.add_argument("--device", type=str, default="auto",
                         help="cpu, cuda, cuda:1, ...; auto: cuda when a GPU is available, else cpu.")
     parser.add_argument("--threads", type=int, default=0,
