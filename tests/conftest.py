@@ -21,3 +21,46 @@ def one_thread():
         os.environ.pop("OMP_NUM_THREADS", None)
     else:
         os.environ["OMP_NUM_THREADS"] = env
+
+
+class DeviceTensor(torch.Tensor):
+    """A tensor with a CUDA tensor's host rule: no numpy view (nor np.asarray) until `.cpu()` or `.to("cpu")`.
+
+    What NCCL collectives return through Fabric is on the GPU; `.tolist()`, `.item()` and `float()` copy to host
+    and work, `.numpy()` raises (torch's own message).
+    """
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.Tensor.numpy, torch.Tensor.__array__):
+            raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
+                            "to host memory first.")
+        with torch._C.DisableTorchFunctionSubclass():
+            result = func(*args, **kwargs)
+        to_host = func is torch.Tensor.cpu or (func is torch.Tensor.to and any(
+            str(a) == "cpu" for a in list(args[1:]) + [kwargs.get("device")]))
+        if isinstance(result, torch.Tensor):  # a host copy is a plain tensor; anything else stays on the device
+            return result.as_subclass(torch.Tensor if to_host else DeviceTensor)
+        return result
+
+
+def _on_device(value):
+    if isinstance(value, torch.Tensor):
+        return value.as_subclass(DeviceTensor)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_device(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _on_device(v) for k, v in value.items()}
+    return value
+
+
+@pytest.fixture
+def device_collectives(monkeypatch):
+    """Fabric's collectives return their tensors as `DeviceTensor`s, as they do on NCCL (gloo returns host ones)."""
+    from lightning.fabric import Fabric
+
+    for name in ("all_reduce", "all_gather", "broadcast"):
+        real = getattr(Fabric, name)
+        monkeypatch.setattr(Fabric, name, lambda self, *a, _real=real, **k: _on_device(_real(self, *a, **k)))
+    return DeviceTensor

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from posfreq.train.attention import available_backends, resolve_backend, varlen_attention
+from posfreq.train.attention import BackendError, available_backends, resolve_backend, varlen_attention
 
 
 def naive_attention(q, k, v, lens_q, lens_k, window=None):
@@ -98,9 +98,9 @@ def test_gradients_match_reference():
 
 
 def test_backend_errors_are_clear():
-    with pytest.raises(ValueError, match="unknown attention backend"):
+    with pytest.raises(BackendError, match="unknown attention backend"):
         resolve_backend("magic", "cpu")
-    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+    with pytest.raises(BackendError, match="runs on cuda only, not cpu"):
         resolve_backend("flash", "cpu")
     assert resolve_backend("auto", "cpu") == "sdpa"
 
@@ -116,3 +116,228 @@ def test_gpu_backends_match_reference(backend):
     out = varlen_attention(q, k, v, cu(lens).cuda(), cu(lens).cuda(), 257, 257, backend=backend)
     ref = varlen_attention(q.float(), k.float(), v.float(), cu(lens).cuda(), cu(lens).cuda(), 257, 257, backend="sdpa")
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+# ------------------------------------------------------------------ backend resolution and the CUDA adapters
+# What the kernels can run, from the libraries' sources (torch 2.13 varlen.py / aten flash, flash-attn 2.8.3,
+# xformers 0.0.33, flex_attention.py), written out apart from train/attention.py's own table.
+
+def kernel_can_run(name, device, dtype, lse, backward):
+    half = dtype in (torch.bfloat16, torch.float16)
+    return {
+        "sdpa": True,
+        "varlen": device == "cuda" and half,  # FlashAttention refuses float32; its backward drops d(lse)
+        "flash": device == "cuda" and half,
+        "xformers": device == "cuda" and not lse,
+        "flex": device == "cuda" or not backward,  # no backward on CPU
+    }[name] and not (backward and lse and name in ("varlen", "flash"))
+
+
+@pytest.mark.parametrize("present", [set(), {"varlen"}, {"flash"}, {"varlen", "flash", "xformers"}])
+def test_resolution_never_returns_a_kernel_that_cannot_run_the_call(monkeypatch, present):
+    import posfreq.train.attention as attention
+
+    monkeypatch.setattr(attention, "kernel_present", lambda name: name in present or name in ("sdpa", "flex"))
+    for backend in attention.BACKENDS:
+        for device in ("cpu", "cuda"):
+            for dtype in (torch.float32, torch.bfloat16, torch.float16):
+                for lse in (False, True):
+                    for backward in (False, True):
+                        call = dict(return_lse=lse, backward=backward)
+                        try:
+                            name = resolve_backend(backend, device, dtype, **call)
+                        except BackendError as err:
+                            assert backend != "auto", err  # auto always finds one (sdpa runs everything)
+                            assert not (backend in present | {"sdpa", "flex"}
+                                        and kernel_can_run(backend, device, dtype, lse, backward)), err
+                            suggested = str(err).split("Fix: choose '")[1].split("'")[0]
+                            assert kernel_can_run(suggested, device, dtype, lse, backward), err
+                            continue
+                        assert name in present | {"sdpa", "flex"} and kernel_can_run(name, device, dtype, lse, backward)
+                        if backend != "auto":
+                            assert name == backend
+    # auto's preference on a GPU: torch's varlen FlashAttention, then flash-attn, then sdpa
+    assert resolve_backend("auto", "cuda", torch.bfloat16) == ("varlen" if "varlen" in present else
+                                                               "flash" if "flash" in present else "sdpa")
+    assert resolve_backend("auto", "cuda", torch.float32) == "sdpa"  # fp32 on CUDA: never a FlashAttention kernel
+    assert resolve_backend("auto", "cuda", torch.bfloat16, return_lse=True, backward=True) == "sdpa"
+
+
+def test_two_pass_merge_refuses_kernels_that_drop_the_lse_gradient(monkeypatch):
+    import posfreq.train.attention as attention
+
+    monkeypatch.setattr(attention, "kernel_present", lambda name: True)
+    for name in ("varlen", "flash"):
+        resolve_backend(name, "cuda", torch.bfloat16, return_lse=True)  # inference: fine
+        with pytest.raises(BackendError, match="ignores the log-sum-exp's gradient"):
+            resolve_backend(name, "cuda", torch.bfloat16, return_lse=True, backward=True)
+
+
+def flash_double(q, k, v, cu_q, cu_k, window_size, is_causal, scale):
+    """FlashAttention's varlen contract: fp16/bf16 only, int32 cu_seqlens, bottom-right (left, right) windows,
+    grouped heads as they are, log-sum-exp as (H, Tq) float32."""
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise RuntimeError("FlashAttention only support fp16 and bf16 data type")
+    assert cu_q.dtype == cu_k.dtype == torch.int32
+    left, right = window_size
+    right = 0 if is_causal else right
+    out = torch.zeros(q.shape, dtype=torch.float32)
+    lse = torch.full((q.shape[1], q.shape[0]), -math.inf)
+    groups = q.shape[1] // k.shape[1]
+    for s in range(len(cu_q) - 1):
+        a, b, c, d = int(cu_q[s]), int(cu_q[s + 1]), int(cu_k[s]), int(cu_k[s + 1])
+        i = torch.arange(b - a)[:, None] + (d - c) - (b - a)  # the key position of each query's diagonal
+        j = torch.arange(d - c)[None, :]
+        ok = ((left < 0) | (j >= i - left)) & ((right < 0) | (j <= i + right))
+        kk, vv = (x[c:d].float().repeat_interleave(groups, 1) for x in (k, v))
+        scores = torch.einsum("qhd,khd->hqk", q[a:b].float(), kk) * scale
+        scores = scores.masked_fill(~ok, -math.inf)
+        lse[:, a:b] = torch.logsumexp(scores, -1)
+        out[a:b] = torch.einsum("hqk,khd->qhd", torch.softmax(scores, -1).nan_to_num(0.0), vv)
+    return out.to(q.dtype), lse
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_varlen_and_flash_adapters_against_flashattention_doubles(monkeypatch, window):
+    import sys
+    import types
+
+    import posfreq.train.attention as attention
+    import torch.nn.attention.varlen as torch_varlen
+
+    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                    window_size=(-1, -1), enable_gqa=False, seqused_k=None, block_table=None, num_splits=None):
+        assert enable_gqa or query.shape[1] == key.shape[1]
+        out, lse = flash_double(query, key, value, cu_seq_q, cu_seq_k, window_size, window_size == (-1, 0), scale)
+        return (out, lse) if return_aux is not None and return_aux.lse else out
+
+    def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                               softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                               alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None):
+        out, lse = flash_double(q, k, v, cu_seqlens_q, cu_seqlens_k, window_size, causal, softmax_scale)
+        return (out, lse, None) if return_attn_probs else out
+
+    monkeypatch.setattr(torch_varlen, "varlen_attn", varlen_attn)
+    monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(flash_attn_varlen_func=flash_attn_varlen_func))
+    lens_q, lens_k = [3, 1, 6], [6, 4, 6]
+    q, k, v = packed(lens_q, 4, 8, 21), packed(lens_k, 2, 8, 22), packed(lens_k, 2, 8, 23)
+    ref, ref_lse = naive_attention(q, k, v, lens_q, lens_k, window=window)
+    for impl in (attention._varlen, attention._flash):
+        args = (cu(lens_q).long(), cu(lens_k).long(), 6, 6, window)  # int64 cu_seqlens: the adapter converts
+        with pytest.raises(RuntimeError, match="fp16 and bf16"):
+            impl(q, k, v, *args, False, 8**-0.5)
+        out, lse = impl(q.bfloat16(), k.bfloat16(), v.bfloat16(), *args, True, 8**-0.5)
+        assert out.shape == q.shape and lse.shape == q.shape[:2] and lse.dtype == torch.float32
+        torch.testing.assert_close(out.double(), ref, atol=3e-2, rtol=3e-2)
+        torch.testing.assert_close(lse.double(), ref_lse, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_flex_block_mask_is_the_document_causal_mask_padded_to_a_power_of_two(window):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from posfreq.train.attention import flex_block_mask, flex_padded_length
+
+    lens_q, lens_k = [1, 140, 3, 60], [9, 140, 200, 60]  # crosses block edges; fewer queries than keys
+    mask = flex_block_mask(cu(lens_q), cu(lens_k), sum(lens_q), sum(lens_k), window)
+    assert mask.seq_lengths == (256, 512) == (flex_padded_length(204), flex_padded_length(409))
+    dense = mask.to_dense()  # (1, 1, blocks_q, blocks_k): which blocks are computed at all
+    want = torch.zeros(256, 512, dtype=torch.bool)  # the naive element mask
+    sq = sk = 0
+    for lq, lk in zip(lens_q, lens_k):
+        for i in range(lq):
+            for j in range(lk):
+                d = i + lk - lq - j
+                want[sq + i, sk + j] = d >= 0 and (window is None or d < window)
+        sq, sk = sq + lq, sk + lk
+    blocks = want.view(2, 128, 4, 128).any(3).any(1)
+    assert torch.equal(dense[0, 0].bool(), blocks)
+
+    def mask_mod(b, h, qi, ki):
+        return want[qi, ki]
+
+    reference = create_block_mask(mask_mod, 1, 1, 256, 512, device="cpu")
+    assert torch.equal(reference.to_dense(), dense)
+
+
+def test_flex_mask_is_built_once_per_forward_not_per_layer(monkeypatch):
+    import posfreq.train.attention as attention
+    from posfreq.train.config import model_preset
+    from posfreq.train.model import Transformer
+
+    built = []
+    real = attention._document_positions
+    monkeypatch.setattr(attention, "_document_positions", lambda *a, **k: built.append(1) or real(*a, **k))
+    model = Transformer(model_preset("tiny-2l-128", vocab_size=97, n_layers=3), attention_backend="flex").eval()
+    ids = torch.randint(0, 97, (40,))
+    lens = torch.tensor([0, 15, 40], dtype=torch.int32)
+    with torch.no_grad():
+        flex = model(ids, lens, 25)
+        assert len(built) == 2  # queries and keys, once for the three layers
+        model.attention_backend = "sdpa"
+        torch.testing.assert_close(model(ids, lens, 25), flex, atol=1e-4, rtol=1e-4)
+
+
+def xformers_double():
+    """xformers 0.0.33's contract (ops/fmha/__init__.py, attn_bias.py): `memory_efficient_attention` is the autograd
+    entry; the grouped 5-D layout (1, T, Hkv, G, D) has no backward op (refused at the forward when grads are
+    needed); masks come from `from_seqlens` and `make_local_attention_from_bottomright(w)` (keys at distance < w)."""
+    import types
+
+    class BottomRight:
+        def __init__(self, q_seqlen, kv_seqlen, window=None):
+            assert all(k >= q for q, k in zip(q_seqlen, kv_seqlen)), "num_keys >= num_queries per block"
+            self.q_seqlen, self.kv_seqlen, self.window = list(q_seqlen), list(kv_seqlen), window
+
+        @classmethod
+        def from_seqlens(cls, q_seqlen, kv_seqlen=None, *, device=None):
+            return cls(q_seqlen, kv_seqlen or q_seqlen)
+
+        def make_local_attention_from_bottomright(self, window_size):
+            assert window_size > 0
+            return BottomRight(self.q_seqlen, self.kv_seqlen, window_size)
+
+        def materialize(self):
+            mask = torch.zeros(sum(self.q_seqlen), sum(self.kv_seqlen), dtype=torch.bool)
+            sq = sk = 0
+            for lq, lk in zip(self.q_seqlen, self.kv_seqlen):
+                d = torch.arange(lq)[:, None] + lk - lq - torch.arange(lk)[None, :]
+                mask[sq:sq + lq, sk:sk + lk] = (d >= 0) & ((d < self.window) if self.window else True)
+                sq, sk = sq + lq, sk + lk
+            return mask
+
+    def memory_efficient_attention(query, key, value, attn_bias=None, p=0.0, scale=None, *, op=None,
+                                   output_dtype=None):
+        if query.ndim == 5 and torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+            raise NotImplementedError("operator does not support BMGHK format")
+        shape = query.shape
+        q, k, v = (x.reshape(x.shape[1], -1, x.shape[-1]) for x in (query, key, value))  # (T, heads, D)
+        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        scores = scores.masked_fill(~attn_bias.materialize(), -math.inf)
+        return torch.einsum("hqk,khd->qhd", torch.softmax(scores, -1), v).reshape(shape)
+
+    attn_bias = types.SimpleNamespace(BlockDiagonalCausalFromBottomRightMask=BottomRight)
+    fmha = types.SimpleNamespace(attn_bias=attn_bias, memory_efficient_attention=memory_efficient_attention)
+    return types.SimpleNamespace(ops=types.SimpleNamespace(fmha=fmha))
+
+
+@pytest.mark.parametrize("window", [None, 2])
+def test_xformers_adapter_trains_through_the_autograd_api(monkeypatch, window):
+    import sys
+
+    import posfreq.train.attention as attention
+
+    fake = xformers_double()
+    monkeypatch.setitem(sys.modules, "xformers", fake)
+    monkeypatch.setitem(sys.modules, "xformers.ops", fake.ops)
+    lens_q, lens_k = [2, 5, 1], [4, 5, 3]
+    q, k, v = (packed(lens, h, 8, s).requires_grad_() for lens, h, s in ((lens_q, 4, 31), (lens_k, 2, 32), (lens_k, 2, 33)))
+    args = (cu(lens_q), cu(lens_k), 5, 5, window, False, 8**-0.5)
+    with torch.no_grad():  # inference keeps the grouped 5-D layout
+        torch.testing.assert_close(attention._xformers(q, k, v, *args).double(),
+                                   naive_attention(q, k, v, lens_q, lens_k, window)[0], atol=1e-5, rtol=1e-5)
+    attention._xformers(q, k, v, *args).pow(2).sum().backward()
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    naive_attention(qd, kd, vd, lens_q, lens_k, window)[0].pow(2).sum().backward()
+    for got, want in zip((q.grad, k.grad, v.grad), (qd.grad, kd.grad, vd.grad)):
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-4)

@@ -106,6 +106,15 @@ def test_without_grad_mode_only_the_loss_is_computed():
     torch.testing.assert_close(loss, plain_loss(hidden, weight, targets).detach(), rtol=1e-5, atol=1e-5)
 
 
+def test_liger_runs_only_where_it_trains():
+    """liger's forward allocates the gradient buffers whatever the grad mode: validation (no_grad) must not use it."""
+    from posfreq.train.loss import uses_liger
+
+    assert uses_liger("cuda", grad_enabled=True)
+    assert not uses_liger("cuda", grad_enabled=False)
+    assert not uses_liger("cpu", grad_enabled=True)
+
+
 def test_default_chunk_keeps_logits_under_the_cap():
     assert default_chunk_tokens(128_256) == 523  # 523 x 128,256 fp32 logits = 255.9 MiB
     assert default_chunk_tokens(128_256, cap_bytes=1) == 1

@@ -881,3 +881,59 @@ def test_the_last_step_of_an_invocation_is_logged_whatever_every_steps_says(data
     run(tiny(data_dir, tmp_path, stop_at_step=5, **{"logging.every_steps": 3}))
     logged = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert logged == [3, 5]  # step 5 ends this job (stop_at_step): a requeue must not leave it out
+
+
+def test_saves_validation_requeue_and_resume_with_collectives_that_return_device_tensors(
+        data_dir, tmp_path, monkeypatch, device_collectives):
+    """NCCL hands Fabric's collectives back on the GPU: every save, validation and requeue path must copy to host."""
+    probe = device_collectives(torch.ones(2))
+    with pytest.raises(TypeError, match="cuda:0 device type tensor to numpy"):
+        probe.numpy()
+    assert probe.tolist() == [1.0, 1.0] and probe.cpu().numpy().tolist() == [1.0, 1.0]  # the double is strict, not broken
+    val = {"data.val_dir": str(data_dir), "data.val_every_tokens": 2048, "data.val_rows": 4}
+    calls = []
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setattr(pretrain.subprocess, "run",
+                        lambda cmd, **kwargs: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    real_step = pretrain.Trainer._train_step
+
+    def step_then_signal(self, batches, n):
+        out = real_step(self, batches, n)
+        if self.step == 4:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return out
+
+    monkeypatch.setattr(pretrain.Trainer, "_train_step", step_then_signal)
+    cfg = tiny(data_dir, tmp_path / "run", **val)
+    first = run(cfg)  # milestone at step 4, latest every 2 steps, validation every 2 steps, SIGUSR1 -> requeue save
+    assert calls == [["scontrol", "requeue", "77"]] and first[-1]["step"] == 6
+    assert ckpt.read_trainer_state(tmp_path / "run/checkpoints/latest")["step"] == 6
+    monkeypatch.setattr(pretrain.Trainer, "_train_step", real_step)
+    second = run(cfg)  # --resume auto from the requeue's save
+    assert [r["step"] for r in first + second] == list(range(1, 9))
+    full = run(tiny(data_dir, tmp_path / "full", **val))
+    assert [r["loss"] for r in first + second] == [r["loss"] for r in full]
+    end = ckpt.milestone_name(8 * 1024)
+    assert np.array_equal(ckpt.load_trained_lengths(tmp_path / "run/checkpoints" / end),
+                          ckpt.load_trained_lengths(tmp_path / "full/checkpoints" / end))
+    validated = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines() if "val_loss" in x]
+    assert validated, "validation ran"
+
+
+def test_attention_backend_is_checked_before_launch_and_named_at_start(data_dir, tmp_path, monkeypatch, capsys):
+    import posfreq.train.attention as attention
+
+    monkeypatch.setattr(attention, "kernel_present", lambda name: True)  # as on a GPU node with everything built
+    gpu = {"accelerator": "cuda", "model.attention_backend": "auto"}
+    assert pretrain.attention_choice(config_from_dict(tiny(data_dir, tmp_path, **gpu, precision="bf16-mixed"))).startswith(
+        "attention: auto -> varlen (cuda, bfloat16, backward")
+    fp32 = config_from_dict(tiny(data_dir, tmp_path, **gpu, precision="32-true"))
+    assert "auto -> sdpa" in pretrain.attention_choice(fp32)  # no FlashAttention kernel takes float32
+    for backend in ("flash", "varlen"):
+        with pytest.raises(ConfigError, match=f"model.attention_backend: attention backend '{backend}' .*float32.*"
+                                              "Fix: choose 'sdpa'"):
+            pretrain.attention_choice(config_from_dict(tiny(data_dir, tmp_path, **{**gpu, "model.attention_backend":
+                                                                                     backend}, precision="32-true")))
+    monkeypatch.undo()
+    run(tiny(data_dir, tmp_path / "cpu", stop_at_step=1, **{"model.attention_backend": "auto"}))
+    assert "attention: auto -> sdpa (cpu, float32, backward)" in capsys.readouterr().out

@@ -8,57 +8,150 @@ query i of a sequence with Lq queries and Lk keys sees keys j <= i + Lk - Lq.
 
 Backends compute the same thing:
 - ``sdpa``: torch's scaled_dot_product_attention, batched over sequences of equal length.
-  Runs (and trains) everywhere; the reference the others are tested against.
-- ``flash``: flash-attn's `flash_attn_varlen_func` (CUDA only; `pip install .[gpu]`).
-- ``xformers``: a block-diagonal causal mask (CUDA only; no log-sum-exp).
-- ``flex``: torch FlexAttention with a document mask (compiled on CUDA; forward-only on CPU).
-- ``auto``: flash if installed and on CUDA, else flex on CUDA, else sdpa.
+  Runs (and trains) everywhere, in every dtype; the reference the others are tested against.
+- ``varlen``: torch's own variable-length FlashAttention (`torch.nn.attention.varlen`): CUDA
+  (compute capability >= 8.0), bf16/fp16, nothing to build. The CUDA default.
+- ``flash``: flash-attn's `flash_attn_varlen_func` (CUDA, bf16/fp16; an optional source build).
+- ``xformers``: memory-efficient attention with a block-diagonal causal mask (CUDA; no log-sum-exp).
+- ``flex``: torch FlexAttention with a document block mask (compiled on CUDA; forward-only on CPU).
+- ``auto``: the first of varlen, flash, sdpa that can run the call (see `resolve_backend`).
+
+flash and varlen return a log-sum-exp whose gradient their backward ignores, so a two-pass
+merge (STRING, ReRoPE, Self-Extend, DCA) that needs gradients is refused on them.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import importlib.util
 import math
 import warnings
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-BACKENDS = ("auto", "sdpa", "flash", "xformers", "flex")
-LSE_BACKENDS = ("sdpa", "flash", "flex")
+BACKENDS = ("auto", "sdpa", "varlen", "flash", "xformers", "flex")
+AUTO_ORDER = {"cuda": ("varlen", "flash", "sdpa"), "cpu": ("sdpa",)}
+"""What `auto` tries, in order, per device type: the first kernel that can run the call."""
+
+HALF = (torch.bfloat16, torch.float16)
+ANY_FLOAT = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _installed(module: str) -> bool:
+@dataclass(frozen=True)
+class Kernel:
+    """What one backend can run: devices, dtypes, log-sum-exp, backward, and where it comes from."""
+
+    devices: tuple[str, ...]
+    dtypes: tuple[torch.dtype, ...]
+    lse: bool
+    """Whether it returns the log-sum-exp."""
+    lse_backward: bool
+    """Whether its backward uses the gradient of that log-sum-exp (a two-pass merge needs it to train)."""
+    backward_devices: tuple[str, ...]
+    install: str
+    """How a user gets it."""
+
+
+KERNELS = {
+    "sdpa": Kernel(("cpu", "cuda"), ANY_FLOAT, True, True, ("cpu", "cuda"), "part of torch"),
+    "varlen": Kernel(("cuda",), HALF, True, False, ("cuda",),
+                     "part of torch >= 2.10 on CUDA GPUs of compute capability >= 8.0 (A100, H100)"),
+    "flash": Kernel(("cuda",), HALF, True, False, ("cuda",),
+                    "pip install flash-attn==2.8.3 --no-build-isolation (a CUDA source build; see the README)"),
+    "xformers": Kernel(("cuda",), ANY_FLOAT, False, False, ("cuda",),
+                       "pip install an xformers release built for your torch version (see the README)"),
+    "flex": Kernel(("cpu", "cuda"), ANY_FLOAT, True, True, ("cuda",), "part of torch"),
+}
+
+
+class BackendError(RuntimeError):
+    """An attention backend that cannot run the requested call; the message names one that can."""
+
+
+def _module_present(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+def _torch_flash_present() -> bool:
+    """torch's FlashAttention kernels exist in this build and the current GPU can run them (sm80+)."""
+    if not torch.cuda.is_available() or not torch.backends.cuda.is_flash_attention_available():
+        return False
+    return torch.cuda.get_device_capability() >= (8, 0)
+
+
+def kernel_present(name: str) -> bool:
+    """Whether backend `name`'s kernel is installed and usable here (device and dtype aside)."""
+    if name == "varlen":
+        return _torch_flash_present()
+    if name in ("flash", "xformers"):
+        return _module_present({"flash": "flash_attn"}.get(name, name))
+    return name in KERNELS
+
+
 def available_backends(device: torch.device | str) -> list[str]:
-    """The concrete backends that can run on `device` with what is installed."""
-    names = ["sdpa", "flex"]
-    if torch.device(device).type == "cuda":
-        names += [n for n, mod in (("flash", "flash_attn"), ("xformers", "xformers")) if _installed(mod)]
-    return names
+    """The concrete backends whose kernels are present and run on `device`."""
+    kind = torch.device(device).type
+    return [n for n, k in KERNELS.items() if kind in k.devices and kernel_present(n)]
 
 
-def resolve_backend(backend: str, device: torch.device | str, return_lse: bool = False) -> str:
-    """Turn ``auto`` into a concrete backend and refuse combinations that cannot run."""
+def why_not(name: str, device: str, dtype: torch.dtype, return_lse: bool = False, backward: bool = False) -> str | None:
+    """Why concrete backend `name` cannot run this call, or None when it can."""
+    kernel = KERNELS[name]
+    if device not in kernel.devices:
+        return f"it runs on {'/'.join(kernel.devices)} only, not {device}"
+    if not kernel_present(name):
+        return f"its kernel is not available here ({kernel.install})"
+    if dtype not in kernel.dtypes:
+        return f"it takes {'/'.join(str(d).removeprefix('torch.') for d in kernel.dtypes)} only, not {str(dtype).removeprefix('torch.')}"
+    if return_lse and not kernel.lse:
+        return "it cannot return the log-sum-exp a two-pass position scheme merges"
+    if backward and device not in kernel.backward_devices:
+        return f"it has no backward on {device}"
+    if backward and return_lse and not kernel.lse_backward:
+        return "its backward ignores the log-sum-exp's gradient, so a two-pass merge would train on wrong gradients"
+    return None
+
+
+def explain_backend(backend: str, device: torch.device | str, dtype: torch.dtype = torch.float32, *,
+                    return_lse: bool = False, backward: bool = False) -> tuple[str, str]:
+    """(concrete backend, why) for `backend` on this call; BackendError naming an alternative if it cannot run it."""
     if backend not in BACKENDS:
-        raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
-    on_cuda = torch.device(device).type == "cuda"
+        raise BackendError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    kind = torch.device(device).type
+    need = dict(device=kind, dtype=dtype, return_lse=return_lse, backward=backward)
+    what = f"{kind}, {str(dtype).removeprefix('torch.')}" + (", log-sum-exp" if return_lse else "") \
+        + (", backward" if backward else "")
     if backend == "auto":
-        if on_cuda and _installed("flash_attn"):
-            return "flash"
-        return "flex" if on_cuda else "sdpa"
-    if backend in ("flash", "xformers") and not on_cuda:
-        raise RuntimeError(f"attention backend {backend!r} needs a CUDA device; use 'sdpa' on CPU")
-    if backend in ("flash", "xformers") and not _installed({"flash": "flash_attn"}.get(backend, backend)):
-        raise RuntimeError(f"attention backend {backend!r} is not installed: pip install '.[gpu]'")
-    if return_lse and backend not in LSE_BACKENDS:
-        raise RuntimeError(f"attention backend {backend!r} cannot return the log-sum-exp; use one of {LSE_BACKENDS}")
-    return backend
+        skipped = []
+        for name in AUTO_ORDER.get(kind, ("sdpa",)):
+            reason = why_not(name, **need)
+            if reason is None:
+                passed = "".join(f"; not {n}: {r}" for n, r in skipped)
+                return name, f"auto -> {name} ({what}{passed})"
+            skipped.append((name, reason))
+        raise BackendError(f"no attention backend can run {what}")  # unreachable: sdpa runs everything
+    reason = why_not(backend, **need)
+    if reason is not None:
+        alternative, _ = explain_backend("auto", device, dtype, return_lse=return_lse, backward=backward)
+        raise BackendError(f"attention backend {backend!r} cannot run this call ({what}): {reason}. "
+                           f"Fix: choose {alternative!r} (what auto picks here) or 'sdpa', which runs everything")
+    return backend, f"{backend} (as asked; {what})"
+
+
+def resolve_backend(backend: str, device: torch.device | str, dtype: torch.dtype = torch.float32, *,
+                    return_lse: bool = False, backward: bool = False) -> str:
+    """The concrete backend for this call: `auto` picks one that can run it, a named one is checked."""
+    return explain_backend(backend, device, dtype, return_lse=return_lse, backward=backward)[0]
+
+
+def needs_backward(*tensors: Tensor) -> bool:
+    """Whether autograd will differentiate through an op on these tensors."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def varlen_attention(
@@ -87,8 +180,8 @@ def varlen_attention(
     if window is not None and window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    name = resolve_backend(backend, q.device, return_lse)
-    impl: Callable = {"sdpa": _sdpa, "flash": _flash, "xformers": _xformers, "flex": _flex}[name]
+    name = resolve_backend(backend, q.device, q.dtype, return_lse=return_lse, backward=needs_backward(q, k, v))
+    impl: Callable = {"sdpa": _sdpa, "varlen": _varlen, "flash": _flash, "xformers": _xformers, "flex": _flex}[name]
     return impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window, return_lse, scale)
 
 
@@ -198,14 +291,35 @@ def _sdpa(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
     return (out, lse) if return_lse else out
 
 
+def _causal_window(window: int | None) -> tuple[int, int]:
+    """FlashAttention's (left, right) window for bottom-right causal attention over keys at distance < window."""
+    return (-1, 0) if window is None else (window - 1, 0)
+
+
+def _lse_per_token(lse: Tensor, q: Tensor) -> Tensor:
+    """A varlen kernel's log-sum-exp, (H, Tq) as FlashAttention returns it, as (Tq, H) float32."""
+    if lse.dim() == 2 and lse.shape[0] == q.shape[1]:
+        return lse.transpose(0, 1).float()
+    raise RuntimeError(f"unexpected log-sum-exp shape {tuple(lse.shape)} for queries {tuple(q.shape)}")
+
+
+def _varlen(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
+    from torch.nn.attention.varlen import AuxRequest, varlen_attn
+
+    result = varlen_attn(
+        q, k, v, cu_q.int(), cu_k.int(), max_q, max_k,
+        return_aux=AuxRequest(lse=True) if return_lse else None, scale=scale,
+        window_size=_causal_window(window), enable_gqa=q.shape[1] != k.shape[1],
+    )
+    return (result[0], _lse_per_token(result[1], q)) if return_lse else result
+
+
 def _flash(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
     from flash_attn import flash_attn_varlen_func
 
     result = flash_attn_varlen_func(
         q, k, v, cu_q.int(), cu_k.int(), max_q, max_k,
-        softmax_scale=scale, causal=True,
-        window_size=(window - 1, 0) if window is not None else (-1, -1),
-        return_attn_probs=return_lse,
+        softmax_scale=scale, causal=True, window_size=_causal_window(window), return_attn_probs=return_lse,
     )
     if not return_lse:
         return result
@@ -213,24 +327,119 @@ def _flash(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
     if lse.dim() == 3:  # flash-attn < 2.4 pads the lse per sequence: (n, H, max_q)
         lens = (cu_q[1:] - cu_q[:-1]).tolist()
         lse = torch.cat([lse[i, :, :n] for i, n in enumerate(lens)], dim=1)
-    return out, lse.transpose(0, 1).float()
+    return out, _lse_per_token(lse, q)
 
 
 def _xformers(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
     from xformers.ops import fmha
 
     lens_q, lens_k = (cu_q[1:] - cu_q[:-1]).tolist(), (cu_k[1:] - cu_k[:-1]).tolist()
-    if window is None:
-        bias = fmha.attn_bias.BlockDiagonalCausalFromBottomRightMask.from_seqlens(lens_q, lens_k)
-    else:
-        bias = fmha.attn_bias.BlockDiagonalCausalLocalAttentionFromBottomRightMask.from_seqlens(lens_q, lens_k, window_size=window)
-    groups = q.shape[1] // k.shape[1]
-    hkv = k.shape[1]
-    q5 = q.view(1, q.shape[0], hkv, groups, q.shape[2])
+    bias = fmha.attn_bias.BlockDiagonalCausalFromBottomRightMask.from_seqlens(lens_q, lens_k)
+    if window is not None:  # keys at distance < window, as here (xformers' local masks have no from_seqlens)
+        bias = bias.make_local_attention_from_bottomright(window)
+    groups, kv_heads = q.shape[1] // k.shape[1], k.shape[1]
+    if groups > 1 and needs_backward(q, k, v):  # xformers' grouped (5-D) layout has no backward op: repeat K/V
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        groups, kv_heads = 1, q.shape[1]
+    # (1, T, Hkv, G, D): grouped-query heads as xformers' 5-D layout, K/V broadcast over the group.
+    q5 = q.view(1, q.shape[0], kv_heads, groups, q.shape[2])
     k5 = k.unsqueeze(2).expand(-1, -1, groups, -1).unsqueeze(0)
     v5 = v.unsqueeze(2).expand(-1, -1, groups, -1).unsqueeze(0)
-    out = fmha.memory_efficient_attention_forward(q5, k5, v5, attn_bias=bias, scale=scale)
+    if groups == 1:  # the plain (1, T, H, D) layout, which every op (and every backward) takes
+        q5, k5, v5 = q5[:, :, :, 0], k5[:, :, :, 0], v5[:, :, :, 0]
+    out = fmha.memory_efficient_attention(q5, k5, v5, attn_bias=bias, scale=scale)  # autograd-capable
     return out.reshape(q.shape)
+
+
+FLEX_BLOCK = 128
+"""FlexAttention's sparse block size; padded lengths are multiples of it."""
+
+FLEX_MAX_SHAPES = 64
+"""Compiled flex kernels kept (one per padded (Tq, Tk)); past it a call fails instead of falling back to a path
+that materialises the whole score matrix."""
+
+
+def flex_padded_length(n: int) -> int:
+    """Length a packed flex input is padded to: the next power of two >= FLEX_BLOCK, so the compiled kernel of one
+    padded shape serves every length up to it (few shapes, few compilations)."""
+    return max(FLEX_BLOCK, 1 << max(0, n - 1).bit_length())
+
+
+def _document_positions(cu: Tensor, total: int, padded: int, offset: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(document id, position within it) of each of `padded` slots; the padding slots get document -1."""
+    lengths = (cu[1:] - cu[:-1]).long()
+    doc = torch.full((padded,), -1, dtype=torch.int64, device=cu.device)
+    doc[:total] = torch.repeat_interleave(torch.arange(len(lengths), device=cu.device), lengths)
+    pos = torch.zeros(padded, dtype=torch.int64, device=cu.device)
+    pos[:total] = torch.arange(total, device=cu.device) - cu[:-1].long()[doc[:total]]
+    if offset is not None:
+        pos[:total] += offset[doc[:total]]
+    return doc, pos
+
+
+@dataclass(frozen=True)
+class _FlexLayout:
+    """Document ids and positions of padded queries and keys, and the document-causal rule over them."""
+
+    doc_q: Tensor
+    pos_q: Tensor  # bottom-right: the key position of each query's diagonal
+    doc_k: Tensor
+    pos_k: Tensor
+    window: int | None
+
+    def allowed(self, qi: Tensor, ki: Tensor) -> Tensor:
+        distance = self.pos_q[qi] - self.pos_k[ki]
+        same = (self.doc_q[qi] == self.doc_k[ki]) & (self.doc_q[qi] >= 0) & (distance >= 0)
+        return same & (distance < self.window) if self.window is not None else same
+
+
+_FLEX_MASKS: collections.OrderedDict = collections.OrderedDict()
+_FLEX_MASKS_KEPT = 8
+
+
+def flex_block_mask(cu_q: Tensor, cu_k: Tensor, total_q: int, total_k: int, window: int | None):
+    """The BlockMask of per-document bottom-right causal attention over padded flex inputs, built once per layout.
+
+    Every layer of a forward (and activation checkpointing's recompute) passes the same cu_seqlens tensors, so
+    the mask is kept, keyed by their identity, for the next call. It is built slab by slab of FLEX_BLOCK queries
+    (memory ~ FLEX_BLOCK x Tk), never over the whole Tq x Tk grid.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    key = (id(cu_q), id(cu_k), total_q, total_k, window)
+    hit = _FLEX_MASKS.get(key)
+    if hit is not None and hit[0] is cu_q and hit[1] is cu_k:
+        _FLEX_MASKS.move_to_end(key)
+        return hit[2]
+    padded_q, padded_k = flex_padded_length(total_q), flex_padded_length(total_k)
+    lens_q, lens_k = (cu_q[1:] - cu_q[:-1]).long(), (cu_k[1:] - cu_k[:-1]).long()
+    doc_q, pos_q = _document_positions(cu_q, total_q, padded_q, lens_k - lens_q)
+    doc_k, pos_k = _document_positions(cu_k, total_k, padded_k)
+    doc_k[total_k:] = -2  # padding keys belong to no query's document, padding queries' (-1) included
+    layout = _FlexLayout(doc_q, pos_q, doc_k, pos_k, window)
+    n_q, n_k = padded_q // FLEX_BLOCK, padded_k // FLEX_BLOCK
+    any_, full = [], []
+    keys = torch.arange(padded_k, device=cu_q.device)
+    for start in range(0, padded_q, FLEX_BLOCK):
+        queries = torch.arange(start, start + FLEX_BLOCK, device=cu_q.device)
+        slab = layout.allowed(queries[:, None], keys[None, :]).view(FLEX_BLOCK, n_k, FLEX_BLOCK)
+        any_.append(slab.any(dim=(0, 2)))
+        full.append(slab.all(dim=(0, 2)))
+    any_t, full_t = torch.stack(any_), torch.stack(full)
+
+    def blocks(chosen: Tensor) -> tuple[Tensor, Tensor]:  # per query block: how many kv blocks, and which first
+        order = torch.argsort(chosen.int(), dim=1, descending=True, stable=True)
+        return chosen.sum(1).int()[None, None], order.int()[None, None]
+
+    def mask_mod(b, h, qi, ki):
+        return layout.allowed(qi, ki)
+
+    mask = BlockMask.from_kv_blocks(*blocks(any_t & ~full_t), *blocks(full_t), BLOCK_SIZE=FLEX_BLOCK,
+                                    mask_mod=mask_mod, seq_lengths=(padded_q, padded_k))
+    _FLEX_MASKS[key] = (cu_q, cu_k, mask)
+    while len(_FLEX_MASKS) > _FLEX_MASKS_KEPT:
+        _FLEX_MASKS.popitem(last=False)
+    return mask
 
 
 @functools.lru_cache(maxsize=1)
@@ -241,31 +450,24 @@ def _compiled_flex():
 
 
 def _flex(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
-    device = q.device
-    lens_q, lens_k = cu_q[1:] - cu_q[:-1], cu_k[1:] - cu_k[:-1]
-    doc_q = torch.repeat_interleave(torch.arange(len(lens_q), device=device), lens_q.long())
-    doc_k = torch.repeat_interleave(torch.arange(len(lens_k), device=device), lens_k.long())
-    # Key position of each query's diagonal, so the mask is bottom-right causal per document.
-    pos_q = torch.arange(q.shape[0], device=device) - cu_q[:-1].long()[doc_q] + (lens_k - lens_q).long()[doc_q]
-    pos_k = torch.arange(k.shape[0], device=device) - cu_k[:-1].long()[doc_k]
+    total_q, total_k = q.shape[0], k.shape[0]
+    block_mask = flex_block_mask(cu_q, cu_k, total_q, total_k, window)
+    padded_q, padded_k = block_mask.seq_lengths
 
-    def mask_mod(b, h, qi, ki):
-        distance = pos_q[qi] - pos_k[ki]
-        allowed = (doc_q[qi] == doc_k[ki]) & (distance >= 0)
-        return allowed & (distance < window) if window is not None else allowed
+    def heads_first(x: Tensor, padded: int) -> Tensor:  # (T, H, D) -> (1, H, padded, D)
+        return F.pad(x, (0, 0, 0, 0, 0, padded - x.shape[0])).transpose(0, 1).unsqueeze(0)
 
-    block_mask = create_block_mask(mask_mod, 1, 1, q.shape[0], k.shape[0], device=device.type if device.type == "cpu" else device)
-    fn = _compiled_flex() if device.type == "cuda" else flex_attention
-    groups = q.shape[1] // k.shape[1]
-    with warnings.catch_warnings():  # CPU runs flex unfused on purpose (it is forward-only there anyway)
-        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-        result = fn(
-            q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
-            block_mask=block_mask, scale=scale, enable_gqa=groups > 1, return_lse=return_lse,
-        )
-    if not return_lse:
-        return result[0].transpose(0, 1)
-    out, lse = result
-    return out[0].transpose(0, 1), lse[0].transpose(0, 1).float()
+    args = (heads_first(q, padded_q), heads_first(k, padded_k), heads_first(v, padded_k))
+    kwargs = dict(block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1], return_lse=return_lse)
+    if q.device.type == "cuda":
+        with torch._dynamo.config.patch(recompile_limit=FLEX_MAX_SHAPES, fail_on_recompile_limit_hit=True):
+            result = _compiled_flex()(*args, **kwargs)
+    else:
+        with warnings.catch_warnings():  # CPU runs flex unfused on purpose (it is forward-only there anyway)
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            result = flex_attention(*args, **kwargs)
+    out, lse = result if return_lse else (result, None)
+    out = out[0, :, :total_q].transpose(0, 1)
+    return (out, lse[0, :, :total_q].transpose(0, 1).float()) if return_lse else out

@@ -113,16 +113,23 @@ def _liger_loss() -> Callable[..., Tensor] | None:
     return liger_fused_linear_cross_entropy
 
 
+def uses_liger(device_type: str, grad_enabled: bool) -> bool:
+    """Whether the loss runs liger's kernel: on CUDA while training only. Its forward builds the gradient buffers
+    whatever the grad mode (a V x d weight gradient: 1 GiB at a 128K vocabulary), so evaluation takes the
+    chunked path, which computes the loss alone."""
+    return device_type == "cuda" and grad_enabled
+
+
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int = IGNORE_INDEX,
                          chunk_tokens: int | None = None) -> Tensor:
     """Sum over targets != ignore_index of cross_entropy(hidden @ weight.T, target), an fp32 scalar.
 
     hidden (..., d), weight (V, d), targets (...) of ints. `chunk_tokens` (default: a chunk's fp32
     logits within CHUNK_LOGITS_BYTES) bounds the logits held at once; liger's kernel, used on CUDA
-    when installed, chooses its own.
+    when installed and gradients are on (`uses_liger`), chooses its own.
     """
     hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
-    fused = _liger_loss() if hidden.is_cuda else None
+    fused = _liger_loss() if uses_liger(hidden.device.type, torch.is_grad_enabled()) else None
     if fused is not None:
         return fused(hidden, weight, targets, ignore_index=ignore_index, reduction="sum",
                      accum_dtype=torch.float32).float()

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from posfreq.train.attention import cached_attention, resolve_backend, varlen_attention
+from posfreq.train.attention import cached_attention, needs_backward, resolve_backend, varlen_attention
 from posfreq.train.rotary import Rotary, RotaryBase, ntk_inv_freq, yarn_parameters
 
 DENSE_BLOCK = 256
@@ -121,7 +121,7 @@ class PositionScheme:
         """Attention output (Tq, H, D) of the un-rotated queries over the rotated keys, each pair at the scheme's distance."""
         q = self.rotary.rotate(x.q, x.pos_q)
         cached = x.cached_kv
-        if cached is not None and resolve_backend(x.backend, q.device) == "sdpa":
+        if cached is not None:  # decoding reads the cache in place on every backend (packing it copies it all)
             k, v = cached
             return cached_attention(q.reshape(k.shape[0], -1, *q.shape[1:]), k, v).reshape(q.shape)
         return varlen_attention(
@@ -209,7 +209,7 @@ def windowed_attention(q: Tensor, x: AttentionInputs, window: int) -> tuple[Tens
     """
     lens_q, lens_k = _lengths(x.cu_seqlens_q), _lengths(x.cu_seqlens_k)
     blocked = (
-        resolve_backend(x.backend, q.device, return_lse=True) == "sdpa"
+        resolve_backend(x.backend, q.device, q.dtype, return_lse=True, backward=needs_backward(q, x.keys)) == "sdpa"
         and x.max_seqlen_q > window > 1
         and torch.equal(lens_q, lens_k)
     )

@@ -52,6 +52,7 @@ import torch
 from torch import nn
 
 from posfreq.train import checkpoint as ckpt
+from posfreq.train.attention import BackendError, explain_backend
 from posfreq.train.config import ModelConfig, model_preset
 from posfreq.train.loss import head_returns_loss
 from posfreq.train.model import Transformer
@@ -379,8 +380,9 @@ class Trainer:
         return self.step * self.cfg.global_batch_tokens
 
     def _global_lengths(self) -> np.ndarray:
+        """The trained-length histogram summed over ranks. On NCCL the sum comes back on the GPU: copied to host."""
         counts = torch.from_numpy(self.trained_lengths.copy())
-        return self.fabric.all_reduce(counts, reduce_op="sum").numpy().astype(np.int64)
+        return self.fabric.all_reduce(counts, reduce_op="sum").cpu().numpy().astype(np.int64)
 
     def save(self, final: Path, weights_only: bool = False) -> Path:
         """Save model (+ optimizer), sampler, schedule, RNG and the trained-length histogram."""
@@ -677,12 +679,32 @@ def _wandb_report(cfg: TrainConfig) -> str:
             f"(from {out / WANDB_ID_FILE}: every job of this run directory resumes it)")
 
 
+def resolved_accelerator(cfg: TrainConfig) -> str:
+    """`cpu` or `cuda`: the config's accelerator, `auto` meaning cuda when a GPU is visible."""
+    return cfg.accelerator if cfg.accelerator != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def compute_dtype(precision: str) -> torch.dtype:
+    """The dtype attention sees: bf16 parameters under FSDP2's bf16-mixed policy, float32 under 32-true."""
+    return torch.bfloat16 if precision == "bf16-mixed" else torch.float32
+
+
+def attention_choice(cfg: TrainConfig) -> str:
+    """The attention backend this run trains with and why, checked before launch (ConfigError if it cannot run)."""
+    try:
+        _, why = explain_backend(cfg.model.attention_backend, resolved_accelerator(cfg), compute_dtype(cfg.precision),
+                                 backward=True)
+    except BackendError as err:
+        raise ConfigError(f"model.attention_backend: {err}") from None
+    return f"attention: {why}"
+
+
 def build_fabric(cfg: TrainConfig):
     """Fabric with ModelParallelStrategy(FSDP2) for this config (not yet launched)."""
     from lightning.fabric import Fabric
     from lightning.fabric.strategies import ModelParallelStrategy
 
-    accelerator = cfg.accelerator if cfg.accelerator != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    accelerator = resolved_accelerator(cfg)
     devices = cfg.devices if cfg.devices != "auto" else (torch.cuda.device_count() if accelerator == "cuda" else 1)
     world = int(devices) * cfg.num_nodes
     mixed = cfg.precision == "bf16-mixed"
@@ -707,7 +729,7 @@ def _lock_run_dir(cfg: TrainConfig, fabric) -> RunLock | None:
     return lock
 
 
-def _start(cfg: TrainConfig, fabric, plan: Plan) -> None:
+def _start(cfg: TrainConfig, fabric, plan: Plan, attention: str) -> None:
     """Rank 0: clear interrupted writes (safe: this job holds the lock) and report the run and its resume point."""
     for path in ckpt.remove_stale_temporaries(cfg.out):
         LOG.info(f"removed an interrupted checkpoint write: {path}")
@@ -717,6 +739,7 @@ def _start(cfg: TrainConfig, fabric, plan: Plan) -> None:
         LOG.info(plan.schedule_change)
     if cfg.logging.logger == "wandb":
         LOG.info(_wandb_report(cfg))
+    LOG.info(attention)
     LOG.info(f"{plan.model_config.num_params():,} parameters; {fabric.world_size} processes x "
                  f"{plan.accumulation} micro-batches x {cfg.micro_batch_rows} rows x {cfg.data.train_len} tokens "
                  f"= {cfg.global_batch_tokens:,} tokens/step; {plan.total_steps:,} steps")
@@ -732,11 +755,12 @@ def train(cfg: TrainConfig) -> list[dict]:
     try:
         fabric = build_fabric(cfg)
         plan = Plan(cfg, fabric.world_size)  # every check before any process or compute starts
+        attention = attention_choice(cfg)
         fabric.launch()
         start_console(fabric.global_rank == 0)
         lock = _lock_run_dir(cfg, fabric)
         if fabric.global_rank == 0:
-            _start(cfg, fabric, plan)
+            _start(cfg, fabric, plan, attention)
         fabric.barrier()
         trainer = Trainer(cfg, fabric, plan, signals)
         history = trainer.fit()
