@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "effective-length": ("posfreq.analysis.effective_length", "re-derive a run's effective lengths from its probe records"),
     "compare": ("posfreq.analysis.compare", "effective length across runs and seeds, with intervals and verdicts"),
     "export-hf": ("posfreq.scripts.export_hf", "write a checkpoint as a Hugging Face Llama model directory"),
+    "doctor": ("posfreq.train.doctor", "smoke-test a GPU node (NCCL pretraining, attention kernels, probe, loss) first"),
     "demo": ("posfreq.scripts.demo", "the CPU miniature of the whole study (train, probe, compare, report)"),
 }
 

@@ -450,7 +450,7 @@ def _compiled_flex():
 
 
 def _flex(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
-    from torch.nn.attention.flex_attention import flex_attention
+    from torch.nn.attention.flex_attention import AuxRequest, flex_attention
 
     total_q, total_k = q.shape[0], k.shape[0]
     block_mask = flex_block_mask(cu_q, cu_k, total_q, total_k, window)
@@ -460,7 +460,8 @@ def _flex(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
         return F.pad(x, (0, 0, 0, 0, 0, padded - x.shape[0])).transpose(0, 1).unsqueeze(0)
 
     args = (heads_first(q, padded_q), heads_first(k, padded_k), heads_first(v, padded_k))
-    kwargs = dict(block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1], return_lse=return_lse)
+    kwargs = dict(block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
+                  return_aux=AuxRequest(lse=True) if return_lse else None)
     if q.device.type == "cuda":
         with torch._dynamo.config.patch(recompile_limit=FLEX_MAX_SHAPES, fail_on_recompile_limit_hit=True):
             result = _compiled_flex()(*args, **kwargs)
@@ -468,6 +469,6 @@ def _flex(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
         with warnings.catch_warnings():  # CPU runs flex unfused on purpose (it is forward-only there anyway)
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
             result = flex_attention(*args, **kwargs)
-    out, lse = result if return_lse else (result, None)
+    out, lse = (result[0], result[1].lse) if return_lse else (result, None)
     out = out[0, :, :total_q].transpose(0, 1)
     return (out, lse[0, :, :total_q].transpose(0, 1).float()) if return_lse else out
