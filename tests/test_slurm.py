@@ -102,3 +102,11 @@ def test_probe_submits_a_gpu_array_and_a_cpu_merge(tmp_path):
     assert merge[:3] == ["sbatch", "--parsable", "--dependency=afterany:ARRAY_JOB_ID"]
     assert merge[3:] == ["slurm/probe_merge.sh", str(tmp_path), "--lengths", "1024"]
     assert "--gpus" not in (ROOT / "slurm/probe_merge.sh").read_text()
+
+
+def test_doctor_job_runs_the_doctor_on_one_node_as_one_task():
+    text = (ROOT / "slurm/doctor.sh").read_text()
+    for line in ("#SBATCH --nodes=1", "#SBATCH --ntasks=1", "#SBATCH --gpus-per-node=8"):
+        assert line in text
+    cmd = dry_run(ROOT / "slurm/doctor.sh", PYTHON=".venv/bin/python", OUT_DIR="/runs/doc")
+    assert cmd == [".venv/bin/python", "-m", "posfreq.train.doctor", "--out", "/runs/doc", "--device", "cuda"]
