@@ -60,10 +60,10 @@ from posfreq.analysis.niah import (
     load_haystack,
     score_answer,
 )
-from posfreq.train.attention import BACKENDS
+from posfreq.train.attention import BACKENDS, BackendError, explain_backend
 from posfreq.train.cli import code_version, command_parser, parse, parse_shard
 from posfreq.train.fingerprint import code_sha256
-from posfreq.train.positions import SCHEMES
+from posfreq.train.positions import SCHEMES, SINGLE_PASS_SCHEMES
 from posfreq.train.tokenizer import Tokenizer, get_tokenizer
 
 Precision = Literal["auto", "float32", "bfloat16", "bfloat16-prefill"]
@@ -406,6 +406,16 @@ class Job:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 or null, got {getattr(self, name)}")
         self.settings = replace(self.settings, precision=resolve_precision(self.settings.precision, self.device))
+        self.attention = self._attention_choice()
+
+    def _attention_choice(self) -> str:
+        """The attention backend the probe runs and why; ValueError when the asked one cannot run this probe."""
+        dtype = torch.bfloat16 if self.settings.precision in ("bfloat16", "bfloat16-prefill") else torch.float32
+        merges = self.settings.positions not in SINGLE_PASS_SCHEMES  # two passes merged by their log-sum-exp
+        try:
+            return explain_backend(self.attention_backend, self.device, dtype, return_lse=merges)[1]
+        except BackendError as err:
+            raise ValueError(f"--attention-backend: {err}") from None
 
     def batch_for(self, length: int) -> int:
         """Tests of `length` tokens decoded together: batch_size, fewer where batch_tokens caps it (never 0)."""
@@ -506,6 +516,8 @@ def execute(plans: Sequence[Plan], job: Job) -> None:
     from tqdm.auto import tqdm
 
     total = sum(len(p.pending) for p in plans) * job.settings.tests_per_length
+    if total and job.show_progress:
+        print(f"attention: {job.attention}", file=sys.stderr)
     with tqdm(total=total, unit="test", disable=not job.show_progress or total == 0, dynamic_ncols=True,
               desc="probe") as bar:
         for plan in plans:

@@ -133,6 +133,23 @@ def test_lengths_and_options_parsing():
     assert args.position_options == {"shift": 1365, "mode": "fast"} and args.teacher_forced is False
 
 
+def test_the_attention_backend_is_checked_for_the_probe_it_runs(monkeypatch):
+    """On a GPU the probe runs in bf16; a two-pass scheme needs a kernel that returns the log-sum-exp."""
+    import posfreq.train.attention as attention
+
+    monkeypatch.setattr(attention, "kernel_present", lambda name: True)
+    gpu = torch.device("cuda")
+    job = probe.Job(probe.ProbeSettings(positions="string"), None, 1, gpu)
+    assert job.attention.startswith("auto -> varlen (cuda, bfloat16, log-sum-exp")
+    with pytest.raises(ValueError, match="--attention-backend: attention backend 'xformers' .*log-sum-exp"):
+        probe.Job(probe.ProbeSettings(positions="string"), None, 1, gpu, attention_backend="xformers")
+    assert probe.Job(probe.ProbeSettings(), None, 1, gpu, attention_backend="xformers").attention.startswith("xformers")
+    fp32 = probe.Job(probe.ProbeSettings(precision="float32"), None, 1, gpu)
+    assert fp32.attention.startswith("auto -> sdpa")  # FlashAttention kernels refuse float32
+    with pytest.raises(ValueError, match="'flash' .*float32"):
+        probe.Job(probe.ProbeSettings(precision="float32"), None, 1, gpu, attention_backend="flash")
+
+
 def test_settings_are_checked_and_precision_resolved():
     """Checks live in the dataclasses (so a library caller gets them too); the CLI turns them into usage errors."""
     with pytest.raises(ValueError, match="bos"):

@@ -622,6 +622,8 @@ _BUILDERS = {
 }
 
 SCHEMES = tuple(_BUILDERS)
+SINGLE_PASS_SCHEMES = ("rope", "ntk", "yarn")
+"""Schemes whose attention is one causal pass; the others merge passes by their log-sum-exp."""
 
 
 def build_scheme(name: str, rope: RotaryBase, train_len: int, **options) -> PositionScheme:
