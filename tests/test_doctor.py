@@ -10,7 +10,7 @@ from posfreq.train import doctor
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
-CPU_CHECKS = {"environment", "pretrain-fp32", "attention-flex", "probe-flex", "loss"}
+CPU_CHECKS = {"environment", "pretrain-bf16", "pretrain-fp32", "attention-flex", "probe-flex", "loss"}
 
 
 def test_cpu_subset_passes_and_gpu_checks_are_skipped_with_a_reason(tmp_path, capsys):
@@ -19,13 +19,13 @@ def test_cpu_subset_passes_and_gpu_checks_are_skipped_with_a_reason(tmp_path, ca
     status = {c["name"]: c for c in report["checks"]}
     assert {n for n, c in status.items() if c["status"] == "PASS"} == CPU_CHECKS
     skipped = {n: c["detail"] for n, c in status.items() if c["status"] == "SKIPPED"}
-    assert set(skipped) == {"pretrain-bf16", "attention-varlen", "attention-flash", "attention-xformers",
+    assert set(skipped) == {"attention-varlen", "attention-flash", "attention-xformers",
                             "probe-varlen", "probe-flash", "probe-xformers"}
     assert all("cuda" in why or "GPU" in why for why in skipped.values()), skipped
     assert "histograms equal" in status["pretrain-fp32"]["detail"]
     assert all(c["seconds"] >= 0 for c in report["checks"])
     table = capsys.readouterr().out
-    assert "5 passed, 0 failed, 7 skipped" in table and "pretrain-fp32       PASS" in table
+    assert "6 passed, 0 failed, 6 skipped" in table and "pretrain-fp32       PASS" in table
     # A second run replaces only its own files
     assert doctor.main(["--out", str(tmp_path / "doc"), "--device", "cpu"]) == 0
 

@@ -369,7 +369,7 @@ def _document_positions(cu: Tensor, total: int, padded: int, offset: Tensor | No
     """(document id, position within it) of each of `padded` slots; the padding slots get document -1."""
     lengths = (cu[1:] - cu[:-1]).long()
     doc = torch.full((padded,), -1, dtype=torch.int64, device=cu.device)
-    doc[:total] = torch.repeat_interleave(torch.arange(len(lengths), device=cu.device), lengths)
+    doc[:total] = torch.repeat_interleave(torch.arange(len(lengths), device=cu.device), lengths, output_size=total)
     pos = torch.zeros(padded, dtype=torch.int64, device=cu.device)
     pos[:total] = torch.arange(total, device=cu.device) - cu[:-1].long()[doc[:total]]
     if offset is not None:

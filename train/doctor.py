@@ -285,7 +285,8 @@ def attention_check(backend: str, device: torch.device) -> str:
 
 def probe_check(checkpoint: Path | None, backend: str, device: torch.device) -> str:
     """Teacher-forced log-probs and greedy answers of the tiny checkpoint under rope/string/dca: backend vs sdpa."""
-    from posfreq.analysis.probe import autocast
+    import contextlib
+
     from posfreq.train.checkpoint import load_model
 
     if checkpoint is None:
@@ -305,7 +306,8 @@ def probe_check(checkpoint: Path | None, backend: str, device: torch.device) -> 
         results = {}
         for name in (backend, "sdpa"):
             model.attention_backend = name
-            with torch.inference_mode(), autocast(precision, device):
+            cast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
+            with torch.inference_mode(), cast:  # as the probe runs: bf16 autocast over float32 weights on a GPU
                 logprobs, _ = model.target_logprobs(prompts, L // 2)
                 answers = model.generate(prompts, 8)
             results[name] = logprobs.float().cpu(), answers
@@ -352,12 +354,8 @@ def run_doctor(out: Path, device: torch.device) -> list[CheckResult]:
     processes = torch.cuda.device_count() if device.type == "cuda" else 1
     checkpoint = None
     for precision, label in (("bf16-mixed", "pretrain-bf16"), ("32-true", "pretrain-fp32")):
-        def body(precision=precision, label=label) -> str:
-            if device.type == "cpu" and precision == "bf16-mixed":
-                raise Skipped("bf16-mixed is the GPU configuration (no CUDA device here)")
-            return pretrain_check(out / label, data, device, precision, processes)
-
-        results.append(run_check(label, body, device, children=True))
+        results.append(run_check(label, lambda p=precision, n=label: pretrain_check(out / n, data, device, p, processes),
+                                 device, children=True))
         run = out / label / "uninterrupted" / ckpt.CHECKPOINTS
         if checkpoint is None and results[-1].status == "PASS":
             checkpoint = max(run.glob("tokens-*"))

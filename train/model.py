@@ -25,7 +25,7 @@ from posfreq.train.rotary import RotaryBase
 def positions_in_sequences(cu_seqlens: Tensor, total: int) -> Tensor:
     """Position of every packed token within its own sequence: 0, 1, ... restarting at each start."""
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    starts = torch.repeat_interleave(cu_seqlens[:-1].long(), lengths)
+    starts = torch.repeat_interleave(cu_seqlens[:-1].long(), lengths, output_size=total)  # no host sync on CUDA
     return torch.arange(total, device=cu_seqlens.device) - starts
 
 

@@ -128,8 +128,11 @@ def make_parallelize(mixed_precision: bool, activation_checkpointing: bool):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         dp_mesh = mesh["data_parallel"]
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision \
-            else MixedPrecisionPolicy()
+        # cast_forward_inputs=False: FSDP2 would rebuild every dataclass among a block's inputs to cast its tensors
+        # (the ForwardContext, its scheme and Rotary: a crash on Rotary's init=False memo, and bf16 RoPE frequencies).
+        # The blocks' activations are bf16 anyway: they come from the bf16 embedding.
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                      cast_forward_inputs=False) if mixed_precision else MixedPrecisionPolicy()
         for i, block in enumerate(model.layers):
             if activation_checkpointing:
                 _checkpointed(block)
