@@ -405,3 +405,25 @@ def test_distance_picture(tmp_path):
     schemes = [scheme_for("rope", {}, 9), scheme_for("string", {"shift": 3, "window": 0}, 9), scheme_for("string", {"shift": 3, "window": 1}, 9)]
     path = plot_position_distances(schemes, 9, tmp_path / "fig5")[0]
     assert path.stat().st_size > 1000
+
+
+def test_float32_passes_stay_float32_under_bf16_autocast():
+    """The probe runs under bf16 autocast on a GPU: the dense passes documented as float32 must not be cast back."""
+    from posfreq.train.attention import _attend_dense
+    from posfreq.train.positions import _dense_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(6, 4, 16, generator=g) for _ in range(3))
+    allowed = torch.rand(6, 6, generator=g) > 0.3
+    allowed[:, 0] = True
+    want = _dense_attention(q.double(), k.double(), v.double(), allowed)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = _dense_attention(q, k, v, allowed)
+        out, lse = _attend_dense(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                 None, True, True, 0.25)
+    torch.testing.assert_close(got[1].double(), want[1].double(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[0].double(), want[0].double(), atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        plain = _attend_dense(q.transpose(0, 1)[None].double(), k.transpose(0, 1)[None].double(),
+                              v.transpose(0, 1)[None].double(), None, True, True, 0.25)
+    torch.testing.assert_close(lse.double(), plain[1].double(), atol=1e-5, rtol=1e-5)

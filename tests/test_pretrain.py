@@ -953,3 +953,23 @@ def test_bf16_mixed_with_activation_checkpointing_trains_and_resumes_exactly(dat
     assert fp32[0]["loss"] == pytest.approx(full[0]["loss"], rel=2e-2)  # bf16 compute of the same first step
     state = weights(tmp_path / "full/checkpoints" / ckpt.milestone_name(4 * 1024))
     assert all(t.dtype == torch.float32 for t in state.values())  # fp32 master weights are what is saved
+
+
+def test_cuda_rng_is_saved_per_rank_device_and_restores_on_a_node_of_another_size(monkeypatch):
+    """Each rank drives one GPU: its state alone is saved, and an older all-GPU list restores this rank's entry
+    (not an IndexError on a node with fewer GPUs)."""
+    set_calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.tensor([7], dtype=torch.uint8))
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: pytest.fail("every GPU's state saved by one rank"))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": set_calls.append(state.tolist()))
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: pytest.fail("restores every GPU"))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    state = ckpt.capture_rng()
+    assert state["cuda_device"].tolist() == [7]
+    ckpt.restore_rng(state)
+    older = {**{k: v for k, v in state.items() if k != "cuda_device"},
+             "cuda": [torch.tensor([i], dtype=torch.uint8) for i in range(8)]}
+    ckpt.restore_rng(older)  # saved on 8 GPUs, restored by rank 1 of a smaller node
+    assert set_calls == [[7], [1]]

@@ -259,14 +259,16 @@ def _attend_dense(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: 
         return out, lse.float()
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
-    if causal:
-        mask = causal_mask(q.shape[2], k.shape[2], None, q.device)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, -math.inf)
-    lse = torch.logsumexp(scores, dim=-1)
-    probs = torch.exp(scores - lse.unsqueeze(-1).clamp_min(-1e30)).nan_to_num(0.0)
-    return torch.matmul(probs, v.float()).to(q.dtype), lse
+    with torch.autocast(q.device.type, enabled=False):  # float32 scores even under bf16 autocast
+        scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+        if causal:
+            mask = causal_mask(q.shape[2], k.shape[2], None, q.device)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, -math.inf)
+        lse = torch.logsumexp(scores, dim=-1)
+        probs = torch.exp(scores - lse.unsqueeze(-1).clamp_min(-1e30)).nan_to_num(0.0)
+        out = torch.matmul(probs, v.float())
+    return out.to(q.dtype), lse
 
 
 def _sdpa(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):

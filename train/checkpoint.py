@@ -243,8 +243,8 @@ def capture_rng() -> dict:
     name, keys, pos, has_gauss, cached = np.random.get_state()
     state = {"python": random.getstate(), "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
              "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # this rank's GPU only: a node of another size
+        state["cuda_device"] = torch.cuda.get_rng_state()          # can resume it (one generator per rank is used)
     return state
 
 
@@ -255,8 +255,14 @@ def restore_rng(state: dict) -> None:
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if not torch.cuda.is_available():
+        return
+    if "cuda_device" in state:
+        torch.cuda.set_rng_state(state["cuda_device"])
+    elif "cuda" in state:  # older checkpoints: every visible GPU's state; this rank's device is the one it used
+        index = torch.cuda.current_device()
+        if index < len(state["cuda"]):
+            torch.cuda.set_rng_state(state["cuda"][index])
 
 
 def rng_file(directory: Path, rank: int) -> Path:

@@ -431,12 +431,13 @@ class SelfExtendScheme(SplitScheme):
 def _dense_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
     """Non-causal float32 attention of q (Lq, H, D) over k, v (Lk, Hkv, D) with a boolean (Lq, Lk) mask; returns (out, lse)."""
     hkv, groups = k.shape[1], q.shape[1] // k.shape[1]
-    qg = q.float().view(q.shape[0], hkv, groups, q.shape[2])
-    scores = torch.einsum("qhgd,khd->qhgk", qg, k.float()) / math.sqrt(q.shape[-1])
-    scores = scores.masked_fill(~allowed[:, None, None, :], -math.inf)
-    lse = torch.logsumexp(scores, dim=-1)
-    probs = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(0.0)
-    out = torch.einsum("qhgk,khd->qhgd", probs, v.float())
+    with torch.autocast(q.device.type, enabled=False):  # float32 means float32 under the probe's bf16 autocast too
+        qg = q.float().view(q.shape[0], hkv, groups, q.shape[2])
+        scores = torch.einsum("qhgd,khd->qhgk", qg, k.float()) / math.sqrt(q.shape[-1])
+        scores = scores.masked_fill(~allowed[:, None, None, :], -math.inf)
+        lse = torch.logsumexp(scores, dim=-1)
+        probs = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(0.0)
+        out = torch.einsum("qhgk,khd->qhgd", probs, v.float())
     return out.reshape(q.shape).to(q.dtype), lse.reshape(q.shape[:2])
 
 
