@@ -973,3 +973,14 @@ def test_cuda_rng_is_saved_per_rank_device_and_restores_on_a_node_of_another_siz
              "cuda": [torch.tensor([i], dtype=torch.uint8) for i in range(8)]}
     ckpt.restore_rng(older)  # saved on 8 GPUs, restored by rank 1 of a smaller node
     assert set_calls == [[7], [1]]
+
+
+def test_gpu_names_map_to_their_own_peak():
+    from posfreq.train.flops import peak_of_device_name
+
+    assert peak_of_device_name("NVIDIA A100-SXM4-80GB") == 312e12
+    assert peak_of_device_name("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_of_device_name("NVIDIA H100 PCIe") == 756e12  # not the SXM part's peak
+    assert peak_of_device_name("NVIDIA L40S") == 362e12  # not the L4's
+    assert peak_of_device_name("NVIDIA L4") == 121e12
+    assert peak_of_device_name("NVIDIA GeForce RTX 4090") is None  # unknown: MFU is not guessed

@@ -31,7 +31,7 @@ as FSDP2 pads it; a = 2 under bf16-mixed, 4 under 32-true):
 The gradients of activations in backward (about one block's worth) and fragmentation are left to
 the margin (MARGIN of the GPU's memory, with the CUDA context).
 
-Time: FLOPs per optimizer step are the trainer's own (train.pretrain.step_flops, the formula its
+Time: FLOPs per optimizer step are the trainer's own (train.flops.step_flops, the formula its
 logged MFU uses): 6 N tokens + 6 n_layers d sum over segments s(s + 1), with N the matmul
 parameters (all but the input embedding; the head counts), evaluated for full rows of L tokens
 (one document per row, the upper bound of per-document attention), i.e. per token
@@ -51,7 +51,7 @@ from torch import nn
 from posfreq.train.config import ModelConfig, model_preset
 from posfreq.train.loss import default_chunk_tokens
 from posfreq.train.model import Transformer
-from posfreq.train.pretrain import step_flops
+from posfreq.train.flops import PEAK_BF16_FLOPS, step_flops
 from posfreq.train.cli import parse
 from posfreq.train.run_config import ConfigError, TrainConfig, config_from_dict
 from posfreq.train.run_config import build_parser as train_parser
@@ -68,10 +68,10 @@ class Gpu:
 
 
 GPUS = {
-    "a100-40gb": Gpu(312e12, 40),
-    "a100-80gb": Gpu(312e12, 80),
-    "h100-sxm": Gpu(989e12, 80),
-    "h100-pcie": Gpu(756e12, 80),
+    "a100-40gb": Gpu(PEAK_BF16_FLOPS["a100"], 40),
+    "a100-80gb": Gpu(PEAK_BF16_FLOPS["a100"], 80),
+    "h100-sxm": Gpu(PEAK_BF16_FLOPS["h100-sxm"], 80),
+    "h100-pcie": Gpu(PEAK_BF16_FLOPS["h100-pcie"], 80),
 }
 GpuName = Literal[tuple(GPUS)]
 MARGIN = 0.10  # of the GPU's memory, kept for the CUDA context, the allocator and backward's transients

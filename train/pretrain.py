@@ -12,12 +12,8 @@ accumulates ``global rows / (world * micro_batch_rows)`` micro-batches. The loss
 the token cross-entropies over all targets of the global batch divided by their number, so k
 accumulated micro-batches give the update of one batch k times larger.
 
-MFU formula (per optimizer step, "model FLOPs"):
-    6 * N * tokens  +  6 * n_layers * d_model * sum over attention segments s of s * (s + 1)
-with N the matmul parameters (all but the input embedding; the output head counts), and the
-second term the causal per-document attention: a query at position p attends to p + 1 keys,
-QK^T and AV cost 4 * d_model * (p + 1) FLOPs forward per layer, x3 for forward + backward.
-MFU = FLOPs / step time / (devices * peak FLOP/s per device).
+MFU = FLOPs of a step (train/flops.py: 6 N tokens plus the per-document attention term) / step time
+    / (devices * the GPU's peak bf16 FLOP/s, `flops.peak_of_device_name`).
 
 Signals and exit codes: SIGUSR1 and SIGTERM are caught from the start of `train` on, so one that
 arrives while the run starts up is not fatal; the step after it ends with a save. After SIGUSR1
@@ -54,6 +50,7 @@ from torch import nn
 from posfreq.train import checkpoint as ckpt
 from posfreq.train.attention import BackendError, explain_backend
 from posfreq.train.config import ModelConfig, model_preset
+from posfreq.train.flops import matmul_params, peak_of_device_name, step_flops  # noqa: F401 (re-exported)
 from posfreq.train.loss import head_returns_loss
 from posfreq.train.model import Transformer
 from posfreq.train.packing import IGNORE_INDEX, PackedBatch, PackedSampler
@@ -66,7 +63,6 @@ from posfreq.train.shards import TokenDataset
 from posfreq.train.tokenizer import get_tokenizer
 from posfreq.train.upsample import LengthUpsample
 
-PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "A10G": 125e12, "L4": 121e12}
 EXIT_NOT_REQUEUED = 3  # a signal stopped the run after a save, and no SLURM requeue will restart it
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 WANDB_ID_FILE = "wandb_run_id"  # in OUT: the wandb run every job of this run directory logs to
@@ -89,25 +85,12 @@ def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
     return o.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (o.lr - o.min_lr)
 
 
-def matmul_params(config: ModelConfig) -> int:
-    """Parameters that take part in matmuls: everything but the input embedding (norms are negligible)."""
-    return config.num_params(include_embeddings=False) + config.vocab_size * config.d_model
-
-
-def step_flops(config: ModelConfig, tokens: int, sum_s_s1: float) -> float:
-    """Training FLOPs of a step: 6 N tokens + 6 n_layers d sum s(s+1) (see the module docstring)."""
-    return 6.0 * matmul_params(config) * tokens + 6.0 * config.n_layers * config.d_model * sum_s_s1
-
-
 def peak_flops(device: torch.device, override: float | None) -> float | None:
     """Peak FLOP/s of one device: the config value, else a known GPU's dense bf16 peak, else None."""
     if override:
         return override
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, value in PEAK_BF16_FLOPS.items():
-            if key in name:
-                return value
+        return peak_of_device_name(torch.cuda.get_device_name(device))
     return None
 
 
