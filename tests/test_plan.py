@@ -120,3 +120,14 @@ def test_the_plan_needs_a_gpu_count():
 def test_4k_run_accumulates_twice_as_much():
     cfg = parse_args(["--config", str(CONFIGS / "pretrain_4k.yaml")])
     assert plan.accumulation(cfg, 16) == 32
+
+
+def test_accumulating_micro_batches_keeps_whole_fp32_gradients():
+    """Under no_backward_sync FSDP2 keeps every parameter's unsharded gradient in its fp32 reduce dtype
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param.py: to_accumulated_grad_if_needed)."""
+    cfg = parse_args(["--config", str(CONFIGS / "pretrain_2k.yaml")])
+    model = plan.meta_model(plan.model_config(cfg))
+    total = sum(p.numel() for p in model.parameters())
+    assert plan.memory(model, cfg, 16, 8, checkpointing=False).accumulated_gradients == 4 * total  # 16 micro-batches
+    one_micro_batch = cfg.global_batch_tokens // cfg.data.train_len // 16
+    assert plan.memory(model, cfg, 16, one_micro_batch, checkpointing=True).accumulated_gradients == 0

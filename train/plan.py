@@ -9,6 +9,8 @@ twice the expected days, should be known before it waits in a queue.
 Memory per GPU (bytes; P_r = this rank's shard of every parameter, ceil(dim0 / world) x the rest,
 as FSDP2 pads it; a = 2 under bf16-mixed, 4 under 32-true):
 - parameters: 4 P_r (fp32 master weights); gradients: 4 P_r (fp32, reduce_dtype);
+- accumulated gradients: 4 P (every parameter, unsharded, fp32) when a step has several micro-batches: the
+  trainer's `no_backward_sync` makes FSDP2 skip the reduce-scatter and keep whole gradients until the last;
 - AdamW: 8 P_r (two fp32 moments) + 4 bytes of `step` per parameter tensor;
 - gathered compute copy: a x (root's parameters: embeddings, final norm, head, gathered for the whole
   step) + a x GATHERED_BLOCKS blocks (the block computing and the one FSDP2 prefetches; the last
@@ -99,6 +101,8 @@ class Memory:
     """What autograd saves for backward in one micro-batch."""
     loss: int
     """The chunked loss's own buffers at its peak."""
+    accumulated_gradients: int = 0
+    """Unsharded fp32 gradients FSDP2 keeps between micro-batches while it skips their reduce-scatter."""
 
     @property
     def total(self) -> int:
@@ -166,12 +170,20 @@ def loss_bytes(config: ModelConfig, tokens: int, a: int) -> int:
     return lean + (4 * v * d + a * v * d if a < 4 else 0)
 
 
+def accumulated_gradient_bytes(model: nn.Module, cfg: TrainConfig, world: int, rows: int) -> int:
+    """4 bytes per parameter when a step has several micro-batches: under `no_backward_sync` FSDP2 skips the
+    reduce-scatter and keeps every parameter's whole gradient, in the fp32 reduce dtype, until the last one."""
+    accumulating = cfg.global_batch_tokens // cfg.data.train_len > rows * world
+    return 4 * sum(p.numel() for p in model.parameters()) if accumulating else 0
+
+
 def memory(model: Transformer, cfg: TrainConfig, world: int, rows: int, checkpointing: bool) -> Memory:
     """Per-GPU memory of the run with `rows` rows per micro-batch."""
     a, tokens = compute_bytes(cfg), rows * cfg.data.train_len
     params, grads, optim = state_bytes(model, world)
     return Memory(params, grads, optim, gathered_bytes(model, a),
-                  activation_bytes(model.config, tokens, a, checkpointing), loss_bytes(model.config, tokens, a))
+                  activation_bytes(model.config, tokens, a, checkpointing), loss_bytes(model.config, tokens, a),
+                  accumulated_gradient_bytes(model, cfg, world, rows))
 
 
 def accumulation(cfg: TrainConfig, world: int) -> int:
@@ -232,6 +244,7 @@ def _memory_lines(mem: Memory, label: str) -> list[str]:
             f"    gathered compute copy        {_gib(mem.gathered)}",
             f"    activations                  {_gib(mem.activations)}",
             f"    loss (chunked, lean)         {_gib(mem.loss)}",
+            f"    accumulated grads (unshard.) {_gib(mem.accumulated_gradients)}",
             f"    total                        {_gib(mem.total)}"]
 
 
