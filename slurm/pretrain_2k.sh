@@ -11,7 +11,8 @@
 # POSFREQ_SETUP (one line run first, e.g. "module load cuda; source ~/venvs/posfreq/bin/activate").
 # The log is logs/posfreq-2k_<job id>.out.
 # srun starts one task per GPU; Lightning Fabric reads SLURM's variables for the rendezvous.
-# 120 s before the time limit SLURM sends SIGUSR1: the trainer saves OUT_DIR/checkpoints/latest,
+# 300 s before the time limit SLURM sends SIGUSR1 (the step in flight, a ~17 GB save and its checksums
+# need minutes on a shared filesystem): the trainer saves OUT_DIR/checkpoints/latest,
 # runs `scontrol requeue`, and exits; the requeued job resumes (--resume auto) by itself.
 #SBATCH --job-name=posfreq-2k
 #SBATCH --nodes=2
@@ -20,7 +21,7 @@
 #SBATCH --cpus-per-task=12
 #SBATCH --mem=0
 #SBATCH --time=48:00:00
-#SBATCH --signal=USR1@120
+#SBATCH --signal=USR1@300
 #SBATCH --requeue
 #SBATCH --open-mode=append
 #SBATCH --output=logs/%x_%j.out

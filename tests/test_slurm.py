@@ -61,7 +61,7 @@ def test_dry_run_prints_the_srun_command(script, length):
 def test_headers_request_signal_and_requeue(script):
     text = script.read_text()
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
-                 "#SBATCH --signal=USR1@120", "#SBATCH --requeue"):
+                 "#SBATCH --signal=USR1@300", "#SBATCH --requeue"):
         assert line in text
 
 
