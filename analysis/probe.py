@@ -106,7 +106,7 @@ class ProbeSettings:
     (the official script's 128), so no token is generated at a position >= n."""
     positions: SchemeName = "rope"
     """The position scheme the model decodes with (posfreq.train.positions)."""
-    position_options: dict[str, Any] = field(default_factory=dict)
+    position_options: dict[str, Union[bool, int, float, str, None]] = field(default_factory=dict)
     """Options of the position scheme, e.g. {shift: 1365} (or --position-options.shift 1365)."""
     precision: Precision = "auto"
     """auto: bf16 autocast on GPU and float32 on CPU (resolved before results are keyed); float32; bfloat16

@@ -351,20 +351,27 @@ def test_wandb_run_id_is_reused_and_mode_follows_credentials(data_dir, tmp_path,
     assert (tmp_path / "run" / pretrain.WANDB_ID_FILE).read_text().strip() == run_id
 
 
-def test_signal_saves_latest_and_requeues(data_dir, tmp_path, monkeypatch):
+def sigusr1_in_a_slurm_job(monkeypatch, job: str, at_step: int) -> list:
+    """SIGUSR1 arrives during the train step after `at_step` steps of a SLURM job; returns the commands run
+    (`scontrol requeue` is recorded, not run)."""
     calls = []
-    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_JOB_ID", job)
     monkeypatch.setattr(pretrain.subprocess, "run",
                         lambda cmd, **kwargs: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0))
     real_step = pretrain.Trainer._train_step
 
     def step_then_signal(self, batches, n):
         out = real_step(self, batches, n)
-        if self.step == 1:
+        if self.step == at_step:
             os.kill(os.getpid(), signal.SIGUSR1)
         return out
 
     monkeypatch.setattr(pretrain.Trainer, "_train_step", step_then_signal)
+    return calls
+
+
+def test_signal_saves_latest_and_requeues(data_dir, tmp_path, monkeypatch):
+    calls = sigusr1_in_a_slurm_job(monkeypatch, "4242", at_step=1)
     history = run(tiny(data_dir, tmp_path, **{"checkpoint.latest_every_steps": 0}))
     assert [r["step"] for r in history] == [1, 2, 3]  # seen at the next step's all-reduce, then saved
     assert ckpt.read_trainer_state(tmp_path / "checkpoints/latest")["step"] == 3
@@ -891,19 +898,8 @@ def test_saves_validation_requeue_and_resume_with_collectives_that_return_device
         probe.numpy()
     assert probe.tolist() == [1.0, 1.0] and probe.cpu().numpy().tolist() == [1.0, 1.0]  # the double is strict, not broken
     val = {"data.val_dir": str(data_dir), "data.val_every_tokens": 2048, "data.val_rows": 4}
-    calls = []
-    monkeypatch.setenv("SLURM_JOB_ID", "77")
-    monkeypatch.setattr(pretrain.subprocess, "run",
-                        lambda cmd, **kwargs: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0))
     real_step = pretrain.Trainer._train_step
-
-    def step_then_signal(self, batches, n):
-        out = real_step(self, batches, n)
-        if self.step == 4:
-            os.kill(os.getpid(), signal.SIGUSR1)
-        return out
-
-    monkeypatch.setattr(pretrain.Trainer, "_train_step", step_then_signal)
+    calls = sigusr1_in_a_slurm_job(monkeypatch, "77", at_step=4)
     cfg = tiny(data_dir, tmp_path / "run", **val)
     first = run(cfg)  # milestone at step 4, latest every 2 steps, validation every 2 steps, SIGUSR1 -> requeue save
     assert calls == [["scontrol", "requeue", "77"]] and first[-1]["step"] == 6

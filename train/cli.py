@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
+
+import yaml
 
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, set_parsing_settings
 
@@ -43,10 +46,74 @@ def hyphenate(parser: argparse.ArgumentParser) -> None:
                 hyphenate(action.choices[sub])
 
 
+CODE_KEYS = ("class_path", "init_args", "dict_kwargs", "__path__")
+"""jsonargparse's keys that import and instantiate: never accepted from a config (a config is data)."""
+
+
+class CodeInConfig(ValueError):
+    """A config that names code to import or run (or a file to include): refused before anything is parsed."""
+
+
+def refuse_code(value: Any, where: str, path: str = "") -> None:
+    """Raise CodeInConfig if `value` (parsed YAML/JSON) holds a key that makes jsonargparse import or instantiate
+    something, or a `config` key (an include of another file); `where` names the file or flag, `path` the key."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            dotted = f"{path}.{key}" if path else str(key)
+            if key in CODE_KEYS:
+                raise CodeInConfig(f"{where}: key {dotted} asks to import and run code ({item!r:.60}); a config "
+                                   "holds data only (numbers, strings, lists, mappings). Fix: remove the key")
+            if key == "config":
+                raise CodeInConfig(f"{where}: key {dotted} would include another config file; includes are not "
+                                   "followed. Fix: merge that file's keys here, or pass it with its own --config")
+            refuse_code(item, where, dotted)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            refuse_code(item, where, f"{path}[{i}]")
+
+
+def _yaml(text: str, where: str) -> Any:
+    """Safe YAML (tags that construct Python objects refused, naming them); None for text YAML cannot read."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.constructor.ConstructorError as err:
+        raise CodeInConfig(f"{where}: YAML tag {err.problem.split()[-1] if err.problem else ''} constructs an object; "
+                           "a config holds data only. Fix: remove the tag") from None
+    except yaml.YAMLError:
+        return None  # not YAML: the parser reports what it expected
+
+
+def refuse_code_in_args(argv: Sequence[str]) -> None:
+    """Check every --config file and every flag value of a command line with `refuse_code`."""
+    args = list(argv)
+    for i, token in enumerate(args):
+        name, eq, inline = token.partition("=") if token.startswith("--") else ("", "", token)
+        if token.startswith("--") and not eq:
+            continue
+        flag = name or (args[i - 1] if i and args[i - 1].startswith("--") else "argument")
+        refuse_code(_yaml(inline, flag), flag)
+        if flag in ("--config", "--cfg") and Path(inline).is_file():
+            where = f"{flag} {inline}"
+            try:
+                text = Path(inline).read_text()
+            except (OSError, UnicodeDecodeError):
+                continue  # unreadable: the parser says so
+            refuse_code(_yaml(text, where), where)
+
+
 def parse(parser: ArgumentParser, argv: Sequence[str] | None = None) -> Namespace:
-    """Parse `argv` (default sys.argv[1:]) with hyphenated option names; errors exit with a short usage."""
+    """Parse `argv` (default sys.argv[1:]) with hyphenated option names; errors exit with a short usage.
+
+    Configs are data: a key that would make jsonargparse import or instantiate code, a YAML object tag or an
+    include, in a --config file or a flag value, is refused (exit 2) before the parser sees it.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        refuse_code_in_args(args)
+    except CodeInConfig as err:
+        parser.exit(2, f"error: {err}\n")
     hyphenate(parser)
-    return parser.parse_args(None if argv is None else list(argv))
+    return parser.parse_args(args)
 
 
 def parse_shard(text: str) -> tuple[int, int]:

@@ -21,13 +21,19 @@ from typing import Any, Literal, Optional, Sequence, Union
 
 from jsonargparse import ArgumentParser, Namespace
 
-from posfreq.train.cli import command_parser, parse
+from posfreq.train.attention import BACKENDS
+from posfreq.train.cli import CodeInConfig, command_parser, parse, refuse_code
 from posfreq.train.config import ModelConfig, model_preset
 from posfreq.train.upsample import LengthUpsample
 
 
 class ConfigError(ValueError):
     """A run configuration that cannot work; raised before any compute."""
+
+
+Scalar = Union[bool, int, float, str, None]
+"""A config value that is data: the only kind a free-form mapping (model.overrides, resume_override) may hold, so
+jsonargparse never resolves one as a class to instantiate."""
 
 
 def _at_least(section: str, obj: Any, minimum: float, *names: str) -> None:
@@ -59,10 +65,11 @@ class ModelSection:
 
     preset: str = "tinyllama-1.3b"
     """A model preset name (posfreq.train.config.PRESETS), e.g. tinyllama-1.3b, tiny-2l-128."""
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Scalar] = field(default_factory=dict)
     """ModelConfig fields that replace the preset's, e.g. {n_layers: 2}; vocab_size defaults to the data's."""
-    attention_backend: str = "auto"
-    """Varlen attention backend: auto, sdpa, flash, xformers or flex (auto picks by device and what is installed)."""
+    attention_backend: Literal[BACKENDS] = "auto"  # type: ignore[valid-type]
+    """Attention backend (posfreq.train.attention): auto picks, by device and dtype, the first of varlen (torch's
+    FlashAttention), flash, sdpa that can train; checked before launch."""
     activation_checkpointing: bool = False
     """Recompute each block in backward: less activation memory for about 1/3 more compute."""
     init_from: Optional[str] = None
@@ -237,7 +244,7 @@ class TrainConfig:
     """On a non-finite loss or gradient norm: stop, or skip that step."""
     requeue_on_signal: bool = True
     """On SIGUSR1 under SLURM: save latest, `scontrol requeue`, exit."""
-    resume_override: dict[str, Any] = field(default_factory=dict)
+    resume_override: dict[str, Scalar] = field(default_factory=dict)
     """Schedule keys set and allowed to differ from the checkpoint on resume, e.g. {optim.lr: 1e-4}."""
     model: ModelSection = field(default_factory=ModelSection)
     """The model."""
@@ -318,6 +325,10 @@ def config_from_dict(data: dict, where: str = "config") -> TrainConfig:
     """Build a TrainConfig from a nested dict; unknown keys, wrong types and out-of-range values are ConfigError."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping of config keys, got {type(data).__name__}")
+    try:
+        refuse_code(data, where)
+    except CodeInConfig as err:
+        raise ConfigError(str(err)) from None
     parser = build_parser()
     parser.exit_on_error = False
     try:
