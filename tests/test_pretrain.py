@@ -980,3 +980,36 @@ def test_gpu_names_map_to_their_own_peak():
     assert peak_of_device_name("NVIDIA L40S") == 362e12  # not the L4's
     assert peak_of_device_name("NVIDIA L4") == 121e12
     assert peak_of_device_name("NVIDIA GeForce RTX 4090") is None  # unknown: MFU is not guessed
+
+
+def test_a_fresh_start_into_a_run_directory_is_refused_and_changes_nothing(data_dir, tmp_path):
+    run(tiny(data_dir, tmp_path, stop_at_step=2))
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError, match="holds a run .*checkpoints.*--resume auto to continue it"):
+        run(tiny(data_dir, tmp_path, resume=None))
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_ctrl_c_saves_latest_like_sigterm_and_a_second_one_stops_at_once(data_dir, tmp_path, monkeypatch):
+    real_step = pretrain.Trainer._train_step
+
+    def step_then_ctrl_c(self, batches, n):
+        out = real_step(self, batches, n)
+        if self.step == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(pretrain.Trainer, "_train_step", step_then_ctrl_c)
+    with pytest.raises(SystemExit) as stop:
+        run(tiny(data_dir, tmp_path, **{"checkpoint.latest_every_steps": 0}))
+    assert stop.value.code == pretrain.EXIT_NOT_REQUEUED
+    assert ckpt.read_trainer_state(tmp_path / "checkpoints/latest")["step"] == 3
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    signals = pretrain.StopSignals()
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert signals.received == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        signals.restore()

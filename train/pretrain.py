@@ -64,7 +64,7 @@ from posfreq.train.tokenizer import get_tokenizer
 from posfreq.train.upsample import LengthUpsample
 
 EXIT_NOT_REQUEUED = 3  # a signal stopped the run after a save, and no SLURM requeue will restart it
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)  # SIGINT: Ctrl-C saves `latest` as SIGTERM does
 WANDB_ID_FILE = "wandb_run_id"  # in OUT: the wandb run every job of this run directory logs to
 
 
@@ -243,6 +243,7 @@ class Plan:
     def _resume_point(self) -> Path | None:
         cfg = self.cfg
         if cfg.resume is None:
+            self._refuse_restart_over_a_run()
             return None
         path = self._auto_resume_point() if cfg.resume == "auto" else Path(cfg.resume)
         if path is None:
@@ -272,6 +273,15 @@ class Plan:
                               f"--checkpoint.sharded {str(meta['sharded']).lower()} to load it")
         ckpt.verify_resume_files(path)  # Fabric reads it through DCP's unrestricted unpickler
         return path
+
+    def _refuse_restart_over_a_run(self) -> None:
+        """A fresh start (resume null) into a directory that holds a run would mix two runs' logs and checkpoints."""
+        out = Path(self.cfg.out)
+        held = [p.name for p in (ckpt.checkpoint_root(out), out / "metrics.jsonl") if p.exists()]
+        if held:
+            raise ConfigError(f"--out {out} holds a run ({', '.join(held)}) and --resume is null (start afresh). "
+                              "Fix: --resume auto to continue it, or a new --out to start another run "
+                              "(nothing was changed).")
 
     def _schedule_change(self, meta: dict, changes: list[str]) -> str:
         """The overridden keys and the schedule from the resumed step on, before and after (next LR, total steps)."""
@@ -314,13 +324,19 @@ class NonFiniteLoss(FloatingPointError):
 
 
 class StopSignals:
-    """Records SIGUSR1 / SIGTERM from start-up on (Python's default would end the process), for the loop to act on."""
+    """Records SIGUSR1 / SIGTERM / SIGINT from start-up on (Python's default would end the process), for the loop
+    to act on: the run saves `latest` and stops. A second Ctrl-C stops at once, saving nothing."""
 
     def __init__(self) -> None:
         self.received: int | None = None
         self.previous = {signum: signal.signal(signum, self._record) for signum in STOP_SIGNALS}
 
     def _record(self, signum: int, frame) -> None:
+        if signum == signal.SIGINT and self.received == signal.SIGINT:
+            raise KeyboardInterrupt
+        if signum == signal.SIGINT:
+            print("\nCtrl-C: saving checkpoints/latest after this step (Ctrl-C again stops without saving)",
+                  file=sys.stderr, flush=True)
         self.received = signum
 
     def restore(self) -> None:
@@ -782,6 +798,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"error: {err}")
     except NonFiniteLoss as err:
         sys.exit(f"error: {err} Command: {continue_command(argv, err.lower_lr)}")
+    except KeyboardInterrupt:
+        print("interrupted by a second Ctrl-C: nothing saved since the last checkpoint; continue with --resume auto",
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
