@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Literal, Optional, Sequence
 
 from posfreq.train.cli import command_parser, parse
-from posfreq.train.hf import DTYPES
+from posfreq.train.hf import DTYPES, EXPORT_HF
+from posfreq.train.outdir import OutputDirError, check_output_dir
 
 
 def build_parser():
@@ -39,6 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from posfreq.train.tokenizer import get_tokenizer
 
     args = parse(build_parser(), argv)
+    try:
+        check_output_dir(args.out, EXPORT_HF)  # before the (slow) load
+    except OutputDirError as err:
+        sys.exit(f"error: {err}")
     model, tokenizer_info, _ = load_model(args.checkpoint, dtype=DTYPES[args.dtype] if args.dtype else None)
     spec = args.tokenizer or tokenizer_info["spec"]
     bos = eos = None

@@ -34,7 +34,7 @@ def test_a_directory_of_someone_else_is_refused_untouched(tmp_path):
     mine = tmp_path / "results"
     mine.mkdir()
     (mine / "paper.tex").write_text("draft")
-    with pytest.raises(SystemExit, match="holds files the doctor did not write"):
+    with pytest.raises(SystemExit, match="holds files `posfreq doctor` did not write"):
         doctor.main(["--out", str(mine)])
     assert [p.name for p in mine.iterdir()] == ["paper.tex"] and (mine / "paper.tex").read_text() == "draft"
 

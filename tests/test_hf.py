@@ -213,7 +213,7 @@ def test_bytes_model_export_loads_offline_with_our_ids(tmp_path: Path) -> None:
     out = tmp_path / "hf"
     modes = {f.name: f.stat().st_mode & 0o777 for f in out.iterdir()}
     assert set(modes) == {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                          "tokenizer_config.json"}
+                          "tokenizer_config.json", ".posfreq-output.json"}  # the last marks the export's own
     assert set(modes.values()) == {0o644}, modes
     hf = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
     assert (hf.bos_token_id, hf.eos_token_id, len(hf)) == (256, 257, 258)
@@ -328,3 +328,25 @@ def test_llama3_tokenizer_json_matches_quicktok(tmp_path: Path) -> None:
         assert ours.decode(reference.encode(text)) == text
     hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
     assert hf("Hello world!").input_ids == [reference.bos_id, *reference.encode("Hello world!")]
+
+
+def test_export_never_writes_into_another_model_and_drops_its_own_stale_weights(tmp_path: Path) -> None:
+    from posfreq.scripts import export_hf as export_script
+    from posfreq.train.outdir import OutputDirError
+
+    sharded = tmp_path / "downloaded"
+    _save_llama(sharded, shard=True)
+    before = {p.name: p.read_bytes() for p in sharded.iterdir()}
+    ours = load_hf_model(sharded)
+    with pytest.raises(OutputDirError, match="holds files `posfreq export-hf` did not write"):
+        export_hf(ours, sharded)
+    with pytest.raises(SystemExit, match="error: --out .*downloaded holds files"):
+        export_script.main([str(sharded), "--out", str(sharded), "--tokenizer", "none"])
+    assert {p.name: p.read_bytes() for p in sharded.iterdir()} == before
+    out = tmp_path / "exported"
+    export_hf(ours, out)
+    (out / "model-00001-of-00002.safetensors").write_bytes(b"stale")  # as if an earlier export had been sharded
+    (out / "model.safetensors.index.json").write_text("{}")
+    export_hf(ours, out)
+    assert not (out / "model.safetensors.index.json").exists() and not (out / "model-00001-of-00002.safetensors").exists()
+    _assert_same_logits(load_hf_model(out), LlamaForCausalLM.from_pretrained(sharded), _ids())

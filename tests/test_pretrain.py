@@ -192,7 +192,7 @@ def test_consolidate_and_load_model(data_dir, tmp_path):
     run(tiny(data_dir, tmp_path, total_tokens=2048))
     src = tmp_path / "checkpoints" / ckpt.milestone_name(2048)
     out = ckpt.consolidate(src, tmp_path / "model")
-    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "model.safetensors", "model_config.json",
+    assert sorted(p.name for p in out.iterdir()) == [".posfreq-output.json", "meta.json", "model.safetensors", "model_config.json",
                                                     "tokenizer_spec.json", "trained_lengths.npy"]
     m1, tok, meta = ckpt.load_model(src)
     m2, tok2, meta2 = ckpt.load_model(out, dtype=torch.float32)
@@ -1013,3 +1013,27 @@ def test_ctrl_c_saves_latest_like_sigterm_and_a_second_one_stops_at_once(data_di
             os.kill(os.getpid(), signal.SIGINT)
     finally:
         signals.restore()
+
+
+def snapshot(root: Path) -> dict:
+    """Every file under `root` with its bytes (directories implied): to prove a refused command changed nothing."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_consolidate_never_replaces_a_directory_it_did_not_write(data_dir, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run(tiny(data_dir, run_dir, total_tokens=2048))
+    src = run_dir / "checkpoints" / ckpt.milestone_name(2048)
+    (tmp_path / "model.old").mkdir()  # a user's directories that happen to sit where publish() would work
+    (tmp_path / "model.old" / "notes.txt").write_text("mine")
+    before = snapshot(tmp_path)
+    for out in (run_dir, tmp_path / "model"):
+        with pytest.raises(SystemExit, match="error: --out.* holds files `posfreq checkpoint consolidate` did not "
+                                             "write .*nothing was changed"):
+            ckpt.main(["consolidate", "--checkpoint", str(src), "--out", str(out)])
+        assert snapshot(tmp_path) == before
+    (tmp_path / "model.old" / "notes.txt").unlink()
+    (tmp_path / "model.old").rmdir()
+    first = ckpt.consolidate(src, tmp_path / "model")
+    again = ckpt.consolidate(src, tmp_path / "model")  # its own: replaced whole
+    assert first == again and (again / "model.safetensors").is_file() and not (tmp_path / "model.old").exists()

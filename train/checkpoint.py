@@ -57,6 +57,7 @@ import torch
 from jsonargparse import ArgumentParser
 
 from posfreq.train.atomic import atomic_open, fsync_path, write_json_atomic
+from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir
 from posfreq.train.cli import command_parser, parse
 from posfreq.train.config import ModelConfig
 from posfreq.train.fingerprint import file_sha256
@@ -581,13 +582,22 @@ def reduce_old_milestones(out_dir: str | Path, keep_full: int) -> list[str]:
     return report
 
 
+CONSOLIDATE = "checkpoint consolidate"
+
+
 def consolidate(checkpoint_dir: str | Path, out_dir: str | Path, dtype: torch.dtype | None = None) -> Path:
-    """Write one trainer checkpoint as a single-file model directory (atomically); returns it."""
+    """Write one trainer checkpoint as a single-file model directory (atomically); returns it.
+
+    `out_dir` must be new, empty or an earlier consolidation (OutputDirError otherwise: never a run directory).
+    """
     src, out = Path(checkpoint_dir), Path(out_dir)
-    tmp = temporary(out)
+    tmp, old = temporary(out), out.with_name(out.name + ".old")
+    check_output_dir(out, CONSOLIDATE)
+    for sibling in (tmp, old):  # publish() replaces them: only an interrupted consolidation's own may go
+        check_output_dir(sibling, CONSOLIDATE, flag="--out's temporary")
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    claim_output_dir(tmp, CONSOLIDATE)
     _write_weights(model_state_dict(src), tmp / CONSOLIDATED_WEIGHTS, dtype)
     for name in ("model_config.json", "tokenizer_spec.json", "trained_lengths.npy"):
         shutil.copyfile(src / name, tmp / name)
@@ -626,7 +636,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(build_parser(), argv)
     if args.command == "consolidate":
         cmd = args.consolidate
-        print(consolidate(cmd.checkpoint, cmd.out, DTYPES.get(cmd.dtype)))
+        try:
+            print(consolidate(cmd.checkpoint, cmd.out, DTYPES.get(cmd.dtype)))
+        except OutputDirError as err:
+            sys.exit(f"error: {err}")
     else:
         for path, meta in list_checkpoints(args.list.run):
             kind = "resumable" if meta.get("resumable") else "weights only"

@@ -27,6 +27,7 @@ import math
 import os
 import platform
 import resource
+import shutil
 import socket
 import subprocess
 import sys
@@ -43,8 +44,8 @@ import torch.nn.functional as F
 
 from posfreq.train import attention
 from posfreq.train.cli import command_parser, parse
+from posfreq.train.outdir import OutputDirError, claim_output_dir
 
-OWNER_FILE = ".posfreq-doctor"  # marks an output directory as the doctor's own
 L = 128  # the tiny run's training length
 SCHEMES = ("rope", "string", "dca")
 WORDS = "the cat sat on a mat and then it ran to the red house where a dog slept all day".split()
@@ -381,19 +382,14 @@ def format_table(results: list[CheckResult]) -> str:
 
 
 def prepare_out(out: str | None) -> Path:
-    """A new or empty directory, or one an earlier doctor wrote (its files are replaced); anything else refused."""
+    """A new or empty directory, or an earlier doctor's (its runs are replaced); another's is refused untouched."""
     path = Path(out) if out else Path(tempfile.mkdtemp(prefix="posfreq-doctor-"))
-    if path.exists() and any(path.iterdir()) and not (path / OWNER_FILE).is_file():
-        raise SystemExit(f"error: --out {path} holds files the doctor did not write. Fix: pass a new or empty "
-                         "directory (nothing was changed)")
-    if (path / OWNER_FILE).is_file():
-        import shutil
-
-        for item in ("data", "pretrain-bf16", "pretrain-fp32", "doctor.json"):
-            target = path / item
-            shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / OWNER_FILE).write_text("written by posfreq doctor\n")
+    try:
+        claim_output_dir(path, "doctor")
+    except OutputDirError as err:
+        raise SystemExit(f"error: {err}") from None
+    for item in ("data", "pretrain-bf16", "pretrain-fp32"):  # an earlier doctor's runs (the report is rewritten)
+        shutil.rmtree(path / item, ignore_errors=True)
     return path
 
 

@@ -29,6 +29,7 @@ from posfreq.train.atomic import write_bytes_atomic, write_json_atomic, write_te
 from posfreq.train.checkpoint import contained_file
 from posfreq.train.config import ModelConfig
 from posfreq.train.model import Transformer
+from posfreq.train.outdir import claim_output_dir
 from posfreq.train.rotary import rope_scaling_type
 from posfreq.train.tokenizer import ByteTokenizer
 
@@ -239,6 +240,9 @@ def config_to_hf(config: ModelConfig, dtype: torch.dtype, bos_token_id: int | No
     }
 
 
+EXPORT_HF = "export-hf"
+
+
 def export_hf(
     model: Transformer,
     out_dir: str | Path,
@@ -247,15 +251,18 @@ def export_hf(
 ) -> Path:
     """Write `model` as a HF LlamaForCausalLM directory: config, safetensors weights and generation config.
 
-    Refuses a model whose position scheme is not plain RoPE (transformers would compute it differently).
-    Tokenizer files are `write_tokenizer_files`'s job.
+    Refuses a model whose position scheme is not plain RoPE (transformers would compute it differently), and an
+    `out_dir` that holds files an export did not write (OutputDirError). Tokenizer files are
+    `write_tokenizer_files`'s job.
     """
     from safetensors.torch import save
 
     if model.positions.name != "rope":
         raise ValueError(f"the model uses position scheme {model.positions.name!r}; transformers only runs 'rope'")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = claim_output_dir(out_dir, EXPORT_HF)
+    for stale in [*out.glob("*.safetensors"), *out.glob("*.safetensors.index.json")]:
+        if stale.name != "model.safetensors":  # an earlier export's other weight files would be loaded instead
+            stale.unlink()
     tied = model.config.tie_embeddings
     tensors = {}
     for name, tensor in model.state_dict().items():
