@@ -18,7 +18,7 @@ code) are never reused: the probe refuses to write there unless asked to replace
 from __future__ import annotations
 
 import json
-import shutil
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
@@ -42,8 +42,8 @@ from posfreq.train.atomic import write_json_atomic, write_text_atomic
 KEY_FILE = "key.json"
 META_FILE = "probe.json"
 HIST_FILE = "trained_lengths.npy"
-OWNED = (KEY_FILE, META_FILE, HIST_FILE, "tests", "summary.csv", "distance.csv", "effective_length.csv",
-         "failure_by_thirds.csv", "failure_by_thirds.md", "figures")
+RECORD_FILE = re.compile(r"L\d{6}\.jsonl?")
+"""A length's per-test records or completion marker in OUT/tests (`length_files`)."""
 
 
 class StaleResults(RuntimeError):
@@ -79,7 +79,11 @@ def claim(out: Path, key: str, parts: dict, replace_stale: bool = False) -> None
             return
         differs = sorted(k for k in parts if theirs.get("parts", {}).get(k) != parts[k]) or ["unknown"]
         reason = f"{out} holds probe results with another key (they differ in: {', '.join(differs)})"
-    elif (out / "tests").exists():
+    elif (out / "tests").is_dir() and any((out / "tests").iterdir()):
+        foreign = sorted(p.name for p in (out / "tests").iterdir() if not RECORD_FILE.fullmatch(p.name))
+        if foreign:
+            raise StaleResults(f"{out}/tests holds files the probe did not write ({', '.join(foreign[:3])}). Fix: "
+                               "pass another --out (nothing was changed)")
         reason = f"{out} holds probe results without a key (written by an older posfreq)"
     else:
         write_json(key_file, {"key": key, "parts": parts})
@@ -87,13 +91,21 @@ def claim(out: Path, key: str, parts: dict, replace_stale: bool = False) -> None
     if not replace_stale:
         raise StaleResults(f"{reason}. They are never reused. Fix: pass another --out, or --replace-stale to "
                            "delete them and probe again.")
-    for name in OWNED:
-        target = out / name
-        if target.is_dir():
-            shutil.rmtree(target)
-        elif target.exists():
-            target.unlink()
+    discard_records(out)
     write_json(key_file, {"key": key, "parts": parts})
+
+
+def discard_records(out: Path) -> None:
+    """Delete the probe's key, metadata and per-length records in `out`, and nothing else: a user's files beside
+    them stay, and the derived tables and figures are rewritten from the new records."""
+    for name in (KEY_FILE, META_FILE, HIST_FILE):
+        (out / name).unlink(missing_ok=True)
+    tests = out / "tests"
+    for record in tests.iterdir() if tests.is_dir() else []:
+        if RECORD_FILE.fullmatch(record.name) and record.is_file():
+            record.unlink()
+    if tests.is_dir() and not any(tests.iterdir()):
+        tests.rmdir()
 
 
 def length_files(out: Path, length: int) -> tuple[Path, Path]:

@@ -596,3 +596,29 @@ def test_a_consolidated_copy_has_the_checkpoints_fingerprint(tmp_path):
     copy = consolidate(ckpt, tmp_path / "consolidated")
     assert model_fingerprint(copy) == model_fingerprint(ckpt)
     assert model_fingerprint(consolidate(ckpt, tmp_path / "bf16", dtype=torch.bfloat16)) != model_fingerprint(ckpt)
+
+
+def test_replace_stale_deletes_only_the_probes_own_records(tmp_path):
+    """A user's files in or beside tests/ are never deleted: a tests/ folder of theirs is refused outright."""
+    out = tmp_path / "out"
+    (out / "tests").mkdir(parents=True)
+    (out / "tests" / "test_x.py").write_text("def test(): pass\n")
+    (out / "figures").mkdir()
+    (out / "figures" / "mine.png").write_bytes(b"png")
+    (out / "summary.csv").write_text("mine\n")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    for replace_stale in (False, True):
+        with pytest.raises(results.StaleResults, match="tests holds files the probe did not write .*test_x.py"):
+            results.claim(out, "k2", {"model": "b"}, replace_stale=replace_stale)
+        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    (out / "tests" / "test_x.py").unlink()
+    results.claim(out, "k1", {"model": "a"})
+    records, marker = results.length_files(out, 128)
+    records.write_text("{}\n")
+    marker.write_text("{}")
+    with pytest.raises(results.StaleResults, match="another key"):
+        results.claim(out, "k2", {"model": "b"})
+    results.claim(out, "k2", {"model": "b"}, replace_stale=True)
+    assert not records.exists() and not marker.exists()
+    assert (out / "figures" / "mine.png").read_bytes() == b"png" and (out / "summary.csv").read_text() == "mine\n"
+    assert json.loads((out / results.KEY_FILE).read_text())["key"] == "k2"
