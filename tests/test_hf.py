@@ -350,3 +350,23 @@ def test_export_never_writes_into_another_model_and_drops_its_own_stale_weights(
     export_hf(ours, out)
     assert not (out / "model.safetensors.index.json").exists() and not (out / "model-00001-of-00002.safetensors").exists()
     _assert_same_logits(load_hf_model(out), LlamaForCausalLM.from_pretrained(sharded), _ids())
+
+
+def test_fingerprint_covers_weight_files_in_sub_folders(tmp_path: Path) -> None:
+    """A sharded model whose index names files in a sub-folder: changing one changes the fingerprint."""
+    from posfreq.train.hf import hf_model_fingerprint
+
+    _save_llama(tmp_path, shard=True)
+    index_file = tmp_path / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    (tmp_path / "shards").mkdir()
+    for name in set(index["weight_map"].values()):
+        (tmp_path / name).rename(tmp_path / "shards" / name)
+    index["weight_map"] = {k: f"shards/{v}" for k, v in index["weight_map"].items()}
+    index_file.write_text(json.dumps(index))
+    before = hf_model_fingerprint(tmp_path)
+    shard = sorted((tmp_path / "shards").iterdir())[0]
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    assert hf_model_fingerprint(tmp_path) != before

@@ -195,15 +195,15 @@ def load_hf_model(
 
 
 def hf_model_fingerprint(directory: str | Path) -> str:
-    """sha256 of a Hugging Face model directory's config and weight files (*.safetensors, *.bin index)."""
+    """sha256 of a Hugging Face model directory's config, its index and every weight file a load reads (the
+    index's shards wherever they sit, sub-folders included): changed weights never reuse old probe records."""
     from posfreq.train.fingerprint import files_sha256
 
     path = Path(directory)
-    files = [path / "config.json", *path.glob("*.safetensors"), *path.glob("*.safetensors.index.json")]
-    files = [f for f in files if f.is_file()]
-    if len(files) < 2:
+    if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: needs config.json and *.safetensors weights to fingerprint")
-    return files_sha256(path, files)
+    index = [path / "model.safetensors.index.json"] if (path / "model.safetensors.index.json").is_file() else []
+    return files_sha256(path, [path / "config.json", *index, *_weight_files(path)])
 
 
 def tokenizer_spec(directory: str | Path) -> str | None:
