@@ -151,3 +151,26 @@ def test_prepare_data_matches_one_by_one_tokenization_and_restarts(tmp_path: Pat
         assert (split / f"{name}.tokens.bin").read_bytes() == (out / f"{name}.tokens.bin").read_bytes()
     with pytest.raises(SystemExit, match="tokenized with 'bytes', not 'llama3'"):
         prep.prepare(corpus, out, "llama3", progress=False)
+
+
+def test_damaged_shards_are_refused_naming_the_file(tmp_path: Path) -> None:
+    """Offsets that go backwards (refused on opening) and token ids >= vocab_size (refused when read)."""
+    unique_dataset(tmp_path / "back", [[3, 4, 5]])
+    offsets_file = tmp_path / "back" / "shard00.offsets.npy"
+    offsets = np.load(offsets_file)
+    offsets[1], offsets[2] = offsets[2], offsets[1]  # 0, 7, 3, 12: same ends, a document of negative length
+    np.save(offsets_file, offsets)
+    with pytest.raises(ValueError, match="shard00.offsets.npy: document offsets go backwards at document 1"):
+        TokenDataset(tmp_path / "back")
+
+    unique_dataset(tmp_path / "ids", [[3, 4]])
+    tokens_file = tmp_path / "ids" / "shard00.tokens.bin"
+    tokens = np.fromfile(tokens_file, dtype=np.uint32)
+    tokens[5] = 10**6
+    tokens.tofile(tokens_file)
+    data = TokenDataset(tmp_path / "ids")
+    assert data.document(0).tolist() == [0, 1, 2]
+    with pytest.raises(ValueError, match="shard00.tokens.bin: token id 1000000 >= vocab_size 8"):
+        data.document(1)
+    with pytest.raises(ValueError, match="token id 1000000 >= vocab_size"):
+        data.read_runs(np.array([3]), np.array([4]))

@@ -59,7 +59,7 @@ from posfreq.train import run_config
 from posfreq.train.run_config import ConfigError, TrainConfig, config_differences, overridden_changes, parse_args
 from posfreq.train.run_lock import RunLock, RunLockError
 from posfreq.train.run_log import LOG, RunLog, start_console
-from posfreq.train.shards import TokenDataset
+from posfreq.train.shards import DamagedShard, TokenDataset
 from posfreq.train.tokenizer import get_tokenizer
 from posfreq.train.upsample import LengthUpsample
 
@@ -794,7 +794,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(parse_args(argv))
         return 0
-    except (ConfigError, ckpt.CheckpointError, RunLockError) as err:
+    except (ConfigError, ckpt.CheckpointError, RunLockError, DamagedShard) as err:
         sys.exit(f"error: {err}")
     except NonFiniteLoss as err:
         sys.exit(f"error: {err} Command: {continue_command(argv, err.lower_lr)}")

@@ -29,6 +29,10 @@ META_SUFFIX = ".json"
 PREPARE_HINT = "Fix: run `python scripts/prepare_data.py --corpus <name or path> --out <this directory>`"
 
 
+class DamagedShard(ValueError):
+    """A shard whose contents contradict its metadata, found while reading it; the message names the file."""
+
+
 class ShardWriter:
     """Writes one shard under temporary names and renames it into place on `finish()`.
 
@@ -138,6 +142,11 @@ def _check_shard(base: Path, name: str) -> _Shard:
             f"and {meta_path.name} ({meta['num_docs']} docs, {meta['num_tokens']} tokens): need int64, "
             f"num_docs+1 entries, first 0, last the token count. {rerun}"
         )
+    backwards = np.flatnonzero(np.diff(offsets) < 0)
+    if backwards.size:
+        i = int(backwards[0])
+        raise ValueError(f"{shard.offsets_path}: document offsets go backwards at document {i} ({offsets[i]} -> "
+                         f"{offsets[i + 1]}): the shard is damaged. {rerun}")
     return replace(shard, meta=meta)
 
 
@@ -225,7 +234,9 @@ class TokenDataset:
         s = int(np.searchsorted(self._doc_starts, i, side="right") - 1)
         tokens, offsets = self._maps(s)
         local = i - int(self._doc_starts[s])
-        return np.asarray(tokens[offsets[local]: offsets[local + 1]], dtype=np.int64)
+        document = np.asarray(tokens[offsets[local]: offsets[local + 1]], dtype=np.int64)
+        self._check_ids(document, s)
+        return document
 
     def doc_lengths(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Lengths (EOS included) of documents [start, stop), as int64."""
@@ -263,5 +274,14 @@ class TokenDataset:
         for s in np.unique(shard_of[lengths > 0]):
             sel = (shard_of == s) & (lengths > 0)
             src = concat_ranges(starts[sel] - self._tok_starts[s], lengths[sel])
-            out[concat_ranges(dest[sel], lengths[sel])] = self._maps(int(s))[0][src]
+            tokens = self._maps(int(s))[0][src]
+            self._check_ids(tokens, int(s))
+            out[concat_ranges(dest[sel], lengths[sel])] = tokens
         return out
+
+    def _check_ids(self, tokens: np.ndarray, s: int) -> None:
+        """Refuse token ids outside the vocabulary (a damaged shard), naming the shard: checked as tokens are read,
+        since scanning a whole corpus at open would read every token."""
+        if tokens.size and int(tokens.max()) >= self.vocab_size:
+            raise DamagedShard(f"{self.shards[s].tokens_path}: token id {int(tokens.max())} >= vocab_size "
+                             f"{self.vocab_size}: the shard is damaged. Fix: rerun posfreq prepare for it")
