@@ -36,7 +36,8 @@ from jsonargparse import ArgumentParser
 if __package__ in (None, ""):  # run as a file: import the installed posfreq package, never this folder's files by bare name
     sys.path.pop(0)
 
-from posfreq.analysis.effective_length import STATUS_ALL_PASSED, STATUS_OK, find_run_results, read_csv, write_csv
+from posfreq.analysis.effective_length import (STATUS_ALL_PASSED, STATUS_NONE_PASSED, STATUS_OK, find_run_results,
+                                               read_csv, write_csv)
 from posfreq.train.cli import command_parser, parse
 
 COLUMNS = ("train_len", "seed", "variant", "checkpoint", "tokens_seen", "effective_length", "effective_length_lo",
@@ -54,13 +55,34 @@ def data_variant(config: Mapping) -> str:
     return packing + row + upsample
 
 
-def run_identity(probe_dir: Path) -> tuple[int, int | None, str]:
-    """(training length, training seed, data variant) of a probed run, from its first checkpoint's config.json."""
+class CompareError(ValueError):
+    """A run whose identity (training seed, data) cannot be read; the message names what was tried and the fix."""
+
+
+def run_config(probe_dir: Path, checkpoint: str) -> dict:
+    """The config.json of `checkpoint` of the run that `probe_dir` probed: at the run path probe.json records, else
+    at the run directory holding `probe_dir` (the default layout RUN/probe-*/, also after the run was moved)."""
     meta = json.loads((probe_dir / "probe.json").read_text())
+    runs = [Path(meta["run"])] if meta.get("run") else []
+    runs.append(probe_dir.resolve().parent)
+    tried = [run / "checkpoints" / checkpoint / "config.json" for run in runs]
+    for config_file in tried:
+        if config_file.is_file():
+            config = json.loads(config_file.read_text())
+            if isinstance(config, dict) and config.get("seed") is not None:
+                return config
+    raise CompareError(f"{probe_dir}: the run's training seed cannot be read (tried {', '.join(map(str, tried))}); "
+                       "without it seeds could not be paired. Fix: pass the probe directory inside its run "
+                       "(RUN/probe-*), or re-probe the run where it now lives (posfreq probe --run RUN)")
+
+
+def run_identity(probe_dir: Path) -> tuple[int, int, str]:
+    """(training length, training seed, data variant) of a probed run, from its first checkpoint's config.json."""
     rows = read_csv(probe_dir / "effective_length.csv")
-    config_file = Path(meta.get("run", "")) / "checkpoints" / str(rows[0]["checkpoint"]) / "config.json"
-    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
-    return int(rows[0]["train_len"]), config.get("seed"), data_variant(config)
+    if not rows:
+        raise CompareError(f"{probe_dir / 'effective_length.csv'}: no checkpoint rows. Fix: probe the run first")
+    config = run_config(probe_dir, str(rows[0]["checkpoint"]))
+    return int(rows[0]["train_len"]), int(config["seed"]), data_variant(config)
 
 
 def load_checkpoints(paths: Sequence[Path]) -> list[dict]:
@@ -91,10 +113,18 @@ def shortfall(rows: Sequence[Mapping]) -> dict:
     last = [{"train_len": L, "variant": v, "seed": s, "effective_length": r["effective_length"],
              "effective_length_hi": r["effective_length_hi"], "status": r["effective_length_status"]}
             for (L, v, s), r in sorted(runs.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2])))]
+    claim = "the effective length of every run's last checkpoint falls short of its training length"
+    undefined = [x for x in last if x["status"] == STATUS_NONE_PASSED]
+    tested = [x for x in last if x["status"] != STATUS_NONE_PASSED]
+    verdict = {"claim": claim, "last_checkpoints": last}
+    if undefined:
+        verdict["caveat"] = (f"{len(undefined)} of {len(last)} runs passed no probed length at their last checkpoint "
+                             "(effective length undefined): left out of the test")
+    if not tested:
+        return {**verdict, "holds": None, "reason": "no run has a defined effective length at its last checkpoint"}
     holds = all(x["status"] == STATUS_OK and x["effective_length_hi"] is not None and x["effective_length_hi"] < x["train_len"]
-                for x in last)
-    return {"claim": "the effective length of every run's last checkpoint falls short of its training length",
-            "holds": holds, "last_checkpoints": last}
+                for x in tested)
+    return {**verdict, "holds": holds}
 
 
 def longer_reaches_further(rows: Sequence[Mapping], n_boot: int, seed: int) -> dict:
@@ -302,10 +332,14 @@ def build_parser() -> ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Compare the runs, print each verdict and where the outputs are."""
     args = parse(build_parser(), argv)
-    conclusion = compare(args.runs, args.out, args.bootstrap, args.bootstrap_seed, not args.no_figures)
+    try:
+        conclusion = compare(args.runs, args.out, args.bootstrap, args.bootstrap_seed, not args.no_figures)
+    except (CompareError, FileNotFoundError) as err:
+        sys.exit(f"error: {err}")
     for name in ("shortfall", "longer_reaches_further", "curves_coincide"):
         c = conclusion[name]
-        print(f"{name}: holds={c['holds']}  {c.get('interval_95', '')}  ({c['claim']})")
+        caveat = "".join(f"; {c[k]}" for k in ("reason", "caveat") if c.get(k))
+        print(f"{name}: holds={c['holds']}  {c.get('interval_95', '')}  ({c['claim']}{caveat})")
     print(f"outputs in {args.out}/")
     return 0
 

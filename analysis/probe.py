@@ -605,7 +605,7 @@ def probe_run(run_dir: Path, out: Path | None, job: Job, shard: tuple[int, int] 
             for p, s in sources.items()}
     meta_path = out / results.META_FILE
     previous = results.read_json(meta_path) if meta_path.is_file() else {}
-    results.write_json(meta_path, {**previous, "run": str(run_dir), "checkpoints": keys,
+    results.write_json(meta_path, {**previous, "run": str(run_dir.resolve()), "checkpoints": keys,
                                    "settings": asdict(job.settings), "code_version": code_version()})
     return out, results.derive_run(out, job.analysis, job.figures)
 

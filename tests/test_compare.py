@@ -126,3 +126,48 @@ def test_variants_are_compared_within_each_training_length_and_labelled_apart():
         {"packing": "concat", "length_upsample": {"256-": 2.0}}, {"packing": "concat", "length_upsample": {"256-": 3}},
         {"packing": "best_fit"})}
     assert labels == {"concat", "concat/row", "concat+upsample{256-: 2}", "concat+upsample{256-: 3}", "best_fit"}
+
+
+def probed_run(run, seed: int, recorded_run: str, status: str = "ok"):
+    """A probed run as `posfreq probe --run` leaves it: RUN/checkpoints/*/config.json and RUN/probe/ tables."""
+    import json
+
+    from posfreq.analysis.effective_length import write_csv
+
+    for k in (1, 2):
+        (run / "checkpoints" / f"tokens-{k}").mkdir(parents=True)
+        (run / "checkpoints" / f"tokens-{k}" / "config.json").write_text(json.dumps({"seed": seed, "data": {}}))
+    (run / "probe").mkdir()
+    (run / "probe" / "probe.json").write_text(json.dumps({"run": recorded_run}))
+    rows = [{"checkpoint": f"tokens-{k}", "train_len": 128, "tokens_seen": 1000 * k,
+             "effective_length": 0 if status != "ok" else 32 * k, "effective_length_lo": "",
+             "effective_length_hi": "" if status != "ok" else 32 * k + 16,
+             "effective_length_status": status, "f_effective_length": ""} for k in (1, 2)]
+    write_csv(run / "probe" / "effective_length.csv", rows, list(rows[0]))
+    return run / "probe"
+
+
+def test_a_moved_or_relative_run_keeps_its_seed_and_a_lost_one_is_an_error(tmp_path, capsys):
+    moved = [probed_run(tmp_path / f"s{s}", s, recorded_run=f"runs/elsewhere/s{s}") for s in (0, 1, 2)]
+    rows = compare.load_checkpoints(moved)
+    assert sorted({r["seed"] for r in rows}) == [0, 1, 2]  # read from the run holding the probe directory
+    lost = tmp_path / "copies" / "probe"
+    lost.parent.mkdir()
+    import shutil
+
+    shutil.copytree(moved[0], lost)
+    with pytest.raises(compare.CompareError, match="training seed cannot be read .*runs/elsewhere/s0"):
+        compare.load_checkpoints([lost])
+    with pytest.raises(SystemExit, match="error: .*training seed cannot be read"):
+        compare.main([str(lost), "--out", str(tmp_path / "out"), "--no-figures"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_run_that_passed_nothing_is_a_stated_caveat_not_a_verdict(tmp_path, capsys):
+    dirs = [probed_run(tmp_path / "none", 0, "", status="none_passed")]
+    assert compare.main([*map(str, dirs), "--out", str(tmp_path / "out"), "--no-figures"]) == 0
+    printed = capsys.readouterr().out
+    assert "shortfall: holds=None" in printed and "passed no probed length" in printed
+    dirs.append(probed_run(tmp_path / "ok", 1, ""))
+    verdict = compare.compare(dirs, tmp_path / "out2", figures=False)["shortfall"]
+    assert verdict["holds"] is True and "1 of 2 runs passed no probed length" in verdict["caveat"]
