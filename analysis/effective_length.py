@@ -462,7 +462,17 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Draw Fig. 2a/2b (and Fig. 3 from the runs' f(i)) for several runs on shared axes, re-deriving them first if asked."""
+    from posfreq.analysis.results import StaleResults
+
     args = parse(build_parser(), argv)
+    try:
+        return _main(args)
+    except (StaleResults, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+def _main(args) -> int:
+    """`main` once the arguments are parsed."""
     options = {f.name: args[f.name] for f in fields(Analysis) if args[f.name] is not None}
     if options:
         from posfreq.analysis import results

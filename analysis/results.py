@@ -149,6 +149,35 @@ def read_records(out: Path, lengths: Sequence[int]) -> list[dict]:
     return records
 
 
+HIT_FIELDS = ("hits_anywhere", "hits_first_line")
+
+
+def checked_records(out: Path, length: int, marker: dict) -> list[dict]:
+    """The records of one probed length, refused (StaleResults naming the file and line) unless they are exactly
+    what the probe wrote: as many as the marker's n_tests, each under the marker's key and length, with a distinct
+    test index and hit lists of JSON booleans. A re-derivation must never turn a damaged or mixed file into a
+    number."""
+    path = length_files(out, length)[0]
+    records = read_records(out, [length])
+    fix = "Fix: restore the file, or delete it and its .json marker to probe that length again"
+    if len(records) != marker.get("n_tests"):
+        raise StaleResults(f"{path}: {len(records)} records, but its marker says {marker.get('n_tests')} tests. {fix}")
+    seen = set()
+    for number, record in enumerate(records, 1):
+        where = f"{path}, record {number}"
+        if not isinstance(record, dict) or record.get("key") != marker.get("key") or record.get("length") != length:
+            raise StaleResults(f"{where}: made under another key or length than its marker "
+                               f"({str(marker.get('key'))[:12]}, L = {length}). {fix}")
+        for name in HIT_FIELDS:
+            hits = record.get(name)
+            if not isinstance(hits, list) or not all(isinstance(h, bool) for h in hits):
+                raise StaleResults(f"{where}: {name} must be a list of true/false, got {hits!r:.60}. {fix}")
+        if record.get("index") in seen:
+            raise StaleResults(f"{where}: test index {record.get('index')} appears twice. {fix}")
+        seen.add(record.get("index"))
+    return records
+
+
 def derive_model(out: Path, analysis: Analysis = Analysis(), figures: bool = True) -> dict:
     """summary.csv, distance.csv, effective_length.csv, failure_by_thirds and figures of one result directory.
 
@@ -161,7 +190,7 @@ def derive_model(out: Path, analysis: Analysis = Analysis(), figures: bool = Tru
     lengths = [n for n in meta["lengths"] if n in done]
     if not lengths:
         raise StaleResults(f"{out}: no length is probed under its key yet; run analysis/probe.py first")
-    by_length = {n: read_records(out, [n]) for n in lengths}
+    by_length = {n: checked_records(out, n, done[n]) for n in lengths}
     summary = [summarize_length(by_length[n], done[n]["seconds"], analysis) for n in lengths]
     write_csv(out / "summary.csv", summary)
     hist = np.load(out / HIST_FILE, allow_pickle=False) if (out / HIST_FILE).is_file() else None
@@ -202,6 +231,9 @@ def derive_run(out: Path, analysis: Analysis = Analysis(), figures: bool = True)
     meta = read_json(out / META_FILE)
     rows, distances, missing = [], [], []
     for name, key in meta["checkpoints"].items():
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+            raise StaleResults(f"{out / META_FILE}: checkpoint {name!r} is not a directory name inside {out}; "
+                               "re-derivation writes only there. Fix: probe the run again (posfreq probe --run)")
         sub = out / name
         sub_meta = read_json(sub / META_FILE) if (sub / META_FILE).is_file() else {}
         if sub_meta.get("key") != key or set(sub_meta.get("lengths", [None])) - set(done_lengths(sub, key)):

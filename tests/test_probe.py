@@ -622,3 +622,37 @@ def test_replace_stale_deletes_only_the_probes_own_records(tmp_path):
     assert not records.exists() and not marker.exists()
     assert (out / "figures" / "mine.png").read_bytes() == b"png" and (out / "summary.csv").read_text() == "mine\n"
     assert json.loads((out / results.KEY_FILE).read_text())["key"] == "k2"
+
+
+def test_rederivation_refuses_damaged_or_mixed_records_and_writes_only_inside_its_directory(tmp_path, monkeypatch):
+    run, out = tmp_path / "run", tmp_path / "run" / "probe"
+    names = make_fake_run(run, 512, {40_960: 60})
+    probe_fake_run(run, out, names, [160, 256], [], monkeypatch)
+    sub = out / next(iter(names))
+    jsonl = results.length_files(sub, 256)[0]
+    good = jsonl.read_text()
+    lines = good.splitlines()
+
+    def rederive_with(text: str, match: str) -> None:
+        jsonl.write_text(text)
+        with pytest.raises(results.StaleResults, match=match):
+            results.derive_run(out, Analysis(), figures=False)
+
+    rederive_with("\n".join(lines[:1]) + "\n", "1 records, but its marker says 4 tests")
+    other_key = [json.loads(x) for x in lines]
+    other_key[2]["key"] = "0" * 64
+    rederive_with("".join(json.dumps(r) + "\n" for r in other_key), "record 3: made under another key")
+    strings = [json.loads(x) for x in lines]
+    strings[0]["hits_anywhere"] = ["false", "false", "false", "false"]
+    rederive_with("".join(json.dumps(r) + "\n" for r in strings), "hits_anywhere must be a list of true/false")
+    jsonl.write_text(good)
+    results.derive_run(out, Analysis(), figures=False)  # the intact records derive again
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    meta = json.loads((out / "probe.json").read_text())
+    meta["checkpoints"] = {str(elsewhere): "k"}
+    (out / "probe.json").write_text(json.dumps(meta))
+    with pytest.raises(results.StaleResults, match="is not a directory name inside"):
+        results.derive_run(out, Analysis(), figures=False)
+    assert list(elsewhere.iterdir()) == []
