@@ -324,6 +324,10 @@ def checkpoint_source(path: Path, settings: ProbeSettings) -> ModelSource:
     """One of our checkpoints (trainer milestone or consolidated directory)."""
     from posfreq.train.checkpoint import load_model_config, model_fingerprint
 
+    if not (path / "model_config.json").is_file():
+        what = "does not exist" if not path.exists() else "is not a checkpoint (no model_config.json)"
+        raise SystemExit(f"error: --checkpoint {path} {what}. Fix: pass RUN/checkpoints/tokens-*/ (or latest/), a "
+                         "consolidated model directory, or --run RUN for every milestone")
     spec_file = path / "tokenizer_spec.json"
     spec = json.loads(spec_file.read_text()) if spec_file.is_file() else {}
     if settings.tokenizer is None and "spec" not in spec:
@@ -341,6 +345,10 @@ def hf_source(directory: Path, settings: ProbeSettings) -> ModelSource:
     """A Hugging Face Llama-family directory (its tokenizer.json unless --tokenizer overrides)."""
     from posfreq.train.hf import config_from_hf, hf_model_fingerprint, tokenizer_spec
 
+    if not (directory / "config.json").is_file():
+        what = "does not exist" if not directory.exists() else "holds no config.json"
+        raise SystemExit(f"error: --model hf:{directory} {what}. Fix: pass a Hugging Face model directory "
+                         "(config.json and *.safetensors)")
     spec = settings.tokenizer or tokenizer_spec(directory)
     if spec is None:
         raise SystemExit(f"--model hf:{directory}: no tokenizer.json there; pass --tokenizer SPEC (e.g. llama3)")

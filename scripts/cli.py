@@ -7,8 +7,11 @@ is instant); `posfreq SUBCOMMAND --help` lists that job's options with descripti
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Sequence
+
+from posfreq.train.cli import describe_error
 
 # subcommand -> (module with main(argv), one line for `posfreq --help`)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -46,10 +49,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(usage(), end="", file=sys.stderr)
         print(f"posfreq: unknown subcommand {name!r}; choose one of: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
         return 2
+    debug = os.environ.get("POSFREQ_DEBUG") == "1" or "--debug" in rest
+    rest = [a for a in rest if a != "--debug"]
     module = importlib.import_module(SUBCOMMANDS[name][0])
     # sys.argv stays as it is: Lightning's launcher re-runs sys.argv[0] (this console script) for the other local
     # ranks, so it must remain a file that exists; each parser names itself `posfreq SUBCOMMAND`.
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except SystemExit as stop:  # a command's own message: one line that starts with "error:"
+        if isinstance(stop.code, str) and not stop.code.startswith("error:"):
+            raise SystemExit(f"error: {stop.code}") from None
+        raise
+    except KeyboardInterrupt:
+        print(f"posfreq {name}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # every failure a command did not word itself: one line, the traceback on request
+        if debug:
+            raise
+        print(f"error: {describe_error(err)}\n  (posfreq {name} --debug, or POSFREQ_DEBUG=1, shows the traceback)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

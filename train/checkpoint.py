@@ -641,7 +641,13 @@ def main(argv: list[str] | None = None) -> int:
         except OutputDirError as err:
             sys.exit(f"error: {err}")
     else:
-        for path, meta in list_checkpoints(args.list.run):
+        run = args.list.run
+        if not run.is_dir():
+            sys.exit(f"error: --run {run} does not exist. Fix: pass a training run directory (the trainer's --out)")
+        found = list_checkpoints(run)
+        if not found:
+            print(f"{run}: no complete checkpoint under {checkpoint_root(run)}", file=sys.stderr)
+        for path, meta in found:
             kind = "resumable" if meta.get("resumable") else "weights only"
             print(f"{path}\tstep {meta['step']}\ttokens {meta['tokens_seen']}\t{kind}")
     return 0

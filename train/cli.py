@@ -10,10 +10,12 @@ the underscore spelling of a dataclass key (`--data.train_len`, the YAML key) is
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 import yaml
 
@@ -24,9 +26,28 @@ REPO = Path(__file__).resolve().parents[1]
 set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
 
+class CommandParser(ArgumentParser):
+    """jsonargparse's parser whose usage errors are the one line that matters first, with close flag names."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        """`error: MESSAGE`, `did you mean ...?` for a misspelt flag, and where the options are listed; exit 2."""
+        if not self.exit_on_error:
+            super().error(message, ex)
+        lines = [f"error: {message.strip()}"]
+        unknown = re.findall(r"(--[\w.-]+)", message) if "nrecognized argument" in message else []
+        known = [o for a in self._actions for o in a.option_strings if o.startswith("--") and "_" not in o]
+        for flag in unknown:
+            close = difflib.get_close_matches(flag.replace("_", "-"), known, n=3, cutoff=0.6)
+            if close:
+                lines.append(f"  did you mean {' or '.join(close)} (for {flag})?")
+        lines.append(f"  {self.prog.replace(' [options]', '')} --help lists every option")
+        sys.stderr.write("\n".join(lines) + "\n")
+        sys.exit(2)
+
+
 def command_parser(prog: str, description: str, config_file: bool = False) -> ArgumentParser:
     """A parser for one posfreq command; `config_file` adds `--config FILE.yaml` (values the flags override)."""
-    parser = ArgumentParser(prog=prog, description=description, print_config="--print-config")
+    parser = CommandParser(prog=prog, description=description, print_config="--print-config")
     if config_file:
         parser.add_argument("--config", action=ActionConfigFile,
                             help="A YAML file of options (keys as in --print-config); flags after it override it.")
@@ -135,3 +156,17 @@ def code_version() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def describe_error(err: BaseException) -> str:
+    """One line for an error that reached a command's top: what failed and where (a disk full named as such)."""
+    import errno
+
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+        where = f" writing {err.filename}" if err.filename else ""
+        return f"the disk is full{where} (No space left on device). Fix: free space there, then run the command again"
+    if isinstance(err, OSError) and err.filename and err.strerror:
+        return f"{err.strerror}: {err.filename}"
+    text = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+

@@ -1,0 +1,88 @@
+"""Every subcommand meets ordinary mistakes with one `error:` line first, a non-zero exit, no traceback, and no file
+written outside its output directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from posfreq.scripts.cli import main as posfreq
+
+
+def outcome(argv: list[str], capsys) -> tuple[int, str]:
+    """(exit code, what the user reads on stderr), in-process: a SystemExit's message is what Python would print."""
+    try:
+        code = posfreq(argv)
+    except SystemExit as stop:
+        code = stop.code
+    err = capsys.readouterr().err
+    if isinstance(code, str):
+        err, code = err + code + "\n", 1
+    return int(code or 0), err
+
+
+@pytest.fixture
+def places(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file.txt").write_text("not a directory\n")
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "bad.yaml").write_text("model: [unclosed\n")
+    (tmp_path / "badrun" / "probe").mkdir(parents=True)
+    (tmp_path / "badrun" / "probe" / "probe.json").write_text("{not json")
+    (tmp_path / "badrun" / "probe" / "effective_length.csv").write_text("checkpoint,train_len\n")
+    return {"missing": str(tmp_path / "missing"), "empty": str(tmp_path / "empty"),
+            "file": str(tmp_path / "file.txt"), "json": str(tmp_path / "bad.json"), "yaml": str(tmp_path / "bad.yaml"),
+            "badrun": str(tmp_path / "badrun"), "out": str(tmp_path / "out")}
+
+
+CASES = [
+    # (subcommand argv with {placeholders}, what it is)
+    (["analyze", "--corpus", "{missing}", "--out", "{out}"], "a missing corpus"),
+    (["analyze", "--corpus", "{empty}", "--out", "{out}"], "an empty corpus directory"),
+    (["analyze", "--config", "{yaml}"], "malformed YAML"),
+    (["prepare", "--corpus", "{missing}", "--out", "{out}"], "a missing corpus"),
+    (["plan", "--config", "{yaml}", "--devices", "8"], "malformed YAML"),
+    (["plan", "--config", "{json}", "--devices", "8"], "malformed JSON"),
+    (["pretrain", "--data.dir", "{missing}", "--out", "{out}"], "missing shards"),
+    (["pretrain", "--data.dir", "{empty}", "--out", "{out}"], "a directory without shards"),
+    (["pretrain", "--data.dir", "{file}", "--out", "{out}"], "a file instead of a directory"),
+    (["pretrain", "--global-batch-tokens", "-5"], "a negative size"),
+    (["pretrain", "--data.train-len", "0"], "a zero size"),
+    (["checkpoint", "list", "--run", "{missing}"], "a missing run"),
+    (["checkpoint", "consolidate", "--checkpoint", "{missing}", "--out", "{out}"], "a missing checkpoint"),
+    (["checkpoint", "consolidate", "--checkpoint", "{empty}", "--out", "{out}"], "an empty directory"),
+    (["probe", "--checkpoint", "{missing}", "--out", "{out}"], "a missing checkpoint"),
+    (["probe", "--checkpoint", "{empty}", "--out", "{out}"], "an empty directory"),
+    (["probe", "--model", "hf:{missing}", "--out", "{out}"], "a missing model"),
+    (["probe", "--run", "{missing}", "--out", "{out}"], "a missing run"),
+    (["probe", "--checkpoint", "{empty}", "--batch-size", "0"], "a zero size"),
+    (["effective-length", "{missing}", "--out", "{out}"], "a missing run"),
+    (["effective-length", "{empty}", "--out", "{out}"], "an empty directory"),
+    (["compare", "{missing}", "--out", "{out}"], "a missing run"),
+    (["compare", "{badrun}", "--out", "{out}"], "malformed probe.json"),
+    (["export-hf", "{missing}", "--out", "{out}"], "a missing checkpoint"),
+    (["export-hf", "{file}", "--out", "{out}"], "a file instead of a directory"),
+    (["doctor", "--out", "{file}"], "a file as the output directory"),
+    (["demo", "--threads", "0", "--out", "{out}"], "a zero size"),
+]
+UNKNOWN_FLAG = [[name, "--no-such-flag"] for name in ("analyze", "prepare", "plan", "pretrain", "probe",
+                                                       "effective-length", "compare", "export-hf", "doctor", "demo")]
+
+
+def snapshot(root: Path) -> dict:
+    return {str(p): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("argv,what", CASES + [(a, "an unknown flag") for a in UNKNOWN_FLAG],
+                         ids=lambda x: " ".join(x) if isinstance(x, list) else x)
+def test_one_error_line_and_nothing_written(argv, what, places, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    code, err = outcome([a.format(**places) for a in argv], capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code != 0, f"{what}: exit 0\n{err}"
+    assert "Traceback" not in err, f"{what}:\n{err}"
+    assert lines and lines[0].startswith("error:"), f"{what}: the first line is not the error\n{err}"
+    after = {p: b for p, b in snapshot(tmp_path).items() if not p.startswith(places["out"])}
+    assert after == before, f"{what}: wrote {sorted(set(after) - set(before))}"
