@@ -431,14 +431,14 @@ class Job:
             return self.batch_size
         return max(1, min(self.batch_size, self.batch_tokens // length))
 
-    def lengths_for(self, train_len: int) -> list[int]:
-        """The lengths asked for, or the default ones of a model trained at `train_len`."""
-        return self.lengths or default_lengths(train_len)
+    def lengths_for(self, train_len: int, shortest: int = 1) -> list[int]:
+        """The lengths asked for, or the default ones of a model trained at `train_len` (none below `shortest`)."""
+        return self.lengths or default_lengths(train_len, shortest)
 
 
-def default_lengths(train_len: int) -> list[int]:
-    """128, 256, ... up to the training length."""
-    return list(range(128, train_len + 1, 128))
+def default_lengths(train_len: int, shortest: int = 1) -> list[int]:
+    """The multiples of 128 from the shortest test a prompt format allows up to the training length."""
+    return list(range(128 * max(1, -(-shortest // 128)), train_len + 1, 128))
 
 
 class Builders:
@@ -501,10 +501,16 @@ def plan_model(source: ModelSource, out: Path, job: Job, builders: Builders) -> 
     builder = builders.for_source(source, job.settings)
     parts = key_parts(source, builder, job.settings)
     key = result_key(parts)
-    lengths = job.lengths_for(source.train_len)
-    if min(lengths) < builder.min_length():
+    shortest = builder.min_length()
+    lengths = job.lengths_for(source.train_len, shortest)
+    if not lengths:
+        raise SystemExit(f"{source.path} was trained at L = {source.train_len}, below the shortest test tokenizer "
+                         f"{builder.tokenizer.name} allows with an answer budget of {job.settings.max_new_tokens} "
+                         f"({shortest} tokens). Fix: train at a longer data.train-len, or pass --lengths from "
+                         f"{shortest} on (beyond the training length) or a lower --max-new-tokens")
+    if min(lengths) < shortest:
         raise SystemExit(f"--lengths: {min(lengths)} is below the shortest test this tokenizer and answer budget "
-                         f"allow ({builder.min_length()} tokens); start the lengths there or lower --max-new-tokens")
+                         f"allow ({shortest} tokens); start the lengths there or lower --max-new-tokens")
     if job.settings.teacher_forced:
         answer, _ = reference_answer(builder.tokenizer, builder.build(lengths[0], 0, 0), job.settings.answer_order)
         if len(answer) > job.settings.max_new_tokens:
