@@ -419,6 +419,24 @@ def test_a_hostile_chat_template_cannot_reach_python(tmp_path):
         get_tokenizer(f"hf:{directory}").chat_frame()
 
 
+@pytest.mark.parametrize("template,message", [
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "within 5 s"),
+    ("{% for i in range(100000) %}{{ 'x' * 100 }}{% endfor %}", "more than 1,000,000 characters"),
+    ("{{ range(10**9) | list }}", "OverflowError"),
+])
+def test_a_chat_template_that_loops_or_overflows_is_one_error(tmp_path, template, message):
+    import time
+
+    directory = write_chat_tokenizer(tmp_path / "t")
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config["chat_template"] = template
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=message):
+        get_tokenizer(f"hf:{directory}").chat_frame()
+    assert time.monotonic() - started < 30
+
+
 # ------------------------------------------------------------------ run level
 
 

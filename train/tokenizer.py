@@ -192,20 +192,54 @@ class HFTokenizer:
         return self.encode_with_special(before), self.encode_with_special(after)
 
 
+TEMPLATE_SECONDS = 5.0
+"""Wall-clock limit on rendering a chat template (user data: it may loop for ever)."""
+TEMPLATE_CHARS = 1_000_000
+"""Output limit on a rendered chat template (one user turn is a few hundred characters)."""
+
+
+class _TemplateTimeout(Exception):
+    pass
+
+
 def render_chat_template(template: str, messages: list[dict], **variables: str) -> str:
-    """Render a Hugging Face chat template (sandboxed Jinja, HF's whitespace options) with the generation prompt."""
+    """Render a Hugging Face chat template (sandboxed Jinja, HF's whitespace options) with the generation prompt,
+    within TEMPLATE_SECONDS and TEMPLATE_CHARS; ValueError for a template that fails, overflows or runs too long."""
+    import signal
+    import threading
+
     from jinja2.exceptions import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
 
+    def timeout(signum, frame) -> None:
+        raise _TemplateTimeout
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
+    timed = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
+    previous = signal.signal(signal.SIGALRM, timeout) if timed else None
+    if timed:
+        signal.setitimer(signal.ITIMER_REAL, TEMPLATE_SECONDS)
     try:
-        return env.from_string(template).render(messages=messages, add_generation_prompt=True, **variables)
-    except TemplateError as err:
-        raise ValueError(f"chat template could not be rendered: {err}") from err
+        parts, size = [], 0
+        for chunk in env.from_string(template).generate(messages=messages, add_generation_prompt=True, **variables):
+            parts.append(chunk)
+            size += len(chunk)
+            if size > TEMPLATE_CHARS:
+                raise ValueError(f"chat template renders more than {TEMPLATE_CHARS:,} characters for one user turn; "
+                                 "refusing it")
+        return "".join(parts)
+    except _TemplateTimeout:
+        raise ValueError(f"chat template did not finish rendering within {TEMPLATE_SECONDS:g} s; refusing it") from None
+    except (TemplateError, OverflowError, RecursionError, MemoryError) as err:
+        raise ValueError(f"chat template could not be rendered: {type(err).__name__}: {err}") from None
+    finally:
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
 
 
 def _read_tokenizer_config(path: Path) -> dict:
