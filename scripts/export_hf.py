@@ -1,6 +1,6 @@
 """Export one of our checkpoints as a Hugging Face LlamaForCausalLM directory (for lm-eval-harness, RULER, ...).
 
-    posfreq export-hf CHECKPOINT --out DIR [--tokenizer llama3|bytes|hf:<dir>|none] [--dtype bfloat16]
+    posfreq export-hf --checkpoint CHECKPOINT --out DIR [--tokenizer llama3|bytes|hf:<dir>|none] [--dtype bfloat16]
 
 CHECKPOINT is anything `train.checkpoint.load_model` reads: a consolidated model directory
 (model.safetensors + model_config.json + tokenizer_spec.json) or a trainer checkpoint. The
@@ -23,7 +23,8 @@ from posfreq.train.outdir import OutputDirError, check_output_dir
 def build_parser():
     """The command line: a checkpoint, --out, and the tokenizer and dtype to export with."""
     parser = command_parser("posfreq export-hf", __doc__.split("\n")[0])
-    parser.add_argument("checkpoint", type=str, help="consolidated model directory or trainer checkpoint directory")
+    parser.add_argument("--checkpoint", type=str, required=True,
+                        help="consolidated model directory or trainer checkpoint directory")
     parser.add_argument("--out", type=str, required=True, help="output directory for the Hugging Face model")
     parser.add_argument("--tokenizer", type=Optional[str], default=None,
                         help="tokenizer spec (llama3, bytes, hf:<dir>) or 'none' for no tokenizer; "

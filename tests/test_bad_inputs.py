@@ -61,8 +61,8 @@ CASES = [
     (["effective-length", "{empty}", "--out", "{out}"], "an empty directory"),
     (["compare", "{missing}", "--out", "{out}"], "a missing run"),
     (["compare", "{badrun}", "--out", "{out}"], "malformed probe.json"),
-    (["export-hf", "{missing}", "--out", "{out}"], "a missing checkpoint"),
-    (["export-hf", "{file}", "--out", "{out}"], "a file instead of a directory"),
+    (["export-hf", "--checkpoint", "{missing}", "--out", "{out}"], "a missing checkpoint"),
+    (["export-hf", "--checkpoint", "{file}", "--out", "{out}"], "a file instead of a directory"),
     (["doctor", "--out", "{file}"], "a file as the output directory"),
     (["demo", "--threads", "0", "--out", "{out}"], "a zero size"),
 ]

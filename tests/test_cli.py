@@ -96,7 +96,7 @@ def test_help_exits_cleanly(argv, capsys):
 
 def test_checkpoint_subcommands_take_the_shared_names():
     parser = command_parser_of("checkpoint")
-    args = parse(parser, ["consolidate", "--checkpoint", "c", "--out", "o", "--dtype", "bf16"])
+    args = parse(parser, ["consolidate", "--checkpoint", "c", "--out", "o", "--dtype", "bfloat16"])
     assert (args.command, str(args.consolidate.checkpoint), str(args.consolidate.out)) == ("consolidate", "c", "o")
     assert str(parse(command_parser_of("checkpoint"), ["list", "--run", "r"]).list.run) == "r"
 

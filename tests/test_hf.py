@@ -184,7 +184,7 @@ def test_export_script_roundtrip(tmp_path: Path) -> None:
     from posfreq.scripts import export_hf as script
 
     ours = _consolidated_bytes_model(tmp_path / "ckpt")
-    assert script.main([str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf"), "--dtype", "bfloat16"]) == 0
+    assert script.main(["--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf"), "--dtype", "bfloat16"]) == 0
     out = tmp_path / "hf"
     hf_config = json.loads((out / "config.json").read_text())
     assert (hf_config["bos_token_id"], hf_config["eos_token_id"], hf_config["torch_dtype"]) == (256, 257, "bfloat16")
@@ -207,7 +207,7 @@ def test_bytes_model_export_loads_offline_with_our_ids(tmp_path: Path) -> None:
     _consolidated_bytes_model(tmp_path / "ckpt")
     old_umask = os.umask(0o022)
     try:
-        script.main([str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf")])
+        script.main(["--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf")])
     finally:
         os.umask(old_umask)
     out = tmp_path / "hf"
@@ -341,7 +341,7 @@ def test_export_never_writes_into_another_model_and_drops_its_own_stale_weights(
     with pytest.raises(OutputDirError, match="holds files `posfreq export-hf` did not write"):
         export_hf(ours, sharded)
     with pytest.raises(SystemExit, match="error: --out .*downloaded holds files"):
-        export_script.main([str(sharded), "--out", str(sharded), "--tokenizer", "none"])
+        export_script.main(["--checkpoint", str(sharded), "--out", str(sharded), "--tokenizer", "none"])
     assert {p.name: p.read_bytes() for p in sharded.iterdir()} == before
     out = tmp_path / "exported"
     export_hf(ours, out)

@@ -38,7 +38,7 @@ def test_the_laptop_recipe_trains_a_model_the_probe_measures_up_to_its_training_
     with open("runs/compare/checkpoints.csv") as fh:
         rows = list(csv.DictReader(fh))
     assert [(r["seed"], r["train_len"]) for r in rows] == [("0", str(train_len))] * 2  # the seed read, not dropped
-    assert posfreq(["export-hf", str(milestones[-1]), "--out", "runs/hf"]) == 0
+    assert posfreq(["export-hf", "--checkpoint", str(milestones[-1]), "--out", "runs/hf"]) == 0
     from posfreq.train.checkpoint import load_model
     from posfreq.train.hf import load_hf_model
 

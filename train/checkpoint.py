@@ -59,7 +59,7 @@ from jsonargparse import ArgumentParser
 from posfreq.train.atomic import atomic_open, fsync_path, write_json_atomic
 from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir
 from posfreq.train.cli import command_parser, parse
-from posfreq.train.config import ModelConfig
+from posfreq.train.config import DTYPES, ModelConfig
 from posfreq.train.fingerprint import file_sha256
 from posfreq.train.model import Transformer
 
@@ -608,9 +608,6 @@ def consolidate(checkpoint_dir: str | Path, out_dir: str | Path, dtype: torch.dt
     return out
 
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
 def build_parser() -> ArgumentParser:
     """`posfreq checkpoint`: the subcommands `consolidate` and `list`."""
     parser = command_parser("posfreq checkpoint", "List a run's complete checkpoints, or consolidate one into a "
@@ -620,7 +617,7 @@ def build_parser() -> ArgumentParser:
     consolidate_parser.add_argument("--checkpoint", type=Path, required=True,
                                     help="A trainer checkpoint directory (RUN/checkpoints/tokens-*/ or latest/).")
     consolidate_parser.add_argument("--out", type=Path, required=True, help="The model directory to write.")
-    consolidate_parser.add_argument("--dtype", type=Optional[Literal["fp32", "bf16", "fp16"]], default=None,
+    consolidate_parser.add_argument("--dtype", type=Optional[Literal[tuple(DTYPES)]], default=None,
                                     help="Cast the floating-point weights to this dtype (null: keep the trained one).")
     list_parser = command_parser("posfreq checkpoint list", "One line per complete checkpoint of a run: its path, "
                                  "step, tokens seen, and whether it is resumable or weights only.")
@@ -632,7 +629,7 @@ def build_parser() -> ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`posfreq checkpoint consolidate --checkpoint CKPT --out DIR [--dtype bf16]` or `list --run RUN`."""
+    """`posfreq checkpoint consolidate --checkpoint CKPT --out DIR [--dtype bfloat16]` or `list --run RUN`."""
     args = parse(build_parser(), argv)
     if args.command == "consolidate":
         cmd = args.consolidate

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""The weight dtypes a command can cast to, by one name in every command (`--dtype`)."""
+
 
 @dataclass(frozen=True)
 class ModelConfig:

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from posfreq.train.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
 from posfreq.train.checkpoint import contained_file
-from posfreq.train.config import ModelConfig
+from posfreq.train.config import DTYPES, ModelConfig  # noqa: F401 (DTYPES re-exported)
 from posfreq.train.model import Transformer
 from posfreq.train.outdir import claim_output_dir
 from posfreq.train.rotary import rope_scaling_type
@@ -57,7 +57,6 @@ _KNOWN_KEYS = {
 }
 # Weights HF checkpoints may carry that we recompute (old Llama files saved the rotary buffer).
 _IGNORED_WEIGHT_SUFFIXES = ("rotary_emb.inv_freq",)
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def _read_json(path: Path) -> dict:
