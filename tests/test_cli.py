@@ -118,3 +118,13 @@ def test_dispatch_leaves_sys_argv_alone(monkeypatch):
     with pytest.raises(SystemExit) as done:
         main(["plan", "--help"])
     assert done.value.code == 0 and sys.argv[0] == "/venv/bin/posfreq"
+
+
+@pytest.mark.parametrize("name", sorted(SUBCOMMANDS))
+def test_every_hyphenated_flag_takes_its_underscore_spelling_too(name):
+    """The YAML key spelling works on every command line, not only on those built from dataclasses."""
+    for prog, parser in parsers(command_parser_of(name), f"posfreq {name}"):
+        for action in parser._actions:
+            for option in (o for o in action.option_strings if o.startswith("--") and "-" in o[2:]):
+                underscored = "--" + option[2:].replace("-", "_")
+                assert parser._option_string_actions.get(underscored) is action, f"{prog}: {underscored}"

@@ -62,6 +62,11 @@ def hyphenate(parser: argparse.ArgumentParser) -> None:
             parser._option_string_actions.setdefault(option, action)
         if dashed:
             action.option_strings = dashed + [o for o in action.option_strings if o not in dashed]
+        # ...and every hyphenated option also under its underscore spelling (the YAML key), in every command
+        for option in [o for o in action.option_strings if o.startswith("--") and "-" in o[2:]]:
+            underscored = "--" + option[2:].replace("-", "_")
+            if underscored not in parser._option_string_actions:
+                parser._option_string_actions[underscored] = action
         for sub in getattr(action, "choices", None) or {}:
             if isinstance(action.choices, dict) and isinstance(action.choices[sub], argparse.ArgumentParser):
                 hyphenate(action.choices[sub])
