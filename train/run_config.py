@@ -219,7 +219,7 @@ class TrainConfig:
     """A whole pretraining run."""
 
     out: str = "runs/pretrain"
-    """The run directory: checkpoints, metrics.jsonl, train.log."""
+    """The run directory: checkpoints/, metrics.jsonl (and csv/ or wandb/ with those loggers)."""
     seed: int = 0
     """Seed of the data order and the model initialisation."""
     total_tokens: int = 1_000_000_000_000
