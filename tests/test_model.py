@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from posfreq.train.config import PRESETS, ModelConfig, model_preset
@@ -144,3 +145,15 @@ def test_config_rejects_unknown_keys():
         assert "colour" in str(err)
     else:
         raise AssertionError("unknown key accepted")
+
+
+def test_impossible_sizes_are_refused_before_anything_is_allocated():
+    """A corrupt or hostile config (a 2^40 vocabulary asked for 562 TB) is a ValueError naming the field."""
+    from posfreq.train.config import ModelConfig
+
+    with pytest.raises(ValueError, match="vocab_size=1,099,511,627,776 does not fit"):
+        ModelConfig(vocab_size=2**40)
+    with pytest.raises(ValueError, match="parameters .* TiB in float32"):
+        ModelConfig(vocab_size=2**31, d_model=8192)
+    with pytest.raises(ValueError, match="vocab_size"):
+        ModelConfig.from_dict({**ModelConfig().to_dict(), "vocab_size": 2**40})

@@ -6,6 +6,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
 
+MAX_PARAMS = 10**12
+"""A sanity bound on a model's size: a config beyond it is a mistake (a corrupt or hostile config.json), refused
+before anything is allocated."""
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """The weight dtypes a command can cast to, by one name in every command (`--dtype`)."""
 
@@ -41,6 +45,12 @@ class ModelConfig:
             raise ValueError(f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
         if (self.d_model // self.n_heads) % 2:
             raise ValueError("the head dimension must be even for rotary embeddings")
+        if self.vocab_size > 2**32:
+            raise ValueError(f"vocab_size={self.vocab_size:,} does not fit the uint32 token format (at most 2^32)")
+        if self.num_params() > MAX_PARAMS:
+            raise ValueError(f"this config has {self.num_params():,} parameters ({4 * self.num_params() / 2**40:,.1f} "
+                             f"TiB in float32), more than any model this code is for ({MAX_PARAMS:.0e}); a size "
+                             "field is probably wrong (vocab_size, d_model, ffn_dim, n_layers)")
 
     @property
     def head_dim(self) -> int:
