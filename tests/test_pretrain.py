@@ -1037,3 +1037,24 @@ def test_consolidate_never_replaces_a_directory_it_did_not_write(data_dir, tmp_p
     first = ckpt.consolidate(src, tmp_path / "model")
     again = ckpt.consolidate(src, tmp_path / "model")  # its own: replaced whole
     assert first == again and (again / "model.safetensors").is_file() and not (tmp_path / "model.old").exists()
+
+
+def test_a_full_disk_during_a_save_is_named_as_such(data_dir, tmp_path, monkeypatch):
+    """safetensors words a short write as 'unexpected pos 704 vs 598': the error must say the disk is full."""
+    import shutil
+    from collections import namedtuple
+
+    def short_write(*args, **kwargs):
+        raise RuntimeError("unexpected pos 704 vs 598")
+
+    monkeypatch.setattr(ckpt, "save_checkpoint", short_write)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 10**12 - 4096, 4096))
+    with pytest.raises(SystemExit, match=r"error: saving .*latest failed: the disk holding .* is full \(0 MiB free\) "
+                                         r"\(RuntimeError: unexpected pos 704 vs 598\)\. Fix: free space"):
+        config = tmp_path / "run.json"
+        config.write_text(json.dumps(tiny(data_dir, tmp_path / "run", stop_at_step=1)))
+        pretrain.main(["--config", str(config)])
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 0, 10**12))
+    with pytest.raises(RuntimeError, match="unexpected pos"):  # with room on the disk, the error is not reworded
+        run(tiny(data_dir, tmp_path / "other", stop_at_step=1))

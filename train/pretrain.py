@@ -399,7 +399,15 @@ class Trainer:
                  "schedule": {"next_lr": lr_at(self.step, self.cfg, self.plan.total_steps),
                               "total_steps": self.plan.total_steps},
                  "wall_time_s": self.wall_time, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        saved = ckpt.save_checkpoint(self.fabric, final, objects, files, state, self.cfg.checkpoint.sharded)
+        try:
+            saved = ckpt.save_checkpoint(self.fabric, final, objects, files, state, self.cfg.checkpoint.sharded)
+        except Exception as err:
+            full = disk_full(final.parent, err)
+            if full is None:
+                raise
+            raise ckpt.CheckpointError(f"saving {final} failed: {full} ({type(err).__name__}: {err}). Fix: free space "
+                                       "there, then continue with --resume auto (from the newest complete checkpoint; "
+                                       "the unfinished save is removed at start)") from err
         self.checkpoints_written.append(saved.name)
         return saved
 
@@ -605,6 +613,27 @@ class Trainer:
             self.exit_code = EXIT_NOT_REQUEUED
             LOG.info(f"signal received: saved {saved} at step {self.step}; the job was NOT requeued "
                               f"({why_not}): exiting with code {EXIT_NOT_REQUEUED}. Continue with --resume auto.")
+
+
+LOW_DISK_BYTES = 2**30
+
+
+def disk_full(directory: Path, err: BaseException) -> str | None:
+    """Why a write into `directory` failed if the disk is full (ENOSPC anywhere in the error's chain, or less than
+    LOW_DISK_BYTES free: libraries word a short write their own way), else None."""
+    import errno
+    import shutil
+
+    cause: BaseException | None = err
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
+            return f"the disk holding {directory} is full (No space left on device)"
+        cause = cause.__cause__ or cause.__context__
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return None
+    return f"the disk holding {directory} is full ({free / 2**20:,.0f} MiB free)" if free < LOW_DISK_BYTES else None
 
 
 def _requeue(job: str) -> str | None:
