@@ -38,7 +38,7 @@ if __package__ in (None, ""):  # run as a file: import the installed posfreq pac
 
 from posfreq.analysis.effective_length import (STATUS_ALL_PASSED, STATUS_NONE_PASSED, STATUS_OK, find_run_results,
                                                read_csv, write_csv)
-from posfreq.train.cli import command_parser, parse
+from posfreq.train.cli import add_runs_argument, command_parser, parse, runs_of
 
 COLUMNS = ("train_len", "seed", "variant", "checkpoint", "tokens_seen", "effective_length", "effective_length_lo",
            "effective_length_hi", "effective_length_status", "f_effective_length", "tf_effective_length")
@@ -319,8 +319,7 @@ def build_parser() -> ArgumentParser:
         "Effective length across training lengths and seeds, and computed verdicts on the paper's claims "
         "(shortfall, longer L reaches further, C2: curves coincide against f). Each run's training length and seed "
         "are read from its checkpoints' config.json.")
-    parser.add_argument("runs", nargs="+", type=Path,
-                        help="Probed run directories (posfreq probe --run) or their probe output directories.")
+    add_runs_argument(parser)
     parser.add_argument("--out", type=Path, default=Path("runs/compare"),
                         help="Directory for checkpoints.csv, conclusion.json and figures/.")
     parser.add_argument("--bootstrap", type=int, default=2000, help="Bootstrap replicates over seeds.")
@@ -331,9 +330,11 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Compare the runs, print each verdict and where the outputs are."""
-    args = parse(build_parser(), argv)
+    parser = build_parser()
+    args = parse(parser, argv)
+    runs = runs_of(args, parser)
     try:
-        conclusion = compare(args.runs, args.out, args.bootstrap, args.bootstrap_seed, not args.no_figures)
+        conclusion = compare(runs, args.out, args.bootstrap, args.bootstrap_seed, not args.no_figures)
     except (CompareError, FileNotFoundError) as err:
         sys.exit(f"error: {err}")
     for name in ("shortfall", "longer_reaches_further", "curves_coincide"):

@@ -46,7 +46,7 @@ if __package__ in (None, ""):  # run as a file: import the installed posfreq pac
 
 from posfreq.analysis.frequency import position_frequency
 from posfreq.train.atomic import atomic_open
-from posfreq.train.cli import command_parser, parse
+from posfreq.train.cli import add_runs_argument, command_parser, parse, runs_of
 
 STATUS_OK = "ok"
 STATUS_NONE_PASSED = "none_passed"
@@ -452,8 +452,7 @@ def build_parser() -> ArgumentParser:
         "Draw Fig. 2a / 2b (and Fig. 3 from the runs' f(i)) for several probed runs on shared axes. An analysis "
         "option given here re-derives every table from the stored per-test records first (no decoding); one left "
         "unset (null) keeps the value the tables were derived with.")
-    parser.add_argument("runs", nargs="+", type=Path,
-                        help="Probed run directories (posfreq probe --run) or their probe output directories.")
+    add_runs_argument(parser)
     parser.add_argument("--out", type=Path, default=Path("runs/effective_length"), help="Directory for the figures.")
     parser.add_class_arguments(Analysis, nested_key=None, as_group=True)
     parser.set_defaults({f.name: None for f in fields(Analysis)})
@@ -464,7 +463,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Draw Fig. 2a/2b (and Fig. 3 from the runs' f(i)) for several runs on shared axes, re-deriving them first if asked."""
     from posfreq.analysis.results import StaleResults
 
-    args = parse(build_parser(), argv)
+    parser = build_parser()
+    args = parse(parser, argv)
+    args.runs = runs_of(args, parser)
     try:
         return _main(args)
     except (StaleResults, FileNotFoundError) as err:

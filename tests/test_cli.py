@@ -128,3 +128,12 @@ def test_every_hyphenated_flag_takes_its_underscore_spelling_too(name):
             for option in (o for o in action.option_strings if o.startswith("--") and "-" in o[2:]):
                 underscored = "--" + option[2:].replace("-", "_")
                 assert parser._option_string_actions.get(underscored) is action, f"{prog}: {underscored}"
+
+
+@pytest.mark.parametrize("name", ["compare", "effective-length"])
+def test_runs_are_named_positionally_or_with_run_as_everywhere(name):
+    from posfreq.train.cli import runs_of
+
+    parser = command_parser_of(name)
+    both = parse(parser, ["a", "--run", "b", "c"])
+    assert [str(p) for p in runs_of(both, parser)] == ["a", "b", "c"]

@@ -142,6 +142,23 @@ def parse(parser: ArgumentParser, argv: Sequence[str] | None = None) -> Namespac
     return parser.parse_args(args)
 
 
+RUNS_HELP = "Probed run directories (posfreq probe --run) or their probe output directories."
+
+
+def add_runs_argument(parser: ArgumentParser) -> None:
+    """Several probed runs, named positionally or with --run (the name every command gives a run)."""
+    parser.add_argument("runs", nargs="*", type=Path, help=RUNS_HELP)
+    parser.add_argument("--run", nargs="+", type=Path, default=[], help=f"{RUNS_HELP} (the same as positional ones)")
+
+
+def runs_of(args: Namespace, parser: ArgumentParser) -> list[Path]:
+    """The runs given by `add_runs_argument`'s two spellings; a usage error when there are none."""
+    runs = [*args.runs, *args.run]
+    if not runs:
+        parser.error("give at least one run (RUN ... or --run RUN ...)")
+    return runs
+
+
 def parse_shard(text: str) -> tuple[int, int]:
     """'i/n' (0-based i, as SLURM_ARRAY_TASK_ID / SLURM_ARRAY_TASK_COUNT) -> (i, n), for argparse."""
     try:
