@@ -1058,3 +1058,16 @@ def test_a_full_disk_during_a_save_is_named_as_such(data_dir, tmp_path, monkeypa
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 0, 10**12))
     with pytest.raises(RuntimeError, match="unexpected pos"):  # with room on the disk, the error is not reworded
         run(tiny(data_dir, tmp_path / "other", stop_at_step=1))
+
+
+def test_overwrite_starts_afresh_deleting_only_the_runs_own_files(data_dir, tmp_path):
+    run(tiny(data_dir, tmp_path, stop_at_step=2))
+    (tmp_path / "notes.md").write_text("mine")
+    with pytest.raises(ConfigError, match="--overwrite starts afresh, --resume auto continues"):
+        run(tiny(data_dir, tmp_path, overwrite=True))
+    history = run(tiny(data_dir, tmp_path, resume=None, overwrite=True, stop_at_step=1))
+    assert [r["step"] for r in history] == [1]
+    logged = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [1] and (tmp_path / "notes.md").read_text() == "mine"
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["latest"]
+    assert ckpt.read_trainer_state(tmp_path / "checkpoints/latest")["step"] == 1

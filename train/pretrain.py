@@ -242,6 +242,9 @@ class Plan:
 
     def _resume_point(self) -> Path | None:
         cfg = self.cfg
+        if cfg.overwrite and cfg.resume is not None:
+            raise ConfigError(f"--overwrite starts afresh, --resume {cfg.resume} continues: choose one "
+                              "(--resume null --overwrite, or --resume auto without --overwrite)")
         if cfg.resume is None:
             self._refuse_restart_over_a_run()
             return None
@@ -277,11 +280,11 @@ class Plan:
     def _refuse_restart_over_a_run(self) -> None:
         """A fresh start (resume null) into a directory that holds a run would mix two runs' logs and checkpoints."""
         out = Path(self.cfg.out)
-        held = [p.name for p in (ckpt.checkpoint_root(out), out / "metrics.jsonl") if p.exists()]
-        if held:
+        held = [p.name for p in run_files(out) if p.exists()]
+        if held and not self.cfg.overwrite:
             raise ConfigError(f"--out {out} holds a run ({', '.join(held)}) and --resume is null (start afresh). "
-                              "Fix: --resume auto to continue it, or a new --out to start another run "
-                              "(nothing was changed).")
+                              "Fix: --resume auto to continue it, a new --out to start another run, or --overwrite "
+                              "to delete that run's files and start afresh (nothing was changed).")
 
     def _schedule_change(self, meta: dict, changes: list[str]) -> str:
         """The overridden keys and the schedule from the resumed step on, before and after (next LR, total steps)."""
@@ -696,6 +699,9 @@ def _loggers(cfg: TrainConfig) -> list:
     if cfg.logging.logger == "wandb":
         from lightning.pytorch.loggers import WandbLogger
 
+        if cfg.overwrite and cfg.resume is None:  # a fresh run gets a fresh wandb run, not the old one's id
+            (out / WANDB_ID_FILE).unlink(missing_ok=True)
+
         return [WandbLogger(project=cfg.logging.project, name=cfg.logging.run_name, save_dir=str(out),
                             offline=wandb_mode()[0], id=wandb_run_id(out), resume="allow", config=cfg.to_dict())]
     return []
@@ -760,8 +766,29 @@ def _lock_run_dir(cfg: TrainConfig, fabric) -> RunLock | None:
     return lock
 
 
+def run_files(out: Path) -> list[Path]:
+    """What a pretraining run writes into its OUT (all that --overwrite deletes; the run lock aside)."""
+    return [ckpt.checkpoint_root(out), out / "metrics.jsonl", out / "metrics.jsonl.unreadable", out / "csv"]
+
+
+def _overwrite(out: Path) -> None:
+    """Delete the trainer's own files in OUT (--overwrite with resume null; this job holds the lock)."""
+    import shutil
+
+    for path in run_files(out):
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+        else:
+            continue
+        LOG.info(f"--overwrite: deleted {path}")
+
+
 def _start(cfg: TrainConfig, fabric, plan: Plan, attention: str) -> None:
     """Rank 0: clear interrupted writes (safe: this job holds the lock) and report the run and its resume point."""
+    if cfg.overwrite:
+        _overwrite(Path(cfg.out))
     for path in ckpt.remove_stale_temporaries(cfg.out):
         LOG.info(f"removed an interrupted checkpoint write: {path}")
     for reason in plan.skipped:

@@ -238,6 +238,9 @@ class TrainConfig:
     """bf16-mixed: bf16 compute with fp32 weights and gradient reduction; 32-true: fp32 throughout."""
     resume: Optional[str] = None
     """null: start fresh; auto: the newest complete checkpoint in OUT (else start); or a checkpoint directory."""
+    overwrite: bool = False
+    """With resume null, start afresh in an OUT that holds a run: the trainer's own files there (checkpoints/,
+    metrics.jsonl, csv/; a new wandb run id) are replaced, nothing else. Without it such an OUT is refused."""
     stop_at_step: Optional[int] = None
     """End this invocation after this step, saving `latest` (for jobs and tests)."""
     on_nonfinite: Literal["stop", "skip"] = "stop"
@@ -286,7 +289,7 @@ class TrainConfig:
 # Keys that may change between a checkpoint and the run resuming it: they do not change the
 # math of the run (which rows each step trains on, the model, the optimiser, the schedule).
 RESUMABLE_CHANGES = (
-    "out", "resume", "stop_at_step", "micro_batch_rows", "devices", "num_nodes", "accelerator",
+    "out", "resume", "overwrite", "stop_at_step", "micro_batch_rows", "devices", "num_nodes", "accelerator",
     "requeue_on_signal", "on_nonfinite", "resume_override", "data.dir", "data.val_dir", "data.val_every_tokens",
     "data.val_rows", "model.attention_backend",
     "model.activation_checkpointing", "model.init_from", "checkpoint.", "logging.",
