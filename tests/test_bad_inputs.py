@@ -31,9 +31,24 @@ def places(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "badrun" / "probe").mkdir(parents=True)
     (tmp_path / "badrun" / "probe" / "probe.json").write_text("{not json")
     (tmp_path / "badrun" / "probe" / "effective_length.csv").write_text("checkpoint,train_len\n")
+    bad_ckpt = tmp_path / "badckpt"  # a consolidated model whose files are damaged
+    bad_ckpt.mkdir()
+    (bad_ckpt / "model_config.json").write_text("{not json")
+    (bad_ckpt / "tokenizer_spec.json").write_text('{"spec": "bytes"}')
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    (torn / "model_config.json").write_text('{"vocab_size": 258, "d_model": 64, "n_layers": 1, "n_heads": 2, '
+                                            '"n_kv_heads": 1, "ffn_dim": 64}')
+    (torn / "tokenizer_spec.json").write_text('{"spec": "bytes"}')
+    (torn / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": 1")
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{not json")
+    (hf / "tokenizer.json").write_text("{not json")
     return {"missing": str(tmp_path / "missing"), "empty": str(tmp_path / "empty"),
             "file": str(tmp_path / "file.txt"), "json": str(tmp_path / "bad.json"), "yaml": str(tmp_path / "bad.yaml"),
-            "badrun": str(tmp_path / "badrun"), "out": str(tmp_path / "out")}
+            "badrun": str(tmp_path / "badrun"), "out": str(tmp_path / "out"), "badckpt": str(bad_ckpt),
+            "torn": str(torn), "hf": str(hf)}
 
 
 CASES = [
@@ -64,6 +79,10 @@ CASES = [
     (["export-hf", "--checkpoint", "{missing}", "--out", "{out}"], "a missing checkpoint"),
     (["export-hf", "--checkpoint", "{file}", "--out", "{out}"], "a file instead of a directory"),
     (["doctor", "--out", "{file}"], "a file as the output directory"),
+    (["probe", "--checkpoint", "{badckpt}", "--out", "{out}"], "a malformed model_config.json"),
+    (["export-hf", "--checkpoint", "{torn}", "--out", "{out}"], "a damaged model.safetensors"),
+    (["probe", "--checkpoint", "{torn}", "--out", "{out}"], "a damaged model.safetensors"),
+    (["probe", "--model", "hf:{hf}", "--out", "{out}"], "a malformed config.json and tokenizer.json"),
     (["demo", "--threads", "0", "--out", "{out}"], "a zero size"),
 ]
 UNKNOWN_FLAG = [[name, "--no-such-flag"] for name in ("analyze", "prepare", "plan", "pretrain", "probe",
