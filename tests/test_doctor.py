@@ -47,3 +47,14 @@ def test_a_failing_check_is_a_fail_row_not_a_crash(tmp_path):
 
     row = doctor.run_check("attention-x", broken, torch.device("cpu"))
     assert row.status == "FAIL" and row.detail == "RuntimeError: FlashAttention only support fp16 and bf16 data type"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no CUDA GPU on this machine")
+def test_on_a_gpu_node_every_check_passes_or_says_why_it_was_skipped(tmp_path):
+    """The GPU checks themselves (NCCL pretraining and resume on every local GPU, each kernel, the probe, liger)."""
+    assert doctor.main(["--out", str(tmp_path / "doc"), "--device", "cuda"]) == 0
+    report = json.loads((tmp_path / "doc/doctor.json").read_text())
+    status = {c["name"]: c["status"] for c in report["checks"]}
+    assert status["pretrain-bf16"] == status["pretrain-fp32"] == "PASS"
+    assert status["attention-varlen"] == "PASS"  # torch's own kernel: on every sm80+ GPU with a CUDA torch
