@@ -1071,3 +1071,17 @@ def test_overwrite_starts_afresh_deleting_only_the_runs_own_files(data_dir, tmp_
     assert logged == [1] and (tmp_path / "notes.md").read_text() == "mine"
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["latest"]
     assert ckpt.read_trainer_state(tmp_path / "checkpoints/latest")["step"] == 1
+
+
+def test_overwrite_never_requeues_and_never_deletes_its_own_starting_weights(data_dir, tmp_path, monkeypatch):
+    first = tmp_path / "first"
+    run(tiny(data_dir, first, total_tokens=2048))
+    start = first / "checkpoints" / ckpt.milestone_name(2048)
+    with pytest.raises(ConfigError, match="lies in the run files --overwrite would delete"):
+        run(tiny(data_dir, first, resume=None, overwrite=True, **{"model.init_from": str(start)}))
+    assert start.is_dir()
+    calls = sigusr1_in_a_slurm_job(monkeypatch, "99", at_step=1)
+    with pytest.raises(SystemExit) as stop:  # a requeued job would run --overwrite again and delete this run
+        run(tiny(data_dir, first, resume=None, overwrite=True, **{"checkpoint.latest_every_steps": 0}))
+    assert stop.value.code == pretrain.EXIT_NOT_REQUEUED and calls == []
+    assert ckpt.read_trainer_state(first / "checkpoints/latest")["step"] == 3

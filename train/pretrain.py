@@ -281,6 +281,10 @@ class Plan:
         """A fresh start (resume null) into a directory that holds a run would mix two runs' logs and checkpoints."""
         out = Path(self.cfg.out)
         held = [p.name for p in run_files(out) if p.exists()]
+        init = Path(self.cfg.model.init_from).resolve() if self.cfg.model.init_from else None
+        if self.cfg.overwrite and init is not None and any(init.is_relative_to(p.resolve()) for p in run_files(out)):
+            raise ConfigError(f"model.init_from={self.cfg.model.init_from} lies in the run files --overwrite would "
+                              "delete. Fix: copy that checkpoint elsewhere first, or use another --out")
         if held and not self.cfg.overwrite:
             raise ConfigError(f"--out {out} holds a run ({', '.join(held)}) and --resume is null (start afresh). "
                               "Fix: --resume auto to continue it, a new --out to start another run, or --overwrite "
@@ -606,8 +610,11 @@ class Trainer:
     def _stop_on_signal(self, saved: Path, usr1: bool) -> None:
         """After the signal's save: requeue the SLURM job if asked and possible, and say what happens next."""
         job = os.environ.get("SLURM_JOB_ID")
-        why_not = ("only SIGUSR1 requeues" if not usr1 else "no SLURM job (SLURM_JOB_ID unset)" if not job
-                   else "requeue_on_signal is false" if not self.cfg.requeue_on_signal else None)
+        why_not = ("stopped by Ctrl-C" if self.signals.received == signal.SIGINT
+                   else "only SIGUSR1 requeues" if not usr1 else "no SLURM job (SLURM_JOB_ID unset)" if not job
+                   else "requeue_on_signal is false" if not self.cfg.requeue_on_signal
+                   else "--overwrite is set: a requeued job would delete this run again" if self.cfg.overwrite
+                   else None)
         if why_not is None and self.fabric.global_rank == 0:
             why_not = _requeue(job)
         if self.fabric.broadcast(why_not is None, src=0):
@@ -699,11 +706,10 @@ def _loggers(cfg: TrainConfig) -> list:
     if cfg.logging.logger == "wandb":
         from lightning.pytorch.loggers import WandbLogger
 
-        if cfg.overwrite and cfg.resume is None:  # a fresh run gets a fresh wandb run, not the old one's id
-            (out / WANDB_ID_FILE).unlink(missing_ok=True)
-
+        # A fresh run (--overwrite) gets a fresh wandb run: rank 0 records its id under the run lock (`_overwrite`).
+        run_id = secrets.token_hex(4) if cfg.overwrite else wandb_run_id(out)
         return [WandbLogger(project=cfg.logging.project, name=cfg.logging.run_name, save_dir=str(out),
-                            offline=wandb_mode()[0], id=wandb_run_id(out), resume="allow", config=cfg.to_dict())]
+                            offline=wandb_mode()[0], id=run_id, resume="allow", config=cfg.to_dict())]
     return []
 
 
@@ -771,10 +777,16 @@ def run_files(out: Path) -> list[Path]:
     return [ckpt.checkpoint_root(out), out / "metrics.jsonl", out / "metrics.jsonl.unreadable", out / "csv"]
 
 
-def _overwrite(out: Path) -> None:
-    """Delete the trainer's own files in OUT (--overwrite with resume null; this job holds the lock)."""
+def _overwrite(out: Path, fabric) -> None:
+    """Delete the trainer's own files in OUT (--overwrite with resume null; this job holds the lock), and record
+    the new wandb run's id."""
     import shutil
 
+    from posfreq.train.atomic import write_text_atomic
+
+    for external in fabric.loggers:
+        if type(external).__name__ == "WandbLogger":
+            write_text_atomic(out / WANDB_ID_FILE, f"{external.version}\n")
     for path in run_files(out):
         if path.is_dir():
             shutil.rmtree(path)
@@ -788,7 +800,7 @@ def _overwrite(out: Path) -> None:
 def _start(cfg: TrainConfig, fabric, plan: Plan, attention: str) -> None:
     """Rank 0: clear interrupted writes (safe: this job holds the lock) and report the run and its resume point."""
     if cfg.overwrite:
-        _overwrite(Path(cfg.out))
+        _overwrite(Path(cfg.out), fabric)
     for path in ckpt.remove_stale_temporaries(cfg.out):
         LOG.info(f"removed an interrupted checkpoint write: {path}")
     for reason in plan.skipped:
@@ -817,6 +829,8 @@ def train(cfg: TrainConfig) -> list[dict]:
         fabric.launch()
         start_console(fabric.global_rank == 0)
         lock = _lock_run_dir(cfg, fabric)
+        if cfg.overwrite and fabric.broadcast(signals.received is not None, src=0):
+            raise ConfigError("a stop signal (Ctrl-C, SIGTERM) arrived during start-up; --overwrite deleted nothing")
         if fabric.global_rank == 0:
             _start(cfg, fabric, plan, attention)
         fabric.barrier()
