@@ -94,3 +94,30 @@ def test_shipped_configs_and_their_printed_round_trip_still_load(tmp_path, capsy
         printed = tmp_path / config.name
         printed.write_text(capsys.readouterr().out)
         assert parse_args(["--config", str(printed)]).to_dict() == parse_args(["--config", str(config)]).to_dict()
+
+
+def test_abbreviations_section_files_and_environment_cannot_carry_code_in(tmp_path, capsys, monkeypatch):
+    marker = tmp_path / "marker"
+    evil = tmp_path / "evil.yaml"
+    evil.write_text(json.dumps({"model": {"overrides": {"n_layers": payload(marker)}}}))
+    outer = tmp_path / "outer.yaml"
+    outer.write_text(json.dumps({"config": str(evil)}))
+    section = tmp_path / "model.yaml"
+    section.write_text(json.dumps({"overrides": {"n_layers": payload(marker)}}))
+    for argv, said in ((["pretrain", "--conf", str(outer)], "error: --conf"),  # read by neither the parser nor a scan
+                       (["pretrain", "--model", str(section)], "--model " + str(section))):  # a section loaded from a file
+        with pytest.raises(SystemExit) as stop:
+            posfreq(argv)
+        assert stop.value.code == 2 and said in capsys.readouterr().err
+    monkeypatch.setenv("JSONARGPARSE_DEFAULT_ENV", "true")
+    monkeypatch.setenv("POSFREQ PRETRAIN_CONFIG", str(outer))
+    from posfreq.train.run_config import parse_args
+
+    assert parse_args(["--data.dir", "d"]).model.overrides == {}  # the environment is not an option source
+    assert not marker.exists()
+
+
+def test_a_flag_value_that_merely_starts_with_a_tag_mark_is_text(capsys):
+    from posfreq.train.cli import refuse_code_in_args
+
+    refuse_code_in_args(["--run", "!important", "--out", "!x y"])  # not refused: the parser reads them as text

@@ -422,7 +422,10 @@ def test_a_hostile_chat_template_cannot_reach_python(tmp_path):
 @pytest.mark.parametrize("template,message", [
     ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "within 5 s"),
     ("{% for i in range(100000) %}{{ 'x' * 100 }}{% endfor %}", "more than 1,000,000 characters"),
-    ("{{ range(10**9) | list }}", "OverflowError"),
+    ("{{ range(10**5) | list | length }}{{ range(10**9) | list }}", "OverflowError"),
+    ("{% set x = [0] * 10**7 %}{{ x | length }}", "repetition of 10,000,000 items"),
+    ("{{ 'a' * 10**8 }}", "repetition of 100,000,000 items"),
+    ("{{ 2 ** 100000000 }}", "power beyond 64"),
 ])
 def test_a_chat_template_that_loops_or_overflows_is_one_error(tmp_path, template, message):
     import time

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import re
 import subprocess
 import sys
@@ -47,7 +48,9 @@ class CommandParser(ArgumentParser):
 
 def command_parser(prog: str, description: str, config_file: bool = False) -> ArgumentParser:
     """A parser for one posfreq command; `config_file` adds `--config FILE.yaml` (values the flags override)."""
-    parser = CommandParser(prog=prog, description=description, print_config="--print-config")
+    # No abbreviations (--conf would load a file unseen by `refuse_code_in_args`), no environment variables.
+    parser = CommandParser(prog=prog, description=description, print_config="--print-config", allow_abbrev=False,
+                           default_env=False)
     if config_file:
         parser.add_argument("--config", action=ActionConfigFile,
                             help="A YAML file of options (keys as in --print-config); flags after it override it.")
@@ -103,6 +106,8 @@ def _yaml(text: str, where: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.constructor.ConstructorError as err:
+        if "python/" not in str(err.problem):
+            return None  # an unknown tag ('!important'): plain text to the parser, which never constructs it
         raise CodeInConfig(f"{where}: YAML tag {err.problem.split()[-1] if err.problem else ''} constructs an object; "
                            "a config holds data only. Fix: remove the tag") from None
     except yaml.YAMLError:
@@ -118,7 +123,8 @@ def refuse_code_in_args(argv: Sequence[str]) -> None:
             continue
         flag = name or (args[i - 1] if i and args[i - 1].startswith("--") else "argument")
         refuse_code(_yaml(inline, flag), flag)
-        if flag in ("--config", "--cfg") and Path(inline).is_file():
+        # a YAML/JSON file any flag may load (--config, and a section such as --model FILE.yaml)
+        if Path(inline).suffix.lower() in (".yaml", ".yml", ".json") and Path(inline).is_file():
             where = f"{flag} {inline}"
             try:
                 text = Path(inline).read_text()
@@ -139,7 +145,13 @@ def parse(parser: ArgumentParser, argv: Sequence[str] | None = None) -> Namespac
     except CodeInConfig as err:
         parser.exit(2, f"error: {err}\n")
     hyphenate(parser)
-    return parser.parse_args(args)
+    forced_env = os.environ.pop("JSONARGPARSE_DEFAULT_ENV", None)  # options come from argv and files, never env
+    try:
+        parser.default_env = False  # (jsonargparse read that variable when the parser was built)
+        return parser.parse_args(args)
+    finally:
+        if forced_env is not None:
+            os.environ["JSONARGPARSE_DEFAULT_ENV"] = forced_env
 
 
 RUNS_HELP = "Probed run directories (posfreq probe --run) or their probe output directories."

@@ -202,6 +202,28 @@ class _TemplateTimeout(Exception):
     pass
 
 
+def _bounded_sandbox_class():
+    """Jinja's immutable sandbox whose `*` and `**` cannot build huge values: a C-level `'a' * 10**8` or
+    `[0] * 10**7` runs to its end before any alarm or output check could stop it."""
+    from jinja2.exceptions import SecurityError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class BoundedSandbox(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**"})  # also keeps them out of compile-time constant folding
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "*":
+                for seq, n in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > TEMPLATE_CHARS:
+                        raise SecurityError(f"a repetition of {len(seq) * n:,} items (limit {TEMPLATE_CHARS:,})")
+            if operator == "**" and isinstance(left, (int, float)) and isinstance(right, (int, float)) \
+                    and abs(right) > 64 and abs(left) > 1:
+                raise SecurityError("a power beyond 64 (limit)")
+            return super().call_binop(context, operator, left, right)
+
+    return BoundedSandbox
+
+
 def render_chat_template(template: str, messages: list[dict], **variables: str) -> str:
     """Render a Hugging Face chat template (sandboxed Jinja, HF's whitespace options) with the generation prompt,
     within TEMPLATE_SECONDS and TEMPLATE_CHARS; ValueError for a template that fails, overflows or runs too long."""
@@ -209,7 +231,8 @@ def render_chat_template(template: str, messages: list[dict], **variables: str) 
     import threading
 
     from jinja2.exceptions import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    _BoundedSandbox = _bounded_sandbox_class()
 
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
@@ -217,7 +240,7 @@ def render_chat_template(template: str, messages: list[dict], **variables: str) 
     def timeout(signum, frame) -> None:
         raise _TemplateTimeout
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
     timed = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
     previous = signal.signal(signal.SIGALRM, timeout) if timed else None
