@@ -95,10 +95,16 @@ def claim(out: Path, key: str, parts: dict, replace_stale: bool = False) -> None
     write_json(key_file, {"key": key, "parts": parts})
 
 
+DERIVED_TABLES = ("summary.csv", "distance.csv", "effective_length.csv", "failure_by_thirds.csv",
+                  "failure_by_thirds.md", "distance_by_checkpoint.csv", "position_frequency.csv")
+"""The tables the probe derives into its own result directory (`derive_model`, `derive_run`)."""
+
+
 def discard_records(out: Path) -> None:
-    """Delete the probe's key, metadata and per-length records in `out`, and nothing else: a user's files beside
-    them stay, and the derived tables and figures are rewritten from the new records."""
-    for name in (KEY_FILE, META_FILE, HIST_FILE):
+    """Delete the probe's key, metadata, per-length records and derived tables in `out` (a directory it owns: its
+    key.json is there, or its tests/ holds only its records), and nothing else: a reader never meets the old
+    model's numbers beside the new key, and a user's other files stay. Figures are redrawn under their names."""
+    for name in (KEY_FILE, META_FILE, HIST_FILE, *DERIVED_TABLES):
         (out / name).unlink(missing_ok=True)
     tests = out / "tests"
     for record in tests.iterdir() if tests.is_dir() else []:

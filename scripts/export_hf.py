@@ -37,7 +37,7 @@ def build_parser():
 def main(argv: Sequence[str] | None = None) -> int:
     """Load the checkpoint and write the Hugging Face directory (weights, configs, tokenizer files)."""
     from posfreq.train.checkpoint import load_model
-    from posfreq.train.hf import export_hf, write_tokenizer_files
+    from posfreq.train.hf import TOKENIZER_FILES, export_hf, write_tokenizer_files
     from posfreq.train.tokenizer import get_tokenizer
 
     args = parse(build_parser(), argv)
@@ -59,6 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = export_hf(model, args.out, bos_token_id=bos, eos_token_id=eos)
     if spec != "none":
         write_tokenizer_files(spec, out)
+    else:  # an earlier export's tokenizer must not pass for this one's
+        for name in TOKENIZER_FILES:
+            (out / name).unlink(missing_ok=True)
     print(f"wrote {out}")
     return 0
 

@@ -24,25 +24,34 @@ def one_thread():
 
 
 class DeviceTensor(torch.Tensor):
-    """A tensor with a CUDA tensor's host rule: no numpy view (nor np.asarray) until `.cpu()` or `.to("cpu")`.
+    """A tensor with a CUDA tensor's rules toward the host: no numpy view (nor np.asarray) until `.cpu()` or
+    `.to("cpu")`, and no op mixing it with a host tensor of one or more dimensions (CUDA refuses those too).
 
     What NCCL collectives return through Fabric is on the GPU; `.tolist()`, `.item()` and `float()` copy to host
-    and work, `.numpy()` raises (torch's own message).
+    and work, `.numpy()` raises (torch's own message). Results of ops on it stay on the device, tuples included;
+    copies into a host tensor (`host.copy_(dev)`, `host[...] = dev`) are host tensors, as on CUDA.
     """
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_flatten, tree_map
+
         kwargs = kwargs or {}
         if func in (torch.Tensor.numpy, torch.Tensor.__array__):
             raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
                             "to host memory first.")
+        copies_in = func in (torch.Tensor.copy_, torch.Tensor.__setitem__)
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if not copies_in and any(type(t) is torch.Tensor and t.dim() > 0 for t in tensors):
+            raise RuntimeError(f"{getattr(func, '__name__', func)}: Expected all tensors to be on the same device, "
+                               "but found at least two devices, cuda:0 and cpu!")
         with torch._C.DisableTorchFunctionSubclass():
             result = func(*args, **kwargs)
         to_host = func is torch.Tensor.cpu or (func is torch.Tensor.to and any(
             str(a) == "cpu" for a in list(args[1:]) + [kwargs.get("device")]))
-        if isinstance(result, torch.Tensor):  # a host copy is a plain tensor; anything else stays on the device
-            return result.as_subclass(torch.Tensor if to_host else DeviceTensor)
-        return result
+        host_self = copies_in and type(args[0]) is torch.Tensor  # writing into a host tensor leaves it on the host
+        kind = torch.Tensor if to_host or host_self else DeviceTensor
+        return tree_map(lambda t: t.as_subclass(kind) if isinstance(t, torch.Tensor) else t, result)
 
 
 def _on_device(value):

@@ -897,6 +897,13 @@ def test_saves_validation_requeue_and_resume_with_collectives_that_return_device
     with pytest.raises(TypeError, match="cuda:0 device type tensor to numpy"):
         probe.numpy()
     assert probe.tolist() == [1.0, 1.0] and probe.cpu().numpy().tolist() == [1.0, 1.0]  # the double is strict, not broken
+    with pytest.raises(TypeError, match="to numpy"):
+        probe.unbind()[0].numpy()  # tuples of results stay on the device
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.ones(2) + probe  # CUDA refuses host and device operands together
+    host = torch.zeros(2)
+    host.copy_(probe)  # a copy into host memory is legal
+    assert host.numpy().tolist() == [1.0, 1.0]
     val = {"data.val_dir": str(data_dir), "data.val_every_tokens": 2048, "data.val_rows": 4}
     real_step = pretrain.Trainer._train_step
     calls = sigusr1_in_a_slurm_job(monkeypatch, "77", at_step=4)
@@ -1037,6 +1044,11 @@ def test_consolidate_never_replaces_a_directory_it_did_not_write(data_dir, tmp_p
     first = ckpt.consolidate(src, tmp_path / "model")
     again = ckpt.consolidate(src, tmp_path / "model")  # its own: replaced whole
     assert first == again and (again / "model.safetensors").is_file() and not (tmp_path / "model.old").exists()
+    (again / ".posfreq-output.json").unlink()  # as an older posfreq left it: its files, meta.json naming the source
+    assert ckpt.main(["consolidate", "--checkpoint", str(src), "--out", str(again), "--dtype", "bf16"]) == 0
+    with pytest.raises(Exception):  # a wrong --checkpoint writes nothing, not even the temporary
+        ckpt.consolidate(run_dir / "nope", tmp_path / "other")
+    assert not (tmp_path / "other").exists() and not (tmp_path / "other.tmp").exists()
 
 
 def test_a_full_disk_during_a_save_is_named_as_such(data_dir, tmp_path, monkeypatch):

@@ -626,7 +626,7 @@ def test_replace_stale_deletes_only_the_probes_own_records(tmp_path):
     (out / "tests" / "test_x.py").write_text("def test(): pass\n")
     (out / "figures").mkdir()
     (out / "figures" / "mine.png").write_bytes(b"png")
-    (out / "summary.csv").write_text("mine\n")
+    (out / "notes.md").write_text("mine\n")
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     for replace_stale in (False, True):
         with pytest.raises(results.StaleResults, match="tests holds files the probe did not write .*test_x.py"):
@@ -639,9 +639,10 @@ def test_replace_stale_deletes_only_the_probes_own_records(tmp_path):
     marker.write_text("{}")
     with pytest.raises(results.StaleResults, match="another key"):
         results.claim(out, "k2", {"model": "b"})
+    (out / "summary.csv").write_text("the old model's table\n")
     results.claim(out, "k2", {"model": "b"}, replace_stale=True)
-    assert not records.exists() and not marker.exists()
-    assert (out / "figures" / "mine.png").read_bytes() == b"png" and (out / "summary.csv").read_text() == "mine\n"
+    assert not records.exists() and not marker.exists() and not (out / "summary.csv").exists()
+    assert (out / "figures" / "mine.png").read_bytes() == b"png" and (out / "notes.md").read_text() == "mine\n"
     assert json.loads((out / results.KEY_FILE).read_text())["key"] == "k2"
 
 

@@ -79,6 +79,8 @@ def _module_present(module: str) -> bool:
 
 def _torch_flash_present() -> bool:
     """torch's FlashAttention kernels exist in this build and the current GPU can run them (sm80+)."""
+    if not _module_present("torch.nn.attention.varlen"):  # torch >= 2.10
+        return False
     if not torch.cuda.is_available() or not torch.backends.cuda.is_flash_attention_available():
         return False
     return torch.cuda.get_device_capability() >= (8, 0)

@@ -57,9 +57,9 @@ import torch
 from jsonargparse import ArgumentParser
 
 from posfreq.train.atomic import atomic_open, fsync_path, write_json_atomic
-from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir
+from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir, mark_owned, owner_of
 from posfreq.train.cli import command_parser, parse
-from posfreq.train.config import DTYPES, ModelConfig
+from posfreq.train.config import DTYPE_ALIASES, DTYPES, ModelConfig
 from posfreq.train.fingerprint import file_sha256
 from posfreq.train.model import Transformer
 
@@ -592,20 +592,42 @@ def consolidate(checkpoint_dir: str | Path, out_dir: str | Path, dtype: torch.dt
     """
     src, out = Path(checkpoint_dir), Path(out_dir)
     tmp, old = temporary(out), out.with_name(out.name + ".old")
+    _adopt_earlier_consolidation(out)
     check_output_dir(out, CONSOLIDATE)
     for sibling in (tmp, old):  # publish() replaces them: only an interrupted consolidation's own may go
         check_output_dir(sibling, CONSOLIDATE, flag="--out's temporary")
+    state = model_state_dict(src)  # before anything is written: a wrong --checkpoint leaves nothing behind
     if tmp.exists():
         shutil.rmtree(tmp)
     claim_output_dir(tmp, CONSOLIDATE)
-    _write_weights(model_state_dict(src), tmp / CONSOLIDATED_WEIGHTS, dtype)
-    for name in ("model_config.json", "tokenizer_spec.json", "trained_lengths.npy"):
-        shutil.copyfile(src / name, tmp / name)
-    meta = json.loads((src / TRAINER_FILE).read_text()) if (src / TRAINER_FILE).is_file() else {}
-    meta["consolidated_from"] = str(src.resolve())
-    write_json_atomic(tmp / "meta.json", meta, indent=1, sort_keys=True)
+    try:
+        _write_weights(state, tmp / CONSOLIDATED_WEIGHTS, dtype)
+        for name in ("model_config.json", "tokenizer_spec.json", "trained_lengths.npy"):
+            shutil.copyfile(src / name, tmp / name)
+        meta = json.loads((src / TRAINER_FILE).read_text()) if (src / TRAINER_FILE).is_file() else {}
+        meta["consolidated_from"] = str(src.resolve())
+        write_json_atomic(tmp / "meta.json", meta, indent=1, sort_keys=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # this call's own temporary
+        raise
     publish(tmp, out)
     return out
+
+
+CONSOLIDATED_FILES = {CONSOLIDATED_WEIGHTS, "model_config.json", "tokenizer_spec.json", "trained_lengths.npy",
+                      "meta.json"}
+
+
+def _adopt_earlier_consolidation(out: Path) -> None:
+    """Mark as its own a directory an older posfreq consolidated (exactly its files, meta.json naming the source)."""
+    if not out.is_dir() or owner_of(out) is not None or {p.name for p in out.iterdir()} != CONSOLIDATED_FILES:
+        return
+    try:
+        earlier = "consolidated_from" in json.loads((out / "meta.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return
+    if earlier:
+        mark_owned(out, CONSOLIDATE)
 
 
 def build_parser() -> ArgumentParser:
@@ -617,7 +639,7 @@ def build_parser() -> ArgumentParser:
     consolidate_parser.add_argument("--checkpoint", type=Path, required=True,
                                     help="A trainer checkpoint directory (RUN/checkpoints/tokens-*/ or latest/).")
     consolidate_parser.add_argument("--out", type=Path, required=True, help="The model directory to write.")
-    consolidate_parser.add_argument("--dtype", type=Optional[Literal[tuple(DTYPES)]], default=None,
+    consolidate_parser.add_argument("--dtype", type=Optional[Literal[tuple(DTYPES) + tuple(DTYPE_ALIASES)]], default=None,
                                     help="Cast the floating-point weights to this dtype (null: keep the trained one).")
     list_parser = command_parser("posfreq checkpoint list", "One line per complete checkpoint of a run: its path, "
                                  "step, tokens seen, and whether it is resumable or weights only.")
@@ -634,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "consolidate":
         cmd = args.consolidate
         try:
-            print(consolidate(cmd.checkpoint, cmd.out, DTYPES.get(cmd.dtype)))
+            print(consolidate(cmd.checkpoint, cmd.out, DTYPES.get(DTYPE_ALIASES.get(cmd.dtype, cmd.dtype))))
         except OutputDirError as err:
             sys.exit(f"error: {err}")
     else:

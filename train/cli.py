@@ -41,6 +41,9 @@ class CommandParser(ArgumentParser):
             close = difflib.get_close_matches(flag.replace("_", "-"), known, n=3, cutoff=0.6)
             if close:
                 lines.append(f"  did you mean {' or '.join(close)} (for {flag})?")
+        loose = "nrecognized argument" in message and not unknown and "--checkpoint" in known
+        if loose:  # e.g. `export-hf CKPT`: an older positional form
+            lines.append("  name it: --checkpoint PATH")
         lines.append(f"  {self.prog.replace(' [options]', '')} --help lists every option")
         sys.stderr.write("\n".join(lines) + "\n")
         sys.exit(2)
@@ -196,9 +199,9 @@ def describe_error(err: BaseException) -> str:
     """One line for an error that reached a command's top: what failed and where (a disk full named as such)."""
     import errno
 
-    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
         where = f" writing {err.filename}" if err.filename else ""
-        return f"the disk is full{where} (No space left on device). Fix: free space there, then run the command again"
+        return f"the disk is full{where} ({err.strerror}). Fix: free space there, then run the command again"
     if isinstance(err, OSError) and err.filename and err.strerror:
         return f"{err.strerror}: {err.filename}"
     text = next((line.strip() for line in str(err).splitlines() if line.strip()), "")

@@ -12,6 +12,8 @@ before anything is allocated."""
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """The weight dtypes a command can cast to, by one name in every command (`--dtype`)."""
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+"""Older spellings `checkpoint consolidate --dtype` took; they keep working."""
 
 
 @dataclass(frozen=True)

@@ -160,7 +160,9 @@ def _free_port() -> int:
 def run_pretrain(config: dict, path: Path, *extra: str) -> None:
     """`posfreq pretrain --config PATH` in a child process (Fabric starts the other local ranks from it)."""
     path.write_text(json.dumps(config))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}  # a local launch, not srun's tasks
+    launcher = ("SLURM_", "TORCHELASTIC_", "LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
+                "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")  # a local launch by Fabric, not srun's or torchrun's
+    env = {k: v for k, v in os.environ.items() if not k.startswith(launcher)}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), PYTHONWARNINGS="ignore")
     proc = subprocess.run([sys.executable, "-m", "posfreq.train.pretrain", "--config", str(path), *extra],
                           env=env, capture_output=True, text=True, timeout=480)

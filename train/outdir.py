@@ -46,5 +46,11 @@ def claim_output_dir(path: str | Path, command: str, flag: str = "--out") -> Pat
     path = check_output_dir(path, command, flag)
     path.mkdir(parents=True, exist_ok=True)
     if owner_of(path) != command:
-        write_json_atomic(path / OWNER_FILE, {"command": command})
+        mark_owned(path, command)
     return path
+
+
+def mark_owned(path: Path, command: str) -> None:
+    """Record `command` as the owner of existing directory `path` (for one the command itself wrote before owners
+    were recorded, recognised by its caller)."""
+    write_json_atomic(path / OWNER_FILE, {"command": command})

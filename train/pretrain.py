@@ -636,8 +636,8 @@ def disk_full(directory: Path, err: BaseException) -> str | None:
 
     cause: BaseException | None = err
     while cause is not None:
-        if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
-            return f"the disk holding {directory} is full (No space left on device)"
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            return f"the disk holding {directory} is full ({os.strerror(cause.errno)})"
         cause = cause.__cause__ or cause.__context__
     try:
         free = shutil.disk_usage(directory).free
