@@ -47,6 +47,7 @@ if __package__ in (None, ""):  # run as a file: import the installed posfreq pac
 from posfreq.analysis.frequency import position_frequency
 from posfreq.train.atomic import atomic_open
 from posfreq.train.cli import add_runs_argument, command_parser, parse, runs_of
+from posfreq.train.outdir import OutputDirError, claim_output_dir
 
 STATUS_OK = "ok"
 STATUS_NONE_PASSED = "none_passed"
@@ -468,7 +469,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.runs = runs_of(args, parser)
     try:
         return _main(args)
-    except (StaleResults, FileNotFoundError) as err:
+    except (StaleResults, FileNotFoundError, OutputDirError) as err:
         raise SystemExit(f"error: {err}") from None
 
 
@@ -489,6 +490,8 @@ def _main(args) -> int:
             derive(directory, analysis)
             print(f"{directory}: tables re-derived from the stored records with {options}")
     runs = [load_run(r) for r in args.runs]
+    claim_output_dir(args.out, "effective-length",
+                     written_before=lambda names: all(n.endswith((".png", ".pdf")) for n in names))
     paths = draw_run_figures(runs, args.out)
     with_f = [r for r in runs if r.frequency.size and r.frequency[0] > 0]
     if len(with_f) > 1:

@@ -171,3 +171,19 @@ def test_a_run_that_passed_nothing_is_a_stated_caveat_not_a_verdict(tmp_path, ca
     dirs.append(probed_run(tmp_path / "ok", 1, ""))
     verdict = compare.compare(dirs, tmp_path / "out2", figures=False)["shortfall"]
     assert verdict["holds"] is True and "1 of 2 runs passed no probed length" in verdict["caveat"]
+
+
+def test_compare_writes_only_into_its_own_directory(tmp_path):
+    dirs = [probed_run(tmp_path / "r", 0, "")]
+    mine = tmp_path / "paper"
+    mine.mkdir()
+    (mine / "conclusion.json").write_text("my own notes")
+    with pytest.raises(SystemExit, match="holds files `posfreq compare` did not write"):
+        compare.main([*map(str, dirs), "--out", str(mine), "--no-figures"])
+    assert [p.name for p in mine.iterdir()] == ["conclusion.json"] and (mine / "conclusion.json").read_text() == "my own notes"
+    older = tmp_path / "older"  # what an older posfreq's compare left: adopted, then replaced
+    (older / "figures").mkdir(parents=True)
+    (older / "checkpoints.csv").write_text("old\n")
+    (older / "conclusion.json").write_text("{}")
+    assert compare.main([*map(str, dirs), "--out", str(older), "--no-figures"]) == 0
+    assert (older / "checkpoints.csv").read_text() != "old\n"

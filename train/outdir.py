@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 from posfreq.train.atomic import write_json_atomic
 
@@ -41,8 +42,17 @@ def check_output_dir(path: str | Path, command: str, flag: str = "--out") -> Pat
     return path
 
 
-def claim_output_dir(path: str | Path, command: str, flag: str = "--out") -> Path:
-    """Create (or reuse) `command`'s output directory `path`, recording the owner; OutputDirError for another's."""
+def claim_output_dir(path: str | Path, command: str, flag: str = "--out",
+                     written_before: Callable[[set[str]], bool] | None = None) -> Path:
+    """Create (or reuse) `command`'s output directory `path`, recording the owner; OutputDirError for another's.
+
+    `written_before(names)` recognises, by its entries' names, an unmarked directory an older posfreq's `command`
+    wrote (before owners were recorded): it is adopted instead of refused.
+    """
+    path = Path(path)
+    if written_before is not None and path.is_dir() and owner_of(path) is None and any(path.iterdir()) \
+            and written_before({p.name for p in path.iterdir()}):
+        mark_owned(path, command)
     path = check_output_dir(path, command, flag)
     path.mkdir(parents=True, exist_ok=True)
     if owner_of(path) != command:
