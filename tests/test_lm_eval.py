@@ -63,7 +63,7 @@ def test_lm_eval_scores_each_test_as_the_probe(tmp_path: Path, monkeypatch) -> N
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets-cache")
     checkpoint = write_checkpoint(tmp_path / "ckpt")
-    export_hf.main([str(checkpoint), "--out", str(tmp_path / "hf")])
+    export_hf.main(["--checkpoint", str(checkpoint), "--out", str(tmp_path / "hf")])
     lengths = ",".join(map(str, LENGTHS))
     settings = ["--lengths", lengths, "--tests-per-length", str(TESTS), "--max-new-tokens", str(BUDGET)]
     assert make_tests.main(["--tokenizer", f"hf:{tmp_path / 'hf'}", "--out", str(tmp_path / "task"), *settings]) == 0
