@@ -73,3 +73,13 @@ def device_collectives(monkeypatch):
         real = getattr(Fabric, name)
         monkeypatch.setattr(Fabric, name, lambda self, *a, _real=real, **k: _on_device(_real(self, *a, **k)))
     return DeviceTensor
+
+
+@pytest.fixture(autouse=True)
+def restore_environment():
+    """Put os.environ back after each test: an in-process Fabric launch sets WORLD_SIZE, LOCAL_RANK, MASTER_PORT...,
+    which a later test's library (lm-eval's accelerate) would take for a distributed job."""
+    saved = os.environ.copy()
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
