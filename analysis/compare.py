@@ -39,7 +39,7 @@ if __package__ in (None, ""):  # run as a file: import the installed posfreq pac
 from posfreq.analysis.effective_length import (STATUS_ALL_PASSED, STATUS_NONE_PASSED, STATUS_OK, find_run_results,
                                                read_csv, write_csv)
 from posfreq.train.cli import add_runs_argument, command_parser, parse, runs_of
-from posfreq.train.outdir import OutputDirError, claim_output_dir
+from posfreq.train.outdir import OutputDirError, claim_output_dir, entry_names
 
 COLUMNS = ("train_len", "seed", "variant", "checkpoint", "tokens_seen", "effective_length", "effective_length_lo",
            "effective_length_hi", "effective_length_status", "f_effective_length", "tf_effective_length")
@@ -294,8 +294,8 @@ def emergence(rows: Sequence[Mapping]) -> list[dict]:
 def compare(paths: Sequence[Path], out: Path, n_boot: int = 2000, seed: int = 0, figures: bool = True) -> dict:
     """Load the runs, write checkpoints.csv, conclusion.json and the figures; return the conclusion."""
     rows = load_checkpoints(paths)
-    claim_output_dir(out, "compare", written_before=lambda names: {"checkpoints.csv", "conclusion.json"} <= names
-                     <= {"checkpoints.csv", "conclusion.json", "figures"})
+    claim_output_dir(out, "compare", written_before=lambda path: {"checkpoints.csv", "conclusion.json"}
+                     <= entry_names(path) <= {"checkpoints.csv", "conclusion.json", "figures"})
     pass_cols = sorted({k for r in rows for k in r if k.startswith("pass_rate_")}, key=lambda k: int(k.split("_")[-1]))
     write_csv(out / "checkpoints.csv", rows, list(COLUMNS) + pass_cols)
     baseline = baseline_variant(rows)

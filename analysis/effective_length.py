@@ -47,7 +47,7 @@ if __package__ in (None, ""):  # run as a file: import the installed posfreq pac
 from posfreq.analysis.frequency import position_frequency
 from posfreq.train.atomic import atomic_open
 from posfreq.train.cli import add_runs_argument, command_parser, parse, runs_of
-from posfreq.train.outdir import OutputDirError, claim_output_dir
+from posfreq.train.outdir import OutputDirError, claim_output_dir, entry_names
 
 STATUS_OK = "ok"
 STATUS_NONE_PASSED = "none_passed"
@@ -491,7 +491,7 @@ def _main(args) -> int:
             print(f"{directory}: tables re-derived from the stored records with {options}")
     runs = [load_run(r) for r in args.runs]
     claim_output_dir(args.out, "effective-length",
-                     written_before=lambda names: all(n.endswith((".png", ".pdf")) for n in names))
+                     written_before=lambda path: all(n.endswith((".png", ".pdf")) for n in entry_names(path)))
     paths = draw_run_figures(runs, args.out)
     with_f = [r for r in runs if r.frequency.size and r.frequency[0] > 0]
     if len(with_f) > 1:

@@ -57,7 +57,7 @@ import torch
 from jsonargparse import ArgumentParser
 
 from posfreq.train.atomic import atomic_open, fsync_path, write_json_atomic
-from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir, mark_owned, owner_of
+from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir, entry_names
 from posfreq.train.cli import command_parser, parse
 from posfreq.train.config import DTYPE_ALIASES, DTYPES, ModelConfig
 from posfreq.train.fingerprint import file_sha256
@@ -592,8 +592,7 @@ def consolidate(checkpoint_dir: str | Path, out_dir: str | Path, dtype: torch.dt
     """
     src, out = Path(checkpoint_dir), Path(out_dir)
     tmp, old = temporary(out), out.with_name(out.name + ".old")
-    _adopt_earlier_consolidation(out)
-    check_output_dir(out, CONSOLIDATE)
+    check_output_dir(out, CONSOLIDATE, written_before=_earlier_consolidation)
     for sibling in (tmp, old):  # publish() replaces them: only an interrupted consolidation's own may go
         check_output_dir(sibling, CONSOLIDATE, flag="--out's temporary")
     state = model_state_dict(src)  # before anything is written: a wrong --checkpoint leaves nothing behind
@@ -618,16 +617,14 @@ CONSOLIDATED_FILES = {CONSOLIDATED_WEIGHTS, "model_config.json", "tokenizer_spec
                       "meta.json"}
 
 
-def _adopt_earlier_consolidation(out: Path) -> None:
-    """Mark as its own a directory an older posfreq consolidated (exactly its files, meta.json naming the source)."""
-    if not out.is_dir() or owner_of(out) is not None or {p.name for p in out.iterdir()} != CONSOLIDATED_FILES:
-        return
+def _earlier_consolidation(out: Path) -> bool:
+    """Whether an older posfreq consolidated into `out`: exactly its files, meta.json naming the source."""
+    if entry_names(out) != CONSOLIDATED_FILES:
+        return False
     try:
-        earlier = "consolidated_from" in json.loads((out / "meta.json").read_text())
+        return "consolidated_from" in json.loads((out / "meta.json").read_text())
     except (OSError, ValueError, TypeError):
-        return
-    if earlier:
-        mark_owned(out, CONSOLIDATE)
+        return False
 
 
 def build_parser() -> ArgumentParser:

@@ -29,12 +29,20 @@ def owner_of(path: Path) -> str | None:
         return None
 
 
-def check_output_dir(path: str | Path, command: str, flag: str = "--out") -> Path:
-    """`path` if `command` may write there (absent, empty, or owned by `command`), else OutputDirError."""
+def check_output_dir(path: str | Path, command: str, flag: str = "--out",
+                     written_before: Callable[[Path], bool] | None = None) -> Path:
+    """`path` if `command` may write there (absent, empty, or owned by `command`), else OutputDirError.
+
+    `written_before(path)` recognises an unmarked directory an older posfreq's `command` wrote (before owners were
+    recorded): it is marked as the command's own instead of refused.
+    """
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise OutputDirError(f"{flag} {path} is a file, not a directory. Fix: pass a directory (nothing was changed)")
     if path.is_dir() and any(path.iterdir()) and owner_of(path) != command:
+        if owner_of(path) is None and written_before is not None and written_before(path):
+            _mark_owned(path, command)
+            return path
         found = sorted(p.name for p in path.iterdir())
         shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
         raise OutputDirError(f"{flag} {path} holds files `posfreq {command}` did not write ({shown}). Fix: pass a "
@@ -43,24 +51,20 @@ def check_output_dir(path: str | Path, command: str, flag: str = "--out") -> Pat
 
 
 def claim_output_dir(path: str | Path, command: str, flag: str = "--out",
-                     written_before: Callable[[set[str]], bool] | None = None) -> Path:
-    """Create (or reuse) `command`'s output directory `path`, recording the owner; OutputDirError for another's.
-
-    `written_before(names)` recognises, by its entries' names, an unmarked directory an older posfreq's `command`
-    wrote (before owners were recorded): it is adopted instead of refused.
-    """
-    path = Path(path)
-    if written_before is not None and path.is_dir() and owner_of(path) is None and any(path.iterdir()) \
-            and written_before({p.name for p in path.iterdir()}):
-        mark_owned(path, command)
-    path = check_output_dir(path, command, flag)
+                     written_before: Callable[[Path], bool] | None = None) -> Path:
+    """Create (or reuse) `command`'s output directory `path`, recording the owner; OutputDirError for another's
+    (`written_before` as in `check_output_dir`)."""
+    path = check_output_dir(path, command, flag, written_before)
     path.mkdir(parents=True, exist_ok=True)
     if owner_of(path) != command:
-        mark_owned(path, command)
+        _mark_owned(path, command)
     return path
 
 
-def mark_owned(path: Path, command: str) -> None:
-    """Record `command` as the owner of existing directory `path` (for one the command itself wrote before owners
-    were recorded, recognised by its caller)."""
+def entry_names(path: Path) -> set[str]:
+    """The names of a directory's entries (what a `written_before` test usually looks at)."""
+    return {p.name for p in path.iterdir()}
+
+
+def _mark_owned(path: Path, command: str) -> None:
     write_json_atomic(path / OWNER_FILE, {"command": command})
