@@ -105,3 +105,16 @@ def test_one_error_line_and_nothing_written(argv, what, places, tmp_path, capsys
     assert lines and lines[0].startswith("error:"), f"{what}: the first line is not the error\n{err}"
     after = {p: b for p, b in snapshot(tmp_path).items() if not p.startswith(places["out"])}
     assert after == before, f"{what}: wrote {sorted(set(after) - set(before))}"
+
+
+def test_a_full_disk_reaching_the_dispatcher_is_named_as_such(monkeypatch, capsys):
+    import errno
+
+    from posfreq.train import doctor
+
+    def no_space(argv):
+        raise OSError(errno.ENOSPC, "No space left on device", "/data/run/metrics.jsonl")
+
+    monkeypatch.setattr(doctor, "main", no_space)
+    code, err = outcome(["doctor"], capsys)
+    assert code == 1 and err.startswith("error: the disk holding /data/run is full (No space left on device). Fix:")

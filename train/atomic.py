@@ -89,3 +89,28 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
 def write_json_atomic(path: str | Path, obj: Any, **dumps_kwargs: Any) -> None:
     """Replace `path` with `obj` as JSON plus a final newline, atomically (`dumps_kwargs` go to `json.dumps`)."""
     write_text_atomic(path, json.dumps(obj, **dumps_kwargs) + "\n")
+
+
+LOW_DISK_BYTES = 2**30
+
+
+def disk_full(err: BaseException, directory: str | Path | None = None) -> str | None:
+    """Why a write failed if the disk is full, else None: ENOSPC/EDQUOT anywhere in the error's chain, or, given the
+    `directory` written to, less than LOW_DISK_BYTES free there (libraries word a short write their own way)."""
+    import errno
+    import shutil
+
+    cause: BaseException | None = err
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = directory or (Path(cause.filename).parent if cause.filename else None)
+            return f"the disk{f' holding {where}' if where else ''} is full ({os.strerror(cause.errno)})"
+        cause = cause.__cause__ or cause.__context__
+    if directory is None:
+        return None
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return None
+    return f"the disk holding {directory} is full ({free / 2**20:,.0f} MiB free)" if free < LOW_DISK_BYTES else None
+

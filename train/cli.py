@@ -197,11 +197,11 @@ def code_version() -> str:
 
 def describe_error(err: BaseException) -> str:
     """One line for an error that reached a command's top: what failed and where (a disk full named as such)."""
-    import errno
+    from posfreq.train.atomic import disk_full
 
-    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
-        where = f" writing {err.filename}" if err.filename else ""
-        return f"the disk is full{where} ({err.strerror}). Fix: free space there, then run the command again"
+    full = disk_full(err)
+    if full:
+        return f"{full}. Fix: free space there, then run the command again"
     if isinstance(err, OSError) and err.filename and err.strerror:
         return f"{err.strerror}: {err.filename}"
     text = next((line.strip() for line in str(err).splitlines() if line.strip()), "")

@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from posfreq.train import checkpoint as ckpt
+from posfreq.train.atomic import disk_full
 from posfreq.train.attention import BackendError, explain_backend
 from posfreq.train.config import ModelConfig, model_preset
 from posfreq.train.flops import matmul_params, peak_of_device_name, step_flops  # noqa: F401 (re-exported)
@@ -409,7 +410,7 @@ class Trainer:
         try:
             saved = ckpt.save_checkpoint(self.fabric, final, objects, files, state, self.cfg.checkpoint.sharded)
         except Exception as err:
-            full = disk_full(final.parent, err)
+            full = disk_full(err, final.parent)
             if full is None:
                 raise
             raise ckpt.CheckpointError(f"saving {final} failed: {full} ({type(err).__name__}: {err}). Fix: free space "
@@ -623,27 +624,6 @@ class Trainer:
             self.exit_code = EXIT_NOT_REQUEUED
             LOG.info(f"signal received: saved {saved} at step {self.step}; the job was NOT requeued "
                               f"({why_not}): exiting with code {EXIT_NOT_REQUEUED}. Continue with --resume auto.")
-
-
-LOW_DISK_BYTES = 2**30
-
-
-def disk_full(directory: Path, err: BaseException) -> str | None:
-    """Why a write into `directory` failed if the disk is full (ENOSPC anywhere in the error's chain, or less than
-    LOW_DISK_BYTES free: libraries word a short write their own way), else None."""
-    import errno
-    import shutil
-
-    cause: BaseException | None = err
-    while cause is not None:
-        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
-            return f"the disk holding {directory} is full ({os.strerror(cause.errno)})"
-        cause = cause.__cause__ or cause.__context__
-    try:
-        free = shutil.disk_usage(directory).free
-    except OSError:
-        return None
-    return f"the disk holding {directory} is full ({free / 2**20:,.0f} MiB free)" if free < LOW_DISK_BYTES else None
 
 
 def _requeue(job: str) -> str | None:
