@@ -342,16 +342,14 @@ def _xformers(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
     if window is not None:  # keys at distance < window, as here (xformers' local masks have no from_seqlens)
         bias = bias.make_local_attention_from_bottomright(window)
     groups, kv_heads = q.shape[1] // k.shape[1], k.shape[1]
-    if groups > 1 and needs_backward(q, k, v):  # xformers' grouped (5-D) layout has no backward op: repeat K/V
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        groups, kv_heads = 1, q.shape[1]
-    # (1, T, Hkv, G, D): grouped-query heads as xformers' 5-D layout, K/V broadcast over the group.
-    q5 = q.view(1, q.shape[0], kv_heads, groups, q.shape[2])
-    k5 = k.unsqueeze(2).expand(-1, -1, groups, -1).unsqueeze(0)
-    v5 = v.unsqueeze(2).expand(-1, -1, groups, -1).unsqueeze(0)
-    if groups == 1:  # the plain (1, T, H, D) layout, which every op (and every backward) takes
-        q5, k5, v5 = q5[:, :, :, 0], k5[:, :, :, 0], v5[:, :, :, 0]
-    out = fmha.memory_efficient_attention(q5, k5, v5, attn_bias=bias, scale=scale)  # autograd-capable
+    if groups == 1 or needs_backward(q, k, v):  # (1, T, H, D), which every op and backward takes: K/V repeated
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        inputs = q[None], k[None], v[None]
+    else:  # inference: the grouped (1, T, Hkv, G, D) layout, K/V broadcast over the group (it has no backward op)
+        inputs = (q.view(1, q.shape[0], kv_heads, groups, q.shape[2]),
+                  *(x.unsqueeze(2).expand(-1, -1, groups, -1).unsqueeze(0) for x in (k, v)))
+    out = fmha.memory_efficient_attention(*inputs, attn_bias=bias, scale=scale)  # autograd-capable
     return out.reshape(q.shape)
 
 
@@ -421,7 +419,7 @@ def flex_block_mask(cu_q: Tensor, cu_k: Tensor, total_q: int, total_k: int, wind
     doc_k, pos_k = _document_positions(cu_k, total_k, padded_k)
     doc_k[total_k:] = -2  # padding keys belong to no query's document, padding queries' (-1) included
     layout = _FlexLayout(doc_q, pos_q, doc_k, pos_k, window)
-    n_q, n_k = padded_q // FLEX_BLOCK, padded_k // FLEX_BLOCK
+    n_k = padded_k // FLEX_BLOCK
     any_, full = [], []
     keys = torch.arange(padded_k, device=cu_q.device)
     for start in range(0, padded_q, FLEX_BLOCK):
