@@ -30,7 +30,6 @@ from posfreq.train.run_config import ConfigError, config_from_dict, parse_args
 from posfreq.train.shards import ShardWriter, TokenDataset
 
 ROOT = Path(__file__).resolve().parent.parent
-WORDS = "the cat sat on a mat and then it ran to the red house where a dog slept all day".split()
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -38,16 +37,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> Path:
-    """Two byte-tokenized shards of short, learnable synthetic documents (5-600 bytes)."""
-    out = tmp_path_factory.mktemp("shards")
-    rng = np.random.default_rng(0)
-    for s in range(2):
-        with ShardWriter(out, f"shard-{s:03d}", tokenizer="bytes", vocab_size=258, eos_id=257) as writer:
-            for d in range(150):
-                n = int(rng.integers(1, 100))
-                text = " ".join(WORDS[(3 * i + d) % len(WORDS)] for i in range(n)) + "."
-                writer.add(list(text.encode()) + [257])
-    return out
+    """Two byte-tokenized shards of short, learnable synthetic documents (5-600 bytes): the doctor's corpus."""
+    from posfreq.train.doctor import write_tiny_corpus
+
+    return write_tiny_corpus(tmp_path_factory.mktemp("shards"), max_words=100)
 
 
 def tiny(data_dir: Path, out: Path, **overrides) -> dict:

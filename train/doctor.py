@@ -119,15 +119,15 @@ def environment(device: torch.device) -> str:
 # ------------------------------------------------------------------ tiny pretraining, interrupted and resumed
 
 
-def write_tiny_corpus(directory: Path) -> Path:
-    """Two byte-tokenized shards of short synthetic documents (a few KB)."""
+def write_tiny_corpus(directory: Path, max_words: int = 60) -> Path:
+    """Two byte-tokenized shards of 150 short, learnable synthetic documents each (1 to max_words - 1 words)."""
     from posfreq.train.shards import ShardWriter
 
     rng = np.random.default_rng(0)
     for s in range(2):
         with ShardWriter(directory, f"shard-{s:03d}", tokenizer="bytes", vocab_size=258, eos_id=257) as writer:
             for d in range(150):
-                n = int(rng.integers(1, 60))
+                n = int(rng.integers(1, max_words))
                 text = " ".join(WORDS[(3 * i + d) % len(WORDS)] for i in range(n)) + "."
                 writer.add(list(text.encode()) + [257])
     return directory

@@ -14,6 +14,7 @@ and, when it has one, frames a chat turn with its chat template (`chat_frame`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -202,6 +203,7 @@ class _TemplateTimeout(Exception):
     pass
 
 
+@functools.cache
 def _bounded_sandbox_class():
     """Jinja's immutable sandbox whose `*` and `**` cannot build huge values: a C-level `'a' * 10**8` or
     `[0] * 10**7` runs to its end before any alarm or output check could stop it."""
