@@ -29,6 +29,7 @@ import functools
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import subprocess
@@ -47,6 +48,7 @@ from posfreq.analysis.effective_length import read_csv  # noqa: E402
 from posfreq.scripts.demo_agreement import agreement, agreement_lines, checkpoints_of  # noqa: E402
 from posfreq.train.checkpoint import MILESTONE_PREFIX, list_checkpoints  # noqa: E402
 from posfreq.train.cli import code_version, command_parser, parse  # noqa: E402
+from posfreq.train.outdir import OutputDirError, claim_output_dir, entry_names  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -454,12 +456,23 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
+DEMO_ENTRIES = {"REPORT.md", "agreement.json", "compare", "corpus", "data", "figures", "logs", "position_freq"}
+
+
+def _earlier_demo(out: Path) -> bool:
+    """Whether an older posfreq's demo or packing experiment wrote `out` (before output owners were recorded)."""
+    return all(name in DEMO_ENTRIES or re.fullmatch(r"strict-\dof4|.+-s\d+", name) for name in entry_names(out))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every stage, write OUT/REPORT.md, and (full mode) publish the figures to docs/figures."""
     args = parse(build_parser(), argv)
     settings = QUICK if args.quick else FULL
     out = (args.out or Path("runs") / (args.experiment + ("-quick" if args.quick else ""))).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        claim_output_dir(out, "demo", written_before=_earlier_demo)
+    except OutputDirError as err:
+        raise SystemExit(f"error: {err}") from None
     if args.experiment == "packing":
         from posfreq.scripts.packing_experiment import run_experiment
 

@@ -174,3 +174,19 @@ def test_bad_lanes_threads_or_reference_stop_before_any_work(tmp_path: Path) -> 
         demo.main(["--lanes", "3", "--out", str(tmp_path / "out")])
     assert exit_info.value.code == 2
     assert not (tmp_path / "out" / "logs").exists()  # no stage started
+
+
+def test_the_demo_writes_only_into_its_own_directory(tmp_path: Path) -> None:
+    from posfreq.scripts import demo
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit, match="holds files `posfreq demo` did not write .*notes.txt"):
+        demo.main(["--quick", "--out", str(mine)])
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    older = tmp_path / "older"  # an older posfreq's demo run (no owner record): adopted
+    for name in ("L256-s0", "warmup-s0", "strict-3of4", "logs"):
+        (older / name).mkdir(parents=True)
+    (older / "REPORT.md").write_text("old")
+    assert demo._earlier_demo(older) and not demo._earlier_demo(mine)
