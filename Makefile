@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo demo-quick test bench clean
+.PHONY: setup demo demo-quick test test-fast lint bench clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,14 @@ demo-quick: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# The quick loop while editing: everything but the tests marked slow (subprocesses, the demo, venvs).
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 bench: setup
 	for b in benchmarks/[!_]*.py; do $(PY) $$b || exit 1; done

@@ -41,7 +41,10 @@ from typing import Iterable, Literal, Mapping, Sequence, get_args
 import numpy as np
 from jsonargparse import ArgumentParser
 
-if __package__ in (None, ""):  # run as a file: import the installed posfreq package, never this folder's files by bare name
+if __package__ in (
+    None,
+    "",
+):  # run as a file: import the installed posfreq package, never this folder's files by bare name
     sys.path.pop(0)
 
 from posfreq.analysis.frequency import position_frequency
@@ -54,18 +57,50 @@ STATUS_NONE_PASSED = "none_passed"
 STATUS_ALL_PASSED = "all_passed"
 THIRDS = ("0-33.3%", "33.3-66.7%", "66.7-100%")
 RUN_COLUMNS = (
-    "checkpoint", "tokens_seen", "tokens_this_run", "train_len", "positions", "effective_length",
-    "effective_length_status", "effective_length_lo", "effective_length_hi", "f_effective_length",
-    "f_effective_length_lo", "f_effective_length_hi", "tf_effective_length", "threshold", "min_retrieved",
-    "scoring", "tests_per_length",
+    "checkpoint",
+    "tokens_seen",
+    "tokens_this_run",
+    "train_len",
+    "positions",
+    "effective_length",
+    "effective_length_status",
+    "effective_length_lo",
+    "effective_length_hi",
+    "f_effective_length",
+    "f_effective_length_lo",
+    "f_effective_length_hi",
+    "tf_effective_length",
+    "threshold",
+    "min_retrieved",
+    "scoring",
+    "tests_per_length",
 )
 SUMMARY_COLUMNS = (
-    "length", "prompt_length", "n_tests", "passed", "pass_rate", "needle_recall", "recall_depth_0_33",
-    "recall_depth_33_67", "recall_depth_67_100", "mean_retrieved", "tf_pass_rate", "tf_recall", "tf_needle_prob",
-    "seconds", "tests_per_s",
+    "length",
+    "prompt_length",
+    "n_tests",
+    "passed",
+    "pass_rate",
+    "needle_recall",
+    "recall_depth_0_33",
+    "recall_depth_33_67",
+    "recall_depth_67_100",
+    "mean_retrieved",
+    "tf_pass_rate",
+    "tf_recall",
+    "tf_needle_prob",
+    "seconds",
+    "tests_per_s",
 )
 DISTANCE_COLUMNS = (
-    "distance_lo", "distance_hi", "needles", "needle_recall", "tf_recall", "tf_needle_prob", "tests", "pass_rate",
+    "distance_lo",
+    "distance_hi",
+    "needles",
+    "needle_recall",
+    "tf_recall",
+    "tf_needle_prob",
+    "tests",
+    "pass_rate",
     "f_distance_lo",
 )
 ScoringRule = Literal["anywhere", "first_line"]
@@ -95,7 +130,9 @@ class Analysis:
         if not 1 <= self.min_retrieved <= 4:
             raise ValueError(f"min_retrieved must be in 1..4, got {self.min_retrieved}")
         if not 0 < self.level < 1 or self.bootstrap < 0:
-            raise ValueError(f"need 0 < level < 1 and bootstrap >= 0, got {self.level}, {self.bootstrap}")
+            raise ValueError(
+                f"need 0 < level < 1 and bootstrap >= 0, got {self.level}, {self.bootstrap}"
+            )
 
     def hits(self, record: Mapping) -> list[bool]:
         """The record's per-needle hits under this scoring rule."""
@@ -119,11 +156,15 @@ class EffectiveLength:
     first_failure: int | None
 
 
-def effective_length(lengths: Sequence[int], pass_rates: Sequence[float], threshold: float = 0.5) -> EffectiveLength:
+def effective_length(
+    lengths: Sequence[int], pass_rates: Sequence[float], threshold: float = 0.5
+) -> EffectiveLength:
     """The largest length before the first one whose pass rate is below `threshold` (0 if the first fails)."""
     lengths = [int(n) for n in lengths]
     if not lengths or len(lengths) != len(pass_rates):
-        raise ValueError(f"need one pass rate per length, got {len(lengths)} lengths and {len(pass_rates)} rates")
+        raise ValueError(
+            f"need one pass rate per length, got {len(lengths)} lengths and {len(pass_rates)} rates"
+        )
     if any(b <= a for a, b in zip(lengths, lengths[1:])):
         raise ValueError(f"lengths must be strictly increasing, got {lengths}")
     for i, (length, rate) in enumerate(zip(lengths, pass_rates)):
@@ -165,7 +206,9 @@ def _tf_fields(records: Sequence[Mapping], analysis: Analysis) -> dict:
     }
 
 
-def summarize_length(records: Sequence[Mapping], seconds: float, analysis: Analysis = Analysis()) -> dict:
+def summarize_length(
+    records: Sequence[Mapping], seconds: float, analysis: Analysis = Analysis()
+) -> dict:
     """One summary.csv row from the scored tests of one length."""
     hits = np.array([analysis.hits(r) for r in records], dtype=bool)
     thirds = np.array([[_third(d) for d in r["depths"]] for r in records])
@@ -188,7 +231,9 @@ def summarize_length(records: Sequence[Mapping], seconds: float, analysis: Analy
 
 
 def bootstrap_interval(
-    lengths: Sequence[int], passed: Sequence[Sequence[bool]], analysis: Analysis = Analysis(),
+    lengths: Sequence[int],
+    passed: Sequence[Sequence[bool]],
+    analysis: Analysis = Analysis(),
 ) -> tuple[int, int] | None:
     """A percentile bootstrap interval of the effective length: tests resampled within each length.
 
@@ -199,8 +244,15 @@ def bootstrap_interval(
     if analysis.bootstrap == 0 or not lengths:
         return None
     rng = np.random.default_rng(analysis.bootstrap_seed)
-    rates = np.stack([np.asarray(p, dtype=float)[rng.integers(0, len(p), size=(analysis.bootstrap, len(p)))].mean(1)
-                      for p in passed], axis=1)
+    rates = np.stack(
+        [
+            np.asarray(p, dtype=float)[
+                rng.integers(0, len(p), size=(analysis.bootstrap, len(p)))
+            ].mean(1)
+            for p in passed
+        ],
+        axis=1,
+    )
     fails = rates < analysis.threshold
     first = np.where(fails.any(axis=1), fails.argmax(axis=1), len(lengths))
     values = np.where(first == 0, 0, np.asarray(lengths)[np.maximum(first - 1, 0)])
@@ -209,8 +261,13 @@ def bootstrap_interval(
     return int(lo), int(hi)
 
 
-def distance_rows(records: Sequence[Mapping], edges: Sequence[int], analysis: Analysis = Analysis(),
-                  length_hist: np.ndarray | None = None, train_len: int | None = None) -> list[dict]:
+def distance_rows(
+    records: Sequence[Mapping],
+    edges: Sequence[int],
+    analysis: Analysis = Analysis(),
+    length_hist: np.ndarray | None = None,
+    train_len: int | None = None,
+) -> list[dict]:
     """Needle recall, teacher-forced score and pass rate per distance bin (lo, hi], joined with f(lo).
 
     A needle's distance is from its first token to the question's; a test sits in the bin of its
@@ -234,22 +291,33 @@ def distance_rows(records: Sequence[Mapping], edges: Sequence[int], analysis: An
         kth = sorted(int(d) for d in r["distances"])[analysis.min_retrieved - 1]
         if (k := bin_of(kth)) is not None:
             tests[k].append(analysis.passed(r))
-    f = position_frequency(length_hist, train_len) if length_hist is not None and train_len else None
+    f = (
+        position_frequency(length_hist, train_len)
+        if length_hist is not None and train_len
+        else None
+    )
     rows = []
     for k, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
         tf = [(acc, lp) for _, acc, lp in needles[k] if acc is not None]
-        rows.append({
-            "distance_lo": lo, "distance_hi": hi, "needles": len(needles[k]),
-            "needle_recall": _mean([h for h, _, _ in needles[k]]),
-            "tf_recall": _mean([acc == 1.0 for acc, _ in tf]), "tf_needle_prob": _mean([float(np.exp(lp)) for _, lp in tf]),
-            "tests": len(tests[k]), "pass_rate": _mean(tests[k]),
-            "f_distance_lo": "" if f is None else (int(f[lo]) if lo < len(f) else 0),
-        })
+        rows.append(
+            {
+                "distance_lo": lo,
+                "distance_hi": hi,
+                "needles": len(needles[k]),
+                "needle_recall": _mean([h for h, _, _ in needles[k]]),
+                "tf_recall": _mean([acc == 1.0 for acc, _ in tf]),
+                "tf_needle_prob": _mean([float(np.exp(lp)) for _, lp in tf]),
+                "tests": len(tests[k]),
+                "pass_rate": _mean(tests[k]),
+                "f_distance_lo": "" if f is None else (int(f[lo]) if lo < len(f) else 0),
+            }
+        )
     return rows
 
 
-def depth_grid(records: Iterable[Mapping], bins: int = 10,
-               analysis: Analysis = Analysis()) -> tuple[list[int], np.ndarray, np.ndarray]:
+def depth_grid(
+    records: Iterable[Mapping], bins: int = 10, analysis: Analysis = Analysis()
+) -> tuple[list[int], np.ndarray, np.ndarray]:
     """Needle recall per (depth bin, length) for a Fig. 4 heatmap: (lengths, bin edges, recall or NaN)."""
     by_length: dict[int, list[Mapping]] = {}
     for r in records:
@@ -286,7 +354,9 @@ def failure_by_thirds(records: Iterable[Mapping], analysis: Analysis = Analysis(
         for k, third in enumerate(THIRDS):
             row[f"missed_{third}"] = int(m[k])
             row[f"miss_rate_{third}"] = float(m[k] / n[k]) if n[k] else 0.0
-        rates = m / np.maximum(n, 1)  # rates, not counts: the thirds hold different numbers of needles
+        rates = m / np.maximum(
+            n, 1
+        )  # rates, not counts: the thirds hold different numbers of needles
         row["peak_failure_depth"] = THIRDS[int(np.argmax(rates))] if m.any() else "none"
         rows.append(row)
     return rows
@@ -339,9 +409,16 @@ def pass_rate_column(length: int) -> str:
 
 
 def checkpoint_row(
-    name: str, train_len: int, positions: str, summary: Sequence[Mapping], passed: Sequence[Sequence[bool]],
-    length_hist: np.ndarray | None, analysis: Analysis, tests_per_length: int,
-    tokens_seen: int | None = None, tokens_this_run: int | None = None,
+    name: str,
+    train_len: int,
+    positions: str,
+    summary: Sequence[Mapping],
+    passed: Sequence[Sequence[bool]],
+    length_hist: np.ndarray | None,
+    analysis: Analysis,
+    tests_per_length: int,
+    tokens_seen: int | None = None,
+    tokens_this_run: int | None = None,
 ) -> dict:
     """One effective_length.csv row: effective length, its interval and status, f at each, and the curve.
 
@@ -352,7 +429,9 @@ def checkpoint_row(
     `tokens_this_run` those of the checkpoint's own run.
     """
     if length_hist is not None and len(length_hist) != train_len + 1:
-        raise ValueError(f"{name}: trained-length histogram has {len(length_hist)} bins, expected L+1 = {train_len + 1}")
+        raise ValueError(
+            f"{name}: trained-length histogram has {len(length_hist)} bins, expected L+1 = {train_len + 1}"
+        )
     order = np.argsort([int(r["length"]) for r in summary])
     summary = [summary[i] for i in order]
     passed = [passed[i] for i in order]
@@ -361,21 +440,40 @@ def checkpoint_row(
     interval = bootstrap_interval(lengths, passed, analysis)
 
     def f_at(value: int | None, undefined: bool = False) -> int | str:
-        return "" if undefined or value is None or length_hist is None else frequency_at(length_hist, train_len, value)
+        return (
+            ""
+            if undefined or value is None or length_hist is None
+            else frequency_at(length_hist, train_len, value)
+        )
 
     tf_rates = [r.get("tf_pass_rate") for r in summary]
-    tf_eff = "" if any(v in ("", None) for v in tf_rates) else effective_length(lengths, tf_rates, analysis.threshold).value
+    tf_eff = (
+        ""
+        if any(v in ("", None) for v in tf_rates)
+        else effective_length(lengths, tf_rates, analysis.threshold).value
+    )
     row = {
-        "checkpoint": name, "tokens_seen": "" if tokens_seen is None else int(tokens_seen),
-        "tokens_this_run": "" if tokens_this_run is None else int(tokens_this_run), "train_len": train_len,
-        "positions": positions, "effective_length": eff.value, "effective_length_status": eff.status,
+        "checkpoint": name,
+        "tokens_seen": "" if tokens_seen is None else int(tokens_seen),
+        "tokens_this_run": "" if tokens_this_run is None else int(tokens_this_run),
+        "train_len": train_len,
+        "positions": positions,
+        "effective_length": eff.value,
+        "effective_length_status": eff.status,
         "effective_length_lo": "" if interval is None else interval[0],
         "effective_length_hi": "" if interval is None else interval[1],
         "f_effective_length": f_at(eff.value, eff.status == STATUS_NONE_PASSED),
-        "f_effective_length_lo": f_at(None if interval is None else interval[0], interval is not None and interval[0] == 0),
-        "f_effective_length_hi": f_at(None if interval is None else interval[1], interval is not None and interval[1] == 0),
-        "tf_effective_length": tf_eff, "threshold": analysis.threshold, "min_retrieved": analysis.min_retrieved,
-        "scoring": analysis.scoring, "tests_per_length": tests_per_length,
+        "f_effective_length_lo": f_at(
+            None if interval is None else interval[0], interval is not None and interval[0] == 0
+        ),
+        "f_effective_length_hi": f_at(
+            None if interval is None else interval[1], interval is not None and interval[1] == 0
+        ),
+        "tf_effective_length": tf_eff,
+        "threshold": analysis.threshold,
+        "min_retrieved": analysis.min_retrieved,
+        "scoring": analysis.scoring,
+        "tests_per_length": tests_per_length,
     }
     row.update({pass_rate_column(int(r["length"])): float(r["pass_rate"]) for r in summary})
     return row
@@ -383,7 +481,9 @@ def checkpoint_row(
 
 def write_effective_length_csv(path: Path, rows: Sequence[Mapping]) -> None:
     """effective_length.csv: RUN_COLUMNS then pass_rate_<length> for every length any checkpoint probed."""
-    lengths = sorted({int(k.removeprefix("pass_rate_")) for r in rows for k in r if k.startswith("pass_rate_")})
+    lengths = sorted(
+        {int(k.removeprefix("pass_rate_")) for r in rows for k in r if k.startswith("pass_rate_")}
+    )
     rows = sorted(rows, key=lambda r: (r["tokens_seen"] == "", r["tokens_seen"] or 0))
     write_csv(path, rows, list(RUN_COLUMNS) + [pass_rate_column(n) for n in lengths])
 
@@ -393,13 +493,21 @@ def find_run_results(path: str | Path) -> Path:
     path = Path(path)
     if (path / "effective_length.csv").is_file():
         return path
-    found = [c for c in [path / "probe", *sorted(path.glob("probe-*"))] if (c / "effective_length.csv").is_file()]
+    found = [
+        c
+        for c in [path / "probe", *sorted(path.glob("probe-*"))]
+        if (c / "effective_length.csv").is_file()
+    ]
     if len(found) == 1:
         return found[0]
     if not found:
-        raise FileNotFoundError(f"{path}: no effective_length.csv here, in probe/ or in probe-*/; run "
-                                "analysis/probe.py --run first")
-    raise FileNotFoundError(f"{path}: several probe results ({', '.join(c.name for c in found)}); name one of them")
+        raise FileNotFoundError(
+            f"{path}: no effective_length.csv here, in probe/ or in probe-*/; run "
+            "analysis/probe.py --run first"
+        )
+    raise FileNotFoundError(
+        f"{path}: several probe results ({', '.join(c.name for c in found)}); name one of them"
+    )
 
 
 @dataclass
@@ -420,7 +528,11 @@ def load_run(path: str | Path, label: str | None = None) -> RunResults:
     directory = find_run_results(path)
     rows = sorted(read_csv(directory / "effective_length.csv"), key=lambda r: r["tokens_seen"])
     freq_path = directory / "position_frequency.csv"
-    frequency = np.array([r["f"] for r in read_csv(freq_path)], dtype=np.int64) if freq_path.is_file() else np.zeros(0, np.int64)
+    frequency = (
+        np.array([r["f"] for r in read_csv(freq_path)], dtype=np.int64)
+        if freq_path.is_file()
+        else np.zeros(0, np.int64)
+    )
     if label is None:
         meta_path = directory / "probe.json"
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
@@ -433,16 +545,32 @@ def draw_run_figures(runs: Sequence[RunResults], out: Path) -> list[Path]:
     """Fig. 2a (effective length vs tokens seen) and Fig. 2b (f(effective length) vs effective length)."""
     from posfreq.analysis import plots
 
-    curves = {r.label: (
-        [row["tokens_seen"] for row in r.rows], [row["effective_length"] for row in r.rows],
-        [row["effective_length_status"] for row in r.rows], [row["f_effective_length"] for row in r.rows],
-    ) for r in runs}
-    intervals = {r.label: ([row.get("effective_length_lo") for row in r.rows],
-                           [row.get("effective_length_hi") for row in r.rows]) for r in runs}
+    curves = {
+        r.label: (
+            [row["tokens_seen"] for row in r.rows],
+            [row["effective_length"] for row in r.rows],
+            [row["effective_length_status"] for row in r.rows],
+            [row["f_effective_length"] for row in r.rows],
+        )
+        for r in runs
+    }
+    intervals = {
+        r.label: (
+            [row.get("effective_length_lo") for row in r.rows],
+            [row.get("effective_length_hi") for row in r.rows],
+        )
+        for r in runs
+    }
     paths = plots.plot_fig2a_effective_length_vs_tokens(
-        {k: (t, e, s) for k, (t, e, s, _) in curves.items()}, out / "fig2a_effective_length_vs_tokens", intervals)
+        {k: (t, e, s) for k, (t, e, s, _) in curves.items()},
+        out / "fig2a_effective_length_vs_tokens",
+        intervals,
+    )
     paths += plots.plot_fig2b_frequency_vs_effective_length(
-        {k: (e, f, s) for k, (_, e, s, f) in curves.items()}, out / "fig2b_frequency_vs_effective_length", intervals)
+        {k: (e, f, s) for k, (_, e, s, f) in curves.items()},
+        out / "fig2b_frequency_vs_effective_length",
+        intervals,
+    )
     return paths
 
 
@@ -452,9 +580,12 @@ def build_parser() -> ArgumentParser:
         "posfreq effective-length",
         "Draw Fig. 2a / 2b (and Fig. 3 from the runs' f(i)) for several probed runs on shared axes. An analysis "
         "option given here re-derives every table from the stored per-test records first (no decoding); one left "
-        "unset (null) keeps the value the tables were derived with.")
+        "unset (null) keeps the value the tables were derived with.",
+    )
     add_runs_argument(parser)
-    parser.add_argument("--out", type=Path, default=Path("runs/effective_length"), help="Directory for the figures.")
+    parser.add_argument(
+        "--out", type=Path, default=Path("runs/effective_length"), help="Directory for the figures."
+    )
     parser.add_class_arguments(Analysis, nested_key=None, as_group=True)
     parser.set_defaults({f.name: None for f in fields(Analysis)})
     return parser
@@ -490,8 +621,11 @@ def _main(args) -> int:
             derive(directory, analysis)
             print(f"{directory}: tables re-derived from the stored records with {options}")
     runs = [load_run(r) for r in args.runs]
-    claim_output_dir(args.out, "effective-length",
-                     written_before=lambda path: all(n.endswith((".png", ".pdf")) for n in entry_names(path)))
+    claim_output_dir(
+        args.out,
+        "effective-length",
+        written_before=lambda path: all(n.endswith((".png", ".pdf")) for n in entry_names(path)),
+    )
     paths = draw_run_figures(runs, args.out)
     with_f = [r for r in runs if r.frequency.size and r.frequency[0] > 0]
     if len(with_f) > 1:
@@ -500,11 +634,15 @@ def _main(args) -> int:
 
         budget = min(float(r.frequency[0]) for r in with_f)
         curves = {r.train_len: scale_to_budget(r.frequency, budget) for r in with_f}
-        paths += plots.plot_fig3_budget_comparison(curves, budget, args.out / "fig3_position_frequency")
+        paths += plots.plot_fig3_budget_comparison(
+            curves, budget, args.out / "fig3_position_frequency"
+        )
     for run in runs:
         last = run.rows[-1] if run.rows else {}
-        print(f"{run.label}: {len(run.rows)} checkpoints; last effective length "
-              f"{last.get('effective_length')} ({last.get('effective_length_status')})")
+        print(
+            f"{run.label}: {len(run.rows)} checkpoints; last effective length "
+            f"{last.get('effective_length')} ({last.get('effective_length_status')})"
+        )
     print("figures: " + ", ".join(str(p) for p in paths if p.suffix == ".png"))
     return 0
 

@@ -79,7 +79,9 @@ def concatenated_histogram(n_rows: int, train_len: int) -> np.ndarray:
     return hist
 
 
-def scale_to_budget(f: np.ndarray, budget_tokens: float, positions: int | None = None) -> np.ndarray:
+def scale_to_budget(
+    f: np.ndarray, budget_tokens: float, positions: int | None = None
+) -> np.ndarray:
     """f(i) after training on `budget_tokens` tokens drawn like the rows that gave `f`.
 
     `positions`: the row positions those rows hold, padding included (a trainer counts its tokens as steps x
@@ -87,7 +89,9 @@ def scale_to_budget(f: np.ndarray, budget_tokens: float, positions: int | None =
     """
     if f.size == 0 or f[0] == 0:
         raise ValueError("cannot scale an empty position frequency (no tokens)")
-    return f.astype(np.float64) * (float(budget_tokens) / float(f[0] if positions is None else positions))
+    return f.astype(np.float64) * (
+        float(budget_tokens) / float(f[0] if positions is None else positions)
+    )
 
 
 def first_split(f_a: np.ndarray, f_b: np.ndarray, tolerance: float = 0.05) -> int | None:
@@ -116,8 +120,10 @@ def bucket_label(lo: int, hi: int) -> str:
 def bucket_shares(pieces: np.ndarray, train_len: int) -> dict[str, float]:
     """Share of pieces (documents after truncation) in each of Fig. 1a's length buckets."""
     total = pieces.sum()
-    return {bucket_label(lo, hi): float(pieces[lo:hi].sum() / total) if total else 0.0
-            for lo, hi in length_buckets(train_len)}
+    return {
+        bucket_label(lo, hi): float(pieces[lo:hi].sum() / total) if total else 0.0
+        for lo, hi in length_buckets(train_len)
+    }
 
 
 def length_stats(length_hist: Sequence[int] | np.ndarray) -> dict:
@@ -143,7 +149,9 @@ def length_stats(length_hist: Sequence[int] | np.ndarray) -> dict:
     }
 
 
-def frequency_stats(length_hist: Sequence[int] | np.ndarray, train_len: int, budget_tokens: float) -> dict:
+def frequency_stats(
+    length_hist: Sequence[int] | np.ndarray, train_len: int, budget_tokens: float
+) -> dict:
     """The paper's numbers for one L: pieces at exactly L and where the position occurrences sit.
 
     The shares at i <= L/2 and i >= 3L/4 are `position_shares` of Eq. 2; ``share_tokens_in_documents_longer_than_L``
@@ -159,8 +167,10 @@ def frequency_stats(length_hist: Sequence[int] | np.ndarray, train_len: int, bud
         "train_len": train_len,
         "pieces": int(pieces.sum()),
         "share_pieces_at_L": float(pieces[train_len] / pieces.sum()),
-        "share_documents_longer_than_L": float(hist[train_len + 1:].sum() / hist.sum()),
-        "share_tokens_in_documents_longer_than_L": float(hist[train_len + 1:] @ lengths[train_len + 1:] / f[0]),
+        "share_documents_longer_than_L": float(hist[train_len + 1 :].sum() / hist.sum()),
+        "share_tokens_in_documents_longer_than_L": float(
+            hist[train_len + 1 :] @ lengths[train_len + 1 :] / f[0]
+        ),
         **position_shares(f),
         "piece_length_shares": bucket_shares(pieces, train_len),
         "budget_tokens": budget_tokens,
@@ -177,5 +187,5 @@ def position_shares(f: np.ndarray) -> dict:
     return {
         "position_occurrences": occurrences,
         "share_positions_le_half_L": float(f[: train_len // 2 + 1].sum() / occurrences),
-        "share_positions_ge_three_quarter_L": float(f[(3 * train_len) // 4:].sum() / occurrences),
+        "share_positions_ge_three_quarter_L": float(f[(3 * train_len) // 4 :].sum() / occurrences),
     }

@@ -161,7 +161,9 @@ def count_file(settings: CountSettings, file: str | CorpusFile) -> FileResult:
     def flush() -> None:
         """Tokenize the batch and file its lengths under each document's source."""
         encoded = tokenizer.encode_batch(texts)
-        doc_lengths = np.fromiter((len(ids) + 1 for ids in encoded), dtype=np.int64, count=len(encoded))
+        doc_lengths = np.fromiter(
+            (len(ids) + 1 for ids in encoded), dtype=np.int64, count=len(encoded)
+        )
         names = np.array(sources)
         for source in set(sources):
             lengths.setdefault(source, []).append(doc_lengths[names == source])
@@ -206,7 +208,9 @@ def count_lengths(
     tokens = nbytes = 0
     start = time.perf_counter()
     work = functools.partial(count_file, settings)
-    bar = tqdm(total=len(files), unit="file", desc="length histogram", disable=not progress, smoothing=0.05)
+    bar = tqdm(
+        total=len(files), unit="file", desc="length histogram", disable=not progress, smoothing=0.05
+    )
     for result in _file_results(work, files, workers):
         histogram.merge(result.histogram)
         stats.merge(result.stats)
@@ -215,7 +219,9 @@ def count_lengths(
         elapsed = max(time.perf_counter() - start, 1e-9)
         bar.set_postfix_str(
             f"docs={stats.documents:,} tokens={tokens:,}"
-            + (f" {nbytes / elapsed / 1e6:.1f}MB/s(disk)" if nbytes else "")  # streams have no size on disk
+            + (
+                f" {nbytes / elapsed / 1e6:.1f}MB/s(disk)" if nbytes else ""
+            )  # streams have no size on disk
             + (f" skipped={stats.skipped}" if stats.skipped else ""),
             refresh=False,
         )
@@ -244,18 +250,28 @@ def default_workers() -> int:
 def cache_key(corpus: Corpus, settings: CountSettings) -> str:
     """A hash of the corpus files (paths, sizes, mtimes; a stream's dataset, split, revision), the tokenizer
     and the settings."""
-    payload = {"version": CACHE_VERSION, "files": corpus.fingerprint(), "settings": asdict(settings)}
+    payload = {
+        "version": CACHE_VERSION,
+        "files": corpus.fingerprint(),
+        "settings": asdict(settings),
+    }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
 
 def cached_count(
-    corpus: Corpus, settings: CountSettings, workers: int, use_cache: bool = True, progress: bool = True
+    corpus: Corpus,
+    settings: CountSettings,
+    workers: int,
+    use_cache: bool = True,
+    progress: bool = True,
 ) -> tuple[LengthHistogram, dict]:
     """The corpus's length histogram and metadata, from the cache when the key matches."""
     key = cache_key(corpus, settings)
     path = cache_dir() / "position_freq" / f"{key}.npz"
     if use_cache and path.is_file():
-        print(f"length histogram read from the cache: {path} (--no-cache recounts)", file=sys.stderr)
+        print(
+            f"length histogram read from the cache: {path} (--no-cache recounts)", file=sys.stderr
+        )
         return load_histogram(path)
     histogram, stats = count_lengths(corpus.files, settings, workers, progress)
     meta = {
@@ -292,6 +308,11 @@ def merge_partials(parts: Iterable[Path]) -> tuple[LengthHistogram, dict]:
     read = ReadStats()
     for m in metas:
         read.merge(ReadStats(**m["read"]))
-    meta = {"corpus": metas[0]["corpus"], "files": sum(m["files"] for m in metas), "settings": metas[0]["settings"],
-            "merged_shards": count, "read": asdict(read)}
+    meta = {
+        "corpus": metas[0]["corpus"],
+        "files": sum(m["files"] for m in metas),
+        "settings": metas[0]["settings"],
+        "merged_shards": count,
+        "read": asdict(read),
+    }
     return histogram, meta

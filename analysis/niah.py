@@ -179,8 +179,12 @@ class NiahTest:
 class NiahBuilder:
     """Builds NIAH tests for one tokenizer, haystack and prompt format, tokenizing the haystack once."""
 
-    def __init__(self, tokenizer: Tokenizer, haystack: str | Path | Haystack = "pg",
-                 prompt_format: PromptFormat = PromptFormat()) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        haystack: str | Path | Haystack = "pg",
+        prompt_format: PromptFormat = PromptFormat(),
+    ) -> None:
         self.tokenizer = tokenizer
         self.format = prompt_format
         self.haystack = haystack if isinstance(haystack, Haystack) else load_haystack(haystack)
@@ -194,7 +198,11 @@ class NiahBuilder:
             head.insert(0, np.array([tokenizer.bos_id], dtype=np.int64))
         self._head = np.concatenate(head)
         if prompt_format.chat:
-            tail = [encode(_QUESTION), np.asarray(prompt_format.chat_suffix, dtype=np.int64), encode(ANSWER_PREFIX)]
+            tail = [
+                encode(_QUESTION),
+                np.asarray(prompt_format.chat_suffix, dtype=np.int64),
+                encode(ANSWER_PREFIX),
+            ]
             self._tail = np.concatenate(tail)
         else:
             self._tail = encode(_TAIL)
@@ -203,15 +211,26 @@ class NiahBuilder:
     @property
     def digest(self) -> str:
         """sha256 of everything a prompt is made of except the test's own draws: haystack, frame, tokenizer."""
-        blob = json.dumps({"haystack": self.haystack.sha256, "tokenizer": self.tokenizer.fingerprint,
-                           "head": self._head.tolist(), "tail": self._tail.tolist(),
-                           "answer_budget": self.format.answer_budget})
+        blob = json.dumps(
+            {
+                "haystack": self.haystack.sha256,
+                "tokenizer": self.tokenizer.fingerprint,
+                "head": self._head.tolist(),
+                "tail": self._tail.tolist(),
+                "answer_budget": self.format.answer_budget,
+            }
+        )
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def min_length(self) -> int:
         """The shortest test length this builder can make: frame, 4 needles of the longest kind, answer budget."""
         longest_needle = len(self.tokenizer.encode(" " + NEEDLE.format("999999")))
-        return len(self._head) + len(self._tail) + N_NEEDLES * longest_needle + self.format.answer_budget
+        return (
+            len(self._head)
+            + len(self._tail)
+            + N_NEEDLES * longest_needle
+            + self.format.answer_budget
+        )
 
     def make_tests(self, length: int, n_tests: int, seed: int = 0) -> list[NiahTest]:
         """Tests 0..n_tests-1 of one length; test i depends only on (seed, length, i)."""
@@ -224,7 +243,8 @@ class NiahBuilder:
         rng = test_rng(length, seed, index)
         numbers = draw_needle_numbers(rng)
         needles = [
-            np.asarray(self.tokenizer.encode(" " + NEEDLE.format(n)), dtype=np.int64) for n in numbers
+            np.asarray(self.tokenizer.encode(" " + NEEDLE.format(n)), dtype=np.int64)
+            for n in numbers
         ]
         prompt_length = length - self.format.answer_budget
         fixed = len(self._head) + len(self._tail) + sum(len(n) for n in needles)
@@ -253,8 +273,12 @@ class NiahBuilder:
         segments.append(self._tail)
         ids = np.concatenate(segments)
         if len(ids) != prompt_length:
-            raise AssertionError(f"built {len(ids)} tokens for prompt length {prompt_length}: a bug in NiahBuilder")
-        prompt = self.tokenizer.decode(ids[int(self.format.bos):].tolist())  # the text, without BOS
+            raise AssertionError(
+                f"built {len(ids)} tokens for prompt length {prompt_length}: a bug in NiahBuilder"
+            )
+        prompt = self.tokenizer.decode(
+            ids[int(self.format.bos) :].tolist()
+        )  # the text, without BOS
         for number in numbers:
             if prompt.count(number) != 1:
                 raise AssertionError(
@@ -303,7 +327,9 @@ class NiahBuilder:
                 f"tokenizer {self.tokenizer.name!r}: cannot end the haystack on an exact token count: "
                 f"cutting a sentence at {size} tokens splits a character and ' ' is not one token"
             )
-        return np.concatenate([sentence[:keep], np.full(size - keep, self._space[0], dtype=np.int64)])
+        return np.concatenate(
+            [sentence[:keep], np.full(size - keep, self._space[0], dtype=np.int64)]
+        )
 
 
 def test_rng(length: int, seed: int, index: int) -> np.random.Generator:
@@ -322,7 +348,12 @@ def probe_needles(lengths: Sequence[int], n_tests: int, seed: int) -> set[str]:
     Training corpora pass these to their generator as numbers to avoid, so no probe needle is
     ever a training needle.
     """
-    return {n for length in lengths for index in range(n_tests) for n in draw_needle_numbers(test_rng(length, seed, index))}
+    return {
+        n
+        for length in lengths
+        for index in range(n_tests)
+        for n in draw_needle_numbers(test_rng(length, seed, index))
+    }
 
 
 def make_tests(
@@ -406,7 +437,9 @@ class NiahResult:
         }
 
 
-def score_answer(test: NiahTest, answer_text: str, min_retrieved: int = 2, rule: str = "anywhere") -> NiahResult:
+def score_answer(
+    test: NiahTest, answer_text: str, min_retrieved: int = 2, rule: str = "anywhere"
+) -> NiahResult:
     """Score the generated continuation of `test`'s prompt: pass when >= min_retrieved needles are found."""
     if not 1 <= min_retrieved <= N_NEEDLES:
         raise ValueError(f"min_retrieved must be in 1..{N_NEEDLES}, got {min_retrieved}")

@@ -37,7 +37,10 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
-if __package__ in (None, ""):  # run as a file: import the installed posfreq package, never this folder's files by bare name
+if __package__ in (
+    None,
+    "",
+):  # run as a file: import the installed posfreq package, never this folder's files by bare name
     sys.path.pop(0)
 
 from jsonargparse import ArgumentParser, Namespace
@@ -66,7 +69,13 @@ from posfreq.train.atomic import atomic_open, write_json_atomic
 from posfreq.train.cli import command_parser, parse
 from posfreq.train.corpora import MAX_ERRORS_KEPT, CorpusError, lost_files_report
 from posfreq.train.corpus_cli import add_corpus_arguments, corpus_from_args, shard_from_args
-from posfreq.train.packing_plan import STRATEGIES, Documents, EpochPrediction, Strategy, predict_trained_histogram
+from posfreq.train.packing_plan import (
+    STRATEGIES,
+    Documents,
+    EpochPrediction,
+    Strategy,
+    predict_trained_histogram,
+)
 from posfreq.train.run_config import DataSection, TrainConfig
 from posfreq.train.run_log import human
 from posfreq.train.upsample import LengthUpsample
@@ -102,29 +111,48 @@ class PackingSettings:
 
     def as_dict(self) -> dict:
         """The settings as summary.json records them."""
-        return {"strategies": list(self.strategies), "length_upsample": dict(self.length_upsample),
-                "seed": self.seed, "shuffle_block": self.shuffle_block,
-                "global_batch_tokens": self.global_batch_tokens}
+        return {
+            "strategies": list(self.strategies),
+            "length_upsample": dict(self.length_upsample),
+            "seed": self.seed,
+            "shuffle_block": self.shuffle_block,
+            "global_batch_tokens": self.global_batch_tokens,
+        }
 
 
 Predictions = Mapping[int, Mapping[str, EpochPrediction]]
 """One epoch's trained-length histogram per training length L and packing strategy."""
 
 
-def predict_packing(histogram: LengthHistogram, train_lens: Sequence[int], settings: PackingSettings) -> Predictions:
+def predict_packing(
+    histogram: LengthHistogram, train_lens: Sequence[int], settings: PackingSettings
+) -> Predictions:
     """One epoch's trained-length histogram per L and strategy: the trainer's packing plan over the corpus's
     document lengths, laid out in a seeded random order (exact in distribution; module docstring)."""
     upsample = LengthUpsample.parse(settings.length_upsample, where="--length-upsample")
     missing = sorted(set(upsample.sources) - set(histogram.sources))
     if missing:
-        raise CorpusError(f"--length-upsample names sources this corpus does not have: {missing} (its sources: "
-                          f"{histogram.sources})")
-    documents = Documents.from_histogram(histogram.by_source if upsample.sources else histogram.counts(),
-                                         seed=settings.seed)
-    return {L: {strategy: predict_trained_histogram(documents, L, strategy, seed=settings.seed,
-                                                    shuffle_block=settings.shuffle_block, upsample=upsample)
-                for strategy in settings.strategies}
-            for L in train_lens}
+        raise CorpusError(
+            f"--length-upsample names sources this corpus does not have: {missing} (its sources: "
+            f"{histogram.sources})"
+        )
+    documents = Documents.from_histogram(
+        histogram.by_source if upsample.sources else histogram.counts(), seed=settings.seed
+    )
+    return {
+        L: {
+            strategy: predict_trained_histogram(
+                documents,
+                L,
+                strategy,
+                seed=settings.seed,
+                shuffle_block=settings.shuffle_block,
+                upsample=upsample,
+            )
+            for strategy in settings.strategies
+        }
+        for L in train_lens
+    }
 
 
 def packing_stats(prediction: EpochPrediction, train_len: int, global_batch_tokens: int) -> dict:
@@ -140,14 +168,23 @@ def packing_stats(prediction: EpochPrediction, train_len: int, global_batch_toke
     }
 
 
-def trained_at_budget(prediction: EpochPrediction, train_len: int, budget_tokens: float) -> np.ndarray:
+def trained_at_budget(
+    prediction: EpochPrediction, train_len: int, budget_tokens: float
+) -> np.ndarray:
     """A strategy's trained f after `budget_tokens` training tokens (steps x tokens per step, padding included)."""
-    return scale_to_budget(position_frequency(prediction.histogram, train_len), budget_tokens,
-                           positions=prediction.rows * train_len)
+    return scale_to_budget(
+        position_frequency(prediction.histogram, train_len),
+        budget_tokens,
+        positions=prediction.rows * train_len,
+    )
 
 
-def fig3_note(curves: Mapping[int, np.ndarray], corpus_stats: Mapping[int, dict],
-              padding: Mapping[int, float] | None = None, concat: bool = False) -> str:
+def fig3_note(
+    curves: Mapping[int, np.ndarray],
+    corpus_stats: Mapping[int, dict],
+    padding: Mapping[int, float] | None = None,
+    concat: bool = False,
+) -> str:
     """Fig. 3's note on one panel: are the shortest and the longest L's curves apart at i = 0 (padding), from which
     i do their shapes f/f(0) part, and why, when that is before i = L/2 (the paper, SlimPajama at 2K vs 4K: close up
     to i = 1024). `corpus_stats[L]` is `frequency_stats` of the corpus."""
@@ -156,9 +193,11 @@ def fig3_note(curves: Mapping[int, np.ndarray], corpus_stats: Mapping[int, dict]
     tolerance = f"{SPLIT_TOLERANCE:.0%}"
     parts = []
     if padding and first_split(a[:1], b[:1], SPLIT_TOLERANCE) == 0:
-        parts.append(f"Apart from i = 0: padding fills {padding[short]:.1%} of the L = {short} rows and "
-                     f"{padding[long]:.1%} of the L = {long} rows, and padding counts in the budget but trains no "
-                     "position.")
+        parts.append(
+            f"Apart from i = 0: padding fills {padding[short]:.1%} of the L = {short} rows and "
+            f"{padding[long]:.1%} of the L = {long} rows, and padding counts in the budget but trains no "
+            "position."
+        )
     split = first_split(a / a[0], b / b[0], SPLIT_TOLERANCE)
     if split is None:
         parts.append(f"f/f(0) within {tolerance} at every i < {short}.")
@@ -169,17 +208,24 @@ def fig3_note(curves: Mapping[int, np.ndarray], corpus_stats: Mapping[int, dict]
         parts.append(
             f"f/f(0) more than {tolerance} apart from i = {split} (the paper, SlimPajama at 2K vs 4K: close up to "
             f"i = 1024): {share:.0%} of the tokens are in documents longer than {short}, cut every {short} tokens at "
-            f"L = {short} but every {long} at L = {long}" + (", and concat cuts again at every row boundary" if concat
-                                                             else "") + "; a cut removes every relative position "
-            "across it.")
+            f"L = {short} but every {long} at L = {long}"
+            + (", and concat cuts again at every row boundary" if concat else "")
+            + "; a cut removes every relative position "
+            "across it."
+        )
     return " ".join(parts)
 
 
 # ----------------------------------------------------------------------------------- summary
 
 
-def summarize(histogram: LengthHistogram, train_lens: Sequence[int], budget_tokens: float,
-              predictions: Predictions, packing: PackingSettings) -> dict:
+def summarize(
+    histogram: LengthHistogram,
+    train_lens: Sequence[int],
+    budget_tokens: float,
+    predictions: Predictions,
+    packing: PackingSettings,
+) -> dict:
     """summary.json's statistics: length stats and per-L position stats, for the whole corpus and per source, and
     for the whole corpus per packing strategy (``by_train_len[L]["packing"][strategy]``, `packing_stats`)."""
 
@@ -193,9 +239,13 @@ def summarize(histogram: LengthHistogram, train_lens: Sequence[int], budget_toke
     for L in train_lens:
         total["by_train_len"][str(L)]["packing"] = {
             strategy: packing_stats(prediction, L, packing.global_batch_tokens)
-            for strategy, prediction in predictions[L].items()}
-    return {"all": total, "by_source": {s: one(histogram.counts(s)) for s in histogram.sources},
-            "packing_settings": packing.as_dict()}
+            for strategy, prediction in predictions[L].items()
+        }
+    return {
+        "all": total,
+        "by_source": {s: one(histogram.counts(s)) for s in histogram.sources},
+        "packing_settings": packing.as_dict(),
+    }
 
 
 def format_summary(summary: dict, meta: dict) -> str:
@@ -210,9 +260,11 @@ def format_summary(summary: dict, meta: dict) -> str:
         f"max {total['max_length']}",
     ]
     if read.get("filtered") or read.get("skipped"):
-        lines.append(f"  filtered by source: {read.get('filtered', 0):,}; "
-                     f"skipped bad items: {read.get('skipped', 0):,} (the first {MAX_ERRORS_KEPT} in summary.json "
-                     "meta.read.errors)")
+        lines.append(
+            f"  filtered by source: {read.get('filtered', 0):,}; "
+            f"skipped bad items: {read.get('skipped', 0):,} (the first {MAX_ERRORS_KEPT} in summary.json "
+            "meta.read.errors)"
+        )
     lines += lost_files_report(read.get("lost_files", []), "summary.json meta.read.lost_files")
     lines.append(f"  {'source':<26}{'docs':>12}{'L':>7}{'at L':>8}{'i<=L/2':>9}{'i>=3L/4':>9}")
     rows = [("all", total)]
@@ -225,10 +277,14 @@ def format_summary(summary: dict, meta: dict) -> str:
                 f"{fs['share_positions_le_half_L']:>9.1%}{fs['share_positions_ge_three_quarter_L']:>9.1%}"
             )
     packing = summary["packing_settings"]
-    lines.append(f"  trained in one epoch, per packing (seed {packing['seed']}, length_upsample "
-                 f"{packing['length_upsample']}, {packing['global_batch_tokens']:,} tokens per step):")
-    lines.append(f"  {'packing':<26}{'rows/epoch':>12}{'L':>7}{'at L':>8}{'i<=L/2':>9}{'i>=3L/4':>9}"
-                 f"{'padding':>9}{'lost/step':>11}")
+    lines.append(
+        f"  trained in one epoch, per packing (seed {packing['seed']}, length_upsample "
+        f"{packing['length_upsample']}, {packing['global_batch_tokens']:,} tokens per step):"
+    )
+    lines.append(
+        f"  {'packing':<26}{'rows/epoch':>12}{'L':>7}{'at L':>8}{'i<=L/2':>9}{'i>=3L/4':>9}"
+        f"{'padding':>9}{'lost/step':>11}"
+    )
     for L, fs in total["by_train_len"].items():
         for strategy, ps in fs["packing"].items():
             lines.append(
@@ -257,8 +313,10 @@ def previous_outputs(out: Path) -> list[Path]:
     except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
         listed = None
     if not isinstance(listed, list) or not all(isinstance(name, str) for name in listed):
-        raise OutputDirError(f"{path} does not list the files of the run that wrote it, so this job cannot tell "
-                             f"its own outputs from other files there. {fix}")
+        raise OutputDirError(
+            f"{path} does not list the files of the run that wrote it, so this job cannot tell "
+            f"its own outputs from other files there. {fix}"
+        )
     root = out.resolve()
     files = [out / name for name in listed]
     outside = [name for name, file in zip(listed, files) if root not in file.resolve().parents]
@@ -296,19 +354,28 @@ def replace_outputs(out: Path) -> None:
 
 
 def write_outputs(
-    out: Path, histogram: LengthHistogram, meta: dict, train_lens: Sequence[int], budget_tokens: float,
-    packing: PackingSettings = PackingSettings(), figures: bool = True,
+    out: Path,
+    histogram: LengthHistogram,
+    meta: dict,
+    train_lens: Sequence[int],
+    budget_tokens: float,
+    packing: PackingSettings = PackingSettings(),
+    figures: bool = True,
 ) -> dict:
     """Write histogram (npz, CSV), the corpus f and each strategy's trained f per L (npz, CSV), figures and
     summary.json; return the summary."""
     predictions = predict_packing(histogram, train_lens, packing)
     replace_outputs(out)
-    written = [save_histogram(out / HISTOGRAM_FILE, histogram, meta),
-               _write_length_csv(out / "lengths.csv", histogram)]
+    written = [
+        save_histogram(out / HISTOGRAM_FILE, histogram, meta),
+        _write_length_csv(out / "lengths.csv", histogram),
+    ]
     arrays = {}
     for L in train_lens:
         columns = {"f": position_frequency(histogram.counts(), L)}
-        columns[f"f_after_{budget_tokens:.3g}_tokens"] = scale_to_budget(columns["f"], budget_tokens)
+        columns[f"f_after_{budget_tokens:.3g}_tokens"] = scale_to_budget(
+            columns["f"], budget_tokens
+        )
         for strategy, prediction in predictions[L].items():
             columns[f"f_trained_{strategy}"] = position_frequency(prediction.histogram, L)
         for source in histogram.sources:
@@ -320,8 +387,13 @@ def write_outputs(
     written.append(out / "position_frequency.npz")
     summary = summarize(histogram, train_lens, budget_tokens, predictions, packing)
     if figures:
-        written += _write_figures(out / "figures", histogram.counts(), summary["all"]["by_train_len"], predictions,
-                                  budget_tokens)
+        written += _write_figures(
+            out / "figures",
+            histogram.counts(),
+            summary["all"]["by_train_len"],
+            predictions,
+            budget_tokens,
+        )
     write_summary(out, written, {"meta": meta, **summary})
     return summary
 
@@ -342,7 +414,10 @@ def _write_length_csv(path: Path, histogram: LengthHistogram) -> Path:
         writer = csv.writer(fh)
         writer.writerow(["length", "documents"] + [f"documents_{s}" for s in per_source])
         for n in np.flatnonzero(total):
-            writer.writerow([int(n), int(total[n])] + [int(h[n]) if n < h.size else 0 for h in per_source.values()])
+            writer.writerow(
+                [int(n), int(total[n])]
+                + [int(h[n]) if n < h.size else 0 for h in per_source.values()]
+            )
     return path
 
 
@@ -356,8 +431,13 @@ def _write_columns_csv(path: Path, columns: dict[str, np.ndarray]) -> Path:
     return path
 
 
-def _write_figures(directory: Path, hist: np.ndarray, stats: Mapping[str, dict], predictions: Predictions,
-                   budget_tokens: float) -> list[Path]:
+def _write_figures(
+    directory: Path,
+    hist: np.ndarray,
+    stats: Mapping[str, dict],
+    predictions: Predictions,
+    budget_tokens: float,
+) -> list[Path]:
     """Fig. 1a/1b/1c and f per packing strategy for every L, and Fig. 3 (corpus f and each strategy's trained f)
     comparing all L at the same token budget; `stats` is summary.json's ``all.by_train_len``. Returns the files."""
     from posfreq.analysis import plots
@@ -366,29 +446,50 @@ def _write_figures(directory: Path, hist: np.ndarray, stats: Mapping[str, dict],
     corpus = {L: scale_to_budget(position_frequency(hist, L), budget_tokens) for L in predictions}
     for L, by_strategy in predictions.items():
         f = position_frequency(hist, L)
-        paths += plots.plot_fig1a_length_and_frequency(piece_histogram(hist, L), f, L, directory / f"fig1a_L{L}")
+        paths += plots.plot_fig1a_length_and_frequency(
+            piece_histogram(hist, L), f, L, directory / f"fig1a_L{L}"
+        )
         tokens = int(f[0])
         uniform = position_frequency(uniform_length_histogram(L), L)
-        paths += plots.plot_fig1b_uniform_lengths(scale_to_budget(uniform, tokens), L, directory / f"fig1b_L{L}")
+        paths += plots.plot_fig1b_uniform_lengths(
+            scale_to_budget(uniform, tokens), L, directory / f"fig1b_L{L}"
+        )
         full = position_frequency(concatenated_histogram(1, L), L)
-        paths += plots.plot_fig1c_concatenated(scale_to_budget(full, tokens), L, directory / f"fig1c_L{L}")
+        paths += plots.plot_fig1c_concatenated(
+            scale_to_budget(full, tokens), L, directory / f"fig1c_L{L}"
+        )
         fs = stats[str(L)]
         curves = {"corpus": corpus[L]}
         labels = {"corpus": f"corpus f, Eq. 2 over the pieces: {_shares_label(fs)}"}
         for strategy, prediction in by_strategy.items():
             ps = fs["packing"][strategy]
             curves[strategy] = trained_at_budget(prediction, L, budget_tokens)
-            labels[strategy] = f"{strategy}, trained: {_shares_label(ps)}, padding {ps['padding_share']:.1%}"
-        paths += plots.plot_packing_frequency(curves, labels, L, budget_tokens, directory / f"fig_packing_L{L}")
+            labels[strategy] = (
+                f"{strategy}, trained: {_shares_label(ps)}, padding {ps['padding_share']:.1%}"
+            )
+        paths += plots.plot_packing_frequency(
+            curves, labels, L, budget_tokens, directory / f"fig_packing_L{L}"
+        )
     if len(predictions) > 1:
         corpus_stats = {L: stats[str(L)] for L in predictions}
-        panels = {"corpus f: Eq. 2 over the pieces (the paper's Fig. 3)": (corpus, fig3_note(corpus, corpus_stats))}
+        panels = {
+            "corpus f: Eq. 2 over the pieces (the paper's Fig. 3)": (
+                corpus,
+                fig3_note(corpus, corpus_stats),
+            )
+        }
         for strategy in next(iter(predictions.values())):
-            curves = {L: trained_at_budget(by_strategy[strategy], L, budget_tokens)
-                      for L, by_strategy in predictions.items()}
-            padding = {L: by_strategy[strategy].padding_share for L, by_strategy in predictions.items()}
-            panels[f"{strategy}: trained f"] = (curves, fig3_note(curves, corpus_stats, padding,
-                                                                  concat=strategy == "concat"))
+            curves = {
+                L: trained_at_budget(by_strategy[strategy], L, budget_tokens)
+                for L, by_strategy in predictions.items()
+            }
+            padding = {
+                L: by_strategy[strategy].padding_share for L, by_strategy in predictions.items()
+            }
+            panels[f"{strategy}: trained f"] = (
+                curves,
+                fig3_note(curves, corpus_stats, padding, concat=strategy == "concat"),
+            )
         name = "fig3_" + "_vs_".join(f"L{L}" for L in predictions)
         paths += plots.plot_fig3_by_packing(panels, budget_tokens, directory / name)
     return paths
@@ -396,8 +497,10 @@ def _write_figures(directory: Path, hist: np.ndarray, stats: Mapping[str, dict],
 
 def _shares_label(stats: Mapping) -> str:
     """'i<=L/2 75.4%, i>=3L/4 6.3%' from a stats dict holding the two shares."""
-    return (f"i<=L/2 {stats['share_positions_le_half_L']:.1%}, "
-            f"i>=3L/4 {stats['share_positions_ge_three_quarter_L']:.1%}")
+    return (
+        f"i<=L/2 {stats['share_positions_le_half_L']:.1%}, "
+        f"i>=3L/4 {stats['share_positions_ge_three_quarter_L']:.1%}"
+    )
 
 
 # -------------------------------------------------------------------------------------- CLI
@@ -413,40 +516,89 @@ def build_parser() -> ArgumentParser:
         config_file=True,
     )
     add_corpus_arguments(parser, default_corpus="slimpajama", default_workers=default_workers())
-    parser.add_argument("--train-len", type=int, nargs="+", default=[2048, 4096],
-                        help="training lengths L (each >= 2), e.g. --train-len 2048 4096")
-    parser.add_argument("--budget-tokens", type=float, default=1e12,
-                        help="token budget at which f is compared across L and packing strategies (Fig. 3, "
-                             "fig_packing, f_after_* columns); a trainer's tokens are steps x tokens per step, "
-                             "padding included")
-    parser.add_argument("--packing", type=Strategy, nargs="+", default=list(STRATEGIES),
-                        help="packing strategies (the trainer's data.packing) whose trained f of one epoch is "
-                             "predicted from the document lengths: f_trained_<strategy> columns, summary.json "
-                             "by_train_len[L].packing, Fig. 3 panels, fig_packing_L{L}")
-    parser.add_argument("--length-upsample", type=dict[str, float], default={},
-                        help="expected copies per epoch of a document by its length, as the trainer's "
-                             "data.length_upsample, e.g. \"{0-1024: 0.5, 4096-: 2.0}\"; SOURCE:LO-HI keys weight one "
-                             "source (the corpus f stays Eq. 2 over every document once)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="the run's seed: the order of the documents (a histogram has none) and the packing "
-                             "plan's shuffles")
-    parser.add_argument("--shuffle-block", type=int, default=DataSection.shuffle_block,
-                        help="documents per shuffle block, as the trainer's data.shuffle_block (best_fit packs "
-                             "within a block)")
-    parser.add_argument("--global-batch-tokens", type=int, default=TrainConfig.global_batch_tokens,
-                        help="tokens per optimizer step, padding included (the paper: 4M): tokens lost per step "
-                             "= padding share x this")
-    parser.add_argument("--max-docs", type=Optional[int], default=None,
-                        help="quick estimate: about this many documents, spread over the files (null: all)")
-    parser.add_argument("--sample-files", type=Optional[int], default=None,
-                        help="quick estimate: this many evenly spaced files (null: all)")
-    parser.add_argument("--merge", type=str, nargs="+", default=None,
-                        help="sum these partial histograms (shard output directories or their histogram.npz) "
-                             "instead of counting")
-    parser.add_argument("--out", type=Optional[Path], default=None,
-                        help=f"output directory (null: {DEFAULT_OUT}/<corpus name>, or {DEFAULT_OUT}/shard_<i> "
-                             "with --shard)")
-    parser.add_argument("--no-cache", action="store_true", help="recount even when a cached histogram matches")
+    parser.add_argument(
+        "--train-len",
+        type=int,
+        nargs="+",
+        default=[2048, 4096],
+        help="training lengths L (each >= 2), e.g. --train-len 2048 4096",
+    )
+    parser.add_argument(
+        "--budget-tokens",
+        type=float,
+        default=1e12,
+        help="token budget at which f is compared across L and packing strategies (Fig. 3, "
+        "fig_packing, f_after_* columns); a trainer's tokens are steps x tokens per step, "
+        "padding included",
+    )
+    parser.add_argument(
+        "--packing",
+        type=Strategy,
+        nargs="+",
+        default=list(STRATEGIES),
+        help="packing strategies (the trainer's data.packing) whose trained f of one epoch is "
+        "predicted from the document lengths: f_trained_<strategy> columns, summary.json "
+        "by_train_len[L].packing, Fig. 3 panels, fig_packing_L{L}",
+    )
+    parser.add_argument(
+        "--length-upsample",
+        type=dict[str, float],
+        default={},
+        help="expected copies per epoch of a document by its length, as the trainer's "
+        'data.length_upsample, e.g. "{0-1024: 0.5, 4096-: 2.0}"; SOURCE:LO-HI keys weight one '
+        "source (the corpus f stays Eq. 2 over every document once)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the run's seed: the order of the documents (a histogram has none) and the packing "
+        "plan's shuffles",
+    )
+    parser.add_argument(
+        "--shuffle-block",
+        type=int,
+        default=DataSection.shuffle_block,
+        help="documents per shuffle block, as the trainer's data.shuffle_block (best_fit packs "
+        "within a block)",
+    )
+    parser.add_argument(
+        "--global-batch-tokens",
+        type=int,
+        default=TrainConfig.global_batch_tokens,
+        help="tokens per optimizer step, padding included (the paper: 4M): tokens lost per step "
+        "= padding share x this",
+    )
+    parser.add_argument(
+        "--max-docs",
+        type=Optional[int],
+        default=None,
+        help="quick estimate: about this many documents, spread over the files (null: all)",
+    )
+    parser.add_argument(
+        "--sample-files",
+        type=Optional[int],
+        default=None,
+        help="quick estimate: this many evenly spaced files (null: all)",
+    )
+    parser.add_argument(
+        "--merge",
+        type=str,
+        nargs="+",
+        default=None,
+        help="sum these partial histograms (shard output directories or their histogram.npz) "
+        "instead of counting",
+    )
+    parser.add_argument(
+        "--out",
+        type=Optional[Path],
+        default=None,
+        help=f"output directory (null: {DEFAULT_OUT}/<corpus name>, or {DEFAULT_OUT}/shard_<i> "
+        "with --shard)",
+    )
+    parser.add_argument(
+        "--no-cache", action="store_true", help="recount even when a cached histogram matches"
+    )
     parser.add_argument("--no-figures", action="store_true", help="skip the PNG/PDF figures")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
@@ -454,10 +606,15 @@ def build_parser() -> ArgumentParser:
 
 def _check(parser: ArgumentParser, args: Namespace) -> None:
     """Refuse out-of-range numbers with a usage error naming the option."""
-    limits = {"--train-len": (args.train_len, 2), "--workers": ([args.workers], 1),
-              "--max-docs": ([args.max_docs], 1), "--sample-files": ([args.sample_files], 1),
-              "--seed": ([args.seed], 0), "--shuffle-block": ([args.shuffle_block], 1),
-              "--global-batch-tokens": ([args.global_batch_tokens], 1)}
+    limits = {
+        "--train-len": (args.train_len, 2),
+        "--workers": ([args.workers], 1),
+        "--max-docs": ([args.max_docs], 1),
+        "--sample-files": ([args.sample_files], 1),
+        "--seed": ([args.seed], 0),
+        "--shuffle-block": ([args.shuffle_block], 1),
+        "--global-batch-tokens": ([args.global_batch_tokens], 1),
+    }
     for flag, (values, minimum) in limits.items():
         bad = [v for v in values if v is not None and v < minimum]
         if bad:
@@ -481,9 +638,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             index, count = meta["shard"]
             out = args.out or DEFAULT_OUT / f"shard_{index}"
             path = write_partial(out, histogram, meta)
-            print(f"shard {index}/{count}: {meta['read']['documents']:,} documents from {meta['files']} files "
-                  f"({meta['read']['skipped']:,} bad items skipped) -> {path}")
-            for line in lost_files_report(meta["read"]["lost_files"], f"{path} meta.read.lost_files"):
+            print(
+                f"shard {index}/{count}: {meta['read']['documents']:,} documents from {meta['files']} files "
+                f"({meta['read']['skipped']:,} bad items skipped) -> {path}"
+            )
+            for line in lost_files_report(
+                meta["read"]["lost_files"], f"{path} meta.read.lost_files"
+            ):
                 print(line)
             return 0
         if not histogram.counts().any():
@@ -493,14 +654,28 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"filtered by source, {read.get('skipped', 0)} bad items skipped). Check --sources/--split."
             )
         out = args.out or DEFAULT_OUT / Path(meta["corpus"]).name
-        packing = PackingSettings(tuple(dict.fromkeys(args.packing)), args.length_upsample, args.seed,
-                                  args.shuffle_block, args.global_batch_tokens)
-        summary = write_outputs(out, histogram, meta, args.train_len, args.budget_tokens, packing,
-                                figures=not args.no_figures)
+        packing = PackingSettings(
+            tuple(dict.fromkeys(args.packing)),
+            args.length_upsample,
+            args.seed,
+            args.shuffle_block,
+            args.global_batch_tokens,
+        )
+        summary = write_outputs(
+            out,
+            histogram,
+            meta,
+            args.train_len,
+            args.budget_tokens,
+            packing,
+            figures=not args.no_figures,
+        )
     except (CorpusError, OutputDirError) as err:
         raise SystemExit(f"error: {err}") from None
     print(format_summary(summary, meta))
-    print(f"outputs in {out}/ (summary.json lists them: histogram.npz, lengths.csv, position_frequency*, figures/)")
+    print(
+        f"outputs in {out}/ (summary.json lists them: histogram.npz, lengths.csv, position_frequency*, figures/)"
+    )
     return 0
 
 
@@ -510,10 +685,20 @@ def _count(args: Namespace) -> tuple[LengthHistogram, dict]:
     shard = shard_from_args(args)
     if shard:
         corpus = corpus.shard(*shard)
-    per_file = None if args.max_docs is None else max(1, -(-args.max_docs // max(1, len(corpus.files))))
-    settings = CountSettings(args.tokenizer, args.text_field, corpus.sources, corpus.default_source,
-                             per_file, args.on_error)
-    histogram, meta = cached_count(corpus, settings, args.workers, not args.no_cache, not args.quiet)
+    per_file = (
+        None if args.max_docs is None else max(1, -(-args.max_docs // max(1, len(corpus.files))))
+    )
+    settings = CountSettings(
+        args.tokenizer,
+        args.text_field,
+        corpus.sources,
+        corpus.default_source,
+        per_file,
+        args.on_error,
+    )
+    histogram, meta = cached_count(
+        corpus, settings, args.workers, not args.no_cache, not args.quiet
+    )
     if shard:
         meta["shard"] = list(shard)
     return histogram, meta

@@ -45,7 +45,10 @@ import numpy as np
 import torch
 from jsonargparse import ArgumentParser, Namespace
 
-if __package__ in (None, ""):  # run as a file: import the installed posfreq package, never this folder's files by bare name
+if __package__ in (
+    None,
+    "",
+):  # run as a file: import the installed posfreq package, never this folder's files by bare name
     sys.path.pop(0)
 
 from posfreq.analysis import results
@@ -83,12 +86,18 @@ ANSWER_ORDERS: tuple[str, ...] = get_args(AnswerOrder)
 class Generator(Protocol):
     """What the probe needs of a model (train.model.Transformer): greedy decoding and teacher forcing."""
 
-    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int,
-                 stop: Callable[[int, list[int]], bool] | None = None,
-                 prefill_dtype: torch.dtype | None = None, prefill_tokens: int | None = None) -> list[list[int]]: ...
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        max_new_tokens: int,
+        stop: Callable[[int, list[int]], bool] | None = None,
+        prefill_dtype: torch.dtype | None = None,
+        prefill_tokens: int | None = None,
+    ) -> list[list[int]]: ...
 
-    def target_logprobs(self, input_ids: torch.Tensor, first_target: int,
-                        prefill_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def target_logprobs(
+        self, input_ids: torch.Tensor, first_target: int, prefill_tokens: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 @dataclass(frozen=True)
@@ -129,17 +138,31 @@ class ProbeSettings:
 
     def __post_init__(self) -> None:
         if min(self.tests_per_length, self.max_new_tokens) < 1:
-            raise ValueError(f"tests_per_length and max_new_tokens must be >= 1, got {self.tests_per_length} "
-                             f"and {self.max_new_tokens}")
-        for name, allowed in (("positions", SCHEMES), ("precision", PRECISIONS), ("bos", BOS_POLICIES),
-                              ("answer_order", ANSWER_ORDERS)):
+            raise ValueError(
+                f"tests_per_length and max_new_tokens must be >= 1, got {self.tests_per_length} "
+                f"and {self.max_new_tokens}"
+            )
+        for name, allowed in (
+            ("positions", SCHEMES),
+            ("precision", PRECISIONS),
+            ("bos", BOS_POLICIES),
+            ("answer_order", ANSWER_ORDERS),
+        ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
     def decoding(self) -> dict:
         """The settings that change answers given the prompts (names of files excluded: content is keyed apart)."""
-        keep = ("tests_per_length", "seed", "max_new_tokens", "positions", "position_options", "precision",
-                "teacher_forced", "answer_order")
+        keep = (
+            "tests_per_length",
+            "seed",
+            "max_new_tokens",
+            "positions",
+            "position_options",
+            "precision",
+            "teacher_forced",
+            "answer_order",
+        )
         return {k: v for k, v in asdict(self).items() if k in keep}
 
 
@@ -159,7 +182,9 @@ def parse_lengths(spec: str) -> list[int]:
         else:
             lengths = [int(x) for x in spec.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--lengths expects START:STOP:STEP or a comma list, got {spec!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"--lengths expects START:STOP:STEP or a comma list, got {spec!r}"
+        ) from None
     if not lengths or min(lengths) < 1:
         raise argparse.ArgumentTypeError(f"--lengths {spec!r} gives no positive lengths")
     return sorted(set(lengths))
@@ -172,12 +197,16 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     if precision == "auto":
         return "bfloat16" if device.type == "cuda" else "float32"
     if precision == "bfloat16-prefill" and device.type != "cpu":
-        raise ValueError("precision bfloat16-prefill is for CPUs (a bf16 prompt forward, float32 decoding steps); "
-                         f"on {device.type} use auto or bfloat16")
+        raise ValueError(
+            "precision bfloat16-prefill is for CPUs (a bf16 prompt forward, float32 decoding steps); "
+            f"on {device.type} use auto or bfloat16"
+        )
     return precision
 
 
-def autocast(precision: str, device: torch.device, prefill: bool = False) -> contextlib.AbstractContextManager:
+def autocast(
+    precision: str, device: torch.device, prefill: bool = False
+) -> contextlib.AbstractContextManager:
     """bf16 autocast for `bfloat16`, and for `bfloat16-prefill` around a prefill-only pass (weights stay float32);
     nothing otherwise."""
     if precision == "bfloat16" or (prefill and precision == "bfloat16-prefill"):
@@ -195,8 +224,13 @@ def cut_at_eos(tokens: Sequence[int], eos_id: int) -> list[int]:
 
 
 def generate_answers(
-    model: Generator, tokenizer: Tokenizer, tests: Sequence[NiahTest], device: torch.device,
-    precision: str = "float32", max_new_tokens: int = ANSWER_BUDGET, prefill_tokens: int | None = None,
+    model: Generator,
+    tokenizer: Tokenizer,
+    tests: Sequence[NiahTest],
+    device: torch.device,
+    precision: str = "float32",
+    max_new_tokens: int = ANSWER_BUDGET,
+    prefill_tokens: int | None = None,
 ) -> list[str]:
     """Greedy answers (decoded, cut at EOS) to equal-length tests, decoded together.
 
@@ -204,20 +238,31 @@ def generate_answers(
     The prompts' forward takes at most `prefill_tokens` tokens at a time (None: all at once).
     """
     if len({t.prompt_length for t in tests}) > 1:
-        raise ValueError("generate_answers needs prompts of one length (a batch must be rectangular)")
+        raise ValueError(
+            "generate_answers needs prompts of one length (a batch must be rectangular)"
+        )
 
     def stop(row: int, tokens: list[int]) -> bool:
-        return tokens[-1] == tokenizer.eos_id or all_needles_in(tests[row].needles, tokenizer.decode(tokens))
+        return tokens[-1] == tokenizer.eos_id or all_needles_in(
+            tests[row].needles, tokenizer.decode(tokens)
+        )
 
     prompt = torch.from_numpy(np.stack([t.input_ids for t in tests])).to(device)
     prefill_dtype = torch.bfloat16 if precision == "bfloat16-prefill" else None
     with torch.inference_mode(), autocast(precision, device):
-        generated = model.generate(prompt, max_new_tokens, stop=stop, prefill_dtype=prefill_dtype,
-                                   prefill_tokens=prefill_tokens)
+        generated = model.generate(
+            prompt,
+            max_new_tokens,
+            stop=stop,
+            prefill_dtype=prefill_dtype,
+            prefill_tokens=prefill_tokens,
+        )
     return [tokenizer.decode(cut_at_eos(g, tokenizer.eos_id)) for g in generated]
 
 
-def reference_answer(tokenizer: Tokenizer, test: NiahTest, order: str) -> tuple[list[int], list[tuple[int, int]]]:
+def reference_answer(
+    tokenizer: Tokenizer, test: NiahTest, order: str
+) -> tuple[list[int], list[tuple[int, int]]]:
     """Token ids of the reference answer (`niah.answer_text`) and each needle's token span in it, by test needle.
 
     Tokenized piece by piece (separators and numbers apart), so each needle's tokens are exact;
@@ -225,8 +270,11 @@ def reference_answer(tokenizer: Tokenizer, test: NiahTest, order: str) -> tuple[
     """
     if order not in ANSWER_ORDERS:
         raise ValueError(f"answer order must be one of {ANSWER_ORDERS}, got {order!r}")
-    ranked = sorted(range(len(test.needles)), key=lambda j: -test.positions[j]) if order == "nearest_first" \
+    ranked = (
+        sorted(range(len(test.needles)), key=lambda j: -test.positions[j])
+        if order == "nearest_first"
         else list(range(len(test.needles)))
+    )
     text = answer_text([test.needles[j] for j in ranked])
     ids: list[int] = []
     spans: dict[int, tuple[int, int]] = {}
@@ -243,8 +291,13 @@ def reference_answer(tokenizer: Tokenizer, test: NiahTest, order: str) -> tuple[
 
 
 def teacher_forced(
-    model: Generator, tokenizer: Tokenizer, tests: Sequence[NiahTest], device: torch.device,
-    precision: str = "float32", order: str = "document", prefill_tokens: int | None = None,
+    model: Generator,
+    tokenizer: Tokenizer,
+    tests: Sequence[NiahTest],
+    device: torch.device,
+    precision: str = "float32",
+    order: str = "document",
+    prefill_tokens: int | None = None,
 ) -> list[dict]:
     """Per test: each needle's summed log-probability and token accuracy under teacher forcing, one forward pass.
 
@@ -256,31 +309,44 @@ def teacher_forced(
     prompt_length = tests[0].prompt_length
     for test, (ids, _) in zip(tests, answers):
         if len(ids) > test.answer_budget:
-            raise ValueError(f"the reference answer takes {len(ids)} tokens, more than the answer budget "
-                             f"{test.answer_budget}. Fix: raise --max-new-tokens to at least {len(ids)}")
+            raise ValueError(
+                f"the reference answer takes {len(ids)} tokens, more than the answer budget "
+                f"{test.answer_budget}. Fix: raise --max-new-tokens to at least {len(ids)}"
+            )
     width = max(len(ids) for ids, _ in answers)
     batch = np.full((len(tests), prompt_length + width), tokenizer.eos_id, dtype=np.int64)
     for row, (test, (ids, _)) in enumerate(zip(tests, answers)):
         batch[row, :prompt_length] = test.input_ids
         batch[row, prompt_length : prompt_length + len(ids)] = ids
     with torch.inference_mode(), autocast(precision, device, prefill=True):
-        logprobs, correct = model.target_logprobs(torch.from_numpy(batch).to(device), prompt_length, prefill_tokens)
+        logprobs, correct = model.target_logprobs(
+            torch.from_numpy(batch).to(device), prompt_length, prefill_tokens
+        )
     logprobs, correct = logprobs.float().cpu().numpy(), correct.cpu().numpy()
     scores = []
     for row, (_, spans) in enumerate(answers):
-        scores.append({
-            "tf_logprob": [float(logprobs[row, a:b].sum()) for a, b in spans],
-            "tf_token_accuracy": [float(correct[row, a:b].mean()) for a, b in spans],
-            "tf_answer_order": order,
-        })
+        scores.append(
+            {
+                "tf_logprob": [float(logprobs[row, a:b].sum()) for a, b in spans],
+                "tf_token_accuracy": [float(correct[row, a:b].mean()) for a, b in spans],
+                "tf_answer_order": order,
+            }
+        )
     return scores
 
 
-def score_tests(tests: Sequence[NiahTest], answers: Sequence[str], tf: Sequence[dict] | None, key: str) -> list[dict]:
+def score_tests(
+    tests: Sequence[NiahTest], answers: Sequence[str], tf: Sequence[dict] | None, key: str
+) -> list[dict]:
     """Per-test JSONL records: test metadata, the generated text, both scores, the teacher-forced score, the key."""
     records = []
     for i, (test, text) in enumerate(zip(tests, answers)):
-        record = {**test.record(), **score_answer(test, text).record(), "generated": text, "key": key}
+        record = {
+            **test.record(),
+            **score_answer(test, text).record(),
+            "generated": text,
+            "key": key,
+        }
         records.append({**record, **(tf[i] if tf is not None else {})})
     return records
 
@@ -304,16 +370,22 @@ class ModelSource:
     tokens_seen: int | None = None
     tokens_this_run: int | None = None
 
-    def load(self, settings: ProbeSettings, device: torch.device, attention_backend: str = "auto") -> Generator:
+    def load(
+        self, settings: ProbeSettings, device: torch.device, attention_backend: str = "auto"
+    ) -> Generator:
         """The model on `device` in float32, eval mode, with the settings' position scheme."""
         if self.kind == "checkpoint":
             from posfreq.train.checkpoint import load_model
 
-            model, _, _ = load_model(self.path, device="cpu", dtype=torch.float32, attention_backend=attention_backend)
+            model, _, _ = load_model(
+                self.path, device="cpu", dtype=torch.float32, attention_backend=attention_backend
+            )
         else:
             from posfreq.train.hf import load_hf_model
 
-            model = load_hf_model(self.path, dtype=torch.float32, attention_backend=attention_backend)
+            model = load_hf_model(
+                self.path, dtype=torch.float32, attention_backend=attention_backend
+            )
         model = model.to(device=device, dtype=torch.float32).eval()
         if settings.positions != "rope" or settings.position_options:
             model.set_positions(settings.positions, **settings.position_options)
@@ -325,20 +397,36 @@ def checkpoint_source(path: Path, settings: ProbeSettings) -> ModelSource:
     from posfreq.train.checkpoint import load_model_config, model_fingerprint
 
     if not (path / "model_config.json").is_file():
-        what = "does not exist" if not path.exists() else "is not a checkpoint (no model_config.json)"
-        raise SystemExit(f"error: --checkpoint {path} {what}. Fix: pass RUN/checkpoints/tokens-*/ (or latest/), a "
-                         "consolidated model directory, or --run RUN for every milestone")
+        what = (
+            "does not exist" if not path.exists() else "is not a checkpoint (no model_config.json)"
+        )
+        raise SystemExit(
+            f"error: --checkpoint {path} {what}. Fix: pass RUN/checkpoints/tokens-*/ (or latest/), a "
+            "consolidated model directory, or --run RUN for every milestone"
+        )
     spec_file = path / "tokenizer_spec.json"
     spec = json.loads(spec_file.read_text()) if spec_file.is_file() else {}
     if settings.tokenizer is None and "spec" not in spec:
-        raise SystemExit(f"{path}: no tokenizer_spec.json; pass --tokenizer SPEC (llama3, bytes, hf:DIR)")
+        raise SystemExit(
+            f"{path}: no tokenizer_spec.json; pass --tokenizer SPEC (llama3, bytes, hf:DIR)"
+        )
     hist_file = path / "trained_lengths.npy"
     hist = np.load(hist_file, allow_pickle=False) if hist_file.is_file() else None
     config = load_model_config(path)
     this_run, before = _tokens(path)
-    return ModelSource(path.name, path, "checkpoint", model_fingerprint(path), settings.tokenizer or spec["spec"],
-                       config.train_len, config.vocab_size, bool(spec.get("bos_in_training", False)), hist,
-                       None if this_run is None else this_run + before, this_run)
+    return ModelSource(
+        path.name,
+        path,
+        "checkpoint",
+        model_fingerprint(path),
+        settings.tokenizer or spec["spec"],
+        config.train_len,
+        config.vocab_size,
+        bool(spec.get("bos_in_training", False)),
+        hist,
+        None if this_run is None else this_run + before,
+        this_run,
+    )
 
 
 def hf_source(directory: Path, settings: ProbeSettings) -> ModelSource:
@@ -347,14 +435,28 @@ def hf_source(directory: Path, settings: ProbeSettings) -> ModelSource:
 
     if not (directory / "config.json").is_file():
         what = "does not exist" if not directory.exists() else "holds no config.json"
-        raise SystemExit(f"error: --model hf:{directory} {what}. Fix: pass a Hugging Face model directory "
-                         "(config.json and *.safetensors)")
+        raise SystemExit(
+            f"error: --model hf:{directory} {what}. Fix: pass a Hugging Face model directory "
+            "(config.json and *.safetensors)"
+        )
     spec = settings.tokenizer or tokenizer_spec(directory)
     if spec is None:
-        raise SystemExit(f"--model hf:{directory}: no tokenizer.json there; pass --tokenizer SPEC (e.g. llama3)")
-    config = config_from_hf(json.loads((directory / "config.json").read_text()), str(directory / "config.json"))
-    return ModelSource(directory.name, directory, "hf", hf_model_fingerprint(directory), spec, config.train_len,
-                       config.vocab_size, get_tokenizer(spec).adds_bos)
+        raise SystemExit(
+            f"--model hf:{directory}: no tokenizer.json there; pass --tokenizer SPEC (e.g. llama3)"
+        )
+    config = config_from_hf(
+        json.loads((directory / "config.json").read_text()), str(directory / "config.json")
+    )
+    return ModelSource(
+        directory.name,
+        directory,
+        "hf",
+        hf_model_fingerprint(directory),
+        spec,
+        config.train_len,
+        config.vocab_size,
+        get_tokenizer(spec).adds_bos,
+    )
 
 
 def _tokens(path: Path) -> tuple[int | None, int]:
@@ -373,7 +475,9 @@ def milestones(run_dir: Path) -> list[Path]:
 
     found = [p for p, _ in list_checkpoints(run_dir) if p.name.startswith(MILESTONE_PREFIX)]
     if not found:
-        raise SystemExit(f"--run {run_dir}: no complete checkpoints under {run_dir / 'checkpoints'}/tokens-*/")
+        raise SystemExit(
+            f"--run {run_dir}: no complete checkpoints under {run_dir / 'checkpoints'}/tokens-*/"
+        )
     return found
 
 
@@ -413,13 +517,21 @@ class Job:
         for name in ("batch_tokens", "prefill_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 or null, got {getattr(self, name)}")
-        self.settings = replace(self.settings, precision=resolve_precision(self.settings.precision, self.device))
+        self.settings = replace(
+            self.settings, precision=resolve_precision(self.settings.precision, self.device)
+        )
         self.attention = self._attention_choice()
 
     def _attention_choice(self) -> str:
         """The attention backend the probe runs and why; ValueError when the asked one cannot run this probe."""
-        dtype = torch.bfloat16 if self.settings.precision in ("bfloat16", "bfloat16-prefill") else torch.float32
-        merges = self.settings.positions not in SINGLE_PASS_SCHEMES  # two passes merged by their log-sum-exp
+        dtype = (
+            torch.bfloat16
+            if self.settings.precision in ("bfloat16", "bfloat16-prefill")
+            else torch.float32
+        )
+        merges = (
+            self.settings.positions not in SINGLE_PASS_SCHEMES
+        )  # two passes merged by their log-sum-exp
         try:
             return explain_backend(self.attention_backend, self.device, dtype, return_lse=merges)[1]
         except BackendError as err:
@@ -458,14 +570,18 @@ class Builders:
         """The builder of a model's prompts: its tokenizer, the BOS policy and chat template resolved."""
         tokenizer = self.tokenizer(source.tokenizer_spec)
         if tokenizer.vocab_size > source.vocab_size:
-            raise SystemExit(f"{source.path}: tokenizer {tokenizer.name} has {tokenizer.vocab_size:,} ids but the model "
-                             f"only {source.vocab_size:,}; pass the model's own tokenizer with --tokenizer")
+            raise SystemExit(
+                f"{source.path}: tokenizer {tokenizer.name} has {tokenizer.vocab_size:,} ids but the model "
+                f"only {source.vocab_size:,}; pass the model's own tokenizer with --tokenizer"
+            )
         chat: tuple[list[int], list[int]] = ([], [])
         if settings.chat_template:
             frame = getattr(tokenizer, "chat_frame", None)
             if frame is None or getattr(tokenizer, "chat_template", None) is None:
-                raise SystemExit(f"--chat-template: tokenizer {tokenizer.name} has no chat template "
-                                 "(tokenizer_config.json's chat_template); leave --chat-template false")
+                raise SystemExit(
+                    f"--chat-template: tokenizer {tokenizer.name} has no chat template "
+                    "(tokenizer_config.json's chat_template); leave --chat-template false"
+                )
             chat = frame()
         bos = {"always": True, "never": False}.get(settings.bos)
         if bos is None:
@@ -492,8 +608,12 @@ class Plan:
 
 def key_parts(source: ModelSource, builder: NiahBuilder, settings: ProbeSettings) -> dict:
     """What a result is made of: model content, prompt content, decoding settings, code."""
-    return {"model": source.fingerprint, "prompts": builder.digest, "decoding": settings.decoding(),
-            "code": code_sha256()}
+    return {
+        "model": source.fingerprint,
+        "prompts": builder.digest,
+        "decoding": settings.decoding(),
+        "code": code_sha256(),
+    }
 
 
 def plan_model(source: ModelSource, out: Path, job: Job, builders: Builders) -> Plan:
@@ -504,19 +624,27 @@ def plan_model(source: ModelSource, out: Path, job: Job, builders: Builders) -> 
     shortest = builder.min_length()
     lengths = job.lengths_for(source.train_len, shortest)
     if not lengths:
-        raise SystemExit(f"{source.path} was trained at L = {source.train_len}, below the shortest test tokenizer "
-                         f"{builder.tokenizer.name} allows with an answer budget of {job.settings.max_new_tokens} "
-                         f"({shortest} tokens). Fix: train at a longer data.train-len, or pass --lengths from "
-                         f"{shortest} on (beyond the training length) or a lower --max-new-tokens")
+        raise SystemExit(
+            f"{source.path} was trained at L = {source.train_len}, below the shortest test tokenizer "
+            f"{builder.tokenizer.name} allows with an answer budget of {job.settings.max_new_tokens} "
+            f"({shortest} tokens). Fix: train at a longer data.train-len, or pass --lengths from "
+            f"{shortest} on (beyond the training length) or a lower --max-new-tokens"
+        )
     if min(lengths) < shortest:
-        raise SystemExit(f"--lengths: {min(lengths)} is below the shortest test this tokenizer and answer budget "
-                         f"allow ({shortest} tokens); start the lengths there or lower --max-new-tokens")
+        raise SystemExit(
+            f"--lengths: {min(lengths)} is below the shortest test this tokenizer and answer budget "
+            f"allow ({shortest} tokens); start the lengths there or lower --max-new-tokens"
+        )
     if job.settings.teacher_forced:
-        answer, _ = reference_answer(builder.tokenizer, builder.build(lengths[0], 0, 0), job.settings.answer_order)
+        answer, _ = reference_answer(
+            builder.tokenizer, builder.build(lengths[0], 0, 0), job.settings.answer_order
+        )
         if len(answer) > job.settings.max_new_tokens:
-            raise SystemExit(f"the teacher-forced reference answer takes {len(answer)} tokens of tokenizer "
-                             f"{builder.tokenizer.name}, more than the answer budget {job.settings.max_new_tokens}. "
-                             f"Fix: --max-new-tokens {len(answer)} or more, or --teacher-forced false")
+            raise SystemExit(
+                f"the teacher-forced reference answer takes {len(answer)} tokens of tokenizer "
+                f"{builder.tokenizer.name}, more than the answer budget {job.settings.max_new_tokens}. "
+                f"Fix: --max-new-tokens {len(answer)} or more, or --teacher-forced false"
+            )
     try:
         results.claim(out, key, parts, job.replace_stale)
     except results.StaleResults as err:
@@ -532,8 +660,13 @@ def execute(plans: Sequence[Plan], job: Job) -> None:
     total = sum(len(p.pending) for p in plans) * job.settings.tests_per_length
     if total and job.show_progress:
         print(f"attention: {job.attention}", file=sys.stderr)
-    with tqdm(total=total, unit="test", disable=not job.show_progress or total == 0, dynamic_ncols=True,
-              desc="probe") as bar:
+    with tqdm(
+        total=total,
+        unit="test",
+        disable=not job.show_progress or total == 0,
+        dynamic_ncols=True,
+        desc="probe",
+    ) as bar:
         for plan in plans:
             if plan.pending:
                 model = plan.source.load(job.settings, job.device, job.attention_backend)
@@ -554,37 +687,79 @@ def probe_length(model: Generator, plan: Plan, length: int, job: Job, bar: Any =
     size = job.batch_for(length)
     for start in range(0, len(tests), size):
         batch = tests[start : start + size]
-        answers = generate_answers(model, tokenizer, batch, job.device, s.precision, s.max_new_tokens, job.prefill_tokens)
-        tf = teacher_forced(model, tokenizer, batch, job.device, s.precision, s.answer_order, job.prefill_tokens) \
-            if s.teacher_forced else None
+        answers = generate_answers(
+            model, tokenizer, batch, job.device, s.precision, s.max_new_tokens, job.prefill_tokens
+        )
+        tf = (
+            teacher_forced(
+                model, tokenizer, batch, job.device, s.precision, s.answer_order, job.prefill_tokens
+            )
+            if s.teacher_forced
+            else None
+        )
         records += score_tests(batch, answers, tf, plan.key)
         if bar is not None:
             bar.update(len(batch))
-    results.write_length(plan.out, length, records, {
-        "key": plan.key, "seconds": time.perf_counter() - started, "batch_size": size, "prefill_tokens": job.prefill_tokens,
-        "device": str(job.device), "threads": torch.get_num_threads()})
+    results.write_length(
+        plan.out,
+        length,
+        records,
+        {
+            "key": plan.key,
+            "seconds": time.perf_counter() - started,
+            "batch_size": size,
+            "prefill_tokens": job.prefill_tokens,
+            "device": str(job.device),
+            "threads": torch.get_num_threads(),
+        },
+    )
 
 
 def _write_meta(plan: Plan, job: Job) -> None:
     """probe.json (provenance) and the trained-length histogram beside the records."""
     source = plan.source
     if source.length_hist is not None:
-        np.save(plan.out / results.HIST_FILE, source.length_hist.astype(np.int64), allow_pickle=False)
-    results.write_json(plan.out / results.META_FILE, {
-        "model": source.name, "model_path": str(source.path), "model_kind": source.kind, "key": plan.key,
-        "key_parts": plan.parts, "settings": asdict(job.settings), "lengths": plan.lengths,
-        "train_len": source.train_len, "tokens_seen": source.tokens_seen, "tokens_this_run": source.tokens_this_run,
-        "prompt_format": asdict(plan.builder.format), "tokenizer": plan.builder.tokenizer.name,
-        "haystack": plan.builder.haystack.name, "haystack_sha256": plan.builder.haystack.sha256,
-        "note": "a test of length n is a prompt of n - max_new_tokens tokens plus at most max_new_tokens "
-                "generated ones: no token is generated at a position >= n",
-        "batch_size": job.batch_size, "batch_tokens": job.batch_tokens, "device": str(job.device),
-        "threads": torch.get_num_threads(), "torch": torch.__version__, "code_version": code_version(), "command": sys.argv,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        np.save(
+            plan.out / results.HIST_FILE, source.length_hist.astype(np.int64), allow_pickle=False
+        )
+    results.write_json(
+        plan.out / results.META_FILE,
+        {
+            "model": source.name,
+            "model_path": str(source.path),
+            "model_kind": source.kind,
+            "key": plan.key,
+            "key_parts": plan.parts,
+            "settings": asdict(job.settings),
+            "lengths": plan.lengths,
+            "train_len": source.train_len,
+            "tokens_seen": source.tokens_seen,
+            "tokens_this_run": source.tokens_this_run,
+            "prompt_format": asdict(plan.builder.format),
+            "tokenizer": plan.builder.tokenizer.name,
+            "haystack": plan.builder.haystack.name,
+            "haystack_sha256": plan.builder.haystack.sha256,
+            "note": "a test of length n is a prompt of n - max_new_tokens tokens plus at most max_new_tokens "
+            "generated ones: no token is generated at a position >= n",
+            "batch_size": job.batch_size,
+            "batch_tokens": job.batch_tokens,
+            "device": str(job.device),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "code_version": code_version(),
+            "command": sys.argv,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        },
+    )
 
 
-def probe_models(sources: Sequence[ModelSource], outs: Sequence[Path], job: Job, builders: Builders,
-                 derive: bool = True) -> list[dict]:
+def probe_models(
+    sources: Sequence[ModelSource],
+    outs: Sequence[Path],
+    job: Job,
+    builders: Builders,
+    derive: bool = True,
+) -> list[dict]:
     """Probe models into their result directories and (unless a run merge will) derive each one's tables.
 
     Returns their effective_length rows, or nothing when `derive` is False.
@@ -601,26 +776,50 @@ def run_out_default(run_dir: Path, first: ModelSource, job: Job, builders: Build
     return run_dir / f"probe-{job.settings.positions}-{result_key(parts)[:8]}"
 
 
-def probe_run(run_dir: Path, out: Path | None, job: Job, shard: tuple[int, int] | None = None,
-              merge_only: bool = False) -> tuple[Path, list[dict]]:
+def probe_run(
+    run_dir: Path,
+    out: Path | None,
+    job: Job,
+    shard: tuple[int, int] | None = None,
+    merge_only: bool = False,
+) -> tuple[Path, list[dict]]:
     """Probe every milestone of a run (or shard i of n of them), then (unless sharded) derive the run tables."""
     builders = Builders(job.settings.haystack)
     checkpoints = milestones(run_dir)
     mine = checkpoints if shard is None else checkpoints[shard[0] :: shard[1]]
-    sources = {p: checkpoint_source(p, job.settings) for p in (mine if shard is not None else checkpoints)}
+    sources = {
+        p: checkpoint_source(p, job.settings) for p in (mine if shard is not None else checkpoints)
+    }
     out = out or run_out_default(run_dir, sources[mine[0]], job, builders)
     rows: list[dict] = []
-    if not merge_only:  # a sharded task derives its own checkpoints; otherwise derive_run does, once
-        rows = probe_models([sources[p] for p in mine], [out / p.name for p in mine], job, builders,
-                            derive=shard is not None)
+    if (
+        not merge_only
+    ):  # a sharded task derives its own checkpoints; otherwise derive_run does, once
+        rows = probe_models(
+            [sources[p] for p in mine],
+            [out / p.name for p in mine],
+            job,
+            builders,
+            derive=shard is not None,
+        )
     if shard is not None:
         return out, rows
-    keys = {p.name: result_key(key_parts(s, builders.for_source(s, job.settings), job.settings))
-            for p, s in sources.items()}
+    keys = {
+        p.name: result_key(key_parts(s, builders.for_source(s, job.settings), job.settings))
+        for p, s in sources.items()
+    }
     meta_path = out / results.META_FILE
     previous = results.read_json(meta_path) if meta_path.is_file() else {}
-    results.write_json(meta_path, {**previous, "run": str(run_dir.resolve()), "checkpoints": keys,
-                                   "settings": asdict(job.settings), "code_version": code_version()})
+    results.write_json(
+        meta_path,
+        {
+            **previous,
+            "run": str(run_dir.resolve()),
+            "checkpoints": keys,
+            "settings": asdict(job.settings),
+            "code_version": code_version(),
+        },
+    )
     return out, results.derive_run(out, job.analysis, job.figures)
 
 
@@ -634,44 +833,98 @@ def build_parser() -> ArgumentParser:
         "4-needle NIAH probe of one checkpoint, of every milestone of a run, or of a Hugging Face model: pass rate "
         "per test length, effective length with a bootstrap interval, f(effective length), teacher-forced needle "
         "scores. Results are keyed by the content of the model, prompts, settings and code: a length already "
-        "probed under the same key is never decoded again.", config_file=True)
+        "probed under the same key is never decoded again.",
+        config_file=True,
+    )
     source = parser.add_argument_group("The model(s) to probe: exactly one of")
-    source.add_argument("--checkpoint", type=Optional[Path], default=None,
-                        help="One trainer checkpoint or consolidated model directory.")
-    source.add_argument("--run", type=Optional[Path], default=None,
-                        help="A training run directory: probe every complete milestone RUN/checkpoints/tokens-*/.")
-    source.add_argument("--model", type=Optional[str], default=None,
-                        help="hf:DIR, a Hugging Face Llama-family model directory.")
-    parser.add_argument("--lengths", type=Optional[str], default=None,
-                        help="Test lengths n (prompt + answer budget): START:STOP:STEP (STOP included) or a comma "
-                        "list; null: 128, 256, ... up to the model's training length.")
-    parser.add_argument("--out", type=Optional[Path], default=None,
-                        help="Output directory; null: runs/probe/<model>-<key> for one model, "
-                        "RUN/probe-<positions>-<key> for --run (key: a hash of model, prompts, settings and code).")
-    parser.add_argument("--replace-stale", action="store_true",
-                        help="Delete results in --out made by other weights, prompts, settings or code (else refuse).")
-    parser.add_argument("--batch-size", type=int, default=8, help="Prompts decoded together, at most.")
-    parser.add_argument("--batch-tokens", type=Union[int, Literal["auto"], None], default="auto",
-                        help="At most this many test tokens decoded together, so long tests go in smaller batches; "
-                        f"null: batch-size at every length; auto: {CPU_BATCH_TOKENS} on a CPU (8 tests of 1K, 2 of "
-                        "4K, 1 beyond: a batch of 8 4K-token prompts is only 1.05x one alone per test there, and holds "
-                        "8 KV caches; see the README's Performance section) and no cap on a GPU.")
-    parser.add_argument("--prefill-tokens", type=Union[int, Literal["auto"], None], default="auto",
-                        help="At most this many prompt tokens in one forward pass (whole prompts, one at least); "
-                        f"null: a batch at once; auto: {CPU_PREFILL_TOKENS} on a CPU (1.02x the tests/s of 8 prompts "
-                        "of 1K at once, 1.27x for 8 of 4K; see the README's Performance section) and null on a GPU.")
-    parser.add_argument("--device", type=str, default="auto",
-                        help="cpu, cuda, cuda:1, ...; auto: cuda when a GPU is available, else cpu.")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="CPU threads for torch (0: one per core available to this process).")
-    parser.add_argument("--attention-backend", type=AttentionBackend, default="auto",
-                        help="Varlen attention backend (posfreq.train.attention); auto picks by device and what is "
-                        "installed.")
-    parser.add_argument("--shard", type=Optional[str], default=None,
-                        help="With --run: probe checkpoints i, i+n, ... only, as i/n (0-based, e.g. "
-                        "$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT), and write no run tables.")
-    parser.add_argument("--merge-only", action="store_true",
-                        help="With --run: only write the run tables and figures from the stored results.")
+    source.add_argument(
+        "--checkpoint",
+        type=Optional[Path],
+        default=None,
+        help="One trainer checkpoint or consolidated model directory.",
+    )
+    source.add_argument(
+        "--run",
+        type=Optional[Path],
+        default=None,
+        help="A training run directory: probe every complete milestone RUN/checkpoints/tokens-*/.",
+    )
+    source.add_argument(
+        "--model",
+        type=Optional[str],
+        default=None,
+        help="hf:DIR, a Hugging Face Llama-family model directory.",
+    )
+    parser.add_argument(
+        "--lengths",
+        type=Optional[str],
+        default=None,
+        help="Test lengths n (prompt + answer budget): START:STOP:STEP (STOP included) or a comma "
+        "list; null: 128, 256, ... up to the model's training length.",
+    )
+    parser.add_argument(
+        "--out",
+        type=Optional[Path],
+        default=None,
+        help="Output directory; null: runs/probe/<model>-<key> for one model, "
+        "RUN/probe-<positions>-<key> for --run (key: a hash of model, prompts, settings and code).",
+    )
+    parser.add_argument(
+        "--replace-stale",
+        action="store_true",
+        help="Delete results in --out made by other weights, prompts, settings or code (else refuse).",
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=8, help="Prompts decoded together, at most."
+    )
+    parser.add_argument(
+        "--batch-tokens",
+        type=Union[int, Literal["auto"], None],
+        default="auto",
+        help="At most this many test tokens decoded together, so long tests go in smaller batches; "
+        f"null: batch-size at every length; auto: {CPU_BATCH_TOKENS} on a CPU (8 tests of 1K, 2 of "
+        "4K, 1 beyond: a batch of 8 4K-token prompts is only 1.05x one alone per test there, and holds "
+        "8 KV caches; see the README's Performance section) and no cap on a GPU.",
+    )
+    parser.add_argument(
+        "--prefill-tokens",
+        type=Union[int, Literal["auto"], None],
+        default="auto",
+        help="At most this many prompt tokens in one forward pass (whole prompts, one at least); "
+        f"null: a batch at once; auto: {CPU_PREFILL_TOKENS} on a CPU (1.02x the tests/s of 8 prompts "
+        "of 1K at once, 1.27x for 8 of 4K; see the README's Performance section) and null on a GPU.",
+    )
+    parser.add_argument(
+        "--device",
+        type=str,
+        default="auto",
+        help="cpu, cuda, cuda:1, ...; auto: cuda when a GPU is available, else cpu.",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads for torch (0: one per core available to this process).",
+    )
+    parser.add_argument(
+        "--attention-backend",
+        type=AttentionBackend,
+        default="auto",
+        help="Varlen attention backend (posfreq.train.attention); auto picks by device and what is "
+        "installed.",
+    )
+    parser.add_argument(
+        "--shard",
+        type=Optional[str],
+        default=None,
+        help="With --run: probe checkpoints i, i+n, ... only, as i/n (0-based, e.g. "
+        "$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT), and write no run tables.",
+    )
+    parser.add_argument(
+        "--merge-only",
+        action="store_true",
+        help="With --run: only write the run tables and figures from the stored results.",
+    )
     parser.add_argument("--no-figures", action="store_true", help="Skip the PNG/PDF figures.")
     parser.add_argument("--quiet", action="store_true", help="No progress bar.")
     parser.add_class_arguments(ProbeSettings, nested_key=None, as_group=True)
@@ -713,11 +966,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         device = resolve_device(args.device)
         on_cpu = device.type == "cpu"
-        batch_tokens = (CPU_BATCH_TOKENS if on_cpu else None) if args.batch_tokens == "auto" else args.batch_tokens
-        prefill_tokens = (CPU_PREFILL_TOKENS if on_cpu else None) if args.prefill_tokens == "auto" else args.prefill_tokens
-        job = Job(from_args(ProbeSettings, args, parser), lengths, args.batch_size, device,
-                  from_args(Analysis, args, parser), args.attention_backend, not args.no_figures, not args.quiet,
-                  args.replace_stale, batch_tokens, prefill_tokens)
+        batch_tokens = (
+            (CPU_BATCH_TOKENS if on_cpu else None)
+            if args.batch_tokens == "auto"
+            else args.batch_tokens
+        )
+        prefill_tokens = (
+            (CPU_PREFILL_TOKENS if on_cpu else None)
+            if args.prefill_tokens == "auto"
+            else args.prefill_tokens
+        )
+        job = Job(
+            from_args(ProbeSettings, args, parser),
+            lengths,
+            args.batch_size,
+            device,
+            from_args(Analysis, args, parser),
+            args.attention_backend,
+            not args.no_figures,
+            not args.quiet,
+            args.replace_stale,
+            batch_tokens,
+            prefill_tokens,
+        )
     except ValueError as err:
         parser.error(str(err))
     settings = job.settings
@@ -729,20 +1000,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             source = checkpoint_source(args.checkpoint, settings)
         else:
             if not args.model.startswith("hf:"):
-                raise SystemExit(f"--model expects hf:DIR, got {args.model!r} (use --checkpoint for our checkpoints)")
+                raise SystemExit(
+                    f"--model expects hf:DIR, got {args.model!r} (use --checkpoint for our checkpoints)"
+                )
             source = hf_source(Path(args.model[3:]), settings)
         out = args.out
         if out is None:
             builder = builders.for_source(source, settings)
-            out = Path("runs/probe") / f"{source.name}-{result_key(key_parts(source, builder, settings))}"
+            out = (
+                Path("runs/probe")
+                / f"{source.name}-{result_key(key_parts(source, builder, settings))}"
+            )
         rows = probe_models([source], [out], job, builders)
     for row in rows:
         status = row["effective_length_status"]
-        flag = "" if status == "ok" else f" ({status}{': undefined' if status == STATUS_NONE_PASSED else ': lower bound'})"
-        interval = f" [95% interval {row['effective_length_lo']}-{row['effective_length_hi']}]" \
-            if row["effective_length_lo"] != "" else ""
-        print(f"{row['checkpoint']}: effective length {row['effective_length']}{flag}{interval}, "
-              f"f(effective length) = {row['f_effective_length'] or 'n/a'}")
+        flag = (
+            ""
+            if status == "ok"
+            else f" ({status}{': undefined' if status == STATUS_NONE_PASSED else ': lower bound'})"
+        )
+        interval = (
+            f" [95% interval {row['effective_length_lo']}-{row['effective_length_hi']}]"
+            if row["effective_length_lo"] != ""
+            else ""
+        )
+        print(
+            f"{row['checkpoint']}: effective length {row['effective_length']}{flag}{interval}, "
+            f"f(effective length) = {row['f_effective_length'] or 'n/a'}"
+        )
     print(f"outputs in {out}/")
     return 0
 

@@ -60,9 +60,13 @@ def read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise StaleResults(f"{path}: damaged ({err}); delete it (or pass --replace-stale) to redo it") from None
+        raise StaleResults(
+            f"{path}: damaged ({err}); delete it (or pass --replace-stale) to redo it"
+        ) from None
     if not isinstance(data, dict):
-        raise StaleResults(f"{path}: expected a JSON object; delete it (or pass --replace-stale) to redo it")
+        raise StaleResults(
+            f"{path}: expected a JSON object; delete it (or pass --replace-stale) to redo it"
+        )
     return data
 
 
@@ -77,26 +81,43 @@ def claim(out: Path, key: str, parts: dict, replace_stale: bool = False) -> None
             theirs = {"key": None, "parts": {}}
         if theirs.get("key") == key:
             return
-        differs = sorted(k for k in parts if theirs.get("parts", {}).get(k) != parts[k]) or ["unknown"]
-        reason = f"{out} holds probe results with another key (they differ in: {', '.join(differs)})"
+        differs = sorted(k for k in parts if theirs.get("parts", {}).get(k) != parts[k]) or [
+            "unknown"
+        ]
+        reason = (
+            f"{out} holds probe results with another key (they differ in: {', '.join(differs)})"
+        )
     elif (out / "tests").is_dir() and any((out / "tests").iterdir()):
-        foreign = sorted(p.name for p in (out / "tests").iterdir() if not RECORD_FILE.fullmatch(p.name))
+        foreign = sorted(
+            p.name for p in (out / "tests").iterdir() if not RECORD_FILE.fullmatch(p.name)
+        )
         if foreign:
-            raise StaleResults(f"{out}/tests holds files the probe did not write ({', '.join(foreign[:3])}). Fix: "
-                               "pass another --out (nothing was changed)")
+            raise StaleResults(
+                f"{out}/tests holds files the probe did not write ({', '.join(foreign[:3])}). Fix: "
+                "pass another --out (nothing was changed)"
+            )
         reason = f"{out} holds probe results without a key (written by an older posfreq)"
     else:
         write_json(key_file, {"key": key, "parts": parts})
         return
     if not replace_stale:
-        raise StaleResults(f"{reason}. They are never reused. Fix: pass another --out, or --replace-stale to "
-                           "delete them and probe again.")
+        raise StaleResults(
+            f"{reason}. They are never reused. Fix: pass another --out, or --replace-stale to "
+            "delete them and probe again."
+        )
     discard_records(out)
     write_json(key_file, {"key": key, "parts": parts})
 
 
-DERIVED_TABLES = ("summary.csv", "distance.csv", "effective_length.csv", "failure_by_thirds.csv",
-                  "failure_by_thirds.md", "distance_by_checkpoint.csv", "position_frequency.csv")
+DERIVED_TABLES = (
+    "summary.csv",
+    "distance.csv",
+    "effective_length.csv",
+    "failure_by_thirds.csv",
+    "failure_by_thirds.md",
+    "distance_by_checkpoint.csv",
+    "position_frequency.csv",
+)
 """The tables the probe derives into its own result directory (`derive_model`, `derive_run`)."""
 
 
@@ -127,7 +148,11 @@ def done_lengths(out: Path, key: str) -> dict[int, dict]:
             meta = json.loads(marker.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError):
             continue  # a damaged marker: the length is redone
-        if isinstance(meta, dict) and meta.get("key") == key and marker.with_suffix(".jsonl").is_file():
+        if (
+            isinstance(meta, dict)
+            and meta.get("key") == key
+            and marker.with_suffix(".jsonl").is_file()
+        ):
             done[int(meta["length"])] = meta
     return done
 
@@ -150,8 +175,10 @@ def read_records(out: Path, lengths: Sequence[int]) -> list[dict]:
                 try:
                     records.append(json.loads(line))
                 except json.JSONDecodeError as err:
-                    raise StaleResults(f"{path}, line {number}: damaged record ({err}); delete the file and its "
-                                       ".json marker to probe that length again") from None
+                    raise StaleResults(
+                        f"{path}, line {number}: damaged record ({err}); delete the file and its "
+                        ".json marker to probe that length again"
+                    ) from None
     return records
 
 
@@ -167,17 +194,27 @@ def checked_records(out: Path, length: int, marker: dict) -> list[dict]:
     records = read_records(out, [length])
     fix = "Fix: restore the file, or delete it and its .json marker to probe that length again"
     if len(records) != marker.get("n_tests"):
-        raise StaleResults(f"{path}: {len(records)} records, but its marker says {marker.get('n_tests')} tests. {fix}")
+        raise StaleResults(
+            f"{path}: {len(records)} records, but its marker says {marker.get('n_tests')} tests. {fix}"
+        )
     seen = set()
     for number, record in enumerate(records, 1):
         where = f"{path}, record {number}"
-        if not isinstance(record, dict) or record.get("key") != marker.get("key") or record.get("length") != length:
-            raise StaleResults(f"{where}: made under another key or length than its marker "
-                               f"({str(marker.get('key'))[:12]}, L = {length}). {fix}")
+        if (
+            not isinstance(record, dict)
+            or record.get("key") != marker.get("key")
+            or record.get("length") != length
+        ):
+            raise StaleResults(
+                f"{where}: made under another key or length than its marker "
+                f"({str(marker.get('key'))[:12]}, L = {length}). {fix}"
+            )
         for name in HIT_FIELDS:
             hits = record.get(name)
             if not isinstance(hits, list) or not all(isinstance(h, bool) for h in hits):
-                raise StaleResults(f"{where}: {name} must be a list of true/false, got {hits!r:.60}. {fix}")
+                raise StaleResults(
+                    f"{where}: {name} must be a list of true/false, got {hits!r:.60}. {fix}"
+                )
         if record.get("index") in seen:
             raise StaleResults(f"{where}: test index {record.get('index')} appears twice. {fix}")
         seen.add(record.get("index"))
@@ -195,17 +232,31 @@ def derive_model(out: Path, analysis: Analysis = Analysis(), figures: bool = Tru
     done = done_lengths(out, key)
     lengths = [n for n in meta["lengths"] if n in done]
     if not lengths:
-        raise StaleResults(f"{out}: no length is probed under its key yet; run analysis/probe.py first")
+        raise StaleResults(
+            f"{out}: no length is probed under its key yet; run analysis/probe.py first"
+        )
     by_length = {n: checked_records(out, n, done[n]) for n in lengths}
     summary = [summarize_length(by_length[n], done[n]["seconds"], analysis) for n in lengths]
     write_csv(out / "summary.csv", summary)
     hist = np.load(out / HIST_FILE, allow_pickle=False) if (out / HIST_FILE).is_file() else None
     train_len = int(meta["train_len"])
     records = [r for n in lengths for r in by_length[n]]
-    write_csv(out / "distance.csv", distance_rows(records, [0, *lengths], analysis, hist, train_len))
+    write_csv(
+        out / "distance.csv", distance_rows(records, [0, *lengths], analysis, hist, train_len)
+    )
     passed = [[analysis.passed(r) for r in by_length[n]] for n in lengths]
-    row = checkpoint_row(meta["model"], train_len, meta["settings"]["positions"], summary, passed, hist, analysis,
-                         meta["settings"]["tests_per_length"], meta.get("tokens_seen"), meta.get("tokens_this_run"))
+    row = checkpoint_row(
+        meta["model"],
+        train_len,
+        meta["settings"]["positions"],
+        summary,
+        passed,
+        hist,
+        analysis,
+        meta["settings"]["tests_per_length"],
+        meta.get("tokens_seen"),
+        meta.get("tokens_this_run"),
+    )
     write_effective_length_csv(out / "effective_length.csv", [row])
     thirds = failure_by_thirds(records, analysis)
     write_csv(out / "failure_by_thirds.csv", thirds)
@@ -214,11 +265,29 @@ def derive_model(out: Path, analysis: Analysis = Analysis(), figures: bool = Tru
         from posfreq.analysis import plots
 
         grid_lengths, edges, recall = depth_grid(records, analysis=analysis)
-        plots.plot_niah_heatmap(grid_lengths, edges, recall, out / "figures" / "niah_heatmap", title=meta["model"])
-        plots.plot_failure_by_thirds(thirds, out / "figures" / "failure_by_thirds", title=meta["model"])
-    write_json(out / META_FILE, {**meta, "analysis": asdict(analysis), "complete": set(lengths) == set(meta["lengths"]),
-                                 "effective_length": {k: row[k] for k in ("effective_length", "effective_length_status",
-                                                                          "effective_length_lo", "effective_length_hi")}})
+        plots.plot_niah_heatmap(
+            grid_lengths, edges, recall, out / "figures" / "niah_heatmap", title=meta["model"]
+        )
+        plots.plot_failure_by_thirds(
+            thirds, out / "figures" / "failure_by_thirds", title=meta["model"]
+        )
+    write_json(
+        out / META_FILE,
+        {
+            **meta,
+            "analysis": asdict(analysis),
+            "complete": set(lengths) == set(meta["lengths"]),
+            "effective_length": {
+                k: row[k]
+                for k in (
+                    "effective_length",
+                    "effective_length_status",
+                    "effective_length_lo",
+                    "effective_length_hi",
+                )
+            },
+        },
+    )
     return row
 
 
@@ -238,11 +307,15 @@ def derive_run(out: Path, analysis: Analysis = Analysis(), figures: bool = True)
     rows, distances, missing = [], [], []
     for name, key in meta["checkpoints"].items():
         if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
-            raise StaleResults(f"{out / META_FILE}: checkpoint {name!r} is not a directory name inside {out}; "
-                               "re-derivation writes only there. Fix: probe the run again (posfreq probe --run)")
+            raise StaleResults(
+                f"{out / META_FILE}: checkpoint {name!r} is not a directory name inside {out}; "
+                "re-derivation writes only there. Fix: probe the run again (posfreq probe --run)"
+            )
         sub = out / name
         sub_meta = read_json(sub / META_FILE) if (sub / META_FILE).is_file() else {}
-        if sub_meta.get("key") != key or set(sub_meta.get("lengths", [None])) - set(done_lengths(sub, key)):
+        if sub_meta.get("key") != key or set(sub_meta.get("lengths", [None])) - set(
+            done_lengths(sub, key)
+        ):
             missing.append(name)  # not (fully) probed under the key the checkpoint has now
             continue
         row = derive_model(sub, analysis, figures)
@@ -250,7 +323,9 @@ def derive_run(out: Path, analysis: Analysis = Analysis(), figures: bool = True)
         for d in read_csv(sub / "distance.csv"):
             distances.append({"checkpoint": name, "tokens_seen": row["tokens_seen"], **d})
     if not rows:
-        raise StaleResults(f"{out}: no checkpoint of the run is fully probed with these settings; nothing to merge")
+        raise StaleResults(
+            f"{out}: no checkpoint of the run is fully probed with these settings; nothing to merge"
+        )
     write_effective_length_csv(out / "effective_length.csv", rows)
     write_csv(out / "distance_by_checkpoint.csv", distances)
     last = max(rows, key=lambda r: (r["tokens_seen"] == "", r["tokens_seen"] or 0))["checkpoint"]
@@ -259,9 +334,10 @@ def derive_run(out: Path, analysis: Analysis = Analysis(), figures: bool = True)
         hist = np.load(hist_path, allow_pickle=False)
         f = position_frequency(hist, len(hist) - 1)
         write_csv(out / "position_frequency.csv", [{"i": i, "f": int(v)} for i, v in enumerate(f)])
-    write_json(out / META_FILE, {**meta, "analysis": asdict(analysis), "missing": missing,
-                                 "position_frequency_from": last})
+    write_json(
+        out / META_FILE,
+        {**meta, "analysis": asdict(analysis), "missing": missing, "position_frequency_from": last},
+    )
     if figures:
         draw_run_figures([load_run(out)], out / "figures")
     return rows
-

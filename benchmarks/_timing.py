@@ -6,8 +6,9 @@ import statistics
 from typing import Callable, Sequence
 
 
-def interleaved(run: Callable[[str], float], names: Sequence[str], repeats: int,
-                warm_up: bool = True) -> dict[str, list[float]]:
+def interleaved(
+    run: Callable[[str], float], names: Sequence[str], repeats: int, warm_up: bool = True
+) -> dict[str, list[float]]:
     """Seconds of `run(name)` per name: one untimed warm-up each (unless the caller warmed up), then `repeats`
     rounds, order alternating, so that machine noise and cache effects hit every name alike."""
     for name in names if warm_up else ():

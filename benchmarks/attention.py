@@ -32,7 +32,11 @@ def loop_reference(q, k, v, lens):
     outs, start = [], 0
     for n in lens:
         sl = slice(start, start + n)
-        outs.append(F.scaled_dot_product_attention(q[sl].transpose(0, 1), k[sl].transpose(0, 1), v[sl].transpose(0, 1), is_causal=True).transpose(0, 1))
+        outs.append(
+            F.scaled_dot_product_attention(
+                q[sl].transpose(0, 1), k[sl].transpose(0, 1), v[sl].transpose(0, 1), is_causal=True
+            ).transpose(0, 1)
+        )
         start += n
     return torch.cat(outs)
 
@@ -41,7 +45,9 @@ def dense_mask(q, k, v, lens):
     """The naive alternative: one SDPA call over the row with a block-diagonal causal mask."""
     doc = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
     mask = (doc[:, None] == doc[None, :]) & torch.ones(len(doc), len(doc), dtype=torch.bool).tril()
-    return F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask).transpose(0, 1)
+    return F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask
+    ).transpose(0, 1)
 
 
 def timed(fn, backward: bool, repeats: int) -> float:
@@ -64,21 +70,33 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     backends = [b for b in available_backends("cpu") if b != "flex"]  # flex: no backward on CPU
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, row {args.row}, 8 heads x 64")
-    print(f"{'mix':28s} {'impl':10s} {'fwd ms':>8s} {'fwd+bwd ms':>11s} {'vs loop (fwd, f+b)':>20s}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, row {args.row}, 8 heads x 64"
+    )
+    print(
+        f"{'mix':28s} {'impl':10s} {'fwd ms':>8s} {'fwd+bwd ms':>11s} {'vs loop (fwd, f+b)':>20s}"
+    )
     for name, lens in document_mixes(args.row).items():
         lens[-1] += args.row - sum(lens)
         q, k, v = (torch.randn(args.row, 8, 64, requires_grad=True) for _ in range(3))
         cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
-        impls = {"loop": lambda: loop_reference(q, k, v, lens), "dense-mask": lambda: dense_mask(q, k, v, lens)}
+        impls = {
+            "loop": lambda q=q, k=k, v=v, lens=lens: loop_reference(q, k, v, lens),
+            "dense-mask": lambda q=q, k=k, v=v, lens=lens: dense_mask(q, k, v, lens),
+        }
+        longest = max(lens)
         for b in backends:
-            impls[b] = lambda b=b: varlen_attention(q, k, v, cu, cu, max(lens), max(lens), backend=b)
+            impls[b] = lambda b=b, q=q, k=k, v=v, cu=cu, n=longest: varlen_attention(
+                q, k, v, cu, cu, n, n, backend=b
+            )
         base = None
         for impl, fn in impls.items():
             fwd = timed(fn, False, args.repeats)
             both = timed(fn, True, args.repeats)
             base = base or (fwd, both)
-            print(f"{name:28s} {impl:10s} {fwd * 1e3:8.1f} {both * 1e3:11.1f} {fwd / base[0]:9.2f}x {both / base[1]:8.2f}x")
+            print(
+                f"{name:28s} {impl:10s} {fwd * 1e3:8.1f} {both * 1e3:11.1f} {fwd / base[0]:9.2f}x {both / base[1]:8.2f}x"
+            )
 
 
 if __name__ == "__main__":

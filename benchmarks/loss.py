@@ -46,7 +46,9 @@ def plain_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
     return F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
 
 
-def inputs(tokens: int, vocab: int, d_model: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def inputs(
+    tokens: int, vocab: int, d_model: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Hidden states and head weight (fp32 leaves) and targets with 5% ignored."""
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(tokens, d_model, generator=g).requires_grad_()
@@ -85,46 +87,66 @@ def worker(variant: str, args: argparse.Namespace) -> dict:
         start = time.perf_counter()
         step(loss_fn, hidden, weight, targets)
         times.append(time.perf_counter() - start)
-    return {"variant": variant, "loss": loss, "peak_mib": (peak - before) / 1024, "time_s": statistics.median(times),
-            "grads_mib": (hidden.numel() + weight.numel()) * 4 / MIB}
+    return {
+        "variant": variant,
+        "loss": loss,
+        "peak_mib": (peak - before) / 1024,
+        "time_s": statistics.median(times),
+        "grads_mib": (hidden.numel() + weight.numel()) * 4 / MIB,
+    }
 
 
 def run_isolated(variant: str, argv: list[str]) -> dict:
     """Run `worker` for one variant in a fresh subprocess (large allocations served by mmap)."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    proc = subprocess.run([sys.executable, __file__, *argv, "--variant", variant], env=env, capture_output=True,
-                          text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, __file__, *argv, "--variant", variant],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--vocab", type=int, default=128_256)
     parser.add_argument("--d-model", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # set for the subprocesses
+    parser.add_argument(
+        "--variant", choices=VARIANTS, help=argparse.SUPPRESS
+    )  # set for the subprocesses
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.variant:
         print(json.dumps(worker(args.variant, args)))
         return
     tokens = args.rows * args.seq_len
-    print(f"torch {torch.__version__}, {args.threads} threads; T = {args.rows} x {args.seq_len} = {tokens:,} tokens, "
-          f"V = {args.vocab:,}, d = {args.d_model}, fp32; lean chunk = {default_chunk_tokens(args.vocab)} tokens; "
-          f"forward + backward, median of {args.repeats}")
+    print(
+        f"torch {torch.__version__}, {args.threads} threads; T = {args.rows} x {args.seq_len} = {tokens:,} tokens, "
+        f"V = {args.vocab:,}, d = {args.d_model}, fp32; lean chunk = {default_chunk_tokens(args.vocab)} tokens; "
+        f"forward + backward, median of {args.repeats}"
+    )
     print(f"full logits alone: {tokens * args.vocab * 4 / MIB:,.0f} MiB")
     results = {variant: run_isolated(variant, sys.argv[1:]) for variant in VARIANTS}
     print(f"{'variant':8s} {'loss':>14s} {'peak MiB':>10s} {'grads MiB':>10s} {'time s':>8s}")
     for r in results.values():
-        print(f"{r['variant']:8s} {r['loss']:14.3f} {r['peak_mib']:10,.0f} {r['grads_mib']:10,.0f} {r['time_s']:8.2f}")
+        print(
+            f"{r['variant']:8s} {r['loss']:14.3f} {r['peak_mib']:10,.0f} {r['grads_mib']:10,.0f} {r['time_s']:8.2f}"
+        )
     plain, lean = results["plain"], results["lean"]
-    print(f"lean / plain: peak memory {lean['peak_mib'] / plain['peak_mib']:.3f} "
-          f"({plain['peak_mib'] / lean['peak_mib']:.1f}x lower; goal >= 4x), "
-          f"time {lean['time_s'] / plain['time_s']:.3f}x (goal <= 1.1x), "
-          f"loss relative difference {abs(lean['loss'] / plain['loss'] - 1):.1e}")
+    print(
+        f"lean / plain: peak memory {lean['peak_mib'] / plain['peak_mib']:.3f} "
+        f"({plain['peak_mib'] / lean['peak_mib']:.1f}x lower; goal >= 4x), "
+        f"time {lean['time_s'] / plain['time_s']:.3f}x (goal <= 1.1x), "
+        f"loss relative difference {abs(lean['loss'] / plain['loss'] - 1):.1e}"
+    )
 
 
 if __name__ == "__main__":

@@ -45,8 +45,10 @@ def write_corpus(directory: Path, lengths: np.ndarray, docs_per_shard: int = 500
     rng = np.random.default_rng(1)
     eos = 32000
     for s, first in enumerate(range(0, len(lengths), docs_per_shard)):
-        with ShardWriter(directory, f"bench{s:03d}", tokenizer="bench", vocab_size=eos + 1, eos_id=eos) as writer:
-            for n in lengths[first: first + docs_per_shard]:
+        with ShardWriter(
+            directory, f"bench{s:03d}", tokenizer="bench", vocab_size=eos + 1, eos_id=eos
+        ) as writer:
+            for n in lengths[first : first + docs_per_shard]:
                 writer.add(np.append(rng.integers(0, eos, int(n) - 1), eos))
     return TokenDataset(directory)
 
@@ -61,10 +63,16 @@ def plan_rate(dataset: TokenDataset, L: int, packing: str, block: int) -> tuple[
     """(rows/s, padding share, rows) of planning one epoch from the document lengths alone."""
     start = time.perf_counter()
     prediction = PackingPlan(dataset, L, packing, shuffle_block=block).predict_epoch(0)
-    return prediction.rows / (time.perf_counter() - start), prediction.padding_share, prediction.rows
+    return (
+        prediction.rows / (time.perf_counter() - start),
+        prediction.padding_share,
+        prediction.rows,
+    )
 
 
-def batch_rate(dataset: TokenDataset, L: int, packing: str, block: int, rows_per_batch: int, rows: int) -> float:
+def batch_rate(
+    dataset: TokenDataset, L: int, packing: str, block: int, rows_per_batch: int, rows: int
+) -> float:
     """Rows/s of the sampler's batches (plan + tokens + targets/positions/cu_seqlens) over `rows` rows."""
     sampler = PackedSampler(dataset, L, rows_per_batch, packing=packing, shuffle_block=block)
     start = time.perf_counter()
@@ -78,10 +86,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=20000)
     parser.add_argument("--train-lens", type=int, nargs="+", default=[2048, 4096])
-    parser.add_argument("--rows-per-batch", type=int, default=8, help="rows per micro-batch (the trainer's "
-                        "micro_batch_rows)")
-    parser.add_argument("--shuffle-block", type=int, default=1 << 20, help="documents per shuffle block (best_fit's "
-                        "buffer; the trainer's data.shuffle_block)")
+    parser.add_argument(
+        "--rows-per-batch",
+        type=int,
+        default=8,
+        help="rows per micro-batch (the trainer's micro_batch_rows)",
+    )
+    parser.add_argument(
+        "--shuffle-block",
+        type=int,
+        default=1 << 20,
+        help="documents per shuffle block (best_fit's buffer; the trainer's data.shuffle_block)",
+    )
     parser.add_argument("--tokens-per-gpu", type=float, default=30000.0)
     parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")
     args = parser.parse_args()
@@ -90,24 +106,36 @@ def main() -> None:
     need_tokens = args.tokens_per_gpu * args.gpus
     with tempfile.TemporaryDirectory() as tmp:
         dataset = write_corpus(Path(tmp), lengths)
-        shares = ", ".join(f"{100 * full_piece_share(lengths, L):.0f}% at L={L}" for L in args.train_lens)
-        print(f"corpus: {len(lengths):,} docs, {int(lengths.sum()) / 1e6:.1f}M tokens, median {int(np.median(lengths))} "
-              f"tokens; pieces exactly L long: {shares}")
-        print(f"need: {args.tokens_per_gpu / 1e3:.0f}k tokens/s per GPU x {args.gpus} GPUs = "
-              f"{need_tokens / 1e3:.0f}k tokens/s per node; goal >= {GOAL:.0f}x on one core\n")
-        print(f"{'L':>5} {'packing':>9} {'padding':>8} {'plan rows/s':>12} {'x need':>7} "
-              f"{'batch rows/s':>13} {'x need':>7} {'vs concat':>10} {'goal':>5}")
+        shares = ", ".join(
+            f"{100 * full_piece_share(lengths, L):.0f}% at L={L}" for L in args.train_lens
+        )
+        print(
+            f"corpus: {len(lengths):,} docs, {int(lengths.sum()) / 1e6:.1f}M tokens, median {int(np.median(lengths))} "
+            f"tokens; pieces exactly L long: {shares}"
+        )
+        print(
+            f"need: {args.tokens_per_gpu / 1e3:.0f}k tokens/s per GPU x {args.gpus} GPUs = "
+            f"{need_tokens / 1e3:.0f}k tokens/s per node; goal >= {GOAL:.0f}x on one core\n"
+        )
+        print(
+            f"{'L':>5} {'packing':>9} {'padding':>8} {'plan rows/s':>12} {'x need':>7} "
+            f"{'batch rows/s':>13} {'x need':>7} {'vs concat':>10} {'goal':>5}"
+        )
         for L in args.train_lens:
             need_rows = need_tokens / L
             concat = None
             for packing in STRATEGIES:
                 plan, padding, rows = plan_rate(dataset, L, packing, args.shuffle_block)
-                batches = batch_rate(dataset, L, packing, args.shuffle_block, args.rows_per_batch, rows)
+                batches = batch_rate(
+                    dataset, L, packing, args.shuffle_block, args.rows_per_batch, rows
+                )
                 concat = concat or batches
                 ok = min(plan, batches) / need_rows >= GOAL
-                print(f"{L:>5} {packing:>9} {100 * padding:>7.3f}% {plan:>12,.0f} {plan / need_rows:>6.0f}x "
-                      f"{batches:>13,.0f} {batches / need_rows:>6.0f}x {batches / concat:>9.2f}x "
-                      f"{'met' if ok else 'MISS':>5}")
+                print(
+                    f"{L:>5} {packing:>9} {100 * padding:>7.3f}% {plan:>12,.0f} {plan / need_rows:>6.0f}x "
+                    f"{batches:>13,.0f} {batches / need_rows:>6.0f}x {batches / concat:>9.2f}x "
+                    f"{'met' if ok else 'MISS':>5}"
+                )
 
 
 if __name__ == "__main__":

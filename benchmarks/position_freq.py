@@ -24,10 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-
-from posfreq.train.corpora import resolve_corpus, write_jsonl  # noqa: E402
 from posfreq.analysis.histogram import BATCH_CHARS, CountSettings, LengthHistogram, count_lengths  # noqa: E402
 from posfreq.analysis.position_freq import PackingSettings, predict_packing  # noqa: E402
+from posfreq.train.corpora import resolve_corpus, write_jsonl  # noqa: E402
 from posfreq.train.tokenizer import get_tokenizer  # noqa: E402
 
 SOURCES = ("RedPajamaCommonCrawl", "RedPajamaC4", "RedPajamaGithub", "RedPajamaArXiv")
@@ -40,8 +39,10 @@ def synthetic_texts(n_docs: int, seed: int = 0) -> list[str]:
     rng = np.random.default_rng(seed)
     letters = np.array(list("etaoinshrdlucmfwypvbgkjqxz"))
     weights = np.linspace(2.0, 0.1, letters.size)
-    vocab = ["".join(rng.choice(letters, size=int(rng.integers(1, 10)), p=weights / weights.sum()))
-             for _ in range(5000)]
+    vocab = [
+        "".join(rng.choice(letters, size=int(rng.integers(1, 10)), p=weights / weights.sum()))
+        for _ in range(5000)
+    ]
     vocab += [",", ".", "\n", "the", "of", "and", "2024", "(", ")"] * 50
     lengths = np.minimum(rng.lognormal(mean=5.7, sigma=1.0, size=n_docs).astype(int) + 1, 20000)
     return [" ".join(rng.choice(vocab, size=n)) for n in lengths]
@@ -69,10 +70,19 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--tokenizer", default="llama3")
     parser.add_argument("--max-workers", type=int, default=len(os.sched_getaffinity(0)))
-    parser.add_argument("--predict-copies", type=int, default=200,
-                        help="time the packing prediction on the counted histogram with every count times this")
-    parser.add_argument("--train-lens", type=int, nargs="+", default=[2048, 4096],
-                        help="training lengths of the packing prediction")
+    parser.add_argument(
+        "--predict-copies",
+        type=int,
+        default=200,
+        help="time the packing prediction on the counted histogram with every count times this",
+    )
+    parser.add_argument(
+        "--train-lens",
+        type=int,
+        nargs="+",
+        default=[2048, 4096],
+        help="training lengths of the packing prediction",
+    )
     args = parser.parse_args()
 
     texts = synthetic_texts(args.docs)
@@ -80,35 +90,56 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         per_file = -(-len(texts) // args.files)
         for k in range(args.files):
-            chunk = texts[k * per_file: (k + 1) * per_file]
-            records = [{"text": t, "meta": {"redpajama_set_name": SOURCES[j % len(SOURCES)]}}
-                       for j, t in enumerate(chunk)]
-            write_jsonl(Path(tmp) / "train" / f"chunk{k % 3 + 1}" / f"example_train_{k}.jsonl.zst", records)
+            chunk = texts[k * per_file : (k + 1) * per_file]
+            records = [
+                {"text": t, "meta": {"redpajama_set_name": SOURCES[j % len(SOURCES)]}}
+                for j, t in enumerate(chunk)
+            ]
+            write_jsonl(
+                Path(tmp) / "train" / f"chunk{k % 3 + 1}" / f"example_train_{k}.jsonl.zst", records
+            )
         corpus = resolve_corpus("slimpajama", data_dir=tmp)
         raw, tokens = raw_throughput(texts, args.tokenizer)
-        print(f"corpus: {len(texts):,} docs, {tokens:,} tokens, {mb:.1f} MB of text "
-              f"in {len(corpus.files)} .jsonl.zst files")
+        print(
+            f"corpus: {len(texts):,} docs, {tokens:,} tokens, {mb:.1f} MB of text "
+            f"in {len(corpus.files)} .jsonl.zst files"
+        )
         print(f"raw tokenizer ({args.tokenizer}, 1 process): {raw / 1e6:.2f} M tokens/s")
         print(f"{'workers':>8}{'docs/s':>12}{'M tokens/s':>12}{'vs raw x workers':>18}")
         settings = CountSettings(tokenizer=args.tokenizer, default_source=corpus.default_source)
         for workers in range(1, max(1, args.max_workers) + 1):
             start = time.perf_counter()
-            histogram, stats = count_lengths(corpus.files, settings, workers=workers, progress=False)
+            histogram, stats = count_lengths(
+                corpus.files, settings, workers=workers, progress=False
+            )
             elapsed = time.perf_counter() - start
-            counted = int((histogram.counts() * np.arange(histogram.counts().size)).sum()) - stats.documents
-            assert counted == tokens and stats.documents == len(texts), "histogram disagrees with raw count"
+            counted = (
+                int((histogram.counts() * np.arange(histogram.counts().size)).sum())
+                - stats.documents
+            )
+            assert counted == tokens and stats.documents == len(texts), (
+                "histogram disagrees with raw count"
+            )
             ratio = (tokens / elapsed) / (raw * workers)
-            print(f"{workers:>8}{stats.documents / elapsed:>12,.0f}{tokens / elapsed / 1e6:>12.2f}{ratio:>17.0%}")
+            print(
+                f"{workers:>8}{stats.documents / elapsed:>12,.0f}{tokens / elapsed / 1e6:>12.2f}{ratio:>17.0%}"
+            )
             if workers == 1:
                 job_rate = tokens / elapsed
-    print("(end to end includes process start-up, zstd, JSON and the tokenizer load in each worker)")
+    print(
+        "(end to end includes process start-up, zstd, JSON and the tokenizer load in each worker)"
+    )
     prediction_rate(histogram, args.predict_copies, args.train_lens, job_rate)
 
 
-def prediction_rate(histogram: LengthHistogram, copies: int, train_lens: list[int], job_rate: float) -> None:
+def prediction_rate(
+    histogram: LengthHistogram, copies: int, train_lens: list[int], job_rate: float
+) -> None:
     """Time `predict_packing` (every strategy, each L) on `histogram` with its counts times `copies`, and print its
     corpus tokens/s against the histogram job's `job_rate` (tokens/s, one worker)."""
-    scaled = LengthHistogram({source: counts * copies for source, counts in histogram.by_source.items()})
+    scaled = LengthHistogram(
+        {source: counts * copies for source, counts in histogram.by_source.items()}
+    )
     total = scaled.counts()
     tokens = int(total @ np.arange(total.size))
     settings = PackingSettings()
@@ -117,14 +148,23 @@ def prediction_rate(histogram: LengthHistogram, copies: int, train_lens: list[in
     elapsed = time.perf_counter() - start
     rate = tokens / elapsed
     share = job_rate / rate  # prediction time / counting time, for the same corpus on one core each
-    print(f"\npacking prediction, {len(train_lens)} L x {len(settings.strategies)} strategies, one core, on "
-          f"{int(total.sum()):,} docs / {tokens / 1e6:,.0f}M tokens ({copies} copies of the corpus above):")
+    print(
+        f"\npacking prediction, {len(train_lens)} L x {len(settings.strategies)} strategies, one core, on "
+        f"{int(total.sum()):,} docs / {tokens / 1e6:,.0f}M tokens ({copies} copies of the corpus above):"
+    )
     for L, by_strategy in predictions.items():
-        print(f"  L={L}: " + ", ".join(f"{name} {p.rows:,} rows, padding {p.padding_share:.1%}"
-                                       for name, p in by_strategy.items()))
-    print(f"  {rate / 1e6:,.0f}M corpus tokens/s = {share:.2%} of the histogram job's time (1 worker; goal < "
-          f"{PREDICTION_GOAL:.0%}: {'met' if share < PREDICTION_GOAL else 'MISS'}); SlimPajama's "
-          f"{SLIMPAJAMA_TOKENS / 1e9:.0f}B tokens: about {SLIMPAJAMA_TOKENS / rate / 60:.0f} min")
+        print(
+            f"  L={L}: "
+            + ", ".join(
+                f"{name} {p.rows:,} rows, padding {p.padding_share:.1%}"
+                for name, p in by_strategy.items()
+            )
+        )
+    print(
+        f"  {rate / 1e6:,.0f}M corpus tokens/s = {share:.2%} of the histogram job's time (1 worker; goal < "
+        f"{PREDICTION_GOAL:.0%}: {'met' if share < PREDICTION_GOAL else 'MISS'}); SlimPajama's "
+        f"{SLIMPAJAMA_TOKENS / 1e9:.0f}B tokens: about {SLIMPAJAMA_TOKENS / rate / 60:.0f} min"
+    )
 
 
 if __name__ == "__main__":

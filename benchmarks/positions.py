@@ -41,19 +41,25 @@ import time
 from pathlib import Path
 
 import torch
+from _timing import interleaved, median, spread
 from tqdm import tqdm
 
-from _timing import interleaved, median, spread
 from posfreq.train.config import model_preset
 from posfreq.train.model import Transformer, uniform_cu_seqlens
 
 SCHEMES = ("rope", "string")
 
 
-def build(preset: str, length: int, device: str, dtype: torch.dtype) -> tuple[Transformer, torch.Tensor, torch.Tensor]:
+def build(
+    preset: str, length: int, device: str, dtype: torch.dtype
+) -> tuple[Transformer, torch.Tensor, torch.Tensor]:
     """A model with training length `length` and one random document of that length."""
     torch.manual_seed(0)
-    model = Transformer(model_preset(preset, vocab_size=512, train_len=length)).to(device=device, dtype=dtype).eval()
+    model = (
+        Transformer(model_preset(preset, vocab_size=512, train_len=length))
+        .to(device=device, dtype=dtype)
+        .eval()
+    )
     tokens = torch.randint(0, 512, (length,), device=device)
     return model, tokens, uniform_cu_seqlens(1, length, device)
 
@@ -64,8 +70,11 @@ def sync(device: str) -> None:
 
 
 @torch.no_grad()
-def prefill_seconds(model: Transformer, tokens: torch.Tensor, cu: torch.Tensor, repeats: int, device: str) -> dict[str, list[float]]:
+def prefill_seconds(
+    model: Transformer, tokens: torch.Tensor, cu: torch.Tensor, repeats: int, device: str
+) -> dict[str, list[float]]:
     """Prefill wall times per scheme (see `interleaved`)."""
+
     def run(name: str) -> float:
         model.set_positions(name)
         sync(device)
@@ -78,14 +87,18 @@ def prefill_seconds(model: Transformer, tokens: torch.Tensor, cu: torch.Tensor, 
 
 
 @torch.no_grad()
-def decode_seconds(model: Transformer, tokens: torch.Tensor, steps: int, repeats: int, device: str) -> dict[str, list[float]]:
+def decode_seconds(
+    model: Transformer, tokens: torch.Tensor, steps: int, repeats: int, device: str
+) -> dict[str, list[float]]:
     """Per-token decode times per scheme on a cache holding the whole document (see `interleaved`).
 
     The cache holds random keys and values (what it holds does not change the cost) and is rewound
     to the document's length before every timed run.
     """
     length = tokens.numel()
-    caches = model.new_caches(1, length + steps, model.embed_tokens.weight.dtype, torch.device(device))
+    caches = model.new_caches(
+        1, length + steps, model.embed_tokens.weight.dtype, torch.device(device)
+    )
     for cache in caches:
         cache.k.normal_()
         cache.v.normal_()
@@ -98,7 +111,9 @@ def decode_seconds(model: Transformer, tokens: torch.Tensor, steps: int, repeats
         sync(device)
         start = time.perf_counter()
         for step in range(steps):
-            model.hidden_states(tokens[step : step + 1], one, 1, caches, position_offset=caches[0].length)
+            model.hidden_states(
+                tokens[step : step + 1], one, 1, caches, position_offset=caches[0].length
+            )
         sync(device)
         return (time.perf_counter() - start) / steps
 
@@ -107,16 +122,30 @@ def decode_seconds(model: Transformer, tokens: torch.Tensor, steps: int, repeats
 
 def cpu_peak_bytes(preset: str, length: int, threads: int) -> dict[str, int]:
     """Per scheme, the extra peak resident memory of one CPU prefill, measured in a fresh interpreter."""
-    command = [sys.executable, __file__, "--child", "--lengths", str(length), "--preset", preset, "--threads", str(threads)]
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--lengths",
+        str(length),
+        "--preset",
+        preset,
+        "--threads",
+        str(threads),
+    ]
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     if result.returncode:
-        raise RuntimeError(f"memory subprocess failed (benchmarks/positions.py --child):\n{result.stderr[-2000:]}")
+        raise RuntimeError(
+            f"memory subprocess failed (benchmarks/positions.py --child):\n{result.stderr[-2000:]}"
+        )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def _status_kib(field: str) -> int:
-    return int(re.search(rf"^{field}:\s+(\d+)", Path("/proc/self/status").read_text(), re.M).group(1))
+    return int(
+        re.search(rf"^{field}:\s+(\d+)", Path("/proc/self/status").read_text(), re.M).group(1)
+    )
 
 
 @torch.no_grad()
@@ -162,16 +191,28 @@ def cells(table: dict[str, list[float]] | None, scale: float, digits: int) -> di
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
-    parser.add_argument("--preset", default="tiny-2l-128", help="model preset (train.config.PRESETS)")
+    parser.add_argument(
+        "--preset", default="tiny-2l-128", help="model preset (train.config.PRESETS)"
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
+    parser.add_argument(
+        "--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)"
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--decode-steps", type=int, default=8)
-    parser.add_argument("--prefill-max", type=int, default=None,
-                        help="measure prefill time and memory only up to this length (decode at every length)")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads (1: least noise on a shared machine)")
+    parser.add_argument(
+        "--prefill-max",
+        type=int,
+        default=None,
+        help="measure prefill time and memory only up to this length (decode at every length)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="CPU threads (1: least noise on a shared machine)"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -195,24 +236,34 @@ def main() -> None:
         rows.append((length, options, prefill, memory, decode))
         del model
 
-    print(f"\nSTRING vs RoPE, preset {args.preset}, {args.device}, {dtype}, threads {torch.get_num_threads()}; "
-          f"times: median of {args.repeats} (spread min-max vs median), after a warm-up at each length")
-    print(f"{'L':>6} {'S':>5} {'W':>4} | {'prefill s rope':>21} {'string':>21} {'ratio':>6} | "
-          f"{'peak MiB rope':>13} {'string':>8} {'ratio':>6} | {'decode ms rope':>21} {'string':>21} {'ratio':>6}")
+    print(
+        f"\nSTRING vs RoPE, preset {args.preset}, {args.device}, {dtype}, threads {torch.get_num_threads()}; "
+        f"times: median of {args.repeats} (spread min-max vs median), after a warm-up at each length"
+    )
+    print(
+        f"{'L':>6} {'S':>5} {'W':>4} | {'prefill s rope':>21} {'string':>21} {'ratio':>6} | "
+        f"{'peak MiB rope':>13} {'string':>8} {'ratio':>6} | {'decode ms rope':>21} {'string':>21} {'ratio':>6}"
+    )
     for length, options, prefill, memory, decode in rows:
         pre, dec = cells(prefill, 1, 3), cells(decode, 1e3, 2)
         mem = {name: f"{memory[name] / 2**20:.1f}" if memory else "-" for name in SCHEMES}
-        mem_ratio = memory["string"] / memory["rope"] if memory and memory["rope"] > 0 else float("nan")
-        print(f"{length:>6} {options['shift']:>5} {options['window']:>4} | {pre['rope']:>21} {pre['string']:>21} "
-              f"{ratio(prefill):>6.3f} | {mem['rope']:>13} {mem['string']:>8} {mem_ratio:>6.3f} | "
-              f"{dec['rope']:>21} {dec['string']:>21} {ratio(decode):>6.3f}")
+        mem_ratio = (
+            memory["string"] / memory["rope"] if memory and memory["rope"] > 0 else float("nan")
+        )
+        print(
+            f"{length:>6} {options['shift']:>5} {options['window']:>4} | {pre['rope']:>21} {pre['string']:>21} "
+            f"{ratio(prefill):>6.3f} | {mem['rope']:>13} {mem['string']:>8} {mem_ratio:>6.3f} | "
+            f"{dec['rope']:>21} {dec['string']:>21} {ratio(decode):>6.3f}"
+        )
     decoded = rows[-1]
     prefilled = [row for row in rows if row[2] is not None][-1:]
     if prefilled:
         length, _, prefill, memory, _ = prefilled[0]
         mem_ratio = memory["string"] / memory["rope"] if memory["rope"] > 0 else float("nan")
-        print(f"\nlongest prefill, L = {length}: time {ratio(prefill):.3f}x (goal <= 1.15x), peak memory "
-              f"{mem_ratio:.3f}x (goal <= 1.1x)")
+        print(
+            f"\nlongest prefill, L = {length}: time {ratio(prefill):.3f}x (goal <= 1.15x), peak memory "
+            f"{mem_ratio:.3f}x (goal <= 1.1x)"
+        )
     print(f"longest decode, L = {decoded[0]}: {ratio(decoded[4]):.3f}x per token (goal <= 1.15x)")
 
 

@@ -51,8 +51,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
-
 from _timing import interleaved, median, spread
+
 from posfreq.analysis.niah import NiahTest
 from posfreq.analysis.probe import (
     CPU_PREFILL_TOKENS,
@@ -104,16 +104,27 @@ class Recording:
         self.model = model
         self.rows: list[list[int]] = []
 
-    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int,
-                 stop: Callable[[int, list[int]], bool] | None = None,
-                 prefill_dtype: torch.dtype | None = None, prefill_tokens: int | None = None) -> list[list[int]]:
-        rows = self.model.generate(prompt_ids, max_new_tokens, stop=stop, prefill_dtype=prefill_dtype,
-                                   prefill_tokens=prefill_tokens)
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        max_new_tokens: int,
+        stop: Callable[[int, list[int]], bool] | None = None,
+        prefill_dtype: torch.dtype | None = None,
+        prefill_tokens: int | None = None,
+    ) -> list[list[int]]:
+        rows = self.model.generate(
+            prompt_ids,
+            max_new_tokens,
+            stop=stop,
+            prefill_dtype=prefill_dtype,
+            prefill_tokens=prefill_tokens,
+        )
         self.rows += rows
         return rows
 
-    def target_logprobs(self, input_ids: torch.Tensor, first_target: int,
-                        prefill_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def target_logprobs(
+        self, input_ids: torch.Tensor, first_target: int, prefill_tokens: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.model.target_logprobs(input_ids, first_target, prefill_tokens)
 
 
@@ -124,9 +135,14 @@ def save_random_checkpoint(directory: Path, config: ModelConfig, tokenizer: str)
     torch.manual_seed(0)
     model = Transformer(config)
     directory.mkdir(parents=True)
-    save_file({k: v.contiguous().clone() for k, v in model.state_dict().items()}, str(directory / "model.safetensors"))
+    save_file(
+        {k: v.contiguous().clone() for k, v in model.state_dict().items()},
+        str(directory / "model.safetensors"),
+    )
     (directory / "model_config.json").write_text(json.dumps(config.to_dict()))
-    (directory / "tokenizer_spec.json").write_text(json.dumps({"spec": tokenizer, "vocab_size": config.vocab_size}))
+    (directory / "tokenizer_spec.json").write_text(
+        json.dumps({"spec": tokenizer, "vocab_size": config.vocab_size})
+    )
     return directory
 
 
@@ -145,8 +161,15 @@ def chunks(tests: Sequence[NiahTest], batch: int) -> list[Sequence[NiahTest]]:
     return [tests[i : i + batch] for i in range(0, len(tests), batch)]
 
 
-def probe_ids(model: Recording, tokenizer: Tokenizer, tests: Sequence[NiahTest], batch: int, new_tokens: int,
-              precision: str = "float32", prefill_tokens: int | None = CPU_PREFILL_TOKENS) -> list[list[int]]:
+def probe_ids(
+    model: Recording,
+    tokenizer: Tokenizer,
+    tests: Sequence[NiahTest],
+    batch: int,
+    new_tokens: int,
+    precision: str = "float32",
+    prefill_tokens: int | None = CPU_PREFILL_TOKENS,
+) -> list[list[int]]:
     """The probe's greedy decoding of `tests`, `batch` at a time (at `precision`); the token ids it generated."""
     model.rows = []
     for chunk in chunks(tests, batch):
@@ -154,20 +177,35 @@ def probe_ids(model: Recording, tokenizer: Tokenizer, tests: Sequence[NiahTest],
     return model.rows
 
 
-def probe_scores(model: Recording, tokenizer: Tokenizer, tests: Sequence[NiahTest], batch: int) -> list[dict]:
+def probe_scores(
+    model: Recording, tokenizer: Tokenizer, tests: Sequence[NiahTest], batch: int
+) -> list[dict]:
     """The probe's teacher-forced needle scores of `tests`, `batch` at a time."""
-    return [s for chunk in chunks(tests, batch)
-            for s in teacher_forced(model, tokenizer, chunk, CPU, "float32", prefill_tokens=CPU_PREFILL_TOKENS)]
+    return [
+        s
+        for chunk in chunks(tests, batch)
+        for s in teacher_forced(
+            model, tokenizer, chunk, CPU, "float32", prefill_tokens=CPU_PREFILL_TOKENS
+        )
+    ]
 
 
-def hf_ids(hf: torch.nn.Module, tests: Sequence[NiahTest], batch: int, new_tokens: int, eos_id: int) -> list[list[int]]:
+def hf_ids(
+    hf: torch.nn.Module, tests: Sequence[NiahTest], batch: int, new_tokens: int, eos_id: int
+) -> list[list[int]]:
     """transformers' greedy generate on `tests`, `batch` at a time; each row's new token ids cut at EOS."""
     rows: list[list[int]] = []
     for chunk in chunks(tests, batch):
         prompt = torch.from_numpy(np.stack([t.input_ids for t in chunk]))
         with torch.inference_mode():
-            out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
-                              do_sample=False, eos_token_id=eos_id, pad_token_id=eos_id)
+            out = hf.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=new_tokens,
+                do_sample=False,
+                eos_token_id=eos_id,
+                pad_token_id=eos_id,
+            )
         rows += [cut_at_eos(row, eos_id) for row in out[:, prompt.shape[1] :].tolist()]
     return rows
 
@@ -176,21 +214,36 @@ def agreement(ours: list[list[int]], theirs: list[list[int]], eos_id: int, what:
     """How many tests' ids agree; raises when one of the first ASSERTED does not."""
     same = [cut_at_eos(a, eos_id) == b for a, b in zip(ours, theirs)]
     if not all(same[:ASSERTED]):
-        raise SystemExit(f"{what}: greedy token ids differ from the probe's on test {same.index(False)}")
+        raise SystemExit(
+            f"{what}: greedy token ids differ from the probe's on test {same.index(False)}"
+        )
     return sum(same)
 
 
-def bench_length(model: Recording, hf: torch.nn.Module, tokenizer: Tokenizer, tests: Sequence[NiahTest], batch: int,
-                 new_tokens: int, repeats: int) -> None:
+def bench_length(
+    model: Recording,
+    hf: torch.nn.Module,
+    tokenizer: Tokenizer,
+    tests: Sequence[NiahTest],
+    batch: int,
+    new_tokens: int,
+    repeats: int,
+) -> None:
     """Time every row at one length, interleaved over `repeats` rounds, and print medians, spreads and ratios."""
     n, eos = len(tests), tokenizer.eos_id
     runs: dict[str, Callable[[], object]] = {
         "probe 1": lambda: probe_ids(model, tokenizer, tests, 1, new_tokens),
         "probe B": lambda: probe_ids(model, tokenizer, tests, batch, new_tokens),
-        "probe B, prefill at once": lambda: probe_ids(model, tokenizer, tests, batch, new_tokens, prefill_tokens=None),
+        "probe B, prefill at once": lambda: probe_ids(
+            model, tokenizer, tests, batch, new_tokens, prefill_tokens=None
+        ),
         "bf16 1": lambda: probe_ids(model, tokenizer, tests, 1, new_tokens, "bfloat16"),
-        "bf16-prefill 1": lambda: probe_ids(model, tokenizer, tests, 1, new_tokens, "bfloat16-prefill"),
-        "bf16-prefill B": lambda: probe_ids(model, tokenizer, tests, batch, new_tokens, "bfloat16-prefill"),
+        "bf16-prefill 1": lambda: probe_ids(
+            model, tokenizer, tests, 1, new_tokens, "bfloat16-prefill"
+        ),
+        "bf16-prefill B": lambda: probe_ids(
+            model, tokenizer, tests, batch, new_tokens, "bfloat16-prefill"
+        ),
         "teacher-forced B": lambda: probe_scores(model, tokenizer, tests, batch),
         "transformers 1": lambda: hf_ids(hf, tests, 1, new_tokens, eos),
         "transformers B": lambda: hf_ids(hf, tests, batch, new_tokens, eos),
@@ -202,38 +255,72 @@ def bench_length(model: Recording, hf: torch.nn.Module, tokenizer: Tokenizer, te
         ids[name] = runs[name]()
         return time.perf_counter() - start
 
-    times = interleaved(run, list(runs), repeats, warm_up=False)  # main() warmed every implementation up
+    times = interleaved(
+        run, list(runs), repeats, warm_up=False
+    )  # main() warmed every implementation up
     t = {name: median(values) for name, values in times.items()}
     one = ids["probe 1"]
     for name in ("probe B", "probe B, prefill at once"):
         if ids[name] != one:
-            raise SystemExit(f"{name}: batch {batch} generates other tokens than batch 1 on tests "
-                             f"{[i for i, (a, b) in enumerate(zip(one, ids[name])) if a != b]}")
-    same = {name: sum(a == b for a, b in zip(one, ids[name])) for name in ("bf16 1", "bf16-prefill 1", "bf16-prefill B")}
-    same_hf = {size: agreement(ids[f"probe {size}"], ids[f"transformers {size}"], eos, f"transformers at batch {size}")
-               for size in ("1", "B")}
+            raise SystemExit(
+                f"{name}: batch {batch} generates other tokens than batch 1 on tests "
+                f"{[i for i, (a, b) in enumerate(zip(one, ids[name])) if a != b]}"
+            )
+    same = {
+        name: sum(a == b for a, b in zip(one, ids[name]))
+        for name in ("bf16 1", "bf16-prefill 1", "bf16-prefill B")
+    }
+    same_hf = {
+        size: agreement(
+            ids[f"probe {size}"], ids[f"transformers {size}"], eos, f"transformers at batch {size}"
+        )
+        for size in ("1", "B")
+    }
     mean_new = np.mean([len(row) for row in one])
 
     def row(name: str, comparison: str) -> None:
         label = name.replace(" B", f" {batch}")
         print(f"  {label:<28s} {n / t[name]:7.3f} tests/s ({spread(times[name])})  {comparison}")
 
-    print(f"length {tests[0].length}: prompt {tests[0].prompt_length} tokens, {n} tests, {mean_new:.1f} new tokens "
-          f"per test; median of {repeats} interleaved repeats (spread min-max)")
-    row("probe 1", f"probe / transformers batch 1: {t['transformers 1'] / t['probe 1']:5.2f}x "
-        f"(same ids on {same_hf['1']}/{n} tests)")
-    row("probe B", f"probe / transformers batch {batch}: {t['transformers B'] / t['probe B']:5.2f}x "
-        f"(same ids on {same_hf['B']}/{n}); batch {batch} / batch 1: {t['probe 1'] / t['probe B']:5.2f}x")
-    row("probe B, prefill at once", f"prefill in {CPU_PREFILL_TOKENS}-token groups / at once: "
-        f"{t['probe B, prefill at once'] / t['probe B']:5.2f}x (same ids)")
-    row("bf16 1", f"vs float32 batch 1: {t['probe 1'] / t['bf16 1']:5.2f}x (same ids as float32 on {same['bf16 1']}/{n})")
+    print(
+        f"length {tests[0].length}: prompt {tests[0].prompt_length} tokens, {n} tests, {mean_new:.1f} new tokens "
+        f"per test; median of {repeats} interleaved repeats (spread min-max)"
+    )
+    row(
+        "probe 1",
+        f"probe / transformers batch 1: {t['transformers 1'] / t['probe 1']:5.2f}x "
+        f"(same ids on {same_hf['1']}/{n} tests)",
+    )
+    row(
+        "probe B",
+        f"probe / transformers batch {batch}: {t['transformers B'] / t['probe B']:5.2f}x "
+        f"(same ids on {same_hf['B']}/{n}); batch {batch} / batch 1: {t['probe 1'] / t['probe B']:5.2f}x",
+    )
+    row(
+        "probe B, prefill at once",
+        f"prefill in {CPU_PREFILL_TOKENS}-token groups / at once: "
+        f"{t['probe B, prefill at once'] / t['probe B']:5.2f}x (same ids)",
+    )
+    row(
+        "bf16 1",
+        f"vs float32 batch 1: {t['probe 1'] / t['bf16 1']:5.2f}x (same ids as float32 on {same['bf16 1']}/{n})",
+    )
     for size in ("1", "B"):
         name = f"bf16-prefill {size}"
-        row(name, f"vs float32: {t[f'probe {size}'] / t[name]:5.2f}x, vs transformers: "
-            f"{t[f'transformers {size}'] / t[name]:5.2f}x (same ids as float32 on {same[name]}/{n})")
-    row("teacher-forced B", f"time per test vs greedy batch {batch}: {t['teacher-forced B'] / t['probe B']:5.3f}x")
+        row(
+            name,
+            f"vs float32: {t[f'probe {size}'] / t[name]:5.2f}x, vs transformers: "
+            f"{t[f'transformers {size}'] / t[name]:5.2f}x (same ids as float32 on {same[name]}/{n})",
+        )
+    row(
+        "teacher-forced B",
+        f"time per test vs greedy batch {batch}: {t['teacher-forced B'] / t['probe B']:5.3f}x",
+    )
     row("transformers 1", "")
-    row("transformers B", f"batch {batch} / batch 1: {t['transformers 1'] / t['transformers B']:5.2f}x")
+    row(
+        "transformers B",
+        f"batch {batch} / batch 1: {t['transformers 1'] / t['transformers B']:5.2f}x",
+    )
 
 
 def warm_up(model: Recording, hf: torch.nn.Module, tokenizer: Tokenizer, test: NiahTest) -> None:
@@ -245,12 +332,30 @@ def warm_up(model: Recording, hf: torch.nn.Module, tokenizer: Tokenizer, test: N
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--lengths", type=parse_lengths, help="test lengths in tokens (default 1024,4096; --quick: 256)")
+    p.add_argument(
+        "--lengths",
+        type=parse_lengths,
+        help="test lengths in tokens (default 1024,4096; --quick: 256)",
+    )
     p.add_argument("--tests", type=int, default=8, help="tests per length, decoded by every row")
-    p.add_argument("--batch-size", type=int, default=8, help="the batched setting compared with batch 1")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="the answer budget, all decoded by a random model")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved timed rounds of every row (median reported)")
-    p.add_argument("--quick", action="store_true", help="length 256 and tiny-4l-256's shape (same vocabulary)")
+    p.add_argument(
+        "--batch-size", type=int, default=8, help="the batched setting compared with batch 1"
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=32,
+        help="the answer budget, all decoded by a random model",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="interleaved timed rounds of every row (median reported)",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="length 256 and tiny-4l-256's shape (same vocabulary)"
+    )
     args = p.parse_args()
     lengths = args.lengths or ([256] if args.quick else [1024, 4096])
     config = replace(QUICK if args.quick else SMOLLM_135M, train_len=max(lengths))
@@ -258,21 +363,35 @@ def main() -> None:
     register_tokenizer(folded.name, lambda: folded)
     settings = ProbeSettings(tests_per_length=args.tests, max_new_tokens=args.max_new_tokens)
     with tempfile.TemporaryDirectory() as tmp:
-        source = checkpoint_source(save_random_checkpoint(Path(tmp) / "random", config, folded.name), settings)
+        source = checkpoint_source(
+            save_random_checkpoint(Path(tmp) / "random", config, folded.name), settings
+        )
         model = source.load(settings, CPU)
         builder = Builders(settings.haystack).for_source(source, settings)
         hf = load_transformers(model, Path(tmp) / "hf", builder.tokenizer.eos_id)
     params = sum(p.numel() for p in model.parameters())
-    print(f"model: {config.n_layers} layers, d_model {config.d_model}, {config.n_heads} heads "
-          f"({config.n_kv_heads} KV), FFN {config.ffn_dim}, vocabulary {config.vocab_size}, tied: "
-          f"{params / 1e6:.1f}M parameters, random")
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} "
-          f"with {torch.get_num_threads()} threads, float32; tokenizer {folded.name}, {args.max_new_tokens} new tokens")
+    print(
+        f"model: {config.n_layers} layers, d_model {config.d_model}, {config.n_heads} heads "
+        f"({config.n_kv_heads} KV), FFN {config.ffn_dim}, vocabulary {config.vocab_size}, tied: "
+        f"{params / 1e6:.1f}M parameters, random"
+    )
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} "
+        f"with {torch.get_num_threads()} threads, float32; tokenizer {folded.name}, {args.max_new_tokens} new tokens"
+    )
     tests = {n: builder.make_tests(n, args.tests, settings.seed) for n in lengths}
     recording = Recording(model)
     warm_up(recording, hf, builder.tokenizer, tests[lengths[0]][0])
     for n in lengths:
-        bench_length(recording, hf, builder.tokenizer, tests[n], args.batch_size, args.max_new_tokens, args.repeats)
+        bench_length(
+            recording,
+            hf,
+            builder.tokenizer,
+            tests[n],
+            args.batch_size,
+            args.max_new_tokens,
+            args.repeats,
+        )
 
 
 if __name__ == "__main__":

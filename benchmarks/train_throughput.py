@@ -21,7 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -34,9 +33,14 @@ from posfreq.train.run_config import config_from_dict  # noqa: E402
 from posfreq.train.shards import ShardWriter, TokenDataset  # noqa: E402
 
 
-def matmul_flops(n: int = 1024, seconds: float = 2.0, device: str = "cpu", dtype=torch.float32) -> float:
+def matmul_flops(
+    n: int = 1024, seconds: float = 2.0, device: str = "cpu", dtype=torch.float32
+) -> float:
     """Best sustained FLOP/s of an n x n x n matmul on `device` (2 n^3 FLOPs each)."""
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    a, b = (
+        torch.randn(n, n, device=device, dtype=dtype),
+        torch.randn(n, n, device=device, dtype=dtype),
+    )
     best, end = 0.0, time.perf_counter() + seconds
     while time.perf_counter() < end:
         if device == "cuda":
@@ -53,16 +57,24 @@ def matmul_flops(n: int = 1024, seconds: float = 2.0, device: str = "cpu", dtype
 def make_shards(directory: Path, vocab: int, eos: int, tokenizer: str, docs: int = 400) -> None:
     """Random documents with a natural-ish length spread (16 to 2,000 tokens)."""
     rng = np.random.default_rng(0)
-    with ShardWriter(directory, "bench", tokenizer=tokenizer, vocab_size=vocab, eos_id=eos) as writer:
+    with ShardWriter(
+        directory, "bench", tokenizer=tokenizer, vocab_size=vocab, eos_id=eos
+    ) as writer:
         for _ in range(docs):
             n = int(np.exp(rng.uniform(np.log(16), np.log(2000))))
             writer.add(np.append(rng.integers(0, eos, n), eos))
 
 
-def config(preset: str, data: Path, out: Path, steps: int, train_len: int, rows: int, micro: int, gpu: bool) -> dict:
+def config(
+    preset: str, data: Path, out: Path, steps: int, train_len: int, rows: int, micro: int, gpu: bool
+) -> dict:
     return {
-        "out": str(out), "total_tokens": steps * rows * train_len, "global_batch_tokens": rows * train_len,
-        "micro_batch_rows": micro, "accelerator": "cuda" if gpu else "cpu", "devices": 1,
+        "out": str(out),
+        "total_tokens": steps * rows * train_len,
+        "global_batch_tokens": rows * train_len,
+        "micro_batch_rows": micro,
+        "accelerator": "cuda" if gpu else "cpu",
+        "devices": 1,
         "precision": "bf16-mixed" if gpu else "32-true",
         "model": {"preset": preset, "attention_backend": "auto" if gpu else "sdpa"},
         "data": {"dir": str(data), "train_len": train_len},
@@ -76,7 +88,9 @@ def bare_loop(cfg: dict, steps: int) -> list[float]:
     """Step times of a plain PyTorch loop over the same model, batches and optimizer."""
     run = config_from_dict(cfg)
     dataset = TokenDataset(run.data.dir)
-    model = Transformer(model_preset(run.model.preset, vocab_size=dataset.vocab_size), attention_backend="sdpa")
+    model = Transformer(
+        model_preset(run.model.preset, vocab_size=dataset.vocab_size), attention_backend="sdpa"
+    )
     optimizer = build_optimizer(model, run)
     sampler = PackedSampler(dataset, run.data.train_len, run.micro_batch_rows, seed=run.seed)
     accumulation = run.global_batch_tokens // (run.data.train_len * run.micro_batch_rows)
@@ -87,7 +101,12 @@ def bare_loop(cfg: dict, steps: int) -> list[float]:
         n = sum(int((b.targets != IGNORE_INDEX).sum()) for b in batches)
         for batch in batches:
             logits = model(batch.input_ids, batch.cu_seqlens, batch.max_seqlen)
-            (F.cross_entropy(logits.float(), batch.targets, ignore_index=IGNORE_INDEX, reduction="sum") / n).backward()
+            (
+                F.cross_entropy(
+                    logits.float(), batch.targets, ignore_index=IGNORE_INDEX, reduction="sum"
+                )
+                / n
+            ).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -98,19 +117,27 @@ def bare_loop(cfg: dict, steps: int) -> list[float]:
 def cpu_report(presets: list[str], steps: int, warmup: int) -> None:
     peak = matmul_flops()
     print(f"matmul (1024^3, fp32, {torch.get_num_threads()} threads): {peak / 1e9:.1f} GFLOP/s")
-    print(f"{'preset':14} {'tokens/s':>10} {'GFLOP/s':>9} {'of matmul':>10} {'bare tok/s':>11} {'overhead':>9}")
+    print(
+        f"{'preset':14} {'tokens/s':>10} {'GFLOP/s':>9} {'of matmul':>10} {'bare tok/s':>11} {'overhead':>9}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         make_shards(data, vocab=258, eos=257, tokenizer="bytes")
         for preset in presets:
-            cfg = config(preset, data, Path(tmp) / preset, steps, train_len=256, rows=32, micro=16, gpu=False)
+            cfg = config(
+                preset, data, Path(tmp) / preset, steps, train_len=256, rows=32, micro=16, gpu=False
+            )
             bare = statistics.median(bare_loop(cfg, steps)[warmup:])
             history = train(config_from_dict(cfg))[warmup:]
             trainer = statistics.median(r["step_time_s"] for r in history)
-            flops = statistics.median(r["flops_per_s"] * r["step_time_s"] for r in history) / trainer
+            flops = (
+                statistics.median(r["flops_per_s"] * r["step_time_s"] for r in history) / trainer
+            )
             tokens = cfg["global_batch_tokens"]
-            print(f"{preset:14} {tokens / trainer:10.0f} {flops / 1e9:9.2f} {flops / peak:10.1%} "
-                  f"{tokens / bare:11.0f} {trainer / bare - 1:+9.1%}")
+            print(
+                f"{preset:14} {tokens / trainer:10.0f} {flops / 1e9:9.2f} {flops / peak:10.1%} "
+                f"{tokens / bare:11.0f} {trainer / bare - 1:+9.1%}"
+            )
 
 
 def gpu_report(steps: int, warmup: int) -> None:
@@ -119,24 +146,44 @@ def gpu_report(steps: int, warmup: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         make_shards(data, vocab=128_256, eos=128_001, tokenizer="llama3", docs=4000)
-        cfg = config("tinyllama-1.3b", data, Path(tmp) / "run", steps, train_len=2048, rows=16, micro=4, gpu=True)
+        cfg = config(
+            "tinyllama-1.3b",
+            data,
+            Path(tmp) / "run",
+            steps,
+            train_len=2048,
+            rows=16,
+            micro=4,
+            gpu=True,
+        )
         history = train(config_from_dict(cfg))[warmup:]
         row = history[len(history) // 2]
         mfu = statistics.median(r["mfu"] for r in history) if row["mfu"] is not None else None
-        print(f"tinyllama-1.3b L=2048: {statistics.median(r['tokens_per_s'] for r in history):.0f} tokens/s, "
-              f"{row['flops_per_s'] / 1e12:.0f} TFLOP/s ({row['flops_per_s'] / peak:.0%} of measured matmul), "
-              f"MFU {mfu:.1%}" if mfu is not None else "MFU: unknown GPU peak (set logging.peak_flops_per_device)")
+        print(
+            f"tinyllama-1.3b L=2048: {statistics.median(r['tokens_per_s'] for r in history):.0f} tokens/s, "
+            f"{row['flops_per_s'] / 1e12:.0f} TFLOP/s ({row['flops_per_s'] / peak:.0%} of measured matmul), "
+            f"MFU {mfu:.1%}"
+            if mfu is not None
+            else "MFU: unknown GPU peak (set logging.peak_flops_per_device)"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3, help="steps left out of the medians")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads (1 keeps timings stable on shared machines)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads (1 keeps timings stable on shared machines)",
+    )
     parser.add_argument("--presets", nargs="+", default=["tiny-2l-128", "tiny-4l-256"])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # Fabric's launcher would pick its own thread count
+    os.environ["OMP_NUM_THREADS"] = str(
+        args.threads
+    )  # Fabric's launcher would pick its own thread count
     cpu_report(args.presets, args.steps, args.warmup)
     if torch.cuda.is_available():
         gpu_report(args.steps, args.warmup)

@@ -15,17 +15,47 @@ from posfreq.train.cli import describe_error
 
 # subcommand -> (module with main(argv), one line for `posfreq --help`)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "analyze": ("posfreq.analysis.position_freq", "document-length histogram and position frequency f(i) of a corpus"),
-    "prepare": ("posfreq.scripts.prepare_data", "tokenize a corpus into token shards for pretraining"),
-    "plan": ("posfreq.train.plan", "memory, accumulation and days for a pretraining run, before submitting it"),
+    "analyze": (
+        "posfreq.analysis.position_freq",
+        "document-length histogram and position frequency f(i) of a corpus",
+    ),
+    "prepare": (
+        "posfreq.scripts.prepare_data",
+        "tokenize a corpus into token shards for pretraining",
+    ),
+    "plan": (
+        "posfreq.train.plan",
+        "memory, accumulation and days for a pretraining run, before submitting it",
+    ),
     "pretrain": ("posfreq.train.pretrain", "pretrain a model (Lightning Fabric; FSDP2 on GPUs)"),
-    "checkpoint": ("posfreq.train.checkpoint", "list a run's checkpoints or consolidate one into model.safetensors"),
-    "probe": ("posfreq.analysis.probe", "4-needle NIAH probe of checkpoints or a Hugging Face model"),
-    "effective-length": ("posfreq.analysis.effective_length", "re-derive a run's effective lengths from its probe records"),
-    "compare": ("posfreq.analysis.compare", "effective length across runs and seeds, with intervals and verdicts"),
-    "export-hf": ("posfreq.scripts.export_hf", "write a checkpoint as a Hugging Face Llama model directory"),
-    "doctor": ("posfreq.train.doctor", "smoke-test a GPU node (NCCL pretraining, attention kernels, probe, loss) first"),
-    "demo": ("posfreq.scripts.demo", "the CPU miniature of the whole study (train, probe, compare, report)"),
+    "checkpoint": (
+        "posfreq.train.checkpoint",
+        "list a run's checkpoints or consolidate one into model.safetensors",
+    ),
+    "probe": (
+        "posfreq.analysis.probe",
+        "4-needle NIAH probe of checkpoints or a Hugging Face model",
+    ),
+    "effective-length": (
+        "posfreq.analysis.effective_length",
+        "re-derive a run's effective lengths from its probe records",
+    ),
+    "compare": (
+        "posfreq.analysis.compare",
+        "effective length across runs and seeds, with intervals and verdicts",
+    ),
+    "export-hf": (
+        "posfreq.scripts.export_hf",
+        "write a checkpoint as a Hugging Face Llama model directory",
+    ),
+    "doctor": (
+        "posfreq.train.doctor",
+        "smoke-test a GPU node (NCCL pretraining, attention kernels, probe, loss) first",
+    ),
+    "demo": (
+        "posfreq.scripts.demo",
+        "the CPU miniature of the whole study (train, probe, compare, report)",
+    ),
 }
 
 
@@ -33,9 +63,11 @@ def usage() -> str:
     """`posfreq --help`: the subcommands and one line on each."""
     width = max(map(len, SUBCOMMANDS))
     lines = [f"  {name:<{width}}  {about}" for name, (_, about) in SUBCOMMANDS.items()]
-    return ("usage: posfreq SUBCOMMAND [options]   (posfreq SUBCOMMAND --help for its options)\n\n"
-            "Why effective context length falls short of the training length: pretrain, analyse, probe, fix.\n\n"
-            "subcommands:\n" + "\n".join(lines) + "\n")
+    return (
+        "usage: posfreq SUBCOMMAND [options]   (posfreq SUBCOMMAND --help for its options)\n\n"
+        "Why effective context length falls short of the training length: pretrain, analyse, probe, fix.\n\n"
+        "subcommands:\n" + "\n".join(lines) + "\n"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -47,7 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     name, rest = args[0], args[1:]
     if name not in SUBCOMMANDS:
         print(usage(), end="", file=sys.stderr)
-        print(f"posfreq: unknown subcommand {name!r}; choose one of: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+        print(
+            f"posfreq: unknown subcommand {name!r}; choose one of: {', '.join(SUBCOMMANDS)}",
+            file=sys.stderr,
+        )
         return 2
     debug = os.environ.get("POSFREQ_DEBUG") == "1" or "--debug" in rest
     rest = [a for a in rest if a != "--debug"]
@@ -63,11 +98,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"posfreq {name}: interrupted", file=sys.stderr)
         return 130
-    except Exception as err:  # every failure a command did not word itself: one line, the traceback on request
+    except (
+        Exception
+    ) as err:  # every failure a command did not word itself: one line, the traceback on request
         if debug:
             raise
-        print(f"error: {describe_error(err)}\n  (posfreq {name} --debug, or POSFREQ_DEBUG=1, shows the traceback)",
-              file=sys.stderr)
+        print(
+            f"error: {describe_error(err)}\n  (posfreq {name} --debug, or POSFREQ_DEBUG=1, shows the traceback)",
+            file=sys.stderr,
+        )
         return 1
 
 

@@ -42,12 +42,24 @@ from pathlib import Path
 
 import numpy as np
 
-from posfreq.analysis.niah import ANSWER_PREFIX, INSTRUCTION, NEEDLE, QUESTION, answer_text, clean_haystack, split_sentences
+from posfreq.analysis.niah import (
+    ANSWER_PREFIX,
+    INSTRUCTION,
+    NEEDLE,
+    QUESTION,
+    answer_text,
+    clean_haystack,
+    split_sentences,
+)
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"  # UNK is never produced: every byte has a piece
-CONTINUATION = "\u2042"  # "⁂" marks a piece that continues a word; no byte-level symbol is this character
+CONTINUATION = (
+    "\u2042"  # "⁂" marks a piece that continues a word; no byte-level symbol is this character
+)
 NUMBER_TOKENS = [f"{i:03d}" for i in range(1000)]  # a digit run's first three digits
-CONTINUED_NUMBER_TOKENS = [CONTINUATION + t for t in NUMBER_TOKENS]  # its later three-digit groups: other ids
+CONTINUED_NUMBER_TOKENS = [
+    CONTINUATION + t for t in NUMBER_TOKENS
+]  # its later three-digit groups: other ids
 NEEDLES_PER_DOC = 4
 TEMPLATE_WEIGHT = 200  # the template counts as this many copies when learning the tokenizer: its words become single tokens
 N_TRAIN_ESSAYS = 24  # essays 0..23 (sorted by name) are training haystack, 24..48 the probe's
@@ -115,10 +127,15 @@ def _learn_pieces(words: list[str], vocab_size: int) -> list[str]:
     )
     learner.train_from_iterator((w[0] + "".join(inner[c] for c in w[1:]) for w in words), trainer)
     learnt = [p for p, _ in sorted(learner.get_vocab().items(), key=lambda item: item[1])]
-    return [(CONTINUATION if p[0] in outer else "") + "".join(outer.get(c, c) for c in p) for p in learnt]
+    return [
+        (CONTINUATION if p[0] in outer else "") + "".join(outer.get(c, c) for c in p)
+        for p in learnt
+    ]
 
 
-def build_tokenizer(out_dir: str | Path, vocab_size: int = 2048, n_train: int = N_TRAIN_ESSAYS) -> str:
+def build_tokenizer(
+    out_dir: str | Path, vocab_size: int = 2048, n_train: int = N_TRAIN_ESSAYS
+) -> str:
     """Build the demo tokenizer from the training-half essays, save tokenizer.json in out_dir; returns 'hf:<dir>'.
 
     A byte-level WordPiece: text is split into byte-level words (digit runs split off on their own),
@@ -135,16 +152,28 @@ def build_tokenizer(out_dir: str | Path, vocab_size: int = 2048, n_train: int = 
     texts = [clean_haystack(t) for t in split_essays(n_train)[0]]
     texts += [" ".join([INSTRUCTION, NEEDLE, QUESTION, ANSWER_PREFIX])] * TEMPLATE_WEIGHT
     pre = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(r"\d+"), "isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        [
+            pre_tokenizers.Split(Regex(r"\d+"), "isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
     )
     words = [w for t in texts for w, _ in pre.pre_tokenize_str(t)]
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    pieces = [BOS, EOS, UNK] + [p for p in _learn_pieces(words, vocab_size) if not any(c.isdigit() for c in p)]
-    pieces += alphabet + [CONTINUATION + c for c in alphabet] + NUMBER_TOKENS + CONTINUED_NUMBER_TOKENS
+    pieces = [BOS, EOS, UNK] + [
+        p for p in _learn_pieces(words, vocab_size) if not any(c.isdigit() for c in p)
+    ]
+    pieces += (
+        alphabet + [CONTINUATION + c for c in alphabet] + NUMBER_TOKENS + CONTINUED_NUMBER_TOKENS
+    )
     vocab = {p: i for i, p in enumerate(dict.fromkeys(pieces))}
-    tok = Tokenizer(models.WordPiece(
-        vocab, unk_token=UNK, continuing_subword_prefix=CONTINUATION, max_input_chars_per_word=10**6
-    ))
+    tok = Tokenizer(
+        models.WordPiece(
+            vocab,
+            unk_token=UNK,
+            continuing_subword_prefix=CONTINUATION,
+            max_input_chars_per_word=10**6,
+        )
+    )
     tok.pre_tokenizer = pre
     tok.decoder = decoders.Sequence([decoders.Replace(CONTINUATION, ""), decoders.ByteLevel()])
     tok.save(str(out / "tokenizer.json"))
@@ -160,13 +189,18 @@ def training_sentences(n_train: int = N_TRAIN_ESSAYS) -> list[str]:
 def _numbers(rng: np.random.Generator, exclude: frozenset[str] = frozenset()) -> list[str]:
     """4 distinct 6-digit numbers, none in `exclude` (e.g. the probe's needles)."""
     while True:
-        numbers = [str(n) for n in rng.choice(900_000, size=NEEDLES_PER_DOC, replace=False) + 100_000]
+        numbers = [
+            str(n) for n in rng.choice(900_000, size=NEEDLES_PER_DOC, replace=False) + 100_000
+        ]
         if not exclude.intersection(numbers):
             return numbers
 
 
 def niah_document(
-    rng: np.random.Generator, sentences: list[str], n_sentences: int, reverse: bool = True,
+    rng: np.random.Generator,
+    sentences: list[str],
+    n_sentences: int,
+    reverse: bool = True,
     exclude: frozenset[str] = frozenset(),
 ) -> str:
     """One needle document: the probe's template on `n_sentences` training sentences, 4 needles, the answer.
@@ -176,7 +210,9 @@ def niah_document(
     start = int(rng.integers(len(sentences)))
     body = [sentences[(start + i) % len(sentences)] for i in range(n_sentences)]
     numbers = _numbers(rng, exclude)
-    where = ((np.arange(NEEDLES_PER_DOC) + rng.random(NEEDLES_PER_DOC)) / NEEDLES_PER_DOC * n_sentences).astype(int)
+    where = (
+        (np.arange(NEEDLES_PER_DOC) + rng.random(NEEDLES_PER_DOC)) / NEEDLES_PER_DOC * n_sentences
+    ).astype(int)
     parts: list[str] = []
     for k in range(n_sentences + 1):
         parts += [NEEDLE.format(numbers[j]) for j in range(NEEDLES_PER_DOC) if where[j] == k]
@@ -192,7 +228,9 @@ def line_copy_document(rng: np.random.Generator, exclude: frozenset[str] = froze
     return line + line
 
 
-def digit_copy_document(rng: np.random.Generator, min_chunks: int = 4, max_chunks: int = 16, copies: int = 4) -> str:
+def digit_copy_document(
+    rng: np.random.Generator, min_chunks: int = 4, max_chunks: int = 16, copies: int = 4
+) -> str:
     """An induction drill: a random digit string of min..max three-digit tokens, on `copies` lines."""
     n = int(rng.integers(min_chunks, max_chunks + 1))
     digits = "".join(f"{x:03d}" for x in rng.integers(1000, size=n))
@@ -200,7 +238,11 @@ def digit_copy_document(rng: np.random.Generator, min_chunks: int = 4, max_chunk
 
 
 def generate_documents(
-    rng: np.random.Generator, n_docs: int, sentences: list[str], mix: CorpusMix, exclude: frozenset[str] = frozenset()
+    rng: np.random.Generator,
+    n_docs: int,
+    sentences: list[str],
+    mix: CorpusMix,
+    exclude: frozenset[str] = frozenset(),
 ) -> list[str]:
     """n_docs documents of the mix's kinds, drawn independently; no needle number is in `exclude`."""
     docs = []
@@ -209,11 +251,21 @@ def generate_documents(
     for _ in range(n_docs):
         kind = rng.random()
         if kind < cut_copy:
-            docs.append(digit_copy_document(rng, mix.copy_min_chunks, mix.copy_max_chunks, mix.copies))
+            docs.append(
+                digit_copy_document(rng, mix.copy_min_chunks, mix.copy_max_chunks, mix.copies)
+            )
         elif kind < cut_line:
             docs.append(line_copy_document(rng, exclude))
         elif kind < cut_drill:
-            docs.append(niah_document(rng, sentences, int(rng.integers(mix.drill_max_sentences + 1)), mix.reverse_answer, exclude))
+            docs.append(
+                niah_document(
+                    rng,
+                    sentences,
+                    int(rng.integers(mix.drill_max_sentences + 1)),
+                    mix.reverse_answer,
+                    exclude,
+                )
+            )
         else:
             size = np.exp(np.log(mix.median_sentences) + mix.sigma * rng.standard_normal())
             n = int(np.clip(np.rint(size), 1, mix.max_sentences))
@@ -236,7 +288,9 @@ def write_corpus(
     Keep out_dir free of other .txt/.json files: corpus readers take every such file in a directory.
     """
     rng = np.random.default_rng([seed, SEED_SALT])
-    docs = generate_documents(rng, n_docs, training_sentences(n_train), mix, frozenset(exclude_numbers))
+    docs = generate_documents(
+        rng, n_docs, training_sentences(n_train), mix, frozenset(exclude_numbers)
+    )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.jsonl"
@@ -252,23 +306,47 @@ def main(argv: list[str] | None = None) -> int:
 
     from posfreq.analysis.niah import probe_needles
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True, help="directory for tokenizer/, warmup/, main/, probe_haystack/")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="directory for tokenizer/, warmup/, main/, probe_haystack/",
+    )
     parser.add_argument("--docs", type=int, required=True, help="documents in the main corpus")
-    parser.add_argument("--warmup-docs", type=int, required=True, help="documents in the warm-up corpus")
+    parser.add_argument(
+        "--warmup-docs", type=int, required=True, help="documents in the warm-up corpus"
+    )
     parser.add_argument("--seed", type=int, default=1234, help="corpus seed (never a probe seed)")
-    parser.add_argument("--probe-lengths", type=int, nargs="*", default=[],
-                        help="lengths the probe will test: their needles are kept out of training")
+    parser.add_argument(
+        "--probe-lengths",
+        type=int,
+        nargs="*",
+        default=[],
+        help="lengths the probe will test: their needles are kept out of training",
+    )
     parser.add_argument("--probe-tests", type=int, default=0, help="tests per probe length")
     parser.add_argument("--probe-seeds", type=int, nargs="*", default=[0], help="the probe's seeds")
     args = parser.parse_args(argv)
-    exclude = frozenset(n for seed in args.probe_seeds for n in probe_needles(args.probe_lengths, args.probe_tests, seed))
+    exclude = frozenset(
+        n
+        for seed in args.probe_seeds
+        for n in probe_needles(args.probe_lengths, args.probe_tests, seed)
+    )
     spec = build_tokenizer(args.out / "tokenizer")
-    warmup = write_corpus(args.out / "warmup", args.warmup_docs, seed=args.seed, mix=WARMUP, name="warmup")
-    main_corpus = write_corpus(args.out / "main", args.docs, seed=args.seed + 1, exclude_numbers=exclude)
+    warmup = write_corpus(
+        args.out / "warmup", args.warmup_docs, seed=args.seed, mix=WARMUP, name="warmup"
+    )
+    main_corpus = write_corpus(
+        args.out / "main", args.docs, seed=args.seed + 1, exclude_numbers=exclude
+    )
     haystack = probe_haystack_dir(args.out / "probe_haystack")
-    print(f"tokenizer {spec}\nwarm-up corpus {warmup}\nmain corpus {main_corpus} ({len(exclude)} probe needles "
-          f"excluded)\nprobe haystack {haystack}")
+    print(
+        f"tokenizer {spec}\nwarm-up corpus {warmup}\nmain corpus {main_corpus} ({len(exclude)} probe needles "
+        f"excluded)\nprobe haystack {haystack}"
+    )
     return 0
 
 

@@ -12,7 +12,6 @@ ids, an hf:<dir> tokenizer's files are copied, others get none (a warning says s
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Literal, Optional, Sequence
 
 from posfreq.train.cli import command_parser, parse
@@ -23,14 +22,28 @@ from posfreq.train.outdir import OutputDirError, check_output_dir
 def build_parser():
     """The command line: a checkpoint, --out, and the tokenizer and dtype to export with."""
     parser = command_parser("posfreq export-hf", __doc__.split("\n")[0])
-    parser.add_argument("--checkpoint", type=str, required=True,
-                        help="consolidated model directory or trainer checkpoint directory")
-    parser.add_argument("--out", type=str, required=True, help="output directory for the Hugging Face model")
-    parser.add_argument("--tokenizer", type=Optional[str], default=None,
-                        help="tokenizer spec (llama3, bytes, hf:<dir>) or 'none' for no tokenizer; "
-                        "default: the checkpoint's own tokenizer_spec.json")
-    parser.add_argument("--dtype", type=Optional[Literal[tuple(sorted(DTYPES))]], default=None,
-                        help="cast the weights to this dtype; default: as stored")
+    parser.add_argument(
+        "--checkpoint",
+        type=str,
+        required=True,
+        help="consolidated model directory or trainer checkpoint directory",
+    )
+    parser.add_argument(
+        "--out", type=str, required=True, help="output directory for the Hugging Face model"
+    )
+    parser.add_argument(
+        "--tokenizer",
+        type=Optional[str],
+        default=None,
+        help="tokenizer spec (llama3, bytes, hf:<dir>) or 'none' for no tokenizer; "
+        "default: the checkpoint's own tokenizer_spec.json",
+    )
+    parser.add_argument(
+        "--dtype",
+        type=Optional[Literal[tuple(sorted(DTYPES))]],
+        default=None,
+        help="cast the weights to this dtype; default: as stored",
+    )
     return parser
 
 
@@ -45,7 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_output_dir(args.out, EXPORT_HF)  # before the (slow) load
     except OutputDirError as err:
         sys.exit(f"error: {err}")
-    model, tokenizer_info, _ = load_model(args.checkpoint, dtype=DTYPES[args.dtype] if args.dtype else None)
+    model, tokenizer_info, _ = load_model(
+        args.checkpoint, dtype=DTYPES[args.dtype] if args.dtype else None
+    )
     spec = args.tokenizer or tokenizer_info["spec"]
     bos = eos = None
     if spec != "none":

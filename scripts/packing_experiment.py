@@ -28,8 +28,19 @@ import numpy as np
 
 from posfreq.analysis.effective_length import read_csv
 from posfreq.analysis.frequency import position_frequency
-from posfreq.scripts.demo import (FULL, QUICK, DemoSettings, Pipeline, last_milestone, markdown, prepare_inputs,
-                                  probe, probed_lengths, train, warm_ups)
+from posfreq.scripts.demo import (
+    FULL,
+    QUICK,
+    DemoSettings,
+    Pipeline,
+    last_milestone,
+    markdown,
+    prepare_inputs,
+    probe,
+    probed_lengths,
+    train,
+    warm_ups,
+)
 from posfreq.train.checkpoint import load_trained_lengths
 from posfreq.train.cli import code_version
 
@@ -48,13 +59,38 @@ def experiment_settings(quick: bool) -> DemoSettings:
     return replace(base, train_lens=(TRAIN_LEN,), string_seeds=(), table1_schemes=())
 
 
-def train_and_probe_variant(p: Pipeline, settings: DemoSettings, corpus: Path, warm, seed: int, variant: str) -> Path:
+def train_and_probe_variant(
+    p: Pipeline, settings: DemoSettings, corpus: Path, warm, seed: int, variant: str
+) -> Path:
     """Continue seed `seed`'s warm-up at L with one data variant, then probe every milestone with rope."""
     run = p.out / f"{variant}-s{seed}"
-    train(p, settings, f"train {variant} seed={seed}", p.out / "data" / "main", run, TRAIN_LEN, settings.total_tokens,
-          seed, "--model.init-from", warm.result(), *VARIANTS[variant])
-    probe(p, settings, corpus, f"probe {variant} seed={seed}", probed_lengths(settings, TRAIN_LEN),
-          settings.tests_per_length, 0, run / "probe", "--run", run, "--positions", "rope")
+    train(
+        p,
+        settings,
+        f"train {variant} seed={seed}",
+        p.out / "data" / "main",
+        run,
+        TRAIN_LEN,
+        settings.total_tokens,
+        seed,
+        "--model.init-from",
+        warm.result(),
+        *VARIANTS[variant],
+    )
+    probe(
+        p,
+        settings,
+        corpus,
+        f"probe {variant} seed={seed}",
+        probed_lengths(settings, TRAIN_LEN),
+        settings.tests_per_length,
+        0,
+        run / "probe",
+        "--run",
+        run,
+        "--positions",
+        "rope",
+    )
     return run
 
 
@@ -69,47 +105,81 @@ def trained_frequency(runs: dict[str, Path]) -> list[dict]:
         f = position_frequency(hist, TRAIN_LEN)
         trainer = json.loads((last / "trainer.json").read_text())
         trained = int((np.arange(len(hist)) * hist).sum())
-        rows.append({"run": name, "variant": name.rsplit("-s", 1)[0], "f_half_L": int(f[TRAIN_LEN // 2]),
-                     "f_three_quarter_L": int(f[3 * TRAIN_LEN // 4]),
-                     "padding_share": 1 - (trained - int(trainer["tokens_before"])) / int(trainer["tokens_seen"])})
+        rows.append(
+            {
+                "run": name,
+                "variant": name.rsplit("-s", 1)[0],
+                "f_half_L": int(f[TRAIN_LEN // 2]),
+                "f_three_quarter_L": int(f[3 * TRAIN_LEN // 4]),
+                "padding_share": 1
+                - (trained - int(trainer["tokens_before"])) / int(trainer["tokens_seen"]),
+            }
+        )
     return rows
 
 
 def verdict_lines(conclusion: dict, quick: bool) -> list[str]:
     """The measured effect of each variant against concat, in words with its numbers."""
-    lines = ["Quick mode trains for seconds: the numbers below check that every stage runs; they mean nothing."] \
-        if quick else []
+    lines = (
+        [
+            "Quick mode trains for seconds: the numbers below check that every stage runs; they mean nothing."
+        ]
+        if quick
+        else []
+    )
     for tests in conclusion["variants"]:
         variant, tokens, against_f = tests["variant"], tests["equal_tokens"], tests["against_f"]
         if tokens["holds"] is None:
             lines.append(f"- {variant}: not testable at equal tokens ({tokens.get('reason')}).")
             continue
         lo, hi = tokens["interval_95"]
-        word = "larger" if lo > 0 else "smaller" if hi < 0 else "not different (the interval holds 0)"
-        lines.append(f"- **{variant} vs concat, at equal tokens**: effective length {word}; mean paired difference "
-                     f"{tokens['mean_difference']:+.1f} tokens over the milestones, 95% interval [{lo:+.1f}, {hi:+.1f}] "
-                     f"(per seed {', '.join(f'{d:+.1f}' for d in tokens['mean_difference_per_seed'])}; at the last "
-                     f"milestone {tokens['last_milestone_differences']}).")
+        word = (
+            "larger" if lo > 0 else "smaller" if hi < 0 else "not different (the interval holds 0)"
+        )
+        lines.append(
+            f"- **{variant} vs concat, at equal tokens**: effective length {word}; mean paired difference "
+            f"{tokens['mean_difference']:+.1f} tokens over the milestones, 95% interval [{lo:+.1f}, {hi:+.1f}] "
+            f"(per seed {', '.join(f'{d:+.1f}' for d in tokens['mean_difference_per_seed'])}; at the last "
+            f"milestone {tokens['last_milestone_differences']})."
+        )
         if against_f.get("holds") is None:
-            lines.append(f"- {variant} vs concat, against f: not testable ({against_f.get('reason', 'no points')}).")
+            lines.append(
+                f"- {variant} vs concat, against f: not testable ({against_f.get('reason', 'no points')})."
+            )
         else:
             lo, hi = against_f["interval_95"]
-            lines.append(f"- **{variant} vs concat, against f**: the curves "
-                         f"{'coincide' if against_f['holds'] else 'do not coincide'} (D = "
-                         f"{against_f['D_log10_f']:+.3f} decades of f at equal effective length, 95% interval "
-                         f"[{lo:+.3f}, {hi:+.3f}]).")
+            lines.append(
+                f"- **{variant} vs concat, against f**: the curves "
+                f"{'coincide' if against_f['holds'] else 'do not coincide'} (D = "
+                f"{against_f['D_log10_f']:+.3f} decades of f at equal effective length, 95% interval "
+                f"[{lo:+.3f}, {hi:+.3f}])."
+            )
     return lines
 
 
-def write_report(out: Path, settings: DemoSettings, quick: bool, p: Pipeline, runs: dict[str, Path],
-                 conclusion: dict, frequency: list[dict]) -> Path:
+def write_report(
+    out: Path,
+    settings: DemoSettings,
+    quick: bool,
+    p: Pipeline,
+    runs: dict[str, Path],
+    conclusion: dict,
+    frequency: list[dict],
+) -> Path:
     """OUT/REPORT.md: the design, the measured effect, the trained f per variant, tables, figures, commands."""
     by_variant: dict[str, list[dict]] = {}
     for row in frequency:
         by_variant.setdefault(row["variant"], []).append(row)
-    f_rows = [{"variant": v, "runs": len(rs), "f(L/2)": float(np.mean([r["f_half_L"] for r in rs])),
-               "f(3L/4)": float(np.mean([r["f_three_quarter_L"] for r in rs])),
-               "padding share": float(np.mean([r["padding_share"] for r in rs]))} for v, rs in by_variant.items()]
+    f_rows = [
+        {
+            "variant": v,
+            "runs": len(rs),
+            "f(L/2)": float(np.mean([r["f_half_L"] for r in rs])),
+            "f(3L/4)": float(np.mean([r["f_three_quarter_L"] for r in rs])),
+            "padding share": float(np.mean([r["padding_share"] for r in rs])),
+        }
+        for v, rs in by_variant.items()
+    ]
     lines = [
         f"# posfreq packing experiment{' (quick mode: toy scale, not a result)' if quick else ''}",
         "",
@@ -131,11 +201,27 @@ def write_report(out: Path, settings: DemoSettings, quick: bool, p: Pipeline, ru
     ]
     for name, run in runs.items():
         rows = read_csv(run / "probe" / "effective_length.csv")
-        lines += [f"### {name}", "", markdown(rows, ["tokens_seen", "effective_length", "effective_length_lo",
-                                                     "effective_length_hi", "effective_length_status",
-                                                     "f_effective_length"]), ""]
+        lines += [
+            f"### {name}",
+            "",
+            markdown(
+                rows,
+                [
+                    "tokens_seen",
+                    "effective_length",
+                    "effective_length_lo",
+                    "effective_length_hi",
+                    "effective_length_status",
+                    "f_effective_length",
+                ],
+            ),
+            "",
+        ]
     lines += ["## Figures", ""]
-    lines += [f"![{png.stem}](compare/figures/{png.name})" for png in sorted((out / "compare" / "figures").glob("*.png"))]
+    lines += [
+        f"![{png.stem}](compare/figures/{png.name})"
+        for png in sorted((out / "compare" / "figures").glob("*.png"))
+    ]
     lines += ["", "## Commands", ""]
     lines += [f"- {stage} ({seconds:.0f} s): `{cmd}`" for stage, cmd, seconds in p.commands]
     path = out / "REPORT.md"
@@ -150,10 +236,18 @@ def run_experiment(out: Path, quick: bool) -> Path:
     corpus = prepare_inputs(p, settings)
     with ThreadPoolExecutor(max_workers=2) as pool:
         warm = warm_ups(p, settings, pool)
-        jobs = {f"{v}-s{s}": pool.submit(train_and_probe_variant, p, settings, corpus, warm[s], s, v)
-                for s in settings.seeds for v in VARIANTS}
+        jobs = {
+            f"{v}-s{s}": pool.submit(train_and_probe_variant, p, settings, corpus, warm[s], s, v)
+            for s in settings.seeds
+            for v in VARIANTS
+        }
         runs = {name: job.result() for name, job in jobs.items()}
-    p.run("compare variants", "analysis/compare.py", *[run / "probe" for run in runs.values()],
-          "--out", out / "compare")
+    p.run(
+        "compare variants",
+        "analysis/compare.py",
+        *[run / "probe" for run in runs.values()],
+        "--out",
+        out / "compare",
+    )
     conclusion = json.loads((out / "compare" / "conclusion.json").read_text())
     return write_report(out, settings, quick, p, runs, conclusion, trained_frequency(runs))

@@ -39,9 +39,23 @@ from jsonargparse import ArgumentParser
 from tqdm import tqdm
 
 from posfreq.train.cli import command_parser, parse
-from posfreq.train.corpora import SUFFIXES, Corpus, CorpusError, CorpusFile, ReadStats, StreamShard, lost_files_report
+from posfreq.train.corpora import (
+    SUFFIXES,
+    Corpus,
+    CorpusError,
+    CorpusFile,
+    ReadStats,
+    StreamShard,
+    lost_files_report,
+)
 from posfreq.train.corpus_cli import add_corpus_arguments, corpus_from_args, shard_from_args
-from posfreq.train.shards import META_SUFFIX, OFFSETS_SUFFIX, TOKENS_SUFFIX, ShardWriter, shard_is_complete
+from posfreq.train.shards import (
+    META_SUFFIX,
+    OFFSETS_SUFFIX,
+    TOKENS_SUFFIX,
+    ShardWriter,
+    shard_is_complete,
+)
 from posfreq.train.tokenizer import Tokenizer, get_tokenizer
 
 BATCH_CHARS = 4 << 20  # tokenize this many characters of text at a time
@@ -55,17 +69,25 @@ def shard_names(files: tuple[CorpusFile, ...]) -> dict[CorpusFile, str]:
     names: dict[CorpusFile, str] = {f: f.shard_name for f in files if isinstance(f, StreamShard)}
     local = [f for f in files if not isinstance(f, StreamShard)]
     paths = [f.resolve() for f in local]
-    root = Path(os.path.commonpath(paths)) if len(paths) > 1 else (paths[0].parent if paths else Path())
+    root = (
+        Path(os.path.commonpath(paths))
+        if len(paths) > 1
+        else (paths[0].parent if paths else Path())
+    )
     for file, path in zip(local, paths):
         rel = str(path.relative_to(root))
         suffix = next((s for s in SUFFIXES if rel.endswith(s)), "")
         stem = rel[: len(rel) - len(suffix)] if suffix else rel
-        names[file] = re.sub(r"[^A-Za-z0-9._-]+", "_", stem.replace(os.sep, "__")).strip(".") or "shard"
+        names[file] = (
+            re.sub(r"[^A-Za-z0-9._-]+", "_", stem.replace(os.sep, "__")).strip(".") or "shard"
+        )
     seen: dict[str, CorpusFile] = {}
     for file, name in names.items():
         if name in seen:
-            raise ValueError(f"input files {seen[name]} and {file} would both be written to shard {name!r}; "
-                             "rename one of them or tokenize them into separate --out directories")
+            raise ValueError(
+                f"input files {seen[name]} and {file} would both be written to shard {name!r}; "
+                "rename one of them or tokenize them into separate --out directories"
+            )
         seen[name] = file
     return names
 
@@ -96,7 +118,10 @@ def source_identity(file: CorpusFile, hash_content: bool = True) -> dict:
 def held_out(text: str, fraction: float) -> bool:
     """Whether a document goes to the validation shards: decided by a hash of its text, so the split is the same
     for any --shard, --workers or file order, and a document is never in both."""
-    return fraction > 0 and int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") < fraction * 2**64
+    return (
+        fraction > 0
+        and int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") < fraction * 2**64
+    )
 
 
 def remove_shard_leftovers(out: Path, name: str, val_fraction: float) -> None:
@@ -107,19 +132,40 @@ def remove_shard_leftovers(out: Path, name: str, val_fraction: float) -> None:
         for temporary in directory.glob(f".{name}.*.tmp"):
             temporary.unlink(missing_ok=True)
     if val_fraction == 0:
-        for suffix in (META_SUFFIX, TOKENS_SUFFIX, OFFSETS_SUFFIX):  # metadata first: never a complete-looking shard
+        for suffix in (
+            META_SUFFIX,
+            TOKENS_SUFFIX,
+            OFFSETS_SUFFIX,
+        ):  # metadata first: never a complete-looking shard
             (out / VAL_DIR / f"{name}{suffix}").unlink(missing_ok=True)
 
 
-def tokenize_file(corpus: Corpus, file: CorpusFile, name: str, out: Path, tokenizer: Tokenizer,
-                  on_error: str = "raise", val_fraction: float = 0.0) -> dict:
+def tokenize_file(
+    corpus: Corpus,
+    file: CorpusFile,
+    name: str,
+    out: Path,
+    tokenizer: Tokenizer,
+    on_error: str = "raise",
+    val_fraction: float = 0.0,
+) -> dict:
     """Tokenize one input file into shard `name` under `out` (atomically), and its held-out documents into shard
     `name` under `out/val` when val_fraction > 0; returns the training shard's metadata."""
     stats = ReadStats()
-    extra = {**source_identity(file), "corpus": corpus.name, "text_field": corpus.text_field,
-             "sources": list(corpus.sources), "val_fraction": val_fraction}
+    extra = {
+        **source_identity(file),
+        "corpus": corpus.name,
+        "text_field": corpus.text_field,
+        "sources": list(corpus.sources),
+        "val_fraction": val_fraction,
+    }
     eos = np.array([tokenizer.eos_id], dtype=np.int64)
-    spec = dict(tokenizer=tokenizer.name, vocab_size=tokenizer.vocab_size, eos_id=tokenizer.eos_id, extra=extra)
+    spec = dict(
+        tokenizer=tokenizer.name,
+        vocab_size=tokenizer.vocab_size,
+        eos_id=tokenizer.eos_id,
+        extra=extra,
+    )
     remove_shard_leftovers(out, name, val_fraction)
     with ExitStack() as stack:
         writers = [stack.enter_context(ShardWriter(out, name, **spec))]
@@ -141,52 +187,88 @@ def tokenize_file(corpus: Corpus, file: CorpusFile, name: str, out: Path, tokeni
                 size = 0
         flush()
         for writer in writers:
-            writer.meta.update(skipped_items=stats.skipped, filtered_items=stats.filtered,
-                               skipped_errors=stats.errors, lost_files=stats.lost_files)
+            writer.meta.update(
+                skipped_items=stats.skipped,
+                filtered_items=stats.filtered,
+                skipped_errors=stats.errors,
+                lost_files=stats.lost_files,
+            )
     writers[0].meta["val_docs"] = writers[1].meta["num_docs"] if val_fraction > 0 else 0
     return writers[0].meta
 
 
-def _tokenize_in_worker(corpus: Corpus, file: CorpusFile, name: str, out: Path, on_error: str,
-                        val_fraction: float) -> dict:
+def _tokenize_in_worker(
+    corpus: Corpus, file: CorpusFile, name: str, out: Path, on_error: str, val_fraction: float
+) -> dict:
     """`tokenize_file` with this worker process's tokenizer (built once by `_init_worker`)."""
     assert _worker_tokenizer is not None
     return tokenize_file(corpus, file, name, out, _worker_tokenizer, on_error, val_fraction)
 
 
-def pending_files(corpus: Corpus, names: dict[CorpusFile, str], out: Path, tokenizer: Tokenizer,
-                  val_fraction: float = 0.0) -> list[CorpusFile]:
+def pending_files(
+    corpus: Corpus,
+    names: dict[CorpusFile, str],
+    out: Path,
+    tokenizer: Tokenizer,
+    val_fraction: float = 0.0,
+) -> list[CorpusFile]:
     """Files whose shard (and validation shard) is not complete yet, was split with another --val-fraction, or lost
     data to a bad input file (it may have been fetched again); refuses an --out tokenized with another tokenizer."""
     todo = []
     for file in corpus.files:
         meta = shard_is_complete(out, names[file])
-        if meta is not None and (meta.get("val_fraction", 0.0) != val_fraction
-                                 or (val_fraction > 0 and shard_is_complete(out / VAL_DIR, names[file]) is None)):
+        if meta is not None and (
+            meta.get("val_fraction", 0.0) != val_fraction
+            or (val_fraction > 0 and shard_is_complete(out / VAL_DIR, names[file]) is None)
+        ):
             meta = None
         if meta is not None and meta.get("tokenizer") != tokenizer.name:
-            raise SystemExit(f"{out}/{names[file]} was tokenized with {meta.get('tokenizer')!r}, not "
-                             f"{tokenizer.name!r}. Fix: use a fresh --out directory per tokenizer.")
+            raise SystemExit(
+                f"{out}/{names[file]} was tokenized with {meta.get('tokenizer')!r}, not "
+                f"{tokenizer.name!r}. Fix: use a fresh --out directory per tokenizer."
+            )
         cheap = source_identity(file, hash_content=False)
-        if meta is None or meta.get("lost_files") or any(meta.get(key) != value for key, value in cheap.items()
-                                                          if key != "source"):
+        if (
+            meta is None
+            or meta.get("lost_files")
+            or any(meta.get(key) != value for key, value in cheap.items() if key != "source")
+        ):
             todo.append(file)
     return todo
 
 
-def prepare(corpus: Corpus, out: Path, tokenizer_spec: str = "llama3", workers: int = 1,
-            shard: tuple[int, int] = (0, 1), on_error: str = "raise", progress: bool = True,
-            val_fraction: float = 0.0) -> dict:
+def prepare(
+    corpus: Corpus,
+    out: Path,
+    tokenizer_spec: str = "llama3",
+    workers: int = 1,
+    shard: tuple[int, int] = (0, 1),
+    on_error: str = "raise",
+    progress: bool = True,
+    val_fraction: float = 0.0,
+) -> dict:
     """Tokenize this shard's files of `corpus` into `out` (held-out documents into `out/val`); returns counts for
     the summary line."""
-    names = shard_names(corpus.files)  # from the full file list, so names are independent of --shard
+    names = shard_names(
+        corpus.files
+    )  # from the full file list, so names are independent of --shard
     mine = corpus.shard(*shard)
     tokenizer = get_tokenizer(tokenizer_spec)
     todo = pending_files(mine, names, out, tokenizer, val_fraction)
     out.mkdir(parents=True, exist_ok=True)
-    totals = {"files": len(mine.files), "skipped_complete": len(mine.files) - len(todo), "docs": 0, "tokens": 0,
-              "val_docs": 0, "skipped_items": 0, "lost_files": []}
-    bar = tqdm(total=len(todo), unit="file", desc=f"tokenize {corpus.name} -> {out}", disable=not progress)
+    totals = {
+        "files": len(mine.files),
+        "skipped_complete": len(mine.files) - len(todo),
+        "docs": 0,
+        "tokens": 0,
+        "val_docs": 0,
+        "skipped_items": 0,
+        "lost_files": [],
+    }
+    bar = tqdm(
+        total=len(todo), unit="file", desc=f"tokenize {corpus.name} -> {out}", disable=not progress
+    )
+
     def done(meta: dict) -> None:
         """Add one finished shard's counts to the totals and the progress bar."""
         totals["docs"] += meta["num_docs"]
@@ -196,12 +278,18 @@ def prepare(corpus: Corpus, out: Path, tokenizer_spec: str = "llama3", workers: 
         totals["lost_files"] += meta["lost_files"]
         bar.update(1)
         bar.set_postfix(tokens=f"{totals['tokens']:,}")
+
     if workers <= 1:
         for file in todo:
             done(tokenize_file(mine, file, names[file], out, tokenizer, on_error, val_fraction))
     else:
-        with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(tokenizer_spec,)) as pool:
-            futures = [pool.submit(_tokenize_in_worker, mine, f, names[f], out, on_error, val_fraction) for f in todo]
+        with ProcessPoolExecutor(
+            workers, initializer=_init_worker, initargs=(tokenizer_spec,)
+        ) as pool:
+            futures = [
+                pool.submit(_tokenize_in_worker, mine, f, names[f], out, on_error, val_fraction)
+                for f in todo
+            ]
             for future in as_completed(futures):
                 done(future.result())
     bar.close()
@@ -212,8 +300,10 @@ def skip_report(totals: dict, out: Path) -> list[str]:
     """Lines saying how many bad records were skipped, which files were cut short, and where both are recorded."""
     lines = []
     if totals["skipped_items"]:
-        lines.append(f"skipped {totals['skipped_items']:,} bad records (--on-error skip); recorded per shard as "
-                     f"skipped_items and skipped_errors in {out}/NAME.json")
+        lines.append(
+            f"skipped {totals['skipped_items']:,} bad records (--on-error skip); recorded per shard as "
+            f"skipped_items and skipped_errors in {out}/NAME.json"
+        )
     where = f"lost_files in {out}/NAME.json; a rerun redoes these shards"
     return lines + lost_files_report(totals["lost_files"], where)
 
@@ -229,9 +319,13 @@ def build_parser() -> ArgumentParser:
     add_corpus_arguments(parser, default_corpus="pg-essays", default_workers=1)
     parser.add_argument("--out", type=str, required=True, help="output directory of token shards")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.add_argument("--val-fraction", type=float, default=0.0,
-                        help="hold out this fraction of documents (chosen by a hash of their text) as validation "
-                        "shards in OUT/val, for the trainer's data.val_dir; 0: none")
+    parser.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.0,
+        help="hold out this fraction of documents (chosen by a hash of their text) as validation "
+        "shards in OUT/val, for the trainer's data.val_dir; 0: none",
+    )
     return parser
 
 
@@ -246,14 +340,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         shard = shard_from_args(args) or (0, 1)
         out = Path(args.out)
-        totals = prepare(corpus_from_args(args), out, args.tokenizer, args.workers, shard, args.on_error,
-                         progress=not args.quiet, val_fraction=args.val_fraction)
+        totals = prepare(
+            corpus_from_args(args),
+            out,
+            args.tokenizer,
+            args.workers,
+            shard,
+            args.on_error,
+            progress=not args.quiet,
+            val_fraction=args.val_fraction,
+        )
     except CorpusError as err:
         raise SystemExit(f"error: {err}") from None
-    print(f"{out}: {totals['files']} files in shard {shard[0]}/{shard[1]} "
-          f"({totals['skipped_complete']} already complete); wrote {totals['docs']:,} documents, "
-          f"{totals['tokens']:,} tokens" + (f"; held out {totals['val_docs']:,} documents in {out / VAL_DIR} "
-                                             "(data.val_dir)" if args.val_fraction else ""))
+    print(
+        f"{out}: {totals['files']} files in shard {shard[0]}/{shard[1]} "
+        f"({totals['skipped_complete']} already complete); wrote {totals['docs']:,} documents, "
+        f"{totals['tokens']:,} tokens"
+        + (
+            f"; held out {totals['val_docs']:,} documents in {out / VAL_DIR} (data.val_dir)"
+            if args.val_fraction
+            else ""
+        )
+    )
     for line in skip_report(totals, out):
         print(line)
     return 0

@@ -38,18 +38,26 @@ class DeviceTensor(torch.Tensor):
 
         kwargs = kwargs or {}
         if func in (torch.Tensor.numpy, torch.Tensor.__array__):
-            raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
-                            "to host memory first.")
+            raise TypeError(
+                "can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
+                "to host memory first."
+            )
         copies_in = func in (torch.Tensor.copy_, torch.Tensor.__setitem__)
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         if not copies_in and any(type(t) is torch.Tensor and t.dim() > 0 for t in tensors):
-            raise RuntimeError(f"{getattr(func, '__name__', func)}: Expected all tensors to be on the same device, "
-                               "but found at least two devices, cuda:0 and cpu!")
+            raise RuntimeError(
+                f"{getattr(func, '__name__', func)}: Expected all tensors to be on the same device, "
+                "but found at least two devices, cuda:0 and cpu!"
+            )
         with torch._C.DisableTorchFunctionSubclass():
             result = func(*args, **kwargs)
-        to_host = func is torch.Tensor.cpu or (func is torch.Tensor.to and any(
-            str(a) == "cpu" for a in list(args[1:]) + [kwargs.get("device")]))
-        host_self = copies_in and type(args[0]) is torch.Tensor  # writing into a host tensor leaves it on the host
+        to_host = func is torch.Tensor.cpu or (
+            func is torch.Tensor.to
+            and any(str(a) == "cpu" for a in list(args[1:]) + [kwargs.get("device")])
+        )
+        host_self = (
+            copies_in and type(args[0]) is torch.Tensor
+        )  # writing into a host tensor leaves it on the host
         kind = torch.Tensor if to_host or host_self else DeviceTensor
         return tree_map(lambda t: t.as_subclass(kind) if isinstance(t, torch.Tensor) else t, result)
 
@@ -71,7 +79,9 @@ def device_collectives(monkeypatch):
 
     for name in ("all_reduce", "all_gather", "broadcast"):
         real = getattr(Fabric, name)
-        monkeypatch.setattr(Fabric, name, lambda self, *a, _real=real, **k: _on_device(_real(self, *a, **k)))
+        monkeypatch.setattr(
+            Fabric, name, lambda self, *a, _real=real, **k: _on_device(_real(self, *a, **k))
+        )
     return DeviceTensor
 
 

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from posfreq.train.atomic import AtomicFile, atomic_open, write_bytes_atomic, write_json_atomic, write_text_atomic
+from posfreq.train.atomic import (
+    AtomicFile,
+    atomic_open,
+    write_bytes_atomic,
+    write_json_atomic,
+    write_text_atomic,
+)
 
 
 @pytest.fixture

@@ -7,7 +7,12 @@ import math
 import pytest
 import torch
 
-from posfreq.train.attention import BackendError, available_backends, resolve_backend, varlen_attention
+from posfreq.train.attention import (
+    BackendError,
+    available_backends,
+    resolve_backend,
+    varlen_attention,
+)
 
 
 def naive_attention(q, k, v, lens_q, lens_k, window=None):
@@ -20,10 +25,16 @@ def naive_attention(q, k, v, lens_q, lens_k, window=None):
     for lq, lk in zip(lens_q, lens_k):
         for i in range(lq):
             for h in range(q.shape[1]):
-                keys = [j for j in range(lk) if 0 <= i + lk - lq - j and (window is None or i + lk - lq - j < window)]
+                keys = [
+                    j
+                    for j in range(lk)
+                    if 0 <= i + lk - lq - j and (window is None or i + lk - lq - j < window)
+                ]
                 if not keys:
                     continue
-                scores = torch.stack([q[sq + i, h] @ k[sk + j, h // groups] for j in keys]) / math.sqrt(q.shape[-1])
+                scores = torch.stack(
+                    [q[sq + i, h] @ k[sk + j, h // groups] for j in keys]
+                ) / math.sqrt(q.shape[-1])
                 weights = torch.softmax(scores, 0)
                 out[sq + i, h] = sum(w * v[sk + j, h // groups] for w, j in zip(weights, keys))
                 lse[sq + i, h] = torch.logsumexp(scores, 0)
@@ -58,7 +69,9 @@ def test_lse_window_and_bottom_right_alignment(grad):
     lens_q, lens_k = [3, 1, 5], [6, 4, 5]
     q, k, v = packed(lens_q, 4, 8, 4), packed(lens_k, 2, 8, 5), packed(lens_k, 2, 8, 6)
     with torch.set_grad_enabled(grad):
-        out, lse = varlen_attention(q, k, v, cu(lens_q), cu(lens_k), 5, 6, window=3, return_lse=True, backend="sdpa")
+        out, lse = varlen_attention(
+            q, k, v, cu(lens_q), cu(lens_k), 5, 6, window=3, return_lse=True, backend="sdpa"
+        )
     ref, ref_lse = naive_attention(q, k, v, lens_q, lens_k, window=3)
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse.double(), ref_lse, atol=1e-5, rtol=1e-5)
@@ -122,11 +135,13 @@ def test_gpu_backends_match_sdpa_forward_lse_window_and_backward(backend):
 # What the kernels can run, from the libraries' sources (torch 2.13 varlen.py / aten flash, flash-attn 2.8.3,
 # xformers 0.0.33, flex_attention.py), written out apart from train/attention.py's own table.
 
+
 def kernel_can_run(name, device, dtype, lse, backward):
     half = dtype in (torch.bfloat16, torch.float16)
     return {
         "sdpa": True,
-        "varlen": device == "cuda" and half,  # FlashAttention refuses float32; its backward drops d(lse)
+        "varlen": device == "cuda"
+        and half,  # FlashAttention refuses float32; its backward drops d(lse)
         "flash": device == "cuda" and half,
         "xformers": device == "cuda" and not lse,
         "flex": device == "cuda" or not backward,  # no backward on CPU
@@ -137,7 +152,9 @@ def kernel_can_run(name, device, dtype, lse, backward):
 def test_resolution_never_returns_a_kernel_that_cannot_run_the_call(monkeypatch, present):
     import posfreq.train.attention as attention
 
-    monkeypatch.setattr(attention, "kernel_present", lambda name: name in present or name in ("sdpa", "flex"))
+    monkeypatch.setattr(
+        attention, "kernel_present", lambda name: name in present or name in ("sdpa", "flex")
+    )
     for backend in attention.BACKENDS:
         for device in ("cpu", "cuda"):
             for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -147,19 +164,28 @@ def test_resolution_never_returns_a_kernel_that_cannot_run_the_call(monkeypatch,
                         try:
                             name = resolve_backend(backend, device, dtype, **call)
                         except BackendError as err:
-                            assert backend != "auto", err  # auto always finds one (sdpa runs everything)
-                            assert not (backend in present | {"sdpa", "flex"}
-                                        and kernel_can_run(backend, device, dtype, lse, backward)), err
+                            assert backend != "auto", (
+                                err
+                            )  # auto always finds one (sdpa runs everything)
+                            assert not (
+                                backend in present | {"sdpa", "flex"}
+                                and kernel_can_run(backend, device, dtype, lse, backward)
+                            ), err
                             suggested = str(err).split("Fix: choose '")[1].split("'")[0]
                             assert kernel_can_run(suggested, device, dtype, lse, backward), err
                             continue
-                        assert name in present | {"sdpa", "flex"} and kernel_can_run(name, device, dtype, lse, backward)
+                        assert name in present | {"sdpa", "flex"} and kernel_can_run(
+                            name, device, dtype, lse, backward
+                        )
                         if backend != "auto":
                             assert name == backend
     # auto's preference on a GPU: torch's varlen FlashAttention, then flash-attn, then sdpa
-    assert resolve_backend("auto", "cuda", torch.bfloat16) == ("varlen" if "varlen" in present else
-                                                               "flash" if "flash" in present else "sdpa")
-    assert resolve_backend("auto", "cuda", torch.float32) == "sdpa"  # fp32 on CUDA: never a FlashAttention kernel
+    assert resolve_backend("auto", "cuda", torch.bfloat16) == (
+        "varlen" if "varlen" in present else "flash" if "flash" in present else "sdpa"
+    )
+    assert (
+        resolve_backend("auto", "cuda", torch.float32) == "sdpa"
+    )  # fp32 on CUDA: never a FlashAttention kernel
     assert resolve_backend("auto", "cuda", torch.bfloat16, return_lse=True, backward=True) == "sdpa"
 
 
@@ -186,7 +212,9 @@ def flash_double(q, k, v, cu_q, cu_k, window_size, is_causal, scale):
     groups = q.shape[1] // k.shape[1]
     for s in range(len(cu_q) - 1):
         a, b, c, d = int(cu_q[s]), int(cu_q[s + 1]), int(cu_k[s]), int(cu_k[s + 1])
-        i = torch.arange(b - a)[:, None] + (d - c) - (b - a)  # the key position of each query's diagonal
+        i = (
+            torch.arange(b - a)[:, None] + (d - c) - (b - a)
+        )  # the key position of each query's diagonal
         j = torch.arange(d - c)[None, :]
         ok = ((left < 0) | (j >= i - left)) & ((right < 0) | (j <= i + right))
         kk, vv = (x[c:d].float().repeat_interleave(groups, 1) for x in (k, v))
@@ -202,28 +230,73 @@ def test_varlen_and_flash_adapters_against_flashattention_doubles(monkeypatch, w
     import sys
     import types
 
-    import posfreq.train.attention as attention
     import torch.nn.attention.varlen as torch_varlen
 
-    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
-                    window_size=(-1, -1), enable_gqa=False, seqused_k=None, block_table=None, num_splits=None):
+    import posfreq.train.attention as attention
+
+    def varlen_attn(
+        query,
+        key,
+        value,
+        cu_seq_q,
+        cu_seq_k,
+        max_q,
+        max_k,
+        *,
+        return_aux=None,
+        scale=None,
+        window_size=(-1, -1),
+        enable_gqa=False,
+        seqused_k=None,
+        block_table=None,
+        num_splits=None,
+    ):
         assert enable_gqa or query.shape[1] == key.shape[1]
-        out, lse = flash_double(query, key, value, cu_seq_q, cu_seq_k, window_size, window_size == (-1, 0), scale)
+        out, lse = flash_double(
+            query, key, value, cu_seq_q, cu_seq_k, window_size, window_size == (-1, 0), scale
+        )
         return (out, lse) if return_aux is not None and return_aux.lse else out
 
-    def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
-                               softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                               alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None):
-        out, lse = flash_double(q, k, v, cu_seqlens_q, cu_seqlens_k, window_size, causal, softmax_scale)
+    def flash_attn_varlen_func(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        dropout_p=0.0,
+        softmax_scale=None,
+        causal=False,
+        window_size=(-1, -1),
+        softcap=0.0,
+        alibi_slopes=None,
+        deterministic=False,
+        return_attn_probs=False,
+        block_table=None,
+    ):
+        out, lse = flash_double(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, window_size, causal, softmax_scale
+        )
         return (out, lse, None) if return_attn_probs else out
 
     monkeypatch.setattr(torch_varlen, "varlen_attn", varlen_attn)
-    monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(flash_attn_varlen_func=flash_attn_varlen_func))
+    monkeypatch.setitem(
+        sys.modules,
+        "flash_attn",
+        types.SimpleNamespace(flash_attn_varlen_func=flash_attn_varlen_func),
+    )
     lens_q, lens_k = [3, 1, 6], [6, 4, 6]
     q, k, v = packed(lens_q, 4, 8, 21), packed(lens_k, 2, 8, 22), packed(lens_k, 2, 8, 23)
     ref, ref_lse = naive_attention(q, k, v, lens_q, lens_k, window=window)
     for impl in (attention._varlen, attention._flash):
-        args = (cu(lens_q).long(), cu(lens_k).long(), 6, 6, window)  # int64 cu_seqlens: the adapter converts
+        args = (
+            cu(lens_q).long(),
+            cu(lens_k).long(),
+            6,
+            6,
+            window,
+        )  # int64 cu_seqlens: the adapter converts
         with pytest.raises(RuntimeError, match="fp16 and bf16"):
             impl(q, k, v, *args, False, 8**-0.5)
         out, lse = impl(q.bfloat16(), k.bfloat16(), v.bfloat16(), *args, True, 8**-0.5)
@@ -238,7 +311,10 @@ def test_flex_block_mask_is_the_document_causal_mask_padded_to_a_power_of_two(wi
 
     from posfreq.train.attention import flex_block_mask, flex_padded_length
 
-    lens_q, lens_k = [1, 140, 3, 60], [9, 140, 200, 60]  # crosses block edges; fewer queries than keys
+    lens_q, lens_k = (
+        [1, 140, 3, 60],
+        [9, 140, 200, 60],
+    )  # crosses block edges; fewer queries than keys
     mask = flex_block_mask(cu(lens_q), cu(lens_k), sum(lens_q), sum(lens_k), window)
     assert mask.seq_lengths == (256, 512) == (flex_padded_length(204), flex_padded_length(409))
     dense = mask.to_dense()  # (1, 1, blocks_q, blocks_k): which blocks are computed at all
@@ -267,8 +343,12 @@ def test_flex_mask_is_built_once_per_forward_not_per_layer(monkeypatch):
 
     built = []
     real = attention._document_positions
-    monkeypatch.setattr(attention, "_document_positions", lambda *a, **k: built.append(1) or real(*a, **k))
-    model = Transformer(model_preset("tiny-2l-128", vocab_size=97, n_layers=3), attention_backend="flex").eval()
+    monkeypatch.setattr(
+        attention, "_document_positions", lambda *a, **k: built.append(1) or real(*a, **k)
+    )
+    model = Transformer(
+        model_preset("tiny-2l-128", vocab_size=97, n_layers=3), attention_backend="flex"
+    ).eval()
     ids = torch.randint(0, 97, (40,))
     lens = torch.tensor([0, 15, 40], dtype=torch.int32)
     with torch.no_grad():
@@ -286,7 +366,9 @@ def xformers_double():
 
     class BottomRight:
         def __init__(self, q_seqlen, kv_seqlen, window=None):
-            assert all(k >= q for q, k in zip(q_seqlen, kv_seqlen)), "num_keys >= num_queries per block"
+            assert all(k >= q for q, k in zip(q_seqlen, kv_seqlen)), (
+                "num_keys >= num_queries per block"
+            )
             self.q_seqlen, self.kv_seqlen, self.window = list(q_seqlen), list(kv_seqlen), window
 
         @classmethod
@@ -302,22 +384,33 @@ def xformers_double():
             sq = sk = 0
             for lq, lk in zip(self.q_seqlen, self.kv_seqlen):
                 d = torch.arange(lq)[:, None] + lk - lq - torch.arange(lk)[None, :]
-                mask[sq:sq + lq, sk:sk + lk] = (d >= 0) & ((d < self.window) if self.window else True)
+                mask[sq : sq + lq, sk : sk + lk] = (d >= 0) & (
+                    (d < self.window) if self.window else True
+                )
                 sq, sk = sq + lq, sk + lk
             return mask
 
-    def memory_efficient_attention(query, key, value, attn_bias=None, p=0.0, scale=None, *, op=None,
-                                   output_dtype=None):
-        if query.ndim == 5 and torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+    def memory_efficient_attention(
+        query, key, value, attn_bias=None, p=0.0, scale=None, *, op=None, output_dtype=None
+    ):
+        if (
+            query.ndim == 5
+            and torch.is_grad_enabled()
+            and any(t.requires_grad for t in (query, key, value))
+        ):
             raise NotImplementedError("operator does not support BMGHK format")
         shape = query.shape
-        q, k, v = (x.reshape(x.shape[1], -1, x.shape[-1]) for x in (query, key, value))  # (T, heads, D)
+        q, k, v = (
+            x.reshape(x.shape[1], -1, x.shape[-1]) for x in (query, key, value)
+        )  # (T, heads, D)
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale
         scores = scores.masked_fill(~attn_bias.materialize(), -math.inf)
         return torch.einsum("hqk,khd->qhd", torch.softmax(scores, -1), v).reshape(shape)
 
     attn_bias = types.SimpleNamespace(BlockDiagonalCausalFromBottomRightMask=BottomRight)
-    fmha = types.SimpleNamespace(attn_bias=attn_bias, memory_efficient_attention=memory_efficient_attention)
+    fmha = types.SimpleNamespace(
+        attn_bias=attn_bias, memory_efficient_attention=memory_efficient_attention
+    )
     return types.SimpleNamespace(ops=types.SimpleNamespace(fmha=fmha))
 
 
@@ -331,11 +424,18 @@ def test_xformers_adapter_trains_through_the_autograd_api(monkeypatch, window):
     monkeypatch.setitem(sys.modules, "xformers", fake)
     monkeypatch.setitem(sys.modules, "xformers.ops", fake.ops)
     lens_q, lens_k = [2, 5, 1], [4, 5, 3]
-    q, k, v = (packed(lens, h, 8, s).requires_grad_() for lens, h, s in ((lens_q, 4, 31), (lens_k, 2, 32), (lens_k, 2, 33)))
+    q, k, v = (
+        packed(lens, h, 8, s).requires_grad_()
+        for lens, h, s in ((lens_q, 4, 31), (lens_k, 2, 32), (lens_k, 2, 33))
+    )
     args = (cu(lens_q), cu(lens_k), 5, 5, window, False, 8**-0.5)
     with torch.no_grad():  # inference keeps the grouped 5-D layout
-        torch.testing.assert_close(attention._xformers(q, k, v, *args).double(),
-                                   naive_attention(q, k, v, lens_q, lens_k, window)[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            attention._xformers(q, k, v, *args).double(),
+            naive_attention(q, k, v, lens_q, lens_k, window)[0],
+            atol=1e-5,
+            rtol=1e-5,
+        )
     attention._xformers(q, k, v, *args).pow(2).sum().backward()
     qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
     naive_attention(qd, kd, vd, lens_q, lens_k, window)[0].pow(2).sum().backward()

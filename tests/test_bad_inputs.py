@@ -37,18 +37,28 @@ def places(tmp_path: Path) -> dict[str, str]:
     (bad_ckpt / "tokenizer_spec.json").write_text('{"spec": "bytes"}')
     torn = tmp_path / "torn"
     torn.mkdir()
-    (torn / "model_config.json").write_text('{"vocab_size": 258, "d_model": 64, "n_layers": 1, "n_heads": 2, '
-                                            '"n_kv_heads": 1, "ffn_dim": 64}')
+    (torn / "model_config.json").write_text(
+        '{"vocab_size": 258, "d_model": 64, "n_layers": 1, "n_heads": 2, '
+        '"n_kv_heads": 1, "ffn_dim": 64}'
+    )
     (torn / "tokenizer_spec.json").write_text('{"spec": "bytes"}')
-    (torn / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": 1")
+    (torn / "model.safetensors").write_bytes(b'\x10\x00\x00\x00\x00\x00\x00\x00{"a": 1')
     hf = tmp_path / "hf"
     hf.mkdir()
     (hf / "config.json").write_text("{not json")
     (hf / "tokenizer.json").write_text("{not json")
-    return {"missing": str(tmp_path / "missing"), "empty": str(tmp_path / "empty"),
-            "file": str(tmp_path / "file.txt"), "json": str(tmp_path / "bad.json"), "yaml": str(tmp_path / "bad.yaml"),
-            "badrun": str(tmp_path / "badrun"), "out": str(tmp_path / "out"), "badckpt": str(bad_ckpt),
-            "torn": str(torn), "hf": str(hf)}
+    return {
+        "missing": str(tmp_path / "missing"),
+        "empty": str(tmp_path / "empty"),
+        "file": str(tmp_path / "file.txt"),
+        "json": str(tmp_path / "bad.json"),
+        "yaml": str(tmp_path / "bad.yaml"),
+        "badrun": str(tmp_path / "badrun"),
+        "out": str(tmp_path / "out"),
+        "badckpt": str(bad_ckpt),
+        "torn": str(torn),
+        "hf": str(hf),
+    }
 
 
 CASES = [
@@ -65,8 +75,14 @@ CASES = [
     (["pretrain", "--global-batch-tokens", "-5"], "a negative size"),
     (["pretrain", "--data.train-len", "0"], "a zero size"),
     (["checkpoint", "list", "--run", "{missing}"], "a missing run"),
-    (["checkpoint", "consolidate", "--checkpoint", "{missing}", "--out", "{out}"], "a missing checkpoint"),
-    (["checkpoint", "consolidate", "--checkpoint", "{empty}", "--out", "{out}"], "an empty directory"),
+    (
+        ["checkpoint", "consolidate", "--checkpoint", "{missing}", "--out", "{out}"],
+        "a missing checkpoint",
+    ),
+    (
+        ["checkpoint", "consolidate", "--checkpoint", "{empty}", "--out", "{out}"],
+        "an empty directory",
+    ),
     (["probe", "--checkpoint", "{missing}", "--out", "{out}"], "a missing checkpoint"),
     (["probe", "--checkpoint", "{empty}", "--out", "{out}"], "an empty directory"),
     (["probe", "--model", "hf:{missing}", "--out", "{out}"], "a missing model"),
@@ -82,19 +98,38 @@ CASES = [
     (["probe", "--checkpoint", "{badckpt}", "--out", "{out}"], "a malformed model_config.json"),
     (["export-hf", "--checkpoint", "{torn}", "--out", "{out}"], "a damaged model.safetensors"),
     (["probe", "--checkpoint", "{torn}", "--out", "{out}"], "a damaged model.safetensors"),
-    (["probe", "--model", "hf:{hf}", "--out", "{out}"], "a malformed config.json and tokenizer.json"),
+    (
+        ["probe", "--model", "hf:{hf}", "--out", "{out}"],
+        "a malformed config.json and tokenizer.json",
+    ),
     (["demo", "--threads", "0", "--out", "{out}"], "a zero size"),
 ]
-UNKNOWN_FLAG = [[name, "--no-such-flag"] for name in ("analyze", "prepare", "plan", "pretrain", "probe",
-                                                       "effective-length", "compare", "export-hf", "doctor", "demo")]
+UNKNOWN_FLAG = [
+    [name, "--no-such-flag"]
+    for name in (
+        "analyze",
+        "prepare",
+        "plan",
+        "pretrain",
+        "probe",
+        "effective-length",
+        "compare",
+        "export-hf",
+        "doctor",
+        "demo",
+    )
+]
 
 
 def snapshot(root: Path) -> dict:
     return {str(p): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("argv,what", CASES + [(a, "an unknown flag") for a in UNKNOWN_FLAG],
-                         ids=lambda x: " ".join(x) if isinstance(x, list) else x)
+@pytest.mark.parametrize(
+    "argv,what",
+    CASES + [(a, "an unknown flag") for a in UNKNOWN_FLAG],
+    ids=lambda x: " ".join(x) if isinstance(x, list) else x,
+)
 def test_one_error_line_and_nothing_written(argv, what, places, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     before = snapshot(tmp_path)
@@ -102,7 +137,9 @@ def test_one_error_line_and_nothing_written(argv, what, places, tmp_path, capsys
     lines = [line for line in err.splitlines() if line.strip()]
     assert code != 0, f"{what}: exit 0\n{err}"
     assert "Traceback" not in err, f"{what}:\n{err}"
-    assert lines and lines[0].startswith("error:"), f"{what}: the first line is not the error\n{err}"
+    assert lines and lines[0].startswith("error:"), (
+        f"{what}: the first line is not the error\n{err}"
+    )
     after = {p: b for p, b in snapshot(tmp_path).items() if not p.startswith(places["out"])}
     assert after == before, f"{what}: wrote {sorted(set(after) - set(before))}"
 
@@ -117,4 +154,6 @@ def test_a_full_disk_reaching_the_dispatcher_is_named_as_such(monkeypatch, capsy
 
     monkeypatch.setattr(doctor, "main", no_space)
     code, err = outcome(["doctor"], capsys)
-    assert code == 1 and err.startswith("error: the disk holding /data/run is full (No space left on device). Fix:")
+    assert code == 1 and err.startswith(
+        "error: the disk holding /data/run is full (No space left on device). Fix:"
+    )

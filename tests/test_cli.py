@@ -21,9 +21,24 @@ from posfreq.train.cli import hyphenate, parse
 # Other spellings of the options every command shares (--out, --seed, --workers, --tokenizer, --threads, --run,
 # --config): a command must use the shared name.
 SYNONYMS = {
-    "--out-dir", "--outdir", "--output", "--output-dir", "--random-seed", "--rng-seed", "--num-workers",
-    "--n-workers", "--jobs", "--processes", "--tokenizer-spec", "--num-threads", "--n-threads", "--run-dir",
-    "--rundir", "--config-file", "--cfg", "--yaml",
+    "--out-dir",
+    "--outdir",
+    "--output",
+    "--output-dir",
+    "--random-seed",
+    "--rng-seed",
+    "--num-workers",
+    "--n-workers",
+    "--jobs",
+    "--processes",
+    "--tokenizer-spec",
+    "--num-threads",
+    "--n-threads",
+    "--run-dir",
+    "--rundir",
+    "--config-file",
+    "--cfg",
+    "--yaml",
 }
 
 
@@ -31,14 +46,20 @@ def command_parser_of(name: str) -> ArgumentParser:
     """The parser of subcommand `name`, as `parse` sees it (hyphenated)."""
     module = importlib.import_module(SUBCOMMANDS[name][0])
     assert callable(getattr(module, "main", None)), f"{module.__name__} has no main(argv)"
-    assert callable(getattr(module, "build_parser", None)), f"{module.__name__} has no build_parser()"
+    assert callable(getattr(module, "build_parser", None)), (
+        f"{module.__name__} has no build_parser()"
+    )
     parser = module.build_parser()
-    assert isinstance(parser, ArgumentParser), f"{module.__name__}.build_parser() is not a jsonargparse parser"
+    assert isinstance(parser, ArgumentParser), (
+        f"{module.__name__}.build_parser() is not a jsonargparse parser"
+    )
     hyphenate(parser)
     return parser
 
 
-def parsers(parser: argparse.ArgumentParser, name: str) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+def parsers(
+    parser: argparse.ArgumentParser, name: str
+) -> Iterator[tuple[str, argparse.ArgumentParser]]:
     """`parser` and the parsers of its subcommands, each with the command line that reaches it."""
     yield name, parser
     for action in parser._actions:
@@ -56,8 +77,11 @@ def undocumented(parser: argparse.ArgumentParser) -> list[str]:
     formatter = parser._get_formatter()
     problems = []
     for action in parser._actions:
-        if isinstance(action, (argparse._HelpAction, ActionConfigFile, _ActionConfigLoad)) \
-                or action.dest == "print_config" or isinstance(action.choices, dict):
+        if (
+            isinstance(action, (argparse._HelpAction, ActionConfigFile, _ActionConfigLoad))
+            or action.dest == "print_config"
+            or isinstance(action.choices, dict)
+        ):
             continue  # --help, --config, a section's --SECTION FILE.yaml, --print-config, the subcommands
         name = "/".join(action.option_strings) or action.dest
         if not (action.help or "").strip() or action.help == argparse.SUPPRESS:
@@ -81,11 +105,24 @@ def test_every_option_has_a_description_and_a_default(name):
 def test_shared_options_have_the_shared_names(name):
     for command, parser in parsers(command_parser_of(name), f"posfreq {name}"):
         spelled = {option for action in parser._actions for option in action.option_strings}
-        assert not spelled & SYNONYMS, f"{command}: use the shared names, not {sorted(spelled & SYNONYMS)}"
+        assert not spelled & SYNONYMS, (
+            f"{command}: use the shared names, not {sorted(spelled & SYNONYMS)}"
+        )
 
 
-@pytest.mark.parametrize("argv", [["probe"], ["effective-length"], ["compare"], ["checkpoint", "consolidate"],
-                                  ["checkpoint", "list"], ["demo"], ["plan"]], ids=" ".join)
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["probe"],
+        ["effective-length"],
+        ["compare"],
+        ["checkpoint", "consolidate"],
+        ["checkpoint", "list"],
+        ["demo"],
+        ["plan"],
+    ],
+    ids=" ".join,
+)
 def test_help_exits_cleanly(argv, capsys):
     module = importlib.import_module(SUBCOMMANDS[argv[0]][0])
     with pytest.raises(SystemExit) as exit_info:
@@ -97,7 +134,11 @@ def test_help_exits_cleanly(argv, capsys):
 def test_checkpoint_subcommands_take_the_shared_names():
     parser = command_parser_of("checkpoint")
     args = parse(parser, ["consolidate", "--checkpoint", "c", "--out", "o", "--dtype", "bfloat16"])
-    assert (args.command, str(args.consolidate.checkpoint), str(args.consolidate.out)) == ("consolidate", "c", "o")
+    assert (args.command, str(args.consolidate.checkpoint), str(args.consolidate.out)) == (
+        "consolidate",
+        "c",
+        "o",
+    )
     assert str(parse(command_parser_of("checkpoint"), ["list", "--run", "r"]).list.run) == "r"
 
 
@@ -127,7 +168,9 @@ def test_every_hyphenated_flag_takes_its_underscore_spelling_too(name):
         for action in parser._actions:
             for option in (o for o in action.option_strings if o.startswith("--") and "-" in o[2:]):
                 underscored = "--" + option[2:].replace("-", "_")
-                assert parser._option_string_actions.get(underscored) is action, f"{prog}: {underscored}"
+                assert parser._option_string_actions.get(underscored) is action, (
+                    f"{prog}: {underscored}"
+                )
 
 
 @pytest.mark.parametrize("name", ["compare", "effective-length"])

@@ -15,12 +15,28 @@ def rows_on_lines(shift_decades: float, seeds=(0, 1, 2), noise: float = 0.0) -> 
     for train_len, effs in ((128, (32, 48, 64, 80)), (256, (48, 64, 80, 112))):
         for seed in seeds:
             for k, eff in enumerate(effs):
-                log_f = 2 + eff / 64 + (shift_decades if train_len == 256 else 0) + noise * rng.standard_normal()
-                rows.append({"train_len": train_len, "seed": seed, "variant": "concat", "checkpoint": f"c{k}",
-                             "tokens_seen": 1000 * (k + 1),
-                             "effective_length": eff, "effective_length_lo": eff - 16, "effective_length_hi": eff + 16,
-                             "effective_length_status": "ok", "f_effective_length": 10 ** log_f,
-                             "pass_rate_32": 1.0, "pass_rate_64": 0.5})
+                log_f = (
+                    2
+                    + eff / 64
+                    + (shift_decades if train_len == 256 else 0)
+                    + noise * rng.standard_normal()
+                )
+                rows.append(
+                    {
+                        "train_len": train_len,
+                        "seed": seed,
+                        "variant": "concat",
+                        "checkpoint": f"c{k}",
+                        "tokens_seen": 1000 * (k + 1),
+                        "effective_length": eff,
+                        "effective_length_lo": eff - 16,
+                        "effective_length_hi": eff + 16,
+                        "effective_length_status": "ok",
+                        "f_effective_length": 10**log_f,
+                        "pass_rate_32": 1.0,
+                        "pass_rate_64": 0.5,
+                    }
+                )
     return rows
 
 
@@ -34,12 +50,19 @@ def test_curves_on_one_line_coincide_and_shifted_ones_do_not():
     assert shifted["interval_95"][0] > 0.5
     noisy = compare.curves_coincide(rows_on_lines(0.0, noise=0.3), n_boot=300, seed=0)
     assert noisy["interval_95"][0] < noisy["D_log10_f"] < noisy["interval_95"][1]
-    assert noisy == compare.curves_coincide(rows_on_lines(0.0, noise=0.3), n_boot=300, seed=0)  # deterministic
+    assert noisy == compare.curves_coincide(
+        rows_on_lines(0.0, noise=0.3), n_boot=300, seed=0
+    )  # deterministic
 
 
 def test_curves_without_overlap_are_not_testable():
-    rows = [r for r in rows_on_lines(0.0) if (r["train_len"] == 128) == (r["effective_length"] < 48)
-            or r["train_len"] == 256 and r["effective_length"] > 80]
+    rows = [
+        r
+        for r in rows_on_lines(0.0)
+        if (r["train_len"] == 128) == (r["effective_length"] < 48)
+        or r["train_len"] == 256
+        and r["effective_length"] > 80
+    ]
     verdict = compare.curves_coincide(rows, n_boot=50, seed=0)
     assert verdict["holds"] is None and "overlap" in verdict["reason"]
 
@@ -47,15 +70,27 @@ def test_curves_without_overlap_are_not_testable():
 def test_curves_with_too_few_points_or_seeds_are_not_testable():
     """Two points of one length (one per seed), or the points of fewer than three seeds, are too few to test C2."""
     rows = rows_on_lines(1.0)
-    two_points = [r for r in rows if r["train_len"] == 256 or r["checkpoint"] == "c1" and r["seed"] < 2]
+    two_points = [
+        r for r in rows if r["train_len"] == 256 or r["checkpoint"] == "c1" and r["seed"] < 2
+    ]
     verdict = compare.curves_coincide(two_points, n_boot=50, seed=0)
-    assert verdict["holds"] is None and verdict["n_points"]["128"] == 2 and "fewer than 3" in verdict["reason"]
+    assert (
+        verdict["holds"] is None
+        and verdict["n_points"]["128"] == 2
+        and "fewer than 3" in verdict["reason"]
+    )
     one_seed = [r for r in rows if r["train_len"] == 256 or r["seed"] == 0]
     verdict = compare.curves_coincide(one_seed, n_boot=50, seed=0)
     assert verdict["holds"] is None and verdict["n_seeds"]["128"] == 1
-    two_seeds = compare.curves_coincide([r for r in rows if r["train_len"] == 256 or r["seed"] < 2], n_boot=50, seed=0)
-    assert two_seeds["holds"] is None and two_seeds["n_seeds"]["128"] == 2  # 8 points, but a bootstrap of 2 seeds
-    assert compare.curves_coincide(rows, n_boot=50, seed=0)["holds"] is False  # 12 points from 3 seeds: shifted
+    two_seeds = compare.curves_coincide(
+        [r for r in rows if r["train_len"] == 256 or r["seed"] < 2], n_boot=50, seed=0
+    )
+    assert (
+        two_seeds["holds"] is None and two_seeds["n_seeds"]["128"] == 2
+    )  # 8 points, but a bootstrap of 2 seeds
+    assert (
+        compare.curves_coincide(rows, n_boot=50, seed=0)["holds"] is False
+    )  # 12 points from 3 seeds: shifted
 
 
 def test_longer_training_length_and_shortfall_and_emergence():
@@ -63,7 +98,9 @@ def test_longer_training_length_and_shortfall_and_emergence():
     further = compare.longer_reaches_further(rows, n_boot=200, seed=0)
     assert further["differences"] == [112 - 80] * 3 and further["holds"] is True
     short = compare.shortfall(rows)
-    assert short["holds"] is True and {x["effective_length"] for x in short["last_checkpoints"]} == {80, 112}
+    assert short["holds"] is True and {
+        x["effective_length"] for x in short["last_checkpoints"]
+    } == {80, 112}
     rows[3]["effective_length_hi"] = 128  # L = 128 seed 0, last checkpoint: its interval reaches L
     assert compare.shortfall(rows)["holds"] is False
     for r in rows:
@@ -77,8 +114,11 @@ def test_figures_are_drawn(tmp_path):
     from posfreq.analysis import plots
 
     rows = rows_on_lines(0.3, noise=0.1)
-    for draw, stem in ((plots.plot_fig2a_seed_bands, "a"), (plots.plot_fig2b_seeds, "b"),
-                       (plots.plot_pass_rate_curves, "c")):
+    for draw, stem in (
+        (plots.plot_fig2a_seed_bands, "a"),
+        (plots.plot_fig2b_seeds, "b"),
+        (plots.plot_pass_rate_curves, "c"),
+    ):
         paths = draw(rows, tmp_path / stem)
         assert all(p.is_file() and p.stat().st_size > 1000 for p in paths)
 
@@ -90,15 +130,30 @@ def test_variant_effect_at_equal_tokens_and_against_f():
     for seed, lead in ((0, 16), (1, 32), (2, 48)):
         for k, eff in enumerate((64, 96, 128, 160)):
             for variant, el in (("concat", eff), ("best_fit", eff + lead)):
-                rows.append({"train_len": 256, "seed": seed, "variant": variant, "checkpoint": f"c{k}",
-                             "tokens_seen": 1000 * (k + 1), "effective_length": el, "effective_length_lo": el - 8,
-                             "effective_length_hi": el + 8, "effective_length_status": "ok",
-                             "f_effective_length": 10 ** (2 + el / 64)})
+                rows.append(
+                    {
+                        "train_len": 256,
+                        "seed": seed,
+                        "variant": variant,
+                        "checkpoint": f"c{k}",
+                        "tokens_seen": 1000 * (k + 1),
+                        "effective_length": el,
+                        "effective_length_lo": el - 8,
+                        "effective_length_hi": el + 8,
+                        "effective_length_status": "ok",
+                        "f_effective_length": 10 ** (2 + el / 64),
+                    }
+                )
     effect = compare.variant_effect(rows, "concat", "best_fit", n_boot=500, seed=0)
-    assert effect["mean_difference_per_seed"] == [16.0, 32.0, 48.0] and effect["mean_difference"] == 32.0
+    assert (
+        effect["mean_difference_per_seed"] == [16.0, 32.0, 48.0]
+        and effect["mean_difference"] == 32.0
+    )
     assert 16 <= effect["interval_95"][0] < 32 < effect["interval_95"][1] <= 48
     assert effect["holds"] is True and effect["last_milestone_differences"] == [16, 32, 48]
-    same_f = compare.curves_coincide(rows, n_boot=300, seed=0, group="variant", groups=("concat", "best_fit"))
+    same_f = compare.curves_coincide(
+        rows, n_boot=300, seed=0, group="variant", groups=("concat", "best_fit")
+    )
     assert same_f["holds"] is True and same_f["D_log10_f"] == pytest.approx(0.0, abs=1e-9)
     none = compare.variant_effect(rows, "concat", "padded", n_boot=10, seed=0)
     assert none["holds"] is None
@@ -112,20 +167,53 @@ def test_variants_are_compared_within_each_training_length_and_labelled_apart():
         for seed in (0, 1):
             for k in range(3):
                 for variant, el in (("concat", 100 + 10 * k), ("best_fit", 100 + 10 * k + lead)):
-                    rows.append({"train_len": train_len, "seed": seed, "variant": variant, "tokens_seen": 1000 * (k + 1),
-                                 "effective_length": el, "effective_length_status": "ok", "f_effective_length": 1e6})
-    rows.append({"train_len": 512, "seed": 2, "variant": "best_fit", "tokens_seen": 999, "effective_length": 5,
-                 "effective_length_status": "ok", "f_effective_length": 1e6})  # seed 2 has no concat run
-    found = {c["train_len"]: c["equal_tokens"] for c in compare.variant_comparisons(rows, "concat", 200, 0)}
+                    rows.append(
+                        {
+                            "train_len": train_len,
+                            "seed": seed,
+                            "variant": variant,
+                            "tokens_seen": 1000 * (k + 1),
+                            "effective_length": el,
+                            "effective_length_status": "ok",
+                            "f_effective_length": 1e6,
+                        }
+                    )
+    rows.append(
+        {
+            "train_len": 512,
+            "seed": 2,
+            "variant": "best_fit",
+            "tokens_seen": 999,
+            "effective_length": 5,
+            "effective_length_status": "ok",
+            "f_effective_length": 1e6,
+        }
+    )  # seed 2 has no concat run
+    found = {
+        c["train_len"]: c["equal_tokens"]
+        for c in compare.variant_comparisons(rows, "concat", 200, 0)
+    }
     assert found[256]["mean_difference"] == 0.0 and found[512]["mean_difference"] == 100.0
     assert found[512]["seeds"] == [0, 1]
     with pytest.raises(ValueError, match="one training length"):
         compare.variant_effect(rows, "concat", "best_fit", 10, 0)
-    labels = {compare.data_variant({"data": d}) for d in (
-        {"packing": "concat"}, {"packing": "concat", "attention": "row"},
-        {"packing": "concat", "length_upsample": {"256-": 2.0}}, {"packing": "concat", "length_upsample": {"256-": 3}},
-        {"packing": "best_fit"})}
-    assert labels == {"concat", "concat/row", "concat+upsample{256-: 2}", "concat+upsample{256-: 3}", "best_fit"}
+    labels = {
+        compare.data_variant({"data": d})
+        for d in (
+            {"packing": "concat"},
+            {"packing": "concat", "attention": "row"},
+            {"packing": "concat", "length_upsample": {"256-": 2.0}},
+            {"packing": "concat", "length_upsample": {"256-": 3}},
+            {"packing": "best_fit"},
+        )
+    }
+    assert labels == {
+        "concat",
+        "concat/row",
+        "concat+upsample{256-: 2}",
+        "concat+upsample{256-: 3}",
+        "best_fit",
+    }
 
 
 def probed_run(run, seed: int, recorded_run: str, status: str = "ok"):
@@ -136,27 +224,46 @@ def probed_run(run, seed: int, recorded_run: str, status: str = "ok"):
 
     for k in (1, 2):
         (run / "checkpoints" / f"tokens-{k}").mkdir(parents=True)
-        (run / "checkpoints" / f"tokens-{k}" / "config.json").write_text(json.dumps({"seed": seed, "data": {}}))
+        (run / "checkpoints" / f"tokens-{k}" / "config.json").write_text(
+            json.dumps({"seed": seed, "data": {}})
+        )
     (run / "probe").mkdir()
     (run / "probe" / "probe.json").write_text(json.dumps({"run": recorded_run}))
-    rows = [{"checkpoint": f"tokens-{k}", "train_len": 128, "tokens_seen": 1000 * k,
-             "effective_length": 0 if status != "ok" else 32 * k, "effective_length_lo": "",
-             "effective_length_hi": "" if status != "ok" else 32 * k + 16,
-             "effective_length_status": status, "f_effective_length": ""} for k in (1, 2)]
+    rows = [
+        {
+            "checkpoint": f"tokens-{k}",
+            "train_len": 128,
+            "tokens_seen": 1000 * k,
+            "effective_length": 0 if status != "ok" else 32 * k,
+            "effective_length_lo": "",
+            "effective_length_hi": "" if status != "ok" else 32 * k + 16,
+            "effective_length_status": status,
+            "f_effective_length": "",
+        }
+        for k in (1, 2)
+    ]
     write_csv(run / "probe" / "effective_length.csv", rows, list(rows[0]))
     return run / "probe"
 
 
 def test_a_moved_or_relative_run_keeps_its_seed_and_a_lost_one_is_an_error(tmp_path, capsys):
-    moved = [probed_run(tmp_path / f"s{s}", s, recorded_run=f"runs/elsewhere/s{s}") for s in (0, 1, 2)]
+    moved = [
+        probed_run(tmp_path / f"s{s}", s, recorded_run=f"runs/elsewhere/s{s}") for s in (0, 1, 2)
+    ]
     rows = compare.load_checkpoints(moved)
-    assert sorted({r["seed"] for r in rows}) == [0, 1, 2]  # read from the run holding the probe directory
+    assert sorted({r["seed"] for r in rows}) == [
+        0,
+        1,
+        2,
+    ]  # read from the run holding the probe directory
     lost = tmp_path / "copies" / "probe"
     lost.parent.mkdir()
     import shutil
 
     shutil.copytree(moved[0], lost)
-    with pytest.raises(compare.CompareError, match="training seed cannot be read .*runs/elsewhere/s0"):
+    with pytest.raises(
+        compare.CompareError, match="training seed cannot be read .*runs/elsewhere/s0"
+    ):
         compare.load_checkpoints([lost])
     with pytest.raises(SystemExit, match="error: .*training seed cannot be read"):
         compare.main([str(lost), "--out", str(tmp_path / "out"), "--no-figures"])
@@ -180,7 +287,9 @@ def test_compare_writes_only_into_its_own_directory(tmp_path):
     (mine / "conclusion.json").write_text("my own notes")
     with pytest.raises(SystemExit, match="holds files `posfreq compare` did not write"):
         compare.main([*map(str, dirs), "--out", str(mine), "--no-figures"])
-    assert [p.name for p in mine.iterdir()] == ["conclusion.json"] and (mine / "conclusion.json").read_text() == "my own notes"
+    assert [p.name for p in mine.iterdir()] == ["conclusion.json"] and (
+        mine / "conclusion.json"
+    ).read_text() == "my own notes"
     older = tmp_path / "older"  # what an older posfreq's compare left: adopted, then replaced
     (older / "figures").mkdir(parents=True)
     (older / "checkpoints.csv").write_text("old\n")

@@ -31,8 +31,13 @@ def make_slimpajama(root, split="train", chunks=(1, 2, 10), files_per_chunk=2):
     written = []
     for chunk in chunks:
         for n in (0, 1, 10)[:files_per_chunk]:
-            recs = [record(f"{split} chunk {chunk} file {n} doc {k}", ("RedPajamaC4", "RedPajamaGithub")[k % 2])
-                    for k in range(3)]
+            recs = [
+                record(
+                    f"{split} chunk {chunk} file {n} doc {k}",
+                    ("RedPajamaC4", "RedPajamaGithub")[k % 2],
+                )
+                for k in range(3)
+            ]
             write_jsonl(root / split / f"chunk{chunk}" / f"example_{split}_{n}.jsonl.zst", recs)
             written.extend(recs)
     return written
@@ -119,7 +124,7 @@ def test_missing_text_field_names_file_and_line(tmp_path):
 def test_corrupt_zst_names_file_and_line(tmp_path):
     lines = b"".join(json.dumps({"text": "x" * 50 + str(k)}).encode() + b"\n" for k in range(2000))
     frame = bytearray(zstandard.ZstdCompressor().compress(lines))
-    frame[len(frame) // 2: len(frame) // 2 + 64] = b"\xff" * 64
+    frame[len(frame) // 2 : len(frame) // 2 + 64] = b"\xff" * 64
     path = tmp_path / "example_train_0.jsonl.zst"
     path.write_bytes(bytes(frame))
     with pytest.raises(CorpusError, match=r"example_train_0\.jsonl\.zst:line \d+: corrupt zstd"):
@@ -176,7 +181,10 @@ def histogram_counts(histogram) -> dict:
     """{source: sorted lengths} of a LengthHistogram, comparable with `length_counts`."""
     import numpy as np
 
-    return {s: np.repeat(np.arange(histogram.counts(s).size), histogram.counts(s)).tolist() for s in histogram.sources}
+    return {
+        s: np.repeat(np.arange(histogram.counts(s).size), histogram.counts(s)).tolist()
+        for s in histogram.sources
+    }
 
 
 def test_stream_histogram_equals_local_copy_and_one_by_one(tmp_path, monkeypatch):
@@ -188,10 +196,16 @@ def test_stream_histogram_equals_local_copy_and_one_by_one(tmp_path, monkeypatch
     written = make_slimpajama(tmp_path / "sp")
     make_slimpajama(tmp_path / "sp", split="validation", chunks=(1,), files_per_chunk=1)
     local = resolve_corpus("slimpajama", data_dir=tmp_path / "sp")
-    stream = resolve_corpus("slimpajama", data_dir=tmp_path / "missing", hf_dataset=str(tmp_path / "sp"))
-    assert len(stream.files) == len(local.files) == 6 and all(isinstance(f, StreamShard) for f in stream.files)
+    stream = resolve_corpus(
+        "slimpajama", data_dir=tmp_path / "missing", hf_dataset=str(tmp_path / "sp")
+    )
+    assert len(stream.files) == len(local.files) == 6 and all(
+        isinstance(f, StreamShard) for f in stream.files
+    )
     docs = list(stream.documents())
-    assert sorted(docs, key=str) == sorted(local.documents(), key=str)  # train split only, every document
+    assert sorted(docs, key=str) == sorted(
+        local.documents(), key=str
+    )  # train split only, every document
     assert len(docs) == len(written)
 
     settings = hg.CountSettings(tokenizer="bytes", default_source=stream.default_source)
@@ -201,17 +215,24 @@ def test_stream_histogram_equals_local_copy_and_one_by_one(tmp_path, monkeypatch
     assert histogram_counts(from_stream) == histogram_counts(from_local) == expected
     assert stats.documents == len(written)
 
-    kept = resolve_corpus("slimpajama", data_dir=tmp_path / "missing", hf_dataset=str(tmp_path / "sp"),
-                          sources=["-github"])
+    kept = resolve_corpus(
+        "slimpajama",
+        data_dir=tmp_path / "missing",
+        hf_dataset=str(tmp_path / "sp"),
+        sources=["-github"],
+    )
     settings = hg.CountSettings(tokenizer="bytes", sources=kept.sources)
     serial, stats = hg.count_lengths(kept.files, settings, workers=1, progress=False)
-    assert histogram_counts(serial) == length_counts([d for d in docs if d.source != "RedPajamaGithub"],
-                                                     get_tokenizer("bytes"))
+    assert histogram_counts(serial) == length_counts(
+        [d for d in docs if d.source != "RedPajamaGithub"], get_tokenizer("bytes")
+    )
     assert stats.filtered == sum(d.source == "RedPajamaGithub" for d in docs)
     parallel, _ = hg.count_lengths(kept.files, settings, workers=2, progress=False)
     merged = hg.LengthHistogram()
     for i in range(4):
-        merged.merge(hg.count_lengths(kept.shard(i, 4).files, settings, workers=1, progress=False)[0])
+        merged.merge(
+            hg.count_lengths(kept.shard(i, 4).files, settings, workers=1, progress=False)[0]
+        )
     assert histogram_counts(parallel) == histogram_counts(merged) == histogram_counts(serial)
 
 
@@ -223,12 +244,18 @@ def test_stream_cache_key_follows_dataset_split_and_content(tmp_path):
     settings = hg.CountSettings(tokenizer="bytes")
 
     def key(split="train"):
-        return hg.cache_key(resolve_corpus("slimpajama", data_dir=tmp_path / "no", split=split,
-                                           hf_dataset=str(tmp_path / "sp")), settings)
+        return hg.cache_key(
+            resolve_corpus(
+                "slimpajama", data_dir=tmp_path / "no", split=split, hf_dataset=str(tmp_path / "sp")
+            ),
+            settings,
+        )
 
     first = key()
     assert key() == first and key("validation") != first
-    write_jsonl(tmp_path / "sp" / "train" / "chunk1" / "example_train_0.jsonl.zst", [record("changed")])
+    write_jsonl(
+        tmp_path / "sp" / "train" / "chunk1" / "example_train_0.jsonl.zst", [record("changed")]
+    )
     assert key() != first
 
 
@@ -247,7 +274,9 @@ def test_stream_env_var_and_prepare_data(tmp_path, monkeypatch):
     assert [s.name for s in data.shards] == ["train__shard_0_of_2", "train__shard_1_of_2"]
     texts = sorted(bytes(data.document(i)[:-1].tolist()).decode() for i in range(data.num_docs))
     assert texts == sorted(r["text"] for r in written)
-    assert prep.prepare(corpus, tmp_path / "tokens", "bytes", progress=False)["skipped_complete"] == 2
+    assert (
+        prep.prepare(corpus, tmp_path / "tokens", "bytes", progress=False)["skipped_complete"] == 2
+    )
 
 
 def test_stream_not_tried_unless_asked_and_errors_list_every_place(tmp_path, monkeypatch):
@@ -268,7 +297,10 @@ def test_stream_not_tried_unless_asked_and_errors_list_every_place(tmp_path, mon
     with pytest.raises(CorpusError) as err:
         resolve_corpus("slimpajama")
     message = str(err.value)
-    assert "$SLIMPAJAMA_DIR: unset" in message and str(tmp_path / "cache" / "SlimPajama-627B" / "train") in message
+    assert (
+        "$SLIMPAJAMA_DIR: unset" in message
+        and str(tmp_path / "cache" / "SlimPajama-627B" / "train") in message
+    )
     assert "($SLIMPAJAMA_HF)" in message and "FileNotFoundError" in message
 
 
@@ -283,32 +315,68 @@ def test_cli_hub_dataset_offline_fails_fast_with_where_it_looked(tmp_path):
     env.update(HF_HUB_OFFLINE="1", POSFREQ_CACHE=str(tmp_path / "cache"))
     start = time.perf_counter()
     result = subprocess.run(
-        [sys.executable, "analysis/position_freq.py", "--corpus", "slimpajama", "--hf-dataset", "no-such-org/fake",
-         "--out", str(tmp_path / "out"), "--quiet"],
-        cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "analysis/position_freq.py",
+            "--corpus",
+            "slimpajama",
+            "--hf-dataset",
+            "no-such-org/fake",
+            "--out",
+            str(tmp_path / "out"),
+            "--quiet",
+        ],
+        cwd=Path(__file__).resolve().parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode != 0 and time.perf_counter() - start < 60
-    assert "dataset 'no-such-org/fake', split 'train', streamed with `datasets` (--hf-dataset)" in result.stderr
-    assert "Offline" in result.stderr and str(tmp_path / "cache" / "SlimPajama-627B" / "train") in result.stderr
+    assert (
+        "dataset 'no-such-org/fake', split 'train', streamed with `datasets` (--hf-dataset)"
+        in result.stderr
+    )
+    assert (
+        "Offline" in result.stderr
+        and str(tmp_path / "cache" / "SlimPajama-627B" / "train") in result.stderr
+    )
     assert "--corpus pg-essays" in result.stderr
 
 
 def test_source_options_are_comma_or_yaml_lists_with_one_way_to_exclude(tmp_path):
     from posfreq.train.cli import command_parser, parse
-    from posfreq.train.corpus_cli import add_corpus_arguments, corpus_from_args, shard_from_args, source_names
+    from posfreq.train.corpus_cli import (
+        add_corpus_arguments,
+        corpus_from_args,
+        shard_from_args,
+        source_names,
+    )
 
     assert source_names("arxiv, book,") == source_names(["arxiv", "book"]) == ["arxiv", "book"]
     assert source_names(None) == source_names("") == source_names([]) == []
-    with pytest.raises(CorpusError, match="Fix: list sources to drop with --exclude-sources github"):
+    with pytest.raises(
+        CorpusError, match="Fix: list sources to drop with --exclude-sources github"
+    ):
         source_names(["-github"])
     written = make_slimpajama(tmp_path)
     parser = command_parser("test", "corpus options", config_file=True)
     add_corpus_arguments(parser, default_corpus="slimpajama", default_workers=1)
     base = ["--data-dir", str(tmp_path)]
-    for flags in (["--exclude-sources", "github"], ["--sources", "[c4]"], ["--sources", "C4,RedPajamaC4"]):
+    for flags in (
+        ["--exclude-sources", "github"],
+        ["--sources", "[c4]"],
+        ["--sources", "C4,RedPajamaC4"],
+    ):
         docs = list(corpus_from_args(parse(parser, base + flags)).documents())
-        assert docs == [Document(r["text"], "RedPajamaC4") for r in written if r["meta"]["redpajama_set_name"] != "RedPajamaGithub"]
-    assert shard_from_args(parse(parser, base)) is None and shard_from_args(parse(parser, ["--shard", "2/3"])) == (2, 3)
+        assert docs == [
+            Document(r["text"], "RedPajamaC4")
+            for r in written
+            if r["meta"]["redpajama_set_name"] != "RedPajamaGithub"
+        ]
+    assert shard_from_args(parse(parser, base)) is None and shard_from_args(
+        parse(parser, ["--shard", "2/3"])
+    ) == (2, 3)
     with pytest.raises(CorpusError, match="need 0 <= i < n"):
         shard_from_args(parse(parser, ["--shard", "3/3"]))
 
@@ -318,16 +386,25 @@ def test_prepare_cli_takes_the_shared_corpus_options(tmp_path, capsys):
 
     written = make_slimpajama(tmp_path / "sp")
     config = tmp_path / "prepare.yaml"
-    config.write_text(f"corpus: slimpajama\ndata_dir: {tmp_path / 'sp'}\ntokenizer: bytes\nexclude_sources: [github]\n")
+    config.write_text(
+        f"corpus: slimpajama\ndata_dir: {tmp_path / 'sp'}\ntokenizer: bytes\nexclude_sources: [github]\n"
+    )
     out = tmp_path / "tokens"
     for shard in ("0/2", "1/2"):
-        assert prepare_data.main(["--config", str(config), "--shard", shard, "--out", str(out), "--quiet"]) == 0
+        assert (
+            prepare_data.main(
+                ["--config", str(config), "--shard", shard, "--out", str(out), "--quiet"]
+            )
+            == 0
+        )
     assert "3 files in shard 1/2" in capsys.readouterr().out
     kept = [r["text"] for r in written if r["meta"]["redpajama_set_name"] == "RedPajamaC4"]
     metas = [json.loads(p.read_text()) for p in out.glob("*.json")]
     assert len(metas) == 6 and {m["sources"][0] for m in metas} == {"-github"}
     assert sum(m["num_docs"] for m in metas) == len(kept)
-    assert sum(m["num_tokens"] for m in metas) == sum(len(text.encode()) + 1 for text in kept)  # bytes + EOS
+    assert sum(m["num_tokens"] for m in metas) == sum(
+        len(text.encode()) + 1 for text in kept
+    )  # bytes + EOS
 
 
 def test_prepare_val_fraction_holds_out_documents_by_content(tmp_path) -> None:
@@ -342,42 +419,81 @@ def test_prepare_val_fraction_holds_out_documents_by_content(tmp_path) -> None:
         root = tmp_path / layout
         root.mkdir()
         for k, chunk in enumerate(chunks):
-            (root / f"part{k}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in chunk))
+            (root / f"part{k}.jsonl").write_text(
+                "".join(json.dumps({"text": t}) + "\n" for t in chunk)
+            )
     tok = get_tokenizer("bytes")
     split = {}
     for layout, workers in (("one", 1), ("four", 2)):
         out = tmp_path / f"tokens-{layout}"
-        totals = prep.prepare(resolve_corpus(tmp_path / layout), out, "bytes", workers=workers, progress=False,
-                              val_fraction=0.25)
-        train, val = TokenDataset(out, tokenizer="bytes"), TokenDataset(out / "val", tokenizer="bytes")
+        totals = prep.prepare(
+            resolve_corpus(tmp_path / layout),
+            out,
+            "bytes",
+            workers=workers,
+            progress=False,
+            val_fraction=0.25,
+        )
+        train, val = (
+            TokenDataset(out, tokenizer="bytes"),
+            TokenDataset(out / "val", tokenizer="bytes"),
+        )
         decode = lambda ds: {tok.decode(ds.document(i)[:-1].tolist()) for i in range(ds.num_docs)}  # noqa: E731
         train_texts, val_texts = decode(train), decode(val)
         assert train_texts.isdisjoint(val_texts) and train_texts | val_texts == set(texts)
         assert totals["val_docs"] == len(val_texts) and totals["docs"] == len(train_texts)
-        expected = {t for t in texts if int.from_bytes(hashlib.sha256(t.encode()).digest()[:8], "big") < 2**62}
+        expected = {
+            t
+            for t in texts
+            if int.from_bytes(hashlib.sha256(t.encode()).digest()[:8], "big") < 2**62
+        }
         assert val_texts == expected  # by content: an independent recomputation of the rule
         split[layout] = val_texts
     assert split["one"] == split["four"] and 60 <= len(split["one"]) <= 140  # 25% of 400, loosely
-    again = prep.prepare(resolve_corpus(tmp_path / "one"), tmp_path / "tokens-one", "bytes", progress=False,
-                         val_fraction=0.1)
+    again = prep.prepare(
+        resolve_corpus(tmp_path / "one"),
+        tmp_path / "tokens-one",
+        "bytes",
+        progress=False,
+        val_fraction=0.1,
+    )
     assert again["skipped_complete"] == 0 and again["val_docs"] < len(split["one"])
     # Back to no held-out documents: every document trains, and no stale validation shard still holds some of them.
-    (tmp_path / "tokens-one" / ".part0.tokens.bin.0123abcd.tmp").write_bytes(b"torn")  # an interrupted write
-    none = prep.prepare(resolve_corpus(tmp_path / "one"), tmp_path / "tokens-one", "bytes", progress=False)
+    (tmp_path / "tokens-one" / ".part0.tokens.bin.0123abcd.tmp").write_bytes(
+        b"torn"
+    )  # an interrupted write
+    none = prep.prepare(
+        resolve_corpus(tmp_path / "one"), tmp_path / "tokens-one", "bytes", progress=False
+    )
     assert none["docs"] == len(texts) and none["val_docs"] == 0
     assert not list((tmp_path / "tokens-one" / "val").iterdir())
     assert not list((tmp_path / "tokens-one").glob(".*.tmp"))
 
 
-@pytest.mark.parametrize("fraction, message", [("-0.1", "--val-fraction must be in [0, 1)"),
-                                               ("1", "--val-fraction must be in [0, 1)"),
-                                               ("nan", 'Parser key "val_fraction"')])
+@pytest.mark.parametrize(
+    "fraction, message",
+    [
+        ("-0.1", "--val-fraction must be in [0, 1)"),
+        ("1", "--val-fraction must be in [0, 1)"),
+        ("nan", 'Parser key "val_fraction"'),
+    ],
+)
 def test_prepare_refuses_a_val_fraction_outside_0_1(tmp_path, fraction, message, capsys):
     from posfreq.scripts import prepare_data as prep
 
     (tmp_path / "c.jsonl").write_text('{"text": "a"}\n')
     with pytest.raises(SystemExit) as refused:
-        prep.main(["--corpus", str(tmp_path / "c.jsonl"), "--tokenizer", "bytes", "--out", str(tmp_path / "t"),
-                   "--val-fraction", fraction])
+        prep.main(
+            [
+                "--corpus",
+                str(tmp_path / "c.jsonl"),
+                "--tokenizer",
+                "bytes",
+                "--out",
+                str(tmp_path / "t"),
+                "--val-fraction",
+                fraction,
+            ]
+        )
     assert refused.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "t").exists()

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from posfreq.scripts import prepare_data
 from posfreq.analysis import position_freq as pf
+from posfreq.scripts import prepare_data
 from posfreq.train.corpora import CorpusError, ReadStats, iter_documents, write_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,7 +40,7 @@ def truncated(path: Path) -> Path:
 def corrupt(path: Path) -> Path:
     """A .jsonl.zst with 64 garbage bytes in the middle of its frame."""
     data = bytearray(zstandard.ZstdCompressor().compress(jsonl_bytes(RECORDS)))
-    data[len(data) // 2: len(data) // 2 + 64] = b"\xff" * 64
+    data[len(data) // 2 : len(data) // 2 + 64] = b"\xff" * 64
     return zst(path, bytes(data))
 
 
@@ -50,18 +50,26 @@ def empty(path: Path) -> Path:
 
 
 def not_utf8(path: Path) -> Path:
-    path.write_bytes(jsonl_bytes(RECORDS[:5]) + b'{"text": "caf\xe9"}\n' + jsonl_bytes(RECORDS[5:10]))
+    path.write_bytes(
+        jsonl_bytes(RECORDS[:5]) + b'{"text": "caf\xe9"}\n' + jsonl_bytes(RECORDS[5:10])
+    )
     return path
 
 
 def missing_text(path: Path) -> Path:
-    path.write_bytes(jsonl_bytes(RECORDS[:5]) + b'{"content": "no text field"}\n' + jsonl_bytes(RECORDS[5:10]))
+    path.write_bytes(
+        jsonl_bytes(RECORDS[:5]) + b'{"content": "no text field"}\n' + jsonl_bytes(RECORDS[5:10])
+    )
     return path
 
 
 # (make the file, what the error says after "FILE:WHERE: ", whether the rest of the file is lost)
 FAULTS = {
-    "truncated-zst": (truncated, r"line \d+: truncated zstd file: it ends at byte \d+, inside the frame", True),
+    "truncated-zst": (
+        truncated,
+        r"line \d+: truncated zstd file: it ends at byte \d+, inside the frame",
+        True,
+    ),
     "corrupt-zst": (corrupt, r"line \d+: corrupt zstd data in compressed bytes \d+\.\.\d+", True),
     "empty-file": (empty, r"byte 0: empty file \(0 bytes\)", True),
     "non-utf8": (not_utf8, r"line 6: not UTF-8 text", False),
@@ -94,21 +102,30 @@ def test_truncation_is_never_reported_as_malformed_json(tmp_path):
     for cut in (1, 2, 5, len(data) // 3, len(data) - 20):  # a 1-byte cut loses only the frame's end
         path = tmp_path / f"cut{cut}.jsonl.zst"
         path.write_bytes(data[:-cut])
-        with pytest.raises(CorpusError, match=rf"{path.name}:line \d+: truncated zstd file: it ends at byte "
-                                              rf"{len(data) - cut},"):
+        with pytest.raises(
+            CorpusError,
+            match=rf"{path.name}:line \d+: truncated zstd file: it ends at byte "
+            rf"{len(data) - cut},",
+        ):
             list(iter_documents(path))
     plain = tmp_path / "cut.jsonl"
     plain.write_bytes(jsonl_bytes(RECORDS)[:-7])
-    with pytest.raises(CorpusError, match=rf"cut\.jsonl:line {len(RECORDS)}: truncated file: its last line is cut"):
+    with pytest.raises(
+        CorpusError, match=rf"cut\.jsonl:line {len(RECORDS)}: truncated file: its last line is cut"
+    ):
         list(iter_documents(plain))
 
 
 def test_every_frame_of_a_multi_frame_zst_is_read(tmp_path):
     compress = zstandard.ZstdCompressor().compress
     path = tmp_path / "frames.jsonl.zst"
-    path.write_bytes(b"".join(compress(jsonl_bytes(RECORDS[k: k + 700])) for k in range(0, len(RECORDS), 700)))
+    path.write_bytes(
+        b"".join(compress(jsonl_bytes(RECORDS[k : k + 700])) for k in range(0, len(RECORDS), 700))
+    )
     assert [d.text for d in iter_documents(path)] == [r["text"] for r in RECORDS]
-    path.write_bytes(path.read_bytes()[:-4])  # the last frame cut: the earlier frames' documents, then an error
+    path.write_bytes(
+        path.read_bytes()[:-4]
+    )  # the last frame cut: the earlier frames' documents, then an error
     stats = ReadStats()
     assert len(list(iter_documents(path, on_error="skip", stats=stats))) >= 2100
     assert len(stats.lost_files) == 1 and "truncated zstd file" in stats.lost_files[0]
@@ -118,8 +135,23 @@ def test_every_frame_of_a_multi_frame_zst_is_read(tmp_path):
 
 
 def position_freq(root: Path, out: Path, *extra: str) -> int:
-    return pf.main(["--corpus", str(root), "--tokenizer", "bytes", "--workers", "1", "--quiet", "--no-figures",
-                    "--train-len", "64", "--out", str(out), *extra])
+    return pf.main(
+        [
+            "--corpus",
+            str(root),
+            "--tokenizer",
+            "bytes",
+            "--workers",
+            "1",
+            "--quiet",
+            "--no-figures",
+            "--train-len",
+            "64",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
 
 
 def test_position_freq_stops_with_an_error_line_naming_the_file(corpus, tmp_path, monkeypatch):
@@ -140,8 +172,10 @@ def test_position_freq_skip_reports_what_was_lost(corpus, tmp_path, monkeypatch,
     assert "skipped bad items: 1 (the first 20 in summary.json meta.read.errors)" in printed
     assert read["lost_files"] == (read["errors"] if lost else [])
     if lost:
-        assert "files cut short: 1; their documents after the point named were NOT read (all listed in " \
-               "summary.json meta.read.lost_files):" in printed
+        assert (
+            "files cut short: 1; their documents after the point named were NOT read (all listed in "
+            "summary.json meta.read.lost_files):" in printed
+        )
         assert f"    {read['lost_files'][0]}" in printed
 
 
@@ -156,7 +190,9 @@ def test_prepare_data_stops_with_an_error_line_naming_the_file(corpus, tmp_path)
     root, bad, message, _ = corpus
     with pytest.raises(SystemExit, match=rf"^error: {re.escape(str(bad))}:{message}"):
         prepare(root, tmp_path / "tokens")
-    assert not list((tmp_path / "tokens").glob("b_bad*"))  # no shard of the bad file, not even a partial one
+    assert not list(
+        (tmp_path / "tokens").glob("b_bad*")
+    )  # no shard of the bad file, not even a partial one
 
 
 def test_prepare_data_skip_reports_and_records_what_was_lost(corpus, tmp_path, capsys):
@@ -165,20 +201,45 @@ def test_prepare_data_skip_reports_and_records_what_was_lost(corpus, tmp_path, c
     prepare(root, out, "--on-error", "skip")
     printed = capsys.readouterr().out
     meta = json.loads((out / "b_bad.json").read_text())
-    assert meta["skipped_items"] == 1 and re.match(rf"{re.escape(str(bad))}:{message}", meta["skipped_errors"][0])
-    assert f"skipped 1 bad records (--on-error skip); recorded per shard as skipped_items and skipped_errors " \
-           f"in {out}/NAME.json" in printed
+    assert meta["skipped_items"] == 1 and re.match(
+        rf"{re.escape(str(bad))}:{message}", meta["skipped_errors"][0]
+    )
+    assert (
+        f"skipped 1 bad records (--on-error skip); recorded per shard as skipped_items and skipped_errors "
+        f"in {out}/NAME.json" in printed
+    )
     assert meta["lost_files"] == (meta["skipped_errors"] if lost else [])
     if lost:
-        assert f"files cut short: 1; their documents after the point named were NOT read (all listed in " \
-               f"lost_files in {out}/NAME.json; a rerun redoes these shards):\n    {meta['lost_files'][0]}" in printed
-        prepare(root, out, "--on-error", "skip")  # the shard that lost data is redone, the good one kept
+        assert (
+            f"files cut short: 1; their documents after the point named were NOT read (all listed in "
+            f"lost_files in {out}/NAME.json; a rerun redoes these shards):\n    {meta['lost_files'][0]}"
+            in printed
+        )
+        prepare(
+            root, out, "--on-error", "skip"
+        )  # the shard that lost data is redone, the good one kept
         assert "(1 already complete)" in capsys.readouterr().out
 
 
 def test_prepare_data_cli_error_is_one_line_and_exit_status_1(tmp_path):
     bad = truncated(tmp_path / "x.jsonl")
-    result = subprocess.run([sys.executable, "scripts/prepare_data.py", "--corpus", str(bad), "--tokenizer", "bytes",
-                             "--out", str(tmp_path / "tokens")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "scripts/prepare_data.py",
+            "--corpus",
+            str(bad),
+            "--tokenizer",
+            "bytes",
+            "--out",
+            str(tmp_path / "tokens"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert re.search(rf"^error: {re.escape(str(bad))}:line \d+: truncated zstd file", result.stderr, re.M)
+    assert re.search(
+        rf"^error: {re.escape(str(bad))}:line \d+: truncated zstd file", result.stderr, re.M
+    )

@@ -21,12 +21,16 @@ from posfreq.train.tokenizer import get_tokenizer
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def unique_dataset(directory: Path, lengths_per_shard: list[list[int]], tokenizer: str = "unique") -> np.ndarray:
+def unique_dataset(
+    directory: Path, lengths_per_shard: list[list[int]], tokenizer: str = "unique"
+) -> np.ndarray:
     """Write shards whose tokens are their global positions; returns global doc offsets."""
     total = sum(map(sum, lengths_per_shard))
     start, offsets = 0, [0]
     for s, lengths in enumerate(lengths_per_shard):
-        with ShardWriter(directory, f"shard{s:02d}", tokenizer=tokenizer, vocab_size=total + 1, eos_id=total) as w:
+        with ShardWriter(
+            directory, f"shard{s:02d}", tokenizer=tokenizer, vocab_size=total + 1, eos_id=total
+        ) as w:
             for n in lengths:
                 w.add(np.arange(start, start + n))
                 start += n
@@ -34,7 +38,12 @@ def unique_dataset(directory: Path, lengths_per_shard: list[list[int]], tokenize
     return np.array(offsets)
 
 
-LENGTHS = [[1, 5, 40, 3, 17], [2, 33, 9, 11], [], [64, 1, 1, 7, 25, 8]]  # some > L, some 1 token, an empty shard
+LENGTHS = [
+    [1, 5, 40, 3, 17],
+    [2, 33, 9, 11],
+    [],
+    [64, 1, 1, 7, 25, 8],
+]  # some > L, some 1 token, an empty shard
 
 
 @pytest.fixture
@@ -106,18 +115,24 @@ def test_interrupted_writer_leaves_no_shard(tmp_path: Path) -> None:
         with ShardWriter(tmp_path, "broken", tokenizer="unique", vocab_size=3, eos_id=2) as w:
             w.add([0, 1])
             raise RuntimeError("killed")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["shard00.json", "shard00.offsets.npy", "shard00.tokens.bin"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "shard00.json",
+        "shard00.offsets.npy",
+        "shard00.tokens.bin",
+    ]
 
 
 def test_prepare_data_matches_one_by_one_tokenization_and_restarts(tmp_path: Path) -> None:
-    from posfreq.train.corpora import resolve_corpus
-
     from posfreq.scripts import prepare_data as prep
+    from posfreq.train.corpora import resolve_corpus
 
     corpus_dir = tmp_path / "corpus"
     (corpus_dir / "part").mkdir(parents=True)
-    texts = {"part/a.jsonl": ["hello world", "naïve café ☕", ""], "part/b.jsonl": ["x" * 50],
-             "c.txt": ["one text file\nwith two lines"]}
+    texts = {
+        "part/a.jsonl": ["hello world", "naïve café ☕", ""],
+        "part/b.jsonl": ["x" * 50],
+        "c.txt": ["one text file\nwith two lines"],
+    }
     for name, docs in texts.items():
         path = corpus_dir / name
         if name.endswith(".txt"):
@@ -132,11 +147,18 @@ def test_prepare_data_matches_one_by_one_tokenization_and_restarts(tmp_path: Pat
     tok = get_tokenizer("bytes")
     ds = TokenDataset(out, tokenizer="bytes")
     assert [s.name for s in ds.shards] == ["c", "part__a", "part__b"]
-    expected = [tok.encode(t) + [tok.eos_id] for name in ("c.txt", "part/a.jsonl", "part/b.jsonl") for t in texts[name]]
+    expected = [
+        tok.encode(t) + [tok.eos_id]
+        for name in ("c.txt", "part/a.jsonl", "part/b.jsonl")
+        for t in texts[name]
+    ]
     assert [ds.document(i).tolist() for i in range(ds.num_docs)] == expected
 
     meta = json.loads((out / "part__a.json").read_text())
-    assert meta["source_size"] == (corpus_dir / "part/a.jsonl").stat().st_size and len(meta["source_sha256"]) == 64
+    assert (
+        meta["source_size"] == (corpus_dir / "part/a.jsonl").stat().st_size
+        and len(meta["source_sha256"]) == 64
+    )
     mtime = (out / "part__b.tokens.bin").stat().st_mtime_ns
     (out / "c.json").unlink()  # as if killed before this shard completed
     again = prep.prepare(corpus, out, "bytes", progress=False)
@@ -148,7 +170,9 @@ def test_prepare_data_matches_one_by_one_tokenization_and_restarts(tmp_path: Pat
     prep.prepare(corpus, split, "bytes", shard=(0, 2), progress=False)
     prep.prepare(corpus, split, "bytes", shard=(1, 2), workers=2, progress=False)
     for name in ("c", "part__a", "part__b"):
-        assert (split / f"{name}.tokens.bin").read_bytes() == (out / f"{name}.tokens.bin").read_bytes()
+        assert (split / f"{name}.tokens.bin").read_bytes() == (
+            out / f"{name}.tokens.bin"
+        ).read_bytes()
     with pytest.raises(SystemExit, match="tokenized with 'bytes', not 'llama3'"):
         prep.prepare(corpus, out, "llama3", progress=False)
 
@@ -158,9 +182,14 @@ def test_damaged_shards_are_refused_naming_the_file(tmp_path: Path) -> None:
     unique_dataset(tmp_path / "back", [[3, 4, 5]])
     offsets_file = tmp_path / "back" / "shard00.offsets.npy"
     offsets = np.load(offsets_file)
-    offsets[1], offsets[2] = offsets[2], offsets[1]  # 0, 7, 3, 12: same ends, a document of negative length
+    offsets[1], offsets[2] = (
+        offsets[2],
+        offsets[1],
+    )  # 0, 7, 3, 12: same ends, a document of negative length
     np.save(offsets_file, offsets)
-    with pytest.raises(ValueError, match="shard00.offsets.npy: document offsets go backwards at document 1"):
+    with pytest.raises(
+        ValueError, match="shard00.offsets.npy: document offsets go backwards at document 1"
+    ):
         TokenDataset(tmp_path / "back")
 
     unique_dataset(tmp_path / "ids", [[3, 4]])

@@ -7,10 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from posfreq.analysis.niah import NiahBuilder, PromptFormat, clean_haystack, extract_numbers, probe_needles, split_sentences
-from posfreq.train.tokenizer import get_tokenizer
-
+from posfreq.analysis.niah import (
+    NiahBuilder,
+    PromptFormat,
+    clean_haystack,
+    extract_numbers,
+    probe_needles,
+    split_sentences,
+)
 from posfreq.scripts import demo_corpus
+from posfreq.train.tokenizer import get_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -19,10 +25,17 @@ def tokenizer(tmp_path_factory):
 
 
 def test_round_trip_and_positional_digit_ids(tokenizer):
-    for text in ["One of the magic numbers is 424727.", "naïve café — 日本語 1234567 <s>", "\n\n  x  y\n", ""]:
+    for text in [
+        "One of the magic numbers is 424727.",
+        "naïve café — 日本語 1234567 <s>",
+        "\n\n  x  y\n",
+        "",
+    ]:
         assert tokenizer.decode(tokenizer.encode(text)) == text
     first, second = tokenizer.encode("424727")[-2:], tokenizer.encode("727424")[-2:]
-    assert first[0] != second[1] and first[1] != second[0]  # "424" leading vs continuing: different ids
+    assert (
+        first[0] != second[1] and first[1] != second[0]
+    )  # "424" leading vs continuing: different ids
     assert tokenizer.decode(first) == "424727"
 
 
@@ -37,14 +50,18 @@ def test_probe_prompts_build_and_answers_parse(tokenizer, tmp_path):
     from posfreq.scripts.demo import FULL
 
     budget = FULL.answer_budget
-    builder = NiahBuilder(tokenizer, demo_corpus.probe_haystack_dir(tmp_path / "hay"), PromptFormat(budget, bos=False))
+    builder = NiahBuilder(
+        tokenizer, demo_corpus.probe_haystack_dir(tmp_path / "hay"), PromptFormat(budget, bos=False)
+    )
     assert builder.min_length() <= min(FULL.test_lengths)
     for test in builder.make_tests(256, 3, seed=0):
         assert len(test.input_ids) == 256 - budget and tokenizer.bos_id not in test.input_ids
         ids, spans = reference_answer(tokenizer, test, "nearest_first")
         assert len(ids) < budget  # the answer and its EOS fit in the demo's answer budget
         assert extract_numbers(tokenizer.decode(ids)) == list(test.needles[::-1])
-        assert all(b - a == 2 for a, b in spans)  # positional three-digit ids: two tokens per needle
+        assert all(
+            b - a == 2 for a, b in spans
+        )  # positional three-digit ids: two tokens per needle
 
 
 def test_corpus_excludes_probe_needles_and_uses_the_training_half(tmp_path):
@@ -55,8 +72,12 @@ def test_corpus_excludes_probe_needles_and_uses_the_training_half(tmp_path):
     numbers = {n for t in texts for n in extract_numbers(t)}
     assert numbers and not numbers & exclude
     train_sentences = set(demo_corpus.training_sentences())
-    probe_only = {s for text in demo_corpus.split_essays()[1] for s in split_sentences(clean_haystack(text))
-                  if len(s) > 40} - train_sentences
+    probe_only = {
+        s
+        for text in demo_corpus.split_essays()[1]
+        for s in split_sentences(clean_haystack(text))
+        if len(s) > 40
+    } - train_sentences
     assert len(probe_only) > 1000
     body = "\n".join(texts)
     assert not [s for s in probe_only if s in body]

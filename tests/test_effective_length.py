@@ -76,7 +76,9 @@ def test_failure_by_thirds_and_depth_grid_count_by_hand():
     assert rows["all"]["missed_0-33.3%"] == 4 and rows["all"]["missed_33.3-66.7%"] == 2
     lengths, edges, recall = depth_grid(records, bins=4)
     assert lengths == [256, 512] and np.allclose(edges, [0, 0.25, 0.5, 0.75, 1])
-    assert recall[0, 0] == 0.0 and recall[1, 0] == 0.5 and recall[2, 0] == 1.0 and recall[3, 0] == 1.0
+    assert (
+        recall[0, 0] == 0.0 and recall[1, 0] == 0.5 and recall[2, 0] == 1.0 and recall[3, 0] == 1.0
+    )
     assert recall[1, 1] == 0.0 and recall[3, 1] == 1.0 and recall[2, 1] == 0.0
 
 
@@ -87,9 +89,15 @@ def test_run_table_round_trip_and_figures(tmp_path):
     def row(name, tokens, rates):
         summary = [{"length": 128 * (i + 1), "pass_rate": r} for i, r in enumerate(rates)]
         passed = [[True] * round(10 * r) + [False] * (10 - round(10 * r)) for r in rates]
-        return checkpoint_row(name, 256, "rope", summary, passed, hist, analysis, 10, tokens, tokens - 500)
+        return checkpoint_row(
+            name, 256, "rope", summary, passed, hist, analysis, 10, tokens, tokens - 500
+        )
 
-    rows = [row("tokens-2", 2000, [0.9, 0.2]), row("tokens-1", 1000, [0.1]), row("tokens-3", 3000, [1.0, 1.0])]
+    rows = [
+        row("tokens-2", 2000, [0.9, 0.2]),
+        row("tokens-1", 1000, [0.1]),
+        row("tokens-3", 3000, [1.0, 1.0]),
+    ]
     out = tmp_path / "probe"
     out.mkdir()
     write_effective_length_csv(out / "effective_length.csv", rows)
@@ -98,16 +106,23 @@ def test_run_table_round_trip_and_figures(tmp_path):
     assert [r["tokens_seen"] for r in table] == [1000, 2000, 3000]
     assert [r["tokens_this_run"] for r in table] == [500, 1500, 2500]
     assert table[0]["f_effective_length"] is None and table[0]["pass_rate_256"] is None
-    assert table[1]["f_effective_length"] == naive_f(hist, 128) and table[2]["f_effective_length"] == 0
+    assert (
+        table[1]["f_effective_length"] == naive_f(hist, 128) and table[2]["f_effective_length"] == 0
+    )
     assert table[1]["effective_length_lo"] is None  # no bootstrap asked for
     run = load_run(tmp_path)
     assert run.label.startswith(tmp_path.name) and len(run.rows) == 3
     from posfreq.analysis.effective_length import draw_run_figures
 
     paths = draw_run_figures([run], tmp_path / "figures")
-    assert {p.name for p in paths} >= {"fig2a_effective_length_vs_tokens.png", "fig2b_frequency_vs_effective_length.pdf"}
+    assert {p.name for p in paths} >= {
+        "fig2a_effective_length_vs_tokens.png",
+        "fig2b_frequency_vs_effective_length.pdf",
+    }
     with pytest.raises(ValueError):
-        checkpoint_row("bad", 128, "rope", [{"length": 128, "pass_rate": 1.0}], [[True]], hist, analysis, 10)
+        checkpoint_row(
+            "bad", 128, "rope", [{"length": 128, "pass_rate": 1.0}], [[True]], hist, analysis, 10
+        )
 
 
 def naive_bootstrap(lengths, passed, threshold, n_boot, seed, level):
@@ -132,7 +147,11 @@ def test_bootstrap_interval_is_deterministic_and_matches_a_naive_loop():
     assert interval == bootstrap_interval(lengths, passed, analysis)
     assert interval == naive_bootstrap(lengths, passed, 0.5, 400, 7, 0.95)
     lo, hi = interval
-    assert lo in [0, *lengths] and hi in lengths and lo <= effective_length(lengths, [np.mean(p) for p in passed]).value <= hi
+    assert (
+        lo in [0, *lengths]
+        and hi in lengths
+        and lo <= effective_length(lengths, [np.mean(p) for p in passed]).value <= hi
+    )
     assert lo < hi  # a noisy curve near the threshold gives a real interval
     certain = [[True] * 40, [True] * 40, [False] * 40, [False] * 40]
     assert bootstrap_interval(lengths, certain, analysis) == (256, 256)

@@ -24,10 +24,24 @@ from posfreq.train.rotary import rotary_inv_freq, scaled_inv_freq  # noqa: E402
 
 # head_dim 16 with base 10,000 and original length 256: rotary wavelengths 6 .. 19,869 fall in all three
 # of llama3's bands (kept, interpolated, divided by factor).
-LLAMA3_SCALING = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                  "original_max_position_embeddings": 256}
-TINY = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-5, initializer_range=0.2)
+LLAMA3_SCALING = {
+    "rope_type": "llama3",
+    "factor": 4.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 256,
+}
+TINY = dict(
+    vocab_size=101,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-5,
+    initializer_range=0.2,
+)
 
 
 def _save_llama(directory: Path, seed: int = 0, **overrides) -> LlamaForCausalLM:
@@ -70,7 +84,9 @@ def test_import_matches_transformers_logits_and_greedy(tmp_path: Path, overrides
     _assert_same_logits(ours, hf, ids)
     prompt = ids[:, :8]
     with torch.no_grad():
-        expected = hf.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+        expected = hf.generate(
+            prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
     assert ours.generate(prompt, max_new_tokens=12) == expected[:, 8:].tolist()
 
 
@@ -93,15 +109,25 @@ def test_position_schemes_keep_the_checkpoint_rope_scaling(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     "scaling",
     [
-        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-         "original_max_position_embeddings": 8192},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
         {"rope_type": "linear", "factor": 4.0},
     ],
 )
 def test_scaled_inv_freq_matches_transformers(scaling: dict) -> None:
     """Llama-3.1-8B's real rope parameters (head_dim 128, theta 500,000) against transformers' own function."""
-    config = LlamaConfig(hidden_size=4096, num_attention_heads=32, rope_theta=500_000.0, rope_scaling=scaling,
-                         max_position_embeddings=131_072)
+    config = LlamaConfig(
+        hidden_size=4096,
+        num_attention_heads=32,
+        rope_theta=500_000.0,
+        rope_scaling=scaling,
+        max_position_embeddings=131_072,
+    )
     expected, attention_factor = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](config, "cpu")
     assert attention_factor == 1.0
     actual = scaled_inv_freq(rotary_inv_freq(128, 500_000.0), scaling)
@@ -115,18 +141,27 @@ def test_sharded_import(tmp_path: Path) -> None:
     _assert_same_logits(load_hf_model(tmp_path), hf, _ids())
 
 
-@pytest.mark.parametrize("name", ["../outside.safetensors", "sub/../../outside.safetensors", "/etc/passwd", 7])
+@pytest.mark.parametrize(
+    "name", ["../outside.safetensors", "sub/../../outside.safetensors", "/etc/passwd", 7]
+)
 def test_sharded_index_naming_a_file_outside_the_directory_is_refused(tmp_path: Path, name) -> None:
     model = tmp_path / "model"
     _save_llama(model, shard=True)
     index_file = model / "model.safetensors.index.json"
     index = json.loads(index_file.read_text())
     first = sorted(set(index["weight_map"].values()))[0]
-    shutil.copyfile(model / first, tmp_path / "outside.safetensors")  # a valid file, were it ever read
-    index["weight_map"] = {key: name if value == first else value for key, value in index["weight_map"].items()}
+    shutil.copyfile(
+        model / first, tmp_path / "outside.safetensors"
+    )  # a valid file, were it ever read
+    index["weight_map"] = {
+        key: name if value == first else value for key, value in index["weight_map"].items()
+    }
     index_file.write_text(json.dumps(index))
-    with pytest.raises(ValueError, match=rf"{re.escape(str(index_file))}: file name {re.escape(repr(name))} "
-                                         rf"points outside {re.escape(str(model))}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"{re.escape(str(index_file))}: file name {re.escape(repr(name))} "
+        rf"points outside {re.escape(str(model))}",
+    ):
         load_hf_model(model)
 
 
@@ -144,13 +179,24 @@ def test_bf16_import(tmp_path: Path) -> None:
     ids = _ids()
     with torch.no_grad():
         scale = hf(ids).logits.abs().max()
-        torch.testing.assert_close(ours(ids).float(), hf(ids).logits, atol=0.05 * float(scale), rtol=0.05)
+        torch.testing.assert_close(
+            ours(ids).float(), hf(ids).logits, atol=0.05 * float(scale), rtol=0.05
+        )
 
 
 @pytest.mark.parametrize("tie", [False, True])
 def test_export_reloads_in_transformers(tmp_path: Path, tie: bool) -> None:
-    config = ModelConfig(vocab_size=101, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
-                         train_len=512, tie_embeddings=tie, rope_scaling=LLAMA3_SCALING if tie else None)
+    config = ModelConfig(
+        vocab_size=101,
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=96,
+        train_len=512,
+        tie_embeddings=tie,
+        rope_scaling=LLAMA3_SCALING if tie else None,
+    )
     torch.manual_seed(0)
     ours = Transformer(config).eval()
     export_hf(ours, tmp_path, bos_token_id=1, eos_token_id=2)
@@ -168,14 +214,25 @@ def _consolidated_bytes_model(directory: Path) -> Transformer:
     """A tiny random model saved as a consolidated checkpoint (train.checkpoint's layout) with the bytes tokenizer."""
     from safetensors.torch import save_file
 
-    config = ModelConfig(vocab_size=258, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=64, tie_embeddings=True)
+    config = ModelConfig(
+        vocab_size=258,
+        d_model=32,
+        n_layers=1,
+        n_heads=2,
+        n_kv_heads=1,
+        ffn_dim=64,
+        tie_embeddings=True,
+    )
     torch.manual_seed(0)
     ours = Transformer(config).eval()
     directory.mkdir()
-    save_file({k: v.clone() for k, v in ours.state_dict().items()}, str(directory / "model.safetensors"))
+    save_file(
+        {k: v.clone() for k, v in ours.state_dict().items()}, str(directory / "model.safetensors")
+    )
     (directory / "model_config.json").write_text(json.dumps(config.to_dict()))
-    (directory / "tokenizer_spec.json").write_text(json.dumps({"spec": "bytes", "vocab_size": 258, "bos_id": 256,
-                                                               "eos_id": 257}))
+    (directory / "tokenizer_spec.json").write_text(
+        json.dumps({"spec": "bytes", "vocab_size": 258, "bos_id": 256, "eos_id": 257})
+    )
     return ours
 
 
@@ -184,18 +241,43 @@ def test_export_script_roundtrip(tmp_path: Path) -> None:
     from posfreq.scripts import export_hf as script
 
     ours = _consolidated_bytes_model(tmp_path / "ckpt")
-    assert script.main(["--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf"), "--dtype", "bfloat16"]) == 0
+    assert (
+        script.main(
+            [
+                "--checkpoint",
+                str(tmp_path / "ckpt"),
+                "--out",
+                str(tmp_path / "hf"),
+                "--dtype",
+                "bfloat16",
+            ]
+        )
+        == 0
+    )
     out = tmp_path / "hf"
     hf_config = json.loads((out / "config.json").read_text())
-    assert (hf_config["bos_token_id"], hf_config["eos_token_id"], hf_config["torch_dtype"]) == (256, 257, "bfloat16")
+    assert (hf_config["bos_token_id"], hf_config["eos_token_id"], hf_config["torch_dtype"]) == (
+        256,
+        257,
+        "bfloat16",
+    )
     reloaded = load_hf_model(out)
     assert reloaded.lm_head.weight is reloaded.embed_tokens.weight
-    torch.testing.assert_close(reloaded.embed_tokens.weight, ours.embed_tokens.weight.bfloat16(), atol=0, rtol=0)
+    torch.testing.assert_close(
+        reloaded.embed_tokens.weight, ours.embed_tokens.weight.bfloat16(), atol=0, rtol=0
+    )
     assert tokenizer_spec(out) == f"hf:{out}"
 
 
-BYTE_TEXTS = ["Hello world!", "café résumé — Zürich", "日本語 \U0001f680\U0001f525", "  two  spaces\n\n\ttab\r\n", "",
-              "One of the magic numbers is 424727.", "text <|end_of_text|> and <|begin_of_text|> stay bytes"]
+BYTE_TEXTS = [
+    "Hello world!",
+    "café résumé — Zürich",
+    "日本語 \U0001f680\U0001f525",
+    "  two  spaces\n\n\ttab\r\n",
+    "",
+    "One of the magic numbers is 424727.",
+    "text <|end_of_text|> and <|begin_of_text|> stay bytes",
+]
 
 
 def test_bytes_model_export_loads_offline_with_our_ids(tmp_path: Path) -> None:
@@ -212,13 +294,21 @@ def test_bytes_model_export_loads_offline_with_our_ids(tmp_path: Path) -> None:
         os.umask(old_umask)
     out = tmp_path / "hf"
     modes = {f.name: f.stat().st_mode & 0o777 for f in out.iterdir()}
-    assert set(modes) == {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                          "tokenizer_config.json", ".posfreq-output.json"}  # the last marks the export's own
+    assert set(modes) == {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        ".posfreq-output.json",
+    }  # the last marks the export's own
     assert set(modes.values()) == {0o644}, modes
     hf = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
     assert (hf.bos_token_id, hf.eos_token_id, len(hf)) == (256, 257, 258)
     for text in BYTE_TEXTS:
-        assert hf(text).input_ids == list(text.encode("utf-8")), text  # the bytes tokenizer's ids, independently
+        assert hf(text).input_ids == list(text.encode("utf-8")), (
+            text
+        )  # the bytes tokenizer's ids, independently
         assert hf.decode(list(text.encode("utf-8"))) == text
     model = transformers.AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
     assert (model.generation_config.eos_token_id, model.config.vocab_size) == (257, 258)
@@ -240,7 +330,9 @@ def _edit_config(directory: Path, **changes) -> None:
 
 
 def test_non_llama_architecture_is_refused(tmp_path: Path) -> None:
-    transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, architectures=["GPT2LMHeadModel"]).save_pretrained(tmp_path)
+    transformers.GPT2Config(
+        n_layer=1, n_embd=32, n_head=2, architectures=["GPT2LMHeadModel"]
+    ).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="GPT2LMHeadModel"):
         load_hf_model(tmp_path)
 
@@ -251,10 +343,27 @@ def test_non_llama_architecture_is_refused(tmp_path: Path) -> None:
         ({"attention_bias": True}, "attention_bias"),
         ({"mlp_bias": True}, "mlp_bias"),
         ({"hidden_act": "gelu"}, "hidden_act"),
-        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "dynamic"),
-        ({"rope_parameters": None, "rope_theta": 1e4, "rope_scaling": {"type": "yarn", "factor": 2.0}}, "yarn"),
+        (
+            {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
+            "dynamic",
+        ),
+        (
+            {
+                "rope_parameters": None,
+                "rope_theta": 1e4,
+                "rope_scaling": {"type": "yarn", "factor": 2.0},
+            },
+            "yarn",
+        ),
         ({"head_dim": 8}, "head_dim"),
-        ({"model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 16}, "sliding_window"),
+        (
+            {
+                "model_type": "mistral",
+                "architectures": ["MistralForCausalLM"],
+                "sliding_window": 16,
+            },
+            "sliding_window",
+        ),
     ],
 )
 def test_unsupported_field_is_refused(tmp_path: Path, changes: dict, named: str) -> None:
@@ -288,7 +397,9 @@ def test_no_q_k_permutation_needed() -> None:
     x = torch.randn(7, 3, head_dim)
     freqs = positions.float()[:, None] * inv_freq[None]
     emb = torch.cat((freqs, freqs), -1)
-    expected, _ = apply_rotary_pos_emb(x.transpose(0, 1)[None], x.transpose(0, 1)[None], emb.cos()[None], emb.sin()[None])
+    expected, _ = apply_rotary_pos_emb(
+        x.transpose(0, 1)[None], x.transpose(0, 1)[None], emb.cos()[None], emb.sin()[None]
+    )
     rotary = Rotary(inv_freq)
     torch.testing.assert_close(rotary.rotate(x, positions), expected[0].transpose(0, 1))
     assert math.isclose(float(inv_freq[1]), 10_000.0 ** (-2 / head_dim), rel_tol=1e-6)
@@ -297,8 +408,12 @@ def test_no_q_k_permutation_needed() -> None:
     torch.testing.assert_close(rotary.rotate(x, shifted), Rotary(inv_freq).rotate(x, shifted))
     assert rotary.rotate(x.double(), shifted).dtype == torch.float64
     torch.testing.assert_close(rotary.rotate(x, positions), expected[0].transpose(0, 1))
-    scaled = dataclasses.replace(rotary, scale=2.0)  # a copy with another scale does not inherit the kept cos/sin
-    torch.testing.assert_close(scaled.rotate(x, positions), Rotary(inv_freq, 2.0).rotate(x, positions))
+    scaled = dataclasses.replace(
+        rotary, scale=2.0
+    )  # a copy with another scale does not inherit the kept cos/sin
+    torch.testing.assert_close(
+        scaled.rotate(x, positions), Rotary(inv_freq, 2.0).rotate(x, positions)
+    )
 
 
 def _umask() -> int:
@@ -315,13 +430,26 @@ def test_llama3_tokenizer_json_matches_quicktok(tmp_path: Path) -> None:
     from posfreq.train.hf import write_llama3_tokenizer
     from posfreq.train.tokenizer import get_tokenizer
 
-    assert {f.stat().st_mode & 0o777 for f in write_llama3_tokenizer(tmp_path)} == {0o666 & ~_umask()}
+    assert {f.stat().st_mode & 0o777 for f in write_llama3_tokenizer(tmp_path)} == {
+        0o666 & ~_umask()
+    }
     ours, reference = get_tokenizer(f"hf:{tmp_path}"), get_tokenizer("llama3")
-    assert (ours.vocab_size, ours.bos_id, ours.eos_id) == (reference.vocab_size, reference.bos_id, reference.eos_id)
+    assert (ours.vocab_size, ours.bos_id, ours.eos_id) == (
+        reference.vocab_size,
+        reference.bos_id,
+        reference.eos_id,
+    )
     texts = [
-        "Hello world!", "def f(x):\n    return [i**2 for i in range(100)]  # 1+2+3==6", "café résumé naïve — Zürich",
-        "日本語のトークナイザー 中文 한국어", "emoji \U0001f680\U0001f525 mixed", "   leading\n\ttabs  \r\n \r\n\n\n",
-        "ALLCAPS 1234567890 3.14159 0xDEADBEEF 99.99%", "don't I'll they're 'TWAS", "\t\t\t\t\t\t\t\t\r\n", "",
+        "Hello world!",
+        "def f(x):\n    return [i**2 for i in range(100)]  # 1+2+3==6",
+        "café résumé naïve — Zürich",
+        "日本語のトークナイザー 中文 한국어",
+        "emoji \U0001f680\U0001f525 mixed",
+        "   leading\n\ttabs  \r\n \r\n\n\n",
+        "ALLCAPS 1234567890 3.14159 0xDEADBEEF 99.99%",
+        "don't I'll they're 'TWAS",
+        "\t\t\t\t\t\t\t\t\r\n",
+        "",
     ]
     for text in texts:
         assert ours.encode(text) == reference.encode(text), text
@@ -330,7 +458,9 @@ def test_llama3_tokenizer_json_matches_quicktok(tmp_path: Path) -> None:
     assert hf("Hello world!").input_ids == [reference.bos_id, *reference.encode("Hello world!")]
 
 
-def test_export_never_writes_into_another_model_and_drops_its_own_stale_weights(tmp_path: Path) -> None:
+def test_export_never_writes_into_another_model_and_drops_its_own_stale_weights(
+    tmp_path: Path,
+) -> None:
     from posfreq.scripts import export_hf as export_script
     from posfreq.train.outdir import OutputDirError
 
@@ -341,14 +471,21 @@ def test_export_never_writes_into_another_model_and_drops_its_own_stale_weights(
     with pytest.raises(OutputDirError, match="holds files `posfreq export-hf` did not write"):
         export_hf(ours, sharded)
     with pytest.raises(SystemExit, match="error: --out .*downloaded holds files"):
-        export_script.main(["--checkpoint", str(sharded), "--out", str(sharded), "--tokenizer", "none"])
+        export_script.main(
+            ["--checkpoint", str(sharded), "--out", str(sharded), "--tokenizer", "none"]
+        )
     assert {p.name: p.read_bytes() for p in sharded.iterdir()} == before
     out = tmp_path / "exported"
     export_hf(ours, out)
-    (out / "model-00001-of-00002.safetensors").write_bytes(b"stale")  # as if an earlier export had been sharded
+    (out / "model-00001-of-00002.safetensors").write_bytes(
+        b"stale"
+    )  # as if an earlier export had been sharded
     (out / "model.safetensors.index.json").write_text("{}")
     export_hf(ours, out)
-    assert not (out / "model.safetensors.index.json").exists() and not (out / "model-00001-of-00002.safetensors").exists()
+    assert (
+        not (out / "model.safetensors.index.json").exists()
+        and not (out / "model-00001-of-00002.safetensors").exists()
+    )
     _assert_same_logits(load_hf_model(out), LlamaForCausalLM.from_pretrained(sharded), _ids())
 
 

@@ -27,7 +27,9 @@ def write_checkpoint(directory: Path) -> Path:
     """A random 1-layer bytes-tokenizer model as a consolidated checkpoint; weights large enough for clear argmaxes."""
     from safetensors.torch import save_file
 
-    config = ModelConfig(vocab_size=258, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=64, train_len=1024)
+    config = ModelConfig(
+        vocab_size=258, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=64, train_len=1024
+    )
     torch.manual_seed(0)
     model = Transformer(config).eval()
     with torch.no_grad():
@@ -35,10 +37,13 @@ def write_checkpoint(directory: Path) -> Path:
             if "norm" not in name:
                 param.normal_(0.0, 0.3)
     directory.mkdir(parents=True)
-    save_file({k: v.clone() for k, v in model.state_dict().items()}, str(directory / "model.safetensors"))
+    save_file(
+        {k: v.clone() for k, v in model.state_dict().items()}, str(directory / "model.safetensors")
+    )
     (directory / "model_config.json").write_text(json.dumps(config.to_dict()))
-    (directory / "tokenizer_spec.json").write_text(json.dumps({"spec": "bytes", "vocab_size": 258, "bos_id": 256,
-                                                               "eos_id": 257}))
+    (directory / "tokenizer_spec.json").write_text(
+        json.dumps({"spec": "bytes", "vocab_size": 258, "bos_id": 256, "eos_id": 257})
+    )
     return directory
 
 
@@ -47,9 +52,15 @@ def run_lm_eval(model_dir: Path, task_dir: Path) -> dict:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    return lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={model_dir},dtype=float32",
-                                   tasks=[make_tests.GROUP], task_manager=TaskManager(include_path=str(task_dir)),
-                                   device="cpu", batch_size=1, log_samples=True)
+    return lm_eval.simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={model_dir},dtype=float32",
+        tasks=[make_tests.GROUP],
+        task_manager=TaskManager(include_path=str(task_dir)),
+        device="cpu",
+        batch_size=1,
+        log_samples=True,
+    )
 
 
 def test_lm_eval_scores_each_test_as_the_probe(tmp_path: Path, monkeypatch) -> None:
@@ -65,11 +76,41 @@ def test_lm_eval_scores_each_test_as_the_probe(tmp_path: Path, monkeypatch) -> N
     checkpoint = write_checkpoint(tmp_path / "ckpt")
     export_hf.main(["--checkpoint", str(checkpoint), "--out", str(tmp_path / "hf")])
     lengths = ",".join(map(str, LENGTHS))
-    settings = ["--lengths", lengths, "--tests-per-length", str(TESTS), "--max-new-tokens", str(BUDGET)]
-    assert make_tests.main(["--tokenizer", f"hf:{tmp_path / 'hf'}", "--out", str(tmp_path / "task"), *settings]) == 0
-    assert probe.main(["--checkpoint", str(checkpoint), "--out", str(tmp_path / "probe"), "--teacher-forced", "false",
-                       "--no-figures", "--quiet", "--threads", "1", *settings]) == 0
-    expected = {(r["length"], r["index"]): r for r in results.read_records(tmp_path / "probe", LENGTHS)}
+    settings = [
+        "--lengths",
+        lengths,
+        "--tests-per-length",
+        str(TESTS),
+        "--max-new-tokens",
+        str(BUDGET),
+    ]
+    assert (
+        make_tests.main(
+            ["--tokenizer", f"hf:{tmp_path / 'hf'}", "--out", str(tmp_path / "task"), *settings]
+        )
+        == 0
+    )
+    assert (
+        probe.main(
+            [
+                "--checkpoint",
+                str(checkpoint),
+                "--out",
+                str(tmp_path / "probe"),
+                "--teacher-forced",
+                "false",
+                "--no-figures",
+                "--quiet",
+                "--threads",
+                "1",
+                *settings,
+            ]
+        )
+        == 0
+    )
+    expected = {
+        (r["length"], r["index"]): r for r in results.read_records(tmp_path / "probe", LENGTHS)
+    }
 
     out = run_lm_eval(tmp_path / "hf", tmp_path / "task")
     samples = [s for task in out["samples"].values() for s in task]
@@ -78,33 +119,50 @@ def test_lm_eval_scores_each_test_as_the_probe(tmp_path: Path, monkeypatch) -> N
         doc, reference = sample["doc"], expected[(sample["doc"]["length"], sample["doc"]["index"])]
         assert doc["prompt_sha256"] == reference["prompt_sha256"] and doc["reencodes_exactly"]
         assert sample["arguments"][0][0] == doc["prompt"]  # lm-eval sent the prompt text as stored
-        assert sample["filtered_resps"][0] == reference["generated"]  # same greedy answer, token for token
+        assert (
+            sample["filtered_resps"][0] == reference["generated"]
+        )  # same greedy answer, token for token
         hits = reference["hits_anywhere"]
         assert sample["passed"] == float(sum(hits) >= 2)
         assert sample["needle_recall"] == sum(hits) / 4
         assert sample["all_needles"] == float(all(hits))
     for length in LENGTHS:
         assert out["results"][f"{make_tests.GROUP}_{length}"]["passed,none"] == pytest.approx(
-            sum(sum(r["hits_anywhere"]) >= 2 for k, r in expected.items() if k[0] == length) / TESTS)
+            sum(sum(r["hits_anywhere"]) >= 2 for k, r in expected.items() if k[0] == length) / TESTS
+        )
 
 
 def doc(min_retrieved: int = 2, scoring_rule: str = "anywhere") -> dict:
     """A JSONL record with known needles, as make_tests writes it (only what scoring reads)."""
-    return {"prompt": "… One of the magic numbers is 111111. …\nThe numbers are", "needles": list(NEEDLES),
-            "length": 480, "index": 0, "depths": [0.1, 0.3, 0.6, 0.9], "distances": [400, 300, 200, 50],
-            "min_retrieved": min_retrieved, "scoring": scoring_rule}
+    return {
+        "prompt": "… One of the magic numbers is 111111. …\nThe numbers are",
+        "needles": list(NEEDLES),
+        "length": 480,
+        "index": 0,
+        "depths": [0.1, 0.3, 0.6, 0.9],
+        "distances": [400, 300, 200, 50],
+        "min_retrieved": min_retrieved,
+        "scoring": scoring_rule,
+    }
 
 
-@pytest.mark.parametrize("answer, passed, recall", [
-    (" 111111, 222222, 333333 and 444444.", 1.0, 1.0),
-    (" 222222 and 999999.", 0.0, 0.25),
-    (" 1. 111111\n2. 333333", 1.0, 0.5),
-    (" 1111112, 222222", 0.0, 0.25),  # a 7-digit run holds no needle
-    ("", 0.0, 0.0),
-])
+@pytest.mark.parametrize(
+    "answer, passed, recall",
+    [
+        (" 111111, 222222, 333333 and 444444.", 1.0, 1.0),
+        (" 222222 and 999999.", 0.0, 0.25),
+        (" 1. 111111\n2. 333333", 1.0, 0.5),
+        (" 1111112, 222222", 0.0, 0.25),  # a 7-digit run holds no needle
+        ("", 0.0, 0.0),
+    ],
+)
 def test_scores_by_hand(answer: str, passed: float, recall: float) -> None:
     scores = scoring.process_results(doc(), [answer])
-    assert (scores["passed"], scores["needle_recall"], scores["all_needles"]) == (passed, recall, float(recall == 1.0))
+    assert (scores["passed"], scores["needle_recall"], scores["all_needles"]) == (
+        passed,
+        recall,
+        float(recall == 1.0),
+    )
 
 
 def test_answer_cut_where_the_probe_stops() -> None:
@@ -112,12 +170,16 @@ def test_answer_cut_where_the_probe_stops() -> None:
     answer = " 111111, 222222, 333333 and 4444449 and more"
     assert scoring.probe_answer(NEEDLES, answer) == " 111111, 222222, 333333 and 444444"
     assert scoring.process_results(doc(), [answer])["all_needles"] == 1.0
-    assert scoring.probe_answer(NEEDLES, " 111111 then 2222229") == " 111111 then 2222229"  # never all four: kept whole
+    assert (
+        scoring.probe_answer(NEEDLES, " 111111 then 2222229") == " 111111 then 2222229"
+    )  # never all four: kept whole
 
 
 def test_first_line_rule_and_threshold() -> None:
     answer = " 111111\n222222, 333333"
-    assert scoring.process_results(doc(scoring_rule="first_line"), [answer])["needle_recall"] == 0.25
+    assert (
+        scoring.process_results(doc(scoring_rule="first_line"), [answer])["needle_recall"] == 0.25
+    )
     assert scoring.process_results(doc(min_retrieved=3), [answer])["passed"] == 1.0
     assert scoring.process_results(doc(min_retrieved=4), [answer])["passed"] == 0.0
 
@@ -126,16 +188,41 @@ def test_task_files(tmp_path: Path) -> None:
     """One JSONL and task per length, each with the answer budget as max_gen_toks, and a group over them."""
     import yaml
 
-    assert make_tests.main(["--tokenizer", "bytes", "--lengths", "480:560:80", "--tests-per-length", "2",
-                            "--max-new-tokens", "40", "--out", str(tmp_path)]) == 0
+    assert (
+        make_tests.main(
+            [
+                "--tokenizer",
+                "bytes",
+                "--lengths",
+                "480:560:80",
+                "--tests-per-length",
+                "2",
+                "--max-new-tokens",
+                "40",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     group = yaml.safe_load((tmp_path / "posfreq_niah_group.yaml").read_text())
-    assert group["group"] == "posfreq_niah" and group["task"] == ["posfreq_niah_480", "posfreq_niah_560"]
+    assert group["group"] == "posfreq_niah" and group["task"] == [
+        "posfreq_niah_480",
+        "posfreq_niah_560",
+    ]
     for length in LENGTHS:
         task = yaml.safe_load((tmp_path / f"posfreq_niah_{length}.yaml").read_text())
         assert task["generation_kwargs"]["max_gen_toks"] == 40 and Path(task["include"]).is_file()
-        records = [json.loads(line) for line in Path(task["dataset_kwargs"]["data_files"]["test"]).read_text().splitlines()]
+        records = [
+            json.loads(line)
+            for line in Path(task["dataset_kwargs"]["data_files"]["test"]).read_text().splitlines()
+        ]
         assert [r["index"] for r in records] == [0, 1]
         for r in records:
-            assert len(r["prompt"].encode("utf-8")) == length - 40  # bytes: one token per byte, no BOS
-            assert r["prompt"].endswith("\nThe numbers are") and all(r["prompt"].count(n) == 1 for n in r["needles"])
+            assert (
+                len(r["prompt"].encode("utf-8")) == length - 40
+            )  # bytes: one token per byte, no BOS
+            assert r["prompt"].endswith("\nThe numbers are") and all(
+                r["prompt"].count(n) == 1 for n in r["needles"]
+            )
             assert r["reencodes_exactly"] and not r["bos"]

@@ -46,7 +46,9 @@ def loss_and_grads(loss_fn, hidden, weight, targets, scale: float = 0.37):
 def test_loss_and_grads_match_plain(chunk):
     hidden, weight = leaves()
     targets = make_targets()
-    lean = loss_and_grads(lambda h, w, t: linear_cross_entropy(h, w, t, chunk_tokens=chunk), hidden, weight, targets)
+    lean = loss_and_grads(
+        lambda h, w, t: linear_cross_entropy(h, w, t, chunk_tokens=chunk), hidden, weight, targets
+    )
     plain = loss_and_grads(plain_loss, hidden, weight, targets)
     for got, want in zip(lean, plain):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -80,8 +82,12 @@ def test_tied_weight_gets_both_gradients():
 def test_bf16_inputs_compute_in_fp32_and_return_grads_in_bf16():
     hidden, weight = leaves(torch.bfloat16)
     targets = make_targets()
-    lean = loss_and_grads(lambda h, w, t: linear_cross_entropy(h, w, t, chunk_tokens=10), hidden, weight, targets)
-    plain = loss_and_grads(plain_loss, hidden, weight, targets)  # fp32 logits of the same bf16 values
+    lean = loss_and_grads(
+        lambda h, w, t: linear_cross_entropy(h, w, t, chunk_tokens=10), hidden, weight, targets
+    )
+    plain = loss_and_grads(
+        plain_loss, hidden, weight, targets
+    )  # fp32 logits of the same bf16 values
     assert lean[0].dtype == torch.float32 and lean[1].dtype == lean[2].dtype == torch.bfloat16
     torch.testing.assert_close(lean[0], plain[0], rtol=1e-5, atol=1e-5)
     for got, want in zip(lean[1:], plain[1:]):
@@ -92,7 +98,9 @@ def test_nothing_of_size_tokens_x_vocab_is_kept_for_backward():
     hidden, weight = leaves()
     targets = make_targets()
     saved: list[torch.Size] = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: saved.append(t.shape) or t, lambda t: t
+    ):
         linear_cross_entropy(hidden, weight, targets, chunk_tokens=8)
     assert sorted(saved) == sorted([hidden.shape, weight.shape])  # grad_hidden and grad_weight only
 
@@ -103,7 +111,9 @@ def test_without_grad_mode_only_the_loss_is_computed():
     with torch.no_grad():
         loss = linear_cross_entropy(hidden, weight, targets, chunk_tokens=8)
     assert not loss.requires_grad
-    torch.testing.assert_close(loss, plain_loss(hidden, weight, targets).detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        loss, plain_loss(hidden, weight, targets).detach(), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_liger_runs_only_where_it_trains():
@@ -125,7 +135,9 @@ def test_default_chunk_keeps_logits_under_the_cap():
 def test_head_returns_loss_makes_the_model_forward_the_loss(tied):
     """What the trainer does: the model's forward yields the loss, with every parameter's gradient as before."""
     torch.manual_seed(0)
-    model = Transformer(model_preset("tiny-2l-128", vocab_size=97, tie_embeddings=tied), attention_backend="sdpa")
+    model = Transformer(
+        model_preset("tiny-2l-128", vocab_size=97, tie_embeddings=tied), attention_backend="sdpa"
+    )
     ids = torch.randint(0, 97, (64,))
     cu_seqlens = torch.tensor([0, 20, 64], dtype=torch.int32)
     targets = torch.cat([ids[1:], torch.tensor([IGNORE_INDEX])])
@@ -151,6 +163,8 @@ def test_cuda_path_matches_plain(dtype):
     targets = make_targets().cuda()
     lean = loss_and_grads(linear_cross_entropy, hidden, weight, targets)
     plain = loss_and_grads(plain_loss, hidden, weight, targets)
-    tolerance = {"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    tolerance = (
+        {"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    )
     for got, want in zip(lean, plain):
         torch.testing.assert_close(got.float(), want.float(), **tolerance)

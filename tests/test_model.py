@@ -11,7 +11,9 @@ from posfreq.train.model import Transformer, positions_in_sequences, row_groups
 
 def small_model(seed: int = 0, **overrides) -> Transformer:
     torch.manual_seed(seed)
-    return Transformer(model_preset("tiny-2l-128", vocab_size=97, **overrides), attention_backend="sdpa")
+    return Transformer(
+        model_preset("tiny-2l-128", vocab_size=97, **overrides), attention_backend="sdpa"
+    )
 
 
 def cu(lens):
@@ -20,7 +22,13 @@ def cu(lens):
 
 def test_tinyllama_preset_on_meta_device():
     config = PRESETS["tinyllama-1.3b"]
-    assert (config.n_layers, config.d_model, config.ffn_dim, config.n_heads, config.n_kv_heads) == (22, 2048, 5632, 32, 4)
+    assert (config.n_layers, config.d_model, config.ffn_dim, config.n_heads, config.n_kv_heads) == (
+        22,
+        2048,
+        5632,
+        32,
+        4,
+    )
     assert config.vocab_size == 128_256
     with torch.device("meta"):
         model = Transformer(config)
@@ -133,7 +141,9 @@ def test_generate_with_a_bf16_prefill_decodes_in_float32():
         ids = model.lm_head(hidden.view(2, 10, -1)[:, -1].float()).argmax(-1)
         expected = [ids]
         for _ in range(4):
-            ids = model.lm_head(model.hidden_states(ids, cu([1, 1]), 1, caches, position_offset=caches[0].length)).argmax(-1)
+            ids = model.lm_head(
+                model.hidden_states(ids, cu([1, 1]), 1, caches, position_offset=caches[0].length)
+            ).argmax(-1)
             expected.append(ids)
     assert generated == torch.stack(expected, 1).tolist()
 

@@ -30,14 +30,18 @@ from posfreq.train.tokenizer import get_tokenizer
 
 HEAD = INSTRUCTION + "\n\n"
 TAIL = "\n\n" + QUESTION + "\n" + ANSWER_PREFIX
-FORMAT = PromptFormat(answer_budget=16)  # a short budget keeps the short lengths of these tests possible
+FORMAT = PromptFormat(
+    answer_budget=16
+)  # a short budget keeps the short lengths of these tests possible
 
 
 @pytest.fixture(scope="module")
 def builders() -> dict[str, NiahBuilder]:
     """One builder per tokenizer on the embedded PG essays (tokenized once for the module)."""
     haystack = load_haystack("pg")
-    return {name: NiahBuilder(get_tokenizer(name), haystack, FORMAT) for name in ("llama3", "bytes")}
+    return {
+        name: NiahBuilder(get_tokenizer(name), haystack, FORMAT) for name in ("llama3", "bytes")
+    }
 
 
 def check_test(test: NiahTest, builder: NiahBuilder) -> None:
@@ -78,7 +82,9 @@ def check_test(test: NiahTest, builder: NiahBuilder) -> None:
     # Needle j sits at a sentence boundary, in a sentence slot that meets the j-th quarter.
     for j in range(4):
         before = "".join(chunks[: j + 1])
-        prefixes = ("".join(" " + sentences[i % len(sentences)] for i in range(k)) for k in range(n + 1))
+        prefixes = (
+            "".join(" " + sentences[i % len(sentences)] for i in range(k)) for k in range(n + 1)
+        )
         k = next(k for k, prefix in enumerate(prefixes) if prefix == before)
         assert k == test.sentence_index[j]
         if n:
@@ -140,9 +146,16 @@ def test_same_seed_same_tests_different_seed_different(builders):
 
 
 def test_digits_removed_from_haystack(tmp_path: Path):
-    assert clean_haystack("In 2010 he had 7 cats.[12] Call 144231 now.") == "In he had cats. Call now."
-    assert split_sentences("One. Two? Three!Four \"Five.\" Six.Seven") == [
-        "One.", "Two?", "Three!", "Four \"Five.\"", "Six.", "Seven"
+    assert (
+        clean_haystack("In 2010 he had 7 cats.[12] Call 144231 now.") == "In he had cats. Call now."
+    )
+    assert split_sentences('One. Two? Three!Four "Five." Six.Seven') == [
+        "One.",
+        "Two?",
+        "Three!",
+        'Four "Five."',
+        "Six.",
+        "Seven",
     ]
     file = tmp_path / "numbers.txt"
     file.write_text(" ".join(f"Item {100000 + i} costs {i} dollars." for i in range(500)))
@@ -172,7 +185,11 @@ def test0(builders) -> NiahTest:
 
 
 def test_extract_numbers_whole_runs_only():
-    assert extract_numbers("144231, 1442310 and 44231 or x543171y 264468.") == ["144231", "543171", "264468"]
+    assert extract_numbers("144231, 1442310 and 44231 or x543171y 264468.") == [
+        "144231",
+        "543171",
+        "264468",
+    ]
     assert extract_numbers("no digits") == []
 
 
@@ -193,14 +210,17 @@ def test_scoring_counts_and_threshold(test0):
         score_answer(test0, "", rule="somewhere")
 
 
-@pytest.mark.parametrize("form, expected", [
-    ("1. {a}\n2. {b}\n3. {c}\n4. {d}", 4),                       # a numbered list (instruct models)
-    ("{a}, {b}, {c}, {d}", 4),                                     # comma-separated
-    (": the first is {c}. Later the text says {a}, then {d}.", 3),  # prose
-    (" 111111, {a}, 222222 and {b} and 999999.", 2),               # extra numbers count nothing
-    (" {a}, {a}, {a} and {a}.", 1),                                # one needle repeated scores 1
-    ("\n\n- {b}\n- {d}", 2),                                      # a list after blank lines
-])
+@pytest.mark.parametrize(
+    "form, expected",
+    [
+        ("1. {a}\n2. {b}\n3. {c}\n4. {d}", 4),  # a numbered list (instruct models)
+        ("{a}, {b}, {c}, {d}", 4),  # comma-separated
+        (": the first is {c}. Later the text says {a}, then {d}.", 3),  # prose
+        (" 111111, {a}, 222222 and {b} and 999999.", 2),  # extra numbers count nothing
+        (" {a}, {a}, {a} and {a}.", 1),  # one needle repeated scores 1
+        ("\n\n- {b}\n- {d}", 2),  # a list after blank lines
+    ],
+)
 def test_answers_in_any_form_score_the_needles_they_contain(test0, form, expected):
     a, b, c, d = test0.needles
     result = score_answer(test0, form.format(a=a, b=b, c=c, d=d))
@@ -221,10 +241,16 @@ def test_first_line_rule_stops_at_first_newline_after_digits(test0):
     assert cut_answer(f":\n\n{a}, {b}\n{c}") == f":\n\n{a}, {b}"
     assert cut_answer("no digits\nyet") == "no digits\nyet"
     result = score_answer(test0, f" {a}.\nWhat are the magic numbers? {b}, {c}", rule="first_line")
-    assert result.retrieved == 1 and not result.passed and result.hits_anywhere == (True, True, True, False)
+    assert (
+        result.retrieved == 1
+        and not result.passed
+        and result.hits_anywhere == (True, True, True, False)
+    )
     assert score_answer(test0, f"\n {a},\n{b}", rule="first_line").retrieved == 1
     assert score_answer(test0, f"\n {a},\n{b}").retrieved == 2
-    assert not all_needles_in(test0.needles, f" {a}, {b}, {c}") and all_needles_in(test0.needles, f"{d} {c} {b} {a}")
+    assert not all_needles_in(test0.needles, f" {a}, {b}, {c}") and all_needles_in(
+        test0.needles, f"{d} {c} {b} {a}"
+    )
 
 
 def test_records_are_json_ready(test0):
@@ -238,6 +264,11 @@ def test_probe_needles_are_exactly_the_tests_needles():
     from posfreq.analysis.niah import probe_needles
 
     builder = NiahBuilder(get_tokenizer("llama3"), "noise", FORMAT)
-    built = {n for length in (128, 256) for test in builder.make_tests(length, 5, seed=3) for n in test.needles}
+    built = {
+        n
+        for length in (128, 256)
+        for test in builder.make_tests(length, 5, seed=3)
+        for n in test.needles
+    }
     assert probe_needles([128, 256], 5, seed=3) == built
     assert len(built) == 2 * 5 * 4  # fresh numbers for every test

@@ -20,8 +20,12 @@ nbclient = pytest.importorskip("nbclient")
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "effective_length_vs_position_frequency.ipynb"
 FIXTURES = Path("tests") / "fixtures" / "demo_probe"
-FIGURES = ("pass_rate_vs_length", "fig2a_effective_length_vs_tokens", "fig2b_frequency_vs_effective_length",
-           "fig3_position_frequency")
+FIGURES = (
+    "pass_rate_vs_length",
+    "fig2a_effective_length_vs_tokens",
+    "fig2b_frequency_vs_effective_length",
+    "fig3_position_frequency",
+)
 
 
 def execute(repo: Path, monkeypatch, **env: str) -> nbformat.NotebookNode:
@@ -31,8 +35,12 @@ def execute(repo: Path, monkeypatch, **env: str) -> nbformat.NotebookNode:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     notebook = nbformat.read(NOTEBOOK, as_version=4)
-    nbclient.NotebookClient(notebook, timeout=180, kernel_name="python3",
-                            resources={"metadata": {"path": str(repo / "notebooks")}}).execute()
+    nbclient.NotebookClient(
+        notebook,
+        timeout=180,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(repo / "notebooks")}},
+    ).execute()
     return notebook
 
 
@@ -40,7 +48,9 @@ def outputs(notebook: nbformat.NotebookNode) -> tuple[str, list[bytes]]:
     """All text the code cells printed, and every PNG they displayed (decoded)."""
     cells = [o for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     text = "".join(o.get("text", "") for o in cells)
-    images = [base64.b64decode(o["data"]["image/png"]) for o in cells if "image/png" in o.get("data", {})]
+    images = [
+        base64.b64decode(o["data"]["image/png"]) for o in cells if "image/png" in o.get("data", {})
+    ]
     return text, images
 
 
@@ -57,7 +67,9 @@ def assert_every_figure_shown(figures: Path, images: list[bytes]) -> None:
 def test_relative_runs_resolve_from_the_repository_root(tmp_path: Path, monkeypatch) -> None:
     """POSFREQ_RUNS relative to the repository root works although the kernel runs in notebooks/."""
     runs = os.pathsep.join(str(FIXTURES / name / "probe") for name in ("L256-s0", "L512-s0"))
-    notebook = execute(REPO, monkeypatch, POSFREQ_RUNS=runs, POSFREQ_FIGURES=str(tmp_path / "figures"))
+    notebook = execute(
+        REPO, monkeypatch, POSFREQ_RUNS=runs, POSFREQ_FIGURES=str(tmp_path / "figures")
+    )
     text, images = outputs(notebook)
     assert "L256-s0 (L = 256): 8 checkpoints" in text and "L512-s0 (L = 512): 8 checkpoints" in text
     assert "skipping" not in text

@@ -80,7 +80,7 @@ def scan_segments(batch: PackedBatch, offsets: np.ndarray, pad_id: int) -> list[
     L, ids = batch.train_len, batch.input_ids.numpy()
     out = []
     for r in range(batch.rows):
-        row, lengths, run = ids[r * L:(r + 1) * L].tolist(), [], 0
+        row, lengths, run = ids[r * L : (r + 1) * L].tolist(), [], 0
         for k, t in enumerate(row):
             if t == pad_id:
                 if run:
@@ -122,7 +122,7 @@ def check_batch(batch: PackedBatch, offsets: np.ndarray, pad_id: int, whole_piec
             assert np.all(tgt[a:b] == IGNORE_INDEX)
             continue
         real.append(b - a)
-        assert list(tgt[a: b - 1]) == list(ids[a + 1: b]) and tgt[b - 1] == IGNORE_INDEX
+        assert list(tgt[a : b - 1]) == list(ids[a + 1 : b]) and tgt[b - 1] == IGNORE_INDEX
         doc = np.searchsorted(offsets, ids[a:b], side="right") - 1
         assert len(set(doc)) == 1 and np.all(np.diff(ids[a:b]) == 1)
         local = ids[a:b] - offsets[doc[0]]
@@ -165,7 +165,9 @@ def test_an_epoch_holds_every_token_once(unique, packing, train_len, block) -> N
 def test_best_fit_rows_match_a_naive_best_fit(unique) -> None:
     ds, offsets = unique
     L = 16
-    sampler = PackedSampler(ds, L, 2, seed=1, packing="best_fit")  # one block: the whole corpus is the buffer
+    sampler = PackedSampler(
+        ds, L, 2, seed=1, packing="best_fit"
+    )  # one block: the whole corpus is the buffer
     rows = sampler.plan.epoch_rows(0)
     batch = sampler.make_batch(0, len(rows))
     fills = (batch.input_ids.numpy().reshape(len(rows), L) != ds.eos_id).sum(1)
@@ -219,8 +221,12 @@ def test_ranks_are_disjoint_and_union_is_single_stream(unique, packing) -> None:
     ds, _ = unique
     world, rows = 3, 2
     single = PackedSampler(ds, 6, rows, seed=2, packing=packing, shuffle_block=5)
-    ranks = [PackedSampler(ds, 6, rows, seed=2, rank=r, world_size=world, packing=packing, shuffle_block=5)
-             for r in range(world)]
+    ranks = [
+        PackedSampler(
+            ds, 6, rows, seed=2, rank=r, world_size=world, packing=packing, shuffle_block=5
+        )
+        for r in range(world)
+    ]
     seen = []
     for _ in range(8):  # past the first epoch
         for sampler in ranks:
@@ -240,8 +246,20 @@ UPSAMPLE = {"1-2": 0.5, "30-": 2.0}
 @pytest.mark.parametrize("upsample", [{}, UPSAMPLE])
 def test_resume_mid_epoch_reproduces_the_stream(unique, packing, upsample) -> None:
     ds, _ = unique
-    make = lambda world=1, rank=0: PackedSampler(ds, 7, 2, seed=11, packing=packing,  # noqa: E731
-                                                 shuffle_block=5, upsample=upsample, world_size=world, rank=rank)
+
+    def make(world: int = 1, rank: int = 0) -> PackedSampler:
+        return PackedSampler(
+            ds,
+            7,
+            2,
+            seed=11,
+            packing=packing,
+            shuffle_block=5,
+            upsample=upsample,
+            world_size=world,
+            rank=rank,
+        )
+
     original = make()
     epoch_rows = original.plan.epoch_rows(0)
     for _ in range(len(epoch_rows) // 2 + 3):  # past the first epoch, stopping mid-epoch
@@ -257,8 +275,9 @@ def test_resume_mid_epoch_reproduces_the_stream(unique, packing, upsample) -> No
             assert torch.equal(getattr(want, field), getattr(got, field))
         assert np.array_equal(want.segment_lengths, got.segment_lengths)
     cursor = tuple(state["cursor"])
-    assert all(tuple(c) <= (0, 0, 0, 0) or tuple(c) >= cursor for c in resumed.plan._walked), \
+    assert all(tuple(c) <= (0, 0, 0, 0) or tuple(c) >= cursor for c in resumed.plan._walked), (
         "resuming planned blocks before the saved one (a replay of the epoch)"
+    )
     halves = [make(2, r) for r in range(2)]  # another world size continues the same global stream
     for sampler in halves:
         sampler.load_state_dict(state)
@@ -302,12 +321,16 @@ def test_integer_weights_repeat_each_document_exactly(unique, packing) -> None:
 
 def test_fractional_weights_keep_floor_or_ceil_copies_drawn_per_epoch(unique) -> None:
     ds, offsets = unique
-    sampler = PackedSampler(ds, 8, 1, seed=2, packing="padded", shuffle_block=4, upsample={"1-": 1.5})
+    sampler = PackedSampler(
+        ds, 8, 1, seed=2, packing="padded", shuffle_block=4, upsample={"1-": 1.5}
+    )
     per_epoch = []
     for epoch in range(40):
         rows = sampler.plan.epoch_rows(epoch)
         tokens = real_tokens(sampler.make_batch(rows.start, len(rows)), ds.eos_id)
-        counts = np.bincount(tokens, minlength=ds.num_tokens)[offsets[:-1]]  # copies of each document's first token
+        counts = np.bincount(tokens, minlength=ds.num_tokens)[
+            offsets[:-1]
+        ]  # copies of each document's first token
         assert set(counts.tolist()) <= {1, 2}
         per_epoch.append(counts)
     per_epoch = np.array(per_epoch)
@@ -319,21 +342,31 @@ def test_upsample_weights_by_source_override_the_general_bucket() -> None:
     lengths = np.array([5, 50, 500, 5, 50, 500])
     docs = Documents(lengths, np.array([0, 0, 0, 1, 1, 1]), ("arxiv", "web"))
     upsample = LengthUpsample.parse({"0-100": 0.5, "arxiv:40-": 4.0})
-    assert upsample.weights(docs.lengths, docs.sources, docs.source_names).tolist() == [0.5, 4, 4, 0.5, 0.5, 1]
+    assert upsample.weights(docs.lengths, docs.sources, docs.source_names).tolist() == [
+        0.5,
+        4,
+        4,
+        0.5,
+        0.5,
+        1,
+    ]
     with pytest.raises(ValueError, match="no documents of source 'books'"):
         LengthUpsample.parse({"books:0-": 2}).weights(docs.lengths, docs.sources, docs.source_names)
     with pytest.raises(ValueError, match="per-source buckets.*carry no source"):
         PackingPlan(Documents(lengths), 8, upsample={"arxiv:0-": 2.0})
 
 
-@pytest.mark.parametrize("weights,message", [
-    ({"abc": 1.0}, r"\['abc'\]: a key is LO-HI"),
-    ({"10-5": 1.0}, r"\['10-5'\]: empty range"),
-    ({"0-10": -1.0}, r"\['0-10'\]=-1.0: a weight is a finite number >= 0"),
-    ({"0-10": float("nan")}, r"\['0-10'\]=nan"),
-    ({"0-100": 1.0, "50-": 2.0}, r"\['50-'\] overlaps .*\['0-100'\]"),
-    ({"0-100": 0.0, "100-": 0}, r": every document length has weight 0"),
-])
+@pytest.mark.parametrize(
+    "weights,message",
+    [
+        ({"abc": 1.0}, r"\['abc'\]: a key is LO-HI"),
+        ({"10-5": 1.0}, r"\['10-5'\]: empty range"),
+        ({"0-10": -1.0}, r"\['0-10'\]=-1.0: a weight is a finite number >= 0"),
+        ({"0-10": float("nan")}, r"\['0-10'\]=nan"),
+        ({"0-100": 1.0, "50-": 2.0}, r"\['50-'\] overlaps .*\['0-100'\]"),
+        ({"0-100": 0.0, "100-": 0}, r": every document length has weight 0"),
+    ],
+)
 def test_bad_upsample_weights_are_named(weights, message) -> None:
     with pytest.raises(ValueError, match=message):
         LengthUpsample.parse(weights)
@@ -348,8 +381,9 @@ def test_data_section_checks_packing_settings() -> None:
         DataSection(length_upsample={"arxiv:0-": 2.0})
     with pytest.raises(ConfigError, match="packing"):
         config_from_dict({"data": {"packing": "greedy"}})
-    assert DataSection(packing="best_fit", length_upsample={"0-1024": 0.5, "4096-": 2}).length_upsample == \
-        {"0-1024": 0.5, "4096-": 2.0}
+    assert DataSection(
+        packing="best_fit", length_upsample={"0-1024": 0.5, "4096-": 2}
+    ).length_upsample == {"0-1024": 0.5, "4096-": 2.0}
 
 
 # --------------------------------------------------------------------------------------------
@@ -363,18 +397,24 @@ def test_prediction_equals_the_segments_a_token_scan_finds(unique, packing, upsa
     ds, offsets = unique
     L = 8
     sampler = PackedSampler(ds, L, 3, seed=5, packing=packing, shuffle_block=4, upsample=upsample)
-    prediction = predict_trained_histogram(ds, L, packing, seed=5, shuffle_block=4, upsample=upsample)
+    prediction = predict_trained_histogram(
+        ds, L, packing, seed=5, shuffle_block=4, upsample=upsample
+    )
     found = np.zeros(L + 1, dtype=np.int64)
     for first in range(0, prediction.rows, 3):  # the batches a one-epoch run trains on
         batch = sampler.make_batch(first, min(3, prediction.rows - first))
         for row in scan_segments(batch, offsets, ds.eos_id):
             found += np.bincount(row, minlength=L + 1)
     assert np.array_equal(prediction.histogram, found)
-    if packing in PIECE_RULES and not upsample:  # one epoch trains exactly Eq. 2 over the corpus's pieces
+    if (
+        packing in PIECE_RULES and not upsample
+    ):  # one epoch trains exactly Eq. 2 over the corpus's pieces
         pieces = naive_pieces(ds.doc_lengths(), L)
         assert np.array_equal(prediction.histogram, np.bincount(pieces, minlength=L + 1))
         assert np.array_equal(position_frequency(prediction.histogram, L), naive_f(pieces, L))
-    assert prediction.padding_share == pytest.approx(1 - found @ np.arange(L + 1) / (prediction.rows * L))
+    assert prediction.padding_share == pytest.approx(
+        1 - found @ np.arange(L + 1) / (prediction.rows * L)
+    )
 
 
 def test_prediction_from_a_histogram_or_an_array() -> None:
@@ -383,14 +423,20 @@ def test_prediction_from_a_histogram_or_an_array() -> None:
     counts = np.bincount(lengths)
     for packing in PIECE_RULES:  # order-free: one epoch is the corpus's pieces, whatever the order
         a = predict_trained_histogram(lengths, 64, packing, shuffle_block=50)
-        b = predict_trained_histogram(Documents.from_histogram(counts, seed=3), 64, packing, shuffle_block=50)
+        b = predict_trained_histogram(
+            Documents.from_histogram(counts, seed=3), 64, packing, shuffle_block=50
+        )
         assert np.array_equal(a.histogram, b.histogram)
         assert np.array_equal(a.histogram, np.bincount(naive_pieces(lengths, 64), minlength=65))
     by_source = Documents.from_histogram({"web": counts, "arxiv": np.bincount(lengths[:7])}, seed=1)
     assert by_source.source_names == ("arxiv", "web") and by_source.num_docs == 507
-    assert sorted(by_source.lengths[by_source.sources == 0].tolist()) == sorted(lengths[:7].tolist())
+    assert sorted(by_source.lengths[by_source.sources == 0].tolist()) == sorted(
+        lengths[:7].tolist()
+    )
     weighted = predict_trained_histogram(by_source, 64, "padded", upsample={"arxiv:0-": 2.0})
-    assert weighted.histogram.sum() == len(naive_pieces(lengths, 64)) + 2 * len(naive_pieces(lengths[:7], 64))
+    assert weighted.histogram.sum() == len(naive_pieces(lengths, 64)) + 2 * len(
+        naive_pieces(lengths[:7], 64)
+    )
     with pytest.raises(ValueError, match="1-D integer array"):
         Documents(np.array([1.5, 2.0]))
 
@@ -406,7 +452,9 @@ L_TRAIN = 16
 def byte_shards(directory: Path, lengths: list[int]) -> Path:
     """Byte-tokenized documents of these lengths (EOS included; a length-1 document is just EOS), two shards."""
     for s, part in enumerate((lengths[::2], lengths[1::2])):
-        with ShardWriter(directory, f"s{s}", tokenizer="bytes", vocab_size=258, eos_id=257) as writer:
+        with ShardWriter(
+            directory, f"s{s}", tokenizer="bytes", vocab_size=258, eos_id=257
+        ) as writer:
             for n in part:
                 writer.add([97 + (k * 7 + n) % 26 for k in range(n - 1)] + [257])
     return directory
@@ -416,17 +464,35 @@ def byte_shards(directory: Path, lengths: list[int]) -> Path:
 def train_dir(tmp_path_factory) -> Path:
     """Documents of 1..3L+1 tokens: 1-token documents and 1-token pieces (L + 1), full pieces, everything between."""
     rng = np.random.default_rng(1)
-    lengths = [1, 1, L_TRAIN + 1, 2 * L_TRAIN, 3 * L_TRAIN + 1] + rng.integers(1, 2 * L_TRAIN, size=25).tolist()
+    lengths = [1, 1, L_TRAIN + 1, 2 * L_TRAIN, 3 * L_TRAIN + 1] + rng.integers(
+        1, 2 * L_TRAIN, size=25
+    ).tolist()
     return byte_shards(tmp_path_factory.mktemp("train"), lengths)
 
 
 def one_row_steps(data_dir: Path, out: Path, steps: int, **data) -> dict:
     """A tiny CPU run of `steps` optimizer steps of one row of L_TRAIN tokens each."""
     return {
-        "out": str(out), "seed": 3, "total_tokens": steps * L_TRAIN, "global_batch_tokens": L_TRAIN,
-        "micro_batch_rows": 1, "accelerator": "cpu", "devices": 1, "precision": "32-true", "resume": "auto",
-        "model": {"preset": "tiny-2l-128", "attention_backend": "sdpa",
-                  "overrides": {"n_layers": 1, "d_model": 32, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 64}},
+        "out": str(out),
+        "seed": 3,
+        "total_tokens": steps * L_TRAIN,
+        "global_batch_tokens": L_TRAIN,
+        "micro_batch_rows": 1,
+        "accelerator": "cpu",
+        "devices": 1,
+        "precision": "32-true",
+        "resume": "auto",
+        "model": {
+            "preset": "tiny-2l-128",
+            "attention_backend": "sdpa",
+            "overrides": {
+                "n_layers": 1,
+                "d_model": 32,
+                "n_heads": 2,
+                "n_kv_heads": 1,
+                "ffn_dim": 64,
+            },
+        },
         "data": {"dir": str(data_dir), "train_len": L_TRAIN, "shuffle_block": 7, **data},
         "optim": {"lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 2},
         "checkpoint": {"every_tokens": 10**9, "latest_every_steps": 0, "latest_every_minutes": 0},
@@ -438,17 +504,29 @@ def final_lengths(out: Path, steps: int) -> np.ndarray:
     return ckpt.load_trained_lengths(out / "checkpoints" / ckpt.milestone_name(steps * L_TRAIN))
 
 
-@pytest.mark.parametrize("packing,upsample", [("concat", {}), ("best_fit", {}), ("padded", {}),
-                                              ("best_fit", {"1-2": 0.5, "17-": 2.0})])
-def test_one_epoch_trains_exactly_the_predicted_histogram(train_dir, tmp_path, packing, upsample) -> None:
-    prediction = predict_trained_histogram(TokenDataset(train_dir), L_TRAIN, packing, seed=3, shuffle_block=7,
-                                           upsample=upsample)
-    history = pretrain.train(config_from_dict(one_row_steps(train_dir, tmp_path, prediction.rows, packing=packing,
-                                                            length_upsample=upsample)))
+@pytest.mark.parametrize(
+    "packing,upsample",
+    [("concat", {}), ("best_fit", {}), ("padded", {}), ("best_fit", {"1-2": 0.5, "17-": 2.0})],
+)
+def test_one_epoch_trains_exactly_the_predicted_histogram(
+    train_dir, tmp_path, packing, upsample
+) -> None:
+    prediction = predict_trained_histogram(
+        TokenDataset(train_dir), L_TRAIN, packing, seed=3, shuffle_block=7, upsample=upsample
+    )
+    history = pretrain.train(
+        config_from_dict(
+            one_row_steps(
+                train_dir, tmp_path, prediction.rows, packing=packing, length_upsample=upsample
+            )
+        )
+    )
     assert len(history) == prediction.rows
     trained = final_lengths(tmp_path, prediction.rows)
     assert np.array_equal(trained, prediction.histogram)
-    assert np.array_equal(position_frequency(trained, L_TRAIN), position_frequency(prediction.histogram, L_TRAIN))
+    assert np.array_equal(
+        position_frequency(trained, L_TRAIN), position_frequency(prediction.histogram, L_TRAIN)
+    )
     if packing in PIECE_RULES and not upsample:
         pieces = naive_pieces(TokenDataset(train_dir).doc_lengths(), L_TRAIN)
         assert np.array_equal(position_frequency(trained, L_TRAIN), naive_f(pieces, L_TRAIN))
@@ -460,7 +538,9 @@ def test_one_epoch_trains_exactly_the_predicted_histogram(train_dir, tmp_path, p
 
 @pytest.mark.parametrize("packing", STRATEGIES)
 def test_steps_without_targets_skip_cleanly_and_are_counted(tmp_path, packing) -> None:
-    data = byte_shards(tmp_path / "data", [1] * 40)  # every document is a lone EOS: no row has a target
+    data = byte_shards(
+        tmp_path / "data", [1] * 40
+    )  # every document is a lone EOS: no row has a target
     cfg = one_row_steps(data, tmp_path / "run", 3, packing=packing, shuffle_block=64)  # one block
     history = pretrain.train(config_from_dict(cfg))
     assert [(r["skipped"], r["skip_reason"]) for r in history] == [(True, "no_targets")] * 3
@@ -471,21 +551,52 @@ def test_steps_without_targets_skip_cleanly_and_are_counted(tmp_path, packing) -
     saved = ckpt.model_state_dict(tmp_path / "run/checkpoints" / start)
     torch.manual_seed(3)
     fresh = Transformer(ckpt.load_model_config(tmp_path / "run/checkpoints" / start)).state_dict()
-    assert all(torch.equal(saved[k], fresh[k]) for k in fresh), "a step without targets changed the weights"
-    expected = {"concat": 3 * L_TRAIN, "best_fit": 40, "padded": 3}[packing]  # best_fit: rows of 16, 16, 8
-    assert np.array_equal(final_lengths(tmp_path / "run", 3), np.bincount([1] * expected, minlength=L_TRAIN + 1))
+    assert all(torch.equal(saved[k], fresh[k]) for k in fresh), (
+        "a step without targets changed the weights"
+    )
+    expected = {"concat": 3 * L_TRAIN, "best_fit": 40, "padded": 3}[
+        packing
+    ]  # best_fit: rows of 16, 16, 8
+    assert np.array_equal(
+        final_lengths(tmp_path / "run", 3), np.bincount([1] * expected, minlength=L_TRAIN + 1)
+    )
 
 
-def test_trainer_resume_with_best_fit_and_upsampling_matches_an_uninterrupted_run(train_dir, tmp_path) -> None:
+def test_trainer_resume_with_best_fit_and_upsampling_matches_an_uninterrupted_run(
+    train_dir, tmp_path
+) -> None:
     data = {"packing": "best_fit", "length_upsample": {"1-2": 0.5, "17-": 2.0}}
-    steps = predict_trained_histogram(TokenDataset(train_dir), L_TRAIN, "best_fit", seed=3, shuffle_block=7,
-                                      upsample=data["length_upsample"]).rows + 5  # into the second epoch
-    full = pretrain.train(config_from_dict(one_row_steps(train_dir, tmp_path / "full", steps, **data)))
-    first = pretrain.train(config_from_dict({**one_row_steps(train_dir, tmp_path / "split", steps, **data),
-                                             "stop_at_step": steps // 2}))
-    second = pretrain.train(config_from_dict(one_row_steps(train_dir, tmp_path / "split", steps, **data)))
-    assert np.array_equal([r["loss"] for r in first + second], [r["loss"] for r in full], equal_nan=True)
-    assert np.array_equal(final_lengths(tmp_path / "split", steps), final_lengths(tmp_path / "full", steps))
+    steps = (
+        predict_trained_histogram(
+            TokenDataset(train_dir),
+            L_TRAIN,
+            "best_fit",
+            seed=3,
+            shuffle_block=7,
+            upsample=data["length_upsample"],
+        ).rows
+        + 5
+    )  # into the second epoch
+    full = pretrain.train(
+        config_from_dict(one_row_steps(train_dir, tmp_path / "full", steps, **data))
+    )
+    first = pretrain.train(
+        config_from_dict(
+            {
+                **one_row_steps(train_dir, tmp_path / "split", steps, **data),
+                "stop_at_step": steps // 2,
+            }
+        )
+    )
+    second = pretrain.train(
+        config_from_dict(one_row_steps(train_dir, tmp_path / "split", steps, **data))
+    )
+    assert np.array_equal(
+        [r["loss"] for r in first + second], [r["loss"] for r in full], equal_nan=True
+    )
+    assert np.array_equal(
+        final_lengths(tmp_path / "split", steps), final_lengths(tmp_path / "full", steps)
+    )
     state = ckpt.read_trainer_state(tmp_path / "split/checkpoints/latest")["sampler"]
     assert state["packing"] == "best_fit" and state["length_upsample"] == {"1-2": 0.5, "17-": 2.0}
 

@@ -18,8 +18,13 @@ VOCAB = 97
 
 
 def tiny_cfg(precision: str = "32-true", **model):
-    return config_from_dict({"precision": precision, "data": {"train_len": 64},
-                             "model": {"preset": "tiny-2l-128", "overrides": {"vocab_size": VOCAB, **model}}})
+    return config_from_dict(
+        {
+            "precision": precision,
+            "data": {"train_len": 64},
+            "model": {"preset": "tiny-2l-128", "overrides": {"vocab_size": VOCAB, **model}},
+        }
+    )
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
@@ -50,7 +55,11 @@ def test_sharded_state_is_the_padded_share():
     model = plan.meta_model(plan.model_config(tiny_cfg()))
     whole = plan.state_bytes(model, 1)[0]
     shard = plan.state_bytes(model, 16)[0]
-    assert whole / 16 <= shard <= whole / 16 + 4 * sum(p.numel() // p.shape[0] for p in model.parameters())
+    assert (
+        whole / 16
+        <= shard
+        <= whole / 16 + 4 * sum(p.numel() // p.shape[0] for p in model.parameters())
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -76,7 +85,9 @@ def test_activation_estimate_matches_saved_tensors(dtype):
     rows, length = 4, 64
     tokens, a = rows * length, torch.finfo(dtype).bits // 8
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model.hidden_states(torch.randint(0, VOCAB, (tokens,)), uniform_cu_seqlens(rows, length, "cpu"), length)
+        model.hidden_states(
+            torch.randint(0, VOCAB, (tokens,)), uniform_cu_seqlens(rows, length, "cpu"), length
+        )
     sdpa_extra = config.n_layers * (a * tokens * config.d_model + 8 * tokens)
     expected = plan.activation_bytes(config, tokens, a, checkpointing=False) + sdpa_extra
     assert sum(saved.values()) == pytest.approx(expected, rel=0.02)
@@ -87,7 +98,10 @@ def test_checkpointing_keeps_block_inputs_and_one_block():
     full = plan.activation_bytes(config, 1024, 2, checkpointing=False)
     ckpt = plan.activation_bytes(config, 1024, 2, checkpointing=True)
     one_block = plan.block_activation_bytes(config, 1024, 2)
-    assert ckpt - (full - (config.n_layers - 1) * one_block) == config.n_layers * 2 * 1024 * config.d_model
+    assert (
+        ckpt - (full - (config.n_layers - 1) * one_block)
+        == config.n_layers * 2 * 1024 * config.d_model
+    )
 
 
 def test_paper_2k_run_fits_on_16_a100_80gb_with_sane_days(capsys):
@@ -104,8 +118,23 @@ def test_paper_2k_run_fits_on_16_a100_80gb_with_sane_days(capsys):
     assert 20 < days < 80  # the paper reports about 28 days
     assert 0.3 < plan.tinyllama_mfu(gpu) < 0.7
 
-    assert plan.main(["--config", str(CONFIGS / "pretrain_2k.yaml"), "--num-nodes", "2", "--devices", "8",
-                      "--gpu", "a100-80gb", "--micro-batch-rows", "4"]) == 0
+    assert (
+        plan.main(
+            [
+                "--config",
+                str(CONFIGS / "pretrain_2k.yaml"),
+                "--num-nodes",
+                "2",
+                "--devices",
+                "8",
+                "--gpu",
+                "a100-80gb",
+                "--micro-batch-rows",
+                "4",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "fit: fits" in out and "16 GPUs x 32 micro-batches x 4 rows" in out
     assert f"{days:.1f} days for 1,000,000,000,000 tokens" in out
@@ -128,6 +157,10 @@ def test_accumulating_micro_batches_keeps_whole_fp32_gradients():
     cfg = parse_args(["--config", str(CONFIGS / "pretrain_2k.yaml")])
     model = plan.meta_model(plan.model_config(cfg))
     total = sum(p.numel() for p in model.parameters())
-    assert plan.memory(model, cfg, 16, 8, checkpointing=False).accumulated_gradients == 4 * total  # 16 micro-batches
+    assert (
+        plan.memory(model, cfg, 16, 8, checkpointing=False).accumulated_gradients == 4 * total
+    )  # 16 micro-batches
     one_micro_batch = cfg.global_batch_tokens // cfg.data.train_len // 16
-    assert plan.memory(model, cfg, 16, one_micro_batch, checkpointing=True).accumulated_gradients == 0
+    assert (
+        plan.memory(model, cfg, 16, one_micro_batch, checkpointing=True).accumulated_gradients == 0
+    )

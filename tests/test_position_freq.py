@@ -24,7 +24,9 @@ def naive_frequency(length_hist, train_len):
     """Eq. 2 by definition: cut every document into pieces of <= L, then a double loop."""
     f = [0] * train_len
     for length, count in enumerate(length_hist):
-        pieces = [train_len] * (length // train_len) + ([length % train_len] if length % train_len else [])
+        pieces = [train_len] * (length // train_len) + (
+            [length % train_len] if length % train_len else []
+        )
         for piece in pieces:
             for i in range(train_len):
                 f[i] += count * max(piece - i, 0)
@@ -44,7 +46,9 @@ def test_fast_path_matches_naive_double_loop(seed):
 
 def test_one_document_of_length_L():
     L = 64
-    np.testing.assert_array_equal(fq.position_frequency(fq.concatenated_histogram(1, L), L), L - np.arange(L))
+    np.testing.assert_array_equal(
+        fq.position_frequency(fq.concatenated_histogram(1, L), L), L - np.arange(L)
+    )
 
 
 def test_concatenated_rows_are_linear():
@@ -129,11 +133,15 @@ def slimpajama(tmp_path):
     for chunk in (1, 2, 10):
         for n in range(2):
             recs = [
-                {"text": " ".join(rng.choice(words, size=int(rng.integers(0, 300)))),
-                 "meta": {"redpajama_set_name": SOURCES[int(rng.integers(0, 3))]}}
+                {
+                    "text": " ".join(rng.choice(words, size=int(rng.integers(0, 300)))),
+                    "meta": {"redpajama_set_name": SOURCES[int(rng.integers(0, 3))]},
+                }
                 for _ in range(15)
             ]
-            write_jsonl(tmp_path / "sp" / "train" / f"chunk{chunk}" / f"example_train_{n}.jsonl.zst", recs)
+            write_jsonl(
+                tmp_path / "sp" / "train" / f"chunk{chunk}" / f"example_train_{n}.jsonl.zst", recs
+            )
             records.extend(recs)
     return tmp_path / "sp", records
 
@@ -185,16 +193,48 @@ def test_source_filter_and_worker_shard_independence(slimpajama):
 def test_cli_shards_merge_and_cache(slimpajama, tmp_path, monkeypatch):
     root, records = slimpajama
     monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
-    common = ["--corpus", "slimpajama", "--data-dir", str(root), "--tokenizer", "bytes", "--workers", "1",
-              "--quiet", "--train-len", "16", "32"]
+    common = [
+        "--corpus",
+        "slimpajama",
+        "--data-dir",
+        str(root),
+        "--tokenizer",
+        "bytes",
+        "--workers",
+        "1",
+        "--quiet",
+        "--train-len",
+        "16",
+        "32",
+    ]
     for i in range(3):
         assert pf.main(common + ["--shard", f"{i}/3", "--out", str(tmp_path / f"shard_{i}")]) == 0
     with pytest.raises(SystemExit, match="shards 0..n-1"):
-        pf.main(["--merge", str(tmp_path / "shard_0"), str(tmp_path / "shard_1"), "--out", str(tmp_path / "x")])
-    pf.main(["--merge", *(str(tmp_path / f"shard_{i}") for i in range(3)), "--out", str(tmp_path / "merged"),
-             "--train-len", "16", "32", "--no-figures"])
+        pf.main(
+            [
+                "--merge",
+                str(tmp_path / "shard_0"),
+                str(tmp_path / "shard_1"),
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
+    pf.main(
+        [
+            "--merge",
+            *(str(tmp_path / f"shard_{i}") for i in range(3)),
+            "--out",
+            str(tmp_path / "merged"),
+            "--train-len",
+            "16",
+            "32",
+            "--no-figures",
+        ]
+    )
     pf.main(common + ["--out", str(tmp_path / "whole"), "--no-figures"])
-    assert list((tmp_path / "cache" / "position_freq").glob("*.npz"))  # cached: a re-run reads it back
+    assert list(
+        (tmp_path / "cache" / "position_freq").glob("*.npz")
+    )  # cached: a re-run reads it back
     merged = json.loads((tmp_path / "merged" / "summary.json").read_text())
     whole = json.loads((tmp_path / "whole" / "summary.json").read_text())
     assert merged["all"] == whole["all"] and merged["by_source"] == whole["by_source"]
@@ -206,8 +246,23 @@ def test_empty_corpus_is_an_error(slimpajama, tmp_path, monkeypatch):
     root, _ = slimpajama
     monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
     with pytest.raises(SystemExit, match="no documents"):
-        pf.main(["--corpus", "slimpajama", "--data-dir", str(root), "--sources", "wikipedia",
-                 "--tokenizer", "bytes", "--workers", "1", "--quiet", "--out", str(tmp_path / "o")])
+        pf.main(
+            [
+                "--corpus",
+                "slimpajama",
+                "--data-dir",
+                str(root),
+                "--sources",
+                "wikipedia",
+                "--tokenizer",
+                "bytes",
+                "--workers",
+                "1",
+                "--quiet",
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
     assert not (tmp_path / "o").exists()
 
 
@@ -225,29 +280,60 @@ def test_rerun_with_other_lengths_leaves_only_its_own_outputs(slimpajama, tmp_pa
     root, _ = slimpajama
     monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"
-    common = ["--corpus", "slimpajama", "--data-dir", str(root), "--tokenizer", "bytes", "--workers", "1",
-              "--quiet", "--out", str(out)]
+    common = [
+        "--corpus",
+        "slimpajama",
+        "--data-dir",
+        str(root),
+        "--tokenizer",
+        "bytes",
+        "--workers",
+        "1",
+        "--quiet",
+        "--out",
+        str(out),
+    ]
     assert pf.main(common + ["--train-len", "32", "64"]) == 0
     assert listing(out) == set(summary_files(out))
-    assert {"position_frequency_L64.csv", "figures/fig1a_L64.pdf", "figures/fig3_L32_vs_L64.png"} <= listing(out)
+    assert {
+        "position_frequency_L64.csv",
+        "figures/fig1a_L64.pdf",
+        "figures/fig3_L32_vs_L64.png",
+    } <= listing(out)
     (out / "notes.txt").write_text("not the job's: never deleted, never listed")
 
     assert pf.main(common + ["--train-len", "16"]) == 0
-    expected = {"summary.json", "histogram.npz", "lengths.csv", "position_frequency.npz", "position_frequency_L16.csv"}
-    expected |= {f"figures/fig{name}_L16.{ext}" for name in ("1a", "1b", "1c", "_packing") for ext in ("png", "pdf")}
+    expected = {
+        "summary.json",
+        "histogram.npz",
+        "lengths.csv",
+        "position_frequency.npz",
+        "position_frequency_L16.csv",
+    }
+    expected |= {
+        f"figures/fig{name}_L16.{ext}"
+        for name in ("1a", "1b", "1c", "_packing")
+        for ext in ("png", "pdf")
+    }
     assert summary_files(out) == sorted(expected)
     assert listing(out) == expected | {"notes.txt"}
     assert list(json.loads((out / "summary.json").read_text())["all"]["by_train_len"]) == ["16"]
     assert {key.split("/")[0] for key in np.load(out / "position_frequency.npz").files} == {"L16"}
 
     assert pf.main(common + ["--train-len", "16", "--no-figures"]) == 0
-    assert listing(out) == set(summary_files(out)) | {"notes.txt"} and not (out / "figures").exists()
-    assert pf.main(common + ["--shard", "0/2"]) == 0  # a partial histogram replaces the full outputs too
+    assert (
+        listing(out) == set(summary_files(out)) | {"notes.txt"} and not (out / "figures").exists()
+    )
+    assert (
+        pf.main(common + ["--shard", "0/2"]) == 0
+    )  # a partial histogram replaces the full outputs too
     assert listing(out) == {"histogram.npz", "summary.json", "notes.txt"}
     assert summary_files(out) == ["histogram.npz", "summary.json"]
 
 
-@pytest.mark.parametrize("listed", [None, ["../victim.txt"], ["sub"]], ids=["no-files-list", "outside-out", "folder"])
+@pytest.mark.parametrize(
+    "listed", [None, ["../victim.txt"], ["sub"]], ids=["no-files-list", "outside-out", "folder"]
+)
 def test_outputs_it_did_not_list_are_never_deleted(slimpajama, tmp_path, monkeypatch, listed):
     root, _ = slimpajama
     monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
@@ -255,75 +341,158 @@ def test_outputs_it_did_not_list_are_never_deleted(slimpajama, tmp_path, monkeyp
     (out / "sub").mkdir(parents=True)
     (tmp_path / "victim.txt").write_text("keep")
     (out / "lengths.csv").write_text("an older run's")
-    (out / "summary.json").write_text(json.dumps({"all": {}} if listed is None else {"files": listed}))
-    with pytest.raises(SystemExit, match="error: .*summary.json (does not list the files|lists files outside|lists folders)"):
-        pf.main(["--corpus", "slimpajama", "--data-dir", str(root), "--tokenizer", "bytes", "--workers", "1",
-                 "--quiet", "--no-figures", "--train-len", "16", "--out", str(out)])
-    assert listing(out) == {"lengths.csv", "summary.json"} and (tmp_path / "victim.txt").read_text() == "keep"
+    (out / "summary.json").write_text(
+        json.dumps({"all": {}} if listed is None else {"files": listed})
+    )
+    with pytest.raises(
+        SystemExit,
+        match="error: .*summary.json (does not list the files|lists files outside|lists folders)",
+    ):
+        pf.main(
+            [
+                "--corpus",
+                "slimpajama",
+                "--data-dir",
+                str(root),
+                "--tokenizer",
+                "bytes",
+                "--workers",
+                "1",
+                "--quiet",
+                "--no-figures",
+                "--train-len",
+                "16",
+                "--out",
+                str(out),
+            ]
+        )
+    assert (
+        listing(out) == {"lengths.csv", "summary.json"}
+        and (tmp_path / "victim.txt").read_text() == "keep"
+    )
 
 
 def test_source_lists_comma_yaml_and_config_file_agree(slimpajama, tmp_path, monkeypatch):
     root, records = slimpajama
     monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
-    common = ["--corpus", "slimpajama", "--data-dir", str(root), "--tokenizer", "bytes", "--workers", "1", "--quiet",
-              "--no-figures", "--no-cache", "--train-len", "16"]
+    common = [
+        "--corpus",
+        "slimpajama",
+        "--data-dir",
+        str(root),
+        "--tokenizer",
+        "bytes",
+        "--workers",
+        "1",
+        "--quiet",
+        "--no-figures",
+        "--no-cache",
+        "--train-len",
+        "16",
+    ]
     config = tmp_path / "analyze.yaml"
     config.write_text("sources: [c4, RedPajamaBook]\nexclude_sources: [book]\n")
-    runs = {"comma": ["--sources", "c4,book", "--exclude-sources", "book"],
-            "yaml": ["--sources", "[C4, book]", "--exclude-sources", "[book]"],
-            "config": ["--config", str(config)]}
+    runs = {
+        "comma": ["--sources", "c4,book", "--exclude-sources", "book"],
+        "yaml": ["--sources", "[C4, book]", "--exclude-sources", "[book]"],
+        "config": ["--config", str(config)],
+    }
     for name, flags in runs.items():
         assert pf.main(common + flags + ["--out", str(tmp_path / name)]) == 0
         summary = json.loads((tmp_path / name / "summary.json").read_text())
-        assert summary["all"]["documents"] == sum(r["meta"]["redpajama_set_name"] == "RedPajamaC4" for r in records)
+        assert summary["all"]["documents"] == sum(
+            r["meta"]["redpajama_set_name"] == "RedPajamaC4" for r in records
+        )
         assert list(summary["by_source"]) == ["RedPajamaC4"]
     with pytest.raises(SystemExit, match="--exclude-sources github"):
         pf.main(common + ["--sources", "c4,-github", "--out", str(tmp_path / "refused")])
 
 
-@pytest.mark.parametrize("module", ["posfreq.analysis.position_freq", "posfreq.scripts.prepare_data"])
+@pytest.mark.parametrize(
+    "module", ["posfreq.analysis.position_freq", "posfreq.scripts.prepare_data"]
+)
 def test_every_option_has_help_and_a_shown_default(module):
     import importlib
 
     parser = importlib.import_module(module).build_parser()
     section = parser.format_help().split("\noptions:\n")[1]
-    blocks = {block.split()[0].rstrip(","): " ".join(block.split()) for block in re.split(r"\n(?=  -)", section)}
-    options = [a for a in parser._actions if a.option_strings and a.dest not in ("help", "config", "print_config")]
+    blocks = {
+        block.split()[0].rstrip(","): " ".join(block.split())
+        for block in re.split(r"\n(?=  -)", section)
+    }
+    options = [
+        a
+        for a in parser._actions
+        if a.option_strings and a.dest not in ("help", "config", "print_config")
+    ]
     for action in options:
         shown = blocks[action.option_strings[0]]
         assert action.help and action.help in shown, shown
         assert "default:" in shown or (action.required and "required" in shown), shown
     flags = {o for a in options for o in a.option_strings}
-    assert {"--corpus", "--data-dir", "--sources", "--exclude-sources", "--workers", "--tokenizer", "--out",
-            "--shard", "--on-error"} <= flags
+    assert {
+        "--corpus",
+        "--data-dir",
+        "--sources",
+        "--exclude-sources",
+        "--workers",
+        "--tokenizer",
+        "--out",
+        "--shard",
+        "--on-error",
+    } <= flags
 
 
 def test_layout_imports_flow_one_way():
     """frequency needs neither matplotlib nor torch; plots needs no other analysis module; train never imports analysis."""
-    code = ("import sys; import posfreq.analysis.frequency; "
-            "assert not [m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'torch')], 'frequency'; "
-            "import posfreq.analysis.plots, posfreq.train.corpus_cli, posfreq.train.corpora; "
-            "analysis = {m for m in sys.modules if m.startswith('posfreq.analysis.')}; "
-            "assert analysis == {'posfreq.analysis.frequency', 'posfreq.analysis.plots'}, analysis; "
-            "assert 'torch' not in sys.modules, 'torch'")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys; import posfreq.analysis.frequency; "
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'torch')], 'frequency'; "
+        "import posfreq.analysis.plots, posfreq.train.corpus_cli, posfreq.train.corpora; "
+        "analysis = {m for m in sys.modules if m.startswith('posfreq.analysis.')}; "
+        "assert analysis == {'posfreq.analysis.frequency', 'posfreq.analysis.plots'}, analysis; "
+        "assert 'torch' not in sys.modules, 'torch'"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     for path in (REPO / "train").glob("*.py"):
-        assert not re.search(r"^\s*(from|import) posfreq\.analysis", path.read_text(), re.M), path.name
+        assert not re.search(r"^\s*(from|import) posfreq\.analysis", path.read_text(), re.M), (
+            path.name
+        )
 
 
 def test_cli_on_pg_essays_writes_all_outputs(tmp_path):
     out = tmp_path / "pg"
-    cmd = [sys.executable, "analysis/position_freq.py", "--corpus", "pg-essays", "--out", str(out),
-           "--workers", "2", "--no-cache", "--quiet"]
+    cmd = [
+        sys.executable,
+        "analysis/position_freq.py",
+        "--corpus",
+        "pg-essays",
+        "--out",
+        str(out),
+        "--workers",
+        "2",
+        "--no-cache",
+        "--quiet",
+    ]
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "i<=L/2" in result.stdout
-    for name in ["summary.json", "histogram.npz", "lengths.csv", "position_frequency.npz",
-                 "position_frequency_L2048.csv", "position_frequency_L4096.csv"]:
+    for name in [
+        "summary.json",
+        "histogram.npz",
+        "lengths.csv",
+        "position_frequency.npz",
+        "position_frequency_L2048.csv",
+        "position_frequency_L4096.csv",
+    ]:
         assert (out / name).is_file(), name
     for fig in ["fig1a_L2048", "fig1b_L2048", "fig1c_L4096", "fig3_L2048_vs_L4096"]:
-        assert (out / "figures" / f"{fig}.png").is_file() and (out / "figures" / f"{fig}.pdf").is_file()
+        assert (out / "figures" / f"{fig}.png").is_file() and (
+            out / "figures" / f"{fig}.pdf"
+        ).is_file()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["all"]["documents"] == 49
     assert listing(out) == set(summary["files"])
@@ -333,10 +502,19 @@ def test_cli_on_pg_essays_writes_all_outputs(tmp_path):
 
 def test_module_entry_point_and_missing_slimpajama(tmp_path):
     env = {"SLIMPAJAMA_DIR": str(tmp_path / "none"), "POSFREQ_CACHE": str(tmp_path), "PATH": ""}
-    result = subprocess.run([sys.executable, "-m", "posfreq.analysis.position_freq", "--quiet"], cwd=REPO,
-                            capture_output=True, text=True, timeout=60, env=env)
+    result = subprocess.run(
+        [sys.executable, "-m", "posfreq.analysis.position_freq", "--quiet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert result.returncode != 0
-    assert "SlimPajama (train split) not found" in result.stderr and "--corpus pg-essays" in result.stderr
+    assert (
+        "SlimPajama (train split) not found" in result.stderr
+        and "--corpus pg-essays" in result.stderr
+    )
 
 
 # ------------------------------------------------------------------------- trained f per packing
@@ -347,7 +525,9 @@ def naive_pieces(length_hist, train_len):
     pieces = []
     for length, count in enumerate(length_hist):
         for _ in range(int(count)):
-            pieces += [train_len] * (length // train_len) + ([length % train_len] if length % train_len else [])
+            pieces += [train_len] * (length // train_len) + (
+                [length % train_len] if length % train_len else []
+            )
     return pieces
 
 
@@ -373,7 +553,9 @@ def concat_segments(doc_len, docs, train_len):
     end = rows * train_len
     cuts = set(range(0, end + 1, train_len))
     for start in range(0, end, doc_len):
-        cuts |= set(range(start, min(start + doc_len, end), train_len)) | {min(start + doc_len, end)}
+        cuts |= set(range(start, min(start + doc_len, end), train_len)) | {
+            min(start + doc_len, end)
+        }
     cuts = sorted(cuts)
     return [b - a for a, b in zip(cuts, cuts[1:])]
 
@@ -381,8 +563,15 @@ def concat_segments(doc_len, docs, train_len):
 def write(histogram, tmp_path, train_lens, **settings):
     """write_outputs without figures into tmp_path/out; returns (summary, npz arrays)."""
     out = tmp_path / "out"
-    summary = pf.write_outputs(out, histogram, {"corpus": "test"}, train_lens, 1e12,
-                               pf.PackingSettings(**settings), figures=False)
+    summary = pf.write_outputs(
+        out,
+        histogram,
+        {"corpus": "test"},
+        train_lens,
+        1e12,
+        pf.PackingSettings(**settings),
+        figures=False,
+    )
     with np.load(out / "position_frequency.npz") as arrays:
         return summary, dict(arrays)
 
@@ -393,7 +582,9 @@ def test_best_fit_and_padded_train_exactly_eq2_over_the_pieces(tmp_path):
     histogram.add("a", rng.integers(1, 90, size=60))
     histogram.add("b", rng.integers(1, 40, size=40))
     train_lens = [16, 24, 64]
-    summary, arrays = write(histogram, tmp_path, train_lens, seed=3, shuffle_block=1000, global_batch_tokens=1000)
+    summary, arrays = write(
+        histogram, tmp_path, train_lens, seed=3, shuffle_block=1000, global_batch_tokens=1000
+    )
     hist = histogram.counts()
     for L in train_lens:
         expected = naive_frequency(hist, L)
@@ -404,20 +595,27 @@ def test_best_fit_and_padded_train_exactly_eq2_over_the_pieces(tmp_path):
         packing = summary["all"]["by_train_len"][str(L)]["packing"]
         assert packing["padded"]["rows_per_epoch"] == len(pieces)
         assert packing["padded"]["padding_share"] == pytest.approx(1 - tokens / (len(pieces) * L))
-        assert packing["padded"]["tokens_lost_per_step"] == pytest.approx(1000 * (1 - tokens / (len(pieces) * L)))
+        assert packing["padded"]["tokens_lost_per_step"] == pytest.approx(
+            1000 * (1 - tokens / (len(pieces) * L))
+        )
         rows = naive_best_fit_rows(pieces, L)  # one shuffle block holds the whole corpus
         assert packing["best_fit"]["rows_per_epoch"] == rows
         assert packing["best_fit"]["padding_share"] == pytest.approx(1 - tokens / (rows * L))
         for strategy in ("best_fit", "padded"):
             stats = packing[strategy]
             assert stats["position_occurrences"] == expected.sum()
-            assert stats["share_positions_le_half_L"] == pytest.approx(expected[: L // 2 + 1].sum() / expected.sum())
+            assert stats["share_positions_le_half_L"] == pytest.approx(
+                expected[: L // 2 + 1].sum() / expected.sum()
+            )
             assert stats["share_positions_ge_three_quarter_L"] == pytest.approx(
-                expected[3 * L // 4:].sum() / expected.sum())
+                expected[3 * L // 4 :].sum() / expected.sum()
+            )
             assert stats["share_segments_at_L"] == pytest.approx(pieces.count(L) / len(pieces))
 
 
-@pytest.mark.parametrize("doc_len, docs, train_len", [(37, 11, 16), (16, 5, 16), (5, 40, 16), (100, 3, 64)])
+@pytest.mark.parametrize(
+    "doc_len, docs, train_len", [(37, 11, 16), (16, 5, 16), (5, 40, 16), (100, 3, 64)]
+)
 @pytest.mark.parametrize("copies", [1, 2])
 def test_concat_prediction_equals_a_brute_force_stream(tmp_path, doc_len, docs, train_len, copies):
     histogram = hg.LengthHistogram()
@@ -431,7 +629,9 @@ def test_concat_prediction_equals_a_brute_force_stream(tmp_path, doc_len, docs, 
     assert stats["rows_per_epoch"] == -(-copies * docs * doc_len // train_len)
     assert stats["padding_share"] == 0 and stats["tokens_lost_per_step"] == 0
     assert stats["share_segments_at_L"] == pytest.approx(segments.count(train_len) / len(segments))
-    np.testing.assert_array_equal(arrays[f"L{train_len}/f"], naive_frequency(histogram.counts(), train_len))
+    np.testing.assert_array_equal(
+        arrays[f"L{train_len}/f"], naive_frequency(histogram.counts(), train_len)
+    )
 
 
 def test_length_upsample_weights_the_trained_f_not_the_corpus_f(tmp_path):
@@ -449,23 +649,62 @@ def test_length_upsample_weights_the_trained_f_not_the_corpus_f(tmp_path):
 def test_cli_packing_options(slimpajama, tmp_path, monkeypatch, capsys):
     root, _ = slimpajama
     monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
-    common = ["--corpus", "slimpajama", "--data-dir", str(root), "--tokenizer", "bytes", "--workers", "1", "--quiet",
-              "--train-len", "16", "32"]
+    common = [
+        "--corpus",
+        "slimpajama",
+        "--data-dir",
+        str(root),
+        "--tokenizer",
+        "bytes",
+        "--workers",
+        "1",
+        "--quiet",
+        "--train-len",
+        "16",
+        "32",
+    ]
     out = tmp_path / "out"
-    assert pf.main(common + ["--out", str(out), "--packing", "padded", "concat", "--seed", "4",
-                             "--length-upsample", "{0-100: 0.5}", "--global-batch-tokens", "1000"]) == 0
+    assert (
+        pf.main(
+            common
+            + [
+                "--out",
+                str(out),
+                "--packing",
+                "padded",
+                "concat",
+                "--seed",
+                "4",
+                "--length-upsample",
+                "{0-100: 0.5}",
+                "--global-batch-tokens",
+                "1000",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["packing_settings"] == {"strategies": ["padded", "concat"], "length_upsample": {"0-100": 0.5},
-                                           "seed": 4, "shuffle_block": 1 << 20, "global_batch_tokens": 1000}
+    assert summary["packing_settings"] == {
+        "strategies": ["padded", "concat"],
+        "length_upsample": {"0-100": 0.5},
+        "seed": 4,
+        "shuffle_block": 1 << 20,
+        "global_batch_tokens": 1000,
+    }
     assert list(summary["all"]["by_train_len"]["32"]["packing"]) == ["padded", "concat"]
     header = (out / "position_frequency_L16.csv").read_text().splitlines()[0].split(",")
-    assert {"f", "f_trained_padded", "f_trained_concat"} <= set(header) and "f_trained_best_fit" not in header
+    assert {"f", "f_trained_padded", "f_trained_concat"} <= set(
+        header
+    ) and "f_trained_best_fit" not in header
     assert {"figures/fig_packing_L32.png", "figures/fig3_L16_vs_L32.pdf"} <= set(summary["files"])
     assert listing(out) == set(summary["files"])
     printed = capsys.readouterr().out
     assert "per packing (seed 4" in printed and re.search(r"\n  padded +[\d,]+ +16 ", printed)
     with pytest.raises(SystemExit, match="sources this corpus does not have: \\['wiki'\\]"):
-        pf.main(common + ["--out", str(tmp_path / "x"), "--length-upsample", "{wiki:0-: 2}", "--no-figures"])
+        pf.main(
+            common
+            + ["--out", str(tmp_path / "x"), "--length-upsample", "{wiki:0-: 2}", "--no-figures"]
+        )
     with pytest.raises(SystemExit):
         pf.main(common + ["--out", str(tmp_path / "x"), "--length-upsample", "{0-: 0}"])
     assert "every document length has weight 0" in capsys.readouterr().err
@@ -481,23 +720,31 @@ def test_first_split_and_log_spaced_buckets():
         assert fq.first_split(a, b) == (apart[0] if apart else None)
     for L in (2, 16, 100, 2048):
         buckets = fq.length_buckets(L)
-        assert [n for lo, hi in buckets for n in range(lo, hi)] == list(range(1, L + 1))  # each length once
+        assert [n for lo, hi in buckets for n in range(lo, hi)] == list(
+            range(1, L + 1)
+        )  # each length once
         assert all(hi == 2 * lo for lo, hi in buckets[:-2]) and buckets[-1] == (L, L + 1)
 
 
 def test_fig3_note_says_why_the_curves_part():
     L1, L2 = 256, 512
     i1, i2 = np.arange(L1), np.arange(L2)
-    long_docs = {L1: 1e12 * (1 - i1 / L1), L2: 1e12 * (1 - i2 / L2)}  # Fig. 1c: every token in full rows
+    long_docs = {
+        L1: 1e12 * (1 - i1 / L1),
+        L2: 1e12 * (1 - i2 / L2),
+    }  # Fig. 1c: every token in full rows
     stats = {L1: {"share_tokens_in_documents_longer_than_L": 0.9}}
     # (1 - i/256) / (1 - i/512) < 0.95 first at i = 25
     assert min(i for i in range(L1) if (1 - i / L1) / (1 - i / L2) < 0.95) == 25
     note = pf.fig3_note(long_docs, stats)
-    assert "apart from i = 25" in note and "90% of the tokens are in documents longer than 256" in note
+    assert (
+        "apart from i = 25" in note and "90% of the tokens are in documents longer than 256" in note
+    )
     assert "i = 0" not in note and "row boundary" not in note
     assert "row boundary" in pf.fig3_note(long_docs, stats, concat=True)
     padded = {L1: 0.6 * long_docs[L1], L2: 0.3 * long_docs[L2]}
     assert pf.fig3_note(padded, stats, padding={L1: 0.4, L2: 0.7}).startswith(
-        "Apart from i = 0: padding fills 40.0% of the L = 256 rows and 70.0% of the L = 512 rows")
+        "Apart from i = 0: padding fills 40.0% of the L = 256 rows and 70.0% of the L = 512 rows"
+    )
     short_docs = {L: np.full(L, 1e12) for L in (L1, L2)}
     assert pf.fig3_note(short_docs, stats) == "f/f(0) within 5% at every i < 256."

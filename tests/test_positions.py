@@ -51,7 +51,9 @@ class ReferenceScheme(PositionScheme):
     """A scheme that attends through `reference_attend`, to plug into a model."""
 
     def __init__(self, scheme: PositionScheme) -> None:
-        super().__init__(name=f"reference-{scheme.name}", rotary=scheme.rotary, options=scheme.options)
+        super().__init__(
+            name=f"reference-{scheme.name}", rotary=scheme.rotary, options=scheme.options
+        )
         self.scheme = scheme
 
     def attend(self, x: AttentionInputs) -> torch.Tensor:
@@ -61,7 +63,9 @@ class ReferenceScheme(PositionScheme):
 # ----------------------------------------------------------------------------- inputs
 
 
-def make_inputs(scheme, lens_k, lens_q=None, heads=4, kv_heads=2, dtype=torch.float32, seed=0) -> AttentionInputs:
+def make_inputs(
+    scheme, lens_k, lens_q=None, heads=4, kv_heads=2, dtype=torch.float32, seed=0
+) -> AttentionInputs:
     """Random packed inputs; keys rotated at their true positions by the scheme's rotary, as the model does."""
     lens_q = lens_q or lens_k
     gen = torch.Generator().manual_seed(seed)
@@ -72,7 +76,18 @@ def make_inputs(scheme, lens_k, lens_q=None, heads=4, kv_heads=2, dtype=torch.fl
     q = torch.randn(int(cu_q[-1]), heads, HEAD_DIM, generator=gen)
     k = scheme.rotary.rotate(torch.randn(int(cu_k[-1]), kv_heads, HEAD_DIM, generator=gen), pos_k)
     v = torch.randn(int(cu_k[-1]), kv_heads, HEAD_DIM, generator=gen)
-    return AttentionInputs(q.to(dtype), k.to(dtype), v.to(dtype), pos_q, pos_k, cu_q, cu_k, max(lens_q), max(lens_k), "sdpa")
+    return AttentionInputs(
+        q.to(dtype),
+        k.to(dtype),
+        v.to(dtype),
+        pos_q,
+        pos_k,
+        cu_q,
+        cu_k,
+        max(lens_q),
+        max(lens_k),
+        "sdpa",
+    )
 
 
 SETTINGS = [
@@ -90,7 +105,9 @@ SETTINGS = [
     ("ntk", {}),
     ("yarn", {"scale": 2.0}),
 ]
-IDS = [f"{name}-{'-'.join(f'{k}{v}' for k, v in opts.items()) or 'default'}" for name, opts in SETTINGS]
+IDS = [
+    f"{name}-{'-'.join(f'{k}{v}' for k, v in opts.items()) or 'default'}" for name, opts in SETTINGS
+]
 
 
 def scheme_for(name: str, options: dict, train_len: int = 48) -> PositionScheme:
@@ -137,7 +154,10 @@ def test_baseline_matrices_by_hand():
 
 LAYOUTS = {
     "prefill": ([3, 17, 40, 40], None),  # several documents in one packed row, two of equal length
-    "cached": ([17, 40, 25], [1, 6, 3]),  # the last queries of each sequence against its cached keys
+    "cached": (
+        [17, 40, 25],
+        [1, 6, 3],
+    ),  # the last queries of each sequence against its cached keys
 }
 
 
@@ -146,7 +166,11 @@ LAYOUTS = {
 def test_fast_equals_reference(name, options, layout, monkeypatch):
     lens_k, lens_q = LAYOUTS[layout]
     scheme = scheme_for(name, options)
-    for block, (heads, kv_heads), grad in ((256, (4, 2), False), (8, (4, 1), False), (5, (4, 4), True)):
+    for block, (heads, kv_heads), grad in (
+        (256, (4, 2), False),
+        (8, (4, 1), False),
+        (5, (4, 4), True),
+    ):
         monkeypatch.setattr(positions, "DENSE_BLOCK", block)
         x = make_inputs(scheme, lens_k, lens_q, heads, kv_heads, seed=block)
         with torch.set_grad_enabled(grad):
@@ -161,10 +185,19 @@ def test_bf16_close_to_float32_reference(name, options, monkeypatch):
     with torch.no_grad():
         fast = scheme.attend(x)
     assert fast.dtype == torch.bfloat16
-    torch.testing.assert_close(fast.float(), reference_attend(scheme, x).float(), atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(
+        fast.float(), reference_attend(scheme, x).float(), atol=3e-2, rtol=3e-2
+    )
 
 
-@pytest.mark.parametrize("options", [{"shift": 7, "window": 2}, {"shift": 12, "window": 0}, {"shift": 5, "window": 4, "temperature": True}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"shift": 7, "window": 2},
+        {"shift": 12, "window": 0},
+        {"shift": 5, "window": 4, "temperature": True},
+    ],
+)
 @pytest.mark.parametrize("len_q", [1, 3, 9])
 @pytest.mark.parametrize("batch", [1, 2])
 def test_string_one_pass_decode_equals_reference_and_two_pass(options, len_q, batch, monkeypatch):
@@ -184,13 +217,26 @@ def test_string_one_pass_decode_equals_reference_and_two_pass(options, len_q, ba
     monkeypatch.setattr(positions.StringScheme, "decode", recorded)
     for block in (64, 2):  # DECODE_BLOCK 2 splits chunks into query blocks
         monkeypatch.setattr(positions, "DECODE_BLOCK", block)
-        for len_k in sorted({len_q + 1, shift - 1, shift, shift + 1, shift + len_q - 1, shift + len_q, 2 * shift + 5, 40}):
+        for len_k in sorted(
+            {
+                len_q + 1,
+                shift - 1,
+                shift,
+                shift + 1,
+                shift + len_q - 1,
+                shift + len_q,
+                2 * shift + 5,
+                40,
+            }
+        ):
             if len_k <= len_q:
                 continue
             x = make_inputs(scheme, [len_k] * batch, [len_q] * batch, seed=len_k)
             fast = scheme.attend(x)
             torch.testing.assert_close(fast, reference_attend(scheme, x), atol=2e-5, rtol=2e-5)
-            torch.testing.assert_close(fast, positions.SplitScheme.attend(scheme, x), atol=2e-5, rtol=2e-5)
+            torch.testing.assert_close(
+                fast, positions.SplitScheme.attend(scheme, x), atol=2e-5, rtol=2e-5
+            )
     assert calls and min(calls) > shift  # the one-pass path ran, and only beyond the shift
 
 
@@ -202,7 +248,9 @@ def test_string_shorter_than_shift_is_rope_bit_for_bit():
 
 # ----------------------------------------------------------------------------- through the model
 
-CONFIG = ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, train_len=36)
+CONFIG = ModelConfig(
+    vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, train_len=36
+)
 MODEL_SETTINGS = [
     ("rope", {}),  # cached decoding over the cache's strided views, never packed
     ("string", {}),  # shift 12, window 6
@@ -228,7 +276,9 @@ def _with_scheme(model: Transformer, name: str, options: dict, reference: bool) 
     return model
 
 
-@pytest.mark.parametrize("name,options", MODEL_SETTINGS, ids=[n + str(len(o)) for n, o in MODEL_SETTINGS])
+@pytest.mark.parametrize(
+    "name,options", MODEL_SETTINGS, ids=[n + str(len(o)) for n, o in MODEL_SETTINGS]
+)
 def test_model_prefill_and_cached_decoding(model, name, options, monkeypatch):
     monkeypatch.setattr(positions, "DENSE_BLOCK", 8)
     gen = torch.Generator().manual_seed(1)
@@ -244,12 +294,29 @@ def test_model_prefill_and_cached_decoding(model, name, options, monkeypatch):
             generated = m.generate(prompt, max_new_tokens=8)
             # Step-by-step cached decoding of given tokens, against a full forward of the whole sequence.
             caches = m.new_caches(2, 30, torch.float32, prompt.device)
-            hidden = [m.hidden_states(prompt.reshape(-1), uniform_cu_seqlens(2, 20, "cpu"), 20, caches).view(2, 20, -1)[:, -1]]
+            hidden = [
+                m.hidden_states(
+                    prompt.reshape(-1), uniform_cu_seqlens(2, 20, "cpu"), 20, caches
+                ).view(2, 20, -1)[:, -1]
+            ]
             for t in range(steps.shape[1]):
-                hidden.append(m.hidden_states(steps[:, t], uniform_cu_seqlens(2, 1, "cpu"), 1, caches, position_offset=caches[0].length))
+                hidden.append(
+                    m.hidden_states(
+                        steps[:, t],
+                        uniform_cu_seqlens(2, 1, "cpu"),
+                        1,
+                        caches,
+                        position_offset=caches[0].length,
+                    )
+                )
             results[reference] = (logits, generated, torch.stack(hidden, 1))
-        full = m.hidden_states(torch.cat([prompt, steps], 1).reshape(-1), uniform_cu_seqlens(2, 30, "cpu"), 30)
-    (logits, generated, stepwise), (ref_logits, ref_generated, ref_stepwise) = results[False], results[True]
+        full = m.hidden_states(
+            torch.cat([prompt, steps], 1).reshape(-1), uniform_cu_seqlens(2, 30, "cpu"), 30
+        )
+    (logits, generated, stepwise), (ref_logits, ref_generated, ref_stepwise) = (
+        results[False],
+        results[True],
+    )
     torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=1e-4)
     assert generated == ref_generated
     torch.testing.assert_close(stepwise, ref_stepwise, atol=1e-4, rtol=1e-4)
@@ -257,23 +324,39 @@ def test_model_prefill_and_cached_decoding(model, name, options, monkeypatch):
 
 
 @pytest.mark.parametrize("grouped", [64, 4])
-@pytest.mark.parametrize("name,options", [("string", {}), ("string", {"shift": 9, "window": 3, "temperature": True}),
-                                          ("rope", {})])
+@pytest.mark.parametrize(
+    "name,options",
+    [("string", {}), ("string", {"shift": 9, "window": 3, "temperature": True}), ("rope", {})],
+)
 def test_model_chunked_decoding_equals_full_forward(model, name, options, grouped, monkeypatch):
     """Chunks of new tokens on a KV cache (STRING's one-pass decode; RoPE's attention over the cache's views, by
     matmuls up to `grouped` new queries and by sdpa's kernel beyond), below and beyond the shift, equal a full
     forward."""
     monkeypatch.setattr(attention, "GROUPED_QUERIES", grouped)
     m = _with_scheme(model, name, options, False)
-    tokens = torch.randint(0, CONFIG.vocab_size, (2, 34), generator=torch.Generator().manual_seed(3))
+    tokens = torch.randint(
+        0, CONFIG.vocab_size, (2, 34), generator=torch.Generator().manual_seed(3)
+    )
     with torch.no_grad():
-        full = m.hidden_states(tokens.reshape(-1), uniform_cu_seqlens(2, 34, "cpu"), 34).view(2, 34, -1)
+        full = m.hidden_states(tokens.reshape(-1), uniform_cu_seqlens(2, 34, "cpu"), 34).view(
+            2, 34, -1
+        )
         caches = m.new_caches(2, 34, torch.float32, tokens.device)
         start, chunks = 0, []
-        for size in (5, 1, 4, 7, 1, 3, 13):  # crosses the shift (12 or 9) inside a chunk and between chunks
+        for size in (
+            5,
+            1,
+            4,
+            7,
+            1,
+            3,
+            13,
+        ):  # crosses the shift (12 or 9) inside a chunk and between chunks
             cu = uniform_cu_seqlens(2, size, "cpu")
             ids = tokens[:, start : start + size].reshape(-1)
-            chunks.append(m.hidden_states(ids, cu, size, caches, position_offset=start).view(2, size, -1))
+            chunks.append(
+                m.hidden_states(ids, cu, size, caches, position_offset=start).view(2, size, -1)
+            )
             start += size
     torch.testing.assert_close(torch.cat(chunks, 1), full, atol=1e-4, rtol=1e-4)
 
@@ -283,7 +366,9 @@ def test_cached_decoding_never_packs_the_cache(model, name, monkeypatch):
     """Batched decoding steps read the KV cache through its strided views: packing it would copy the whole cache at
     every step and layer (the cost that made batch 8 slower than batch 1 at 4K tokens)."""
     m = _with_scheme(model, name, {}, False)
-    prompt = torch.randint(0, CONFIG.vocab_size, (3, 20), generator=torch.Generator().manual_seed(4))
+    prompt = torch.randint(
+        0, CONFIG.vocab_size, (3, 20), generator=torch.Generator().manual_seed(4)
+    )
     caches = m.new_caches(3, 30, torch.float32, prompt.device)
 
     def refuse(self):
@@ -295,7 +380,13 @@ def test_cached_decoding_never_packs_the_cache(model, name, monkeypatch):
         monkeypatch.setattr(positions.AttentionInputs, "v", property(refuse))
         for size in (1, 1, 4):
             ids = prompt[:, :size].reshape(-1)
-            m.hidden_states(ids, uniform_cu_seqlens(3, size, "cpu"), size, caches, position_offset=caches[0].length)
+            m.hidden_states(
+                ids,
+                uniform_cu_seqlens(3, size, "cpu"),
+                size,
+                caches,
+                position_offset=caches[0].length,
+            )
     assert caches[0].length == 26
 
 
@@ -313,16 +404,22 @@ def test_bf16_prefill_with_every_split_scheme_beyond_its_split(model, name):
     keys (the float32 cache is only read by the float32 decoding steps), and the answer equals the one from a
     bf16-autocast prefill done by hand followed by float32 steps."""
     m = _with_scheme(model, name, {}, False)
-    prompt = torch.randint(0, CONFIG.vocab_size, (2, 30), generator=torch.Generator().manual_seed(6))
+    prompt = torch.randint(
+        0, CONFIG.vocab_size, (2, 30), generator=torch.Generator().manual_seed(6)
+    )
     with torch.inference_mode():
         generated = m.generate(prompt, 4, prefill_dtype=torch.bfloat16)
         caches = m.new_caches(2, 34, torch.float32, prompt.device)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            hidden = m.hidden_states(prompt.reshape(-1), uniform_cu_seqlens(2, 30, "cpu"), 30, caches)
+            hidden = m.hidden_states(
+                prompt.reshape(-1), uniform_cu_seqlens(2, 30, "cpu"), 30, caches
+            )
         ids = m.lm_head(hidden.view(2, 30, -1)[:, -1].float()).argmax(-1)
         expected = [ids]
         for _ in range(3):
-            step = m.hidden_states(ids, uniform_cu_seqlens(2, 1, "cpu"), 1, caches, position_offset=caches[0].length)
+            step = m.hidden_states(
+                ids, uniform_cu_seqlens(2, 1, "cpu"), 1, caches, position_offset=caches[0].length
+            )
             ids = m.lm_head(step).argmax(-1)
             expected.append(ids)
     assert caches[0].k.dtype == torch.float32
@@ -348,12 +445,20 @@ def test_yarn_matches_hugging_face():
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     for train_len, scale in ((2048, None), (4096, 4.0)):
-        scheme = build_scheme("yarn", RotaryBase(64), train_len, **({} if scale is None else {"scale": scale}))
+        scheme = build_scheme(
+            "yarn", RotaryBase(64), train_len, **({} if scale is None else {"scale": scale})
+        )
         original = round(2 * train_len / 3)
         config = LlamaConfig(
-            hidden_size=64 * 4, num_attention_heads=4, max_position_embeddings=train_len,
-            rope_parameters={"rope_type": "yarn", "rope_theta": 10_000.0, "factor": scale or 1.5,
-                             "original_max_position_embeddings": original},
+            hidden_size=64 * 4,
+            num_attention_heads=4,
+            max_position_embeddings=train_len,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10_000.0,
+                "factor": scale or 1.5,
+                "original_max_position_embeddings": original,
+            },
         )
         inv_freq, factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
         torch.testing.assert_close(scheme.rotary.inv_freq, inv_freq, atol=0, rtol=1e-6)
@@ -365,12 +470,24 @@ def test_ntk_raises_the_base_and_protocols():
     expected = 1.0 / (10_000.0 * 1.5 ** (64 / 62)) ** (torch.arange(0, 64, 2).float() / 64)
     torch.testing.assert_close(scheme.rotary.inv_freq, expected)
     native = build_scheme("ntk", RotaryBase(64), 2048, protocol="native")
-    torch.testing.assert_close(native.rotary.inv_freq, build_scheme("rope", RotaryBase(64), 2048).rotary.inv_freq)
-    assert build_scheme("self_extend", RotaryBase(64), 2048, protocol="native").options["group"] == 1
+    torch.testing.assert_close(
+        native.rotary.inv_freq, build_scheme("rope", RotaryBase(64), 2048).rotary.inv_freq
+    )
+    assert (
+        build_scheme("self_extend", RotaryBase(64), 2048, protocol="native").options["group"] == 1
+    )
     paper = build_scheme("self_extend", RotaryBase(64), 2048).options
     assert paper["window"] == 341 and paper["group"] == 2
-    assert build_scheme("dca", RotaryBase(64), 2048).options == {"chunk_size": 1023, "local_window": 85, "protocol": "paper"}
-    assert build_scheme("string", RotaryBase(64), 2048).options == {"shift": 682, "window": 128, "temperature": False}
+    assert build_scheme("dca", RotaryBase(64), 2048).options == {
+        "chunk_size": 1023,
+        "local_window": 85,
+        "protocol": "paper",
+    }
+    assert build_scheme("string", RotaryBase(64), 2048).options == {
+        "shift": 682,
+        "window": 128,
+        "temperature": False,
+    }
 
 
 def test_schemes_keep_a_scaled_base_and_frequency_schemes_refuse_it():
@@ -381,19 +498,26 @@ def test_schemes_keep_a_scaled_base_and_frequency_schemes_refuse_it():
         if name in ("ntk", "yarn"):
             with pytest.raises(ValueError, match="replaces RoPE's frequencies.*rope_scaling"):
                 build_scheme(name, scaled, 48, **options)
-            unscaled = build_scheme(name, RotaryBase(HEAD_DIM, 10_000.0, {"rope_type": "default"}), 48, **options)
+            unscaled = build_scheme(
+                name, RotaryBase(HEAD_DIM, 10_000.0, {"rope_type": "default"}), 48, **options
+            )
             assert unscaled.rotary.inv_freq[0] == 1.0  # the default type is no scaling
         else:
-            torch.testing.assert_close(build_scheme(name, scaled, 48, **options).rotary.inv_freq, expected)
+            torch.testing.assert_close(
+                build_scheme(name, scaled, 48, **options).rotary.inv_freq, expected
+            )
 
 
-@pytest.mark.parametrize("name,options,message", [
-    ("string", {"shift": 4, "window": 4}, "window < shift"),
-    ("string", {"sift": 4}, "does not take"),
-    ("rope", {"window": 3}, "does not take"),
-    ("ntk", {"protocol": "mine"}, "unknown protocol"),
-    ("bogus", {}, "unknown position scheme"),
-])
+@pytest.mark.parametrize(
+    "name,options,message",
+    [
+        ("string", {"shift": 4, "window": 4}, "window < shift"),
+        ("string", {"sift": 4}, "does not take"),
+        ("rope", {"window": 3}, "does not take"),
+        ("ntk", {"protocol": "mine"}, "unknown protocol"),
+        ("bogus", {}, "unknown position scheme"),
+    ],
+)
 def test_bad_options_are_refused(name, options, message):
     with pytest.raises(ValueError, match=message):
         build_scheme(name, RotaryBase(HEAD_DIM), 48, **options)
@@ -402,7 +526,11 @@ def test_bad_options_are_refused(name, options, message):
 def test_distance_picture(tmp_path):
     from posfreq.analysis.plots import plot_position_distances
 
-    schemes = [scheme_for("rope", {}, 9), scheme_for("string", {"shift": 3, "window": 0}, 9), scheme_for("string", {"shift": 3, "window": 1}, 9)]
+    schemes = [
+        scheme_for("rope", {}, 9),
+        scheme_for("string", {"shift": 3, "window": 0}, 9),
+        scheme_for("string", {"shift": 3, "window": 1}, 9),
+    ]
     path = plot_position_distances(schemes, 9, tmp_path / "fig5")[0]
     assert path.stat().st_size > 1000
 
@@ -419,11 +547,25 @@ def test_float32_passes_stay_float32_under_bf16_autocast():
     want = _dense_attention(q.double(), k.double(), v.double(), allowed)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got = _dense_attention(q, k, v, allowed)
-        out, lse = _attend_dense(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                 None, True, True, 0.25)
+        out, lse = _attend_dense(
+            q.transpose(0, 1)[None],
+            k.transpose(0, 1)[None],
+            v.transpose(0, 1)[None],
+            None,
+            True,
+            True,
+            0.25,
+        )
     torch.testing.assert_close(got[1].double(), want[1].double(), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[0].double(), want[0].double(), atol=1e-5, rtol=1e-5)
     with torch.no_grad():
-        plain = _attend_dense(q.transpose(0, 1)[None].double(), k.transpose(0, 1)[None].double(),
-                              v.transpose(0, 1)[None].double(), None, True, True, 0.25)
+        plain = _attend_dense(
+            q.transpose(0, 1)[None].double(),
+            k.transpose(0, 1)[None].double(),
+            v.transpose(0, 1)[None].double(),
+            None,
+            True,
+            True,
+            0.25,
+        )
     torch.testing.assert_close(lse.double(), plain[1].double(), atol=1e-5, rtol=1e-5)

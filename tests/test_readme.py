@@ -12,7 +12,18 @@ from posfreq.scripts.cli import SUBCOMMANDS
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
-TOP = ("train", "analysis", "scripts", "configs", "slurm", "benchmarks", "notebooks", "tests", "docs", ".ci")
+TOP = (
+    "train",
+    "analysis",
+    "scripts",
+    "configs",
+    "slurm",
+    "benchmarks",
+    "notebooks",
+    "tests",
+    "docs",
+    ".ci",
+)
 
 
 def quoted() -> list[str]:
@@ -52,13 +63,17 @@ def commands() -> list[tuple[str, list[str], str]]:
         text = re.split(r"\s+#\s", text)[0]
         text = re.sub(r"\[[^\]]*\]", " ", text).replace("...", " ")  # optional parts of a synopsis
         head = text.split()[:2]
-        if not head or not ({"posfreq", ".venv/bin/posfreq", "python", "python3", ".venv/bin/python"} & set(head)):
+        if not head or not (
+            {"posfreq", ".venv/bin/posfreq", "python", "python3", ".venv/bin/python"} & set(head)
+        ):
             continue
         words = shlex.split(text, posix=True)
         while words and "=" in words[0] and not words[0].startswith("-"):  # VAR=value python ...
             words = words[1:]
         command = module_command(words) if words else None
-        if command and command[1] and "--help" not in command[1]:  # not a bare `python FILE.py` reference
+        if (
+            command and command[1] and "--help" not in command[1]
+        ):  # not a bare `python FILE.py` reference
             found.append((*command, text))
     return found
 
@@ -76,22 +91,35 @@ def test_each_quoted_command_parses(name, args, text):
 
     parser = command_parser_of(name)
     parser.exit_on_error = False
-    for sub in getattr(parser, "_subcommands_action", None) and parser._subcommands_action.choices.values() or []:
+    for sub in (
+        getattr(parser, "_subcommands_action", None)
+        and parser._subcommands_action.choices.values()
+        or []
+    ):
         sub.exit_on_error = False
-    if "--config" in args and not (ROOT / args[args.index("--config") + 1]).exists():  # a placeholder (configs/X.yaml)
+    if (
+        "--config" in args and not (ROOT / args[args.index("--config") + 1]).exists()
+    ):  # a placeholder (configs/X.yaml)
         i = args.index("--config")
-        args = args[:i] + args[i + 2:]
+        args = args[:i] + args[i + 2 :]
     try:
         parser.parse_args(args)  # raises on an unknown flag or a wrong value
     except Exception as err:
-        if not re.search(r"arguments are required|to be one of .* but it was not provided", str(err)):
+        if not re.search(
+            r"arguments are required|to be one of .* but it was not provided", str(err)
+        ):
             raise
         # a fragment quoting some options of a command (the prose names the rest): what it quotes parsed
 
 
-REPO_PATHS = sorted({p.rstrip("/.,:") for span in re.findall(r"`([^`\n]+)`", README)
-                     for p in re.findall(r"(?<![\w./-])((?:%s)/[\w./-]+)" % "|".join(map(re.escape, TOP)), span)
-                     if not re.search(r"[*{<]|\.\.|/[A-Z]+(\.\w+)?$", p)})  # not a pattern or a placeholder
+REPO_PATHS = sorted(
+    {
+        p.rstrip("/.,:")
+        for span in re.findall(r"`([^`\n]+)`", README)
+        for p in re.findall(r"(?<![\w./-])((?:%s)/[\w./-]+)" % "|".join(map(re.escape, TOP)), span)
+        if not re.search(r"[*{<]|\.\.|/[A-Z]+(\.\w+)?$", p)
+    }
+)  # not a pattern or a placeholder
 
 
 @pytest.mark.parametrize("path", REPO_PATHS)

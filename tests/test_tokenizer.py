@@ -36,7 +36,9 @@ def test_hf_directory_tokenizer(tmp_path):
     hf = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     hf.pre_tokenizer = pre_tokenizers.Whitespace()
     hf.save(str(tmp_path / "tokenizer.json"))
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>"})
+    )
     tok = get_tokenizer(f"hf:{tmp_path}")
     assert tok.encode("hello world") == [3, 4]
     assert (tok.bos_id, tok.eos_id, tok.vocab_size) == (0, 1, 5)
@@ -50,8 +52,7 @@ def test_unknown_and_missing_tokenizers_are_clear(tmp_path):
 
 
 def test_hf_tokenizer_keeps_special_strings_as_text(tmp_path):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from tokenizers import AddedToken
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
     hf = Tokenizer(models.WordLevel({"<s>": 0, "</s>": 1, "[UNK]": 2, "a": 3}, unk_token="[UNK]"))
     hf.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -37,7 +37,9 @@ class AtomicFile:
 
     def __init__(self, path: str | Path, mode: str = "w", **open_kwargs: Any) -> None:
         if not set(mode) <= set("wbt"):
-            raise ValueError(f"mode {mode!r}: an atomic write creates a new file (use 'w', 'wb' or 'wt')")
+            raise ValueError(
+                f"mode {mode!r}: an atomic write creates a new file (use 'w', 'wb' or 'wt')"
+            )
         self.path = Path(path)
         self.tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(6)}.tmp")
         fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -112,5 +114,8 @@ def disk_full(err: BaseException, directory: str | Path | None = None) -> str | 
         free = shutil.disk_usage(directory).free
     except OSError:
         return None
-    return f"the disk holding {directory} is full ({free / 2**20:,.0f} MiB free)" if free < LOW_DISK_BYTES else None
-
+    return (
+        f"the disk holding {directory} is full ({free / 2**20:,.0f} MiB free)"
+        if free < LOW_DISK_BYTES
+        else None
+    )

@@ -59,12 +59,30 @@ class Kernel:
 
 KERNELS = {
     "sdpa": Kernel(("cpu", "cuda"), ANY_FLOAT, True, True, ("cpu", "cuda"), "part of torch"),
-    "varlen": Kernel(("cuda",), HALF, True, False, ("cuda",),
-                     "part of torch >= 2.10 on CUDA GPUs of compute capability >= 8.0 (A100, H100)"),
-    "flash": Kernel(("cuda",), HALF, True, False, ("cuda",),
-                    "pip install flash-attn==2.8.3 --no-build-isolation (a CUDA source build; see the README)"),
-    "xformers": Kernel(("cuda",), ANY_FLOAT, False, False, ("cuda",),
-                       "pip install an xformers release built for your torch version (see the README)"),
+    "varlen": Kernel(
+        ("cuda",),
+        HALF,
+        True,
+        False,
+        ("cuda",),
+        "part of torch >= 2.10 on CUDA GPUs of compute capability >= 8.0 (A100, H100)",
+    ),
+    "flash": Kernel(
+        ("cuda",),
+        HALF,
+        True,
+        False,
+        ("cuda",),
+        "pip install flash-attn==2.8.3 --no-build-isolation (a CUDA source build; see the README)",
+    ),
+    "xformers": Kernel(
+        ("cuda",),
+        ANY_FLOAT,
+        False,
+        False,
+        ("cuda",),
+        "pip install an xformers release built for your torch version (see the README)",
+    ),
     "flex": Kernel(("cpu", "cuda"), ANY_FLOAT, True, True, ("cuda",), "part of torch"),
 }
 
@@ -101,7 +119,9 @@ def available_backends(device: torch.device | str) -> list[str]:
     return [n for n, k in KERNELS.items() if kind in k.devices and kernel_present(n)]
 
 
-def why_not(name: str, device: str, dtype: torch.dtype, return_lse: bool = False, backward: bool = False) -> str | None:
+def why_not(
+    name: str, device: str, dtype: torch.dtype, return_lse: bool = False, backward: bool = False
+) -> str | None:
     """Why concrete backend `name` cannot run this call, or None when it can."""
     kernel = KERNELS[name]
     if device not in kernel.devices:
@@ -119,15 +139,26 @@ def why_not(name: str, device: str, dtype: torch.dtype, return_lse: bool = False
     return None
 
 
-def explain_backend(backend: str, device: torch.device | str, dtype: torch.dtype = torch.float32, *,
-                    return_lse: bool = False, backward: bool = False) -> tuple[str, str]:
+def explain_backend(
+    backend: str,
+    device: torch.device | str,
+    dtype: torch.dtype = torch.float32,
+    *,
+    return_lse: bool = False,
+    backward: bool = False,
+) -> tuple[str, str]:
     """(concrete backend, why) for `backend` on this call; BackendError naming an alternative if it cannot run it."""
     if backend not in BACKENDS:
-        raise BackendError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        raise BackendError(
+            f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}"
+        )
     kind = torch.device(device).type
     need = dict(device=kind, dtype=dtype, return_lse=return_lse, backward=backward)
-    what = f"{kind}, {str(dtype).removeprefix('torch.')}" + (", log-sum-exp" if return_lse else "") \
+    what = (
+        f"{kind}, {str(dtype).removeprefix('torch.')}"
+        + (", log-sum-exp" if return_lse else "")
         + (", backward" if backward else "")
+    )
     if backend == "auto":
         skipped = []
         for name in AUTO_ORDER.get(kind, ("sdpa",)):
@@ -136,17 +167,29 @@ def explain_backend(backend: str, device: torch.device | str, dtype: torch.dtype
                 passed = "".join(f"; not {n}: {r}" for n, r in skipped)
                 return name, f"auto -> {name} ({what}{passed})"
             skipped.append((name, reason))
-        raise BackendError(f"no attention backend can run {what}")  # unreachable: sdpa runs everything
+        raise BackendError(
+            f"no attention backend can run {what}"
+        )  # unreachable: sdpa runs everything
     reason = why_not(backend, **need)
     if reason is not None:
-        alternative, _ = explain_backend("auto", device, dtype, return_lse=return_lse, backward=backward)
-        raise BackendError(f"attention backend {backend!r} cannot run this call ({what}): {reason}. "
-                           f"Fix: choose {alternative!r} (what auto picks here) or 'sdpa', which runs everything")
+        alternative, _ = explain_backend(
+            "auto", device, dtype, return_lse=return_lse, backward=backward
+        )
+        raise BackendError(
+            f"attention backend {backend!r} cannot run this call ({what}): {reason}. "
+            f"Fix: choose {alternative!r} (what auto picks here) or 'sdpa', which runs everything"
+        )
     return backend, f"{backend} (as asked; {what})"
 
 
-def resolve_backend(backend: str, device: torch.device | str, dtype: torch.dtype = torch.float32, *,
-                    return_lse: bool = False, backward: bool = False) -> str:
+def resolve_backend(
+    backend: str,
+    device: torch.device | str,
+    dtype: torch.dtype = torch.float32,
+    *,
+    return_lse: bool = False,
+    backward: bool = False,
+) -> str:
     """The concrete backend for this call: `auto` picks one that can run it, a named one is checked."""
     return explain_backend(backend, device, dtype, return_lse=return_lse, backward=backward)[0]
 
@@ -178,13 +221,25 @@ def varlen_attention(
     log-sum-exp of the scaled scores, (Tq, H) float32 (-inf for a query that sees no key).
     """
     if q.shape[1] % k.shape[1]:
-        raise ValueError(f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} key/value heads")
+        raise ValueError(
+            f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} key/value heads"
+        )
     if window is not None and window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    name = resolve_backend(backend, q.device, q.dtype, return_lse=return_lse, backward=needs_backward(q, k, v))
-    impl: Callable = {"sdpa": _sdpa, "varlen": _varlen, "flash": _flash, "xformers": _xformers, "flex": _flex}[name]
-    return impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window, return_lse, scale)
+    name = resolve_backend(
+        backend, q.device, q.dtype, return_lse=return_lse, backward=needs_backward(q, k, v)
+    )
+    impl: Callable = {
+        "sdpa": _sdpa,
+        "varlen": _varlen,
+        "flash": _flash,
+        "xformers": _xformers,
+        "flex": _flex,
+    }[name]
+    return impl(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window, return_lse, scale
+    )
 
 
 GROUPED_QUERIES = 64
@@ -206,12 +261,20 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None
     len_k, kv_heads = k.shape[1], k.shape[2]
     scale = scale if scale is not None else 1.0 / math.sqrt(dim)
     if len_q > GROUPED_QUERIES:
-        causal = len_q == len_k  # a dense mask only where the kernel's own causal flag cannot say it
+        causal = (
+            len_q == len_k
+        )  # a dense mask only where the kernel's own causal flag cannot say it
         mask = None if causal else causal_mask(len_q, len_k, None, q.device)
-        out, _ = _attend_dense(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, causal, False, scale)
+        out, _ = _attend_dense(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, causal, False, scale
+        )
         return out.transpose(1, 2)
     groups = heads // kv_heads
-    rows = q.reshape(batch, len_q, kv_heads, groups, dim).permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, -1, dim)
+    rows = (
+        q.reshape(batch, len_q, kv_heads, groups, dim)
+        .permute(0, 2, 3, 1, 4)
+        .reshape(batch, kv_heads, -1, dim)
+    )
     scores = torch.matmul(rows * scale, k.permute(0, 2, 3, 1))  # (B, Hkv, G * Lq, Lk)
     if len_q > 1:
         allowed = causal_mask(len_q, len_k, None, q.device)
@@ -219,12 +282,20 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None
         scores = scores.view(batch, kv_heads, groups * len_q, len_k)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
     out = torch.matmul(probs, v.transpose(1, 2))  # (B, Hkv, G * Lq, D)
-    return out.view(batch, kv_heads, groups, len_q, dim).permute(0, 3, 1, 2, 4).reshape(batch, len_q, heads, dim)
+    return (
+        out.view(batch, kv_heads, groups, len_q, dim)
+        .permute(0, 3, 1, 2, 4)
+        .reshape(batch, len_q, heads, dim)
+    )
 
 
 def causal_mask(len_q: int, len_k: int, window: int | None, device: torch.device) -> Tensor:
     """Boolean (len_q, len_k) mask of allowed keys: bottom-right causal, optionally windowed."""
-    distance = torch.arange(len_q, device=device)[:, None] + (len_k - len_q) - torch.arange(len_k, device=device)
+    distance = (
+        torch.arange(len_q, device=device)[:, None]
+        + (len_k - len_q)
+        - torch.arange(len_k, device=device)
+    )
     allowed = distance >= 0
     if window is not None:
         allowed &= distance < window
@@ -244,20 +315,38 @@ def _group_by_shape(cu_q: Tensor, cu_k: Tensor) -> dict[tuple[int, int], list[in
 def _gather(x: Tensor, starts: list[int], length: int) -> Tensor:
     """Stack equal-length slices of a packed (T, H, D) tensor into (n, H, length, D)."""
     if all(b - a == length for a, b in zip(starts, starts[1:])):  # back to back: a view, no copy
-        return x[starts[0] : starts[0] + len(starts) * length].reshape(len(starts), length, *x.shape[1:]).transpose(1, 2)
-    index = (torch.tensor(starts, device=x.device)[:, None] + torch.arange(length, device=x.device)).reshape(-1)
+        return (
+            x[starts[0] : starts[0] + len(starts) * length]
+            .reshape(len(starts), length, *x.shape[1:])
+            .transpose(1, 2)
+        )
+    index = (
+        torch.tensor(starts, device=x.device)[:, None] + torch.arange(length, device=x.device)
+    ).reshape(-1)
     return x.index_select(0, index).view(len(starts), length, *x.shape[1:]).transpose(1, 2)
 
 
-def _attend_dense(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, want_lse: bool, scale: float):
+def _attend_dense(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, want_lse: bool, scale: float
+):
     """(n, H, Lq, D) attention for one shape group; returns (out, lse or None)."""
     groups = q.shape[1] // k.shape[1]
     if not want_lse:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=groups > 1)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=groups > 1
+        )
         return out, None
-    if q.device.type == "cpu" and not torch.is_grad_enabled():  # the fused CPU kernel takes grouped heads as they are
-        bias = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, -math.inf)
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=bias, scale=scale)[:2]
+    if (
+        q.device.type == "cpu" and not torch.is_grad_enabled()
+    ):  # the fused CPU kernel takes grouped heads as they are
+        bias = (
+            None
+            if mask is None
+            else torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, -math.inf)
+        )
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, causal, attn_mask=bias, scale=scale
+        )[:2]
         return out, lse.float()
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
@@ -288,7 +377,10 @@ def _sdpa(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
         needs_mask = not causal and not (plain and len_q == 1)
         mask = causal_mask(len_q, len_k, window, q.device) if needs_mask else None
         o, s = _attend_dense(qs, ks, vs, mask, causal, return_lse, scale)
-        index = (torch.tensor([starts_q[i] for i in seqs], device=q.device)[:, None] + torch.arange(len_q, device=q.device)).reshape(-1)
+        index = (
+            torch.tensor([starts_q[i] for i in seqs], device=q.device)[:, None]
+            + torch.arange(len_q, device=q.device)
+        ).reshape(-1)
         out.index_copy_(0, index, o.transpose(1, 2).reshape(-1, *q.shape[1:]))
         if return_lse:
             lse.index_copy_(0, index, s.transpose(1, 2).reshape(-1, q.shape[1]))
@@ -304,16 +396,26 @@ def _lse_per_token(lse: Tensor, q: Tensor) -> Tensor:
     """A varlen kernel's log-sum-exp, (H, Tq) as FlashAttention returns it, as (Tq, H) float32."""
     if lse.dim() == 2 and lse.shape[0] == q.shape[1]:
         return lse.transpose(0, 1).float()
-    raise RuntimeError(f"unexpected log-sum-exp shape {tuple(lse.shape)} for queries {tuple(q.shape)}")
+    raise RuntimeError(
+        f"unexpected log-sum-exp shape {tuple(lse.shape)} for queries {tuple(q.shape)}"
+    )
 
 
 def _varlen(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
     from torch.nn.attention.varlen import AuxRequest, varlen_attn
 
     result = varlen_attn(
-        q, k, v, cu_q.int(), cu_k.int(), max_q, max_k,
-        return_aux=AuxRequest(lse=True) if return_lse else None, scale=scale,
-        window_size=_causal_window(window), enable_gqa=q.shape[1] != k.shape[1],
+        q,
+        k,
+        v,
+        cu_q.int(),
+        cu_k.int(),
+        max_q,
+        max_k,
+        return_aux=AuxRequest(lse=True) if return_lse else None,
+        scale=scale,
+        window_size=_causal_window(window),
+        enable_gqa=q.shape[1] != k.shape[1],
     )
     return (result[0], _lse_per_token(result[1], q)) if return_lse else result
 
@@ -322,8 +424,17 @@ def _flash(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
     from flash_attn import flash_attn_varlen_func
 
     result = flash_attn_varlen_func(
-        q, k, v, cu_q.int(), cu_k.int(), max_q, max_k,
-        softmax_scale=scale, causal=True, window_size=_causal_window(window), return_attn_probs=return_lse,
+        q,
+        k,
+        v,
+        cu_q.int(),
+        cu_k.int(),
+        max_q,
+        max_k,
+        softmax_scale=scale,
+        causal=True,
+        window_size=_causal_window(window),
+        return_attn_probs=return_lse,
     )
     if not return_lse:
         return result
@@ -339,16 +450,22 @@ def _xformers(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
 
     lens_q, lens_k = (cu_q[1:] - cu_q[:-1]).tolist(), (cu_k[1:] - cu_k[:-1]).tolist()
     bias = fmha.attn_bias.BlockDiagonalCausalFromBottomRightMask.from_seqlens(lens_q, lens_k)
-    if window is not None:  # keys at distance < window, as here (xformers' local masks have no from_seqlens)
+    if (
+        window is not None
+    ):  # keys at distance < window, as here (xformers' local masks have no from_seqlens)
         bias = bias.make_local_attention_from_bottomright(window)
     groups, kv_heads = q.shape[1] // k.shape[1], k.shape[1]
-    if groups == 1 or needs_backward(q, k, v):  # (1, T, H, D), which every op and backward takes: K/V repeated
+    if groups == 1 or needs_backward(
+        q, k, v
+    ):  # (1, T, H, D), which every op and backward takes: K/V repeated
         if groups > 1:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         inputs = q[None], k[None], v[None]
     else:  # inference: the grouped (1, T, Hkv, G, D) layout, K/V broadcast over the group (it has no backward op)
-        inputs = (q.view(1, q.shape[0], kv_heads, groups, q.shape[2]),
-                  *(x.unsqueeze(2).expand(-1, -1, groups, -1).unsqueeze(0) for x in (k, v)))
+        inputs = (
+            q.view(1, q.shape[0], kv_heads, groups, q.shape[2]),
+            *(x.unsqueeze(2).expand(-1, -1, groups, -1).unsqueeze(0) for x in (k, v)),
+        )
     out = fmha.memory_efficient_attention(*inputs, attn_bias=bias, scale=scale)  # autograd-capable
     return out.reshape(q.shape)
 
@@ -367,11 +484,15 @@ def flex_padded_length(n: int) -> int:
     return max(FLEX_BLOCK, 1 << max(0, n - 1).bit_length())
 
 
-def _document_positions(cu: Tensor, total: int, padded: int, offset: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def _document_positions(
+    cu: Tensor, total: int, padded: int, offset: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """(document id, position within it) of each of `padded` slots; the padding slots get document -1."""
     lengths = (cu[1:] - cu[:-1]).long()
     doc = torch.full((padded,), -1, dtype=torch.int64, device=cu.device)
-    doc[:total] = torch.repeat_interleave(torch.arange(len(lengths), device=cu.device), lengths, output_size=total)
+    doc[:total] = torch.repeat_interleave(
+        torch.arange(len(lengths), device=cu.device), lengths, output_size=total
+    )
     pos = torch.zeros(padded, dtype=torch.int64, device=cu.device)
     pos[:total] = torch.arange(total, device=cu.device) - cu[:-1].long()[doc[:total]]
     if offset is not None:
@@ -417,7 +538,9 @@ def flex_block_mask(cu_q: Tensor, cu_k: Tensor, total_q: int, total_k: int, wind
     lens_q, lens_k = (cu_q[1:] - cu_q[:-1]).long(), (cu_k[1:] - cu_k[:-1]).long()
     doc_q, pos_q = _document_positions(cu_q, total_q, padded_q, lens_k - lens_q)
     doc_k, pos_k = _document_positions(cu_k, total_k, padded_k)
-    doc_k[total_k:] = -2  # padding keys belong to no query's document, padding queries' (-1) included
+    doc_k[
+        total_k:
+    ] = -2  # padding keys belong to no query's document, padding queries' (-1) included
     layout = _FlexLayout(doc_q, pos_q, doc_k, pos_k, window)
     n_k = padded_k // FLEX_BLOCK
     any_, full = [], []
@@ -429,15 +552,22 @@ def flex_block_mask(cu_q: Tensor, cu_k: Tensor, total_q: int, total_k: int, wind
         full.append(slab.all(dim=(0, 2)))
     any_t, full_t = torch.stack(any_), torch.stack(full)
 
-    def blocks(chosen: Tensor) -> tuple[Tensor, Tensor]:  # per query block: how many kv blocks, and which first
+    def blocks(
+        chosen: Tensor,
+    ) -> tuple[Tensor, Tensor]:  # per query block: how many kv blocks, and which first
         order = torch.argsort(chosen.int(), dim=1, descending=True, stable=True)
         return chosen.sum(1).int()[None, None], order.int()[None, None]
 
     def mask_mod(b, h, qi, ki):
         return layout.allowed(qi, ki)
 
-    mask = BlockMask.from_kv_blocks(*blocks(any_t & ~full_t), *blocks(full_t), BLOCK_SIZE=FLEX_BLOCK,
-                                    mask_mod=mask_mod, seq_lengths=(padded_q, padded_k))
+    mask = BlockMask.from_kv_blocks(
+        *blocks(any_t & ~full_t),
+        *blocks(full_t),
+        BLOCK_SIZE=FLEX_BLOCK,
+        mask_mod=mask_mod,
+        seq_lengths=(padded_q, padded_k),
+    )
     _FLEX_MASKS[key] = (cu_q, cu_k, mask)
     while len(_FLEX_MASKS) > _FLEX_MASKS_KEPT:
         _FLEX_MASKS.popitem(last=False)
@@ -462,13 +592,21 @@ def _flex(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
         return F.pad(x, (0, 0, 0, 0, 0, padded - x.shape[0])).transpose(0, 1).unsqueeze(0)
 
     args = (heads_first(q, padded_q), heads_first(k, padded_k), heads_first(v, padded_k))
-    kwargs = dict(block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
-                  return_aux=AuxRequest(lse=True) if return_lse else None)
+    kwargs = dict(
+        block_mask=block_mask,
+        scale=scale,
+        enable_gqa=q.shape[1] != k.shape[1],
+        return_aux=AuxRequest(lse=True) if return_lse else None,
+    )
     if q.device.type == "cuda":
-        with torch._dynamo.config.patch(recompile_limit=FLEX_MAX_SHAPES, fail_on_recompile_limit_hit=True):
+        with torch._dynamo.config.patch(
+            recompile_limit=FLEX_MAX_SHAPES, fail_on_recompile_limit_hit=True
+        ):
             result = _compiled_flex()(*args, **kwargs)
     else:
-        with warnings.catch_warnings():  # CPU runs flex unfused on purpose (it is forward-only there anyway)
+        with (
+            warnings.catch_warnings()
+        ):  # CPU runs flex unfused on purpose (it is forward-only there anyway)
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
             result = flex_attention(*args, **kwargs)
     out, lse = (result[0], result[1].lse) if return_lse else (result, None)

@@ -57,22 +57,29 @@ import torch
 from jsonargparse import ArgumentParser
 
 from posfreq.train.atomic import atomic_open, fsync_path, write_json_atomic
-from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir, entry_names
 from posfreq.train.cli import command_parser, parse
 from posfreq.train.config import DTYPE_ALIASES, DTYPES, ModelConfig
 from posfreq.train.fingerprint import file_sha256
 from posfreq.train.model import Transformer
+from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir, entry_names
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 MILESTONE_PREFIX = "tokens-"
 TRAINER_FILE = "trainer.json"
 MANIFEST_FILE = "manifest.json"
-WEIGHTS_ONLY_FILES = ("trained_lengths.npy", "model_config.json", "tokenizer_spec.json", "config.json")
+WEIGHTS_ONLY_FILES = (
+    "trained_lengths.npy",
+    "model_config.json",
+    "tokenizer_spec.json",
+    "config.json",
+)
 FORMAT = "posfreq-pretrain-v1"
 CONSOLIDATED_WEIGHTS = "model.safetensors"
-UNTRUSTED_FIX = ("Fix: resume from another checkpoint (--resume PATH) or move this one away; load only "
-                 "checkpoints this code wrote, from a source you trust.")
+UNTRUSTED_FIX = (
+    "Fix: resume from another checkpoint (--resume PATH) or move this one away; load only "
+    "checkpoints this code wrote, from a source you trust."
+)
 
 
 class CheckpointError(ValueError):
@@ -137,7 +144,9 @@ def read_trainer_state(path: str | Path) -> dict | None:
         return None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         return None
-    has_state = any((path / name).is_file() for name in ("state/.metadata", "state.pt", CONSOLIDATED_WEIGHTS))
+    has_state = any(
+        (path / name).is_file() for name in ("state/.metadata", "state.pt", CONSOLIDATED_WEIGHTS)
+    )
     return meta if has_state else None
 
 
@@ -173,9 +182,14 @@ def _manifest_entries(path: Path, meta: dict) -> dict[str, dict]:
         raise CheckpointError(f"{manifest} differs from the one trainer.json records (damaged)")
     try:
         entries = json.loads(manifest.read_text())["files"]
-        return {name: {"size": int(e["size"]), "sha256": str(e["sha256"])} for name, e in entries.items()}
+        return {
+            name: {"size": int(e["size"]), "sha256": str(e["sha256"])}
+            for name, e in entries.items()
+        }
     except (ValueError, KeyError, TypeError, AttributeError) as err:
-        raise CheckpointError(f"{manifest}: not a manifest this code wrote ({type(err).__name__}: {err})") from None
+        raise CheckpointError(
+            f"{manifest}: not a manifest this code wrote ({type(err).__name__}: {err})"
+        ) from None
 
 
 def verify_checkpoint(path: Path, meta: dict) -> None:
@@ -190,24 +204,34 @@ def verify_checkpoint(path: Path, meta: dict) -> None:
             raise CheckpointError(f"{files[name]} is missing (listed in {MANIFEST_FILE})")
         size = files[name].stat().st_size
         if size != entry["size"]:
-            raise CheckpointError(f"{files[name]} has {size} bytes, {MANIFEST_FILE} records {entry['size']} "
-                                  "(truncated or not flushed before a crash)")
+            raise CheckpointError(
+                f"{files[name]} has {size} bytes, {MANIFEST_FILE} records {entry['size']} "
+                "(truncated or not flushed before a crash)"
+            )
     for name, entry in entries.items():
         if file_sha256(files[name]) != entry["sha256"]:
-            raise CheckpointError(f"{files[name]}: its sha256 differs from {MANIFEST_FILE}'s (damaged on disk)")
+            raise CheckpointError(
+                f"{files[name]}: its sha256 differs from {MANIFEST_FILE}'s (damaged on disk)"
+            )
 
 
 def _incomplete_directories(out_dir: str | Path) -> list[Path]:
     """Directories under OUT/checkpoints (never a .tmp) that are not complete checkpoints."""
     root = checkpoint_root(out_dir)
     found = sorted(root.iterdir()) if root.is_dir() else []
-    return [p for p in found if p.is_dir() and not p.name.endswith(".tmp") and read_trainer_state(p) is None]
+    return [
+        p
+        for p in found
+        if p.is_dir() and not p.name.endswith(".tmp") and read_trainer_state(p) is None
+    ]
 
 
 def choose_resume_checkpoint(out_dir: str | Path) -> tuple[Path | None, list[str]]:
     """The newest resumable checkpoint whose files verify (or None), and why each other candidate was skipped."""
-    skipped = [f"{p}: not a complete checkpoint (no readable {TRAINER_FILE}, or no state/.metadata or state.pt)"
-               for p in _incomplete_directories(out_dir)]
+    skipped = [
+        f"{p}: not a complete checkpoint (no readable {TRAINER_FILE}, or no state/.metadata or state.pt)"
+        for p in _incomplete_directories(out_dir)
+    ]
     for path, meta in reversed(list_checkpoints(out_dir)):
         if not meta.get("resumable"):
             continue
@@ -242,10 +266,17 @@ def remove_stale_temporaries(out_dir: str | Path) -> list[Path]:
 def capture_rng() -> dict:
     """Python, numpy, torch (and CUDA) RNG states, in types `torch.load(weights_only=True)` accepts."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {"python": random.getstate(), "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
-             "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # this rank's GPU only: a node of another size
-        state["cuda_device"] = torch.cuda.get_rng_state()          # can resume it (one generator per rank is used)
+    state = {
+        "python": random.getstate(),
+        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
+        "torch": torch.get_rng_state(),
+    }
+    if (
+        torch.cuda.is_available() and torch.cuda.is_initialized()
+    ):  # this rank's GPU only: a node of another size
+        state["cuda_device"] = (
+            torch.cuda.get_rng_state()
+        )  # can resume it (one generator per rank is used)
     return state
 
 
@@ -260,7 +291,9 @@ def restore_rng(state: dict) -> None:
         return
     if "cuda_device" in state:
         torch.cuda.set_rng_state(state["cuda_device"])
-    elif "cuda" in state:  # older checkpoints: every visible GPU's state; this rank's device is the one it used
+    elif (
+        "cuda" in state
+    ):  # older checkpoints: every visible GPU's state; this rank's device is the one it used
         index = torch.cuda.current_device()
         if index < len(state["cuda"]):
             torch.cuda.set_rng_state(state["cuda"][index])
@@ -279,8 +312,14 @@ def _write_file(path: Path, content: Any) -> None:
         write_json_atomic(path, content, indent=1, sort_keys=True, default=int)
 
 
-def save_checkpoint(fabric: Any, final: Path, objects: dict, files: dict[str, Any], trainer_state: dict,
-                    sharded: bool) -> Path:
+def save_checkpoint(
+    fabric: Any,
+    final: Path,
+    objects: dict,
+    files: dict[str, Any],
+    trainer_state: dict,
+    sharded: bool,
+) -> Path:
     """Write a checkpoint atomically; call on every rank.
 
     `objects` (model, optimizer) go through Fabric (sharded DCP or one full file); each rank
@@ -295,13 +334,17 @@ def save_checkpoint(fabric: Any, final: Path, objects: dict, files: dict[str, An
     fabric.barrier()
     fabric.save(tmp / ("state" if sharded else "state.pt"), objects)
     torch.save(capture_rng(), rng_file(tmp, fabric.global_rank))
-    fsync_path(rng_file(tmp, fabric.global_rank))  # on its own node: rank 0's fsync reaches only its own writes
+    fsync_path(
+        rng_file(tmp, fabric.global_rank)
+    )  # on its own node: rank 0's fsync reaches only its own writes
     fabric.barrier()
     if fabric.global_rank == 0:
         for name, content in files.items():
             _write_file(tmp / name, content)
         manifest = write_manifest(tmp)
-        _write_file(tmp / TRAINER_FILE, {"format": FORMAT, "manifest_sha256": manifest, **trainer_state})
+        _write_file(
+            tmp / TRAINER_FILE, {"format": FORMAT, "manifest_sha256": manifest, **trainer_state}
+        )
         publish(tmp, final)
     fabric.barrier()
     return final
@@ -312,9 +355,16 @@ def save_checkpoint(fabric: Any, final: Path, objects: dict, files: dict[str, An
 # --------------------------------------------------------------------------------------------
 
 _DCP_ALLOWED = {
-    "torch.distributed.checkpoint.metadata": {"Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
-                                              "TensorStorageMetadata", "ChunkStorageMetadata",
-                                              "BytesStorageMetadata", "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorProperties",
+        "TensorStorageMetadata",
+        "ChunkStorageMetadata",
+        "BytesStorageMetadata",
+        "_MEM_FORMAT_ENCODING",
+    },
     "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
     "torch.serialization": {"_get_layout"},
     "torch": {"Size"},
@@ -336,9 +386,16 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 def contained_file(directory: Path, name: str, source: str) -> Path:
     """`directory / name` for a file name read from `source`, refusing absolute names and `..` (no escape)."""
-    if not isinstance(name, str) or not name or PurePath(name).is_absolute() or ".." in re.split(r"[/\\]", name):
-        raise CheckpointError(f"{source}: file name {name!r} points outside {directory}; refusing to read it. "
-                              "Fix: list only files inside that directory, by plain relative names.")
+    if (
+        not isinstance(name, str)
+        or not name
+        or PurePath(name).is_absolute()
+        or ".." in re.split(r"[/\\]", name)
+    ):
+        raise CheckpointError(
+            f"{source}: file name {name!r} points outside {directory}; refusing to read it. "
+            "Fix: list only files inside that directory, by plain relative names."
+        )
     return directory / name
 
 
@@ -354,10 +411,14 @@ def load_pickled(file: Path | str, data: IO[bytes] | None = None, **kwargs: Any)
     """`torch.load(weights_only=True)` of a checkpoint file (or of `data` read from it): tensors and plain data
     only; anything else (a class, a callable) raises `CheckpointError` naming the file instead of running."""
     try:
-        return torch.load(file if data is None else data, map_location="cpu", weights_only=True, **kwargs)
+        return torch.load(
+            file if data is None else data, map_location="cpu", weights_only=True, **kwargs
+        )
     except (pickle.UnpicklingError, RuntimeError, EOFError) as err:
-        raise CheckpointError(f"{file}: refusing to load it: it holds more than tensors and plain data, or is "
-                              f"damaged ({_load_failure(err)}). Nothing in it was run. {UNTRUSTED_FIX}") from None
+        raise CheckpointError(
+            f"{file}: refusing to load it: it holds more than tensors and plain data, or is "
+            f"damaged ({_load_failure(err)}). Nothing in it was run. {UNTRUSTED_FIX}"
+        ) from None
 
 
 def read_dcp_metadata(directory: Path) -> Any:
@@ -373,9 +434,13 @@ def read_dcp_metadata(directory: Path) -> Any:
         _check_dcp_items(directory, metadata)
     except CheckpointError:
         raise
-    except Exception as err:  # crafted or damaged metadata fails in many ways; none of them may run code
-        raise CheckpointError(f"{file}: refusing to load it ({type(err).__name__}: {err}); it is not DCP metadata "
-                              f"this code wrote. Nothing in it was run. {UNTRUSTED_FIX}") from None
+    except (
+        Exception
+    ) as err:  # crafted or damaged metadata fails in many ways; none of them may run code
+        raise CheckpointError(
+            f"{file}: refusing to load it ({type(err).__name__}: {err}); it is not DCP metadata "
+            f"this code wrote. Nothing in it was run. {UNTRUSTED_FIX}"
+        ) from None
     return metadata
 
 
@@ -388,16 +453,21 @@ def _check_dcp_items(directory: Path, metadata: Any) -> None:
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
     source = directory / ".metadata"
-    byte_items = {fqn for fqn, entry in metadata.state_dict_metadata.items()
-                  if isinstance(entry, BytesStorageMetadata)}
+    byte_items = {
+        fqn
+        for fqn, entry in metadata.state_dict_metadata.items()
+        if isinstance(entry, BytesStorageMetadata)
+    }
     for index, info in metadata.storage_data.items():
         file = contained_file(directory, info.relative_path, str(source))
         if index.fqn not in byte_items:
             continue  # tensors: DCP loads them with weights_only=True
         where = f"{file} (item {index.fqn!r}, bytes {info.offset}..{info.offset + info.length})"
         if info.transform_descriptors:
-            raise CheckpointError(f"{where}: stored with transforms {info.transform_descriptors}, which this code "
-                                  f"never writes. {UNTRUSTED_FIX}")
+            raise CheckpointError(
+                f"{where}: stored with transforms {info.transform_descriptors}, which this code "
+                f"never writes. {UNTRUSTED_FIX}"
+            )
         with open(file, "rb") as f:
             f.seek(info.offset)
             load_pickled(where, io.BytesIO(f.read(info.length)))
@@ -446,17 +516,23 @@ def verify_resume_files(path: Path) -> None:
 
 def _read_json(path: Path, what: str) -> dict:
     if not path.is_file():
-        raise FileNotFoundError(f"{path.parent}: no {path.name} ({what}). Is this a posfreq checkpoint or "
-                                "consolidated model directory?")
+        raise FileNotFoundError(
+            f"{path.parent}: no {path.name} ({what}). Is this a posfreq checkpoint or "
+            "consolidated model directory?"
+        )
     return json.loads(path.read_text())
 
 
 def load_model_config(checkpoint_dir: str | Path) -> ModelConfig:
     """The ModelConfig a checkpoint or consolidated directory was written with (its model_config.json)."""
-    return ModelConfig.from_dict(_read_json(Path(checkpoint_dir) / "model_config.json", "model config"))
+    return ModelConfig.from_dict(
+        _read_json(Path(checkpoint_dir) / "model_config.json", "model config")
+    )
 
 
-def model_state_dict(checkpoint_dir: str | Path, config: ModelConfig | None = None) -> dict[str, torch.Tensor]:
+def model_state_dict(
+    checkpoint_dir: str | Path, config: ModelConfig | None = None
+) -> dict[str, torch.Tensor]:
     """Plain (CPU, full) model state_dict from a consolidated dir or a full/sharded trainer checkpoint."""
     path = Path(checkpoint_dir)
     config = config or load_model_config(path)
@@ -471,17 +547,27 @@ def model_state_dict(checkpoint_dir: str | Path, config: ModelConfig | None = No
 
         with torch.device("meta"):
             shapes = {k: (v.shape, v.dtype) for k, v in Transformer(config).state_dict().items()}
-        state = {"model": {k: torch.empty(shape, dtype=dtype) for k, (shape, dtype) in shapes.items()}}
-        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        state = {
+            "model": {k: torch.empty(shape, dtype=dtype) for k, (shape, dtype) in shapes.items()}
+        }
+        with (
+            warnings.catch_warnings()
+        ):  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
             dcp.load(state, storage_reader=_safe_reader(path / "state"), no_dist=True)
         return state["model"]
-    raise FileNotFoundError(f"{path}: no {CONSOLIDATED_WEIGHTS}, state.pt or state/.metadata. Pass a checkpoint "
-                            f"directory (OUT/{CHECKPOINTS}/tokens-*/ or latest/) or a consolidated model directory.")
+    raise FileNotFoundError(
+        f"{path}: no {CONSOLIDATED_WEIGHTS}, state.pt or state/.metadata. Pass a checkpoint "
+        f"directory (OUT/{CHECKPOINTS}/tokens-*/ or latest/) or a consolidated model directory."
+    )
 
 
-def load_model(checkpoint_dir: str | Path, device: str | torch.device = "cpu",
-               dtype: torch.dtype | None = None, attention_backend: str = "auto") -> tuple[Transformer, dict, dict]:
+def load_model(
+    checkpoint_dir: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    attention_backend: str = "auto",
+) -> tuple[Transformer, dict, dict]:
     """(model in eval mode, tokenizer spec, meta) from a consolidated dir or any trainer checkpoint.
 
     The tokenizer spec is {"spec", "vocab_size", "bos_id", "eos_id"} (`get_tokenizer(spec["spec"])`);
@@ -529,17 +615,23 @@ def load_trained_lengths(checkpoint_dir: str | Path) -> np.ndarray:
     file = Path(checkpoint_dir) / "trained_lengths.npy"
     try:
         return np.load(file, allow_pickle=False)
-    except ValueError as err:  # numpy refuses pickled (object) arrays and damaged headers with ValueError
+    except (
+        ValueError
+    ) as err:  # numpy refuses pickled (object) arrays and damaged headers with ValueError
         raise CheckpointError(f"{file}: refusing to load it ({err}). {UNTRUSTED_FIX}") from None
 
 
-def _write_weights(state: dict[str, torch.Tensor], file: Path, dtype: torch.dtype | None = None) -> None:
+def _write_weights(
+    state: dict[str, torch.Tensor], file: Path, dtype: torch.dtype | None = None
+) -> None:
     """Save a state_dict as safetensors, each tensor its own contiguous copy (safetensors refuses shared storage,
     e.g. tied embeddings), floating tensors cast to `dtype` if given."""
     from safetensors.torch import save_file
 
-    tensors = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous().clone()
-               for k, v in state.items()}
+    tensors = {
+        k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous().clone()
+        for k, v in state.items()
+    }
     save_file(tensors, str(file), metadata={"format": "pt"})
 
 
@@ -560,8 +652,10 @@ def reduce_to_weights(path: Path) -> None:
     for name in WEIGHTS_ONLY_FILES:
         shutil.copyfile(path / name, tmp / name)
     manifest = write_manifest(tmp)
-    _write_file(tmp / TRAINER_FILE, {**meta, "resumable": False, "reduced_to_weights": True,
-                                      "manifest_sha256": manifest})
+    _write_file(
+        tmp / TRAINER_FILE,
+        {**meta, "resumable": False, "reduced_to_weights": True, "manifest_sha256": manifest},
+    )
     publish(tmp, path)
 
 
@@ -570,14 +664,20 @@ def reduce_old_milestones(out_dir: str | Path, keep_full: int) -> list[str]:
 
     A milestone whose files do not verify is left as it is (reported), not sealed under a new manifest.
     """
-    milestones = [path for path, meta in list_checkpoints(out_dir)
-                  if re.fullmatch(rf"{MILESTONE_PREFIX}\d+", path.name) and meta.get("resumable")]
+    milestones = [
+        path
+        for path, meta in list_checkpoints(out_dir)
+        if re.fullmatch(rf"{MILESTONE_PREFIX}\d+", path.name) and meta.get("resumable")
+    ]
     report = []
-    for path in milestones[:max(0, len(milestones) - keep_full)]:
+    for path in milestones[: max(0, len(milestones) - keep_full)]:
         try:
             reduce_to_weights(path)
             report.append(f"reduced {path} to weights only")
-        except (CheckpointError, OSError) as err:  # retention must not end a weeks-long run; the .tmp goes at start-up
+        except (
+            CheckpointError,
+            OSError,
+        ) as err:  # retention must not end a weeks-long run; the .tmp goes at start-up
             report.append(f"left {path} as it is, not reduced: {err}")
     return report
 
@@ -585,7 +685,9 @@ def reduce_old_milestones(out_dir: str | Path, keep_full: int) -> list[str]:
 CONSOLIDATE = "checkpoint consolidate"
 
 
-def consolidate(checkpoint_dir: str | Path, out_dir: str | Path, dtype: torch.dtype | None = None) -> Path:
+def consolidate(
+    checkpoint_dir: str | Path, out_dir: str | Path, dtype: torch.dtype | None = None
+) -> Path:
     """Write one trainer checkpoint as a single-file model directory (atomically); returns it.
 
     `out_dir` must be new, empty or an earlier consolidation (OutputDirError otherwise: never a run directory).
@@ -593,9 +695,14 @@ def consolidate(checkpoint_dir: str | Path, out_dir: str | Path, dtype: torch.dt
     src, out = Path(checkpoint_dir), Path(out_dir)
     tmp, old = temporary(out), out.with_name(out.name + ".old")
     check_output_dir(out, CONSOLIDATE, written_before=_earlier_consolidation)
-    for sibling in (tmp, old):  # publish() replaces them: only an interrupted consolidation's own may go
+    for sibling in (
+        tmp,
+        old,
+    ):  # publish() replaces them: only an interrupted consolidation's own may go
         check_output_dir(sibling, CONSOLIDATE, flag="--out's temporary")
-    state = model_state_dict(src)  # before anything is written: a wrong --checkpoint leaves nothing behind
+    state = model_state_dict(
+        src
+    )  # before anything is written: a wrong --checkpoint leaves nothing behind
     if tmp.exists():
         shutil.rmtree(tmp)
     claim_output_dir(tmp, CONSOLIDATE)
@@ -603,7 +710,9 @@ def consolidate(checkpoint_dir: str | Path, out_dir: str | Path, dtype: torch.dt
         _write_weights(state, tmp / CONSOLIDATED_WEIGHTS, dtype)
         for name in ("model_config.json", "tokenizer_spec.json", "trained_lengths.npy"):
             shutil.copyfile(src / name, tmp / name)
-        meta = json.loads((src / TRAINER_FILE).read_text()) if (src / TRAINER_FILE).is_file() else {}
+        meta = (
+            json.loads((src / TRAINER_FILE).read_text()) if (src / TRAINER_FILE).is_file() else {}
+        )
         meta["consolidated_from"] = str(src.resolve())
         write_json_atomic(tmp / "meta.json", meta, indent=1, sort_keys=True)
     except BaseException:
@@ -613,8 +722,13 @@ def consolidate(checkpoint_dir: str | Path, out_dir: str | Path, dtype: torch.dt
     return out
 
 
-CONSOLIDATED_FILES = {CONSOLIDATED_WEIGHTS, "model_config.json", "tokenizer_spec.json", "trained_lengths.npy",
-                      "meta.json"}
+CONSOLIDATED_FILES = {
+    CONSOLIDATED_WEIGHTS,
+    "model_config.json",
+    "tokenizer_spec.json",
+    "trained_lengths.npy",
+    "meta.json",
+}
 
 
 def _earlier_consolidation(out: Path) -> bool:
@@ -629,20 +743,43 @@ def _earlier_consolidation(out: Path) -> bool:
 
 def build_parser() -> ArgumentParser:
     """`posfreq checkpoint`: the subcommands `consolidate` and `list`."""
-    parser = command_parser("posfreq checkpoint", "List a run's complete checkpoints, or consolidate one into a "
-                            "model directory (model.safetensors and its config files).")
-    consolidate_parser = command_parser("posfreq checkpoint consolidate", "Write a trainer checkpoint's weights as "
-                                        "model.safetensors, with its config files, into a new directory (atomically).")
-    consolidate_parser.add_argument("--checkpoint", type=Path, required=True,
-                                    help="A trainer checkpoint directory (RUN/checkpoints/tokens-*/ or latest/).")
-    consolidate_parser.add_argument("--out", type=Path, required=True, help="The model directory to write.")
-    consolidate_parser.add_argument("--dtype", type=Optional[Literal[tuple(DTYPES) + tuple(DTYPE_ALIASES)]], default=None,
-                                    help="Cast the floating-point weights to this dtype (null: keep the trained one).")
-    list_parser = command_parser("posfreq checkpoint list", "One line per complete checkpoint of a run: its path, "
-                                 "step, tokens seen, and whether it is resumable or weights only.")
-    list_parser.add_argument("--run", type=Path, required=True, help="A training run directory (the trainer's --out).")
+    parser = command_parser(
+        "posfreq checkpoint",
+        "List a run's complete checkpoints, or consolidate one into a "
+        "model directory (model.safetensors and its config files).",
+    )
+    consolidate_parser = command_parser(
+        "posfreq checkpoint consolidate",
+        "Write a trainer checkpoint's weights as "
+        "model.safetensors, with its config files, into a new directory (atomically).",
+    )
+    consolidate_parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        required=True,
+        help="A trainer checkpoint directory (RUN/checkpoints/tokens-*/ or latest/).",
+    )
+    consolidate_parser.add_argument(
+        "--out", type=Path, required=True, help="The model directory to write."
+    )
+    consolidate_parser.add_argument(
+        "--dtype",
+        type=Optional[Literal[tuple(DTYPES) + tuple(DTYPE_ALIASES)]],
+        default=None,
+        help="Cast the floating-point weights to this dtype (null: keep the trained one).",
+    )
+    list_parser = command_parser(
+        "posfreq checkpoint list",
+        "One line per complete checkpoint of a run: its path, "
+        "step, tokens seen, and whether it is resumable or weights only.",
+    )
+    list_parser.add_argument(
+        "--run", type=Path, required=True, help="A training run directory (the trainer's --out)."
+    )
     subcommands = parser.add_subcommands(dest="command")
-    subcommands.add_subcommand("consolidate", consolidate_parser, help="consolidate a checkpoint into model.safetensors")
+    subcommands.add_subcommand(
+        "consolidate", consolidate_parser, help="consolidate a checkpoint into model.safetensors"
+    )
     subcommands.add_subcommand("list", list_parser, help="list the complete checkpoints of a run")
     return parser
 
@@ -653,13 +790,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "consolidate":
         cmd = args.consolidate
         try:
-            print(consolidate(cmd.checkpoint, cmd.out, DTYPES.get(DTYPE_ALIASES.get(cmd.dtype, cmd.dtype))))
+            print(
+                consolidate(
+                    cmd.checkpoint, cmd.out, DTYPES.get(DTYPE_ALIASES.get(cmd.dtype, cmd.dtype))
+                )
+            )
         except OutputDirError as err:
             sys.exit(f"error: {err}")
     else:
         run = args.list.run
         if not run.is_dir():
-            sys.exit(f"error: --run {run} does not exist. Fix: pass a training run directory (the trainer's --out)")
+            sys.exit(
+                f"error: --run {run} does not exist. Fix: pass a training run directory (the trainer's --out)"
+            )
         found = list_checkpoints(run)
         if not found:
             print(f"{run}: no complete checkpoint under {checkpoint_root(run)}", file=sys.stderr)

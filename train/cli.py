@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
 import yaml
-
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, set_parsing_settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,7 +35,12 @@ class CommandParser(ArgumentParser):
             super().error(message, ex)
         lines = [f"error: {message.strip()}"]
         unknown = re.findall(r"(--[\w.-]+)", message) if "nrecognized argument" in message else []
-        known = [o for a in self._actions for o in a.option_strings if o.startswith("--") and "_" not in o]
+        known = [
+            o
+            for a in self._actions
+            for o in a.option_strings
+            if o.startswith("--") and "_" not in o
+        ]
         for flag in unknown:
             close = difflib.get_close_matches(flag.replace("_", "-"), known, n=3, cutoff=0.6)
             if close:
@@ -52,18 +56,28 @@ class CommandParser(ArgumentParser):
 def command_parser(prog: str, description: str, config_file: bool = False) -> ArgumentParser:
     """A parser for one posfreq command; `config_file` adds `--config FILE.yaml` (values the flags override)."""
     # No abbreviations (--conf would load a file unseen by `refuse_code_in_args`), no environment variables.
-    parser = CommandParser(prog=prog, description=description, print_config="--print-config", allow_abbrev=False,
-                           default_env=False)
+    parser = CommandParser(
+        prog=prog,
+        description=description,
+        print_config="--print-config",
+        allow_abbrev=False,
+        default_env=False,
+    )
     if config_file:
-        parser.add_argument("--config", action=ActionConfigFile,
-                            help="A YAML file of options (keys as in --print-config); flags after it override it.")
+        parser.add_argument(
+            "--config",
+            action=ActionConfigFile,
+            help="A YAML file of options (keys as in --print-config); flags after it override it.",
+        )
     return parser
 
 
 def hyphenate(parser: argparse.ArgumentParser) -> None:
     """Spell every long option with hyphens first (`--out-dir`), keeping the underscore form as an alias."""
     for action in parser._actions:
-        dashed = [o.replace("_", "-") for o in action.option_strings if o.startswith("--") and "_" in o]
+        dashed = [
+            o.replace("_", "-") for o in action.option_strings if o.startswith("--") and "_" in o
+        ]
         for option in dashed:
             parser._option_string_actions.setdefault(option, action)
         if dashed:
@@ -74,7 +88,9 @@ def hyphenate(parser: argparse.ArgumentParser) -> None:
             if underscored not in parser._option_string_actions:
                 parser._option_string_actions[underscored] = action
         for sub in getattr(action, "choices", None) or {}:
-            if isinstance(action.choices, dict) and isinstance(action.choices[sub], argparse.ArgumentParser):
+            if isinstance(action.choices, dict) and isinstance(
+                action.choices[sub], argparse.ArgumentParser
+            ):
                 hyphenate(action.choices[sub])
 
 
@@ -93,11 +109,15 @@ def refuse_code(value: Any, where: str, path: str = "") -> None:
         for key, item in value.items():
             dotted = f"{path}.{key}" if path else str(key)
             if key in CODE_KEYS:
-                raise CodeInConfig(f"{where}: key {dotted} asks to import and run code ({item!r:.60}); a config "
-                                   "holds data only (numbers, strings, lists, mappings). Fix: remove the key")
+                raise CodeInConfig(
+                    f"{where}: key {dotted} asks to import and run code ({item!r:.60}); a config "
+                    "holds data only (numbers, strings, lists, mappings). Fix: remove the key"
+                )
             if key == "config":
-                raise CodeInConfig(f"{where}: key {dotted} would include another config file; includes are not "
-                                   "followed. Fix: merge that file's keys here, or pass it with its own --config")
+                raise CodeInConfig(
+                    f"{where}: key {dotted} would include another config file; includes are not "
+                    "followed. Fix: merge that file's keys here, or pass it with its own --config"
+                )
             refuse_code(item, where, dotted)
     elif isinstance(value, list):
         for i, item in enumerate(value):
@@ -111,8 +131,10 @@ def _yaml(text: str, where: str) -> Any:
     except yaml.constructor.ConstructorError as err:
         if "python/" not in str(err.problem):
             return None  # an unknown tag ('!important'): plain text to the parser, which never constructs it
-        raise CodeInConfig(f"{where}: YAML tag {err.problem.split()[-1] if err.problem else ''} constructs an object; "
-                           "a config holds data only. Fix: remove the tag") from None
+        raise CodeInConfig(
+            f"{where}: YAML tag {err.problem.split()[-1] if err.problem else ''} constructs an object; "
+            "a config holds data only. Fix: remove the tag"
+        ) from None
     except yaml.YAMLError:
         return None  # not YAML: the parser reports what it expected
 
@@ -148,7 +170,9 @@ def parse(parser: ArgumentParser, argv: Sequence[str] | None = None) -> Namespac
     except CodeInConfig as err:
         parser.exit(2, f"error: {err}\n")
     hyphenate(parser)
-    forced_env = os.environ.pop("JSONARGPARSE_DEFAULT_ENV", None)  # options come from argv and files, never env
+    forced_env = os.environ.pop(
+        "JSONARGPARSE_DEFAULT_ENV", None
+    )  # options come from argv and files, never env
     try:
         parser.default_env = False  # (jsonargparse read that variable when the parser was built)
         return parser.parse_args(args)
@@ -163,7 +187,9 @@ RUNS_HELP = "Probed run directories (posfreq probe --run) or their probe output 
 def add_runs_argument(parser: ArgumentParser) -> None:
     """Several probed runs, named positionally or with --run (the name every command gives a run)."""
     parser.add_argument("runs", nargs="*", type=Path, help=RUNS_HELP)
-    parser.add_argument("--run", nargs="+", type=Path, default=[], help=f"{RUNS_HELP} (the same as positional ones)")
+    parser.add_argument(
+        "--run", nargs="+", type=Path, default=[], help=f"{RUNS_HELP} (the same as positional ones)"
+    )
 
 
 def runs_of(args: Namespace, parser: ArgumentParser) -> list[Path]:
@@ -179,7 +205,9 @@ def parse_shard(text: str) -> tuple[int, int]:
     try:
         index, count = (int(x) for x in text.strip().split("/"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--shard expects i/n such as 3/64 (0-based i), got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"--shard expects i/n such as 3/64 (0-based i), got {text!r}"
+        ) from None
     if not 0 <= index < count:
         raise argparse.ArgumentTypeError(f"--shard {text}: need 0 <= i < n")
     return index, count
@@ -188,8 +216,13 @@ def parse_shard(text: str) -> tuple[int, int]:
 def code_version() -> str:
     """`git describe --always --dirty --tags` of this repository, or 'unknown' outside a git checkout."""
     try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty", "--tags"], cwd=REPO, capture_output=True,
-                             text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--tags"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
@@ -206,4 +239,3 @@ def describe_error(err: BaseException) -> str:
         return f"{err.strerror}: {err.filename}"
     text = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
-

@@ -28,14 +28,24 @@ class ModelConfig:
     ffn_dim: int = 5632
     rope_base: float = 10_000.0
     norm_eps: float = 1e-5
-    train_len: int = 2048  # the training length L: the rows it was trained on; STRING's defaults derive from it
+    train_len: int = (
+        2048  # the training length L: the rows it was trained on; STRING's defaults derive from it
+    )
     tie_embeddings: bool = False
     # Hugging Face's rope_scaling dict for imported models (e.g. {"rope_type": "llama3", "factor": 8.0,
     # ...}; see train.rotary.scaled_inv_freq); None for plain RoPE. Excluded from the hash (a dict).
     rope_scaling: dict | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "train_len"):
+        for name in (
+            "vocab_size",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "ffn_dim",
+            "train_len",
+        ):
             if not getattr(self, name) >= 1:
                 raise ValueError(f"{name}={getattr(self, name)!r} is out of range: it must be >= 1")
         for name in ("rope_base", "norm_eps"):
@@ -44,15 +54,21 @@ class ModelConfig:
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
+            raise ValueError(
+                f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}"
+            )
         if (self.d_model // self.n_heads) % 2:
             raise ValueError("the head dimension must be even for rotary embeddings")
         if self.vocab_size > 2**32:
-            raise ValueError(f"vocab_size={self.vocab_size:,} does not fit the uint32 token format (at most 2^32)")
+            raise ValueError(
+                f"vocab_size={self.vocab_size:,} does not fit the uint32 token format (at most 2^32)"
+            )
         if self.num_params() > MAX_PARAMS:
-            raise ValueError(f"this config has {self.num_params():,} parameters ({4 * self.num_params() / 2**40:,.1f} "
-                             f"TiB in float32), more than any model this code is for ({MAX_PARAMS:.0e}); a size "
-                             "field is probably wrong (vocab_size, d_model, ffn_dim, n_layers)")
+            raise ValueError(
+                f"this config has {self.num_params():,} parameters ({4 * self.num_params() / 2**40:,.1f} "
+                f"TiB in float32), more than any model this code is for ({MAX_PARAMS:.0e}); a size "
+                "field is probably wrong (vocab_size, d_model, ffn_dim, n_layers)"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -88,11 +104,22 @@ class ModelConfig:
 # with them (1.23B if they were tied); the paper's "1.3B" matches none exactly (see README).
 PRESETS: dict[str, ModelConfig] = {
     "tinyllama-1.3b": ModelConfig(),
-    "tiny-4l-256": ModelConfig(d_model=256, n_layers=4, n_heads=8, n_kv_heads=2, ffn_dim=704, train_len=4096),
-    "tiny-2l-128": ModelConfig(d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=352, train_len=4096),
+    "tiny-4l-256": ModelConfig(
+        d_model=256, n_layers=4, n_heads=8, n_kv_heads=2, ffn_dim=704, train_len=4096
+    ),
+    "tiny-2l-128": ModelConfig(
+        d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=352, train_len=4096
+    ),
     # SmolLM-135M's shape (a public Llama-family model of about 135M parameters): the benchmarks' real-size model.
-    "smollm-135m": ModelConfig(vocab_size=49_152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536,
-                               tie_embeddings=True),
+    "smollm-135m": ModelConfig(
+        vocab_size=49_152,
+        d_model=576,
+        n_layers=30,
+        n_heads=9,
+        n_kv_heads=3,
+        ffn_dim=1536,
+        tie_embeddings=True,
+    ),
 }
 
 

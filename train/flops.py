@@ -15,12 +15,26 @@ import re
 from posfreq.train.config import ModelConfig
 
 PEAK_BF16_FLOPS = {  # dense (no sparsity) bf16 tensor-core FLOP/s, from NVIDIA's datasheets
-    "a100": 312e12, "h100-sxm": 989e12, "h100-pcie": 756e12, "h100-nvl": 835e12, "h200": 989e12,
-    "gh200": 989e12, "l40s": 362e12, "l4": 121e12, "a10g": 125e12,
+    "a100": 312e12,
+    "h100-sxm": 989e12,
+    "h100-pcie": 756e12,
+    "h100-nvl": 835e12,
+    "h200": 989e12,
+    "gh200": 989e12,
+    "l40s": 362e12,
+    "l4": 121e12,
+    "a10g": 125e12,
 }
 DEVICE_NAMES = [  # torch.cuda.get_device_name patterns, most specific first -> PEAK_BF16_FLOPS key
-    (r"GH200", "gh200"), (r"H200", "h200"), (r"H100.*PCIe", "h100-pcie"), (r"H100.*NVL", "h100-nvl"),
-    (r"H100", "h100-sxm"), (r"A100", "a100"), (r"L40S", "l40s"), (r"\bL4\b", "l4"), (r"A10G", "a10g"),
+    (r"GH200", "gh200"),
+    (r"H200", "h200"),
+    (r"H100.*PCIe", "h100-pcie"),
+    (r"H100.*NVL", "h100-nvl"),
+    (r"H100", "h100-sxm"),
+    (r"A100", "a100"),
+    (r"L40S", "l40s"),
+    (r"\bL4\b", "l4"),
+    (r"A10G", "a10g"),
 ]
 
 

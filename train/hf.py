@@ -37,23 +37,74 @@ if TYPE_CHECKING:
     import tokenizers
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
-BYTES_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>")  # the exported names of the bytes tokenizer's 256, 257
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+)
+BYTES_SPECIAL_TOKENS = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+)  # the exported names of the bytes tokenizer's 256, 257
 
 # HF's defaults for keys a config.json may omit (LlamaConfig / MistralConfig).
 _DEFAULTS = {
-    "llama": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "rope_theta": 10_000.0, "sliding_window": None},
-    "mistral": {"max_position_embeddings": 4096 * 32, "rms_norm_eps": 1e-6, "rope_theta": 10_000.0, "sliding_window": 4096},
+    "llama": {
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10_000.0,
+        "sliding_window": None,
+    },
+    "mistral": {
+        "max_position_embeddings": 4096 * 32,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10_000.0,
+        "sliding_window": 4096,
+    },
 }
 # Keys that do not change the forward computation (or are checked explicitly below).
 _KNOWN_KEYS = {
-    "_name_or_path", "architectures", "attention_bias", "attention_dropout", "bos_token_id", "eos_token_id",
-    "pad_token_id", "head_dim", "hidden_act", "hidden_size", "initializer_range", "intermediate_size",
-    "max_position_embeddings", "mlp_bias", "model_type", "num_attention_heads", "num_hidden_layers",
-    "num_key_value_heads", "pretraining_tp", "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters",
-    "tie_word_embeddings", "torch_dtype", "dtype", "transformers_version", "use_cache", "vocab_size",
-    "sliding_window", "output_attentions", "output_hidden_states", "return_dict", "chunk_size_feed_forward",
-    "is_encoder_decoder", "id2label", "label2id", "problem_type", "partial_rotary_factor", "quantization_config",
+    "_name_or_path",
+    "architectures",
+    "attention_bias",
+    "attention_dropout",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "head_dim",
+    "hidden_act",
+    "hidden_size",
+    "initializer_range",
+    "intermediate_size",
+    "max_position_embeddings",
+    "mlp_bias",
+    "model_type",
+    "num_attention_heads",
+    "num_hidden_layers",
+    "num_key_value_heads",
+    "pretraining_tp",
+    "rms_norm_eps",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "tie_word_embeddings",
+    "torch_dtype",
+    "dtype",
+    "transformers_version",
+    "use_cache",
+    "vocab_size",
+    "sliding_window",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "chunk_size_feed_forward",
+    "is_encoder_decoder",
+    "id2label",
+    "label2id",
+    "problem_type",
+    "partial_rotary_factor",
+    "quantization_config",
 }
 # Weights HF checkpoints may carry that we recompute (old Llama files saved the rotary buffer).
 _IGNORED_WEIGHT_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -63,7 +114,9 @@ def _read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path} not found: expected a Hugging Face model directory with config.json") from None
+        raise FileNotFoundError(
+            f"{path} not found: expected a Hugging Face model directory with config.json"
+        ) from None
 
 
 def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
@@ -82,24 +135,45 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
         if hf.get(key, expected) != expected:
             problems.append(f"{key}={hf[key]!r} (only {expected!r} is supported)")
     if hf.get("quantization_config"):
-        problems.append("quantization_config (quantized weights are not supported; use a bf16/fp16/fp32 checkpoint)")
+        problems.append(
+            "quantization_config (quantized weights are not supported; use a bf16/fp16/fp32 checkpoint)"
+        )
     if hf.get("partial_rotary_factor", 1.0) != 1.0:
-        problems.append(f"partial_rotary_factor={hf['partial_rotary_factor']} (only 1.0 is supported)")
+        problems.append(
+            f"partial_rotary_factor={hf['partial_rotary_factor']} (only 1.0 is supported)"
+        )
     max_len = int(hf.get("max_position_embeddings", defaults["max_position_embeddings"]))
     window = hf.get("sliding_window", defaults["sliding_window"])
     if window is not None and window < max_len:
-        problems.append(f"sliding_window={window} < max_position_embeddings={max_len} (sliding-window attention is not supported)")
+        problems.append(
+            f"sliding_window={window} < max_position_embeddings={max_len} (sliding-window attention is not supported)"
+        )
     rope_theta, rope_scaling = _rope_from_hf(hf, defaults)
     try:
         rope_scaling_type(rope_scaling)
     except ValueError as err:
         problems.append(str(err))
     if problems:
-        raise ValueError(f"{source}: cannot import this {model_type} model exactly: " + "; ".join(problems))
+        raise ValueError(
+            f"{source}: cannot import this {model_type} model exactly: " + "; ".join(problems)
+        )
     unknown = sorted(set(hf) - _KNOWN_KEYS)
     if unknown:
-        warnings.warn(f"{source}: ignoring config keys {unknown}; check that they do not change the model", stacklevel=2)
-    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size") if k not in hf]
+        warnings.warn(
+            f"{source}: ignoring config keys {unknown}; check that they do not change the model",
+            stacklevel=2,
+        )
+    missing = [
+        k
+        for k in (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "vocab_size",
+        )
+        if k not in hf
+    ]
     if missing:
         raise ValueError(f"{source}: missing required keys {missing}")
     n_heads = int(hf["num_attention_heads"])
@@ -165,7 +239,10 @@ def _read_hf_weights(directory: Path, dtype: torch.dtype | None, device: str) ->
 
 
 def load_hf_model(
-    directory: str | Path, dtype: torch.dtype | str | None = None, attention_backend: str = "auto", device: str = "cpu"
+    directory: str | Path,
+    dtype: torch.dtype | str | None = None,
+    attention_backend: str = "auto",
+    device: str = "cpu",
 ) -> Transformer:
     """Our Transformer with the weights of a local Hugging Face Llama/Mistral directory (dtype None: as stored)."""
     directory = Path(directory)
@@ -173,19 +250,31 @@ def load_hf_model(
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
         dtype = DTYPES[dtype]
-    config = config_from_hf(_read_json(directory / "config.json"), source=str(directory / "config.json"))
+    config = config_from_hf(
+        _read_json(directory / "config.json"), source=str(directory / "config.json")
+    )
     weights = _read_hf_weights(directory, dtype, device)
     if config.tie_embeddings:
-        weights.pop("lm_head.weight", None)  # transformers ignores a stored head when embeddings are tied
+        weights.pop(
+            "lm_head.weight", None
+        )  # transformers ignores a stored head when embeddings are tied
     with torch.device("meta"):
         model = Transformer(config, attention_backend=attention_backend)
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items() if not (config.tie_embeddings and k == "lm_head.weight")}
+    shapes = {
+        k: tuple(v.shape)
+        for k, v in model.state_dict().items()
+        if not (config.tie_embeddings and k == "lm_head.weight")
+    }
     missing, unexpected = sorted(set(shapes) - set(weights)), sorted(set(weights) - set(shapes))
     if missing or unexpected:
-        raise ValueError(f"{directory}: weights do not match the config: missing {missing[:8]}, unexpected {unexpected[:8]}")
+        raise ValueError(
+            f"{directory}: weights do not match the config: missing {missing[:8]}, unexpected {unexpected[:8]}"
+        )
     for key, shape in shapes.items():
         if tuple(weights[key].shape) != shape:
-            raise ValueError(f"{directory}: weight {key} has shape {tuple(weights[key].shape)}, the config implies {shape}")
+            raise ValueError(
+                f"{directory}: weight {key} has shape {tuple(weights[key].shape)}, the config implies {shape}"
+            )
     model.load_state_dict(weights, strict=False, assign=True)
     if config.tie_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
@@ -200,8 +289,14 @@ def hf_model_fingerprint(directory: str | Path) -> str:
 
     path = Path(directory)
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path}: needs config.json and *.safetensors weights to fingerprint")
-    index = [path / "model.safetensors.index.json"] if (path / "model.safetensors.index.json").is_file() else []
+        raise FileNotFoundError(
+            f"{path}: needs config.json and *.safetensors weights to fingerprint"
+        )
+    index = (
+        [path / "model.safetensors.index.json"]
+        if (path / "model.safetensors.index.json").is_file()
+        else []
+    )
     return files_sha256(path, [path / "config.json", *index, *_weight_files(path)])
 
 
@@ -210,7 +305,9 @@ def tokenizer_spec(directory: str | Path) -> str | None:
     return f"hf:{directory}" if (Path(directory) / "tokenizer.json").is_file() else None
 
 
-def config_to_hf(config: ModelConfig, dtype: torch.dtype, bos_token_id: int | None, eos_token_id: int | None) -> dict:
+def config_to_hf(
+    config: ModelConfig, dtype: torch.dtype, bos_token_id: int | None, eos_token_id: int | None
+) -> dict:
     """A LlamaForCausalLM config.json dict for our config (transformers 4 spelling, which 5 also reads)."""
     dtype_name = str(dtype).removeprefix("torch.")
     return {
@@ -257,10 +354,14 @@ def export_hf(
     from safetensors.torch import save
 
     if model.positions.name != "rope":
-        raise ValueError(f"the model uses position scheme {model.positions.name!r}; transformers only runs 'rope'")
+        raise ValueError(
+            f"the model uses position scheme {model.positions.name!r}; transformers only runs 'rope'"
+        )
     out = claim_output_dir(out_dir, EXPORT_HF)
     for stale in [*out.glob("*.safetensors"), *out.glob("*.safetensors.index.json")]:
-        if stale.name != "model.safetensors":  # an earlier export's other weight files would be loaded instead
+        if (
+            stale.name != "model.safetensors"
+        ):  # an earlier export's other weight files would be loaded instead
             stale.unlink()
     tied = model.config.tie_embeddings
     tensors = {}
@@ -272,7 +373,9 @@ def export_hf(
     dtype = model.embed_tokens.weight.dtype
     # safetensors' own save_file creates the file 0600; serialising to bytes lets train.atomic write it 0644.
     write_bytes_atomic(out / "model.safetensors", save(tensors, metadata={"format": "pt"}))
-    write_json_atomic(out / "config.json", config_to_hf(model.config, dtype, bos_token_id, eos_token_id), indent=2)
+    write_json_atomic(
+        out / "config.json", config_to_hf(model.config, dtype, bos_token_id, eos_token_id), indent=2
+    )
     generation = {"bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "do_sample": False}
     write_json_atomic(out / "generation_config.json", generation, indent=2)
     return out
@@ -298,11 +401,15 @@ def write_tokenizer_files(spec: str, out_dir: str | Path) -> list[Path]:
         for name in copied:
             write_bytes_atomic(out / name, (source / name).read_bytes())
         return [out / name for name in copied]
-    warnings.warn(f"tokenizer {spec!r} has no Hugging Face files; {out_dir} gets none", stacklevel=2)
+    warnings.warn(
+        f"tokenizer {spec!r} has no Hugging Face files; {out_dir} gets none", stacklevel=2
+    )
     return []
 
 
-def _write_tokenizer(tokenizer: tokenizers.Tokenizer, config: dict, out_dir: str | Path) -> list[Path]:
+def _write_tokenizer(
+    tokenizer: tokenizers.Tokenizer, config: dict, out_dir: str | Path
+) -> list[Path]:
     """Save a `tokenizers.Tokenizer` as tokenizer.json beside `config` as tokenizer_config.json (atomic, 0644)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -311,15 +418,23 @@ def _write_tokenizer(tokenizer: tokenizers.Tokenizer, config: dict, out_dir: str
     return [out / "tokenizer.json", out / "tokenizer_config.json"]
 
 
-def _tokenizer_config(bos: str, eos: str, model_max_length: int, split_special_tokens: bool) -> dict:
+def _tokenizer_config(
+    bos: str, eos: str, model_max_length: int, split_special_tokens: bool
+) -> dict:
     """tokenizer_config.json for a PreTrainedTokenizerFast.
 
     `split_special_tokens` keeps special-token strings in text as plain text (as our `encode` does);
     Llama 3's export leaves it off, as Meta's files do, so chat markers rendered by a template still parse.
     """
-    return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos,
-            "split_special_tokens": split_special_tokens, "clean_up_tokenization_spaces": False,
-            "model_input_names": ["input_ids", "attention_mask"], "model_max_length": model_max_length}
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": bos,
+        "eos_token": eos,
+        "split_special_tokens": split_special_tokens,
+        "clean_up_tokenization_spaces": False,
+        "model_input_names": ["input_ids", "attention_mask"],
+        "model_max_length": model_max_length,
+    }
 
 
 def write_bytes_tokenizer(out_dir: str | Path) -> list[Path]:
@@ -332,26 +447,34 @@ def write_bytes_tokenizer(out_dir: str | Path) -> list[Path]:
 
     alphabet = _byte_level_alphabet()
     tokenizer = Tokenizer(models.BPE({alphabet[b]: b for b in range(256)}, []))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(
+        add_prefix_space=False, trim_offsets=False, use_regex=False
+    )
     tokenizer.decoder = decoders.ByteLevel()
     bos, eos = BYTES_SPECIAL_TOKENS
     tokenizer.add_special_tokens([bos, eos])
     ids = (tokenizer.token_to_id(bos), tokenizer.token_to_id(eos))
     if ids != (ByteTokenizer.bos_id, ByteTokenizer.eos_id):
-        raise AssertionError(f"bytes tokenizer export gave BOS/EOS ids {ids}, ours are "
-                             f"{(ByteTokenizer.bos_id, ByteTokenizer.eos_id)}: a bug in write_bytes_tokenizer")
-    return _write_tokenizer(tokenizer, _tokenizer_config(bos, eos, 1 << 20, split_special_tokens=True), out_dir)
+        raise AssertionError(
+            f"bytes tokenizer export gave BOS/EOS ids {ids}, ours are "
+            f"{(ByteTokenizer.bos_id, ByteTokenizer.eos_id)}: a bug in write_bytes_tokenizer"
+        )
+    return _write_tokenizer(
+        tokenizer, _tokenizer_config(bos, eos, 1 << 20, split_special_tokens=True), out_dir
+    )
 
 
 # Llama 3's pretokenizer regex (as in Meta's tokenizer.json / tiktoken model).
-LLAMA3_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+LLAMA3_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 
 
 def _byte_level_alphabet() -> dict[int, str]:
     """GPT-2's byte -> printable character map that byte-level BPE vocabularies are written in."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     extra = [b for b in range(256) if b not in printable]
     return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(extra)}}
 
@@ -364,7 +487,11 @@ def _merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     """
     merges = []
     for token, rank in ranks.items():
-        splits = [(token[:i], token[i:]) for i in range(1, len(token)) if token[:i] in ranks and token[i:] in ranks]
+        splits = [
+            (token[:i], token[i:])
+            for i in range(1, len(token))
+            if token[:i] in ranks and token[i:] in ranks
+        ]
         merges += sorted(((rank, ranks[a], ranks[b]), a, b) for a, b in splits)
     return [(a, b) for _, a, b in sorted(merges)]
 
@@ -385,17 +512,27 @@ def write_llama3_tokenizer(out_dir: str | Path) -> list[Path]:
     vocab = {as_text(token): rank for token, rank in ranks.items()}
     merges = [(as_text(a), as_text(b)) for a, b in _merges(ranks)]
     tokenizer = Tokenizer(models.BPE(vocab, merges, ignore_merges=True))
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
-    ])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
     specials = sorted(enc.special_tokens_set, key=enc.encode_single_token)
-    if [enc.encode_single_token(s) for s in specials] != list(range(len(ranks), len(ranks) + len(specials))):
-        raise ValueError("quicktok's llama3 special tokens are not the ids after the base vocabulary")
+    if [enc.encode_single_token(s) for s in specials] != list(
+        range(len(ranks), len(ranks) + len(specials))
+    ):
+        raise ValueError(
+            "quicktok's llama3 special tokens are not the ids after the base vocabulary"
+        )
     tokenizer.add_special_tokens(specials)
     bos, eos = "<|begin_of_text|>", "<|end_of_text|>"
     tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, enc.encode_single_token(bos))]
+        single=f"{bos} $A",
+        pair=f"{bos} $A {bos} $B",
+        special_tokens=[(bos, enc.encode_single_token(bos))],
     )
-    return _write_tokenizer(tokenizer, _tokenizer_config(bos, eos, 131072, split_special_tokens=False), out_dir)
+    return _write_tokenizer(
+        tokenizer, _tokenizer_config(bos, eos, 131072, split_special_tokens=False), out_dir
+    )

@@ -38,7 +38,9 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 from posfreq.train.packing import IGNORE_INDEX
 
-CHUNK_LOGITS_BYTES = 256 * 2**20  # default cap on one chunk's fp32 logits (523 tokens at V = 128,256)
+CHUNK_LOGITS_BYTES = (
+    256 * 2**20
+)  # default cap on one chunk's fp32 logits (523 tokens at V = 128,256)
 
 
 def default_chunk_tokens(vocab_size: int, cap_bytes: int = CHUNK_LOGITS_BYTES) -> int:
@@ -57,13 +59,24 @@ def _softmax_and_loss(h: Tensor, w: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
     return probs, (top + total.log() - target_logits).sum()
 
 
-def _loss_and_grads(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, chunk_tokens: int,
-                    need_hidden: bool, need_weight: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+def _loss_and_grads(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    ignore_index: int,
+    chunk_tokens: int,
+    need_hidden: bool,
+    need_weight: bool,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Summed loss and, where needed, its gradients w.r.t. hidden (T, d) and weight (V, d) in their dtypes."""
     w = weight.float()
     loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
     grad_hidden = torch.zeros_like(hidden) if need_hidden else None
-    grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+    grad_weight = (
+        torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        if need_weight
+        else None
+    )
     kept = (targets != ignore_index).nonzero().squeeze(1)
     for rows in kept.split(chunk_tokens):
         h, t = hidden[rows].float(), targets[rows]
@@ -89,10 +102,17 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: FunctionCtx, hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int,
-                chunk_tokens: int) -> Tensor:
-        loss, grad_hidden, grad_weight = _loss_and_grads(hidden, weight, targets, ignore_index, chunk_tokens,
-                                                         *ctx.needs_input_grad[:2])
+    def forward(
+        ctx: FunctionCtx,
+        hidden: Tensor,
+        weight: Tensor,
+        targets: Tensor,
+        ignore_index: int,
+        chunk_tokens: int,
+    ) -> Tensor:
+        loss, grad_hidden, grad_weight = _loss_and_grads(
+            hidden, weight, targets, ignore_index, chunk_tokens, *ctx.needs_input_grad[:2]
+        )
         ctx.save_for_backward(grad_hidden, grad_weight)
         return loss
 
@@ -120,8 +140,13 @@ def uses_liger(device_type: str, grad_enabled: bool) -> bool:
     return device_type == "cuda" and grad_enabled
 
 
-def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int = IGNORE_INDEX,
-                         chunk_tokens: int | None = None) -> Tensor:
+def linear_cross_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    ignore_index: int = IGNORE_INDEX,
+    chunk_tokens: int | None = None,
+) -> Tensor:
     """Sum over targets != ignore_index of cross_entropy(hidden @ weight.T, target), an fp32 scalar.
 
     hidden (..., d), weight (V, d), targets (...) of ints. `chunk_tokens` (default: a chunk's fp32
@@ -131,8 +156,14 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignore
     hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     fused = _liger_loss() if uses_liger(hidden.device.type, torch.is_grad_enabled()) else None
     if fused is not None:
-        return fused(hidden, weight, targets, ignore_index=ignore_index, reduction="sum",
-                     accum_dtype=torch.float32).float()
+        return fused(
+            hidden,
+            weight,
+            targets,
+            ignore_index=ignore_index,
+            reduction="sum",
+            accum_dtype=torch.float32,
+        ).float()
     chunk = chunk_tokens or default_chunk_tokens(weight.shape[0])
     if not torch.is_grad_enabled():  # evaluation: no gradients to compute
         return _loss_and_grads(hidden, weight, targets, ignore_index, chunk, False, False)[0]
@@ -140,8 +171,12 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ignore
 
 
 @contextmanager
-def head_returns_loss(head: nn.Linear, targets: Tensor, ignore_index: int = IGNORE_INDEX,
-                      chunk_tokens: int | None = None) -> Iterator[None]:
+def head_returns_loss(
+    head: nn.Linear,
+    targets: Tensor,
+    ignore_index: int = IGNORE_INDEX,
+    chunk_tokens: int | None = None,
+) -> Iterator[None]:
     """While open, `head(hidden)` returns `linear_cross_entropy(hidden, head.weight, targets)`, not logits.
 
     A model whose forward ends in `head` then returns its summed loss; the head's weight is looked
@@ -149,7 +184,9 @@ def head_returns_loss(head: nn.Linear, targets: Tensor, ignore_index: int = IGNO
     """
     if head.bias is not None:
         raise ValueError("head_returns_loss needs a head without bias")
-    head.forward = lambda hidden: linear_cross_entropy(hidden, head.weight, targets, ignore_index, chunk_tokens)
+    head.forward = lambda hidden: linear_cross_entropy(
+        hidden, head.weight, targets, ignore_index, chunk_tokens
+    )
     try:
         yield
     finally:

@@ -25,7 +25,9 @@ from posfreq.train.rotary import RotaryBase
 def positions_in_sequences(cu_seqlens: Tensor, total: int) -> Tensor:
     """Position of every packed token within its own sequence: 0, 1, ... restarting at each start."""
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    starts = torch.repeat_interleave(cu_seqlens[:-1].long(), lengths, output_size=total)  # no host sync on CUDA
+    starts = torch.repeat_interleave(
+        cu_seqlens[:-1].long(), lengths, output_size=total
+    )  # no host sync on CUDA
     return torch.arange(total, device=cu_seqlens.device) - starts
 
 
@@ -60,7 +62,9 @@ class LayerCache:
         """k, v: (B, t, Hkv, D) for the next t positions of every sequence."""
         t = k.shape[1]
         if self.length + t > self.k.shape[1]:
-            raise RuntimeError(f"KV cache of capacity {self.k.shape[1]} cannot hold {self.length + t} positions")
+            raise RuntimeError(
+                f"KV cache of capacity {self.k.shape[1]} cannot hold {self.length + t} positions"
+            )
         self.k[:, self.length : self.length + t] = k
         self.v[:, self.length : self.length + t] = v
         self.length += t
@@ -90,7 +94,11 @@ class Attention(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = (
+            config.n_heads,
+            config.n_kv_heads,
+            config.head_dim,
+        )
         self.q_proj = nn.Linear(config.d_model, config.n_heads * config.head_dim, bias=False)
         self.k_proj = nn.Linear(config.d_model, config.n_kv_heads * config.head_dim, bias=False)
         self.v_proj = nn.Linear(config.d_model, config.n_kv_heads * config.head_dim, bias=False)
@@ -105,12 +113,16 @@ class Attention(nn.Module):
         cu_k, max_k, pos_k = ctx.cu_seqlens, ctx.max_seqlen, ctx.pos_q
         if cache is not None:
             batch = ctx.cu_seqlens.numel() - 1
-            prefill = cache.length == 0  # the cache will hold exactly these keys: attend over them as computed
+            prefill = (
+                cache.length == 0
+            )  # the cache will hold exactly these keys: attend over them as computed
             cache.append(k.view(batch, -1, *k.shape[1:]), v.view(batch, -1, *v.shape[1:]))
             if not prefill:  # (and in their dtype: a bf16 prefill's cache is float32)
                 k, v = cache.filled()
                 (cu_k, pos_k), max_k = ctx.cached_layout(batch, cache.length), cache.length
-        inputs = AttentionInputs(q, k, v, ctx.pos_q, pos_k, ctx.cu_seqlens, cu_k, ctx.max_seqlen, max_k, ctx.backend)
+        inputs = AttentionInputs(
+            q, k, v, ctx.pos_q, pos_k, ctx.cu_seqlens, cu_k, ctx.max_seqlen, max_k, ctx.backend
+        )
         return self.o_proj(ctx.scheme.attend(inputs).reshape(t, -1))
 
 
@@ -151,7 +163,9 @@ class ForwardContext:
     pos_q: Tensor
     scheme: PositionScheme
     backend: str
-    _cached_layouts: dict[tuple[int, int], tuple[Tensor, Tensor]] = field(default_factory=dict, repr=False)
+    _cached_layouts: dict[tuple[int, int], tuple[Tensor, Tensor]] = field(
+        default_factory=dict, repr=False
+    )
 
     def cached_layout(self, batch: int, length: int) -> tuple[Tensor, Tensor]:
         """cu_seqlens and positions of `batch` cached sequences of `length` keys, computed once per forward
@@ -206,7 +220,11 @@ class Transformer(nn.Module):
         return ForwardContext(cu_seqlens, max_seqlen, pos, self.positions, self.attention_backend)
 
     def hidden_states(
-        self, input_ids: Tensor, cu_seqlens: Tensor, max_seqlen: int, caches: list[LayerCache] | None = None,
+        self,
+        input_ids: Tensor,
+        cu_seqlens: Tensor,
+        max_seqlen: int,
+        caches: list[LayerCache] | None = None,
         position_offset: int = 0,
     ) -> Tensor:
         """Final-norm hidden states (T, d) of packed tokens."""
@@ -218,7 +236,9 @@ class Transformer(nn.Module):
             x = layer(x, ctx, caches[i] if caches is not None else None)
         return self.norm(x)
 
-    def forward(self, input_ids: Tensor, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None) -> Tensor:
+    def forward(
+        self, input_ids: Tensor, cu_seqlens: Tensor | None = None, max_seqlen: int | None = None
+    ) -> Tensor:
         """Logits for packed (T,) tokens with `cu_seqlens`, or for a (B, T) batch of whole documents."""
         if input_ids.dim() == 2:
             if cu_seqlens is not None:
@@ -232,7 +252,9 @@ class Transformer(nn.Module):
             max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
         return self.lm_head(self.hidden_states(input_ids, cu_seqlens, max_seqlen))
 
-    def new_caches(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> list[LayerCache]:
+    def new_caches(
+        self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device
+    ) -> list[LayerCache]:
         """Empty KV caches, one per layer, for `batch` sequences of up to `capacity` positions.
 
         Stored head-major, (B, Hkv, capacity, D), and seen as (B, capacity, Hkv, D): the batched
@@ -267,20 +289,28 @@ class Transformer(nn.Module):
         up there, stay exact.
         """
         if prompt_ids.dim() != 2:
-            raise ValueError(f"prompt_ids must be (batch, length), got shape {tuple(prompt_ids.shape)}")
+            raise ValueError(
+                f"prompt_ids must be (batch, length), got shape {tuple(prompt_ids.shape)}"
+            )
         batch, length = prompt_ids.shape
         device = prompt_ids.device
         dtype = self.embed_tokens.weight.dtype
         if torch.is_autocast_enabled(device.type):
             dtype = torch.get_autocast_dtype(device.type)
         caches = self.new_caches(batch, length + max_new_tokens, dtype, device)
-        prefill = contextlib.nullcontext() if prefill_dtype is None else torch.autocast(device.type, dtype=prefill_dtype)
+        prefill = (
+            contextlib.nullcontext()
+            if prefill_dtype is None
+            else torch.autocast(device.type, dtype=prefill_dtype)
+        )
         last = torch.empty(batch, self.config.d_model, dtype=dtype, device=device)
         with prefill:
             for rows in row_groups(batch, length, prefill_tokens):
                 n = rows.stop - rows.start
                 cu = uniform_cu_seqlens(n, length, device)
-                hidden = self.hidden_states(prompt_ids[rows].reshape(-1), cu, length, [c.rows(rows) for c in caches])
+                hidden = self.hidden_states(
+                    prompt_ids[rows].reshape(-1), cu, length, [c.rows(rows) for c in caches]
+                )
                 last[rows] = hidden.view(n, length, -1)[:, -1]
         for cache in caches:
             cache.length = length
@@ -308,8 +338,10 @@ class Transformer(nn.Module):
         forward holds at most `prefill_tokens` tokens (`row_groups`).
         """
         if input_ids.dim() != 2 or not 1 <= first_target < input_ids.shape[1]:
-            raise ValueError(f"need (batch, length) ids and 1 <= first_target < length, got {tuple(input_ids.shape)}, "
-                             f"{first_target}")
+            raise ValueError(
+                f"need (batch, length) ids and 1 <= first_target < length, got {tuple(input_ids.shape)}, "
+                f"{first_target}"
+            )
         batch, length = input_ids.shape
         logprobs, correct = [], []
         for rows in row_groups(batch, length, prefill_tokens):

@@ -29,8 +29,12 @@ def owner_of(path: Path) -> str | None:
         return None
 
 
-def check_output_dir(path: str | Path, command: str, flag: str = "--out",
-                     written_before: Callable[[Path], bool] | None = None) -> Path:
+def check_output_dir(
+    path: str | Path,
+    command: str,
+    flag: str = "--out",
+    written_before: Callable[[Path], bool] | None = None,
+) -> Path:
     """`path` if `command` may write there (absent, empty, or owned by `command`), else OutputDirError.
 
     `written_before(path)` recognises an unmarked directory an older posfreq's `command` wrote (before owners were
@@ -38,20 +42,28 @@ def check_output_dir(path: str | Path, command: str, flag: str = "--out",
     """
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise OutputDirError(f"{flag} {path} is a file, not a directory. Fix: pass a directory (nothing was changed)")
+        raise OutputDirError(
+            f"{flag} {path} is a file, not a directory. Fix: pass a directory (nothing was changed)"
+        )
     if path.is_dir() and any(path.iterdir()) and owner_of(path) != command:
         if owner_of(path) is None and written_before is not None and written_before(path):
             _mark_owned(path, command)
             return path
         found = sorted(p.name for p in path.iterdir())
         shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
-        raise OutputDirError(f"{flag} {path} holds files `posfreq {command}` did not write ({shown}). Fix: pass a "
-                             "new or empty directory (nothing was changed)")
+        raise OutputDirError(
+            f"{flag} {path} holds files `posfreq {command}` did not write ({shown}). Fix: pass a "
+            "new or empty directory (nothing was changed)"
+        )
     return path
 
 
-def claim_output_dir(path: str | Path, command: str, flag: str = "--out",
-                     written_before: Callable[[Path], bool] | None = None) -> Path:
+def claim_output_dir(
+    path: str | Path,
+    command: str,
+    flag: str = "--out",
+    written_before: Callable[[Path], bool] | None = None,
+) -> Path:
     """Create (or reuse) `command`'s output directory `path`, recording the owner; OutputDirError for another's
     (`written_before` as in `check_output_dir`)."""
     path = check_output_dir(path, command, flag, written_before)

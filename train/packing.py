@@ -58,8 +58,13 @@ class PackedBatch:
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "PackedBatch":
         """The same batch with its tensors on `device`."""
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return replace(self, input_ids=move(self.input_ids), targets=move(self.targets),
-                       position_ids=move(self.position_ids), cu_seqlens=move(self.cu_seqlens))
+        return replace(
+            self,
+            input_ids=move(self.input_ids),
+            targets=move(self.targets),
+            position_ids=move(self.position_ids),
+            cu_seqlens=move(self.cu_seqlens),
+        )
 
 
 def assemble(layout: RowLayout, dataset: TokenDataset, pad_id: int) -> PackedBatch:
@@ -98,19 +103,38 @@ class PackedSampler:
     next global row.
     """
 
-    def __init__(self, dataset: TokenDataset, train_len: int, rows_per_batch: int, seed: int = 0,
-                 rank: int = 0, world_size: int = 1, *, packing: Strategy = "concat",
-                 attention: Attention = "document", pad_id: int | None = None, shuffle: bool = True,
-                 shuffle_block: int = 1 << 20,
-                 upsample: LengthUpsample | Mapping[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        dataset: TokenDataset,
+        train_len: int,
+        rows_per_batch: int,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        *,
+        packing: Strategy = "concat",
+        attention: Attention = "document",
+        pad_id: int | None = None,
+        shuffle: bool = True,
+        shuffle_block: int = 1 << 20,
+        upsample: LengthUpsample | Mapping[str, float] | None = None,
+    ) -> None:
         if rows_per_batch < 1:
             raise ValueError(f"need rows_per_batch >= 1; got {rows_per_batch}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         if dataset.num_tokens == 0:
             raise ValueError(f"{dataset.directory} holds no tokens. {PREPARE_HINT}")
-        self.plan = PackingPlan(dataset, train_len, packing, attention=attention, seed=seed, shuffle=shuffle,
-                                shuffle_block=shuffle_block, upsample=upsample)
+        self.plan = PackingPlan(
+            dataset,
+            train_len,
+            packing,
+            attention=attention,
+            seed=seed,
+            shuffle=shuffle,
+            shuffle_block=shuffle_block,
+            upsample=upsample,
+        )
         self.dataset = dataset
         self.train_len, self.rows_per_batch, self.seed = train_len, rows_per_batch, seed
         self.rank, self.world_size = rank, world_size
@@ -143,25 +167,39 @@ class PackedSampler:
 
     def __next__(self) -> PackedBatch:
         """This rank's rows of the next global batch; advances the stream by one global batch."""
-        batch = self.make_batch(self.next_row + self.rank * self.rows_per_batch, self.rows_per_batch)
+        batch = self.make_batch(
+            self.next_row + self.rank * self.rows_per_batch, self.rows_per_batch
+        )
         self.next_row += self.rows_per_global_batch
         return batch
 
     def _stream_identity(self) -> dict:
         """Settings that define the row stream; a saved state is only valid for the same ones."""
         plan = self.plan
-        return {"seed": self.seed, "train_len": self.train_len, "packing": plan.packing_name,
-                "attention": plan.attention, "shuffle": plan.shuffle, "shuffle_block": plan.shuffle_block,
-                "length_upsample": plan.upsample.as_dict(), "num_docs": self.dataset.num_docs,
-                "num_tokens": self.dataset.num_tokens, "pad_id": self.pad_id}
+        return {
+            "seed": self.seed,
+            "train_len": self.train_len,
+            "packing": plan.packing_name,
+            "attention": plan.attention,
+            "shuffle": plan.shuffle,
+            "shuffle_block": plan.shuffle_block,
+            "length_upsample": plan.upsample.as_dict(),
+            "num_docs": self.dataset.num_docs,
+            "num_tokens": self.dataset.num_tokens,
+            "pad_id": self.pad_id,
+        }
 
     def state_dict(self) -> dict:
         """Where the stream stands (identical on every rank): the next global row, the cursor of its block, its
         epoch and unit offset in that epoch (tokens under concat, else rows), plus the settings that define it."""
         cursor = self._cursor()
-        return {"next_row": self.next_row, "epoch": cursor.epoch,
-                "position_in_epoch": self.next_row * self.plan.units_per_row - cursor.epoch_first_unit,
-                "cursor": list(cursor), **self._stream_identity()}
+        return {
+            "next_row": self.next_row,
+            "epoch": cursor.epoch,
+            "position_in_epoch": self.next_row * self.plan.units_per_row - cursor.epoch_first_unit,
+            "cursor": list(cursor),
+            **self._stream_identity(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue the stream where `state` left it; refuses a state from another stream. A state saved before the
@@ -172,7 +210,9 @@ class PackedSampler:
         diff = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
         if diff:
             detail = ", ".join(f"{k}: saved {a!r} vs now {b!r}" for k, (a, b) in diff.items())
-            raise ValueError(f"sampler state belongs to a different data stream ({detail}). Fix: resume "
-                             "with the data directory and data settings of the saved run.")
+            raise ValueError(
+                f"sampler state belongs to a different data stream ({detail}). Fix: resume "
+                "with the data directory and data settings of the saved run."
+            )
         self.plan.remember(Cursor(*state["cursor"]))
         self.next_row = int(state["next_row"])

@@ -86,20 +86,27 @@ class Documents:
     def __post_init__(self) -> None:
         lengths = np.asarray(self.lengths)
         if lengths.ndim != 1 or (lengths.size and not np.issubdtype(lengths.dtype, np.integer)):
-            raise ValueError(f"document lengths must be a 1-D integer array, got {lengths.dtype} of shape "
-                             f"{lengths.shape}")
+            raise ValueError(
+                f"document lengths must be a 1-D integer array, got {lengths.dtype} of shape "
+                f"{lengths.shape}"
+            )
         if lengths.size and lengths.min() < 0:
             raise ValueError("document lengths must be >= 0")
         object.__setattr__(self, "lengths", lengths.astype(np.int64, copy=False))
         if self.sources is not None:
             sources = np.asarray(self.sources)
-            if sources.shape != lengths.shape or (sources.size and not 0 <= sources.min() <= sources.max()
-                                                  < len(self.source_names)):
-                raise ValueError(f"sources must give one index into source_names ({len(self.source_names)} "
-                                 f"names) per document ({lengths.size} documents)")
+            if sources.shape != lengths.shape or (
+                sources.size and not 0 <= sources.min() <= sources.max() < len(self.source_names)
+            ):
+                raise ValueError(
+                    f"sources must give one index into source_names ({len(self.source_names)} "
+                    f"names) per document ({lengths.size} documents)"
+                )
 
     @classmethod
-    def from_histogram(cls, counts: np.ndarray | Mapping[str, np.ndarray], seed: int = 0) -> "Documents":
+    def from_histogram(
+        cls, counts: np.ndarray | Mapping[str, np.ndarray], seed: int = 0
+    ) -> "Documents":
         """A corpus with these length counts (index = length; a mapping gives them per source, e.g. a
         LengthHistogram's `by_source`), its documents in a seeded random corpus order. A histogram has no order,
         so a plan over it is exact in distribution, not row by row, for the corpus it was counted from."""
@@ -107,10 +114,19 @@ class Documents:
         per_source = counts if by_source else {"": counts}
         names = tuple(sorted(per_source))
         n = max(len(names), 1)
-        coded = [np.repeat(np.arange(len(per_source[name]), dtype=np.int64) * n + code,
-                           np.asarray(per_source[name], dtype=np.int64)) for code, name in enumerate(names)]
-        packed = np.concatenate(coded or [np.zeros(0, dtype=np.int64)])  # length * n + source, in one array
-        np.random.default_rng(seed).shuffle(packed)  # in place: no permutation array of the corpus's size
+        coded = [
+            np.repeat(
+                np.arange(len(per_source[name]), dtype=np.int64) * n + code,
+                np.asarray(per_source[name], dtype=np.int64),
+            )
+            for code, name in enumerate(names)
+        ]
+        packed = np.concatenate(
+            coded or [np.zeros(0, dtype=np.int64)]
+        )  # length * n + source, in one array
+        np.random.default_rng(seed).shuffle(
+            packed
+        )  # in place: no permutation array of the corpus's size
         sources = packed % n if by_source else None
         packed //= n  # in place: the lengths
         return cls(packed, sources, names if by_source else ())
@@ -129,11 +145,17 @@ class Documents:
         return None if self.sources is None else self.sources[start:stop]
 
 
-def cut_pieces(docs: np.ndarray, lengths: np.ndarray, train_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def cut_pieces(
+    docs: np.ndarray, lengths: np.ndarray, train_len: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The pieces of documents cut at local offsets 0, L, 2L, ...: (document, first token, length) of each."""
     n_pieces = -(-lengths // train_len)
     starts = concat_ranges(np.zeros(len(lengths), dtype=np.int64), n_pieces) * train_len
-    return np.repeat(docs, n_pieces), starts, np.minimum(train_len, np.repeat(lengths, n_pieces) - starts)
+    return (
+        np.repeat(docs, n_pieces),
+        starts,
+        np.minimum(train_len, np.repeat(lengths, n_pieces) - starts),
+    )
 
 
 def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> np.ndarray:
@@ -216,8 +238,14 @@ class RowLayout:
         return self.rows * self.train_len - int(self.lengths.sum())
 
 
-def _piece_layout(row: np.ndarray, docs: np.ndarray, starts: np.ndarray, lengths: np.ndarray, rows: int,
-                  train_len: int) -> RowLayout:
+def _piece_layout(
+    row: np.ndarray,
+    docs: np.ndarray,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    rows: int,
+    train_len: int,
+) -> RowLayout:
     """Rows filled with whole pieces back to back from each row's start (pieces grouped by `row`, in order), then
     padding: a segment per piece, and one padding segment per row that is not full."""
     before = np.cumsum(lengths) - lengths
@@ -289,7 +317,9 @@ class Packing(ABC):
         """Stream units that one row consumes."""
 
     @abstractmethod
-    def plan_block(self, docs: np.ndarray, lengths: np.ndarray, rng: np.random.Generator | None) -> Block:
+    def plan_block(
+        self, docs: np.ndarray, lengths: np.ndarray, rng: np.random.Generator | None
+    ) -> Block:
         """A block's plan from its document copies in stream order; `rng` (None: no shuffling) orders its rows."""
 
     @abstractmethod
@@ -309,9 +339,13 @@ class ConcatRows(Packing):
         """A row takes L tokens of the stream."""
         return self.train_len
 
-    def plan_block(self, docs: np.ndarray, lengths: np.ndarray, rng: np.random.Generator | None) -> StreamBlock:
+    def plan_block(
+        self, docs: np.ndarray, lengths: np.ndarray, rng: np.random.Generator | None
+    ) -> StreamBlock:
         """The document copies as they are, with their cumulative token counts."""
-        return StreamBlock(docs, lengths, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+        return StreamBlock(
+            docs, lengths, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        )
 
     def layout(self, parts: Parts, rows: int) -> RowLayout:
         """Runs of documents over the rows' tokens; segments are the pieces cut at row boundaries, or whole rows."""
@@ -324,8 +358,10 @@ class ConcatRows(Packing):
             first = np.maximum(lo - cum[k0:k1], 0)
             docs.append(block.docs[k0:k1])
             starts.append(first)
-            counts.append(np.minimum(hi - cum[k0:k1], cum[k0 + 1: k1 + 1] - cum[k0:k1]) - first)
-        docs_, starts_, counts_ = (np.concatenate(x).astype(np.int64) for x in (docs, starts, counts))
+            counts.append(np.minimum(hi - cum[k0:k1], cum[k0 + 1 : k1 + 1] - cum[k0:k1]) - first)
+        docs_, starts_, counts_ = (
+            np.concatenate(x).astype(np.int64) for x in (docs, starts, counts)
+        )
         dest = np.cumsum(counts_) - counts_
         row_cuts = np.arange(0, total + 1, L, dtype=np.int64)
         if self.attention == "row":
@@ -335,7 +371,9 @@ class ConcatRows(Packing):
             n_cuts = -(-(starts_ + counts_) // L) - first_piece
             piece_cuts = np.repeat(dest - starts_, n_cuts) + concat_ranges(first_piece, n_cuts) * L
             cuts = np.union1d(piece_cuts, row_cuts)
-        return RowLayout(rows, L, docs_, starts_, counts_, dest, cuts, np.ones(len(cuts) - 1, dtype=bool))
+        return RowLayout(
+            rows, L, docs_, starts_, counts_, dest, cuts, np.ones(len(cuts) - 1, dtype=bool)
+        )
 
 
 class PieceRows(Packing):
@@ -353,13 +391,18 @@ class PieceRows(Packing):
         row, docs, starts, lengths, offset = [], [], [], [], 0
         for block, lo, hi in parts:
             a, b = int(block.row_ptr[lo]), int(block.row_ptr[hi])
-            row.append(np.repeat(np.arange(offset, offset + hi - lo), np.diff(block.row_ptr[lo: hi + 1])))
+            row.append(
+                np.repeat(np.arange(offset, offset + hi - lo), np.diff(block.row_ptr[lo : hi + 1]))
+            )
             docs.append(block.docs[a:b])
             starts.append(block.starts[a:b])
             lengths.append(block.lengths[a:b])
             offset += hi - lo
-        return _piece_layout(*(np.concatenate(x).astype(np.int64) for x in (row, docs, starts, lengths)),
-                             rows, self.train_len)
+        return _piece_layout(
+            *(np.concatenate(x).astype(np.int64) for x in (row, docs, starts, lengths)),
+            rows,
+            self.train_len,
+        )
 
 
 @dataclass(frozen=True)
@@ -368,7 +411,9 @@ class PaddedRows(PieceRows):
 
     train_len: int
 
-    def plan_block(self, docs: np.ndarray, lengths: np.ndarray, rng: np.random.Generator | None) -> RowBlock:
+    def plan_block(
+        self, docs: np.ndarray, lengths: np.ndarray, rng: np.random.Generator | None
+    ) -> RowBlock:
         """Each piece its own row."""
         pieces = cut_pieces(docs, lengths, self.train_len)
         return RowBlock(*pieces, np.arange(len(pieces[0]) + 1, dtype=np.int64))
@@ -380,11 +425,15 @@ class BestFitRows(PieceRows):
 
     train_len: int
 
-    def plan_block(self, docs: np.ndarray, lengths: np.ndarray, rng: np.random.Generator | None) -> RowBlock:
+    def plan_block(
+        self, docs: np.ndarray, lengths: np.ndarray, rng: np.random.Generator | None
+    ) -> RowBlock:
         """Best-fit decreasing over the block's pieces; in a row, pieces in the order they were placed."""
         docs, starts, sizes = cut_pieces(docs, lengths, self.train_len)
         row = best_fit_decreasing(sizes, self.train_len)
-        placed = np.argsort(-sizes, kind="stable")  # placement order; sorting by row keeps it within a row
+        placed = np.argsort(
+            -sizes, kind="stable"
+        )  # placement order; sorting by row keeps it within a row
         order = placed[np.argsort(row[placed], kind="stable")]
         counts = np.bincount(row, minlength=int(row.max(initial=-1)) + 1)
         if rng is not None:
@@ -392,7 +441,9 @@ class BestFitRows(PieceRows):
             row_ptr = np.concatenate([[0], np.cumsum(counts)])
             order = order[concat_ranges(row_ptr[shuffled], counts[shuffled])]
             counts = counts[shuffled]
-        return RowBlock(docs[order], starts[order], sizes[order], np.concatenate([[0], np.cumsum(counts)]))
+        return RowBlock(
+            docs[order], starts[order], sizes[order], np.concatenate([[0], np.cumsum(counts)])
+        )
 
 
 def make_packing(packing: Strategy, train_len: int, attention: Attention = "document") -> Packing:
@@ -442,7 +493,9 @@ class EpochPrediction:
         return 1.0 - self.tokens / (self.rows * self.train_len) if self.rows else 0.0
 
 
-def some_document_has_weight(corpus: DocumentLengths, upsample: LengthUpsample, block: int = 1 << 22) -> bool:
+def some_document_has_weight(
+    corpus: DocumentLengths, upsample: LengthUpsample, block: int = 1 << 22
+) -> bool:
     """Whether any document of `corpus` has a positive expected number of copies under `upsample` (else every
     epoch would be empty); reads `block` documents' lengths at a time and stops at the first with weight."""
     with_sources = isinstance(corpus, Documents) and corpus.sources is not None
@@ -458,30 +511,56 @@ def some_document_has_weight(corpus: DocumentLengths, upsample: LengthUpsample, 
 class PackingPlan:
     """Every row of the endless, seeded stream of epochs (module docstring), from document lengths alone."""
 
-    def __init__(self, corpus: DocumentLengths, train_len: int, packing: Strategy = "concat", *,
-                 attention: Attention = "document", seed: int = 0, shuffle: bool = True,
-                 shuffle_block: int = 1 << 20, upsample: LengthUpsample | Mapping[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        corpus: DocumentLengths,
+        train_len: int,
+        packing: Strategy = "concat",
+        *,
+        attention: Attention = "document",
+        seed: int = 0,
+        shuffle: bool = True,
+        shuffle_block: int = 1 << 20,
+        upsample: LengthUpsample | Mapping[str, float] | None = None,
+    ) -> None:
         if train_len < 1 or shuffle_block < 1:
-            raise ValueError(f"need train_len and shuffle_block >= 1; got {train_len}, {shuffle_block}")
+            raise ValueError(
+                f"need train_len and shuffle_block >= 1; got {train_len}, {shuffle_block}"
+            )
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
         if attention not in ("document", "row"):
             raise ValueError(f"attention must be 'document' or 'row', not {attention!r}")
         if attention == "row" and packing != "concat":
-            raise ValueError(f"attention='row' (one causal segment per row) needs packing='concat', not {packing!r}: "
-                             "padding must stay its own segment")
+            raise ValueError(
+                f"attention='row' (one causal segment per row) needs packing='concat', not {packing!r}: "
+                "padding must stay its own segment"
+            )
         if corpus.num_docs == 0:
             raise ValueError("the corpus holds no documents")
         self.corpus, self.train_len, self.packing_name = corpus, train_len, packing
         self.packing = make_packing(packing, train_len, attention)
-        self.attention, self.seed, self.shuffle, self.shuffle_block = attention, seed, shuffle, shuffle_block
-        self.upsample = upsample if isinstance(upsample, LengthUpsample) else LengthUpsample.parse(upsample)
-        self._sources = corpus if isinstance(corpus, Documents) and corpus.sources is not None else None
+        self.attention, self.seed, self.shuffle, self.shuffle_block = (
+            attention,
+            seed,
+            shuffle,
+            shuffle_block,
+        )
+        self.upsample = (
+            upsample if isinstance(upsample, LengthUpsample) else LengthUpsample.parse(upsample)
+        )
+        self._sources = (
+            corpus if isinstance(corpus, Documents) and corpus.sources is not None else None
+        )
         if self.upsample.sources and self._sources is None:
-            raise ValueError(f"length_upsample has per-source buckets ({list(self.upsample.sources)}) but these "
-                             "documents carry no source (token shards do not record one)")
+            raise ValueError(
+                f"length_upsample has per-source buckets ({list(self.upsample.sources)}) but these "
+                "documents carry no source (token shards do not record one)"
+            )
         self._bounds = np.append(np.arange(0, corpus.num_docs, shuffle_block), corpus.num_docs)
-        self._walked: list[Cursor] = [Cursor(0, 0, 0, 0)]  # block starts known so far, in stream order
+        self._walked: list[Cursor] = [
+            Cursor(0, 0, 0, 0)
+        ]  # block starts known so far, in stream order
         self._order = lru_cache(maxsize=2)(self._make_order)
         self._block = lru_cache(maxsize=4)(self._make_block)
 
@@ -495,7 +574,11 @@ class PackingPlan:
     def _make_order(self, epoch: int) -> np.ndarray:
         """The blocks in `epoch`'s order."""
         n = len(self._bounds) - 1
-        return np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
+        return (
+            np.random.default_rng([self.seed, epoch]).permutation(n)
+            if self.shuffle
+            else np.arange(n)
+        )
 
     def _make_block(self, epoch: int, position: int) -> Block:
         """The plan of the block at `position` in `epoch`'s order: its document copies shuffled, then packed."""
@@ -506,8 +589,12 @@ class PackingPlan:
         if self.upsample:
             sources = None if self._sources is None else self._sources.doc_sources(a, b)
             names = () if self._sources is None else self._sources.source_names
-            ids = np.repeat(ids, self.upsample.copies(lengths, np.random.default_rng([self.seed, epoch, block, 1]),
-                                                      sources, names))
+            ids = np.repeat(
+                ids,
+                self.upsample.copies(
+                    lengths, np.random.default_rng([self.seed, epoch, block, 1]), sources, names
+                ),
+            )
         if self.shuffle:
             ids = ids[np.random.default_rng([self.seed, epoch, block]).permutation(len(ids))]
         rng = np.random.default_rng([self.seed, epoch, block, 2]) if self.shuffle else None
@@ -518,9 +605,13 @@ class PackingPlan:
         first = cursor.first_unit + self._block(cursor.epoch, cursor.position).units
         if cursor.position + 1 < len(self._bounds) - 1:
             after = Cursor(first, cursor.epoch, cursor.position + 1, cursor.epoch_first_unit)
-        elif first == cursor.epoch_first_unit and not some_document_has_weight(self.corpus, self.upsample):
-            raise ValueError(f"epoch {cursor.epoch} holds no tokens: length_upsample {self.upsample.as_dict()} "
-                             "gives every document weight 0")
+        elif first == cursor.epoch_first_unit and not some_document_has_weight(
+            self.corpus, self.upsample
+        ):
+            raise ValueError(
+                f"epoch {cursor.epoch} holds no tokens: length_upsample {self.upsample.as_dict()} "
+                "gives every document weight 0"
+            )
         else:  # an epoch whose random draws kept no document (fractional weights, tiny corpus) is simply passed
             after = Cursor(first, cursor.epoch + 1, 0, first)
         self.remember(after)
@@ -583,11 +674,18 @@ class PackingPlan:
         return EpochPrediction(self.histogram(rows), len(rows), self.train_len)
 
 
-def predict_trained_histogram(corpus: DocumentLengths | np.ndarray, train_len: int, packing: Strategy = "concat", *,
-                              attention: Attention = "document", seed: int = 0, shuffle: bool = True,
-                              shuffle_block: int = 1 << 20,
-                              upsample: LengthUpsample | Mapping[str, float] | None = None,
-                              epoch: int = 0) -> EpochPrediction:
+def predict_trained_histogram(
+    corpus: DocumentLengths | np.ndarray,
+    train_len: int,
+    packing: Strategy = "concat",
+    *,
+    attention: Attention = "document",
+    seed: int = 0,
+    shuffle: bool = True,
+    shuffle_block: int = 1 << 20,
+    upsample: LengthUpsample | Mapping[str, float] | None = None,
+    epoch: int = 0,
+) -> EpochPrediction:
     """The trained-length histogram of one epoch of a run with these data settings (the trainer's `data.*` and
     `seed`), from document lengths alone; Eq. 2 over it (analysis/frequency.py) is the epoch's trained f(i).
 
@@ -595,5 +693,13 @@ def predict_trained_histogram(corpus: DocumentLengths | np.ndarray, train_len: i
     histogram, with sources for per-source weights), or an array of document lengths in corpus order.
     """
     documents = Documents(corpus) if isinstance(corpus, np.ndarray) else corpus
-    return PackingPlan(documents, train_len, packing, attention=attention, seed=seed, shuffle=shuffle,
-                       shuffle_block=shuffle_block, upsample=upsample).predict_epoch(epoch)
+    return PackingPlan(
+        documents,
+        train_len,
+        packing,
+        attention=attention,
+        seed=seed,
+        shuffle=shuffle,
+        shuffle_block=shuffle_block,
+        upsample=upsample,
+    ).predict_epoch(epoch)

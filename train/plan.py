@@ -50,11 +50,11 @@ import torch
 from jsonargparse import ArgumentParser
 from torch import nn
 
+from posfreq.train.cli import parse
 from posfreq.train.config import ModelConfig, model_preset
+from posfreq.train.flops import PEAK_BF16_FLOPS, step_flops
 from posfreq.train.loss import default_chunk_tokens
 from posfreq.train.model import Transformer
-from posfreq.train.flops import PEAK_BF16_FLOPS, step_flops
-from posfreq.train.cli import parse
 from posfreq.train.run_config import ConfigError, TrainConfig, config_from_dict
 from posfreq.train.run_config import build_parser as train_parser
 
@@ -76,7 +76,9 @@ GPUS = {
     "h100-pcie": Gpu(PEAK_BF16_FLOPS["h100-pcie"], 80),
 }
 GpuName = Literal[tuple(GPUS)]
-MARGIN = 0.10  # of the GPU's memory, kept for the CUDA context, the allocator and backward's transients
+MARGIN = (
+    0.10  # of the GPU's memory, kept for the CUDA context, the allocator and backward's transients
+)
 GATHERED_BLOCKS = 2  # the block computing plus the one FSDP2's implicit prefetch gathers
 # TinyLlama's published throughput: 24k tokens/s per A100 for TinyLlama-1.1B (this architecture
 # with the Llama-2 vocabulary of 32,000) at L = 2048, without activation checkpointing.
@@ -151,7 +153,13 @@ def gathered_bytes(model: Transformer, element_bytes: int) -> int:
 def block_activation_bytes(config: ModelConfig, tokens: int, a: int) -> int:
     """Bytes one block saves for backward (the module docstring's formula)."""
     t, d, f, h = tokens, config.d_model, config.ffn_dim, config.head_dim
-    return t * d * (8 + 6 * a) + 2 * a * t * config.n_kv_heads * h + 4 * t * config.n_heads + 8 * t + 4 * a * t * f
+    return (
+        t * d * (8 + 6 * a)
+        + 2 * a * t * config.n_kv_heads * h
+        + 4 * t * config.n_heads
+        + 8 * t
+        + 4 * a * t * f
+    )
 
 
 def activation_bytes(config: ModelConfig, tokens: int, a: int, checkpointing: bool) -> int:
@@ -177,21 +185,31 @@ def accumulated_gradient_bytes(model: nn.Module, cfg: TrainConfig, world: int, r
     return 4 * sum(p.numel() for p in model.parameters()) if accumulating else 0
 
 
-def memory(model: Transformer, cfg: TrainConfig, world: int, rows: int, checkpointing: bool) -> Memory:
+def memory(
+    model: Transformer, cfg: TrainConfig, world: int, rows: int, checkpointing: bool
+) -> Memory:
     """Per-GPU memory of the run with `rows` rows per micro-batch."""
     a, tokens = compute_bytes(cfg), rows * cfg.data.train_len
     params, grads, optim = state_bytes(model, world)
-    return Memory(params, grads, optim, gathered_bytes(model, a),
-                  activation_bytes(model.config, tokens, a, checkpointing), loss_bytes(model.config, tokens, a),
-                  accumulated_gradient_bytes(model, cfg, world, rows))
+    return Memory(
+        params,
+        grads,
+        optim,
+        gathered_bytes(model, a),
+        activation_bytes(model.config, tokens, a, checkpointing),
+        loss_bytes(model.config, tokens, a),
+        accumulated_gradient_bytes(model, cfg, world, rows),
+    )
 
 
 def accumulation(cfg: TrainConfig, world: int) -> int:
     """Micro-batches per optimizer step. Replicates train.pretrain.Plan's arithmetic (a method there, needing data)."""
     L, rows_per_micro = cfg.data.train_len, cfg.micro_batch_rows * world
     if cfg.global_batch_tokens % L or (cfg.global_batch_tokens // L) % rows_per_micro:
-        raise ConfigError(f"global_batch_tokens={cfg.global_batch_tokens} is not a whole number of micro-batches of "
-                          f"micro_batch_rows={cfg.micro_batch_rows} x train_len={L} x world_size={world} tokens")
+        raise ConfigError(
+            f"global_batch_tokens={cfg.global_batch_tokens} is not a whole number of micro-batches of "
+            f"micro_batch_rows={cfg.micro_batch_rows} x train_len={L} x world_size={world} tokens"
+        )
     return cfg.global_batch_tokens // L // rows_per_micro
 
 
@@ -202,7 +220,11 @@ def flops_per_token(config: ModelConfig, train_len: int) -> float:
 
 def tinyllama_mfu(gpu: Gpu) -> float:
     """The MFU that TinyLlama's 24k tokens/s per A100 implies under flops_per_token."""
-    return TINYLLAMA_TOKENS_PER_S * flops_per_token(TINYLLAMA, TINYLLAMA.train_len) / gpu.peak_bf16_flops
+    return (
+        TINYLLAMA_TOKENS_PER_S
+        * flops_per_token(TINYLLAMA, TINYLLAMA.train_len)
+        / gpu.peak_bf16_flops
+    )
 
 
 def step_seconds(cfg: TrainConfig, config: ModelConfig, world: int, gpu: Gpu, mfu: float) -> float:
@@ -216,7 +238,9 @@ def usable_bytes(gpu: Gpu) -> float:
     return (1 - MARGIN) * gpu.memory_gib * GIB
 
 
-def largest_rows(model: Transformer, cfg: TrainConfig, world: int, gpu: Gpu, checkpointing: bool) -> int:
+def largest_rows(
+    model: Transformer, cfg: TrainConfig, world: int, gpu: Gpu, checkpointing: bool
+) -> int:
     """The most rows per micro-batch that fit (0 if not even one does)."""
     rows = 0
     while memory(model, cfg, world, rows + 1, checkpointing).total <= usable_bytes(gpu):
@@ -237,24 +261,30 @@ def _gib(n: float) -> str:
 
 def _memory_lines(mem: Memory, label: str) -> list[str]:
     """The report's lines of one memory breakdown."""
-    return [f"  {label}",
-            f"    parameters (fp32 shard)      {_gib(mem.parameters)}",
-            f"    gradients (fp32 shard)       {_gib(mem.gradients)}",
-            f"    AdamW (2 fp32 moments)       {_gib(mem.optimizer)}",
-            f"    gathered compute copy        {_gib(mem.gathered)}",
-            f"    activations                  {_gib(mem.activations)}",
-            f"    loss (chunked, lean)         {_gib(mem.loss)}",
-            f"    accumulated grads (unshard.) {_gib(mem.accumulated_gradients)}",
-            f"    total                        {_gib(mem.total)}"]
+    return [
+        f"  {label}",
+        f"    parameters (fp32 shard)      {_gib(mem.parameters)}",
+        f"    gradients (fp32 shard)       {_gib(mem.gradients)}",
+        f"    AdamW (2 fp32 moments)       {_gib(mem.optimizer)}",
+        f"    gathered compute copy        {_gib(mem.gathered)}",
+        f"    activations                  {_gib(mem.activations)}",
+        f"    loss (chunked, lean)         {_gib(mem.loss)}",
+        f"    accumulated grads (unshard.) {_gib(mem.accumulated_gradients)}",
+        f"    total                        {_gib(mem.total)}",
+    ]
 
 
-def _time_lines(cfg: TrainConfig, config: ModelConfig, world: int, gpu: Gpu, mfu: float, label: str) -> list[str]:
+def _time_lines(
+    cfg: TrainConfig, config: ModelConfig, world: int, gpu: Gpu, mfu: float, label: str
+) -> list[str]:
     """The report's line of step time, throughput and days at `mfu`."""
     seconds = step_seconds(cfg, config, world, gpu, mfu)
     steps = -(-cfg.total_tokens // cfg.global_batch_tokens)
     per_gpu = cfg.global_batch_tokens / seconds / world
-    return [f"  {label}: MFU {mfu:.3f}: {seconds:.2f} s/step, {per_gpu:,.0f} tokens/s/GPU, "
-            f"{steps * seconds / 86400:.1f} days for {cfg.total_tokens:,} tokens ({steps:,} steps)"]
+    return [
+        f"  {label}: MFU {mfu:.3f}: {seconds:.2f} s/step, {per_gpu:,.0f} tokens/s/GPU, "
+        f"{steps * seconds / 86400:.1f} days for {cfg.total_tokens:,} tokens ({steps:,} steps)"
+    ]
 
 
 def report(cfg: TrainConfig, nodes: int, gpus_per_node: int, gpu_name: str, mfu: float) -> str:
@@ -265,28 +295,46 @@ def report(cfg: TrainConfig, nodes: int, gpus_per_node: int, gpu_name: str, mfu:
     L, rows, ckpt = cfg.data.train_len, cfg.micro_batch_rows, cfg.model.activation_checkpointing
     total = sum(p.numel() for p in model.parameters())
     embeddings = total - config.num_params(include_embeddings=False)
-    lines = [f"plan: {cfg.model.preset}, L = {L}, {nodes} x {gpus_per_node} {gpu_name} ({world} GPUs), "
-             f"{cfg.precision}, vocab {config.vocab_size:,}",
-             f"parameters: {total:,} total, {embeddings:,} embeddings, {total - embeddings:,} non-embedding",
-             f"batch: {cfg.global_batch_tokens:,} tokens/step = {world} GPUs x {accumulation(cfg, world)} micro-batches "
-             f"x {rows} rows x {L} tokens"]
-    lines.append(f"memory per GPU (FSDP2 full sharding over {world}; {rows} rows = {rows * L:,} tokens/micro-batch):")
+    lines = [
+        f"plan: {cfg.model.preset}, L = {L}, {nodes} x {gpus_per_node} {gpu_name} ({world} GPUs), "
+        f"{cfg.precision}, vocab {config.vocab_size:,}",
+        f"parameters: {total:,} total, {embeddings:,} embeddings, {total - embeddings:,} non-embedding",
+        f"batch: {cfg.global_batch_tokens:,} tokens/step = {world} GPUs x {accumulation(cfg, world)} micro-batches "
+        f"x {rows} rows x {L} tokens",
+    ]
+    lines.append(
+        f"memory per GPU (FSDP2 full sharding over {world}; {rows} rows = {rows * L:,} tokens/micro-batch):"
+    )
     for checkpointing in (False, True):
-        label = f"activation checkpointing {'on' if checkpointing else 'off'}" + (" (config)" if checkpointing == ckpt else "")
+        label = f"activation checkpointing {'on' if checkpointing else 'off'}" + (
+            " (config)" if checkpointing == ckpt else ""
+        )
         lines += _memory_lines(memory(model, cfg, world, rows, checkpointing), label)
     mem = memory(model, cfg, world, rows, ckpt)
     verdict = "fits" if mem.total <= usable_bytes(gpu) else "DOES NOT FIT"
-    lines.append(f"fit: {verdict}: {_gib(mem.total).strip()} of {_gib(usable_bytes(gpu)).strip()} usable "
-                 f"({gpu.memory_gib:g} GiB less {MARGIN:.0%} margin)")
+    lines.append(
+        f"fit: {verdict}: {_gib(mem.total).strip()} of {_gib(usable_bytes(gpu)).strip()} usable "
+        f"({gpu.memory_gib:g} GiB less {MARGIN:.0%} margin)"
+    )
     for checkpointing in (False, True):
         most = largest_rows(model, cfg, world, gpu, checkpointing)
-        lines.append(f"  largest micro-batch, checkpointing {'on' if checkpointing else 'off'}: {most} rows "
-                     f"({largest_valid_rows(most, cfg, world)} dividing the step's rows per GPU)")
-    lines.append(f"time (FLOPs/token {flops_per_token(config, L) / 1e9:.2f} G = 6 N + 6 n_layers d (L + 1), "
-                 f"N = {step_flops(config, 1, 0) / 6:,.0f} matmul params; peak {gpu.peak_bf16_flops / 1e12:g} TFLOP/s):")
+        lines.append(
+            f"  largest micro-batch, checkpointing {'on' if checkpointing else 'off'}: {most} rows "
+            f"({largest_valid_rows(most, cfg, world)} dividing the step's rows per GPU)"
+        )
+    lines.append(
+        f"time (FLOPs/token {flops_per_token(config, L) / 1e9:.2f} G = 6 N + 6 n_layers d (L + 1), "
+        f"N = {step_flops(config, 1, 0) / 6:,.0f} matmul params; peak {gpu.peak_bf16_flops / 1e12:g} TFLOP/s):"
+    )
     lines += _time_lines(cfg, config, world, gpu, mfu, "at --mfu")
-    lines += _time_lines(cfg, config, world, gpu, tinyllama_mfu(GPUS["a100-80gb"]),
-                         "TinyLlama's 24k tokens/s/A100 (1.1B, vocab 32,000)")
+    lines += _time_lines(
+        cfg,
+        config,
+        world,
+        gpu,
+        tinyllama_mfu(GPUS["a100-80gb"]),
+        "TinyLlama's 24k tokens/s/A100 (1.1B, vocab 32,000)",
+    )
     return "\n".join(lines)
 
 
@@ -298,11 +346,18 @@ def build_parser() -> ArgumentParser:
         "Plan a pretraining job before it waits in a queue: parameters, per-GPU memory under FSDP2 with and without "
         "activation checkpointing, fit, largest micro-batch, gradient accumulation, step time and days at an MFU. "
         "Takes the run config and every flag of posfreq pretrain, read as the trainer reads them; the cluster is "
-        "--num-nodes nodes of --devices GPUs each.")
+        "--num-nodes nodes of --devices GPUs each."
+    )
     group = parser.add_argument_group("The plan's own options")
-    group.add_argument("--gpu", type=GpuName, default="a100-80gb", help="The GPU: its peak bf16 FLOP/s and memory.")
-    group.add_argument("--mfu", type=float, default=0.4,
-                       help="Model FLOPs utilisation assumed for the step time and days, in (0, 1].")
+    group.add_argument(
+        "--gpu", type=GpuName, default="a100-80gb", help="The GPU: its peak bf16 FLOP/s and memory."
+    )
+    group.add_argument(
+        "--mfu",
+        type=float,
+        default=0.4,
+        help="Model FLOPs utilisation assumed for the step time and days, in (0, 1].",
+    )
     return parser
 
 
@@ -314,7 +369,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--mfu must be in (0, 1], got {args.mfu}")
     values = args.as_dict()
     try:
-        cfg = config_from_dict({f.name: values[f.name] for f in fields(TrainConfig)}, where="run config and flags")
+        cfg = config_from_dict(
+            {f.name: values[f.name] for f in fields(TrainConfig)}, where="run config and flags"
+        )
         if not isinstance(cfg.devices, int):
             raise ConfigError("devices is 'auto': give --devices, the GPUs per node")
         print(report(cfg, cfg.num_nodes, cfg.devices, args.gpu, args.mfu))

@@ -43,7 +43,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from posfreq.train.attention import cached_attention, needs_backward, resolve_backend, varlen_attention
+from posfreq.train.attention import (
+    cached_attention,
+    needs_backward,
+    resolve_backend,
+    varlen_attention,
+)
 from posfreq.train.rotary import Rotary, RotaryBase, ntk_inv_freq, yarn_parameters
 
 DENSE_BLOCK = 256
@@ -121,11 +126,20 @@ class PositionScheme:
         """Attention output (Tq, H, D) of the un-rotated queries over the rotated keys, each pair at the scheme's distance."""
         q = self.rotary.rotate(x.q, x.pos_q)
         cached = x.cached_kv
-        if cached is not None:  # decoding reads the cache in place on every backend (packing it copies it all)
+        if (
+            cached is not None
+        ):  # decoding reads the cache in place on every backend (packing it copies it all)
             k, v = cached
             return cached_attention(q.reshape(k.shape[0], -1, *q.shape[1:]), k, v).reshape(q.shape)
         return varlen_attention(
-            q, x.k, x.v, x.cu_seqlens_q, x.cu_seqlens_k, x.max_seqlen_q, x.max_seqlen_k, backend=x.backend
+            q,
+            x.k,
+            x.v,
+            x.cu_seqlens_q,
+            x.cu_seqlens_k,
+            x.max_seqlen_q,
+            x.max_seqlen_k,
+            backend=x.backend,
         )
 
 
@@ -148,7 +162,9 @@ def _ranges(starts: Tensor, lengths: Tensor) -> Tensor | slice:
         start = int(starts[0])
         return slice(start, start + int(lengths[0]))
     offsets = torch.cumsum(lengths, 0) - lengths
-    return torch.repeat_interleave(starts - offsets, lengths) + torch.arange(int(lengths.sum()), device=starts.device)
+    return torch.repeat_interleave(starts - offsets, lengths) + torch.arange(
+        int(lengths.sum()), device=starts.device
+    )
 
 
 @dataclass
@@ -163,31 +179,54 @@ class _Segments:
     max_k: int
 
     @staticmethod
-    def of(starts_q: Tensor, lens_q: Tensor, starts_k: Tensor, lens_k: Tensor) -> "_Segments | None":
+    def of(
+        starts_q: Tensor, lens_q: Tensor, starts_k: Tensor, lens_k: Tensor
+    ) -> "_Segments | None":
         """Segments with lens_q[i] queries from starts_q[i] and lens_k[i] keys from starts_k[i]; None if empty."""
         keep = lens_q > 0
         if not bool(keep.any()):
             return None
         lens_q, lens_k = lens_q[keep], lens_k[keep]
         return _Segments(
-            _ranges(starts_q[keep], lens_q), _ranges(starts_k[keep], lens_k),
-            _cu(lens_q), _cu(lens_k), int(lens_q.max()), int(lens_k.max()),
+            _ranges(starts_q[keep], lens_q),
+            _ranges(starts_k[keep], lens_k),
+            _cu(lens_q),
+            _cu(lens_k),
+            int(lens_q.max()),
+            int(lens_k.max()),
         )
 
-    def attention(self, q: Tensor, k: Tensor, v: Tensor, window: int | None, backend: str) -> tuple[Tensor, Tensor]:
+    def attention(
+        self, q: Tensor, k: Tensor, v: Tensor, window: int | None, backend: str
+    ) -> tuple[Tensor, Tensor]:
         """Causal (bottom-right) attention of the segments' queries q over keys k, v; returns (out, lse)."""
         return varlen_attention(
-            q, k, v, self.cu_q, self.cu_k, self.max_q, self.max_k, window=window, return_lse=True, backend=backend
+            q,
+            k,
+            v,
+            self.cu_q,
+            self.cu_k,
+            self.max_q,
+            self.max_k,
+            window=window,
+            return_lse=True,
+            backend=backend,
         )
 
 
-def _merge_into(out: Tensor, lse: Tensor, rows: Tensor | slice, out_b: Tensor, lse_b: Tensor) -> None:
+def _merge_into(
+    out: Tensor, lse: Tensor, rows: Tensor | slice, out_b: Tensor, lse_b: Tensor
+) -> None:
     """Fold a second pass (out_b, lse_b) for `rows` into (out, lse) in place: exact softmax over both key sets."""
     lse_a = lse[rows]
     total = torch.logaddexp(lse_a, lse_b)
-    weight_a = torch.exp(lse_a - total).nan_to_num_(0.0).unsqueeze(-1)  # nan only where both saw no key
+    weight_a = (
+        torch.exp(lse_a - total).nan_to_num_(0.0).unsqueeze(-1)
+    )  # nan only where both saw no key
     weight_b = torch.exp(lse_b - total).nan_to_num_(0.0).unsqueeze(-1)
-    merged = out[rows].float().mul_(weight_a).addcmul_(out_b.float(), weight_b)  # in place for float32 slices
+    merged = (
+        out[rows].float().mul_(weight_a).addcmul_(out_b.float(), weight_b)
+    )  # in place for float32 slices
     if isinstance(rows, slice):
         if merged.dtype != out.dtype:
             out[rows] = merged
@@ -209,22 +248,39 @@ def windowed_attention(q: Tensor, x: AttentionInputs, window: int) -> tuple[Tens
     """
     lens_q, lens_k = _lengths(x.cu_seqlens_q), _lengths(x.cu_seqlens_k)
     blocked = (
-        resolve_backend(x.backend, q.device, q.dtype, return_lse=True, backward=needs_backward(q, x.keys)) == "sdpa"
+        resolve_backend(
+            x.backend, q.device, q.dtype, return_lse=True, backward=needs_backward(q, x.keys)
+        )
+        == "sdpa"
         and x.max_seqlen_q > window > 1
         and torch.equal(lens_q, lens_k)
     )
     if not blocked:  # only the last Lq + window - 1 keys of each sequence are within reach
         first = (lens_k - lens_q - window + 1).clamp_min(0)
-        seg = _Segments.of(x.cu_seqlens_q[:-1].long(), lens_q, x.cu_seqlens_k[:-1].long() + first, lens_k - first)
+        seg = _Segments.of(
+            x.cu_seqlens_q[:-1].long(), lens_q, x.cu_seqlens_k[:-1].long() + first, lens_k - first
+        )
         return seg.attention(q[seg.rows_q], x.k[seg.rows_k], x.v[seg.rows_k], window, x.backend)
     # Blocks [j * window, (j + 1) * window) of every sequence; they tile the packed rows.
     n_blocks = (lens_q + window - 1) // window
     seq = torch.repeat_interleave(torch.arange(len(lens_q), device=q.device), n_blocks)
-    index = torch.arange(int(n_blocks.sum()), device=q.device) - torch.repeat_interleave(torch.cumsum(n_blocks, 0) - n_blocks, n_blocks)
+    index = torch.arange(int(n_blocks.sum()), device=q.device) - torch.repeat_interleave(
+        torch.cumsum(n_blocks, 0) - n_blocks, n_blocks
+    )
     block_start = x.cu_seqlens_q[:-1].long()[seq] + index * window
     block_len = torch.minimum(lens_q[seq] - index * window, torch.full_like(block_start, window))
     cu = _cu(block_len)
-    out, lse = varlen_attention(q, x.k, x.v, cu, cu, int(block_len.max()), int(block_len.max()), return_lse=True, backend="sdpa")
+    out, lse = varlen_attention(
+        q,
+        x.k,
+        x.v,
+        cu,
+        cu,
+        int(block_len.max()),
+        int(block_len.max()),
+        return_lse=True,
+        backend="sdpa",
+    )
     # Block j > 0 over block j - 1: query i sees previous-block key r iff r > i. Reversing
     # both (u = window - 2 - i, key window - 1 - u') makes that causal over window - 1 keys; a
     # short last block of n queries is the last n rows of that triangle, which is bottom-right
@@ -233,11 +289,22 @@ def windowed_attention(q: Tensor, x: AttentionInputs, window: int) -> tuple[Tens
     start, length = block_start[later], torch.clamp(block_len[later], max=window - 1)
     u = torch.arange(window - 1, device=q.device)
     i = (window - 2 - u)[None, :]
-    rows_q = (start[:, None] + i)[i < length[:, None]]  # per block, the last `length` reversed rows in order
+    rows_q = (start[:, None] + i)[
+        i < length[:, None]
+    ]  # per block, the last `length` reversed rows in order
     rows_k = (start[:, None] - 1 - u[None, :]).reshape(-1)
-    cu_k = torch.arange(0, (len(start) + 1) * (window - 1), window - 1, device=q.device, dtype=torch.int32)
+    cu_k = torch.arange(
+        0, (len(start) + 1) * (window - 1), window - 1, device=q.device, dtype=torch.int32
+    )
     out_prev, lse_prev = varlen_attention(
-        q[rows_q], x.k[rows_k], x.v[rows_k], _cu(length), cu_k, int(length.max()), window - 1, return_lse=True,
+        q[rows_q],
+        x.k[rows_k],
+        x.v[rows_k],
+        _cu(length),
+        cu_k,
+        int(length.max()),
+        window - 1,
+        return_lse=True,
         backend="sdpa",
     )
     _merge_into(out, lse, rows_q, out_prev, lse_prev)
@@ -282,7 +349,9 @@ class SplitScheme(PositionScheme):
         lens_q, lens_k = _lengths(x.cu_seqlens_q), _lengths(x.cu_seqlens_k)
         far_k = (lens_k - self.split).clamp_min(0)
         far_q = torch.minimum(lens_q, far_k)
-        seg = _Segments.of(x.cu_seqlens_q[1:].long() - far_q, far_q, x.cu_seqlens_k[:-1].long(), far_k)
+        seg = _Segments.of(
+            x.cu_seqlens_q[1:].long() - far_q, far_q, x.cu_seqlens_k[:-1].long(), far_k
+        )
         if seg is None:
             return out
         q = self.rotary.rotate(x.q[seg.rows_q], self.far_query_positions(x.pos_q[seg.rows_q]))
@@ -315,12 +384,16 @@ class StringScheme(SplitScheme):
         shape = _decode_shape(x)
         if shape is not None and x.max_seqlen_k > self.split:
             batch, _, len_k = shape
-            k, v = x.cached_kv or (x.k.reshape(batch, len_k, *x.k.shape[1:]),
-                                   x.v.reshape(batch, len_k, *x.v.shape[1:]))
+            k, v = x.cached_kv or (
+                x.k.reshape(batch, len_k, *x.k.shape[1:]),
+                x.v.reshape(batch, len_k, *x.v.shape[1:]),
+            )
             return self.decode(x.q, k, v, x.pos_q, *shape)
         return super().attend(x)
 
-    def decode(self, q: Tensor, k: Tensor, v: Tensor, pos_q: Tensor, batch: int, len_q: int, len_k: int) -> Tensor:
+    def decode(
+        self, q: Tensor, k: Tensor, v: Tensor, pos_q: Tensor, batch: int, len_q: int, len_k: int
+    ) -> Tensor:
         """Cached decoding in one pass: `batch` sequences, each with its last len_q queries over len_k keys.
 
         q: (batch * len_q, H, D) un-rotated, at positions pos_q; k, v: (batch, len_k, Hkv, D),
@@ -348,27 +421,39 @@ class StringScheme(SplitScheme):
             first = len_k - len_q + b0  # the block's first query
             reach = first + n  # keys [0, reach) are visible to some query of the block
             far_end = max(0, reach - split)  # keys [0, far_end) are far for some query (n <= m - S)
-            near_start = max(0, first - split + 1)  # keys [near_start, reach) are near for some query
+            near_start = max(
+                0, first - split + 1
+            )  # keys [near_start, reach) are near for some query
             block = queries[:, b0 : b0 + n].reshape(batch * n, heads, dim)
             pos = positions[:, b0 : b0 + n].reshape(-1)
-            both = self.rotary.rotate(torch.cat((block, block)), torch.cat((pos, pos - (split - self.window))))
+            both = self.rotary.rotate(
+                torch.cat((block, block)), torch.cat((pos, pos - (split - self.window)))
+            )
             # (2, B, n, Hkv, G, D) -> (2, B, Hkv, G * n, D): rows of one KV head ordered (group, query)
             both = both.mul_(1.0 / math.sqrt(dim)).view(2, batch, n, kv_heads, groups, dim)
             both = both.permute(0, 1, 3, 4, 2, 5).reshape(2, batch, kv_heads, groups * n, dim)
             near = torch.matmul(both[0], keys[:, :, near_start:reach].transpose(-1, -2))
-            if n > 1:  # a chunk: mask the keys after each query; the overlap takes each query's rotation
+            if (
+                n > 1
+            ):  # a chunk: mask the keys after each query; the overlap takes each query's rotation
                 cols = torch.arange(near_start, reach, device=q.device)
-                dist = torch.arange(first, reach, device=q.device)[:, None] - cols[None, :]  # (n, reach - near_start)
+                dist = (
+                    torch.arange(first, reach, device=q.device)[:, None] - cols[None, :]
+                )  # (n, reach - near_start)
                 near5 = near.view(batch, kv_heads, groups, n, -1)
                 near5.masked_fill_(dist < 0, -math.inf)
             if far_end == 0:
                 scores = near
             else:
                 far = torch.matmul(both[1], keys[:, :, :far_end].transpose(-1, -2))
-                overlap = far_end - near_start  # n - 1 columns for a chunk away from the start; none for one query
+                overlap = (
+                    far_end - near_start
+                )  # n - 1 columns for a chunk away from the start; none for one query
                 if overlap > 0:
                     far5 = far.view(batch, kv_heads, groups, n, -1)[..., near_start:]
-                    near5[..., :overlap] = torch.where(dist[:, :overlap] >= split, far5, near5[..., :overlap])
+                    near5[..., :overlap] = torch.where(
+                        dist[:, :overlap] >= split, far5, near5[..., :overlap]
+                    )
                     far = far[..., :near_start]
                 scores = torch.cat((far, near), dim=-1)
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
@@ -431,7 +516,9 @@ class SelfExtendScheme(SplitScheme):
 def _dense_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
     """Non-causal float32 attention of q (Lq, H, D) over k, v (Lk, Hkv, D) with a boolean (Lq, Lk) mask; returns (out, lse)."""
     hkv, groups = k.shape[1], q.shape[1] // k.shape[1]
-    with torch.autocast(q.device.type, enabled=False):  # float32 means float32 under the probe's bf16 autocast too
+    with torch.autocast(
+        q.device.type, enabled=False
+    ):  # float32 means float32 under the probe's bf16 autocast too
         qg = q.float().view(q.shape[0], hkv, groups, q.shape[2])
         scores = torch.einsum("qhgd,khd->qhgk", qg, k.float()) / math.sqrt(q.shape[-1])
         scores = scores.masked_fill(~allowed[:, None, None, :], -math.inf)
@@ -482,10 +569,17 @@ class DualChunkScheme(PositionScheme):
             first_q = torch.maximum(lens_k - lens_q, torch.full_like(lens_k, chunk_start))
             end = lens_k.clamp(max=chunk_start + c)
             n_q = (end - first_q).clamp_min(0)
-            seg = _Segments.of(starts_q + first_q - (lens_k - lens_q), n_q, starts_k + chunk_start, (end - chunk_start).clamp_min(0))
+            seg = _Segments.of(
+                starts_q + first_q - (lens_k - lens_q),
+                n_q,
+                starts_k + chunk_start,
+                (end - chunk_start).clamp_min(0),
+            )
             if seg is None:
                 continue
-            o, s = seg.attention(q_rot[seg.rows_q], x.k[seg.rows_k], x.v[seg.rows_k], None, x.backend)
+            o, s = seg.attention(
+                q_rot[seg.rows_q], x.k[seg.rows_k], x.v[seg.rows_k], None, x.backend
+            )
             out[seg.rows_q], lse[seg.rows_q] = o, s
         self._cross_chunks(x, out, lse)
         return out
@@ -493,7 +587,12 @@ class DualChunkScheme(PositionScheme):
     def _cross_chunks(self, x: AttentionInputs, out: Tensor, lse: Tensor) -> None:
         """Successive- and inter-chunk attention, folded into (out, lse) in place."""
         c, size = self.chunk_len, self.chunk_size
-        bounds = zip(x.cu_seqlens_q[:-1].tolist(), x.cu_seqlens_q[1:].tolist(), x.cu_seqlens_k[:-1].tolist(), x.cu_seqlens_k[1:].tolist())
+        bounds = zip(
+            x.cu_seqlens_q[:-1].tolist(),
+            x.cu_seqlens_q[1:].tolist(),
+            x.cu_seqlens_k[:-1].tolist(),
+            x.cu_seqlens_k[1:].tolist(),
+        )
         for q0, q1, k0, k1 in bounds:
             pos_q, pos_k = x.pos_q[q0:q1], x.pos_k[k0:k1]
             if q1 == q0 or int(pos_q.max()) < c:
@@ -543,23 +642,37 @@ def _check(condition: bool, message: str) -> None:
 
 def _own_frequencies(name: str, rope: RotaryBase) -> None:
     """Refuse a scheme that replaces RoPE's frequencies on a model whose frequencies carry a rope_scaling."""
-    _check(not rope.scaled, f"{name} replaces RoPE's frequencies; it cannot be combined with this model's "
-                            f"rope_scaling {rope.scaling}")
+    _check(
+        not rope.scaled,
+        f"{name} replaces RoPE's frequencies; it cannot be combined with this model's "
+        f"rope_scaling {rope.scaling}",
+    )
 
 
-def _string(rope: RotaryBase, train_len: int, shift: int | None = None, window: int | None = None,
-            temperature: bool = False) -> PositionScheme:
+def _string(
+    rope: RotaryBase,
+    train_len: int,
+    shift: int | None = None,
+    window: int | None = None,
+    temperature: bool = False,
+) -> PositionScheme:
     """STRING over the model's frequencies; shift S = L // 3, window W = min(128, S // 2) by default."""
     shift = train_len // 3 if shift is None else int(shift)
     window = min(128, shift // 2) if window is None else int(window)
     _check(shift >= 1, f"string: shift must be >= 1, got {shift}")
-    _check(0 <= window < shift, f"string: need 0 <= window < shift, got window={window}, shift={shift}")
+    _check(
+        0 <= window < shift, f"string: need 0 <= window < shift, got window={window}, shift={shift}"
+    )
     scale = STRING_TEMPERATURE if temperature else 1.0
     options = dict(shift=shift, window=window, temperature=bool(temperature))
-    return StringScheme("string", Rotary(rope.inv_freq(), scale), options, split=shift, window=window)
+    return StringScheme(
+        "string", Rotary(rope.inv_freq(), scale), options, split=shift, window=window
+    )
 
 
-def _rerope(rope: RotaryBase, train_len: int, window: int | None = None, protocol: str = "paper") -> PositionScheme:
+def _rerope(
+    rope: RotaryBase, train_len: int, window: int | None = None, protocol: str = "paper"
+) -> PositionScheme:
     """ReRoPE over the model's frequencies; window min(512, L' // 4) by default."""
     length, _ = extrapolation_setting(train_len, protocol, None)
     window = min(512, length // 4) if window is None else int(window)
@@ -568,31 +681,53 @@ def _rerope(rope: RotaryBase, train_len: int, window: int | None = None, protoco
     return ReRoPEScheme("rerope", rope.rotary(), options, split=window)
 
 
-def _self_extend(rope: RotaryBase, train_len: int, group: int | None = None, window: int | None = None,
-                 protocol: str = "paper", scale: float | None = None) -> PositionScheme:
+def _self_extend(
+    rope: RotaryBase,
+    train_len: int,
+    group: int | None = None,
+    window: int | None = None,
+    protocol: str = "paper",
+    scale: float | None = None,
+) -> PositionScheme:
     """Self-Extend over the model's frequencies; window min(512, L' // 4), the smallest group that fits."""
     length, factor = extrapolation_setting(train_len, protocol, scale)
     window = min(512, length // 4) if window is None else int(window)
     _check(1 <= window < length, f"self_extend: need 1 <= window < {length}, got {window}")
     # Smallest group keeping every distance of a factor * length input below the assumed length.
-    group = max(1, math.ceil((factor * length - window) / (length - window))) if group is None else int(group)
+    group = (
+        max(1, math.ceil((factor * length - window) / (length - window)))
+        if group is None
+        else int(group)
+    )
     _check(group >= 1, f"self_extend: group must be >= 1, got {group}")
     options = dict(group=group, window=window, protocol=protocol, scale=factor)
     return SelfExtendScheme("self_extend", rope.rotary(), options, split=window, group=group)
 
 
-def _dca(rope: RotaryBase, train_len: int, chunk_size: int | None = None, local_window: int | None = None,
-         protocol: str = "paper") -> PositionScheme:
+def _dca(
+    rope: RotaryBase,
+    train_len: int,
+    chunk_size: int | None = None,
+    local_window: int | None = None,
+    protocol: str = "paper",
+) -> PositionScheme:
     """Dual chunk attention over the model's frequencies; chunk_size 3L' // 4, local_window L' // 16 by default."""
     length, _ = extrapolation_setting(train_len, protocol, None)
     chunk_size = length * 3 // 4 if chunk_size is None else int(chunk_size)
     local_window = length // 16 if local_window is None else int(local_window)
-    _check(0 <= local_window < chunk_size, f"dca: need 0 <= local_window < chunk_size, got {local_window}, {chunk_size}")
+    _check(
+        0 <= local_window < chunk_size,
+        f"dca: need 0 <= local_window < chunk_size, got {local_window}, {chunk_size}",
+    )
     options = dict(chunk_size=chunk_size, local_window=local_window, protocol=protocol)
-    return DualChunkScheme("dca", rope.rotary(), options, chunk_size=chunk_size, local_window=local_window)
+    return DualChunkScheme(
+        "dca", rope.rotary(), options, chunk_size=chunk_size, local_window=local_window
+    )
 
 
-def _ntk(rope: RotaryBase, train_len: int, scale: float | None = None, protocol: str = "paper") -> PositionScheme:
+def _ntk(
+    rope: RotaryBase, train_len: int, scale: float | None = None, protocol: str = "paper"
+) -> PositionScheme:
     """RoPE distances with NTK-aware frequencies in place of the model's."""
     _own_frequencies("ntk", rope)
     _, factor = extrapolation_setting(train_len, protocol, scale)
@@ -601,14 +736,28 @@ def _ntk(rope: RotaryBase, train_len: int, scale: float | None = None, protocol:
     return PositionScheme("ntk", Rotary(inv_freq), dict(scale=factor, protocol=protocol))
 
 
-def _yarn(rope: RotaryBase, train_len: int, scale: float | None = None, protocol: str = "paper",
-          beta_fast: float = 32.0, beta_slow: float = 1.0) -> PositionScheme:
+def _yarn(
+    rope: RotaryBase,
+    train_len: int,
+    scale: float | None = None,
+    protocol: str = "paper",
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+) -> PositionScheme:
     """RoPE distances with YaRN's frequencies and attention temperature in place of the model's."""
     _own_frequencies("yarn", rope)
     length, factor = extrapolation_setting(train_len, protocol, scale)
     _check(factor >= 1, f"yarn: scale must be >= 1, got {factor}")
-    inv_freq, attention_factor = yarn_parameters(rope.head_dim, rope.base, factor, length, beta_fast, beta_slow)
-    options = dict(scale=factor, original_len=length, beta_fast=beta_fast, beta_slow=beta_slow, protocol=protocol)
+    inv_freq, attention_factor = yarn_parameters(
+        rope.head_dim, rope.base, factor, length, beta_fast, beta_slow
+    )
+    options = dict(
+        scale=factor,
+        original_len=length,
+        beta_fast=beta_fast,
+        beta_slow=beta_slow,
+        protocol=protocol,
+    )
     return PositionScheme("yarn", Rotary(inv_freq, attention_factor), options)
 
 
@@ -618,8 +767,13 @@ def _rope(rope: RotaryBase, train_len: int) -> PositionScheme:
 
 
 _BUILDERS = {
-    "rope": _rope, "string": _string, "rerope": _rerope, "self_extend": _self_extend,
-    "dca": _dca, "ntk": _ntk, "yarn": _yarn,
+    "rope": _rope,
+    "string": _string,
+    "rerope": _rerope,
+    "self_extend": _self_extend,
+    "dca": _dca,
+    "ntk": _ntk,
+    "yarn": _yarn,
 }
 
 SCHEMES = tuple(_BUILDERS)

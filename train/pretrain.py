@@ -40,7 +40,10 @@ from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlparse
 
-if __package__ in (None, ""):  # run as a file: import the installed posfreq package, never this folder's files by bare name
+if __package__ in (
+    None,
+    "",
+):  # run as a file: import the installed posfreq package, never this folder's files by bare name
     sys.path.pop(0)
 
 import numpy as np
@@ -48,16 +51,22 @@ import torch
 from torch import nn
 
 from posfreq.train import checkpoint as ckpt
+from posfreq.train import run_config
 from posfreq.train.atomic import disk_full
 from posfreq.train.attention import BackendError, explain_backend
-from posfreq.train.config import ModelConfig, model_preset
+from posfreq.train.config import model_preset
 from posfreq.train.flops import matmul_params, peak_of_device_name, step_flops  # noqa: F401 (re-exported)
 from posfreq.train.loss import head_returns_loss
 from posfreq.train.model import Transformer
 from posfreq.train.packing import IGNORE_INDEX, PackedBatch, PackedSampler
 from posfreq.train.packing_plan import some_document_has_weight
-from posfreq.train import run_config
-from posfreq.train.run_config import ConfigError, TrainConfig, config_differences, overridden_changes, parse_args
+from posfreq.train.run_config import (
+    ConfigError,
+    TrainConfig,
+    config_differences,
+    overridden_changes,
+    parse_args,
+)
 from posfreq.train.run_lock import RunLock, RunLockError
 from posfreq.train.run_log import LOG, RunLog, start_console
 from posfreq.train.shards import DamagedShard, TokenDataset
@@ -65,7 +74,11 @@ from posfreq.train.tokenizer import get_tokenizer
 from posfreq.train.upsample import LengthUpsample
 
 EXIT_NOT_REQUEUED = 3  # a signal stopped the run after a save, and no SLURM requeue will restart it
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)  # SIGINT: Ctrl-C saves `latest` as SIGTERM does
+STOP_SIGNALS = (
+    signal.SIGUSR1,
+    signal.SIGTERM,
+    signal.SIGINT,
+)  # SIGINT: Ctrl-C saves `latest` as SIGTERM does
 WANDB_ID_FILE = "wandb_run_id"  # in OUT: the wandb run every job of this run directory logs to
 
 
@@ -115,13 +128,23 @@ def make_parallelize(mixed_precision: bool, activation_checkpointing: bool):
         # cast_forward_inputs=False: FSDP2 would rebuild every dataclass among a block's inputs to cast its tensors
         # (the ForwardContext, its scheme and Rotary: a crash on Rotary's init=False memo, and bf16 RoPE frequencies).
         # The blocks' activations are bf16 anyway: they come from the bf16 embedding.
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
-                                      cast_forward_inputs=False) if mixed_precision else MixedPrecisionPolicy()
+        policy = (
+            MixedPrecisionPolicy(
+                param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False
+            )
+            if mixed_precision
+            else MixedPrecisionPolicy()
+        )
         for i, block in enumerate(model.layers):
             if activation_checkpointing:
                 _checkpointed(block)
             # The last block's parameters are needed again at once by backward: keep them gathered.
-            fully_shard(block, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=i < len(model.layers) - 1)
+            fully_shard(
+                block,
+                mesh=dp_mesh,
+                mp_policy=policy,
+                reshard_after_forward=i < len(model.layers) - 1,
+            )
         fully_shard(model, mesh=dp_mesh, mp_policy=policy)
         return model
 
@@ -137,7 +160,10 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
         decay, no_decay = [], []
         for name, p in model.named_parameters():
             (decay if p.ndim >= 2 and "embed_tokens" not in name else no_decay).append(p)
-        groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        groups = [
+            {"params": decay, "weight_decay": o.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
     return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=True)
 
 
@@ -166,13 +192,17 @@ class Plan:
         self.cfg = cfg
         self.world_size = world_size
         if not cfg.data.dir:
-            raise ConfigError("data.dir is empty. Fix: set --data.dir to a directory written by scripts/prepare_data.py")
+            raise ConfigError(
+                "data.dir is empty. Fix: set --data.dir to a directory written by scripts/prepare_data.py"
+            )
         try:
             self.dataset = TokenDataset(cfg.data.dir, tokenizer=cfg.data.tokenizer)
         except (FileNotFoundError, ValueError) as err:
             raise ConfigError(f"data.dir: {err}") from err
         if self.dataset.num_tokens == 0:
-            raise ConfigError(f"data.dir {cfg.data.dir} holds no tokens. Fix: re-run scripts/prepare_data.py")
+            raise ConfigError(
+                f"data.dir {cfg.data.dir} holds no tokens. Fix: re-run scripts/prepare_data.py"
+            )
         self.data_fingerprint = self.dataset.fingerprint()
         self.val_dataset = self._validation_data(cfg)
         self._check_upsample(cfg)
@@ -186,29 +216,38 @@ class Plan:
         except ValueError as err:
             raise ConfigError(f"model: {err}") from err
         if self.model_config.vocab_size < self.dataset.vocab_size:
-            raise ConfigError(f"model vocab_size {self.model_config.vocab_size} < the data's {self.dataset.vocab_size} "
-                              f"({self.dataset.tokenizer}). Fix: drop model.overrides.vocab_size.")
+            raise ConfigError(
+                f"model vocab_size {self.model_config.vocab_size} < the data's {self.dataset.vocab_size} "
+                f"({self.dataset.tokenizer}). Fix: drop model.overrides.vocab_size."
+            )
         L = cfg.data.train_len
         rows_per_micro = cfg.micro_batch_rows * world_size
         if cfg.global_batch_tokens % L or (cfg.global_batch_tokens // L) % rows_per_micro:
             raise ConfigError(
                 f"global_batch_tokens={cfg.global_batch_tokens} is not a whole number of micro-batches of "
                 f"micro_batch_rows={cfg.micro_batch_rows} x train_len={L} x world_size={world_size} = "
-                f"{rows_per_micro * L} tokens. Fix: make global_batch_tokens a multiple of {rows_per_micro * L}.")
+                f"{rows_per_micro * L} tokens. Fix: make global_batch_tokens a multiple of {rows_per_micro * L}."
+            )
         self.global_rows = cfg.global_batch_tokens // L
         self.accumulation = self.global_rows // rows_per_micro
         self.total_steps = -(-cfg.total_tokens // cfg.global_batch_tokens)
         self.tokenizer_spec = self._tokenizer_spec()
-        self.skipped: list[str] = []  # checkpoints `--resume auto` passed over, each with the reason
-        self.schedule_change: str | None = None  # what --resume_override changed, for the start-up report
+        self.skipped: list[
+            str
+        ] = []  # checkpoints `--resume auto` passed over, each with the reason
+        self.schedule_change: str | None = (
+            None  # what --resume_override changed, for the start-up report
+        )
         self.resume_from = self._resume_point()
 
     def _check_upsample(self, cfg: TrainConfig) -> None:
         """Refuse length weights that give the corpus's documents no expected copy at all (every epoch empty)."""
         weights = LengthUpsample.parse(cfg.data.length_upsample, where="data.length_upsample")
         if weights and not some_document_has_weight(self.dataset, weights):
-            raise ConfigError(f"data.length_upsample={cfg.data.length_upsample} gives every document of data.dir "
-                              f"{cfg.data.dir} weight 0: no epoch would hold a token. Fix: give some lengths a weight.")
+            raise ConfigError(
+                f"data.length_upsample={cfg.data.length_upsample} gives every document of data.dir "
+                f"{cfg.data.dir} weight 0: no epoch would hold a token. Fix: give some lengths a weight."
+            )
 
     def _validation_data(self, cfg: TrainConfig) -> TokenDataset | None:
         """The held-out shards of data.val_dir (same tokenizer as the training shards), or None."""
@@ -219,16 +258,24 @@ class Plan:
         except (FileNotFoundError, ValueError) as err:
             raise ConfigError(f"data.val_dir: {err}") from err
         if val.num_tokens == 0:
-            raise ConfigError(f"data.val_dir {cfg.data.val_dir} holds no tokens. Fix: point it at held-out shards "
-                              "(posfreq prepare --val-fraction writes them) or set it to null")
+            raise ConfigError(
+                f"data.val_dir {cfg.data.val_dir} holds no tokens. Fix: point it at held-out shards "
+                "(posfreq prepare --val-fraction writes them) or set it to null"
+            )
         return val
 
     def _tokenizer_spec(self) -> dict:
-        spec = {"spec": self.dataset.tokenizer, "vocab_size": self.dataset.vocab_size, "eos_id": self.dataset.eos_id}
+        spec = {
+            "spec": self.dataset.tokenizer,
+            "vocab_size": self.dataset.vocab_size,
+            "eos_id": self.dataset.eos_id,
+        }
         try:
             spec["bos_id"] = get_tokenizer(self.dataset.tokenizer).bos_id
         except (ValueError, ImportError, FileNotFoundError):
-            spec["bos_id"] = None  # a tokenizer registered only in another process (e.g. the demo's)
+            spec["bos_id"] = (
+                None  # a tokenizer registered only in another process (e.g. the demo's)
+            )
         return spec
 
     def _auto_resume_point(self) -> Path | None:
@@ -237,15 +284,19 @@ class Plan:
         if path is None and self.skipped:
             raise ckpt.CheckpointError(
                 f"resume=auto: no checkpoint under {ckpt.checkpoint_root(self.cfg.out)} can be resumed:\n  "
-                + "\n  ".join(self.skipped) + "\nFix: restore a good copy of one of them, or pass --resume PATH to "
-                "a checkpoint you trust; to start over, use a new --out (nothing was deleted).")
+                + "\n  ".join(self.skipped)
+                + "\nFix: restore a good copy of one of them, or pass --resume PATH to "
+                "a checkpoint you trust; to start over, use a new --out (nothing was deleted)."
+            )
         return path
 
     def _resume_point(self) -> Path | None:
         cfg = self.cfg
         if cfg.overwrite and cfg.resume is not None:
-            raise ConfigError(f"--overwrite starts afresh, --resume {cfg.resume} continues: choose one "
-                              "(--resume null --overwrite, or --resume auto without --overwrite)")
+            raise ConfigError(
+                f"--overwrite starts afresh, --resume {cfg.resume} continues: choose one "
+                "(--resume null --overwrite, or --resume auto without --overwrite)"
+            )
         if cfg.resume is None:
             self._refuse_restart_over_a_run()
             return None
@@ -254,27 +305,38 @@ class Plan:
             return None
         meta = ckpt.read_trainer_state(path)
         if meta is None:
-            raise ConfigError(f"resume={cfg.resume}: {path} is not a complete checkpoint (no valid trainer.json + state)")
+            raise ConfigError(
+                f"resume={cfg.resume}: {path} is not a complete checkpoint (no valid trainer.json + state)"
+            )
         if not meta.get("resumable"):
-            raise ConfigError(f"resume: {path} holds model weights only (checkpoint.milestone_weights_only, or "
-                              "reduced by checkpoint.keep_full); resume from a full checkpoint such as "
-                              "OUT/checkpoints/latest")
+            raise ConfigError(
+                f"resume: {path} holds model weights only (checkpoint.milestone_weights_only, or "
+                "reduced by checkpoint.keep_full); resume from a full checkpoint such as "
+                "OUT/checkpoints/latest"
+            )
         if cfg.resume != "auto":  # `auto` verified it while choosing
             self._verify_chosen(path, meta)
         diffs = config_differences(meta["config"], cfg.to_dict())
         saved_model = ckpt.load_model_config(path)
         if saved_model != self.model_config:
-            diffs.append(f"model config: checkpoint {saved_model.to_dict()} vs now {self.model_config.to_dict()}")
+            diffs.append(
+                f"model config: checkpoint {saved_model.to_dict()} vs now {self.model_config.to_dict()}"
+            )
         if diffs:
-            raise ConfigError(f"resume: {path} was written by a different config:\n  " + "\n  ".join(diffs)
-                              + "\nFix: resume with the original config, or start a new run in a new --out directory.")
+            raise ConfigError(
+                f"resume: {path} was written by a different config:\n  "
+                + "\n  ".join(diffs)
+                + "\nFix: resume with the original config, or start a new run in a new --out directory."
+            )
         changes = overridden_changes(meta["config"], cfg.to_dict())
         if changes:
             self.schedule_change = self._schedule_change(meta, changes)
         self._check_same_data(path, meta)
         if meta["sharded"] != cfg.checkpoint.sharded:
-            raise ConfigError(f"resume: {path} is {'sharded' if meta['sharded'] else 'a full file'}; set "
-                              f"--checkpoint.sharded {str(meta['sharded']).lower()} to load it")
+            raise ConfigError(
+                f"resume: {path} is {'sharded' if meta['sharded'] else 'a full file'}; set "
+                f"--checkpoint.sharded {str(meta['sharded']).lower()} to load it"
+            )
         ckpt.verify_resume_files(path)  # Fabric reads it through DCP's unrestricted unpickler
         return path
 
@@ -283,39 +345,54 @@ class Plan:
         out = Path(self.cfg.out)
         held = [p.name for p in run_files(out) if p.exists()]
         init = Path(self.cfg.model.init_from).resolve() if self.cfg.model.init_from else None
-        if self.cfg.overwrite and init is not None and any(init.is_relative_to(p.resolve()) for p in run_files(out)):
-            raise ConfigError(f"model.init_from={self.cfg.model.init_from} lies in the run files --overwrite would "
-                              "delete. Fix: copy that checkpoint elsewhere first, or use another --out")
+        if (
+            self.cfg.overwrite
+            and init is not None
+            and any(init.is_relative_to(p.resolve()) for p in run_files(out))
+        ):
+            raise ConfigError(
+                f"model.init_from={self.cfg.model.init_from} lies in the run files --overwrite would "
+                "delete. Fix: copy that checkpoint elsewhere first, or use another --out"
+            )
         if held and not self.cfg.overwrite:
-            raise ConfigError(f"--out {out} holds a run ({', '.join(held)}) and --resume is null (start afresh). "
-                              "Fix: --resume auto to continue it, a new --out to start another run, or --overwrite "
-                              "to delete that run's files and start afresh (nothing was changed).")
+            raise ConfigError(
+                f"--out {out} holds a run ({', '.join(held)}) and --resume is null (start afresh). "
+                "Fix: --resume auto to continue it, a new --out to start another run, or --overwrite "
+                "to delete that run's files and start afresh (nothing was changed)."
+            )
 
     def _schedule_change(self, meta: dict, changes: list[str]) -> str:
         """The overridden keys and the schedule from the resumed step on, before and after (next LR, total steps)."""
         step, old = int(meta["step"]), meta["schedule"]
-        return (f"resume_override: {'; '.join(changes)}; schedule from step {step}: next LR {old['next_lr']:.6g} -> "
-                f"{lr_at(step, self.cfg, self.total_steps):.6g}, total steps {old['total_steps']:,} -> "
-                f"{self.total_steps:,}")
+        return (
+            f"resume_override: {'; '.join(changes)}; schedule from step {step}: next LR {old['next_lr']:.6g} -> "
+            f"{lr_at(step, self.cfg, self.total_steps):.6g}, total steps {old['total_steps']:,} -> "
+            f"{self.total_steps:,}"
+        )
 
     def _verify_chosen(self, path: Path, meta: dict) -> None:
         """Check the files of the checkpoint named by --resume PATH against its manifest."""
         try:
             ckpt.verify_checkpoint(path, meta)
         except ckpt.CheckpointError as err:
-            raise ckpt.CheckpointError(f"resume={self.cfg.resume}: {err}. Fix: restore a good copy of it, or use "
-                                       "--resume auto (the newest checkpoint whose files verify).") from None
+            raise ckpt.CheckpointError(
+                f"resume={self.cfg.resume}: {err}. Fix: restore a good copy of it, or use "
+                "--resume auto (the newest checkpoint whose files verify)."
+            ) from None
 
     def _check_same_data(self, path: Path, meta: dict) -> None:
         """Refuse to resume on other documents than the checkpoint's, even with equal document and token counts."""
         saved = meta.get("data")
-        if saved is None or saved["fingerprint"] == self.data_fingerprint:  # None: saved before fingerprints
+        if (
+            saved is None or saved["fingerprint"] == self.data_fingerprint
+        ):  # None: saved before fingerprints
             return
         raise ConfigError(
             f"resume: {path} was trained on data.dir {saved['dir']} (data fingerprint {saved['fingerprint'][:16]}), "
             f"but data.dir {self.cfg.data.dir} holds other documents (fingerprint {self.data_fingerprint[:16]}): "
             "shard names, file sizes or document offsets differ. Fix: set --data.dir to the data this run was "
-            "trained on (a copy of its shard files is fine), or start a new run in a new --out directory.")
+            "trained on (a copy of its shard files is fine), or start a new run in a new --out directory."
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -343,8 +420,11 @@ class StopSignals:
         if signum == signal.SIGINT and self.received == signal.SIGINT:
             raise KeyboardInterrupt
         if signum == signal.SIGINT:
-            print("\nCtrl-C: saving checkpoints/latest after this step (Ctrl-C again stops without saving)",
-                  file=sys.stderr, flush=True)
+            print(
+                "\nCtrl-C: saving checkpoints/latest after this step (Ctrl-C again stops without saving)",
+                file=sys.stderr,
+                flush=True,
+            )
         self.received = signum
 
     def restore(self) -> None:
@@ -360,11 +440,19 @@ class Trainer:
         self.cfg, self.fabric, self.plan, self.signals = cfg, fabric, plan, signals
         self.out = Path(cfg.out)
         self.step = 0
-        self.exit_code = 0  # EXIT_NOT_REQUEUED once a signal stopped the run and nothing requeued it
-        self.checkpoints_written: list[str] = []  # names of the checkpoints this invocation saved, for the summary
+        self.exit_code = (
+            0  # EXIT_NOT_REQUEUED once a signal stopped the run and nothing requeued it
+        )
+        self.checkpoints_written: list[
+            str
+        ] = []  # names of the checkpoints this invocation saved, for the summary
         self.last_latest_time = time.monotonic()
-        self.trained_lengths = np.zeros(cfg.data.train_len + 1, dtype=np.int64)  # this rank's counts since start/resume
-        self.tokens_before = 0  # tokens the initial weights (model.init_from) had already been trained on
+        self.trained_lengths = np.zeros(
+            cfg.data.train_len + 1, dtype=np.int64
+        )  # this rank's counts since start/resume
+        self.tokens_before = (
+            0  # tokens the initial weights (model.init_from) had already been trained on
+        )
         self.wall_time = 0.0
         torch.manual_seed(cfg.seed)
         with fabric.init_module(empty_init=False):
@@ -375,10 +463,19 @@ class Trainer:
         self.params = list(self.model.parameters())
         self.optimizer = fabric.setup_optimizers(build_optimizer(self.model, cfg))
         d = cfg.data
-        self.sampler = PackedSampler(plan.dataset, d.train_len, cfg.micro_batch_rows, seed=cfg.seed,
-                                     rank=fabric.global_rank, world_size=fabric.world_size, packing=d.packing,
-                                     attention=d.attention, shuffle=d.shuffle, shuffle_block=d.shuffle_block,
-                                     upsample=d.length_upsample)
+        self.sampler = PackedSampler(
+            plan.dataset,
+            d.train_len,
+            cfg.micro_batch_rows,
+            seed=cfg.seed,
+            rank=fabric.global_rank,
+            world_size=fabric.world_size,
+            packing=d.packing,
+            attention=d.attention,
+            shuffle=d.shuffle,
+            shuffle_block=d.shuffle_block,
+            upsample=d.length_upsample,
+        )
         self.peak = peak_flops(fabric.device, cfg.logging.peak_flops_per_device)
         if plan.resume_from is not None:
             self._load(plan.resume_from)
@@ -396,42 +493,70 @@ class Trainer:
 
     def save(self, final: Path, weights_only: bool = False) -> Path:
         """Save model (+ optimizer), sampler, schedule, RNG and the trained-length histogram."""
-        objects = {"model": self.model} if weights_only else {"model": self.model, "optimizer": self.optimizer}
-        files = {"trained_lengths.npy": self._global_lengths(), "model_config.json": self.plan.model_config.to_dict(),
-                 "tokenizer_spec.json": self.plan.tokenizer_spec, "config.json": self.cfg.to_dict()}
-        state = {"step": self.step, "tokens_seen": self.tokens_seen, "tokens_before": self.tokens_before,
-                 "train_len": self.cfg.data.train_len, "resumable": not weights_only,
-                 "sharded": self.cfg.checkpoint.sharded, "world_size": self.fabric.world_size,
-                 "sampler": self.sampler.state_dict(), "config": self.cfg.to_dict(),
-                 "data": {"dir": self.cfg.data.dir, "fingerprint": self.plan.data_fingerprint},
-                 "schedule": {"next_lr": lr_at(self.step, self.cfg, self.plan.total_steps),
-                              "total_steps": self.plan.total_steps},
-                 "wall_time_s": self.wall_time, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        objects = (
+            {"model": self.model}
+            if weights_only
+            else {"model": self.model, "optimizer": self.optimizer}
+        )
+        files = {
+            "trained_lengths.npy": self._global_lengths(),
+            "model_config.json": self.plan.model_config.to_dict(),
+            "tokenizer_spec.json": self.plan.tokenizer_spec,
+            "config.json": self.cfg.to_dict(),
+        }
+        state = {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "tokens_before": self.tokens_before,
+            "train_len": self.cfg.data.train_len,
+            "resumable": not weights_only,
+            "sharded": self.cfg.checkpoint.sharded,
+            "world_size": self.fabric.world_size,
+            "sampler": self.sampler.state_dict(),
+            "config": self.cfg.to_dict(),
+            "data": {"dir": self.cfg.data.dir, "fingerprint": self.plan.data_fingerprint},
+            "schedule": {
+                "next_lr": lr_at(self.step, self.cfg, self.plan.total_steps),
+                "total_steps": self.plan.total_steps,
+            },
+            "wall_time_s": self.wall_time,
+            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
         try:
-            saved = ckpt.save_checkpoint(self.fabric, final, objects, files, state, self.cfg.checkpoint.sharded)
+            saved = ckpt.save_checkpoint(
+                self.fabric, final, objects, files, state, self.cfg.checkpoint.sharded
+            )
         except Exception as err:
             full = disk_full(err, final.parent)
             if full is None:
                 raise
-            raise ckpt.CheckpointError(f"saving {final} failed: {full} ({type(err).__name__}: {err}). Fix: free space "
-                                       "there, then continue with --resume auto (from the newest complete checkpoint; "
-                                       "the unfinished save is removed at start)") from err
+            raise ckpt.CheckpointError(
+                f"saving {final} failed: {full} ({type(err).__name__}: {err}). Fix: free space "
+                "there, then continue with --resume auto (from the newest complete checkpoint; "
+                "the unfinished save is removed at start)"
+            ) from err
         self.checkpoints_written.append(saved.name)
         return saved
 
     def _init_from(self, path: Path, model: Transformer) -> None:
         """Continue from another run's weights (e.g. a warm-up phase), counting its trained lengths too."""
         saved = ckpt.load_model_config(path)
-        if replace(saved, train_len=self.plan.model_config.train_len) != self.plan.model_config:  # L may differ
-            raise ConfigError(f"model.init_from={path}: its model config {saved} differs from this run's "
-                              f"{self.plan.model_config}")
+        if (
+            replace(saved, train_len=self.plan.model_config.train_len) != self.plan.model_config
+        ):  # L may differ
+            raise ConfigError(
+                f"model.init_from={path}: its model config {saved} differs from this run's "
+                f"{self.plan.model_config}"
+            )
         model.load_state_dict(ckpt.model_state_dict(path, saved))
         source = ckpt.read_trainer_state(path) or {}
         self.tokens_before = int(source.get("tokens_seen", 0)) + int(source.get("tokens_before", 0))
         lengths = ckpt.load_trained_lengths(path)
-        if lengths[self.cfg.data.train_len + 1:].any():
-            raise ConfigError(f"model.init_from={path} trained segments longer than data.train_len="
-                              f"{self.cfg.data.train_len}; start from a run with a training length <= this one's")
+        if lengths[self.cfg.data.train_len + 1 :].any():
+            raise ConfigError(
+                f"model.init_from={path} trained segments longer than data.train_len="
+                f"{self.cfg.data.train_len}; start from a run with a training length <= this one's"
+            )
         if self.fabric.global_rank == 0:  # a global histogram, counted once
             n = min(len(lengths), len(self.trained_lengths))
             self.trained_lengths[:n] += lengths[:n]
@@ -440,7 +565,9 @@ class Trainer:
     def _load(self, path: Path) -> None:
         meta = ckpt.read_trainer_state(path)
         state_path = path / ("state" if meta["sharded"] else "state.pt")
-        self.fabric.load(state_path, {"model": self.model, "optimizer": self.optimizer}, weights_only=True)
+        self.fabric.load(
+            state_path, {"model": self.model, "optimizer": self.optimizer}, weights_only=True
+        )
         try:
             self.sampler.load_state_dict(meta["sampler"])
         except ValueError as err:
@@ -448,7 +575,9 @@ class Trainer:
         self.step = int(meta["step"])
         self.tokens_before = int(meta.get("tokens_before", 0))
         self.wall_time = float(meta.get("wall_time_s", 0.0))
-        if self.fabric.global_rank == 0:  # the saved histogram is global; other ranks count on from zero
+        if (
+            self.fabric.global_rank == 0
+        ):  # the saved histogram is global; other ranks count on from zero
             self.trained_lengths = ckpt.load_trained_lengths(path)
         rng = ckpt.rng_file(path, self.fabric.global_rank)
         if rng.is_file():
@@ -457,15 +586,21 @@ class Trainer:
 
     # -- one optimizer step --------------------------------------------------------------------
 
-    def _train_step(self, batches: list[PackedBatch], n_targets: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def _train_step(
+        self, batches: list[PackedBatch], n_targets: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward/backward over the micro-batches; returns (summed local loss, grad norm)."""
         fabric, device = self.fabric, self.fabric.device
-        scale = fabric.world_size / n_targets  # FSDP averages gradients over ranks; undo that, divide by targets
+        scale = (
+            fabric.world_size / n_targets
+        )  # FSDP averages gradients over ranks; undo that, divide by targets
         loss_sum = torch.zeros((), device=device)
         for i, batch in enumerate(batches):
             batch = batch.to(device, non_blocking=True)
             with fabric.no_backward_sync(self.model, enabled=i < len(batches) - 1):
-                with head_returns_loss(self.model.lm_head, batch.targets):  # summed loss, no full logits
+                with head_returns_loss(
+                    self.model.lm_head, batch.targets
+                ):  # summed loss, no full logits
                     loss = self.model(batch.input_ids, batch.cu_seqlens, batch.max_seqlen)
                 fabric.backward(loss * scale)
             loss_sum += loss.detach()
@@ -478,7 +613,9 @@ class Trainer:
             f"non-finite loss or gradient norm (loss {loss}, grad norm {grad_norm}) at step {self.step + 1} "
             f"(tokens {self.tokens_seen:,}-{self.tokens_seen + self.cfg.global_batch_tokens:,}); the weights were "
             f"not updated. To continue: {where} with a lower optim.lr (--resume-override '{{optim.lr: ...}}'), or set "
-            "--on-nonfinite skip.", lower_lr=self.cfg.optim.lr / 10)
+            "--on-nonfinite skip.",
+            lower_lr=self.cfg.optim.lr / 10,
+        )
 
     def validate(self) -> tuple[float, int]:
         """(mean token loss, targets) over the first data.val_rows rows of the held-out shards, split over ranks.
@@ -488,18 +625,29 @@ class Trainer:
         """
         cfg, fabric = self.cfg, self.fabric
         micro, total = cfg.micro_batch_rows, cfg.data.val_rows
-        sampler = PackedSampler(self.plan.val_dataset, cfg.data.train_len, micro, seed=0, packing=cfg.data.packing,
-                                attention=cfg.data.attention, shuffle=False)
+        sampler = PackedSampler(
+            self.plan.val_dataset,
+            cfg.data.train_len,
+            micro,
+            seed=0,
+            packing=cfg.data.packing,
+            attention=cfg.data.attention,
+            shuffle=False,
+        )
         totals = torch.zeros(2, dtype=torch.float64, device=fabric.device)
         self.model.eval()
         with torch.no_grad():
-            for step in range(-(-total // (fabric.world_size * micro))):  # the same count on every rank (FSDP)
+            for step in range(
+                -(-total // (fabric.world_size * micro))
+            ):  # the same count on every rank (FSDP)
                 first = (step * fabric.world_size + fabric.global_rank) * micro
                 rows = min(micro, total - first)
                 batch = sampler.make_batch(first if rows > 0 else 0, max(rows, 1)).to(fabric.device)
                 with head_returns_loss(self.model.lm_head, batch.targets):
                     loss = self.model(batch.input_ids, batch.cu_seqlens, batch.max_seqlen).double()
-                if rows > 0:  # a rank past the last row still runs the forward its peers' collectives need
+                if (
+                    rows > 0
+                ):  # a rank past the last row still runs the forward its peers' collectives need
                     totals += torch.stack([loss, (batch.targets != IGNORE_INDEX).sum().double()])
         self.model.train()
         loss_sum, targets = fabric.all_reduce(totals, reduce_op="sum").tolist()
@@ -518,24 +666,43 @@ class Trainer:
     def fit(self) -> list[dict]:
         """Train until total_tokens (or stop_at_step / a signal); returns this run's logged metrics."""
         cfg, fabric, plan = self.cfg, self.fabric, self.plan
-        log = RunLog(self.out, self.step, plan.total_steps, cfg.logging.every_steps, fabric.global_rank == 0,
-                     cfg.logging.progress_bar)
+        log = RunLog(
+            self.out,
+            self.step,
+            plan.total_steps,
+            cfg.logging.every_steps,
+            fabric.global_rank == 0,
+            cfg.logging.progress_bar,
+        )
         history: list[dict] = []
         stop_at = min(plan.total_steps, cfg.stop_at_step or plan.total_steps)
         while self.step < stop_at:
             started = time.perf_counter()
             batches = [next(self.sampler) for _ in range(plan.accumulation)]
             lengths = [np.diff(b.cu_seqlens.numpy()).astype(np.float64) for b in batches]
-            due = cfg.checkpoint.latest_every_minutes > 0 and \
-                time.monotonic() - self.last_latest_time >= 60 * cfg.checkpoint.latest_every_minutes
-            local = torch.tensor([sum(float((b.targets != IGNORE_INDEX).sum()) for b in batches),
-                                  sum(float((s * (s + 1)).sum()) for s in lengths),
-                                  float(self.signals.received is not None), float(due and fabric.global_rank == 0),
-                                  float(self.signals.received == signal.SIGUSR1)], dtype=torch.float64,
-                                 device=fabric.device)
-            n_targets, sum_s_s1, stop_flag, time_flag, requeue_flag = fabric.all_reduce(local, reduce_op="sum").tolist()
+            due = (
+                cfg.checkpoint.latest_every_minutes > 0
+                and time.monotonic() - self.last_latest_time
+                >= 60 * cfg.checkpoint.latest_every_minutes
+            )
+            local = torch.tensor(
+                [
+                    sum(float((b.targets != IGNORE_INDEX).sum()) for b in batches),
+                    sum(float((s * (s + 1)).sum()) for s in lengths),
+                    float(self.signals.received is not None),
+                    float(due and fabric.global_rank == 0),
+                    float(self.signals.received == signal.SIGUSR1),
+                ],
+                dtype=torch.float64,
+                device=fabric.device,
+            )
+            n_targets, sum_s_s1, stop_flag, time_flag, requeue_flag = fabric.all_reduce(
+                local, reduce_op="sum"
+            ).tolist()
             skip_reason = None
-            if n_targets == 0:  # no row of the global batch has a target (e.g. one 1-token piece per row): no loss
+            if (
+                n_targets == 0
+            ):  # no row of the global batch has a target (e.g. one 1-token piece per row): no loss
                 loss = grad_norm = math.nan
                 skip_reason = "no_targets"
             else:
@@ -551,9 +718,13 @@ class Trainer:
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
                 self.optimizer.step()
-            if skip_reason != "non_finite":  # the histogram counts the segments fed, targets or not (as in any step)
+            if (
+                skip_reason != "non_finite"
+            ):  # the histogram counts the segments fed, targets or not (as in any step)
                 for batch in batches:
-                    self.trained_lengths += np.bincount(batch.segment_lengths, minlength=cfg.data.train_len + 1)
+                    self.trained_lengths += np.bincount(
+                        batch.segment_lengths, minlength=cfg.data.train_len + 1
+                    )
             self.optimizer.zero_grad(set_to_none=True)
             self.step += 1
             if fabric.device.type == "cuda":
@@ -561,10 +732,19 @@ class Trainer:
             elapsed = time.perf_counter() - started
             self.wall_time += elapsed
             flops = step_flops(plan.model_config, cfg.global_batch_tokens, sum_s_s1)
-            row = {"step": self.step, "tokens": self.tokens_seen, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                   "skipped": skip_reason is not None, "skip_reason": skip_reason, "step_time_s": elapsed,
-                   "tokens_per_s": cfg.global_batch_tokens / elapsed, "flops_per_s": flops / elapsed,
-                   "mfu": flops / elapsed / (self.peak * fabric.world_size) if self.peak else None}
+            row = {
+                "step": self.step,
+                "tokens": self.tokens_seen,
+                "loss": loss,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "skipped": skip_reason is not None,
+                "skip_reason": skip_reason,
+                "step_time_s": elapsed,
+                "tokens_per_s": cfg.global_batch_tokens / elapsed,
+                "flops_per_s": flops / elapsed,
+                "mfu": flops / elapsed / (self.peak * fabric.world_size) if self.peak else None,
+            }
             history.append(row)
             log.step(row, fabric, last=self.step == stop_at or stop_flag > 0)
             if self._validation_due():
@@ -573,8 +753,17 @@ class Trainer:
             if stop_flag > 0:
                 self._stop_on_signal(saved, requeue_flag > 0)
                 break
-        why = ("signal" if stop_flag > 0 else "finished" if self.step == plan.total_steps
-               else "stop_at_step") if history else "nothing_left"
+        why = (
+            (
+                "signal"
+                if stop_flag > 0
+                else "finished"
+                if self.step == plan.total_steps
+                else "stop_at_step"
+            )
+            if history
+            else "nothing_left"
+        )
         log.summary(why, self.checkpoints_written)
         log.close()
         for external in fabric.loggers:  # the CSV logger writes its file here
@@ -586,9 +775,13 @@ class Trainer:
         c, step = self.cfg.checkpoint, self.step
         root = ckpt.checkpoint_root(self.out)
         tokens, before = self.tokens_seen, self.tokens_seen - self.cfg.global_batch_tokens
-        milestone = tokens // c.every_tokens > before // c.every_tokens or step == self.plan.total_steps
+        milestone = (
+            tokens // c.every_tokens > before // c.every_tokens or step == self.plan.total_steps
+        )
         if milestone:
-            saved = self.save(root / ckpt.milestone_name(tokens), weights_only=c.milestone_weights_only)
+            saved = self.save(
+                root / ckpt.milestone_name(tokens), weights_only=c.milestone_weights_only
+            )
             if not c.milestone_weights_only:
                 self._reduce_old_milestones()
                 self.last_latest_time = time.monotonic()
@@ -611,28 +804,46 @@ class Trainer:
     def _stop_on_signal(self, saved: Path, usr1: bool) -> None:
         """After the signal's save: requeue the SLURM job if asked and possible, and say what happens next."""
         job = os.environ.get("SLURM_JOB_ID")
-        why_not = ("stopped by Ctrl-C" if self.signals.received == signal.SIGINT
-                   else "only SIGUSR1 requeues" if not usr1 else "no SLURM job (SLURM_JOB_ID unset)" if not job
-                   else "requeue_on_signal is false" if not self.cfg.requeue_on_signal
-                   else "--overwrite is set: a requeued job would delete this run again" if self.cfg.overwrite
-                   else None)
+        why_not = (
+            "stopped by Ctrl-C"
+            if self.signals.received == signal.SIGINT
+            else "only SIGUSR1 requeues"
+            if not usr1
+            else "no SLURM job (SLURM_JOB_ID unset)"
+            if not job
+            else "requeue_on_signal is false"
+            if not self.cfg.requeue_on_signal
+            else "--overwrite is set: a requeued job would delete this run again"
+            if self.cfg.overwrite
+            else None
+        )
         if why_not is None and self.fabric.global_rank == 0:
             why_not = _requeue(job)
         if self.fabric.broadcast(why_not is None, src=0):
-            LOG.info(f"signal received: saved {saved} at step {self.step}; requeued SLURM job {job}")
+            LOG.info(
+                f"signal received: saved {saved} at step {self.step}; requeued SLURM job {job}"
+            )
         else:
             self.exit_code = EXIT_NOT_REQUEUED
-            LOG.info(f"signal received: saved {saved} at step {self.step}; the job was NOT requeued "
-                              f"({why_not}): exiting with code {EXIT_NOT_REQUEUED}. Continue with --resume auto.")
+            LOG.info(
+                f"signal received: saved {saved} at step {self.step}; the job was NOT requeued "
+                f"({why_not}): exiting with code {EXIT_NOT_REQUEUED}. Continue with --resume auto."
+            )
 
 
 def _requeue(job: str) -> str | None:
     """`scontrol requeue JOB`; None if it worked, else why not."""
     try:
-        proc = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            ["scontrol", "requeue", job], capture_output=True, text=True, check=False
+        )
     except OSError as err:
         return f"scontrol requeue {job} could not run: {err}"
-    return None if proc.returncode == 0 else f"scontrol requeue {job} failed: {(proc.stderr or '').strip()}"
+    return (
+        None
+        if proc.returncode == 0
+        else f"scontrol requeue {job} failed: {(proc.stderr or '').strip()}"
+    )
 
 
 def wandb_run_id(out: Path) -> str:
@@ -688,8 +899,17 @@ def _loggers(cfg: TrainConfig) -> list:
 
         # A fresh run (--overwrite) gets a fresh wandb run: rank 0 records its id under the run lock (`_overwrite`).
         run_id = secrets.token_hex(4) if cfg.overwrite else wandb_run_id(out)
-        return [WandbLogger(project=cfg.logging.project, name=cfg.logging.run_name, save_dir=str(out),
-                            offline=wandb_mode()[0], id=run_id, resume="allow", config=cfg.to_dict())]
+        return [
+            WandbLogger(
+                project=cfg.logging.project,
+                name=cfg.logging.run_name,
+                save_dir=str(out),
+                offline=wandb_mode()[0],
+                id=run_id,
+                resume="allow",
+                config=cfg.to_dict(),
+            )
+        ]
     return []
 
 
@@ -698,13 +918,19 @@ def _wandb_report(cfg: TrainConfig) -> str:
     offline, why = wandb_mode()
     out = Path(cfg.out)
     sync = f"; upload later with `wandb sync {out / 'wandb'}`" if offline else ""
-    return (f"wandb: {'offline' if offline else 'online'} ({why}){sync}; run id {wandb_run_id(out)} "
-            f"(from {out / WANDB_ID_FILE}: every job of this run directory resumes it)")
+    return (
+        f"wandb: {'offline' if offline else 'online'} ({why}){sync}; run id {wandb_run_id(out)} "
+        f"(from {out / WANDB_ID_FILE}: every job of this run directory resumes it)"
+    )
 
 
 def resolved_accelerator(cfg: TrainConfig) -> str:
     """`cpu` or `cuda`: the config's accelerator, `auto` meaning cuda when a GPU is visible."""
-    return cfg.accelerator if cfg.accelerator != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    return (
+        cfg.accelerator
+        if cfg.accelerator != "auto"
+        else ("cuda" if torch.cuda.is_available() else "cpu")
+    )
 
 
 def compute_dtype(precision: str) -> torch.dtype:
@@ -715,8 +941,12 @@ def compute_dtype(precision: str) -> torch.dtype:
 def attention_choice(cfg: TrainConfig) -> str:
     """The attention backend this run trains with and why, checked before launch (ConfigError if it cannot run)."""
     try:
-        _, why = explain_backend(cfg.model.attention_backend, resolved_accelerator(cfg), compute_dtype(cfg.precision),
-                                 backward=True)
+        _, why = explain_backend(
+            cfg.model.attention_backend,
+            resolved_accelerator(cfg),
+            compute_dtype(cfg.precision),
+            backward=True,
+        )
     except BackendError as err:
         raise ConfigError(f"model.attention_backend: {err}") from None
     return f"attention: {why}"
@@ -728,14 +958,27 @@ def build_fabric(cfg: TrainConfig):
     from lightning.fabric.strategies import ModelParallelStrategy
 
     accelerator = resolved_accelerator(cfg)
-    devices = cfg.devices if cfg.devices != "auto" else (torch.cuda.device_count() if accelerator == "cuda" else 1)
+    devices = (
+        cfg.devices
+        if cfg.devices != "auto"
+        else (torch.cuda.device_count() if accelerator == "cuda" else 1)
+    )
     world = int(devices) * cfg.num_nodes
     mixed = cfg.precision == "bf16-mixed"
-    strategy = ModelParallelStrategy(make_parallelize(mixed, cfg.model.activation_checkpointing),
-                                     data_parallel_size=world, tensor_parallel_size=1,
-                                     save_distributed_checkpoint=cfg.checkpoint.sharded)
-    return Fabric(accelerator=accelerator, devices=devices, num_nodes=cfg.num_nodes, strategy=strategy,
-                  precision="32-true", loggers=_loggers(cfg))
+    strategy = ModelParallelStrategy(
+        make_parallelize(mixed, cfg.model.activation_checkpointing),
+        data_parallel_size=world,
+        tensor_parallel_size=1,
+        save_distributed_checkpoint=cfg.checkpoint.sharded,
+    )
+    return Fabric(
+        accelerator=accelerator,
+        devices=devices,
+        num_nodes=cfg.num_nodes,
+        strategy=strategy,
+        precision="32-true",
+        loggers=_loggers(cfg),
+    )
 
 
 def _lock_run_dir(cfg: TrainConfig, fabric) -> RunLock | None:
@@ -754,7 +997,12 @@ def _lock_run_dir(cfg: TrainConfig, fabric) -> RunLock | None:
 
 def run_files(out: Path) -> list[Path]:
     """What a pretraining run writes into its OUT (all that --overwrite deletes; the run lock aside)."""
-    return [ckpt.checkpoint_root(out), out / "metrics.jsonl", out / "metrics.jsonl.unreadable", out / "csv"]
+    return [
+        ckpt.checkpoint_root(out),
+        out / "metrics.jsonl",
+        out / "metrics.jsonl.unreadable",
+        out / "csv",
+    ]
 
 
 def _overwrite(out: Path, fabric) -> None:
@@ -790,9 +1038,11 @@ def _start(cfg: TrainConfig, fabric, plan: Plan, attention: str) -> None:
     if cfg.logging.logger == "wandb":
         LOG.info(_wandb_report(cfg))
     LOG.info(attention)
-    LOG.info(f"{plan.model_config.num_params():,} parameters; {fabric.world_size} processes x "
-                 f"{plan.accumulation} micro-batches x {cfg.micro_batch_rows} rows x {cfg.data.train_len} tokens "
-                 f"= {cfg.global_batch_tokens:,} tokens/step; {plan.total_steps:,} steps")
+    LOG.info(
+        f"{plan.model_config.num_params():,} parameters; {fabric.world_size} processes x "
+        f"{plan.accumulation} micro-batches x {cfg.micro_batch_rows} rows x {cfg.data.train_len} tokens "
+        f"= {cfg.global_batch_tokens:,} tokens/step; {plan.total_steps:,} steps"
+    )
 
 
 def train(cfg: TrainConfig) -> list[dict]:
@@ -810,7 +1060,9 @@ def train(cfg: TrainConfig) -> list[dict]:
         start_console(fabric.global_rank == 0)
         lock = _lock_run_dir(cfg, fabric)
         if cfg.overwrite and fabric.broadcast(signals.received is not None, src=0):
-            raise ConfigError("a stop signal (Ctrl-C, SIGTERM) arrived during start-up; --overwrite deleted nothing")
+            raise ConfigError(
+                "a stop signal (Ctrl-C, SIGTERM) arrived during start-up; --overwrite deleted nothing"
+            )
         if fabric.global_rank == 0:
             _start(cfg, fabric, plan, attention)
         fabric.barrier()
@@ -829,7 +1081,17 @@ def train(cfg: TrainConfig) -> list[dict]:
 
 def continue_command(argv: list[str], lr: float) -> str:
     """The command that continues this invocation from its newest checkpoint (or afresh) with learning rate `lr`."""
-    return shlex.join(["posfreq", "pretrain", *argv, "--resume", "auto", "--resume-override", f"{{optim.lr: {lr:g}}}"])
+    return shlex.join(
+        [
+            "posfreq",
+            "pretrain",
+            *argv,
+            "--resume",
+            "auto",
+            "--resume-override",
+            f"{{optim.lr: {lr:g}}}",
+        ]
+    )
 
 
 def build_parser():
@@ -849,8 +1111,10 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteLoss as err:
         sys.exit(f"error: {err} Command: {continue_command(argv, err.lower_lr)}")
     except KeyboardInterrupt:
-        print("interrupted by a second Ctrl-C: nothing saved since the last checkpoint; continue with --resume auto",
-              file=sys.stderr)
+        print(
+            "interrupted by a second Ctrl-C: nothing saved since the last checkpoint; continue with --resume auto",
+            file=sys.stderr,
+        )
         return 130
 
 

@@ -31,7 +31,9 @@ class Rotary:
     inv_freq: Tensor
     scale: float = 1.0
     """Multiplies cos/sin (YaRN's attention temperature, so logits by its square); 1 for plain RoPE."""
-    _last: tuple[Tensor, torch.dtype, Tensor, Tensor] | None = field(default=None, init=False, repr=False, compare=False)
+    _last: tuple[Tensor, torch.dtype, Tensor, Tensor] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
     """cos/sin of the last positions tensor (held, so its identity stays its own): every layer of a forward rotates
     at the same positions tensor, so they are computed once per forward, not twice per layer (a tenth of a
     single-token decoding step of a 135M model on a CPU). Positions tensors are never changed in place."""
@@ -43,7 +45,10 @@ class Rotary:
             return last[2], last[3]
         freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = (emb.cos() * self.scale).to(dtype)[:, None, :], (emb.sin() * self.scale).to(dtype)[:, None, :]
+        cos, sin = (
+            (emb.cos() * self.scale).to(dtype)[:, None, :],
+            (emb.sin() * self.scale).to(dtype)[:, None, :],
+        )
         self._last = (positions, dtype, cos, sin)
         return cos, sin
 
@@ -52,7 +57,9 @@ class Rotary:
         cos, sin = self.cos_sin(positions, x.dtype)
         half = x.shape[-1] // 2
         rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1).mul_(sin)
-        return (x * cos).add_(rotated_half)  # = x * cos + rotated_half * sin, with two buffers instead of four
+        return (x * cos).add_(
+            rotated_half
+        )  # = x * cos + rotated_half * sin, with two buffers instead of four
 
     def rerotate(self, x: Tensor, shift: Tensor) -> Tensor:
         """Rotate already rotated vectors further by `shift` (rotations compose), in float32, without `scale` again."""
@@ -99,14 +106,20 @@ def rope_scaling_type(rope_scaling: dict | None) -> str:
 
 
 def llama3_inv_freq(
-    inv_freq: Tensor, factor: float, low_freq_factor: float, high_freq_factor: float, original_max_position_embeddings: int
+    inv_freq: Tensor,
+    factor: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    original_max_position_embeddings: int,
 ) -> Tensor:
     """Llama-3.1's rope scaling: divide low frequencies by `factor`, keep high ones, interpolate between."""
     low_freq_wavelen = original_max_position_embeddings / low_freq_factor
     high_freq_wavelen = original_max_position_embeddings / high_freq_factor
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (original_max_position_embeddings / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smooth = (original_max_position_embeddings / wavelen - low_freq_factor) / (
+        high_freq_factor - low_freq_factor
+    )
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
     return torch.where(is_medium, smoothed, scaled)
@@ -128,7 +141,9 @@ def scaled_inv_freq(inv_freq: Tensor, rope_scaling: dict | None) -> Tensor:
             int(rope_scaling["original_max_position_embeddings"]),
         )
     except KeyError as err:
-        raise ValueError(f"rope_scaling of type {rope_type!r} lacks the key {err.args[0]!r}: {rope_scaling}") from err
+        raise ValueError(
+            f"rope_scaling of type {rope_type!r} lacks the key {err.args[0]!r}: {rope_scaling}"
+        ) from err
 
 
 # ----------------------------------------------------------------------------- extrapolation frequencies
@@ -140,7 +155,12 @@ def ntk_inv_freq(head_dim: int, base: float, scale: float) -> Tensor:
 
 
 def yarn_parameters(
-    head_dim: int, base: float, scale: float, original_len: int, beta_fast: float = 32.0, beta_slow: float = 1.0,
+    head_dim: int,
+    base: float,
+    scale: float,
+    original_len: int,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
 ) -> tuple[Tensor, float]:
     """YaRN's per-band inverse frequencies and attention factor, as Hugging Face computes them.
 
@@ -148,6 +168,7 @@ def yarn_parameters(
     rotating less than beta_slow times are interpolated by 1/scale, with a linear ramp between;
     the attention factor 0.1 ln(scale) + 1 multiplies cos and sin (logits by its square).
     """
+
     def correction_dim(rotations: float) -> float:
         """The (fractional) dimension whose band turns `rotations` times over original_len."""
         return head_dim * math.log(original_len / (rotations * 2 * math.pi)) / (2 * math.log(base))

@@ -79,11 +79,17 @@ class ModelSection:
         hints = typing.get_type_hints(ModelConfig)
         unknown = sorted(set(self.overrides) - set(hints))
         if unknown:
-            raise ConfigError(f"model.overrides: unknown keys {unknown}. Known keys: {sorted(hints)}")
+            raise ConfigError(
+                f"model.overrides: unknown keys {unknown}. Known keys: {sorted(hints)}"
+            )
         if "train_len" in self.overrides:
-            raise ConfigError("model.overrides.train_len: the training length has one name and one place, "
-                              "data.train_len (the model records it from there). Fix: set data.train_len instead.")
-        self.overrides = {k: _number(v, hints[k], f"model.overrides.{k}") for k, v in self.overrides.items()}
+            raise ConfigError(
+                "model.overrides.train_len: the training length has one name and one place, "
+                "data.train_len (the model records it from there). Fix: set data.train_len instead."
+            )
+        self.overrides = {
+            k: _number(v, hints[k], f"model.overrides.{k}") for k, v in self.overrides.items()
+        }
         try:
             model_preset(self.preset, **self.overrides)
         except (TypeError, ValueError) as err:
@@ -127,15 +133,19 @@ class DataSection:
         _at_least("data.", self, 1, "shuffle_block", "val_rows")
         _at_least("data.", self, 0, "val_every_tokens")
         if self.attention == "row" and self.packing != "concat":
-            raise ConfigError(f"data.attention=row needs data.packing=concat, not {self.packing!r} (padding must stay "
-                              "its own attention segment)")
+            raise ConfigError(
+                f"data.attention=row needs data.packing=concat, not {self.packing!r} (padding must stay "
+                "its own attention segment)"
+            )
         try:
             upsample = LengthUpsample.parse(self.length_upsample, where="data.length_upsample")
         except ValueError as err:
             raise ConfigError(str(err)) from None
         if upsample.sources:
-            raise ConfigError(f"data.length_upsample: per-source keys ({list(upsample.sources)}) need per-document "
-                              "sources, which token shards do not record; use LO-HI keys")
+            raise ConfigError(
+                f"data.length_upsample: per-source keys ({list(upsample.sources)}) need per-document "
+                "sources, which token shards do not record; use LO-HI keys"
+            )
 
 
 @dataclass
@@ -164,11 +174,15 @@ class OptimSection:
     """Maximum global L2 norm of the gradient; 0 disables clipping."""
 
     def __post_init__(self) -> None:
-        _at_least("optim.", self, 0, "lr", "min_lr", "warmup_steps", "eps", "weight_decay", "grad_clip")
+        _at_least(
+            "optim.", self, 0, "lr", "min_lr", "warmup_steps", "eps", "weight_decay", "grad_clip"
+        )
         _at_least("optim.", self, 1, "decay_steps")
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
-                raise ConfigError(f"optim.{name}={getattr(self, name)!r} is out of range: it must be in [0, 1)")
+                raise ConfigError(
+                    f"optim.{name}={getattr(self, name)!r} is out of range: it must be in [0, 1)"
+                )
 
 
 @dataclass
@@ -263,16 +277,29 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.total_tokens = _number(self.total_tokens, int, "total_tokens")
         self._apply_resume_override()
-        _at_least("", self, 1, "total_tokens", "global_batch_tokens", "micro_batch_rows", "num_nodes", "stop_at_step")
+        _at_least(
+            "",
+            self,
+            1,
+            "total_tokens",
+            "global_batch_tokens",
+            "micro_batch_rows",
+            "num_nodes",
+            "stop_at_step",
+        )
         if not (self.devices == "auto" or (isinstance(self.devices, int) and self.devices >= 1)):
-            raise ConfigError(f"devices={self.devices!r} is out of range: it must be 'auto' or an integer >= 1")
+            raise ConfigError(
+                f"devices={self.devices!r} is out of range: it must be 'auto' or an integer >= 1"
+            )
 
     def _apply_resume_override(self) -> None:
         """Check `resume_override` (only RESUME_OVERRIDABLE keys) and set each key it names to its value."""
         other = sorted(set(self.resume_override) - set(RESUME_OVERRIDABLE))
         if other:
-            raise ConfigError(f"resume_override: {other} cannot change on resume; only {list(RESUME_OVERRIDABLE)} "
-                              "can (the rest would change the model, the data stream or the optimizer)")
+            raise ConfigError(
+                f"resume_override: {other} cannot change on resume; only {list(RESUME_OVERRIDABLE)} "
+                "can (the rest would change the model, the data stream or the optimizer)"
+            )
         for key, value in list(self.resume_override.items()):
             *section, name = key.split(".")
             target = getattr(self, section[0]) if section else self
@@ -289,10 +316,26 @@ class TrainConfig:
 # Keys that may change between a checkpoint and the run resuming it: they do not change the
 # math of the run (which rows each step trains on, the model, the optimiser, the schedule).
 RESUMABLE_CHANGES = (
-    "out", "resume", "overwrite", "stop_at_step", "micro_batch_rows", "devices", "num_nodes", "accelerator",
-    "requeue_on_signal", "on_nonfinite", "resume_override", "data.dir", "data.val_dir", "data.val_every_tokens",
-    "data.val_rows", "model.attention_backend",
-    "model.activation_checkpointing", "model.init_from", "checkpoint.", "logging.",
+    "out",
+    "resume",
+    "overwrite",
+    "stop_at_step",
+    "micro_batch_rows",
+    "devices",
+    "num_nodes",
+    "accelerator",
+    "requeue_on_signal",
+    "on_nonfinite",
+    "resume_override",
+    "data.dir",
+    "data.val_dir",
+    "data.val_every_tokens",
+    "data.val_rows",
+    "model.attention_backend",
+    "model.activation_checkpointing",
+    "model.init_from",
+    "checkpoint.",
+    "logging.",
 )
 # Keys that change the schedule: they may change on resume only through --resume-override.
 RESUME_OVERRIDABLE = ("optim.lr", "optim.min_lr", "optim.warmup_steps", "total_tokens")
@@ -312,8 +355,12 @@ def _flatten(data: dict, prefix: str = "") -> dict[str, Any]:
 
 def build_parser() -> ArgumentParser:
     """`posfreq pretrain`'s parser: --config FILE.yaml plus one flag per TrainConfig field."""
-    parser = command_parser("posfreq pretrain", "Pretrain a TinyLlama-style model (Lightning Fabric + FSDP2). "
-                            "Options come from a YAML --config and flags (flags win).", config_file=True)
+    parser = command_parser(
+        "posfreq pretrain",
+        "Pretrain a TinyLlama-style model (Lightning Fabric + FSDP2). "
+        "Options come from a YAML --config and flags (flags win).",
+        config_file=True,
+    )
     parser.add_class_arguments(TrainConfig, nested_key=None, as_group=False)
     return parser
 
@@ -338,7 +385,9 @@ def config_from_dict(data: dict, where: str = "config") -> TrainConfig:
         return _build(parser, parser.parse_object(data))
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
-    except Exception as err:  # jsonargparse's ArgumentError / ValueError: an unknown key or a wrong type
+    except (
+        Exception
+    ) as err:  # jsonargparse's ArgumentError / ValueError: an unknown key or a wrong type
         raise ConfigError(f"{where}: {err}") from None
 
 
@@ -346,7 +395,9 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
     """The run config from `--config FILE` and command-line flags (exits with a usage error on a bad flag)."""
     parser = build_parser()
     namespace = parse(parser, argv)
-    where = " + ".join([str(path) for path in namespace.get("config") or []] + ["command-line overrides"])
+    where = " + ".join(
+        [str(path) for path in namespace.get("config") or []] + ["command-line overrides"]
+    )
     try:
         return _build(parser, namespace)
     except ConfigError as err:
@@ -360,11 +411,16 @@ def config_differences(saved: dict, current: dict) -> list[str]:
     allowed = set(current.get("resume_override", {}))
     diffs = []
     for key in sorted(set(a) | set(b)):
-        if key in allowed or any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMABLE_CHANGES):
+        if key in allowed or any(
+            key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMABLE_CHANGES
+        ):
             continue
         if a.get(key) != b.get(key):
-            hint = f" (to change it on resume: --resume-override \"{{{key}: {b.get(key)}}}\")" \
-                if key in RESUME_OVERRIDABLE else ""
+            hint = (
+                f' (to change it on resume: --resume-override "{{{key}: {b.get(key)}}}")'
+                if key in RESUME_OVERRIDABLE
+                else ""
+            )
             diffs.append(f"{key}: checkpoint {a.get(key)!r} vs now {b.get(key)!r}{hint}")
     return diffs
 
@@ -372,5 +428,8 @@ def config_differences(saved: dict, current: dict) -> list[str]:
 def overridden_changes(saved: dict, current: dict) -> list[str]:
     """The RESUME_OVERRIDABLE keys `current` overrides to a value other than the checkpoint's, as 'key: old -> new'."""
     a, b = _flatten(saved), _flatten(current)
-    return [f"{key}: {a.get(key)!r} -> {b.get(key)!r}" for key in current.get("resume_override", {})
-            if a.get(key) != b.get(key)]
+    return [
+        f"{key}: {a.get(key)!r} -> {b.get(key)!r}"
+        for key in current.get("resume_override", {})
+        if a.get(key) != b.get(key)
+    ]

@@ -26,8 +26,12 @@ class RunLockError(RuntimeError):
 
 def this_process() -> dict:
     """The owner record of this process: SLURM job id (if any), pid, host and start time."""
-    return {"job": os.environ.get("SLURM_JOB_ID"), "pid": os.getpid(), "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    return {
+        "job": os.environ.get("SLURM_JOB_ID"),
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
 
 
 def pid_alive(pid: int) -> bool:
@@ -67,7 +71,11 @@ def stale_reason(holder: dict, me: dict) -> str | None:
     """Why the lock's owner is certainly gone (so its lock may be taken over), or None if it may still run."""
     if holder.get("job") and holder.get("job") == me["job"]:
         return f"it was taken by this SLURM job {me['job']} before it was requeued"
-    if holder.get("host") == me["host"] and isinstance(holder.get("pid"), int) and not pid_alive(holder["pid"]):
+    if (
+        holder.get("host") == me["host"]
+        and isinstance(holder.get("pid"), int)
+        and not pid_alive(holder["pid"])
+    ):
         return f"pid {holder['pid']} no longer runs on {me['host']}"
     return None
 
@@ -76,16 +84,24 @@ def _refusal(lock: Path, holder: dict | None, me: dict) -> str:
     """The error for a lock held by someone who may still run: who, and what to do."""
     out = lock.parent
     if holder is None:
-        return (f"{lock} exists but cannot be read, so another job may be using {out}. Fix: if no job is "
-                f"running on {out}, delete the lock (rm {lock}); otherwise pass another --out.")
-    who = (f"job {holder.get('job') or '(not SLURM)'}, pid {holder.get('pid')} on host {holder.get('host')}, "
-           f"started {holder.get('started')}")
+        return (
+            f"{lock} exists but cannot be read, so another job may be using {out}. Fix: if no job is "
+            f"running on {out}, delete the lock (rm {lock}); otherwise pass another --out."
+        )
+    who = (
+        f"job {holder.get('job') or '(not SLURM)'}, pid {holder.get('pid')} on host {holder.get('host')}, "
+        f"started {holder.get('started')}"
+    )
     if holder.get("host") == me["host"]:
-        return (f"{out} is in use by {who} ({lock}); that process is still running. Fix: wait for it to end, "
-                "or pass another --out.")
-    return (f"{out} is locked by {who} ({lock}); from this host ({me['host']}) it cannot be told whether that "
-            f"process still runs. Fix: if it has ended (check squeue / ps on {holder.get('host')}), delete the "
-            f"stale lock (rm {lock}) and start again; otherwise pass another --out.")
+        return (
+            f"{out} is in use by {who} ({lock}); that process is still running. Fix: wait for it to end, "
+            "or pass another --out."
+        )
+    return (
+        f"{out} is locked by {who} ({lock}); from this host ({me['host']}) it cannot be told whether that "
+        f"process still runs. Fix: if it has ended (check squeue / ps on {holder.get('host')}), delete the "
+        f"stale lock (rm {lock}) and start again; otherwise pass another --out."
+    )
 
 
 @dataclass(frozen=True)

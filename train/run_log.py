@@ -55,13 +55,21 @@ def duration(seconds: float) -> str:
     seconds = int(round(seconds))
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+    return (
+        f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+    )
 
 
 def step_line(row: dict, total_steps: int, eta_s: float | None) -> str:
     """One step's console line (without the timestamp)."""
-    parts = [f"step {row['step']}/{total_steps}", f"tokens {human(row['tokens'])}", f"loss {row['loss']:.4f}",
-             f"lr {row['lr']:.2e}", f"grad_norm {row['grad_norm']:.3f}", f"tok/s {human(row['tokens_per_s'])}"]
+    parts = [
+        f"step {row['step']}/{total_steps}",
+        f"tokens {human(row['tokens'])}",
+        f"loss {row['loss']:.4f}",
+        f"lr {row['lr']:.2e}",
+        f"grad_norm {row['grad_norm']:.3f}",
+        f"tok/s {human(row['tokens_per_s'])}",
+    ]
     if row.get("mfu") is not None:
         parts.append(f"mfu {100 * row['mfu']:.1f}%")
     if row.get("skipped"):
@@ -117,8 +125,16 @@ class RunLog:
     Other ranks get an inactive RunLog (every method a no-op), so the loop calls it unconditionally.
     """
 
-    def __init__(self, out: Path, resumed_step: int, total_steps: int, every_steps: int, active: bool,
-                 progress_bar: bool, stream: IO[str] | None = None) -> None:
+    def __init__(
+        self,
+        out: Path,
+        resumed_step: int,
+        total_steps: int,
+        every_steps: int,
+        active: bool,
+        progress_bar: bool,
+        stream: IO[str] | None = None,
+    ) -> None:
         self.active, self.total_steps, self.every = active, total_steps, every_steps
         self.totals = Totals(first_step=resumed_step)
         self.file = self.bar = None
@@ -127,7 +143,13 @@ class RunLog:
         if progress_bar and (stream or sys.stdout).isatty():
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total_steps, initial=resumed_step, unit="step", dynamic_ncols=True, desc="pretrain")
+            self.bar = tqdm(
+                total=total_steps,
+                initial=resumed_step,
+                unit="step",
+                dynamic_ncols=True,
+                desc="pretrain",
+            )
         out.mkdir(parents=True, exist_ok=True)
         path = out / "metrics.jsonl"
         if path.exists():  # drop lines a crashed run wrote after the checkpoint we resume from
@@ -136,8 +158,13 @@ class RunLog:
                 aside = path.with_name(path.name + ".unreadable")
                 with open(aside, "a") as f:
                     f.write("".join(line + "\n" for line in unreadable))
-                LOG.warning("%s: moved %d line(s) that are not JSON rows to %s (a run killed mid-write leaves a "
-                            "torn last line)", path, len(unreadable), aside)
+                LOG.warning(
+                    "%s: moved %d line(s) that are not JSON rows to %s (a run killed mid-write leaves a "
+                    "torn last line)",
+                    path,
+                    len(unreadable),
+                    aside,
+                )
             write_text_atomic(path, "".join(line + "\n" for line in keep))
         self.file = open(path, "a")
 
@@ -154,8 +181,14 @@ class RunLog:
         row = {**row, "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
-        fabric.log_dict({k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-                         and k != "step"}, step=row["step"])
+        fabric.log_dict(
+            {
+                k: v
+                for k, v in row.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"
+            },
+            step=row["step"],
+        )
 
     def step(self, row: dict, fabric: Any, last: bool = False) -> None:
         """One optimizer step: counted always; written and printed every `every_steps` steps, at the run's last step
@@ -163,7 +196,11 @@ class RunLog:
         if not self.active:
             return
         t = self.totals
-        t.steps, t.skipped, t.seconds = t.steps + 1, t.skipped + bool(row["skipped"]), t.seconds + row["step_time_s"]
+        t.steps, t.skipped, t.seconds = (
+            t.steps + 1,
+            t.skipped + bool(row["skipped"]),
+            t.seconds + row["step_time_s"],
+        )
         t.tokens = row["tokens"]
         t.mfu_seconds += (row["mfu"] or 0.0) * row["step_time_s"]
         t.last = row
@@ -177,14 +214,20 @@ class RunLog:
             eta = (self.total_steps - row["step"]) * t.seconds / t.steps
             LOG.info(step_line(row, self.total_steps, eta))
 
-    def validation(self, step: int, tokens: int, val_loss: float, targets: int, fabric: Any) -> None:
+    def validation(
+        self, step: int, tokens: int, val_loss: float, targets: int, fabric: Any
+    ) -> None:
         """A validation loss over `targets` held-out tokens at this step."""
         if not self.active:
             return
         self.totals.last_val = {"step": step, "val_loss": val_loss}
-        self._record({"step": step, "tokens": tokens, "val_loss": val_loss, "val_targets": targets}, fabric)
-        self.info(f"validation step {step} tokens {human(tokens)} val_loss {val_loss:.4f} "
-                  f"val_ppl {math.exp(min(val_loss, 50)):.2f} val_targets {targets}")
+        self._record(
+            {"step": step, "tokens": tokens, "val_loss": val_loss, "val_targets": targets}, fabric
+        )
+        self.info(
+            f"validation step {step} tokens {human(tokens)} val_loss {val_loss:.4f} "
+            f"val_ppl {math.exp(min(val_loss, 50)):.2f} val_targets {targets}"
+        )
 
     def summary(self, why: str, checkpoints: list[str]) -> str:
         """The end-of-run summary line (printed too), in `key value` pairs like a step line: why it ended (one
@@ -192,9 +235,16 @@ class RunLog:
         t = self.totals
         parts = [f"summary {why}"]
         if t.steps:
-            rate = t.steps * (t.last["tokens"] / t.last["step"]) / t.seconds  # every step has the same tokens
-            parts += [f"steps {t.first_step + 1}-{t.last['step']}/{self.total_steps}", f"tokens {human(t.tokens)}",
-                      f"loss {t.last['loss']:.4f}", f"wall {duration(t.seconds)}", f"tok/s {human(rate)}"]
+            rate = (
+                t.steps * (t.last["tokens"] / t.last["step"]) / t.seconds
+            )  # every step has the same tokens
+            parts += [
+                f"steps {t.first_step + 1}-{t.last['step']}/{self.total_steps}",
+                f"tokens {human(t.tokens)}",
+                f"loss {t.last['loss']:.4f}",
+                f"wall {duration(t.seconds)}",
+                f"tok/s {human(rate)}",
+            ]
             if t.mfu_seconds:
                 parts.append(f"mfu {100 * t.mfu_seconds / t.seconds:.1f}%")
             if t.skipped:

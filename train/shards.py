@@ -26,7 +26,9 @@ FORMAT = "posfreq-tokens-v1"
 TOKENS_SUFFIX = ".tokens.bin"
 OFFSETS_SUFFIX = ".offsets.npy"
 META_SUFFIX = ".json"
-PREPARE_HINT = "Fix: run `python scripts/prepare_data.py --corpus <name or path> --out <this directory>`"
+PREPARE_HINT = (
+    "Fix: run `python scripts/prepare_data.py --corpus <name or path> --out <this directory>`"
+)
 
 
 class DamagedShard(ValueError):
@@ -40,15 +42,29 @@ class ShardWriter:
     renamed last, so a crash never leaves a shard that `TokenDataset` takes for complete.
     """
 
-    def __init__(self, directory: str | Path, name: str, *, tokenizer: str, vocab_size: int,
-                 eos_id: int, extra: dict | None = None) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        name: str,
+        *,
+        tokenizer: str,
+        vocab_size: int,
+        eos_id: int,
+        extra: dict | None = None,
+    ) -> None:
         if vocab_size > 2**32:
             raise ValueError(f"vocab_size={vocab_size} does not fit the uint32 token format")
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.name = name
-        self.meta = {"format": FORMAT, "name": name, "tokenizer": tokenizer,
-                     "vocab_size": int(vocab_size), "eos_id": int(eos_id), **(extra or {})}
+        self.meta = {
+            "format": FORMAT,
+            "name": name,
+            "tokenizer": tokenizer,
+            "vocab_size": int(vocab_size),
+            "eos_id": int(eos_id),
+            **(extra or {}),
+        }
         self._tokens = AtomicFile(self.directory / f"{name}{TOKENS_SUFFIX}", "wb")
         self._lengths: list[int] = []
 
@@ -73,7 +89,9 @@ class ShardWriter:
         self._tokens.commit()
         with atomic_open(self.directory / f"{self.name}{OFFSETS_SUFFIX}", "wb") as f:
             np.save(f, offsets)
-        write_json_atomic(self.directory / f"{self.name}{META_SUFFIX}", self.meta, indent=1, sort_keys=True)
+        write_json_atomic(
+            self.directory / f"{self.name}{META_SUFFIX}", self.meta, indent=1, sort_keys=True
+        )
         return self.meta
 
     def abort(self) -> None:
@@ -95,8 +113,11 @@ def shard_is_complete(directory: str | Path, name: str) -> dict | None:
     """The metadata of shard `name` if all three of its files exist, else None."""
     base = Path(directory)
     meta = base / f"{name}{META_SUFFIX}"
-    if not (meta.is_file() and (base / f"{name}{TOKENS_SUFFIX}").is_file()
-            and (base / f"{name}{OFFSETS_SUFFIX}").is_file()):
+    if not (
+        meta.is_file()
+        and (base / f"{name}{TOKENS_SUFFIX}").is_file()
+        and (base / f"{name}{OFFSETS_SUFFIX}").is_file()
+    ):
         return None
     try:
         return json.loads(meta.read_text())
@@ -118,25 +139,39 @@ def _check_shard(base: Path, name: str) -> _Shard:
     """Check that the three files of a shard exist and agree (reads only headers and sizes)."""
     shard = _Shard(name, {}, base / f"{name}{TOKENS_SUFFIX}", base / f"{name}{OFFSETS_SUFFIX}")
     meta_path = base / f"{name}{META_SUFFIX}"
-    rerun = ("Fix: rerun scripts/prepare_data.py with the same --out; it redoes incomplete shards "
-             "(or delete this shard's files).")
+    rerun = (
+        "Fix: rerun scripts/prepare_data.py with the same --out; it redoes incomplete shards "
+        "(or delete this shard's files)."
+    )
     for path in (shard.tokens_path, shard.offsets_path, meta_path):
         if not path.is_file():
-            raise FileNotFoundError(f"incomplete shard {base / name}: {path.name} is missing. {rerun}")
+            raise FileNotFoundError(
+                f"incomplete shard {base / name}: {path.name} is missing. {rerun}"
+            )
     try:
         meta = json.loads(meta_path.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{meta_path}: not valid JSON ({err}). {rerun}") from err
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-        raise ValueError(f"{meta_path}: format {found!r}, expected {FORMAT!r}; is this a token shard? {rerun}")
+        raise ValueError(
+            f"{meta_path}: format {found!r}, expected {FORMAT!r}; is this a token shard? {rerun}"
+        )
     size = shard.tokens_path.stat().st_size
     if size % 4:
-        raise ValueError(f"{shard.tokens_path}: {size} bytes is not a whole number of uint32 tokens. {rerun}")
+        raise ValueError(
+            f"{shard.tokens_path}: {size} bytes is not a whole number of uint32 tokens. {rerun}"
+        )
     offsets = np.load(shard.offsets_path, mmap_mode="r")
     n_tokens = size // 4
-    if (offsets.dtype != np.int64 or offsets.ndim != 1 or len(offsets) != meta["num_docs"] + 1
-            or offsets[0] != 0 or offsets[-1] != n_tokens or n_tokens != meta["num_tokens"]):
+    if (
+        offsets.dtype != np.int64
+        or offsets.ndim != 1
+        or len(offsets) != meta["num_docs"] + 1
+        or offsets[0] != 0
+        or offsets[-1] != n_tokens
+        or n_tokens != meta["num_tokens"]
+    ):
         raise ValueError(
             f"{shard.offsets_path}: offsets inconsistent with {shard.tokens_path.name} ({n_tokens} tokens) "
             f"and {meta_path.name} ({meta['num_docs']} docs, {meta['num_tokens']} tokens): need int64, "
@@ -145,8 +180,10 @@ def _check_shard(base: Path, name: str) -> _Shard:
     backwards = np.flatnonzero(np.diff(offsets) < 0)
     if backwards.size:
         i = int(backwards[0])
-        raise ValueError(f"{shard.offsets_path}: document offsets go backwards at document {i} ({offsets[i]} -> "
-                         f"{offsets[i + 1]}): the shard is damaged. {rerun}")
+        raise ValueError(
+            f"{shard.offsets_path}: document offsets go backwards at document {i} ({offsets[i]} -> "
+            f"{offsets[i + 1]}): the shard is damaged. {rerun}"
+        )
     return replace(shard, meta=meta)
 
 
@@ -168,15 +205,27 @@ class TokenDataset:
     limit of memory maps per process).
     """
 
-    def __init__(self, directory: str | Path, tokenizer: str | None = None, max_open: int = 256) -> None:
+    def __init__(
+        self, directory: str | Path, tokenizer: str | None = None, max_open: int = 256
+    ) -> None:
         self.directory = Path(directory)
         if not self.directory.is_dir():
-            raise FileNotFoundError(f"data directory {self.directory} does not exist. {PREPARE_HINT}")
-        names = sorted({p.name[: -len(suffix)] for suffix in (TOKENS_SUFFIX, OFFSETS_SUFFIX, META_SUFFIX)
-                        for p in self.directory.glob(f"*{suffix}") if not p.name.startswith(".")})
+            raise FileNotFoundError(
+                f"data directory {self.directory} does not exist. {PREPARE_HINT}"
+            )
+        names = sorted(
+            {
+                p.name[: -len(suffix)]
+                for suffix in (TOKENS_SUFFIX, OFFSETS_SUFFIX, META_SUFFIX)
+                for p in self.directory.glob(f"*{suffix}")
+                if not p.name.startswith(".")
+            }
+        )
         if not names:
-            raise FileNotFoundError(f"data directory {self.directory} holds no token shards "
-                                    f"(*{TOKENS_SUFFIX} + *{OFFSETS_SUFFIX} + *{META_SUFFIX}). {PREPARE_HINT}")
+            raise FileNotFoundError(
+                f"data directory {self.directory} holds no token shards "
+                f"(*{TOKENS_SUFFIX} + *{OFFSETS_SUFFIX} + *{META_SUFFIX}). {PREPARE_HINT}"
+            )
         self.shards = [_check_shard(self.directory, name) for name in names]
         first = self.shards[0]
         for shard in self.shards[1:]:
@@ -188,9 +237,11 @@ class TokenDataset:
                         "tokenizer. Fix: re-tokenize into a fresh --out with a single --tokenizer."
                     )
         if tokenizer is not None and first.meta["tokenizer"] != tokenizer:
-            raise ValueError(f"{self.directory} was tokenized with {first.meta['tokenizer']!r}, not "
-                             f"{tokenizer!r}. Fix: point to data tokenized with {tokenizer!r} (scripts/"
-                             "prepare_data.py --tokenizer) or change the tokenizer setting.")
+            raise ValueError(
+                f"{self.directory} was tokenized with {first.meta['tokenizer']!r}, not "
+                f"{tokenizer!r}. Fix: point to data tokenized with {tokenizer!r} (scripts/"
+                "prepare_data.py --tokenizer) or change the tokenizer setting."
+            )
         self.tokenizer: str = first.meta["tokenizer"]
         self.vocab_size: int = int(first.meta["vocab_size"])
         self.eos_id: int = int(first.meta["eos_id"])
@@ -205,8 +256,11 @@ class TokenDataset:
     def _open(self, s: int) -> tuple[np.ndarray, np.ndarray]:
         """Memory maps of shard s: (uint32 tokens, int64 offsets)."""
         shard = self.shards[s]
-        tokens = (np.memmap(shard.tokens_path, dtype=np.uint32, mode="r") if shard.meta["num_tokens"]
-                  else np.zeros(0, dtype=np.uint32))
+        tokens = (
+            np.memmap(shard.tokens_path, dtype=np.uint32, mode="r")
+            if shard.meta["num_tokens"]
+            else np.zeros(0, dtype=np.uint32)
+        )
         return tokens, np.load(shard.offsets_path, mmap_mode="r")
 
     def __len__(self) -> int:
@@ -224,8 +278,10 @@ class TokenDataset:
         return digest.hexdigest()
 
     def __repr__(self) -> str:
-        return (f"TokenDataset({str(self.directory)!r}: {len(self.shards)} shards, {self.num_docs} docs, "
-                f"{self.num_tokens} tokens, tokenizer={self.tokenizer})")
+        return (
+            f"TokenDataset({str(self.directory)!r}: {len(self.shards)} shards, {self.num_docs} docs, "
+            f"{self.num_tokens} tokens, tokenizer={self.tokenizer})"
+        )
 
     def document(self, i: int) -> np.ndarray:
         """The tokens of document i (global numbering, EOS included), as int64."""
@@ -234,7 +290,7 @@ class TokenDataset:
         s = int(np.searchsorted(self._doc_starts, i, side="right") - 1)
         tokens, offsets = self._maps(s)
         local = i - int(self._doc_starts[s])
-        document = np.asarray(tokens[offsets[local]: offsets[local + 1]], dtype=np.int64)
+        document = np.asarray(tokens[offsets[local] : offsets[local + 1]], dtype=np.int64)
         self._check_ids(document, s)
         return document
 
@@ -249,7 +305,7 @@ class TokenDataset:
             lo = max(start - int(self._doc_starts[s]), 0)
             hi = min(stop - int(self._doc_starts[s]), self.shards[s].meta["num_docs"])
             if lo < hi:
-                parts.append(np.diff(np.asarray(self._maps(s)[1][lo: hi + 1])))
+                parts.append(np.diff(np.asarray(self._maps(s)[1][lo : hi + 1])))
         return np.concatenate(parts).astype(np.int64)
 
     def token_offsets(self, docs: np.ndarray) -> np.ndarray:
@@ -283,5 +339,7 @@ class TokenDataset:
         """Refuse token ids outside the vocabulary (a damaged shard), naming the shard: checked as tokens are read,
         since scanning a whole corpus at open would read every token."""
         if tokens.size and int(tokens.max()) >= self.vocab_size:
-            raise DamagedShard(f"{self.shards[s].tokens_path}: token id {int(tokens.max())} >= vocab_size "
-                             f"{self.vocab_size}: the shard is damaged. Fix: rerun posfreq prepare for it")
+            raise DamagedShard(
+                f"{self.shards[s].tokens_path}: token id {int(tokens.max())} >= vocab_size "
+                f"{self.vocab_size}: the shard is damaged. Fix: rerun posfreq prepare for it"
+            )

@@ -115,7 +115,11 @@ class HFTokenizer:
         self.name = f"hf:{path}"
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
         config_file = path / "tokenizer_config.json" if path.is_dir() else None
-        self._config = _read_tokenizer_config(config_file) if config_file is not None and config_file.is_file() else {}
+        self._config = (
+            _read_tokenizer_config(config_file)
+            if config_file is not None and config_file.is_file()
+            else {}
+        )
         self.bos_id, self.eos_id = self._special_ids(path)
         self.adds_bos = self._adds_bos(file)
         template = self._config.get("chat_template")
@@ -140,7 +144,10 @@ class HFTokenizer:
 
     def _special_ids(self, path: Path) -> tuple[int, int]:
         """BOS/EOS from tokenizer_config.json when present, else the usual Llama names."""
-        names = {"bos": ["<|begin_of_text|>", "<s>"], "eos": ["<|end_of_text|>", "</s>", "<|endoftext|>"]}
+        names = {
+            "bos": ["<|begin_of_text|>", "<s>"],
+            "eos": ["<|end_of_text|>", "</s>", "<|endoftext|>"],
+        }
         if self._config:
             data = self._config
             for key in ("bos", "eos"):
@@ -151,9 +158,13 @@ class HFTokenizer:
                     names[key] = [value] + names[key]
         ids = []
         for key in ("bos", "eos"):
-            found = [self._tok.token_to_id(n) for n in names[key] if self._tok.token_to_id(n) is not None]
+            found = [
+                self._tok.token_to_id(n) for n in names[key] if self._tok.token_to_id(n) is not None
+            ]
             if not found:
-                raise ValueError(f"hf tokenizer at {path}: no {key.upper()} token among {names[key]}")
+                raise ValueError(
+                    f"hf tokenizer at {path}: no {key.upper()} token among {names[key]}"
+                )
             ids.append(int(found[0]))
         return ids[0], ids[1]
 
@@ -182,13 +193,20 @@ class HFTokenizer:
         Jinja's immutable sandbox, as Hugging Face does, so a hostile template cannot run code.
         """
         if self.chat_template is None:
-            raise ValueError(f"tokenizer {self.name}: its tokenizer_config.json has no chat_template")
+            raise ValueError(
+                f"tokenizer {self.name}: its tokenizer_config.json has no chat_template"
+            )
         marker = "\u0000posfreq-user-message\u0000"
-        text = render_chat_template(self.chat_template, [{"role": "user", "content": marker}],
-                                    bos_token=self._tok.id_to_token(self.bos_id),
-                                    eos_token=self._tok.id_to_token(self.eos_id))
+        text = render_chat_template(
+            self.chat_template,
+            [{"role": "user", "content": marker}],
+            bos_token=self._tok.id_to_token(self.bos_id),
+            eos_token=self._tok.id_to_token(self.eos_id),
+        )
         if text.count(marker) != 1:
-            raise ValueError(f"tokenizer {self.name}: its chat template does not place the user message exactly once")
+            raise ValueError(
+                f"tokenizer {self.name}: its chat template does not place the user message exactly once"
+            )
         before, after = text.split(marker)
         return self.encode_with_special(before), self.encode_with_special(after)
 
@@ -211,15 +229,28 @@ def _bounded_sandbox_class():
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     class BoundedSandbox(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset({"*", "**"})  # also keeps them out of compile-time constant folding
+        intercepted_binops = frozenset(
+            {"*", "**"}
+        )  # also keeps them out of compile-time constant folding
 
         def call_binop(self, context, operator, left, right):
             if operator == "*":
                 for seq, n in ((left, right), (right, left)):
-                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > TEMPLATE_CHARS:
-                        raise SecurityError(f"a repetition of {len(seq) * n:,} items (limit {TEMPLATE_CHARS:,})")
-            if operator == "**" and isinstance(left, (int, float)) and isinstance(right, (int, float)) \
-                    and abs(right) > 64 and abs(left) > 1:
+                    if (
+                        isinstance(seq, (str, list, tuple))
+                        and isinstance(n, int)
+                        and len(seq) * n > TEMPLATE_CHARS
+                    ):
+                        raise SecurityError(
+                            f"a repetition of {len(seq) * n:,} items (limit {TEMPLATE_CHARS:,})"
+                        )
+            if (
+                operator == "**"
+                and isinstance(left, (int, float))
+                and isinstance(right, (int, float))
+                and abs(right) > 64
+                and abs(left) > 1
+            ):
                 raise SecurityError("a power beyond 64 (limit)")
             return super().call_binop(context, operator, left, right)
 
@@ -244,23 +275,33 @@ def render_chat_template(template: str, messages: list[dict], **variables: str) 
 
     env = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
-    timed = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
+    timed = (
+        threading.current_thread() is threading.main_thread()
+    )  # signals reach the main thread only
     previous = signal.signal(signal.SIGALRM, timeout) if timed else None
     if timed:
         signal.setitimer(signal.ITIMER_REAL, TEMPLATE_SECONDS)
     try:
         parts, size = [], 0
-        for chunk in env.from_string(template).generate(messages=messages, add_generation_prompt=True, **variables):
+        for chunk in env.from_string(template).generate(
+            messages=messages, add_generation_prompt=True, **variables
+        ):
             parts.append(chunk)
             size += len(chunk)
             if size > TEMPLATE_CHARS:
-                raise ValueError(f"chat template renders more than {TEMPLATE_CHARS:,} characters for one user turn; "
-                                 "refusing it")
+                raise ValueError(
+                    f"chat template renders more than {TEMPLATE_CHARS:,} characters for one user turn; "
+                    "refusing it"
+                )
         return "".join(parts)
     except _TemplateTimeout:
-        raise ValueError(f"chat template did not finish rendering within {TEMPLATE_SECONDS:g} s; refusing it") from None
+        raise ValueError(
+            f"chat template did not finish rendering within {TEMPLATE_SECONDS:g} s; refusing it"
+        ) from None
     except (TemplateError, OverflowError, RecursionError, MemoryError) as err:
-        raise ValueError(f"chat template could not be rendered: {type(err).__name__}: {err}") from None
+        raise ValueError(
+            f"chat template could not be rendered: {type(err).__name__}: {err}"
+        ) from None
     finally:
         if timed:
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -300,5 +341,7 @@ def get_tokenizer(spec: str = "llama3") -> Tokenizer:
     if spec.startswith("hf:"):
         return HFTokenizer(spec[3:])
     if spec not in _REGISTRY:
-        raise ValueError(f"unknown tokenizer {spec!r}; choose one of {sorted(_REGISTRY)} or hf:<dir>")
+        raise ValueError(
+            f"unknown tokenizer {spec!r}; choose one of {sorted(_REGISTRY)} or hf:<dir>"
+        )
     return _REGISTRY[spec]()

@@ -57,33 +57,47 @@ class LengthUpsample:
     """The weighted buckets, source-free ones first, then per source (each group by `lo`)."""
 
     @classmethod
-    def parse(cls, weights: Mapping[str, float] | None, where: str = "length_upsample") -> "LengthUpsample":
+    def parse(
+        cls, weights: Mapping[str, float] | None, where: str = "length_upsample"
+    ) -> "LengthUpsample":
         """Check and parse a {key: weight} mapping (module docstring); ValueError names the offending key."""
         buckets = []
         for key, weight in (weights or {}).items():
             match = _KEY.match(str(key))
             if match is None:
-                raise ValueError(f"{where}[{key!r}]: a key is LO-HI, LO- or SOURCE:LO-HI with token lengths LO < HI, "
-                                 "e.g. '0-1024', '4096-', 'RedPajamaArXiv:8192-'")
+                raise ValueError(
+                    f"{where}[{key!r}]: a key is LO-HI, LO- or SOURCE:LO-HI with token lengths LO < HI, "
+                    "e.g. '0-1024', '4096-', 'RedPajamaArXiv:8192-'"
+                )
             lo, hi = int(match["lo"]), int(match["hi"]) if match["hi"] else None
             if hi is not None and hi <= lo:
                 raise ValueError(f"{where}[{key!r}]: empty range, HI={hi} must be > LO={lo}")
-            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
-                    or weight < 0:
-                raise ValueError(f"{where}[{key!r}]={weight!r}: a weight is a finite number >= 0 (expected copies "
-                                 "of a document per epoch)")
+            if (
+                isinstance(weight, bool)
+                or not isinstance(weight, (int, float))
+                or not math.isfinite(weight)
+                or weight < 0
+            ):
+                raise ValueError(
+                    f"{where}[{key!r}]={weight!r}: a weight is a finite number >= 0 (expected copies "
+                    "of a document per epoch)"
+                )
             buckets.append(Bucket(str(key), match["source"], lo, hi, float(weight)))
         buckets.sort(key=lambda b: (b.source is not None, b.source or "", b.lo))
         for a, b in zip(buckets, buckets[1:]):
             if a.source == b.source and (a.hi is None or a.hi > b.lo):
-                raise ValueError(f"{where}[{b.key!r}] overlaps {where}[{a.key!r}]: the buckets of one scope must be "
-                                 "disjoint")
+                raise ValueError(
+                    f"{where}[{b.key!r}] overlaps {where}[{a.key!r}]: the buckets of one scope must be "
+                    "disjoint"
+                )
         reach = 1  # the source-free zero-weight buckets cover every length from 1 up to here
         for b in buckets:
             if b.source is None and b.weight == 0 and b.lo <= reach:
                 reach = math.inf if b.hi is None else b.hi
         if reach == math.inf and not any(b.source is not None and b.weight > 0 for b in buckets):
-            raise ValueError(f"{where}: every document length has weight 0, so an epoch would hold no document")
+            raise ValueError(
+                f"{where}: every document length has weight 0, so an epoch would hold no document"
+            )
         return cls(tuple(buckets))
 
     def __bool__(self) -> bool:
@@ -99,8 +113,12 @@ class LengthUpsample:
         """The canonical {key: weight} mapping (recorded in sampler states and checkpoints)."""
         return {b.key: b.weight for b in self.buckets}
 
-    def weights(self, lengths: np.ndarray, sources: np.ndarray | None = None,
-                source_names: Sequence[str] = ()) -> np.ndarray:
+    def weights(
+        self,
+        lengths: np.ndarray,
+        sources: np.ndarray | None = None,
+        source_names: Sequence[str] = (),
+    ) -> np.ndarray:
         """Expected copies per epoch of each document; `sources[k]` indexes `source_names` (None: no sources)."""
         lengths = np.asarray(lengths, dtype=np.int64)
         out = np.ones(len(lengths), dtype=np.float64)
@@ -110,14 +128,25 @@ class LengthUpsample:
                 if sources is None or bucket.source not in source_names:
                     raise ValueError(
                         f"length_upsample[{bucket.key!r}]: no documents of source {bucket.source!r} "
-                        + (f"(the corpus's sources: {sorted(source_names)})" if sources is not None
-                           else "(these documents carry no source)"))
+                        + (
+                            f"(the corpus's sources: {sorted(source_names)})"
+                            if sources is not None
+                            else "(these documents carry no source)"
+                        )
+                    )
                 selected &= np.asarray(sources) == list(source_names).index(bucket.source)
-            out[selected] = bucket.weight  # source buckets come last, so they override the source-free ones
+            out[selected] = (
+                bucket.weight
+            )  # source buckets come last, so they override the source-free ones
         return out
 
-    def copies(self, lengths: np.ndarray, rng: np.random.Generator, sources: np.ndarray | None = None,
-               source_names: Sequence[str] = ()) -> np.ndarray:
+    def copies(
+        self,
+        lengths: np.ndarray,
+        rng: np.random.Generator,
+        sources: np.ndarray | None = None,
+        source_names: Sequence[str] = (),
+    ) -> np.ndarray:
         """Copies of each document in one epoch: floor(w), plus one with probability w - floor(w) (draws from `rng`)."""
         w = self.weights(lengths, sources, source_names)
         whole = np.floor(w)

@@ -31,8 +31,17 @@ def process_results(doc: dict, results: list[str]) -> dict[str, float]:
     """lm-eval's per-test metrics: the probe's pass (>= min_retrieved needles), needle recall, all four found."""
     answer = probe_answer(doc["needles"], results[0])
     # score_answer reads only these fields of a NiahTest; the JSONL record carries them.
-    test = SimpleNamespace(prompt=doc["prompt"], needles=tuple(doc["needles"]), length=doc["length"],
-                           index=doc["index"], depths=tuple(doc["depths"]), distances=tuple(doc["distances"]))
+    test = SimpleNamespace(
+        prompt=doc["prompt"],
+        needles=tuple(doc["needles"]),
+        length=doc["length"],
+        index=doc["index"],
+        depths=tuple(doc["depths"]),
+        distances=tuple(doc["distances"]),
+    )
     scored = score_answer(test, answer, doc["min_retrieved"], doc["scoring"])
-    return {"passed": float(scored.passed), "needle_recall": scored.retrieved / len(scored.needles),
-            "all_needles": float(all(scored.hits))}
+    return {
+        "passed": float(scored.passed),
+        "needle_recall": scored.retrieved / len(scored.needles),
+        "all_needles": float(all(scored.hits)),
+    }
