@@ -49,6 +49,7 @@ import re
 import shutil
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import IO, Any, Literal, Optional
 
@@ -608,6 +609,71 @@ def model_fingerprint(checkpoint_dir: str | Path) -> str:
         digest.update(f"{key}\0{tensor.dtype}\0{tuple(state[key].shape)}\n".encode())
         digest.update(memoryview(tensor.view(torch.uint8).numpy()))
     return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a checkpoint (trainer milestone or consolidated directory) says about its model, read without weights."""
+
+    path: Path
+    config: ModelConfig
+    tokenizer_spec: str | None
+    """tokenizer_spec.json's "spec"; None if the file is absent."""
+    bos_in_training: bool
+    """tokenizer_spec.json's "bos_in_training"; False if absent."""
+    trained_lengths: np.ndarray | None
+    """trained_lengths.npy; None if absent."""
+    run_tokens: int | None
+    """Tokens this checkpoint's own run trained (trainer.json, else meta.json: "tokens_seen")."""
+    tokens_before: int
+    """Tokens its initial weights had seen (warm-up / init_from): "tokens_before", default 0."""
+    fingerprint: str
+    """`model_fingerprint(path)`."""
+
+    @property
+    def tokens_trained(self) -> int | None:
+        """Every token the weights saw: this run's plus those before it (None if the run's is unknown)."""
+        return None if self.run_tokens is None else self.run_tokens + self.tokens_before
+
+
+def _run_tokens(path: Path) -> tuple[int | None, int]:
+    """(tokens this checkpoint's run trained, tokens its initial weights had seen) from trainer/meta.json."""
+    for name in (TRAINER_FILE, "meta.json"):
+        if (path / name).is_file():
+            meta = json.loads((path / name).read_text())
+            value = meta.get("tokens_seen")
+            return (None if value is None else int(value)), int(meta.get("tokens_before", 0))
+    return None, 0
+
+
+def read_checkpoint_info(path: str | Path) -> CheckpointInfo:
+    """The config, tokenizer, trained lengths, token counts and fingerprint of one checkpoint directory.
+
+    Raises CheckpointError naming the path and the fix when it holds no model_config.json.
+    """
+    path = Path(path)
+    if not (path / "model_config.json").is_file():
+        what = (
+            "does not exist" if not path.exists() else "is not a checkpoint (no model_config.json)"
+        )
+        raise CheckpointError(
+            f"{path} {what}. Fix: pass RUN/{CHECKPOINTS}/{MILESTONE_PREFIX}*/ (or {LATEST}/) or a "
+            "consolidated model directory"
+        )
+    spec_file = path / "tokenizer_spec.json"
+    spec = json.loads(spec_file.read_text()) if spec_file.is_file() else {}
+    hist_file = path / "trained_lengths.npy"
+    run_tokens, before = _run_tokens(path)
+    return CheckpointInfo(
+        path=path,
+        config=load_model_config(path),
+        tokenizer_spec=spec.get("spec"),
+        bos_in_training=bool(spec.get("bos_in_training", False)),
+        trained_lengths=load_trained_lengths(path) if hist_file.is_file() else None,
+        run_tokens=run_tokens,
+        tokens_before=before,
+        fingerprint=model_fingerprint(path),
+    )
 
 
 def load_trained_lengths(checkpoint_dir: str | Path) -> np.ndarray:

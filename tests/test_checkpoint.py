@@ -1,0 +1,74 @@
+"""Checkpoint layout tests: what a checkpoint directory says about its model, read without a trainer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from posfreq.train import checkpoint as ckpt
+from posfreq.train.config import ModelConfig
+from posfreq.train.model import Transformer
+
+
+def consolidated(directory: Path, **files: dict | np.ndarray) -> Path:
+    """A random tiny model as a consolidated directory, plus `files` (name -> JSON dict or .npy array)."""
+    from safetensors.torch import save_file
+
+    config = ModelConfig(
+        vocab_size=258, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=32, train_len=64
+    )
+    torch.manual_seed(0)
+    directory.mkdir(parents=True)
+    state = {k: v.clone() for k, v in Transformer(config).state_dict().items()}
+    save_file(state, str(directory / ckpt.CONSOLIDATED_WEIGHTS))
+    (directory / "model_config.json").write_text(json.dumps(config.to_dict()))
+    for name, content in files.items():
+        if isinstance(content, np.ndarray):
+            np.save(directory / name, content, allow_pickle=False)
+        else:
+            (directory / name).write_text(json.dumps(content))
+    return directory
+
+
+def test_read_checkpoint_info_reads_every_field(tmp_path):
+    lengths = np.arange(65, dtype=np.int64)
+    path = consolidated(
+        tmp_path / "model",
+        **{
+            "tokenizer_spec.json": {"spec": "bytes", "bos_in_training": True},
+            "trained_lengths.npy": lengths,
+            "trainer.json": {"tokens_seen": 4096, "tokens_before": 1024},
+            "meta.json": {"tokens_seen": 1},  # trainer.json wins
+        },
+    )
+    info = ckpt.read_checkpoint_info(str(path))
+    assert info.path == path and info.config == ckpt.load_model_config(path)
+    assert info.tokenizer_spec == "bytes" and info.bos_in_training is True
+    np.testing.assert_array_equal(info.trained_lengths, lengths)
+    assert (info.run_tokens, info.tokens_before, info.tokens_trained) == (4096, 1024, 5120)
+    assert info.fingerprint == ckpt.model_fingerprint(path)
+
+
+def test_read_checkpoint_info_defaults_for_absent_files(tmp_path):
+    bare = ckpt.read_checkpoint_info(consolidated(tmp_path / "bare"))
+    assert bare.tokenizer_spec is None and bare.bos_in_training is False
+    assert bare.trained_lengths is None
+    assert (bare.run_tokens, bare.tokens_before, bare.tokens_trained) == (None, 0, None)
+    meta = ckpt.read_checkpoint_info(
+        consolidated(tmp_path / "meta", **{"meta.json": {"tokens_seen": 7}})
+    )
+    assert (meta.run_tokens, meta.tokens_before, meta.tokens_trained) == (7, 0, 7)
+
+
+def test_read_checkpoint_info_names_the_path_and_the_fix(tmp_path):
+    with pytest.raises(ckpt.CheckpointError, match=r"missing does not exist\. Fix: pass RUN/"):
+        ckpt.read_checkpoint_info(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(
+        ckpt.CheckpointError, match=r"empty is not a checkpoint \(no model_config.json\)\. Fix:"
+    ):
+        ckpt.read_checkpoint_info(tmp_path / "empty")
