@@ -1,7 +1,7 @@
 """The main job in miniature: the paper's probing experiment on a 2-core CPU, over three seeds.
 
-    python scripts/demo.py            # full: about 25 minutes on 2 quiet cores
-    python scripts/demo.py --quick    # every stage at toy scale, about a minute (CI runs it)
+    python scripts/demo.py            # full (times: docs/performance.md)
+    python scripts/demo.py --quick    # every stage at toy scale (CI runs it)
 
 Stages, each one of the project's own commands (REPORT.md lists them exactly):
 1. the demo tokenizer and corpora (scripts/demo_corpus.py): a warm-up corpus of copy drills and

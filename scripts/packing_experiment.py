@@ -1,6 +1,6 @@
 """The experiment the paper left open, in miniature: control f(i) from the training side and measure the effect.
 
-    python scripts/demo.py --experiment packing            # about 30 minutes on 2 quiet cores
+    python scripts/demo.py --experiment packing            # times: docs/performance.md
     python scripts/demo.py --experiment packing --quick    # every stage at toy scale
 
 At one training length (L = 512, where the demo's effective length still grows with training), with

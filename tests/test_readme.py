@@ -1,4 +1,5 @@
-"""Every command the README quotes parses with its command's own parser, and every repository file it names exists."""
+"""Every command the README and docs/ quote parses with its command's own parser (flags included), every
+repository file they name exists, and every docs page is reachable from the README."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 from posfreq.scripts.cli import SUBCOMMANDS
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+TEXT = {page.relative_to(ROOT).as_posix(): page.read_text() for page in PAGES}
+README = TEXT["README.md"]
 TOP = (
     "train",
     "analysis",
@@ -26,11 +29,11 @@ TOP = (
 )
 
 
-def quoted() -> list[str]:
+def quoted(text: str) -> list[str]:
     """Inline code spans and the lines of code blocks (indented or fenced), continuation lines joined."""
-    spans = re.findall(r"`([^`\n]+)`", README)
+    spans = re.findall(r"`([^`\n]+)`", text)
     lines, current = [], ""
-    for line in README.splitlines():
+    for line in text.splitlines():
         if line.startswith("    ") or line.startswith("\t"):
             current += line.strip()
             if current.endswith("\\"):
@@ -59,7 +62,7 @@ def module_command(words: list[str]) -> tuple[str, list[str]] | None:
 
 def commands() -> list[tuple[str, list[str], str]]:
     found = []
-    for text in quoted():
+    for text in (span for page in TEXT.values() for span in quoted(page)):
         text = re.split(r"\s+#\s", text)[0]
         text = re.sub(r"\[[^\]]*\]", " ", text).replace("...", " ")  # optional parts of a synopsis
         head = text.split()[:2]
@@ -115,7 +118,8 @@ def test_each_quoted_command_parses(name, args, text):
 REPO_PATHS = sorted(
     {
         p.rstrip("/.,:")
-        for span in re.findall(r"`([^`\n]+)`", README)
+        for page in TEXT.values()
+        for span in re.findall(r"`([^`\n]+)`", page)
         for p in re.findall(r"(?<![\w./-])((?:%s)/[\w./-]+)" % "|".join(map(re.escape, TOP)), span)
         if not re.search(r"[*{<]|\.\.|/[A-Z]+(\.\w+)?$", p)
     }
@@ -124,4 +128,30 @@ REPO_PATHS = sorted(
 
 @pytest.mark.parametrize("path", REPO_PATHS)
 def test_each_named_repository_file_exists(path):
-    assert (ROOT / path).exists(), f"README names {path}, which is not in the repository"
+    assert (ROOT / path).exists(), f"README or docs/ name {path}, which is not in the repository"
+
+
+LINKS = sorted(
+    {
+        (name, target.split("#")[0])
+        for name, text in TEXT.items()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text)
+        if not re.match(r"[a-z]+://", target) and not target.startswith("#")
+    }
+)
+
+
+@pytest.mark.parametrize("page,target", LINKS)
+def test_each_relative_link_resolves(page, target):
+    assert ((ROOT / page).parent / target).exists(), (
+        f"{page} links to {target}, which does not exist"
+    )
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    linked = {(ROOT / target).resolve() for page, target in LINKS if page == "README.md"}
+    assert set(PAGES[1:]) <= linked, sorted(str(p) for p in set(PAGES[1:]) - linked)
+
+
+def test_the_readme_is_an_entry_point():
+    assert len(README.splitlines()) <= 200
