@@ -26,21 +26,21 @@ from pathlib import Path
 
 import numpy as np
 
-from posfreq.analysis.effective_length import read_csv
 from posfreq.analysis.frequency import position_frequency
-from posfreq.scripts.demo import (
+from posfreq.analysis.tables import read_csv
+from posfreq.scripts.demo_pipeline import (
     FULL,
     QUICK,
     DemoSettings,
     Pipeline,
     last_milestone,
-    markdown,
     prepare_inputs,
     probe,
     probed_lengths,
     train,
     warm_ups,
 )
+from posfreq.scripts.demo_report import markdown
 from posfreq.train.checkpoint import load_trained_lengths
 from posfreq.train.cli import code_version
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from posfreq.analysis import position_freq, probe
-from posfreq.analysis.effective_length import read_csv
+from posfreq.analysis.tables import read_csv
 from posfreq.scripts import prepare_data
-from posfreq.scripts.demo import (
+from posfreq.scripts.demo_pipeline import (
     QUICK,
     analyze_command,
     probe_command,
@@ -208,7 +208,7 @@ def _demo_output(
 ) -> Path:
     """A demo output with only what the agreement reads: compare/checkpoints.csv and compare/conclusion.json.
     `lengths` lists (effective length, lo, hi) per checkpoint, milestone by milestone, `seeds` per milestone."""
-    from posfreq.analysis.effective_length import write_csv
+    from posfreq.analysis.tables import write_csv
     from posfreq.scripts.demo_agreement import VERDICTS
 
     (root / "compare").mkdir(parents=True)

@@ -46,8 +46,8 @@ def test_the_build_is_reproducible(tmp_path):
 
 
 def test_probe_prompts_build_and_answers_parse(tokenizer, tmp_path):
-    from posfreq.analysis.probe import reference_answer
-    from posfreq.scripts.demo import FULL
+    from posfreq.analysis.probe_decoding import reference_answer
+    from posfreq.scripts.demo_pipeline import FULL
 
     budget = FULL.answer_budget
     builder = NiahBuilder(
