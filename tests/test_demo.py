@@ -108,7 +108,7 @@ def test_quick_demo_outputs(quick_demo: Path) -> None:
                     <= row["effective_length_hi"]
                 )
                 assert row["tokens_seen"] == row["tokens_this_run"] + QUICK.warmup_tokens
-            distance = read_csv(run / probe / "distance_by_checkpoint.csv")
+            distance = read_csv(run / probe_dir / "distance_by_checkpoint.csv")
             assert len(distance) == len(rows) * len(probed_lengths(QUICK, train_len))
             assert all(
                 isinstance(d["f_distance_lo"], int) and d["distance_lo"] < d["distance_hi"]
