@@ -88,6 +88,7 @@ def quick_demo(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow  # a subprocess or a training run
 def test_quick_demo_outputs(quick_demo: Path) -> None:
     for train_len in QUICK.train_lens:
         run = quick_demo / f"L{train_len}-s{QUICK.seeds[0]}"
@@ -155,6 +156,7 @@ def test_quick_demo_outputs(quick_demo: Path) -> None:
     assert any("heatmap" in name for name in figures) and "pass_rate_vs_length.png" in figures
 
 
+@pytest.mark.slow  # a subprocess or a training run
 def test_quick_packing_experiment_trains_each_variant_and_reports_the_effect(
     tmp_path: Path,
 ) -> None:

@@ -77,6 +77,7 @@ def installed(tmp_path_factory) -> Path:
     return venv / "bin"
 
 
+@pytest.mark.slow  # a subprocess or a training run
 def test_wheel_install_has_one_namespace_and_the_posfreq_command(installed, tmp_path):
     python = str(installed / "python")
     where = subprocess.run(
@@ -128,6 +129,7 @@ def test_wheel_install_has_one_namespace_and_the_posfreq_command(installed, tmp_
     ]  # the lm-eval task ships its YAML
 
 
+@pytest.mark.slow  # a subprocess or a training run
 def test_installed_analyze_runs_end_to_end(installed, tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -12,7 +12,10 @@ from posfreq.scripts.cli import main as posfreq
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
+    pytest.mark.slow,
+]  # one_thread: tests/conftest.py
 
 
 def test_the_laptop_recipe_trains_a_model_the_probe_measures_up_to_its_training_length(

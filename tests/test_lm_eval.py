@@ -63,6 +63,7 @@ def run_lm_eval(model_dir: Path, task_dir: Path) -> dict:
     )
 
 
+@pytest.mark.slow  # a subprocess or a training run
 def test_lm_eval_scores_each_test_as_the_probe(tmp_path: Path, monkeypatch) -> None:
     pytest.importorskip("lm_eval", reason="the lmeval extra: pip install -e '.[lmeval]'")
     import datasets
