@@ -7,6 +7,8 @@ folder can never hand one model's results to another.
 
 from __future__ import annotations
 
+import ast
+import fnmatch
 import functools
 import hashlib
 from pathlib import Path
@@ -15,19 +17,62 @@ from typing import Iterable
 REPO = Path(__file__).resolve().parents[1]
 CHUNK = 1 << 22
 
-# The modules whose code decides a probe's answers: prompt building, decoding, the model, its loading.
-PROBE_CODE = (
-    "analysis/niah.py",
-    "analysis/probe.py",
-    "train/model.py",
-    "train/attention.py",
-    "train/positions.py",
-    "train/rotary.py",
-    "train/tokenizer.py",
-    "train/checkpoint.py",
-    "train/hf.py",
-    "train/config.py",
+# The probe's entry point: every posfreq module it imports, directly or not, can decide its answers,
+# but those matching these patterns: argument parsing, output folders, saving and consolidating
+# checkpoints, and the tables and figures derived from records the probe has already written.
+PROBE_ENTRY = "analysis/probe.py"
+NOT_ANSWER_DECIDING = (
+    "train/cli.py",
+    "train/outdir.py",
+    "train/atomic.py",
+    "train/fingerprint.py",
+    "train/run_log.py",
+    "train/checkpoint_save.py",
+    "train/consolidate.py",
+    "train/retention.py",
+    "train/rng_state.py",
+    "analysis/plots*.py",
+    "analysis/tables.py",
+    "analysis/results.py",
+    "analysis/record_tables.py",
+    "analysis/run_table.py",
+    "analysis/pass_curve.py",
+    "analysis/frequency.py",
 )
+
+
+def imported_modules(file: Path) -> set[Path]:
+    """The repository's own module files that `file` imports anywhere (top level or inside a function)."""
+    found = set()
+    for node in ast.walk(ast.parse(file.read_text(), str(file))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "posfreq" and len(parts) > 2:
+                module = REPO.joinpath(*parts[1:]).with_suffix(".py")
+                if module.is_file():
+                    found.add(module)
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def probe_code() -> tuple[str, ...]:
+    """The source files that decide a probe's answers: PROBE_ENTRY's import closure, less NOT_ANSWER_DECIDING."""
+    seen, todo = set(), [REPO / PROBE_ENTRY]
+    while todo:
+        file = todo.pop()
+        if file not in seen:
+            seen.add(file)
+            todo.extend(imported_modules(file) - seen)
+    files = {f.relative_to(REPO).as_posix() for f in seen}
+    return tuple(
+        sorted(f for f in files if not any(fnmatch.fnmatch(f, p) for p in NOT_ANSWER_DECIDING))
+    )
 
 
 def file_sha256(path: Path) -> str:
@@ -48,6 +93,7 @@ def files_sha256(root: Path, paths: Iterable[Path]) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def code_sha256(files: tuple[str, ...] = PROBE_CODE) -> str:
-    """sha256 of the given source files of this repository (their bytes, not a git revision)."""
-    return files_sha256(REPO, (REPO / f for f in files))
+def code_sha256(files: tuple[str, ...] | None = None) -> str:
+    """sha256 of the given source files of this repository (default: `probe_code()`), their bytes, not a
+    git revision."""
+    return files_sha256(REPO, (REPO / f for f in (probe_code() if files is None else files)))
