@@ -81,9 +81,8 @@ class LayerCache:
 def row_groups(batch: int, length: int, max_tokens: int | None) -> list[slice]:
     """Consecutive row slices of a (batch, length) input holding at most `max_tokens` tokens each (one row at least).
 
-    Long prompts are faster in such groups than all at once on a CPU (2,048-token groups of a 135M
-    model: 1.02x the probe's tests/s at 8 x 1K, 1.27x at 8 x 4K, benchmarks/probe.py; smaller
-    activations stay in cache); None: one group.
+    Long prompts are faster in such groups than all at once on a CPU, as smaller activations stay in
+    cache (measured by benchmarks/probe.py, figures in docs/performance.md); None: one group.
     """
     rows = batch if max_tokens is None else max(1, max_tokens // length)
     return [slice(start, min(start + rows, batch)) for start in range(0, batch, rows)]
