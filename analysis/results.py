@@ -25,18 +25,21 @@ from typing import Sequence
 
 import numpy as np
 
-from posfreq.analysis.effective_length import (
-    Analysis,
-    checkpoint_row,
+from posfreq.analysis.frequency import position_frequency
+from posfreq.analysis.pass_curve import Analysis
+from posfreq.analysis.record_tables import (
     depth_grid,
     distance_rows,
     failure_by_thirds,
-    markdown_table,
-    read_csv,
     summarize_length,
-    write_csv,
+)
+from posfreq.analysis.run_table import (
+    checkpoint_row,
+    draw_run_figures,
+    load_run,
     write_effective_length_csv,
 )
+from posfreq.analysis.tables import markdown_table, read_csv, write_csv
 from posfreq.train.atomic import write_json_atomic, write_text_atomic
 
 KEY_FILE = "key.json"
@@ -262,13 +265,13 @@ def derive_model(out: Path, analysis: Analysis = Analysis(), figures: bool = Tru
     write_csv(out / "failure_by_thirds.csv", thirds)
     write_text_atomic(out / "failure_by_thirds.md", markdown_table(thirds))
     if figures:
-        from posfreq.analysis import plots
+        from posfreq.analysis import plots_niah
 
         grid_lengths, edges, recall = depth_grid(records, analysis=analysis)
-        plots.plot_niah_heatmap(
+        plots_niah.plot_niah_heatmap(
             grid_lengths, edges, recall, out / "figures" / "niah_heatmap", title=meta["model"]
         )
-        plots.plot_failure_by_thirds(
+        plots_niah.plot_failure_by_thirds(
             thirds, out / "figures" / "failure_by_thirds", title=meta["model"]
         )
     write_json(
@@ -300,9 +303,6 @@ def derive_run(out: Path, analysis: Analysis = Analysis(), figures: bool = True)
     the run's probe.json with the key each one's results must have (results under another key, e.g.
     of a checkpoint since retrained, are left out and listed as missing).
     """
-    from posfreq.analysis.effective_length import draw_run_figures, load_run
-    from posfreq.analysis.frequency import position_frequency
-
     meta = read_json(out / META_FILE)
     rows, distances, missing = [], [], []
     for name, key in meta["checkpoints"].items():

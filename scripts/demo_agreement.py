@@ -10,7 +10,7 @@ import json
 import statistics
 from pathlib import Path
 
-from posfreq.analysis.effective_length import read_csv
+from posfreq.analysis.tables import read_csv
 
 VERDICTS = ("shortfall", "longer_reaches_further", "curves_coincide")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from posfreq.analysis import compare
+from posfreq.analysis import claims, compare, probed_runs
 
 
 def rows_on_lines(shift_decades: float, seeds=(0, 1, 2), noise: float = 0.0) -> list[dict]:
@@ -41,16 +41,16 @@ def rows_on_lines(shift_decades: float, seeds=(0, 1, 2), noise: float = 0.0) -> 
 
 
 def test_curves_on_one_line_coincide_and_shifted_ones_do_not():
-    same = compare.curves_coincide(rows_on_lines(0.0), n_boot=300, seed=0)
+    same = claims.curves_coincide(rows_on_lines(0.0), n_boot=300, seed=0)
     assert same["holds"] is True and same["D_log10_f"] == pytest.approx(0.0, abs=1e-9)
     # Parallel lines one decade apart over the same effective lengths: the pooled fit sits between them,
     # the residuals average +-0.5 over the overlap (48..80), so D is exactly 1.
-    shifted = compare.curves_coincide(rows_on_lines(1.0), n_boot=300, seed=0)
+    shifted = claims.curves_coincide(rows_on_lines(1.0), n_boot=300, seed=0)
     assert shifted["holds"] is False and shifted["D_log10_f"] == pytest.approx(1.0, abs=0.05)
     assert shifted["interval_95"][0] > 0.5
-    noisy = compare.curves_coincide(rows_on_lines(0.0, noise=0.3), n_boot=300, seed=0)
+    noisy = claims.curves_coincide(rows_on_lines(0.0, noise=0.3), n_boot=300, seed=0)
     assert noisy["interval_95"][0] < noisy["D_log10_f"] < noisy["interval_95"][1]
-    assert noisy == compare.curves_coincide(
+    assert noisy == claims.curves_coincide(
         rows_on_lines(0.0, noise=0.3), n_boot=300, seed=0
     )  # deterministic
 
@@ -63,7 +63,7 @@ def test_curves_without_overlap_are_not_testable():
         or r["train_len"] == 256
         and r["effective_length"] > 80
     ]
-    verdict = compare.curves_coincide(rows, n_boot=50, seed=0)
+    verdict = claims.curves_coincide(rows, n_boot=50, seed=0)
     assert verdict["holds"] is None and "overlap" in verdict["reason"]
 
 
@@ -73,51 +73,51 @@ def test_curves_with_too_few_points_or_seeds_are_not_testable():
     two_points = [
         r for r in rows if r["train_len"] == 256 or r["checkpoint"] == "c1" and r["seed"] < 2
     ]
-    verdict = compare.curves_coincide(two_points, n_boot=50, seed=0)
+    verdict = claims.curves_coincide(two_points, n_boot=50, seed=0)
     assert (
         verdict["holds"] is None
         and verdict["n_points"]["128"] == 2
         and "fewer than 3" in verdict["reason"]
     )
     one_seed = [r for r in rows if r["train_len"] == 256 or r["seed"] == 0]
-    verdict = compare.curves_coincide(one_seed, n_boot=50, seed=0)
+    verdict = claims.curves_coincide(one_seed, n_boot=50, seed=0)
     assert verdict["holds"] is None and verdict["n_seeds"]["128"] == 1
-    two_seeds = compare.curves_coincide(
+    two_seeds = claims.curves_coincide(
         [r for r in rows if r["train_len"] == 256 or r["seed"] < 2], n_boot=50, seed=0
     )
     assert (
         two_seeds["holds"] is None and two_seeds["n_seeds"]["128"] == 2
     )  # 8 points, but a bootstrap of 2 seeds
     assert (
-        compare.curves_coincide(rows, n_boot=50, seed=0)["holds"] is False
+        claims.curves_coincide(rows, n_boot=50, seed=0)["holds"] is False
     )  # 12 points from 3 seeds: shifted
 
 
 def test_longer_training_length_and_shortfall_and_emergence():
     rows = rows_on_lines(0.0)
-    further = compare.longer_reaches_further(rows, n_boot=200, seed=0)
+    further = claims.longer_reaches_further(rows, n_boot=200, seed=0)
     assert further["differences"] == [112 - 80] * 3 and further["holds"] is True
-    short = compare.shortfall(rows)
+    short = claims.shortfall(rows)
     assert short["holds"] is True and {
         x["effective_length"] for x in short["last_checkpoints"]
     } == {80, 112}
     rows[3]["effective_length_hi"] = 128  # L = 128 seed 0, last checkpoint: its interval reaches L
-    assert compare.shortfall(rows)["holds"] is False
+    assert claims.shortfall(rows)["holds"] is False
     for r in rows:
         if r["train_len"] == 128 and r["seed"] == 1 and r["tokens_seen"] < 3000:
             r["effective_length"] = 0
-    found = {(e["train_len"], e["seed"]): e for e in compare.emergence(rows)}
+    found = {(e["train_len"], e["seed"]): e for e in claims.emergence(rows)}
     assert found[(128, 1)]["share_of_budget"] == 0.75 and found[(256, 0)]["share_of_budget"] == 0.25
 
 
 def test_figures_are_drawn(tmp_path):
-    from posfreq.analysis import plots
+    from posfreq.analysis import plots_effective_length
 
     rows = rows_on_lines(0.3, noise=0.1)
     for draw, stem in (
-        (plots.plot_fig2a_seed_bands, "a"),
-        (plots.plot_fig2b_seeds, "b"),
-        (plots.plot_pass_rate_curves, "c"),
+        (plots_effective_length.plot_fig2a_seed_bands, "a"),
+        (plots_effective_length.plot_fig2b_seeds, "b"),
+        (plots_effective_length.plot_pass_rate_curves, "c"),
     ):
         paths = draw(rows, tmp_path / stem)
         assert all(p.is_file() and p.stat().st_size > 1000 for p in paths)
@@ -144,18 +144,18 @@ def test_variant_effect_at_equal_tokens_and_against_f():
                         "f_effective_length": 10 ** (2 + el / 64),
                     }
                 )
-    effect = compare.variant_effect(rows, "concat", "best_fit", n_boot=500, seed=0)
+    effect = claims.variant_effect(rows, "concat", "best_fit", n_boot=500, seed=0)
     assert (
         effect["mean_difference_per_seed"] == [16.0, 32.0, 48.0]
         and effect["mean_difference"] == 32.0
     )
     assert 16 <= effect["interval_95"][0] < 32 < effect["interval_95"][1] <= 48
     assert effect["holds"] is True and effect["last_milestone_differences"] == [16, 32, 48]
-    same_f = compare.curves_coincide(
+    same_f = claims.curves_coincide(
         rows, n_boot=300, seed=0, group="variant", groups=("concat", "best_fit")
     )
     assert same_f["holds"] is True and same_f["D_log10_f"] == pytest.approx(0.0, abs=1e-9)
-    none = compare.variant_effect(rows, "concat", "padded", n_boot=10, seed=0)
+    none = claims.variant_effect(rows, "concat", "padded", n_boot=10, seed=0)
     assert none["holds"] is None
 
 
@@ -191,14 +191,14 @@ def test_variants_are_compared_within_each_training_length_and_labelled_apart():
     )  # seed 2 has no concat run
     found = {
         c["train_len"]: c["equal_tokens"]
-        for c in compare.variant_comparisons(rows, "concat", 200, 0)
+        for c in claims.variant_comparisons(rows, "concat", 200, 0)
     }
     assert found[256]["mean_difference"] == 0.0 and found[512]["mean_difference"] == 100.0
     assert found[512]["seeds"] == [0, 1]
     with pytest.raises(ValueError, match="one training length"):
-        compare.variant_effect(rows, "concat", "best_fit", 10, 0)
+        claims.variant_effect(rows, "concat", "best_fit", 10, 0)
     labels = {
-        compare.data_variant({"data": d})
+        probed_runs.data_variant({"data": d})
         for d in (
             {"packing": "concat"},
             {"packing": "concat", "attention": "row"},
@@ -220,7 +220,7 @@ def probed_run(run, seed: int, recorded_run: str, status: str = "ok"):
     """A probed run as `posfreq probe --run` leaves it: RUN/checkpoints/*/config.json and RUN/probe/ tables."""
     import json
 
-    from posfreq.analysis.effective_length import write_csv
+    from posfreq.analysis.tables import write_csv
 
     for k in (1, 2):
         (run / "checkpoints" / f"tokens-{k}").mkdir(parents=True)
@@ -250,7 +250,7 @@ def test_a_moved_or_relative_run_keeps_its_seed_and_a_lost_one_is_an_error(tmp_p
     moved = [
         probed_run(tmp_path / f"s{s}", s, recorded_run=f"runs/elsewhere/s{s}") for s in (0, 1, 2)
     ]
-    rows = compare.load_checkpoints(moved)
+    rows = probed_runs.load_checkpoints(moved)
     assert sorted({r["seed"] for r in rows}) == [
         0,
         1,
@@ -262,9 +262,9 @@ def test_a_moved_or_relative_run_keeps_its_seed_and_a_lost_one_is_an_error(tmp_p
 
     shutil.copytree(moved[0], lost)
     with pytest.raises(
-        compare.CompareError, match="training seed cannot be read .*runs/elsewhere/s0"
+        probed_runs.CompareError, match="training seed cannot be read .*runs/elsewhere/s0"
     ):
-        compare.load_checkpoints([lost])
+        probed_runs.load_checkpoints([lost])
     with pytest.raises(SystemExit, match="error: .*training seed cannot be read"):
         compare.main([str(lost), "--out", str(tmp_path / "out"), "--no-figures"])
     assert not (tmp_path / "out").exists()

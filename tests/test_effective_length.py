@@ -6,19 +6,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from posfreq.analysis.effective_length import (
-    RUN_COLUMNS,
+from posfreq.analysis.pass_curve import (
     Analysis,
     bootstrap_interval,
-    checkpoint_row,
-    depth_grid,
     effective_length,
-    failure_by_thirds,
     frequency_at,
+)
+from posfreq.analysis.record_tables import depth_grid, failure_by_thirds
+from posfreq.analysis.run_table import (
+    RUN_COLUMNS,
+    checkpoint_row,
     load_run,
-    read_csv,
     write_effective_length_csv,
 )
+from posfreq.analysis.tables import read_csv
 
 LENGTHS = [128, 256, 384, 512, 640]
 
@@ -112,7 +113,7 @@ def test_run_table_round_trip_and_figures(tmp_path):
     assert table[1]["effective_length_lo"] is None  # no bootstrap asked for
     run = load_run(tmp_path)
     assert run.label.startswith(tmp_path.name) and len(run.rows) == 3
-    from posfreq.analysis.effective_length import draw_run_figures
+    from posfreq.analysis.run_table import draw_run_figures
 
     paths = draw_run_figures([run], tmp_path / "figures")
     assert {p.name for p in paths} >= {

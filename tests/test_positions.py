@@ -524,7 +524,7 @@ def test_bad_options_are_refused(name, options, message):
 
 
 def test_distance_picture(tmp_path):
-    from posfreq.analysis.plots import plot_position_distances
+    from posfreq.analysis.plots_positions import plot_position_distances
 
     schemes = [
         scheme_for("rope", {}, 9),

@@ -1,0 +1,60 @@
+"""The analysis's table files: dict rows to and from CSV (written atomically), and GitHub markdown tables.
+
+Every CSV an analysis command writes goes through `write_csv`, and every one it reads back through
+`read_csv`, so the cell formats stay one convention.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from posfreq.train.atomic import atomic_open
+
+
+def write_csv(path: Path, rows: Sequence[Mapping], columns: Sequence[str] | None = None) -> Path:
+    """Write dict rows to CSV atomically (missing cells empty); returns `path`."""
+    columns = list(columns or (rows[0] if rows else []))
+    with atomic_open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def _number(text: str) -> float | int | str | None:
+    """A CSV cell as int, float, None (empty) or the string itself."""
+    if text == "":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def read_csv(path: Path) -> list[dict]:
+    """CSV rows with numeric cells converted (empty cells become None)."""
+    with open(path, newline="") as fh:
+        return [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(fh)]
+
+
+def _three_decimals(value: object) -> str:
+    """A markdown cell: floats to 3 decimals, anything else as str()."""
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def markdown_table(
+    rows: Sequence[Mapping],
+    columns: Sequence[str] | None = None,
+    cell: Callable[[object], str] = _three_decimals,
+) -> str:
+    """A GitHub markdown table of dict rows (`columns` default: the first row's keys; `cell` formats a value)."""
+    if not rows:
+        return ""
+    cols = list(columns or rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(r[c]) for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
