@@ -34,7 +34,7 @@ if __package__ in (
     sys.path.pop(0)
 
 from posfreq.analysis.niah import ANSWER_BUDGET, NiahBuilder, NiahTest, PromptFormat, answer_text
-from posfreq.analysis.probe import parse_lengths
+from posfreq.analysis.probe_settings import parse_lengths
 from posfreq.train.atomic import write_text_atomic
 from posfreq.train.cli import command_parser, parse
 from posfreq.train.tokenizer import Tokenizer, get_tokenizer
