@@ -9,13 +9,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 import torch
 
-from posfreq.analysis.niah import (
-    ANSWER_BUDGET,
-    NiahTest,
-    all_needles_in,
-    answer_text,
-    score_answer,
-)
+from posfreq.analysis.niah import ANSWER_BUDGET, NiahTest, all_needles_in, answer_text, score_answer
 from posfreq.analysis.probe_settings import ANSWER_ORDERS
 from posfreq.train.tokenizer import Tokenizer
 

@@ -22,12 +22,7 @@ from posfreq.analysis.probe_decoding import (
     score_tests,
     teacher_forced,
 )
-from posfreq.analysis.probe_settings import (
-    ProbeError,
-    ProbeSettings,
-    resolve_precision,
-    result_key,
-)
+from posfreq.analysis.probe_settings import ProbeError, ProbeSettings, resolve_precision, result_key
 from posfreq.analysis.probe_sources import Builders, ModelSource, checkpoint_source, milestones
 from posfreq.train.attention import BackendError, explain_backend
 from posfreq.train.cli import code_version
@@ -158,7 +153,7 @@ def execute(tasks: Sequence[ModelTask], job: Job) -> None:
     """Probe every pending length of every model task under one progress bar (tests, with an ETA over all of them)."""
     from tqdm.auto import tqdm
 
-    total = sum(len(p.pending) for p in tasks) * job.settings.tests_per_length
+    total = sum(len(t.pending) for t in tasks) * job.settings.tests_per_length
     if total and job.show_progress:
         print(f"attention: {job.attention}", file=sys.stderr)
     with tqdm(
@@ -267,7 +262,7 @@ def probe_models(
     """
     tasks = [plan_model(s, o, job, builders) for s, o in zip(sources, outs)]
     execute(tasks, job)
-    return [results.derive_model(p.out, job.analysis, job.figures) for p in tasks] if derive else []
+    return [results.derive_model(t.out, job.analysis, job.figures) for t in tasks] if derive else []
 
 
 def run_out_default(run_dir: Path, first: ModelSource, job: Job, builders: Builders) -> Path:
