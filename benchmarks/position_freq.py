@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from posfreq.analysis.histogram import BATCH_CHARS, CountSettings, LengthHistogram, count_lengths  # noqa: E402
-from posfreq.analysis.position_freq import PackingSettings, predict_packing  # noqa: E402
+from posfreq.analysis.packing_prediction import PackingSettings, predict_packing  # noqa: E402
 from posfreq.train.corpora import resolve_corpus, write_jsonl  # noqa: E402
 from posfreq.train.tokenizer import get_tokenizer  # noqa: E402
 
