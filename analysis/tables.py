@@ -51,10 +51,11 @@ def markdown_table(
     columns: Sequence[str] | None = None,
     cell: Callable[[object], str] = _three_decimals,
 ) -> str:
-    """A GitHub markdown table of dict rows (`columns` default: the first row's keys; `cell` formats a value)."""
+    """A GitHub markdown table of dict rows (`columns` default: the first row's keys; a missing cell is "";
+    `cell` formats a value)."""
     if not rows:
         return ""
     cols = list(columns or rows[0])
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(cell(r[c]) for c in cols) + " |" for r in rows]
+    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(lines) + "\n"
