@@ -15,6 +15,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from posfreq.analysis.pass_curve import STATUS_ALL_PASSED, STATUS_OK
 from posfreq.analysis.plots import plt, save_figure
 
 
@@ -22,7 +23,7 @@ def _censored_markers(
     ax: plt.Axes, xs: Sequence, ys: Sequence, statuses: Sequence[str], color: str
 ) -> None:
     """Hollow markers on points whose effective length is a lower bound (every probed length passed)."""
-    pts = [(x, y) for x, y, s in zip(xs, ys, statuses) if s == "all_passed"]
+    pts = [(x, y) for x, y, s in zip(xs, ys, statuses) if s == STATUS_ALL_PASSED]
     if pts:
         ax.scatter(*zip(*pts), s=70, facecolors="none", edgecolors=color, zorder=3)
 
@@ -189,7 +190,7 @@ def plot_fig2b_seeds(rows: Sequence[Mapping], stem: str | Path) -> list[Path]:
         pts = [
             r
             for r in mine
-            if r["effective_length_status"] == "ok"
+            if r["effective_length_status"] == STATUS_OK
             and r["f_effective_length"] not in (None, "")
             and float(r["f_effective_length"]) > 0
         ]
