@@ -11,7 +11,7 @@ import numpy as np
 from posfreq.analysis.frequency import frequency_stats, length_stats
 from posfreq.analysis.histogram import LengthHistogram
 from posfreq.analysis.packing_prediction import PackingSettings, Predictions, packing_stats
-from posfreq.train.corpora import MAX_ERRORS_KEPT, lost_files_report
+from posfreq.train.corpus_records import MAX_ERRORS_KEPT, lost_files_report
 from posfreq.train.run_log import human
 
 

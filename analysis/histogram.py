@@ -22,17 +22,9 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from posfreq.train.atomic import atomic_open
-from posfreq.train.corpora import (
-    Corpus,
-    CorpusError,
-    CorpusFile,
-    OnError,
-    ReadStats,
-    SourceFilter,
-    cache_dir,
-    file_size,
-    iter_documents,
-)
+from posfreq.train.corpora import Corpus, CorpusFile, SourceFilter, file_size, iter_documents
+from posfreq.train.corpus_records import CorpusError, OnError, ReadStats
+from posfreq.train.essays import cache_dir
 
 CACHE_VERSION = 2  # 2: truncated .zst files are detected (version 1 read them cut short)
 BATCH_CHARS = 1 << 20  # tokenize about a megabyte of text per encode_batch call

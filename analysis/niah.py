@@ -89,7 +89,7 @@ class Haystack:
 def load_haystack(spec: str | Path = "pg") -> Haystack:
     """`pg` (embedded Paul Graham essays), `noise` (passkey filler), a .txt file or a directory of them."""
     if str(spec) == "pg":
-        from posfreq.train.corpora import pg_essays
+        from posfreq.train.essays import pg_essays
 
         return Haystack.from_text("pg", "\n\n".join(doc.text for doc in pg_essays()))
     if str(spec) == "noise":

@@ -15,7 +15,7 @@ import numpy as np
 
 from posfreq.analysis.frequency import position_frequency, position_shares, scale_to_budget
 from posfreq.analysis.histogram import LengthHistogram
-from posfreq.train.corpora import CorpusError
+from posfreq.train.corpus_records import CorpusError
 from posfreq.train.packing_plan import (
     STRATEGIES,
     Documents,

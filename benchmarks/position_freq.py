@@ -26,7 +26,8 @@ import numpy as np
 
 from posfreq.analysis.histogram import BATCH_CHARS, CountSettings, LengthHistogram, count_lengths  # noqa: E402
 from posfreq.analysis.packing_prediction import PackingSettings, predict_packing  # noqa: E402
-from posfreq.train.corpora import resolve_corpus, write_jsonl  # noqa: E402
+from posfreq.train.corpora import resolve_corpus  # noqa: E402
+from posfreq.train.corpus_formats import write_jsonl  # noqa: E402
 from posfreq.train.tokenizer import get_tokenizer  # noqa: E402
 
 SOURCES = ("RedPajamaCommonCrawl", "RedPajamaC4", "RedPajamaGithub", "RedPajamaArXiv")

@@ -93,7 +93,7 @@ WARMUP = CorpusMix(digit_copy=1.0, line_copy=0.0, drill=0.0)
 
 def split_essays(n_train: int = N_TRAIN_ESSAYS) -> tuple[list[str], list[str]]:
     """The PG essays sorted by name, split into (training texts, probe texts)."""
-    from posfreq.train.corpora import pg_essays
+    from posfreq.train.essays import pg_essays
 
     texts = [d.text for d in sorted(pg_essays(), key=lambda d: d.source)]
     return texts[:n_train], texts[n_train:]

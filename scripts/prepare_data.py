@@ -39,16 +39,11 @@ from jsonargparse import ArgumentParser
 from tqdm import tqdm
 
 from posfreq.train.cli import command_parser, parse
-from posfreq.train.corpora import (
-    SUFFIXES,
-    Corpus,
-    CorpusError,
-    CorpusFile,
-    ReadStats,
-    StreamShard,
-    lost_files_report,
-)
+from posfreq.train.corpora import Corpus, CorpusFile
 from posfreq.train.corpus_cli import add_corpus_arguments, corpus_from_args, shard_from_args
+from posfreq.train.corpus_formats import SUFFIXES
+from posfreq.train.corpus_records import CorpusError, ReadStats, lost_files_report
+from posfreq.train.corpus_stream import StreamShard
 from posfreq.train.shards import (
     META_SUFFIX,
     OFFSETS_SUFFIX,

