@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from test_probe_runner import make_fake_run, probe_fake_run
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -64,14 +65,40 @@ def assert_every_figure_shown(figures: Path, images: list[bytes]) -> None:
     assert len(images) == len(FIGURES)
 
 
-def test_relative_runs_resolve_from_the_repository_root(tmp_path: Path, monkeypatch) -> None:
-    """POSFREQ_RUNS relative to the repository root works although the kernel runs in notebooks/."""
-    runs = os.pathsep.join(str(FIXTURES / name / "probe") for name in ("L256-s0", "L512-s0"))
+def write_fixture_runs(root: Path, monkeypatch) -> list[Path]:
+    """Two fake runs (L = 256 and 512) probed by the real pipeline with window models; returns their dirs."""
+    runs = []
+    for train_len, ks in (
+        (256, {20_480: 40, 40_960: 70, 81_920: 1000}),
+        (512, {20_480: 60, 40_960: 130, 81_920: 1000}),
+    ):
+        run = root / f"L{train_len}"
+        names = make_fake_run(run, train_len, ks, seed=train_len)
+        probe_fake_run(
+            run,
+            run / "probe",
+            names,
+            [160, *range(256, train_len + 1, 128)],
+            [],
+            monkeypatch,
+            tests=4,
+            figures=train_len == 256,
+        )
+        runs.append(run)
+    return runs
+
+
+def test_fresh_probe_outputs_and_relative_runs_are_drawn(tmp_path: Path, monkeypatch) -> None:
+    """A run the probe just wrote (given by its run directory) and a committed run given relative to the
+    repository root (the kernel runs in notebooks/) are both read, and every figure is shown."""
+    fresh = write_fixture_runs(tmp_path / "runs", monkeypatch)
+    assert (fresh[0] / "probe" / "figures" / "fig2a_effective_length_vs_tokens.png").is_file()
+    runs = os.pathsep.join([str(FIXTURES / "L256-s0" / "probe"), str(fresh[1])])
     notebook = execute(
         REPO, monkeypatch, POSFREQ_RUNS=runs, POSFREQ_FIGURES=str(tmp_path / "figures")
     )
     text, images = outputs(notebook)
-    assert "L256-s0 (L = 256): 8 checkpoints" in text and "L512-s0 (L = 512): 8 checkpoints" in text
+    assert "L256-s0 (L = 256): 8 checkpoints" in text and "L512 (L = 512)" in text
     assert "skipping" not in text
     assert_every_figure_shown(tmp_path / "figures", images)
 

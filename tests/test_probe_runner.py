@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -352,60 +351,3 @@ def test_rederivation_refuses_damaged_or_mixed_records_and_writes_only_inside_it
     with pytest.raises(results.StaleResults, match="is not a directory name inside"):
         results.derive_run(out, Analysis(), figures=False)
     assert list(elsewhere.iterdir()) == []
-
-
-# ------------------------------------------------------------------ notebook
-
-
-def write_fixture_runs(root: Path, monkeypatch) -> list[Path]:
-    """Two fake runs (L = 256 and 512) probed by the real pipeline with window models; returns their dirs."""
-    runs = []
-    for train_len, ks in (
-        (256, {20_480: 40, 40_960: 70, 81_920: 1000}),
-        (512, {20_480: 60, 40_960: 130, 81_920: 1000}),
-    ):
-        run = root / f"L{train_len}"
-        names = make_fake_run(run, train_len, ks, seed=train_len)
-        probe_fake_run(
-            run,
-            run / "probe",
-            names,
-            [160, *range(256, train_len + 1, 128)],
-            [],
-            monkeypatch,
-            tests=4,
-            figures=train_len == 256,
-        )
-        runs.append(run)
-    return runs
-
-
-def test_notebook_runs_on_fixture_runs(tmp_path, monkeypatch):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    runs = write_fixture_runs(tmp_path / "runs", monkeypatch)
-    assert (runs[0] / "probe" / "figures" / "fig2a_effective_length_vs_tokens.png").is_file()
-    monkeypatch.setenv("POSFREQ_RUNS", os.pathsep.join(str(r) for r in runs))
-    monkeypatch.setenv("POSFREQ_FIGURES", str(tmp_path / "figures"))
-    notebook = nbformat.read(
-        REPO / "notebooks" / "effective_length_vs_position_frequency.ipynb", as_version=4
-    )
-    nbclient.NotebookClient(
-        notebook,
-        timeout=120,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(REPO / "notebooks")}},
-    ).execute()
-    for stem in (
-        "fig2a_effective_length_vs_tokens",
-        "fig2b_frequency_vs_effective_length",
-        "fig3_position_frequency",
-    ):
-        assert (tmp_path / "figures" / f"{stem}.png").is_file(), stem
-    text = "".join(
-        o.get("text", "")
-        for c in notebook.cells
-        if c.cell_type == "code"
-        for o in c.get("outputs", [])
-    )
-    assert "L256" in text and "L512" in text
