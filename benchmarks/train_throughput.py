@@ -27,8 +27,9 @@ import torch.nn.functional as F  # noqa: E402
 
 from posfreq.train.config import model_preset  # noqa: E402
 from posfreq.train.model import Transformer  # noqa: E402
+from posfreq.train.optim import build_optimizer  # noqa: E402
 from posfreq.train.packing import IGNORE_INDEX, PackedSampler  # noqa: E402
-from posfreq.train.pretrain import build_optimizer, train  # noqa: E402
+from posfreq.train.pretrain import train  # noqa: E402
 from posfreq.train.run_config import config_from_dict  # noqa: E402
 from posfreq.train.shards import ShardWriter, TokenDataset  # noqa: E402
 

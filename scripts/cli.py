@@ -29,7 +29,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "pretrain": ("posfreq.train.pretrain", "pretrain a model (Lightning Fabric; FSDP2 on GPUs)"),
     "checkpoint": (
-        "posfreq.train.checkpoint",
+        "posfreq.train.consolidate",
         "list a run's checkpoints or consolidate one into model.safetensors",
     ),
     "probe": (

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from posfreq.train import plan
+from posfreq.train.geometry import batch_geometry, resolve_model_config
 from posfreq.train.loss import head_returns_loss
 from posfreq.train.model import Transformer, uniform_cu_seqlens
-from posfreq.train.pretrain import build_optimizer
+from posfreq.train.optim import build_optimizer
 from posfreq.train.run_config import config_from_dict, parse_args
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -35,7 +36,7 @@ def tensor_bytes(t: torch.Tensor) -> int:
 def test_parameter_gradient_optimizer_bytes_are_exact(tied):
     """World size 1, fp32: the plan's figures equal the bytes of a real model and AdamW after one step."""
     cfg = tiny_cfg(tie_embeddings=tied)
-    config = plan.model_config(cfg)
+    config = resolve_model_config(cfg)
     torch.manual_seed(0)
     model = Transformer(config, attention_backend="sdpa")
     optimizer = build_optimizer(model, cfg)
@@ -52,7 +53,7 @@ def test_parameter_gradient_optimizer_bytes_are_exact(tied):
 
 
 def test_sharded_state_is_the_padded_share():
-    model = plan.meta_model(plan.model_config(tiny_cfg()))
+    model = plan.meta_model(resolve_model_config(tiny_cfg()))
     whole = plan.state_bytes(model, 1)[0]
     shard = plan.state_bytes(model, 16)[0]
     assert (
@@ -70,7 +71,7 @@ def test_activation_estimate_matches_saved_tensors(dtype):
     copy and an int64 index per layer (a T d + 8 T bytes), added here. Tolerance: 2% (measured: exact).
     """
     cfg = tiny_cfg()
-    config = plan.model_config(cfg)
+    config = resolve_model_config(cfg)
     torch.manual_seed(0)
     model = Transformer(config, attention_backend="sdpa").to(dtype)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -94,7 +95,7 @@ def test_activation_estimate_matches_saved_tensors(dtype):
 
 
 def test_checkpointing_keeps_block_inputs_and_one_block():
-    config = plan.model_config(tiny_cfg())
+    config = resolve_model_config(tiny_cfg())
     full = plan.activation_bytes(config, 1024, 2, checkpointing=False)
     ckpt = plan.activation_bytes(config, 1024, 2, checkpointing=True)
     one_block = plan.block_activation_bytes(config, 1024, 2)
@@ -107,14 +108,14 @@ def test_checkpointing_keeps_block_inputs_and_one_block():
 def test_paper_2k_run_fits_on_16_a100_80gb_with_sane_days(capsys):
     cfg = parse_args(["--config", str(CONFIGS / "pretrain_2k.yaml")])
     gpu = plan.GPUS["a100-80gb"]
-    model = plan.meta_model(plan.model_config(cfg))
+    model = plan.meta_model(resolve_model_config(cfg))
     assert sum(p.numel() for p in model.parameters()) == 1_494_312_960
-    assert plan.accumulation(cfg, 16) == 16  # as the config's comment says
+    assert batch_geometry(cfg, 16).accumulation == 16  # as the config's comment says
     mem = plan.memory(model, cfg, 16, cfg.micro_batch_rows, checkpointing=False)
     assert mem.total <= plan.usable_bytes(gpu)
     assert plan.largest_rows(model, cfg, 16, gpu, checkpointing=False) >= cfg.micro_batch_rows
     steps = -(-cfg.total_tokens // cfg.global_batch_tokens)
-    days = steps * plan.step_seconds(cfg, plan.model_config(cfg), 16, gpu, 0.4) / 86400
+    days = steps * plan.step_seconds(cfg, resolve_model_config(cfg), 16, gpu, 0.4) / 86400
     assert 20 < days < 80  # the paper reports about 28 days
     assert 0.3 < plan.tinyllama_mfu(gpu) < 0.7
 
@@ -148,14 +149,14 @@ def test_the_plan_needs_a_gpu_count():
 
 def test_4k_run_accumulates_twice_as_much():
     cfg = parse_args(["--config", str(CONFIGS / "pretrain_4k.yaml")])
-    assert plan.accumulation(cfg, 16) == 32
+    assert batch_geometry(cfg, 16).accumulation == 32
 
 
 def test_accumulating_micro_batches_keeps_whole_fp32_gradients():
     """Under no_backward_sync FSDP2 keeps every parameter's unsharded gradient in its fp32 reduce dtype
     (torch/distributed/fsdp/_fully_shard/_fsdp_param.py: to_accumulated_grad_if_needed)."""
     cfg = parse_args(["--config", str(CONFIGS / "pretrain_2k.yaml")])
-    model = plan.meta_model(plan.model_config(cfg))
+    model = plan.meta_model(resolve_model_config(cfg))
     total = sum(p.numel() for p in model.parameters())
     assert (
         plan.memory(model, cfg, 16, 8, checkpointing=False).accumulated_gradients == 4 * total

@@ -22,12 +22,30 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from posfreq.train import (
+    atomic,
+    checkpoint_save,
+    consolidate,
+    loggers,
+    pretrain,
+    retention,
+    run_control,
+    safe_load,
+)
 from posfreq.train import checkpoint as ckpt
-from posfreq.train import pretrain
+from posfreq.train.config import model_preset
+from posfreq.train.flops import matmul_params, step_flops
 from posfreq.train.model import Transformer
+from posfreq.train.optim import lr_at
 from posfreq.train.packing import PackedSampler
+from posfreq.train.parallel import attention_choice
+from posfreq.train.resolved_run import ResolvedRun
+from posfreq.train.rng_state import capture_rng, restore_rng
 from posfreq.train.run_config import ConfigError, config_from_dict, parse_args
+from posfreq.train.run_control import EXIT_NOT_REQUEUED, StopSignals
+from posfreq.train.safe_load import CheckpointError
 from posfreq.train.shards import ShardWriter, TokenDataset
+from posfreq.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -197,7 +215,7 @@ def test_gradient_accumulation_matches_one_big_batch(data_dir, tmp_path):
 
 def test_crash_while_writing_never_leaves_a_resumable_partial(data_dir, tmp_path, monkeypatch):
     cfg = tiny(data_dir, tmp_path, total_tokens=6 * 1024, **{"checkpoint.every_tokens": 10**9})
-    real_publish = ckpt.publish
+    real_publish = atomic.publish_dir
     calls = []
 
     def crashing_publish(tmp: Path, final: Path) -> None:
@@ -206,7 +224,7 @@ def test_crash_while_writing_never_leaves_a_resumable_partial(data_dir, tmp_path
             raise KeyboardInterrupt("simulated kill")
         real_publish(tmp, final)
 
-    monkeypatch.setattr(ckpt, "publish", crashing_publish)
+    monkeypatch.setattr(atomic, "publish_dir", crashing_publish)
     with pytest.raises(KeyboardInterrupt):
         run(cfg)
     root = tmp_path / "checkpoints"
@@ -222,7 +240,7 @@ def test_crash_while_writing_never_leaves_a_resumable_partial(data_dir, tmp_path
     (root / "tokens-000000000999999" / ckpt.TRAINER_FILE).unlink()
     assert ckpt.find_resume_checkpoint(tmp_path) == root / "latest.old"
 
-    monkeypatch.setattr(ckpt, "publish", real_publish)
+    monkeypatch.setattr(atomic, "publish_dir", real_publish)
     history = run(cfg)  # resumes from step 2, removes the stale .tmp
     assert [r["step"] for r in history] == [3, 4, 5, 6]
     assert not (root / "latest.tmp").exists()
@@ -231,7 +249,7 @@ def test_crash_while_writing_never_leaves_a_resumable_partial(data_dir, tmp_path
 def test_consolidate_and_load_model(data_dir, tmp_path):
     run(tiny(data_dir, tmp_path, total_tokens=2048))
     src = tmp_path / "checkpoints" / ckpt.milestone_name(2048)
-    out = ckpt.consolidate(src, tmp_path / "model")
+    out = consolidate.consolidate(src, tmp_path / "model")
     assert sorted(p.name for p in out.iterdir()) == [
         ".posfreq-output.json",
         "meta.json",
@@ -289,13 +307,13 @@ def test_nonfinite_loss_error_names_a_command_that_continues(data_dir, tmp_path,
             )
         )
     )
-    real_step = pretrain.Trainer._train_step
+    real_step = Trainer._train_step
 
     def nan_at_step_3(self, batches, n):
         loss, grad_norm = real_step(self, batches, n)
         return (loss * float("nan"), grad_norm) if self.step == 2 else (loss, grad_norm)
 
-    monkeypatch.setattr(pretrain.Trainer, "_train_step", nan_at_step_3)
+    monkeypatch.setattr(Trainer, "_train_step", nan_at_step_3)
     with pytest.raises(SystemExit) as stopped:
         pretrain.main(["--config", str(config)])
     message = str(stopped.value.code)
@@ -445,14 +463,14 @@ def test_keep_full_reduces_older_milestones_to_weights(data_dir, tmp_path, capsy
     ckpt.verify_checkpoint(reduced, meta)  # the manifest lists exactly what remains
     assert meta["reduced_to_weights"] and not meta["resumable"]
     with pytest.raises(ConfigError, match="holds model weights only"):
-        pretrain.Plan(config_from_dict({**kept, "resume": str(reduced)}), 1)
+        ResolvedRun(config_from_dict({**kept, "resume": str(reduced)}), 1)
     # A kill while reducing leaves the full milestone whole (and resumable), never a half-reduced one.
     newest = root / name(8192)
     monkeypatch.setattr(
-        ckpt, "publish", lambda tmp, final: (_ for _ in ()).throw(KeyboardInterrupt("kill"))
+        atomic, "publish_dir", lambda tmp, final: (_ for _ in ()).throw(KeyboardInterrupt("kill"))
     )
     with pytest.raises(KeyboardInterrupt):
-        ckpt.reduce_to_weights(newest)
+        retention.reduce_to_weights(newest)
     meta = ckpt.read_trainer_state(newest)
     assert meta["resumable"] and (newest / "state" / ".metadata").is_file()
     ckpt.verify_checkpoint(newest, meta)
@@ -465,8 +483,8 @@ def test_wandb_run_id_is_reused_and_mode_follows_credentials(data_dir, tmp_path,
     netrc_file = tmp_path / "netrc"
     monkeypatch.setenv("NETRC", str(netrc_file))
     cfg = config_from_dict(tiny(data_dir, tmp_path / "run", **{"logging.logger": "wandb"}))
-    first = pretrain._loggers(cfg)[0]
-    run_id = (tmp_path / "run" / pretrain.WANDB_ID_FILE).read_text().strip()
+    first = loggers.fabric_loggers(cfg)[0]
+    run_id = (tmp_path / "run" / loggers.WANDB_ID_FILE).read_text().strip()
     assert re.fullmatch("[0-9a-f]{8}", run_id)
     assert (
         first._wandb_init["id"] == run_id
@@ -474,30 +492,30 @@ def test_wandb_run_id_is_reused_and_mode_follows_credentials(data_dir, tmp_path,
         and first._offline
     )
     assert (
-        pretrain._loggers(cfg)[0]._wandb_init["id"] == run_id
+        loggers.fabric_loggers(cfg)[0]._wandb_init["id"] == run_id
     )  # a requeued job: the same wandb run
     assert (
         f"wandb: offline (no credentials: WANDB_API_KEY is unset and {netrc_file} has no login for "
         f"api.wandb.ai); upload later with `wandb sync {tmp_path / 'run/wandb'}`; run id {run_id}"
-    ) in pretrain._wandb_report(cfg)
+    ) in loggers.wandb_report(cfg)
     netrc_file.write_text("machine api.wandb.ai\n  login user\n  password secret\n")
-    assert pretrain.wandb_mode() == (
+    assert loggers.wandb_mode() == (
         False,
         f"{netrc_file} has a login for api.wandb.ai (wandb login)",
     )
-    assert not pretrain._loggers(cfg)[0]._offline
+    assert not loggers.fabric_loggers(cfg)[0]._offline
     netrc_file.unlink()
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
-    assert pretrain.wandb_mode() == (False, "WANDB_API_KEY is set")
-    assert pretrain._wandb_report(cfg).startswith(
+    assert loggers.wandb_mode() == (False, "WANDB_API_KEY is set")
+    assert loggers.wandb_report(cfg).startswith(
         f"wandb: online (WANDB_API_KEY is set); run id {run_id}"
     )
     monkeypatch.setenv(
         "WANDB_MODE", "disabled"
     )  # an explicit choice wins; a whole run with it logs nowhere
-    assert pretrain.wandb_mode() == (True, "WANDB_MODE=disabled is set")
+    assert loggers.wandb_mode() == (True, "WANDB_MODE=disabled is set")
     run(tiny(data_dir, tmp_path / "run", stop_at_step=1, **{"logging.logger": "wandb"}))
-    assert (tmp_path / "run" / pretrain.WANDB_ID_FILE).read_text().strip() == run_id
+    assert (tmp_path / "run" / loggers.WANDB_ID_FILE).read_text().strip() == run_id
 
 
 def sigusr1_in_a_slurm_job(monkeypatch, job: str, at_step: int) -> list:
@@ -506,11 +524,11 @@ def sigusr1_in_a_slurm_job(monkeypatch, job: str, at_step: int) -> list:
     calls = []
     monkeypatch.setenv("SLURM_JOB_ID", job)
     monkeypatch.setattr(
-        pretrain.subprocess,
+        run_control.subprocess,
         "run",
         lambda cmd, **kwargs: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0),
     )
-    real_step = pretrain.Trainer._train_step
+    real_step = Trainer._train_step
 
     def step_then_signal(self, batches, n):
         out = real_step(self, batches, n)
@@ -518,7 +536,7 @@ def sigusr1_in_a_slurm_job(monkeypatch, job: str, at_step: int) -> list:
             os.kill(os.getpid(), signal.SIGUSR1)
         return out
 
-    monkeypatch.setattr(pretrain.Trainer, "_train_step", step_then_signal)
+    monkeypatch.setattr(Trainer, "_train_step", step_then_signal)
     return calls
 
 
@@ -582,16 +600,16 @@ def test_bad_configs_fail_before_compute(data_dir, tmp_path):
     )
     for cfg, message in cases:
         with pytest.raises(ConfigError, match=message):
-            pretrain.Plan(config_from_dict(cfg), world_size=1)
+            ResolvedRun(config_from_dict(cfg), world_size=1)
 
     run(tiny(data_dir, tmp_path / "a", total_tokens=1024, **{"checkpoint.latest_every_steps": 1}))
     changed = tiny(data_dir, tmp_path / "a", total_tokens=1024, **{"optim.lr": 1e-3})
     with pytest.raises(
         ConfigError, match="different config:\n  optim.lr: checkpoint 0.003 vs now 0.001"
     ):
-        pretrain.Plan(config_from_dict(changed), world_size=1)
+        ResolvedRun(config_from_dict(changed), world_size=1)
     # Run-time settings may change on resume; the schedule only through resume_override.
-    pretrain.Plan(
+    ResolvedRun(
         config_from_dict(tiny(data_dir, tmp_path / "a", micro_batch_rows=2, total_tokens=1024)), 1
     )
     with pytest.raises(
@@ -599,8 +617,8 @@ def test_bad_configs_fail_before_compute(data_dir, tmp_path):
         match=r"total_tokens: checkpoint 1024 vs now 4096 \(to change it on resume: "
         r"--resume-override \"\{total_tokens: 4096\}\"\)",
     ):
-        pretrain.Plan(config_from_dict(tiny(data_dir, tmp_path / "a", total_tokens=4096)), 1)
-    pretrain.Plan(
+        ResolvedRun(config_from_dict(tiny(data_dir, tmp_path / "a", total_tokens=4096)), 1)
+    ResolvedRun(
         config_from_dict(tiny(data_dir, tmp_path / "a", resume_override={"total_tokens": 4096})), 1
     )
 
@@ -622,7 +640,7 @@ def test_cli_overrides_and_schedule(data_dir):
         cfg.optim.lr == 1e-3 and cfg.data.dir == str(data_dir) and cfg.checkpoint.sharded is False
     )
     assert cfg.global_batch_tokens == 4_194_304 and cfg.total_tokens == 10**12
-    lrs = [pretrain.lr_at(s, cfg, 238_419) for s in (0, 1999, 2000, 120_000, 238_418, 300_000)]
+    lrs = [lr_at(s, cfg, 238_419) for s in (0, 1999, 2000, 120_000, 238_418, 300_000)]
     assert (
         lrs[0] == pytest.approx(1e-3 / 2000)
         and lrs[1] == pytest.approx(1e-3)
@@ -633,13 +651,11 @@ def test_cli_overrides_and_schedule(data_dir):
 
 
 def test_attention_flops_term_counts_every_query_key_pair():
-    config = pretrain.model_preset("tiny-2l-128", vocab_size=258)
+    config = model_preset("tiny-2l-128", vocab_size=258)
     segments = np.array([5, 1, 10])
     pairs = sum(p + 1 for s in segments for p in range(s))  # causal (query, key) pairs
-    expected = (
-        6 * pretrain.matmul_params(config) * 16 + 3 * 4 * config.d_model * config.n_layers * pairs
-    )
-    assert pretrain.step_flops(config, 16, float((segments * (segments + 1)).sum())) == expected
+    expected = 6 * matmul_params(config) * 16 + 3 * 4 * config.d_model * config.n_layers * pairs
+    assert step_flops(config, 16, float((segments * (segments + 1)).sum())) == expected
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
@@ -739,7 +755,7 @@ def reseal(checkpoint: Path) -> None:
     """Rewrite the manifest (and trainer.json's record of it) to match the files as they are: a crafted checkpoint
     would come with a matching manifest, so the unpickling checks must hold without it."""
     meta = json.loads((checkpoint / ckpt.TRAINER_FILE).read_text())
-    meta["manifest_sha256"] = ckpt.write_manifest(checkpoint)
+    meta["manifest_sha256"] = checkpoint_save.write_manifest(checkpoint)
     (checkpoint / ckpt.TRAINER_FILE).write_text(json.dumps(meta))
 
 
@@ -760,7 +776,7 @@ def plant_byte_item(file: Path, payload: Payload) -> None:
     from torch.distributed.checkpoint.filesystem import _StorageInfo
 
     with open(file.parent / ".metadata", "rb") as f:
-        metadata = ckpt._MetadataUnpickler(f).load()
+        metadata = safe_load._MetadataUnpickler(f).load()
     blob = io.BytesIO()
     torch.save(payload, blob)
     offset = file.stat().st_size
@@ -801,7 +817,7 @@ def test_resume_never_runs_code_from_checkpoint_files(
     assert message.startswith(f"error: {latest / name}") and "refusing to load" in message, message
     assert "Fix: resume from another checkpoint" in message
     if name.endswith(".distcp"):  # loading the weights for evaluation checks the same items
-        with pytest.raises(ckpt.CheckpointError, match="optimizer.param_groups.0.lr"):
+        with pytest.raises(CheckpointError, match="optimizer.param_groups.0.lr"):
             ckpt.load_model(latest)
     assert not marker.exists()
 
@@ -811,14 +827,12 @@ def test_checkpoint_item_outside_its_directory_is_refused(resumable, tmp_path):
     shutil.copytree(resumable["sharded"], out)
     state = out / "checkpoints" / ckpt.LATEST / "state"
     with open(state / ".metadata", "rb") as f:
-        metadata = ckpt._MetadataUnpickler(f).load()
+        metadata = safe_load._MetadataUnpickler(f).load()
     index = next(iter(metadata.storage_data))
     metadata.storage_data[index].relative_path = "../../../../outside.distcp"
     with open(state / ".metadata", "wb") as f:
         pickle.dump(metadata, f)
-    with pytest.raises(
-        ckpt.CheckpointError, match=r"\.metadata: file name '\.\./.*' points outside"
-    ):
+    with pytest.raises(CheckpointError, match=r"\.metadata: file name '\.\./.*' points outside"):
         ckpt.verify_resume_files(state.parent)
 
 
@@ -1076,8 +1090,9 @@ def test_second_job_on_a_locked_out_dir_is_refused_and_a_stale_lock_taken_over(
 SIGNAL_DURING_STARTUP = """
 import os, signal
 from posfreq.train import pretrain
+from posfreq.train.resolved_run import ResolvedRun
 
-real_plan_init = pretrain.Plan.__init__
+real_plan_init = ResolvedRun.__init__
 
 
 def plan_init(self, *args, **kwargs):
@@ -1085,7 +1100,7 @@ def plan_init(self, *args, **kwargs):
     real_plan_init(self, *args, **kwargs)
 
 
-pretrain.Plan.__init__ = plan_init
+ResolvedRun.__init__ = plan_init
 pretrain.main()
 """
 
@@ -1094,7 +1109,7 @@ def test_signal_during_startup_saves_and_exits_not_requeued(data_dir, tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(tiny(data_dir, tmp_path)))
     proc = run_trainer_process(SIGNAL_DURING_STARTUP, config)
-    assert proc.returncode == pretrain.EXIT_NOT_REQUEUED == 3, proc.stderr[-3000:]
+    assert proc.returncode == EXIT_NOT_REQUEUED == 3, proc.stderr[-3000:]
     latest = tmp_path / "checkpoints" / ckpt.LATEST
     assert (
         f"signal received: saved {latest} at step 1; the job was NOT requeued (no SLURM job (SLURM_JOB_ID "
@@ -1122,7 +1137,7 @@ def test_resume_refuses_other_documents_with_the_same_counts(resumable, data_dir
         docs.num_tokens,
     )
     assert (
-        pretrain.Plan(
+        ResolvedRun(
             config_from_dict(tiny(data_dir, out, **{"data.dir": str(moved)})), 1
         ).resume_from
         == out / "checkpoints" / ckpt.LATEST
@@ -1266,7 +1281,7 @@ def test_saves_validation_requeue_and_resume_with_collectives_that_return_device
     host.copy_(probe)  # a copy into host memory is legal
     assert host.numpy().tolist() == [1.0, 1.0]
     val = {"data.val_dir": str(data_dir), "data.val_every_tokens": 2048, "data.val_rows": 4}
-    real_step = pretrain.Trainer._train_step
+    real_step = Trainer._train_step
     calls = sigusr1_in_a_slurm_job(monkeypatch, "77", at_step=4)
     cfg = tiny(data_dir, tmp_path / "run", **val)
     first = run(
@@ -1274,7 +1289,7 @@ def test_saves_validation_requeue_and_resume_with_collectives_that_return_device
     )  # milestone at step 4, latest every 2 steps, validation every 2 steps, SIGUSR1 -> requeue save
     assert calls == [["scontrol", "requeue", "77"]] and first[-1]["step"] == 6
     assert ckpt.read_trainer_state(tmp_path / "run/checkpoints/latest")["step"] == 6
-    monkeypatch.setattr(pretrain.Trainer, "_train_step", real_step)
+    monkeypatch.setattr(Trainer, "_train_step", real_step)
     second = run(cfg)  # --resume auto from the requeue's save
     assert [r["step"] for r in first + second] == list(range(1, 9))
     full = run(tiny(data_dir, tmp_path / "full", **val))
@@ -1301,20 +1316,18 @@ def test_attention_backend_is_checked_before_launch_and_named_at_start(
         attention, "kernel_present", lambda name: True
     )  # as on a GPU node with everything built
     gpu = {"accelerator": "cuda", "model.attention_backend": "auto"}
-    assert pretrain.attention_choice(
+    assert attention_choice(
         config_from_dict(tiny(data_dir, tmp_path, **gpu, precision="bf16-mixed"))
     ).startswith("attention: auto -> varlen (cuda, bfloat16, backward")
     fp32 = config_from_dict(tiny(data_dir, tmp_path, **gpu, precision="32-true"))
-    assert "auto -> sdpa" in pretrain.attention_choice(
-        fp32
-    )  # no FlashAttention kernel takes float32
+    assert "auto -> sdpa" in attention_choice(fp32)  # no FlashAttention kernel takes float32
     for backend in ("flash", "varlen"):
         with pytest.raises(
             ConfigError,
             match=f"model.attention_backend: attention backend '{backend}' .*float32.*"
             "Fix: choose 'sdpa'",
         ):
-            pretrain.attention_choice(
+            attention_choice(
                 config_from_dict(
                     tiny(
                         data_dir,
@@ -1372,14 +1385,14 @@ def test_cuda_rng_is_saved_per_rank_device_and_restores_on_a_node_of_another_siz
         torch.cuda, "set_rng_state_all", lambda states: pytest.fail("restores every GPU")
     )
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
-    state = ckpt.capture_rng()
+    state = capture_rng()
     assert state["cuda_device"].tolist() == [7]
-    ckpt.restore_rng(state)
+    restore_rng(state)
     older = {
         **{k: v for k, v in state.items() if k != "cuda_device"},
         "cuda": [torch.tensor([i], dtype=torch.uint8) for i in range(8)],
     }
-    ckpt.restore_rng(older)  # saved on 8 GPUs, restored by rank 1 of a smaller node
+    restore_rng(older)  # saved on 8 GPUs, restored by rank 1 of a smaller node
     assert set_calls == [[7], [1]]
 
 
@@ -1407,7 +1420,7 @@ def test_a_fresh_start_into_a_run_directory_is_refused_and_changes_nothing(data_
 def test_ctrl_c_saves_latest_like_sigterm_and_a_second_one_stops_at_once(
     data_dir, tmp_path, monkeypatch
 ):
-    real_step = pretrain.Trainer._train_step
+    real_step = Trainer._train_step
 
     def step_then_ctrl_c(self, batches, n):
         out = real_step(self, batches, n)
@@ -1415,13 +1428,13 @@ def test_ctrl_c_saves_latest_like_sigterm_and_a_second_one_stops_at_once(
             os.kill(os.getpid(), signal.SIGINT)
         return out
 
-    monkeypatch.setattr(pretrain.Trainer, "_train_step", step_then_ctrl_c)
+    monkeypatch.setattr(Trainer, "_train_step", step_then_ctrl_c)
     with pytest.raises(SystemExit) as stop:
         run(tiny(data_dir, tmp_path, **{"checkpoint.latest_every_steps": 0}))
-    assert stop.value.code == pretrain.EXIT_NOT_REQUEUED
+    assert stop.value.code == EXIT_NOT_REQUEUED
     assert ckpt.read_trainer_state(tmp_path / "checkpoints/latest")["step"] == 3
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    signals = pretrain.StopSignals()
+    signals = StopSignals()
     try:
         os.kill(os.getpid(), signal.SIGINT)
         assert signals.received == signal.SIGINT
@@ -1453,12 +1466,12 @@ def test_consolidate_never_replaces_a_directory_it_did_not_write(data_dir, tmp_p
             match="error: --out.* holds files `posfreq checkpoint consolidate` did not "
             "write .*nothing was changed",
         ):
-            ckpt.main(["consolidate", "--checkpoint", str(src), "--out", str(out)])
+            consolidate.main(["consolidate", "--checkpoint", str(src), "--out", str(out)])
         assert snapshot(tmp_path) == before
     (tmp_path / "model.old" / "notes.txt").unlink()
     (tmp_path / "model.old").rmdir()
-    first = ckpt.consolidate(src, tmp_path / "model")
-    again = ckpt.consolidate(src, tmp_path / "model")  # its own: replaced whole
+    first = consolidate.consolidate(src, tmp_path / "model")
+    again = consolidate.consolidate(src, tmp_path / "model")  # its own: replaced whole
     assert (
         first == again
         and (again / "model.safetensors").is_file()
@@ -1468,13 +1481,15 @@ def test_consolidate_never_replaces_a_directory_it_did_not_write(data_dir, tmp_p
         again / ".posfreq-output.json"
     ).unlink()  # as an older posfreq left it: its files, meta.json naming the source
     assert (
-        ckpt.main(["consolidate", "--checkpoint", str(src), "--out", str(again), "--dtype", "bf16"])
+        consolidate.main(
+            ["consolidate", "--checkpoint", str(src), "--out", str(again), "--dtype", "bf16"]
+        )
         == 0
     )
     with pytest.raises(
         FileNotFoundError
     ):  # a wrong --checkpoint writes nothing, not even the temporary
-        ckpt.consolidate(run_dir / "nope", tmp_path / "other")
+        consolidate.consolidate(run_dir / "nope", tmp_path / "other")
     assert not (tmp_path / "other").exists() and not (tmp_path / "other.tmp").exists()
 
 
@@ -1486,7 +1501,7 @@ def test_a_full_disk_during_a_save_is_named_as_such(data_dir, tmp_path, monkeypa
     def short_write(*args, **kwargs):
         raise RuntimeError("unexpected pos 704 vs 598")
 
-    monkeypatch.setattr(ckpt, "save_checkpoint", short_write)
+    monkeypatch.setattr(checkpoint_save, "save_checkpoint", short_write)
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 10**12 - 4096, 4096))
     with pytest.raises(
@@ -1535,5 +1550,5 @@ def test_overwrite_never_requeues_and_never_deletes_its_own_starting_weights(
                 data_dir, first, resume=None, overwrite=True, **{"checkpoint.latest_every_steps": 0}
             )
         )
-    assert stop.value.code == pretrain.EXIT_NOT_REQUEUED and calls == []
+    assert stop.value.code == EXIT_NOT_REQUEUED and calls == []
     assert ckpt.read_trainer_state(first / "checkpoints/latest")["step"] == 3

@@ -1,4 +1,5 @@
-"""Atomic file writes: a crash leaves the old file or the new one under the final name, never half of either.
+"""Atomic writes of files and directories: a crash leaves the old one or the new one under the final name, never
+half of either.
 
 Every write goes to a temporary sibling (same directory, so the rename stays on one filesystem),
 is flushed and fsynced, renamed over the final name with `os.replace`, and the directory is
@@ -6,6 +7,12 @@ fsynced so the rename itself survives a power loss. Temporaries are named
 ``.NAME.<random>.tmp``: hidden, unique per writer (two processes writing the same file never
 share one), and created with mode ``0o666 & ~umask`` like any other file, so results users
 share are world-readable under the usual umask (``tempfile.mkstemp`` would make them 0600).
+
+A directory (a checkpoint, a consolidated model) is built under ``NAME.tmp`` and published by
+`publish_dir`: fsynced (files, then directories) and renamed into place. Replacing an existing
+directory goes ``NAME -> NAME.old``, ``NAME.tmp -> NAME``, ``NAME.old -> NAME.old.tmp`` (then
+deleted), so ``NAME`` or ``NAME.old`` is complete at every instant, and a directory being deleted
+is always named ``*.tmp`` first.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +34,43 @@ def fsync_path(path: str | Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def temporary(path: Path) -> Path:
+    """Where directory `path` is built before `publish_dir` renames it into place."""
+    return path.with_name(path.name + ".tmp")
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file under `root`, then its directories bottom-up: a rename then publishes durable bytes."""
+    for directory, _, names in os.walk(root, topdown=False):
+        for name in names:
+            fsync_path(Path(directory) / name)
+        fsync_path(Path(directory))
+
+
+def discard_dir(path: Path) -> None:
+    """Delete directory `path` if present, renaming it to NAME.tmp first so a half-deleted one never looks whole."""
+    if not path.exists():
+        return
+    trash = temporary(path)
+    if trash.exists():
+        shutil.rmtree(trash)
+    os.replace(path, trash)
+    shutil.rmtree(trash)
+
+
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Make a complete `tmp` durable and rename it to `final`; `final` or `final.old` is whole at every instant."""
+    fsync_tree(tmp)
+    fsync_path(tmp.parent)
+    old = final.with_name(final.name + ".old")
+    if final.exists():
+        discard_dir(old)  # `final` is whole, so the copy before it may go
+        os.replace(final, old)
+    os.replace(tmp, final)  # with no `final`, a left-over `old` stays until this rename is done
+    fsync_path(final.parent)
+    discard_dir(old)
 
 
 class AtomicFile:
@@ -100,7 +145,6 @@ def disk_full(err: BaseException, directory: str | Path | None = None) -> str | 
     """Why a write failed if the disk is full, else None: ENOSPC/EDQUOT anywhere in the error's chain, or, given the
     `directory` written to, less than LOW_DISK_BYTES free there (libraries word a short write their own way)."""
     import errno
-    import shutil
 
     cause: BaseException | None = err
     while cause is not None:

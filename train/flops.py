@@ -11,8 +11,12 @@ QK^T and AV cost 4 * d_model * (p + 1) FLOPs forward per layer, x3 for forward +
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from posfreq.train.config import ModelConfig
+
+if TYPE_CHECKING:
+    import torch
 
 PEAK_BF16_FLOPS = {  # dense (no sparsity) bf16 tensor-core FLOP/s, from NVIDIA's datasheets
     "a100": 312e12,
@@ -43,6 +47,17 @@ def peak_of_device_name(name: str) -> float | None:
     for pattern, key in DEVICE_NAMES:
         if re.search(pattern, name):
             return PEAK_BF16_FLOPS[key]
+    return None
+
+
+def peak_flops(device: torch.device, override: float | None) -> float | None:
+    """Peak FLOP/s of one device: the config value, else a known GPU's dense bf16 peak, else None."""
+    if override:
+        return override
+    if device.type == "cuda":
+        import torch
+
+        return peak_of_device_name(torch.cuda.get_device_name(device))
     return None
 
 

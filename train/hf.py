@@ -26,11 +26,11 @@ import torch
 from torch import Tensor
 
 from posfreq.train.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
-from posfreq.train.checkpoint import contained_file
 from posfreq.train.config import DTYPES, ModelConfig  # noqa: F401 (DTYPES re-exported)
 from posfreq.train.model import Transformer
 from posfreq.train.outdir import claim_output_dir
 from posfreq.train.rotary import rope_scaling_type
+from posfreq.train.safe_load import contained_file
 from posfreq.train.tokenizer import ByteTokenizer
 
 if TYPE_CHECKING:

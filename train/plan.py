@@ -53,6 +53,7 @@ from torch import nn
 from posfreq.train.cli import parse
 from posfreq.train.config import ModelConfig, model_preset
 from posfreq.train.flops import PEAK_BF16_FLOPS, step_flops
+from posfreq.train.geometry import batch_geometry, resolve_model_config
 from posfreq.train.loss import default_chunk_tokens
 from posfreq.train.model import Transformer
 from posfreq.train.run_config import ConfigError, TrainConfig, config_from_dict
@@ -110,13 +111,6 @@ class Memory:
     def total(self) -> int:
         """All of the above."""
         return sum(getattr(self, f.name) for f in fields(self))
-
-
-def model_config(cfg: TrainConfig) -> ModelConfig:
-    """The trainer's model config, except vocab_size: the preset's unless overridden (the trainer takes the data's)."""
-    overrides = dict(cfg.model.overrides)
-    overrides["train_len"] = cfg.data.train_len
-    return model_preset(cfg.model.preset, **overrides)
 
 
 def meta_model(config: ModelConfig) -> Transformer:
@@ -202,17 +196,6 @@ def memory(
     )
 
 
-def accumulation(cfg: TrainConfig, world: int) -> int:
-    """Micro-batches per optimizer step. Replicates train.pretrain.Plan's arithmetic (a method there, needing data)."""
-    L, rows_per_micro = cfg.data.train_len, cfg.micro_batch_rows * world
-    if cfg.global_batch_tokens % L or (cfg.global_batch_tokens // L) % rows_per_micro:
-        raise ConfigError(
-            f"global_batch_tokens={cfg.global_batch_tokens} is not a whole number of micro-batches of "
-            f"micro_batch_rows={cfg.micro_batch_rows} x train_len={L} x world_size={world} tokens"
-        )
-    return cfg.global_batch_tokens // L // rows_per_micro
-
-
 def flops_per_token(config: ModelConfig, train_len: int) -> float:
     """The trainer's step_flops for one full row of `train_len` tokens, per token."""
     return step_flops(config, train_len, train_len * (train_len + 1)) / train_len
@@ -250,7 +233,7 @@ def largest_rows(
 
 def largest_valid_rows(rows: int, cfg: TrainConfig, world: int) -> int:
     """The most rows <= `rows` that divide a step's rows per GPU (the trainer needs whole micro-batches)."""
-    per_gpu = cfg.global_batch_tokens // cfg.data.train_len // world
+    per_gpu = batch_geometry(cfg, world).global_rows // world
     return max((r for r in range(1, rows + 1) if per_gpu % r == 0), default=0)
 
 
@@ -279,7 +262,7 @@ def _time_lines(
 ) -> list[str]:
     """The report's line of step time, throughput and days at `mfu`."""
     seconds = step_seconds(cfg, config, world, gpu, mfu)
-    steps = -(-cfg.total_tokens // cfg.global_batch_tokens)
+    steps = batch_geometry(cfg, world).total_steps
     per_gpu = cfg.global_batch_tokens / seconds / world
     return [
         f"  {label}: MFU {mfu:.3f}: {seconds:.2f} s/step, {per_gpu:,.0f} tokens/s/GPU, "
@@ -290,7 +273,9 @@ def _time_lines(
 def report(cfg: TrainConfig, nodes: int, gpus_per_node: int, gpu_name: str, mfu: float) -> str:
     """The plan, as printed."""
     gpu, world = GPUS[gpu_name], nodes * gpus_per_node
-    config = model_config(cfg)
+    config = resolve_model_config(
+        cfg
+    )  # the preset's vocab_size unless overridden (the trainer takes the data's)
     model = meta_model(config)
     L, rows, ckpt = cfg.data.train_len, cfg.micro_batch_rows, cfg.model.activation_checkpointing
     total = sum(p.numel() for p in model.parameters())
@@ -299,7 +284,7 @@ def report(cfg: TrainConfig, nodes: int, gpus_per_node: int, gpu_name: str, mfu:
         f"plan: {cfg.model.preset}, L = {L}, {nodes} x {gpus_per_node} {gpu_name} ({world} GPUs), "
         f"{cfg.precision}, vocab {config.vocab_size:,}",
         f"parameters: {total:,} total, {embeddings:,} embeddings, {total - embeddings:,} non-embedding",
-        f"batch: {cfg.global_batch_tokens:,} tokens/step = {world} GPUs x {accumulation(cfg, world)} micro-batches "
+        f"batch: {cfg.global_batch_tokens:,} tokens/step = {world} GPUs x {batch_geometry(cfg, world).accumulation} micro-batches "
         f"x {rows} rows x {L} tokens",
     ]
     lines.append(

@@ -1,0 +1,113 @@
+"""Where and how a run executes: accelerator, compute dtype, attention backend check, and Lightning Fabric
+with ModelParallelStrategy applying FSDP2 (`fully_shard` per block and on the root; optional activation
+checkpointing)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from posfreq.train.attention import BackendError, explain_backend
+from posfreq.train.loggers import fabric_loggers
+from posfreq.train.model import Transformer
+from posfreq.train.run_config import ConfigError, TrainConfig
+
+
+def _checkpointed(block: nn.Module) -> None:
+    """Make a block recompute its activations in backward (keeps parameter names unchanged)."""
+    forward = block.forward
+
+    def run(x, ctx, cache=None):
+        return torch.utils.checkpoint.checkpoint(forward, x, ctx, cache, use_reentrant=False)
+
+    block.forward = run
+
+
+def make_parallelize(mixed_precision: bool, activation_checkpointing: bool):
+    """Fabric parallelize_fn: FSDP2 `fully_shard` on every block, then on the root."""
+
+    def parallelize(model: Transformer, mesh) -> Transformer:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        dp_mesh = mesh["data_parallel"]
+        # cast_forward_inputs=False: FSDP2 would rebuild every dataclass among a block's inputs to cast its tensors
+        # (the ForwardContext, its scheme and Rotary: a crash on Rotary's init=False memo, and bf16 RoPE frequencies).
+        # The blocks' activations are bf16 anyway: they come from the bf16 embedding.
+        policy = (
+            MixedPrecisionPolicy(
+                param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False
+            )
+            if mixed_precision
+            else MixedPrecisionPolicy()
+        )
+        for i, block in enumerate(model.layers):
+            if activation_checkpointing:
+                _checkpointed(block)
+            # The last block's parameters are needed again at once by backward: keep them gathered.
+            fully_shard(
+                block,
+                mesh=dp_mesh,
+                mp_policy=policy,
+                reshard_after_forward=i < len(model.layers) - 1,
+            )
+        fully_shard(model, mesh=dp_mesh, mp_policy=policy)
+        return model
+
+    return parallelize
+
+
+def resolved_accelerator(cfg: TrainConfig) -> str:
+    """`cpu` or `cuda`: the config's accelerator, `auto` meaning cuda when a GPU is visible."""
+    return (
+        cfg.accelerator
+        if cfg.accelerator != "auto"
+        else ("cuda" if torch.cuda.is_available() else "cpu")
+    )
+
+
+def compute_dtype(precision: str) -> torch.dtype:
+    """The dtype attention sees: bf16 parameters under FSDP2's bf16-mixed policy, float32 under 32-true."""
+    return torch.bfloat16 if precision == "bf16-mixed" else torch.float32
+
+
+def attention_choice(cfg: TrainConfig) -> str:
+    """The attention backend this run trains with and why, checked before launch (ConfigError if it cannot run)."""
+    try:
+        _, why = explain_backend(
+            cfg.model.attention_backend,
+            resolved_accelerator(cfg),
+            compute_dtype(cfg.precision),
+            backward=True,
+        )
+    except BackendError as err:
+        raise ConfigError(f"model.attention_backend: {err}") from None
+    return f"attention: {why}"
+
+
+def build_fabric(cfg: TrainConfig):
+    """Fabric with ModelParallelStrategy(FSDP2) for this config (not yet launched)."""
+    from lightning.fabric import Fabric
+    from lightning.fabric.strategies import ModelParallelStrategy
+
+    accelerator = resolved_accelerator(cfg)
+    devices = (
+        cfg.devices
+        if cfg.devices != "auto"
+        else (torch.cuda.device_count() if accelerator == "cuda" else 1)
+    )
+    world = int(devices) * cfg.num_nodes
+    mixed = cfg.precision == "bf16-mixed"
+    strategy = ModelParallelStrategy(
+        make_parallelize(mixed, cfg.model.activation_checkpointing),
+        data_parallel_size=world,
+        tensor_parallel_size=1,
+        save_distributed_checkpoint=cfg.checkpoint.sharded,
+    )
+    return Fabric(
+        accelerator=accelerator,
+        devices=devices,
+        num_nodes=cfg.num_nodes,
+        strategy=strategy,
+        precision="32-true",
+        loggers=fabric_loggers(cfg),
+    )

@@ -1,0 +1,218 @@
+"""The resolved run: a run config checked against its data, model and resume point before any compute.
+
+Everything a user can get wrong (data, model, batch geometry, a resume from another config or
+other documents, a fresh start over an existing run) raises a ConfigError or CheckpointError
+naming the key or file and the fix, before processes launch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from posfreq.train import checkpoint as ckpt
+from posfreq.train.geometry import batch_geometry, resolve_model_config
+from posfreq.train.optim import lr_at
+from posfreq.train.packing_plan import some_document_has_weight
+from posfreq.train.run_config import (
+    ConfigError,
+    TrainConfig,
+    config_differences,
+    overridden_changes,
+)
+from posfreq.train.run_control import run_files
+from posfreq.train.safe_load import CheckpointError
+from posfreq.train.shards import TokenDataset
+from posfreq.train.tokenizer import get_tokenizer
+from posfreq.train.upsample import LengthUpsample
+
+
+class ResolvedRun:
+    """The resolved run: model config, batch geometry, schedule length, resume point; all validated."""
+
+    def __init__(self, cfg: TrainConfig, world_size: int) -> None:
+        self.cfg = cfg
+        self.world_size = world_size
+        if not cfg.data.dir:
+            raise ConfigError(
+                "data.dir is empty. Fix: set --data.dir to a directory written by scripts/prepare_data.py"
+            )
+        try:
+            self.dataset = TokenDataset(cfg.data.dir, tokenizer=cfg.data.tokenizer)
+        except (FileNotFoundError, ValueError) as err:
+            raise ConfigError(f"data.dir: {err}") from err
+        if self.dataset.num_tokens == 0:
+            raise ConfigError(
+                f"data.dir {cfg.data.dir} holds no tokens. Fix: re-run scripts/prepare_data.py"
+            )
+        self.data_fingerprint = self.dataset.fingerprint()
+        self.val_dataset = self._validation_data(cfg)
+        self._check_upsample(cfg)
+        self.model_config = resolve_model_config(cfg, self.dataset.vocab_size)
+        if self.model_config.vocab_size < self.dataset.vocab_size:
+            raise ConfigError(
+                f"model vocab_size {self.model_config.vocab_size} < the data's {self.dataset.vocab_size} "
+                f"({self.dataset.tokenizer}). Fix: drop model.overrides.vocab_size."
+            )
+        geometry = batch_geometry(cfg, world_size)
+        self.global_rows, self.accumulation = geometry.global_rows, geometry.accumulation
+        self.total_steps = geometry.total_steps
+        self.tokenizer_spec = self._tokenizer_spec()
+        self.skipped: list[
+            str
+        ] = []  # checkpoints `--resume auto` passed over, each with the reason
+        self.schedule_change: str | None = None  # what --resume_override changed, for the report
+        self.resume_from = self._resume_point()
+
+    def _check_upsample(self, cfg: TrainConfig) -> None:
+        """Refuse length weights that give the corpus's documents no expected copy at all (every epoch empty)."""
+        weights = LengthUpsample.parse(cfg.data.length_upsample, where="data.length_upsample")
+        if weights and not some_document_has_weight(self.dataset, weights):
+            raise ConfigError(
+                f"data.length_upsample={cfg.data.length_upsample} gives every document of data.dir "
+                f"{cfg.data.dir} weight 0: no epoch would hold a token. Fix: give some lengths a weight."
+            )
+
+    def _validation_data(self, cfg: TrainConfig) -> TokenDataset | None:
+        """The held-out shards of data.val_dir (same tokenizer as the training shards), or None."""
+        if not cfg.data.val_dir:
+            return None
+        try:
+            val = TokenDataset(cfg.data.val_dir, tokenizer=self.dataset.tokenizer)
+        except (FileNotFoundError, ValueError) as err:
+            raise ConfigError(f"data.val_dir: {err}") from err
+        if val.num_tokens == 0:
+            raise ConfigError(
+                f"data.val_dir {cfg.data.val_dir} holds no tokens. Fix: point it at held-out shards "
+                "(posfreq prepare --val-fraction writes them) or set it to null"
+            )
+        return val
+
+    def _tokenizer_spec(self) -> dict:
+        spec = {
+            "spec": self.dataset.tokenizer,
+            "vocab_size": self.dataset.vocab_size,
+            "eos_id": self.dataset.eos_id,
+        }
+        try:
+            spec["bos_id"] = get_tokenizer(self.dataset.tokenizer).bos_id
+        except (ValueError, ImportError, FileNotFoundError):
+            spec["bos_id"] = (
+                None  # a tokenizer registered only in another process (e.g. the demo's)
+            )
+        return spec
+
+    def _auto_resume_point(self) -> Path | None:
+        """The newest checkpoint that verifies; None for a fresh run; an error if checkpoints exist but none verify."""
+        path, self.skipped = ckpt.choose_resume_checkpoint(self.cfg.out)
+        if path is None and self.skipped:
+            raise CheckpointError(
+                f"resume=auto: no checkpoint under {ckpt.checkpoint_root(self.cfg.out)} can be resumed:\n  "
+                + "\n  ".join(self.skipped)
+                + "\nFix: restore a good copy of one of them, or pass --resume PATH to "
+                "a checkpoint you trust; to start over, use a new --out (nothing was deleted)."
+            )
+        return path
+
+    def _resume_point(self) -> Path | None:
+        cfg = self.cfg
+        if cfg.overwrite and cfg.resume is not None:
+            raise ConfigError(
+                f"--overwrite starts afresh, --resume {cfg.resume} continues: choose one "
+                "(--resume null --overwrite, or --resume auto without --overwrite)"
+            )
+        if cfg.resume is None:
+            self._refuse_restart_over_a_run()
+            return None
+        path = self._auto_resume_point() if cfg.resume == "auto" else Path(cfg.resume)
+        if path is None:
+            return None
+        meta = ckpt.read_trainer_state(path)
+        if meta is None:
+            raise ConfigError(
+                f"resume={cfg.resume}: {path} is not a complete checkpoint (no valid trainer.json + state)"
+            )
+        if not meta.get("resumable"):
+            raise ConfigError(
+                f"resume: {path} holds model weights only (checkpoint.milestone_weights_only, or "
+                "reduced by checkpoint.keep_full); resume from a full checkpoint such as "
+                "OUT/checkpoints/latest"
+            )
+        if cfg.resume != "auto":  # `auto` verified it while choosing
+            self._verify_chosen(path, meta)
+        diffs = config_differences(meta["config"], cfg.to_dict())
+        saved_model = ckpt.load_model_config(path)
+        if saved_model != self.model_config:
+            diffs.append(
+                f"model config: checkpoint {saved_model.to_dict()} vs now {self.model_config.to_dict()}"
+            )
+        if diffs:
+            raise ConfigError(
+                f"resume: {path} was written by a different config:\n  "
+                + "\n  ".join(diffs)
+                + "\nFix: resume with the original config, or start a new run in a new --out directory."
+            )
+        changes = overridden_changes(meta["config"], cfg.to_dict())
+        if changes:
+            self.schedule_change = self._schedule_change(meta, changes)
+        self._check_same_data(path, meta)
+        if meta["sharded"] != cfg.checkpoint.sharded:
+            raise ConfigError(
+                f"resume: {path} is {'sharded' if meta['sharded'] else 'a full file'}; set "
+                f"--checkpoint.sharded {str(meta['sharded']).lower()} to load it"
+            )
+        ckpt.verify_resume_files(path)  # Fabric reads it through DCP's unrestricted unpickler
+        return path
+
+    def _refuse_restart_over_a_run(self) -> None:
+        """A fresh start (resume null) into a directory that holds a run would mix two runs' logs and checkpoints."""
+        out = Path(self.cfg.out)
+        held = [p.name for p in run_files(out) if p.exists()]
+        init = Path(self.cfg.model.init_from).resolve() if self.cfg.model.init_from else None
+        if (
+            self.cfg.overwrite
+            and init is not None
+            and any(init.is_relative_to(p.resolve()) for p in run_files(out))
+        ):
+            raise ConfigError(
+                f"model.init_from={self.cfg.model.init_from} lies in the run files --overwrite would "
+                "delete. Fix: copy that checkpoint elsewhere first, or use another --out"
+            )
+        if held and not self.cfg.overwrite:
+            raise ConfigError(
+                f"--out {out} holds a run ({', '.join(held)}) and --resume is null (start afresh). "
+                "Fix: --resume auto to continue it, a new --out to start another run, or --overwrite "
+                "to delete that run's files and start afresh (nothing was changed)."
+            )
+
+    def _schedule_change(self, meta: dict, changes: list[str]) -> str:
+        """The overridden keys and the schedule from the resumed step on, before and after (next LR, total steps)."""
+        step, old = int(meta["step"]), meta["schedule"]
+        return (
+            f"resume_override: {'; '.join(changes)}; schedule from step {step}: next LR {old['next_lr']:.6g} -> "
+            f"{lr_at(step, self.cfg, self.total_steps):.6g}, total steps {old['total_steps']:,} -> "
+            f"{self.total_steps:,}"
+        )
+
+    def _verify_chosen(self, path: Path, meta: dict) -> None:
+        """Check the files of the checkpoint named by --resume PATH against its manifest."""
+        try:
+            ckpt.verify_checkpoint(path, meta)
+        except CheckpointError as err:
+            raise CheckpointError(
+                f"resume={self.cfg.resume}: {err}. Fix: restore a good copy of it, or use "
+                "--resume auto (the newest checkpoint whose files verify)."
+            ) from None
+
+    def _check_same_data(self, path: Path, meta: dict) -> None:
+        """Refuse to resume on other documents than the checkpoint's, even with equal document and token counts."""
+        saved = meta.get("data")
+        if (
+            saved is None or saved["fingerprint"] == self.data_fingerprint
+        ):  # None: before fingerprints
+            return
+        raise ConfigError(
+            f"resume: {path} was trained on data.dir {saved['dir']} (data fingerprint {saved['fingerprint'][:16]}), "
+            f"but data.dir {self.cfg.data.dir} holds other documents (fingerprint {self.data_fingerprint[:16]}): "
+            "shard names, file sizes or document offsets differ. Fix: set --data.dir to the data this run was "
+            "trained on (a copy of its shard files is fine), or start a new run in a new --out directory."
+        )
