@@ -11,11 +11,8 @@ from typing import Mapping, Sequence
 from posfreq.analysis.run_table import find_run_results
 from posfreq.analysis.tables import read_csv
 
-COLUMNS = (
-    "train_len",
-    "seed",
-    "variant",
-    "checkpoint",
+# One checkpoint's effective length, as the comparison and the demo reports show it.
+CHECKPOINT_COLUMNS = (
     "tokens_seen",
     "effective_length",
     "effective_length_lo",
@@ -24,6 +21,7 @@ COLUMNS = (
     "f_effective_length",
     "tf_effective_length",
 )
+COLUMNS = ("train_len", "seed", "variant", "checkpoint", *CHECKPOINT_COLUMNS)
 
 
 def data_variant(config: Mapping) -> str:

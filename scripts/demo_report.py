@@ -9,16 +9,16 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
-from posfreq.analysis.tables import read_csv
+from posfreq.analysis.probed_runs import CHECKPOINT_COLUMNS
+from posfreq.analysis.tables import markdown_table, read_csv
 from posfreq.scripts.demo_agreement import agreement_lines
 from posfreq.scripts.demo_pipeline import REPO, DemoSettings, Pipeline
 from posfreq.train.cli import code_version
 
 
 def markdown(rows: list[dict], columns: list[str]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(row.get(c, "")) for c in columns) + " |" for row in rows]
-    return "\n".join(lines)
+    """A REPORT.md table: floats to 2 decimals, an empty cell as a dash."""
+    return markdown_table(rows, columns, _cell).rstrip("\n")
 
 
 def _cell(value) -> str:
@@ -146,19 +146,10 @@ def write_report(
         "## Effective length per checkpoint (95% bootstrap interval over tests)",
         "",
     ]
-    cols = [
-        "tokens_seen",
-        "effective_length",
-        "effective_length_lo",
-        "effective_length_hi",
-        "effective_length_status",
-        "f_effective_length",
-        "tf_effective_length",
-    ]
     for name, run in runs.items():
         for probe_dir in sorted(d for d in run.glob("probe*") if d.is_dir()):
             rows = read_csv(probe_dir / "effective_length.csv")
-            shown = cols + [c for c in rows[0] if c.startswith("pass_rate_")]
+            shown = [*CHECKPOINT_COLUMNS] + [c for c in rows[0] if c.startswith("pass_rate_")]
             lines += [f"### {name}, {probe_dir.name}", "", markdown(rows, shown), ""]
     lines += [
         f"## Table 1 analogue: pass rate at the training length, last checkpoint (seed {settings.seeds[0]})",

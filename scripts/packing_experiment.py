@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from posfreq.analysis.frequency import position_frequency
+from posfreq.analysis.probed_runs import CHECKPOINT_COLUMNS
 from posfreq.analysis.tables import read_csv
 from posfreq.scripts.demo_pipeline import (
     FULL,
@@ -204,17 +205,7 @@ def write_report(
         lines += [
             f"### {name}",
             "",
-            markdown(
-                rows,
-                [
-                    "tokens_seen",
-                    "effective_length",
-                    "effective_length_lo",
-                    "effective_length_hi",
-                    "effective_length_status",
-                    "f_effective_length",
-                ],
-            ),
+            markdown(rows, [c for c in CHECKPOINT_COLUMNS if c != "tf_effective_length"]),
             "",
         ]
     lines += ["## Figures", ""]
