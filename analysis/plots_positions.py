@@ -12,7 +12,7 @@ import numpy as np
 from posfreq.analysis.plots import plt, save_figure
 
 if TYPE_CHECKING:
-    from posfreq.train.positions import PositionScheme
+    from posfreq.train.position_scheme import PositionScheme
 
 ANNOTATE_UP_TO = 24
 """Distance matrices up to this size get their distance written in every cell."""

@@ -50,7 +50,7 @@ from posfreq.analysis.pass_curve import STATUS_NONE_PASSED, Analysis
 from posfreq.analysis.probe_runner import Job, probe_models, probe_run
 from posfreq.analysis.probe_settings import ProbeError, ProbeSettings, parse_lengths, result_key
 from posfreq.analysis.probe_sources import Builders, checkpoint_source, hf_source
-from posfreq.train.attention import BACKENDS
+from posfreq.train.attention_kernels import BACKENDS
 from posfreq.train.cli import command_parser, parse, parse_shard
 
 CPU_BATCH_TOKENS = 8192

@@ -7,12 +7,8 @@ import math
 import pytest
 import torch
 
-from posfreq.train.attention import (
-    BackendError,
-    available_backends,
-    resolve_backend,
-    varlen_attention,
-)
+from posfreq.train.attention import varlen_attention
+from posfreq.train.attention_kernels import BackendError, available_backends, resolve_backend
 
 
 def naive_attention(q, k, v, lens_q, lens_k, window=None):
@@ -150,12 +146,14 @@ def kernel_can_run(name, device, dtype, lse, backward):
 
 @pytest.mark.parametrize("present", [set(), {"varlen"}, {"flash"}, {"varlen", "flash", "xformers"}])
 def test_resolution_never_returns_a_kernel_that_cannot_run_the_call(monkeypatch, present):
-    import posfreq.train.attention as attention
+    import posfreq.train.attention_kernels as attention_kernels
 
     monkeypatch.setattr(
-        attention, "kernel_present", lambda name: name in present or name in ("sdpa", "flex")
+        attention_kernels,
+        "kernel_present",
+        lambda name: name in present or name in ("sdpa", "flex"),
     )
-    for backend in attention.BACKENDS:
+    for backend in attention_kernels.BACKENDS:
         for device in ("cpu", "cuda"):
             for dtype in (torch.float32, torch.bfloat16, torch.float16):
                 for lse in (False, True):
@@ -190,9 +188,9 @@ def test_resolution_never_returns_a_kernel_that_cannot_run_the_call(monkeypatch,
 
 
 def test_two_pass_merge_refuses_kernels_that_drop_the_lse_gradient(monkeypatch):
-    import posfreq.train.attention as attention
+    import posfreq.train.attention_kernels as attention_kernels
 
-    monkeypatch.setattr(attention, "kernel_present", lambda name: True)
+    monkeypatch.setattr(attention_kernels, "kernel_present", lambda name: True)
     for name in ("varlen", "flash"):
         resolve_backend(name, "cuda", torch.bfloat16, return_lse=True)  # inference: fine
         with pytest.raises(BackendError, match="ignores the log-sum-exp's gradient"):
@@ -309,7 +307,7 @@ def test_varlen_and_flash_adapters_against_flashattention_doubles(monkeypatch, w
 def test_flex_block_mask_is_the_document_causal_mask_padded_to_a_power_of_two(window):
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from posfreq.train.attention import flex_block_mask, flex_padded_length
+    from posfreq.train.attention_flex import flex_block_mask, flex_padded_length
 
     lens_q, lens_k = (
         [1, 140, 3, 60],
@@ -337,14 +335,14 @@ def test_flex_block_mask_is_the_document_causal_mask_padded_to_a_power_of_two(wi
 
 
 def test_flex_mask_is_built_once_per_forward_not_per_layer(monkeypatch):
-    import posfreq.train.attention as attention
+    import posfreq.train.attention_flex as attention_flex
     from posfreq.train.config import model_preset
     from posfreq.train.model import Transformer
 
     built = []
-    real = attention._document_positions
+    real = attention_flex._document_positions
     monkeypatch.setattr(
-        attention, "_document_positions", lambda *a, **k: built.append(1) or real(*a, **k)
+        attention_flex, "_document_positions", lambda *a, **k: built.append(1) or real(*a, **k)
     )
     model = Transformer(
         model_preset("tiny-2l-128", vocab_size=97, n_layers=3), attention_backend="flex"

@@ -9,10 +9,15 @@ import pytest
 import torch
 
 import posfreq.train.attention as attention
-import posfreq.train.positions as positions
+import posfreq.train.attention_merge as attention_merge
+import posfreq.train.dca as dca
+import posfreq.train.position_scheme as position_scheme
+import posfreq.train.string_scheme as string_scheme
+from posfreq.train.attention_merge import AttentionInputs
 from posfreq.train.config import ModelConfig
 from posfreq.train.model import Transformer, positions_in_sequences, uniform_cu_seqlens
-from posfreq.train.positions import AttentionInputs, PositionScheme, build_scheme
+from posfreq.train.position_scheme import PositionScheme
+from posfreq.train.positions import build_scheme
 from posfreq.train.rotary import RotaryBase
 
 HEAD_DIM = 16
@@ -171,7 +176,7 @@ def test_fast_equals_reference(name, options, layout, monkeypatch):
         (8, (4, 1), False),
         (5, (4, 4), True),
     ):
-        monkeypatch.setattr(positions, "DENSE_BLOCK", block)
+        monkeypatch.setattr(dca, "DENSE_BLOCK", block)
         x = make_inputs(scheme, lens_k, lens_q, heads, kv_heads, seed=block)
         with torch.set_grad_enabled(grad):
             fast = scheme.attend(x)
@@ -208,15 +213,15 @@ def test_string_one_pass_decode_equals_reference_and_two_pass(options, len_q, ba
     scheme = scheme_for("string", options)
     shift = options["shift"]
     calls = []
-    one_pass = positions.StringScheme.decode
+    one_pass = string_scheme.StringScheme.decode
 
     def recorded(self, q, k, v, pos_q, batch_, len_q_, len_k):
         calls.append(len_k)
         return one_pass(self, q, k, v, pos_q, batch_, len_q_, len_k)
 
-    monkeypatch.setattr(positions.StringScheme, "decode", recorded)
+    monkeypatch.setattr(string_scheme.StringScheme, "decode", recorded)
     for block in (64, 2):  # DECODE_BLOCK 2 splits chunks into query blocks
-        monkeypatch.setattr(positions, "DECODE_BLOCK", block)
+        monkeypatch.setattr(string_scheme, "DECODE_BLOCK", block)
         for len_k in sorted(
             {
                 len_q + 1,
@@ -235,7 +240,7 @@ def test_string_one_pass_decode_equals_reference_and_two_pass(options, len_q, ba
             fast = scheme.attend(x)
             torch.testing.assert_close(fast, reference_attend(scheme, x), atol=2e-5, rtol=2e-5)
             torch.testing.assert_close(
-                fast, positions.SplitScheme.attend(scheme, x), atol=2e-5, rtol=2e-5
+                fast, position_scheme.SplitScheme.attend(scheme, x), atol=2e-5, rtol=2e-5
             )
     assert calls and min(calls) > shift  # the one-pass path ran, and only beyond the shift
 
@@ -280,7 +285,7 @@ def _with_scheme(model: Transformer, name: str, options: dict, reference: bool) 
     "name,options", MODEL_SETTINGS, ids=[n + str(len(o)) for n, o in MODEL_SETTINGS]
 )
 def test_model_prefill_and_cached_decoding(model, name, options, monkeypatch):
-    monkeypatch.setattr(positions, "DENSE_BLOCK", 8)
+    monkeypatch.setattr(dca, "DENSE_BLOCK", 8)
     gen = torch.Generator().manual_seed(1)
     packed = torch.randint(0, CONFIG.vocab_size, (7 + 30 + 45,), generator=gen)
     cu = torch.tensor([0, 7, 37, 82], dtype=torch.int32)
@@ -376,8 +381,8 @@ def test_cached_decoding_never_packs_the_cache(model, name, monkeypatch):
 
     with torch.no_grad():
         m.hidden_states(prompt.reshape(-1), uniform_cu_seqlens(3, 20, "cpu"), 20, caches)
-        monkeypatch.setattr(positions.AttentionInputs, "k", property(refuse))
-        monkeypatch.setattr(positions.AttentionInputs, "v", property(refuse))
+        monkeypatch.setattr(attention_merge.AttentionInputs, "k", property(refuse))
+        monkeypatch.setattr(attention_merge.AttentionInputs, "v", property(refuse))
         for size in (1, 1, 4):
             ids = prompt[:, :size].reshape(-1)
             m.hidden_states(
@@ -538,15 +543,15 @@ def test_distance_picture(tmp_path):
 def test_float32_passes_stay_float32_under_bf16_autocast():
     """The probe runs under bf16 autocast on a GPU: the dense passes documented as float32 must not be cast back."""
     from posfreq.train.attention import _attend_dense
-    from posfreq.train.positions import _dense_attention
+    from posfreq.train.attention_merge import dense_attention
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(6, 4, 16, generator=g) for _ in range(3))
     allowed = torch.rand(6, 6, generator=g) > 0.3
     allowed[:, 0] = True
-    want = _dense_attention(q.double(), k.double(), v.double(), allowed)
+    want = dense_attention(q.double(), k.double(), v.double(), allowed)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = _dense_attention(q, k, v, allowed)
+        got = dense_attention(q, k, v, allowed)
         out, lse = _attend_dense(
             q.transpose(0, 1)[None],
             k.transpose(0, 1)[None],

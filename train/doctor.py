@@ -42,7 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from posfreq.train import attention
+from posfreq.train import attention_kernels as attention
 from posfreq.train.cli import command_parser, parse
 from posfreq.train.outdir import OutputDirError, claim_output_dir
 

@@ -17,8 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posfreq.train.attention_merge import AttentionInputs
 from posfreq.train.config import ModelConfig
-from posfreq.train.positions import AttentionInputs, PositionScheme, build_scheme
+from posfreq.train.position_scheme import PositionScheme
+from posfreq.train.positions import build_scheme
 from posfreq.train.rotary import RotaryBase
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from posfreq.train.attention import BackendError, explain_backend
+from posfreq.train.attention_kernels import BackendError, explain_backend
 from posfreq.train.loggers import fabric_loggers
 from posfreq.train.model import Transformer
 from posfreq.train.run_config import ConfigError, TrainConfig
