@@ -3,7 +3,7 @@
 Eq. 2 lives in `position_frequency` only: documents are cut into pieces of at most L tokens (the
 paper's truncation), then f(i) = sum over pieces s of max(|s| - i, 0) for 0 <= i < L. The same
 function serves a corpus histogram, the analytic cases of Fig. 1b/1c, and a trainer checkpoint's
-histogram of trained segment lengths or its prediction by the packing plan (train/packing_plan.py;
+histogram of trained segment lengths or its prediction by the packing plan (train/packing_schedule.py;
 segments are already <= L, so truncation is a no-op).
 
 Numpy only (no matplotlib, no torch), so every job and figure that needs f imports it from here.

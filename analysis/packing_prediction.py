@@ -1,5 +1,5 @@
 """What a trainer trains from a corpus, per packing strategy: the trainer's own packing plan
-(train/packing_plan.py) over the corpus's document lengths, one epoch, no tokens.
+(train/packing_schedule.py) over the corpus's document lengths, one epoch, no tokens.
 
 A histogram has no document order, so the documents are laid out in a seeded random order: the
 prediction is exact in distribution, not row by row. best_fit and padded train exactly the corpus f
@@ -16,12 +16,8 @@ import numpy as np
 from posfreq.analysis.frequency import position_frequency, position_shares, scale_to_budget
 from posfreq.analysis.histogram import LengthHistogram
 from posfreq.train.corpus_records import CorpusError
-from posfreq.train.packing_plan import (
-    STRATEGIES,
-    Documents,
-    EpochPrediction,
-    predict_trained_histogram,
-)
+from posfreq.train.packing_schedule import EpochPrediction, predict_trained_histogram
+from posfreq.train.packing_strategies import STRATEGIES, Documents
 from posfreq.train.run_config import DataSection, TrainConfig
 from posfreq.train.upsample import LengthUpsample
 

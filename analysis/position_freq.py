@@ -54,7 +54,7 @@ from posfreq.train.cli import command_parser, parse
 from posfreq.train.corpus_cli import add_corpus_arguments, corpus_from_args, shard_from_args
 from posfreq.train.corpus_records import CorpusError, lost_files_report
 from posfreq.train.outdir import OutputDirError
-from posfreq.train.packing_plan import STRATEGIES, Strategy
+from posfreq.train.packing_strategies import STRATEGIES, Strategy
 from posfreq.train.run_config import DataSection, TrainConfig
 from posfreq.train.upsample import LengthUpsample
 

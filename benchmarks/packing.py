@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from posfreq.train.packing import PackedSampler
-from posfreq.train.packing_plan import STRATEGIES, PackingPlan
+from posfreq.train.packing_schedule import PackingSchedule
+from posfreq.train.packing_strategies import STRATEGIES
 from posfreq.train.shards import ShardWriter, TokenDataset
 
 GOAL = 10.0  # packing should run at least this many times faster than the trainer consumes rows
@@ -62,7 +63,7 @@ def full_piece_share(lengths: np.ndarray, L: int) -> float:
 def plan_rate(dataset: TokenDataset, L: int, packing: str, block: int) -> tuple[float, float, int]:
     """(rows/s, padding share, rows) of planning one epoch from the document lengths alone."""
     start = time.perf_counter()
-    prediction = PackingPlan(dataset, L, packing, shuffle_block=block).predict_epoch(0)
+    prediction = PackingSchedule(dataset, L, packing, shuffle_block=block).predict_epoch(0)
     return (
         prediction.rows / (time.perf_counter() - start),
         prediction.padding_share,

@@ -19,13 +19,8 @@ from posfreq.train import checkpoint as ckpt
 from posfreq.train import pretrain
 from posfreq.train.model import Transformer
 from posfreq.train.packing import IGNORE_INDEX, PackedBatch, PackedSampler
-from posfreq.train.packing_plan import (
-    STRATEGIES,
-    Documents,
-    PackingPlan,
-    best_fit_decreasing,
-    predict_trained_histogram,
-)
+from posfreq.train.packing_schedule import PackingSchedule, predict_trained_histogram
+from posfreq.train.packing_strategies import STRATEGIES, Documents, best_fit_decreasing
 from posfreq.train.run_config import ConfigError, DataSection, config_from_dict
 from posfreq.train.shards import ShardWriter, TokenDataset
 from posfreq.train.upsample import LengthUpsample
@@ -143,7 +138,7 @@ def check_batch(batch: PackedBatch, offsets: np.ndarray, pad_id: int, whole_piec
 def test_an_epoch_holds_every_token_once(unique, packing, train_len, block) -> None:
     ds, offsets = unique
     sampler = PackedSampler(ds, train_len, 3, seed=3, packing=packing, shuffle_block=block)
-    rows = sampler.plan.epoch_rows(0)
+    rows = sampler.schedule.epoch_rows(0)
     assert rows.start == 0
     batch = sampler.make_batch(0, len(rows))
     check_batch(batch, offsets, ds.eos_id, whole_pieces=packing != "concat")
@@ -168,12 +163,12 @@ def test_best_fit_rows_match_a_naive_best_fit(unique) -> None:
     sampler = PackedSampler(
         ds, L, 2, seed=1, packing="best_fit"
     )  # one block: the whole corpus is the buffer
-    rows = sampler.plan.epoch_rows(0)
+    rows = sampler.schedule.epoch_rows(0)
     batch = sampler.make_batch(0, len(rows))
     fills = (batch.input_ids.numpy().reshape(len(rows), L) != ds.eos_id).sum(1)
     assert sorted(fills.tolist()) == naive_best_fit_fills(naive_pieces(ds.doc_lengths(), L), L)
     padding = 1 - fills.sum() / (len(rows) * L)
-    assert padding == pytest.approx(sampler.plan.predict_epoch(0).padding_share)
+    assert padding == pytest.approx(sampler.schedule.predict_epoch(0).padding_share)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -261,7 +256,7 @@ def test_resume_mid_epoch_reproduces_the_stream(unique, packing, upsample) -> No
         )
 
     original = make()
-    epoch_rows = original.plan.epoch_rows(0)
+    epoch_rows = original.schedule.epoch_rows(0)
     for _ in range(len(epoch_rows) // 2 + 3):  # past the first epoch, stopping mid-epoch
         next(original)
     state = json.loads(json.dumps(original.state_dict()))
@@ -275,7 +270,7 @@ def test_resume_mid_epoch_reproduces_the_stream(unique, packing, upsample) -> No
             assert torch.equal(getattr(want, field), getattr(got, field))
         assert np.array_equal(want.segment_lengths, got.segment_lengths)
     cursor = tuple(state["cursor"])
-    assert all(tuple(c) <= (0, 0, 0, 0) or tuple(c) >= cursor for c in resumed.plan._walked), (
+    assert all(tuple(c) <= (0, 0, 0, 0) or tuple(c) >= cursor for c in resumed.schedule._walked), (
         "resuming planned blocks before the saved one (a replay of the epoch)"
     )
     halves = [make(2, r) for r in range(2)]  # another world size continues the same global stream
@@ -309,7 +304,7 @@ def test_integer_weights_repeat_each_document_exactly(unique, packing) -> None:
     weights = {"1-3": 0.0, "3-20": 1.0, "30-": 3.0}
     copies = np.where(lengths < 3, 0, np.where(lengths >= 30, 3, 1))
     sampler = PackedSampler(ds, 8, 2, seed=7, packing=packing, shuffle_block=4, upsample=weights)
-    rows = sampler.plan.epoch_rows(0)
+    rows = sampler.schedule.epoch_rows(0)
     batch = sampler.make_batch(0, len(rows))
     check_batch(batch, offsets, ds.eos_id, whole_pieces=packing != "concat")
     tokens = real_tokens(batch, ds.eos_id)
@@ -326,7 +321,7 @@ def test_fractional_weights_keep_floor_or_ceil_copies_drawn_per_epoch(unique) ->
     )
     per_epoch = []
     for epoch in range(40):
-        rows = sampler.plan.epoch_rows(epoch)
+        rows = sampler.schedule.epoch_rows(epoch)
         tokens = real_tokens(sampler.make_batch(rows.start, len(rows)), ds.eos_id)
         counts = np.bincount(tokens, minlength=ds.num_tokens)[
             offsets[:-1]
@@ -353,7 +348,7 @@ def test_upsample_weights_by_source_override_the_general_bucket() -> None:
     with pytest.raises(ValueError, match="no documents of source 'books'"):
         LengthUpsample.parse({"books:0-": 2}).weights(docs.lengths, docs.sources, docs.source_names)
     with pytest.raises(ValueError, match="per-source buckets.*carry no source"):
-        PackingPlan(Documents(lengths), 8, upsample={"arxiv:0-": 2.0})
+        PackingSchedule(Documents(lengths), 8, upsample={"arxiv:0-": 2.0})
 
 
 @pytest.mark.parametrize(
@@ -620,7 +615,7 @@ def test_an_epoch_whose_draws_keep_no_document_is_passed_not_fatal(tmp_path):
     the stream goes on with the next epoch, every row still a real row; weights that give every present document 0
     are refused."""
     ds = TokenDataset(byte_shards(tmp_path, [9, 12, 7]))
-    plan = PackingPlan(ds, 8, "concat", seed=0, upsample={"0-": 0.5})
+    plan = PackingSchedule(ds, 8, "concat", seed=0, upsample={"0-": 0.5})
     empty = [e for e in range(40) if plan.predict_epoch(e).tokens == 0]
     assert empty, "no empty epoch drawn: pick another seed for this test"
     sampler = PackedSampler(ds, 8, 2, seed=0, upsample={"0-": 0.5})

@@ -1,8 +1,8 @@
 """Packed batches of rows of L tokens with cu_seqlens, and the resumable, rank-aware sampler that makes them.
 
-Which pieces of which documents fill each row is the packing plan's (train/packing_plan.py: the
-strategies ``concat``, ``best_fit``, ``padded``, epochs, shuffle blocks, length upsampling), computed
-from document lengths alone; this module reads those rows' tokens and turns them into batches.
+Which pieces of which documents fill each row is the packing schedule's (train/packing_schedule.py:
+epochs, shuffle blocks, length upsampling; train/packing_strategies.py: ``concat``, ``best_fit``,
+``padded``), computed from document lengths alone; this module reads those rows' tokens and turns them into batches.
 
 Targets are the next token inside the same attention segment; the last position of every
 segment (and every padding position) gets -100, so no target lies across a boundary the
@@ -23,7 +23,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from posfreq.train.packing_plan import Attention, Cursor, PackingPlan, RowLayout, Strategy
+from posfreq.train.packing_schedule import Cursor, PackingSchedule
+from posfreq.train.packing_strategies import Attention, RowLayout, Strategy
 from posfreq.train.shards import PREPARE_HINT, TokenDataset, concat_ranges
 from posfreq.train.upsample import LengthUpsample
 
@@ -98,7 +99,7 @@ class PackedSampler:
     """Endless, deterministic, rank-aware stream of `PackedBatch`es with exact mid-epoch resume.
 
     Each `next()` returns this rank's `rows_per_batch` rows of the next global batch, the rows
-    of `self.plan` (train/packing_plan.py). `state_dict()` is the same on every rank and can be
+    of `self.schedule` (train/packing_schedule.py). `state_dict()` is the same on every rank and can be
     loaded into a sampler with another world size or batch size: the stream continues at the
     next global row.
     """
@@ -125,7 +126,7 @@ class PackedSampler:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         if dataset.num_tokens == 0:
             raise ValueError(f"{dataset.directory} holds no tokens. {PREPARE_HINT}")
-        self.plan = PackingPlan(
+        self.schedule = PackingSchedule(
             dataset,
             train_len,
             packing,
@@ -143,7 +144,7 @@ class PackedSampler:
 
     def make_batch(self, first_row: int, rows: int) -> PackedBatch:
         """Rows [first_row, first_row + rows) of the global stream, as one batch."""
-        return assemble(self.plan.layout(first_row, rows), self.dataset, self.pad_id)
+        return assemble(self.schedule.layout(first_row, rows), self.dataset, self.pad_id)
 
     # -- iteration and state -------------------------------------------------------------------
 
@@ -154,7 +155,7 @@ class PackedSampler:
 
     def _cursor(self) -> Cursor:
         """The plan's cursor of the block that the next global batch starts in."""
-        return self.plan.locate(self.next_row * self.plan.units_per_row)[0]
+        return self.schedule.locate(self.next_row * self.schedule.units_per_row)[0]
 
     @property
     def epoch(self) -> int:
@@ -175,15 +176,15 @@ class PackedSampler:
 
     def _stream_identity(self) -> dict:
         """Settings that define the row stream; a saved state is only valid for the same ones."""
-        plan = self.plan
+        schedule = self.schedule
         return {
             "seed": self.seed,
             "train_len": self.train_len,
-            "packing": plan.packing_name,
-            "attention": plan.attention,
-            "shuffle": plan.shuffle,
-            "shuffle_block": plan.shuffle_block,
-            "length_upsample": plan.upsample.as_dict(),
+            "packing": schedule.packing_name,
+            "attention": schedule.attention,
+            "shuffle": schedule.shuffle,
+            "shuffle_block": schedule.shuffle_block,
+            "length_upsample": schedule.upsample.as_dict(),
             "num_docs": self.dataset.num_docs,
             "num_tokens": self.dataset.num_tokens,
             "pad_id": self.pad_id,
@@ -196,7 +197,8 @@ class PackedSampler:
         return {
             "next_row": self.next_row,
             "epoch": cursor.epoch,
-            "position_in_epoch": self.next_row * self.plan.units_per_row - cursor.epoch_first_unit,
+            "position_in_epoch": self.next_row * self.schedule.units_per_row
+            - cursor.epoch_first_unit,
             "cursor": list(cursor),
             **self._stream_identity(),
         }
@@ -214,5 +216,5 @@ class PackedSampler:
                 f"sampler state belongs to a different data stream ({detail}). Fix: resume "
                 "with the data directory and data settings of the saved run."
             )
-        self.plan.remember(Cursor(*state["cursor"]))
+        self.schedule.remember(Cursor(*state["cursor"]))
         self.next_row = int(state["next_row"])

@@ -12,7 +12,7 @@ from pathlib import Path
 from posfreq.train import checkpoint as ckpt
 from posfreq.train.geometry import batch_geometry, resolve_model_config
 from posfreq.train.optim import lr_at
-from posfreq.train.packing_plan import some_document_has_weight
+from posfreq.train.packing_schedule import some_document_has_weight
 from posfreq.train.run_config import (
     ConfigError,
     TrainConfig,

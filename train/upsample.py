@@ -13,7 +13,7 @@ Weights are written as a mapping from bucket keys to weights::
 ``LO-HI`` is a document length (tokens, EOS included) in [LO, HI); ``LO-`` has no upper bound;
 ``SOURCE:LO-HI`` applies to that source's documents only and takes precedence over the
 source-free buckets for them. Buckets of one scope may not overlap; lengths no bucket names keep
-weight 1. Numpy only: the packing plan (train/packing_plan.py) and the run config use it.
+weight 1. Numpy only: the packing schedule (train/packing_schedule.py) and the run config use it.
 """
 
 from __future__ import annotations
