@@ -5,7 +5,7 @@
 CHECKPOINT is anything `train.checkpoint.load_model` reads: a consolidated model directory
 (model.safetensors + model_config.json + tokenizer_spec.json) or a trainer checkpoint. The
 tokenizer (default: the checkpoint's tokenizer_spec.json) gives the BOS/EOS ids and the tokenizer
-files (`train.hf.write_tokenizer_files`): `llama3` and `bytes` are rebuilt offline with our exact
+files (`train.hf_tokenizer.write_tokenizer_files`): `llama3` and `bytes` are rebuilt offline with our exact
 ids, an hf:<dir> tokenizer's files are copied, others get none (a warning says so).
 """
 
@@ -15,7 +15,8 @@ import sys
 from typing import Literal, Optional, Sequence
 
 from posfreq.train.cli import command_parser, parse
-from posfreq.train.hf import DTYPES, EXPORT_HF
+from posfreq.train.config import DTYPES
+from posfreq.train.hf import EXPORT_HF
 from posfreq.train.outdir import OutputDirError, check_output_dir
 
 
@@ -50,7 +51,8 @@ def build_parser():
 def main(argv: Sequence[str] | None = None) -> int:
     """Load the checkpoint and write the Hugging Face directory (weights, configs, tokenizer files)."""
     from posfreq.train.checkpoint import load_model
-    from posfreq.train.hf import TOKENIZER_FILES, export_hf, write_tokenizer_files
+    from posfreq.train.hf import export_hf
+    from posfreq.train.hf_tokenizer import TOKENIZER_FILES, write_tokenizer_files
     from posfreq.train.tokenizer import get_tokenizer
 
     args = parse(build_parser(), argv)

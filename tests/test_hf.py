@@ -315,7 +315,7 @@ def test_bytes_model_export_loads_offline_with_our_ids(tmp_path: Path) -> None:
 
 
 def test_tokenizer_without_hf_form_warns_and_writes_none(tmp_path: Path) -> None:
-    from posfreq.train.hf import write_tokenizer_files
+    from posfreq.train.hf_tokenizer import write_tokenizer_files
 
     with pytest.warns(UserWarning, match="no Hugging Face files"):
         assert write_tokenizer_files("demo-vocabulary", tmp_path) == []
@@ -427,7 +427,7 @@ def _umask() -> int:
 
 def test_llama3_tokenizer_json_matches_quicktok(tmp_path: Path) -> None:
     """The exported tokenizer.json gives quicktok's Llama 3 ids (HF's own loader reads it too)."""
-    from posfreq.train.hf import write_llama3_tokenizer
+    from posfreq.train.hf_tokenizer import write_llama3_tokenizer
     from posfreq.train.tokenizer import get_tokenizer
 
     assert {f.stat().st_mode & 0o777 for f in write_llama3_tokenizer(tmp_path)} == {
