@@ -44,3 +44,24 @@ def write_slimpajama(tmp_path: Path) -> tuple[Path, list[dict]]:
             )
             records.extend(recs)
     return tmp_path / "sp", records
+
+
+def record(text: str, source: str = "RedPajamaC4") -> dict:
+    return {"text": text, "meta": {"redpajama_set_name": source}}
+
+
+def make_slimpajama(root, split="train", chunks=(1, 2, 10), files_per_chunk=2):
+    """A tiny corpus in SlimPajama's published layout; returns every record in natural file order."""
+    written = []
+    for chunk in chunks:
+        for n in (0, 1, 10)[:files_per_chunk]:
+            recs = [
+                record(
+                    f"{split} chunk {chunk} file {n} doc {k}",
+                    ("RedPajamaC4", "RedPajamaGithub")[k % 2],
+                )
+                for k in range(3)
+            ]
+            write_jsonl(root / split / f"chunk{chunk}" / f"example_{split}_{n}.jsonl.zst", recs)
+            written.extend(recs)
+    return written
