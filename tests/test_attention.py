@@ -119,7 +119,7 @@ def test_backend_errors_are_clear():
 @pytest.mark.parametrize("backend", ["varlen", "flash", "xformers", "flex"])
 def test_gpu_backends_match_sdpa_forward_lse_window_and_backward(backend):
     """The doctor's check: bf16 against sdpa in float32 (forward, lse, Lq < Lk, window, backward)."""
-    from posfreq.train.doctor import Skipped, attention_check
+    from posfreq.train.doctor_checks import Skipped, attention_check
 
     try:
         attention_check(backend, torch.device("cuda"))

@@ -1,17 +1,40 @@
-"""Checkpoint layout tests: what a checkpoint directory says about its model, read without a trainer."""
+"""Checkpoint tests: what a checkpoint says about its model, atomic saves and kills mid-save, damaged and crafted
+files (never run), retention, consolidation, RNG state."""
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import pickle
+import re
+import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from trainer_helpers import (  # noqa: F401 (pytest fixtures)
+    data_dir_fixture,
+    resumable_fixture,
+    run,
+    run_trainer_process,
+    tiny,
+    uninterrupted_fixture,
+    weights,
+)
 
+from posfreq.train import atomic, checkpoint_save, consolidate, pretrain, retention, safe_load
 from posfreq.train import checkpoint as ckpt
 from posfreq.train.config import ModelConfig
 from posfreq.train.model import Transformer
+from posfreq.train.resolved_run import ResolvedRun
+from posfreq.train.rng_state import capture_rng, restore_rng
+from posfreq.train.run_config import ConfigError, config_from_dict
+from posfreq.train.safe_load import CheckpointError
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def consolidated(directory: Path, **files: dict | np.ndarray) -> Path:
@@ -72,3 +95,476 @@ def test_read_checkpoint_info_names_the_path_and_the_fix(tmp_path):
         ckpt.CheckpointError, match=r"empty is not a checkpoint \(no model_config.json\)\. Fix:"
     ):
         ckpt.read_checkpoint_info(tmp_path / "empty")
+
+
+def test_crash_while_writing_never_leaves_a_resumable_partial(data_dir, tmp_path, monkeypatch):
+    cfg = tiny(data_dir, tmp_path, total_tokens=6 * 1024, **{"checkpoint.every_tokens": 10**9})
+    real_publish = atomic.publish_dir
+    calls = []
+
+    def crashing_publish(tmp: Path, final: Path) -> None:
+        calls.append(final)
+        if len(calls) == 2:  # the second save dies after writing everything, before the rename
+            raise KeyboardInterrupt("simulated kill")
+        real_publish(tmp, final)
+
+    monkeypatch.setattr(atomic, "publish_dir", crashing_publish)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg)
+    root = tmp_path / "checkpoints"
+    assert (root / "latest.tmp" / ckpt.TRAINER_FILE).is_file()  # complete-looking, but .tmp
+    assert ckpt.find_resume_checkpoint(tmp_path) == root / "latest"
+    assert ckpt.read_trainer_state(root / "latest")["step"] == 2
+
+    # A kill between the two renames of a replacement leaves `latest.old`, which is complete.
+    os.replace(root / "latest", root / "latest.old")
+    assert ckpt.find_resume_checkpoint(tmp_path) == root / "latest.old"
+    # A half-written directory (state without trainer.json) is never picked.
+    shutil.copytree(root / "latest.old", root / "tokens-000000000999999")
+    (root / "tokens-000000000999999" / ckpt.TRAINER_FILE).unlink()
+    assert ckpt.find_resume_checkpoint(tmp_path) == root / "latest.old"
+
+    monkeypatch.setattr(atomic, "publish_dir", real_publish)
+    history = run(cfg)  # resumes from step 2, removes the stale .tmp
+    assert [r["step"] for r in history] == [3, 4, 5, 6]
+    assert not (root / "latest.tmp").exists()
+
+
+def test_consolidate_and_load_model(data_dir, tmp_path):
+    run(tiny(data_dir, tmp_path, total_tokens=2048))
+    src = tmp_path / "checkpoints" / ckpt.milestone_name(2048)
+    out = consolidate.consolidate(src, tmp_path / "model")
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".posfreq-output.json",
+        "meta.json",
+        "model.safetensors",
+        "model_config.json",
+        "tokenizer_spec.json",
+        "trained_lengths.npy",
+    ]
+    m1, tok, meta = ckpt.load_model(src)
+    m2, tok2, meta2 = ckpt.load_model(out, dtype=torch.float32)
+    assert tok == tok2 == {"spec": "bytes", "vocab_size": 258, "bos_id": 256, "eos_id": 257}
+    assert meta["tokens_seen"] == meta2["tokens_seen"] == 2048
+    ids = torch.arange(40) % 258
+    torch.testing.assert_close(m1(ids), m2(ids), rtol=0, atol=0)
+    assert m1.generate(ids[None, :8], 4) == m2.generate(ids[None, :8], 4)
+
+
+def test_keep_full_reduces_older_milestones_to_weights(data_dir, tmp_path, capsys, monkeypatch):
+    every = {"checkpoint.every_tokens": 2048, "checkpoint.latest_every_steps": 1}
+    run(tiny(data_dir, tmp_path / "whole", **every))
+    out = tmp_path / "kept"
+    root = out / "checkpoints"
+    kept = tiny(data_dir, out, **every, **{"checkpoint.keep_full": 1})
+    run({**kept, "stop_at_step": 5})
+    resumable = lambda: {p.name: m["resumable"] for p, m in ckpt.list_checkpoints(out)}  # noqa: E731
+    name = ckpt.milestone_name
+    assert resumable() == {name(2048): False, name(4096): True, ckpt.LATEST: True}
+    capsys.readouterr()
+    run(kept)
+    assert f"resumed from {root / ckpt.LATEST} at step 5" in capsys.readouterr().out
+    assert resumable() == {
+        name(2048): False,
+        name(4096): False,
+        name(6144): False,
+        name(8192): True,
+        ckpt.LATEST: True,
+    }
+    for tokens in (2048, 4096, 6144, 8192):
+        expected = weights(tmp_path / "whole/checkpoints" / name(tokens))
+        model, tokenizer, meta = ckpt.load_model(root / name(tokens))
+        got = model.state_dict()
+        assert meta["tokens_seen"] == tokens and tokenizer["spec"] == "bytes"
+        assert expected.keys() == got.keys() and all(
+            torch.equal(expected[k], got[k]) for k in expected
+        )
+        np.testing.assert_array_equal(
+            ckpt.load_trained_lengths(root / name(tokens)),
+            ckpt.load_trained_lengths(tmp_path / "whole/checkpoints" / name(tokens)),
+        )
+    reduced = root / name(2048)
+    assert sorted(p.name for p in reduced.iterdir()) == [
+        "config.json",
+        "manifest.json",
+        "model.safetensors",
+        "model_config.json",
+        "tokenizer_spec.json",
+        "trained_lengths.npy",
+        "trainer.json",
+    ]
+    meta = ckpt.read_trainer_state(reduced)
+    ckpt.verify_checkpoint(reduced, meta)  # the manifest lists exactly what remains
+    assert meta["reduced_to_weights"] and not meta["resumable"]
+    with pytest.raises(ConfigError, match="holds model weights only"):
+        ResolvedRun(config_from_dict({**kept, "resume": str(reduced)}), 1)
+    # A kill while reducing leaves the full milestone whole (and resumable), never a half-reduced one.
+    newest = root / name(8192)
+    monkeypatch.setattr(
+        atomic, "publish_dir", lambda tmp, final: (_ for _ in ()).throw(KeyboardInterrupt("kill"))
+    )
+    with pytest.raises(KeyboardInterrupt):
+        retention.reduce_to_weights(newest)
+    meta = ckpt.read_trainer_state(newest)
+    assert meta["resumable"] and (newest / "state" / ".metadata").is_file()
+    ckpt.verify_checkpoint(newest, meta)
+    assert ckpt.find_resume_checkpoint(out) == newest
+
+
+class Payload:
+    """Unpickling this creates `marker`: it stands in for any code a crafted checkpoint would run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def reseal(checkpoint: Path) -> None:
+    """Rewrite the manifest (and trainer.json's record of it) to match the files as they are: a crafted checkpoint
+    would come with a matching manifest, so the unpickling checks must hold without it."""
+    meta = json.loads((checkpoint / ckpt.TRAINER_FILE).read_text())
+    meta["manifest_sha256"] = checkpoint_save.write_manifest(checkpoint)
+    (checkpoint / ckpt.TRAINER_FILE).write_text(json.dumps(meta))
+
+
+def plant_pickle(file: Path, payload: Payload) -> None:
+    file.write_bytes(pickle.dumps(payload))
+
+
+def plant_torch(file: Path, payload: Payload) -> None:
+    torch.save({"x": torch.zeros(2), "y": payload}, file)
+
+
+def plant_object_array(file: Path, payload: Payload) -> None:
+    np.save(file, np.array([payload], dtype=object), allow_pickle=True)
+
+
+def plant_byte_item(file: Path, payload: Payload) -> None:
+    """Append a crafted optimizer param_groups item to a .distcp file and point the metadata at it."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    with open(file.parent / ".metadata", "rb") as f:
+        metadata = safe_load._MetadataUnpickler(f).load()
+    blob = io.BytesIO()
+    torch.save(payload, blob)
+    offset = file.stat().st_size
+    with open(file, "ab") as f:
+        f.write(blob.getvalue())
+    index = next(i for i in metadata.storage_data if i.fqn == "optimizer.param_groups.0.lr")
+    metadata.storage_data[index] = _StorageInfo(file.name, offset, len(blob.getvalue()))
+    with open(file.parent / ".metadata", "wb") as f:
+        pickle.dump(metadata, f)
+
+
+@pytest.mark.parametrize(
+    "kind, name, plant",
+    [
+        ("sharded", "state/.metadata", plant_pickle),
+        ("sharded", "state/__0_0.distcp", plant_byte_item),
+        ("sharded", "state/meta.pt", plant_torch),
+        ("sharded", "rng/rank-00000.pt", plant_torch),
+        ("sharded", "trained_lengths.npy", plant_object_array),
+        ("full", "state.pt", plant_torch),
+        ("full", "rng/rank-00000.pt", plant_pickle),
+    ],
+)
+def test_resume_never_runs_code_from_checkpoint_files(
+    resumable, data_dir, tmp_path, kind, name, plant
+):
+    out = tmp_path / "run"
+    shutil.copytree(resumable[kind], out)
+    latest = out / "checkpoints" / ckpt.LATEST
+    marker = tmp_path / "payload-ran"
+    plant(latest / name, Payload(marker))
+    reseal(latest)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(tiny(data_dir, out, **{"checkpoint.sharded": kind == "sharded"})))
+    with pytest.raises(SystemExit) as exit_info:
+        pretrain.main(["--config", str(config)])
+    message = str(exit_info.value.code)
+    assert message.startswith(f"error: {latest / name}") and "refusing to load" in message, message
+    assert "Fix: resume from another checkpoint" in message
+    if name.endswith(".distcp"):  # loading the weights for evaluation checks the same items
+        with pytest.raises(CheckpointError, match="optimizer.param_groups.0.lr"):
+            ckpt.load_model(latest)
+    assert not marker.exists()
+
+
+def test_checkpoint_item_outside_its_directory_is_refused(resumable, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(resumable["sharded"], out)
+    state = out / "checkpoints" / ckpt.LATEST / "state"
+    with open(state / ".metadata", "rb") as f:
+        metadata = safe_load._MetadataUnpickler(f).load()
+    index = next(iter(metadata.storage_data))
+    metadata.storage_data[index].relative_path = "../../../../outside.distcp"
+    with open(state / ".metadata", "wb") as f:
+        pickle.dump(metadata, f)
+    with pytest.raises(CheckpointError, match=r"\.metadata: file name '\.\./.*' points outside"):
+        ckpt.verify_resume_files(state.parent)
+
+
+@pytest.fixture(scope="module")
+def stopped_at_6(data_dir, tmp_path_factory) -> dict[str, Path]:
+    """Runs stopped after step 6: `latest` (step 6) and the milestone tokens-4096 (step 4); sharded and full."""
+    runs = {}
+    for kind, sharded in (("sharded", True), ("full", False)):
+        runs[kind] = tmp_path_factory.mktemp(f"stopped-{kind}")
+        run(tiny(data_dir, runs[kind], stop_at_step=6, **{"checkpoint.sharded": sharded}))
+    return runs
+
+
+def empty(file: Path) -> None:
+    file.write_bytes(b"")
+
+
+def truncate(file: Path) -> None:
+    os.truncate(file, file.stat().st_size // 2)
+
+
+def flip_a_byte(file: Path) -> None:
+    data = bytearray(file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    file.write_bytes(bytes(data))
+
+
+def delete(file: Path) -> None:
+    file.unlink()
+
+
+@pytest.mark.parametrize(
+    "kind, name, damage, reason",
+    [
+        (
+            "sharded",
+            "state/__0_0.distcp",
+            empty,
+            r"state/__0_0\.distcp has 0 bytes, manifest\.json records \d+ ",
+        ),
+        (
+            "sharded",
+            "state/__0_0.distcp",
+            flip_a_byte,
+            r"state/__0_0\.distcp: its sha256 differs from manifest\.json",
+        ),
+        (
+            "sharded",
+            "rng/rank-00000.pt",
+            delete,
+            r"rng/rank-00000\.pt is missing \(listed in manifest\.json\)",
+        ),
+        ("sharded", "state/.metadata", delete, r"latest: not a complete checkpoint"),
+        ("sharded", "trainer.json", empty, r"latest: not a complete checkpoint"),
+        ("sharded", "manifest.json", delete, r"manifest\.json is missing"),
+        (
+            "full",
+            "state.pt",
+            truncate,
+            r"state\.pt has \d+ bytes, manifest\.json records \d+ \(truncated",
+        ),
+    ],
+)
+def test_damaged_newest_checkpoint_is_skipped_and_the_run_matches(
+    stopped_at_6, uninterrupted, data_dir, tmp_path, capsys, kind, name, damage, reason
+):
+    out = tmp_path / "run"
+    shutil.copytree(stopped_at_6[kind], out)
+    root = out / "checkpoints"
+    damage(root / ckpt.LATEST / name)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(tiny(data_dir, out, **{"checkpoint.sharded": kind == "sharded"})))
+    pretrain.main(["--config", str(config)])
+    printed = capsys.readouterr().out
+    skipped = next(
+        line.split(" ", 2)[2] for line in printed.splitlines() if " skipped checkpoint " in line
+    )
+    assert skipped.startswith(f"skipped checkpoint {root / ckpt.LATEST}: ") and re.search(
+        reason, skipped
+    ), skipped
+    assert f"resumed from {root / ckpt.milestone_name(4096)} at step 4" in printed
+    final = weights(root / ckpt.milestone_name(8 * 1024))
+    assert final.keys() == uninterrupted.keys() and all(
+        torch.equal(final[k], uninterrupted[k]) for k in final
+    )
+
+
+def test_no_checkpoint_that_verifies_is_an_error_not_a_fresh_start(resumable, data_dir, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(resumable["sharded"], out)
+    latest = out / "checkpoints" / ckpt.LATEST
+    empty(latest / "state/__0_0.distcp")
+    metrics = (out / "metrics.jsonl").read_text()
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(tiny(data_dir, out)))
+    with pytest.raises(SystemExit) as auto:
+        pretrain.main(["--config", str(config)])
+    assert str(auto.value.code).startswith(
+        f"error: resume=auto: no checkpoint under {out / 'checkpoints'} can be "
+        f"resumed:\n  {latest}: {latest / 'state/__0_0.distcp'} has 0 bytes"
+    )
+    assert "Fix: restore a good copy" in str(auto.value.code)
+    with pytest.raises(SystemExit) as named:
+        pretrain.main(["--config", str(config), "--resume", str(latest)])
+    assert str(named.value.code).startswith(
+        f"error: resume={latest}: {latest / 'state/__0_0.distcp'} has 0 bytes"
+    )
+    assert "Fix: restore a good copy of it, or use --resume auto" in str(named.value.code)
+    assert (
+        out / "metrics.jsonl"
+    ).read_text() == metrics and latest.is_dir()  # nothing trained, nothing deleted
+
+
+KILL_DURING_RENAME = """
+import os, signal
+from pathlib import Path
+
+when, name = os.environ["KILL_AT"].split(":")  # e.g. after:latest.old = SIGKILL right after renaming onto latest.old
+real_replace = os.replace
+
+
+def replace(src, dst, *args, **kwargs):
+    if when == "before" and Path(dst).name == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_replace(src, dst, *args, **kwargs)
+    if when == "after" and Path(dst).name == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+os.replace = replace
+from posfreq.train import pretrain
+pretrain.main()
+"""
+
+
+def test_sigkill_between_the_renames_of_a_save_then_resume(uninterrupted, data_dir, tmp_path):
+    root = tmp_path / "checkpoints"
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(tiny(data_dir, tmp_path, **{"checkpoint.every_tokens": 10**9})))
+    # Killed inside the second save of `latest` (step 4), just after `latest -> latest.old`.
+    first = run_trainer_process(KILL_DURING_RENAME, config, KILL_AT="after:latest.old")
+    assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
+    assert (
+        not (root / "latest").exists() and ckpt.read_trainer_state(root / "latest.old")["step"] == 2
+    )
+    # Resumed from latest.old, then killed in its next save just before `latest.tmp -> latest`: latest.old must
+    # still be there (it is the only complete copy), not deleted to make room.
+    second = run_trainer_process(KILL_DURING_RENAME, config, KILL_AT="before:latest")
+    assert second.returncode == -signal.SIGKILL, second.stderr[-3000:]
+    assert f"resumed from {root / 'latest.old'} at step 2" in second.stdout
+    assert (
+        not (root / "latest").exists() and ckpt.read_trainer_state(root / "latest.old")["step"] == 2
+    )
+    third = run_trainer_process("from train import pretrain; pretrain.main()", config)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert f"resumed from {root / 'latest.old'} at step 2" in third.stdout
+    assert "taking over a stale lock" in third.stderr  # the killed process could not release it
+    final = weights(root / ckpt.milestone_name(8 * 1024))
+    assert all(torch.equal(final[k], uninterrupted[k]) for k in uninterrupted)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", ckpt.milestone_name(8 * 1024)]
+
+
+def test_cuda_rng_is_saved_per_rank_device_and_restores_on_a_node_of_another_size(monkeypatch):
+    """Each rank drives one GPU: its state alone is saved, and an older all-GPU list restores this rank's entry
+    (not an IndexError on a node with fewer GPUs)."""
+    set_calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(
+        torch.cuda, "get_rng_state", lambda device="cuda": torch.tensor([7], dtype=torch.uint8)
+    )
+    monkeypatch.setattr(
+        torch.cuda, "get_rng_state_all", lambda: pytest.fail("every GPU's state saved by one rank")
+    )
+    monkeypatch.setattr(
+        torch.cuda, "set_rng_state", lambda state, device="cuda": set_calls.append(state.tolist())
+    )
+    monkeypatch.setattr(
+        torch.cuda, "set_rng_state_all", lambda states: pytest.fail("restores every GPU")
+    )
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    state = capture_rng()
+    assert state["cuda_device"].tolist() == [7]
+    restore_rng(state)
+    older = {
+        **{k: v for k, v in state.items() if k != "cuda_device"},
+        "cuda": [torch.tensor([i], dtype=torch.uint8) for i in range(8)],
+    }
+    restore_rng(older)  # saved on 8 GPUs, restored by rank 1 of a smaller node
+    assert set_calls == [[7], [1]]
+
+
+def snapshot(root: Path) -> dict:
+    """Every file under `root` with its bytes (directories implied): to prove a refused command changed nothing."""
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def test_consolidate_never_replaces_a_directory_it_did_not_write(data_dir, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run(tiny(data_dir, run_dir, total_tokens=2048))
+    src = run_dir / "checkpoints" / ckpt.milestone_name(2048)
+    (
+        tmp_path / "model.old"
+    ).mkdir()  # a user's directories that happen to sit where publish() would work
+    (tmp_path / "model.old" / "notes.txt").write_text("mine")
+    before = snapshot(tmp_path)
+    for out in (run_dir, tmp_path / "model"):
+        with pytest.raises(
+            SystemExit,
+            match="error: --out.* holds files `posfreq checkpoint consolidate` did not "
+            "write .*nothing was changed",
+        ):
+            consolidate.main(["consolidate", "--checkpoint", str(src), "--out", str(out)])
+        assert snapshot(tmp_path) == before
+    (tmp_path / "model.old" / "notes.txt").unlink()
+    (tmp_path / "model.old").rmdir()
+    first = consolidate.consolidate(src, tmp_path / "model")
+    again = consolidate.consolidate(src, tmp_path / "model")  # its own: replaced whole
+    assert (
+        first == again
+        and (again / "model.safetensors").is_file()
+        and not (tmp_path / "model.old").exists()
+    )
+    (
+        again / ".posfreq-output.json"
+    ).unlink()  # as an older posfreq left it: its files, meta.json naming the source
+    assert (
+        consolidate.main(
+            ["consolidate", "--checkpoint", str(src), "--out", str(again), "--dtype", "bf16"]
+        )
+        == 0
+    )
+    with pytest.raises(
+        FileNotFoundError
+    ):  # a wrong --checkpoint writes nothing, not even the temporary
+        consolidate.consolidate(run_dir / "nope", tmp_path / "other")
+    assert not (tmp_path / "other").exists() and not (tmp_path / "other.tmp").exists()
+
+
+def test_a_full_disk_during_a_save_is_named_as_such(data_dir, tmp_path, monkeypatch):
+    """safetensors words a short write as 'unexpected pos 704 vs 598': the error must say the disk is full."""
+    import shutil
+    from collections import namedtuple
+
+    def short_write(*args, **kwargs):
+        raise RuntimeError("unexpected pos 704 vs 598")
+
+    monkeypatch.setattr(checkpoint_save, "save_checkpoint", short_write)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 10**12 - 4096, 4096))
+    with pytest.raises(
+        SystemExit,
+        match=r"error: saving .*latest failed: the disk holding .* is full \(0 MiB free\) "
+        r"\(RuntimeError: unexpected pos 704 vs 598\)\. Fix: free space",
+    ):
+        config = tmp_path / "run.json"
+        config.write_text(json.dumps(tiny(data_dir, tmp_path / "run", stop_at_step=1)))
+        pretrain.main(["--config", str(config)])
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 0, 10**12))
+    with pytest.raises(
+        RuntimeError, match="unexpected pos"
+    ):  # with room on the disk, the error is not reworded
+        run(tiny(data_dir, tmp_path / "other", stop_at_step=1))

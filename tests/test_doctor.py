@@ -7,6 +7,7 @@ import json
 import pytest
 
 from posfreq.train import doctor
+from posfreq.train.doctor_checks import run_check
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -60,7 +61,7 @@ def test_a_failing_check_is_a_fail_row_not_a_crash(tmp_path):
     def broken() -> str:
         raise RuntimeError("FlashAttention only support fp16 and bf16 data type")
 
-    row = doctor.run_check("attention-x", broken, torch.device("cpu"))
+    row = run_check("attention-x", broken, torch.device("cpu"))
     assert (
         row.status == "FAIL"
         and row.detail == "RuntimeError: FlashAttention only support fp16 and bf16 data type"
