@@ -6,7 +6,7 @@ position_frequency_L{L}.csv and position_frequency.npz, the figures (analysis/co
 and f per packing strategy per L, Fig. 3 across L) and summary.json (analysis/corpus_summary.py).
 
 The corpus f is Eq. 2 over the pieces (documents cut every L tokens). What a trainer trains depends on
-its packing (train/packing_plan.py): for each --packing strategy, the same plan the trainer's sampler
+its packing (train/packing_schedule.py): for each --packing strategy, the same plan the trainer's sampler
 runs lays out one epoch's rows from the document lengths alone (no tokens), and Eq. 2 over the
 attention segments of those rows is the trained f (the f_trained_<strategy> columns;
 analysis/packing_prediction.py). best_fit and padded train exactly the corpus f (with their padding);

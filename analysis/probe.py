@@ -117,16 +117,16 @@ def build_parser() -> ArgumentParser:
         default="auto",
         help="At most this many test tokens decoded together, so long tests go in smaller batches; "
         f"null: batch-size at every length; auto: {CPU_BATCH_TOKENS} on a CPU (8 tests of 1K, 2 of "
-        "4K, 1 beyond: a batch of 8 4K-token prompts is only 1.05x one alone per test there, and holds "
-        "8 KV caches; see the README's Performance section) and no cap on a GPU.",
+        "4K, 1 beyond: larger batches of long tests gain little and hold more KV caches; "
+        "docs/performance.md) and no cap on a GPU.",
     )
     parser.add_argument(
         "--prefill-tokens",
         type=Union[int, Literal["auto"], None],
         default="auto",
         help="At most this many prompt tokens in one forward pass (whole prompts, one at least); "
-        f"null: a batch at once; auto: {CPU_PREFILL_TOKENS} on a CPU (1.02x the tests/s of 8 prompts "
-        "of 1K at once, 1.27x for 8 of 4K; see the README's Performance section) and null on a GPU.",
+        f"null: a batch at once; auto: {CPU_PREFILL_TOKENS} on a CPU (smaller activations stay in "
+        "cache; docs/performance.md) and null on a GPU.",
     )
     parser.add_argument(
         "--device",

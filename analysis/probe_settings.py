@@ -54,8 +54,8 @@ class ProbeSettings:
     precision: Precision = "auto"
     """auto: bf16 autocast on GPU and float32 on CPU (resolved before results are keyed); float32; bfloat16
     (autocast over float32 weights); or bfloat16-prefill (the prompt's forward and the teacher-forced pass under
-    bf16 autocast, the KV cache and the decoding steps in float32: the fastest on a CPU with bf16 units, see the
-    README's Performance section)."""
+    bf16 autocast, the KV cache and the decoding steps in float32: the fastest on a CPU with bf16 units, see
+    docs/performance.md)."""
     tokenizer: Optional[str] = None
     """The tokenizer spec (llama3, bytes, hf:DIR) instead of the model's own (null: the model's own)."""
     bos: BosPolicy = "auto"

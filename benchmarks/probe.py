@@ -30,8 +30,8 @@ on which; the `bytes` tokenizer would fit the vocabulary too, but its 35-token r
 does not fit a 32-token budget (Llama-3's takes 16). A random model never writes EOS or the four
 needles, so every test decodes the full `--max-new-tokens` (default 32, about a real 4-number
 answer; each length's line prints the mean generated). CPU, float32, torch's default thread count.
-The default run takes about 45 minutes on 2 cores (one 4K test is about 1.5 TFLOP, decoded 9 times
-per round); `--lengths 1024` alone takes about 10.
+The default run is long on 2 cores (one 4K test is about 1.5 TFLOP, decoded 9 times per round);
+`--lengths 1024` alone takes a fraction of it.
 
     python benchmarks/probe.py [--lengths 1024,4096] [--tests 8] [--batch-size 8] [--max-new-tokens 32] [--repeats 3]
     python benchmarks/probe.py --quick   # length 256, tiny-4l-256's shape (15.4M parameters): checks that it runs

@@ -175,7 +175,7 @@ def write_report(
 
 
 def publish_figures(out: Path) -> None:
-    """Replace docs/figures with this run's figures for the README (full mode, in a checkout): none left from an
+    """Replace docs/figures with this run's figures for the README and docs/ (full mode, in a checkout): none left from an
     older run. An installed posfreq has no docs/ to publish to; the figures stay in OUT/figures."""
     if not (REPO / "docs").is_dir():
         print(f"not a checkout (no {REPO / 'docs'}): the figures stay in {out / 'figures'}")

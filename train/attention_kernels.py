@@ -56,7 +56,7 @@ KERNELS = {
         True,
         False,
         ("cuda",),
-        "pip install flash-attn==2.8.3 --no-build-isolation (a CUDA source build; see the README)",
+        "pip install flash-attn==2.8.3 --no-build-isolation (a CUDA source build; see docs/cluster.md)",
     ),
     "xformers": Kernel(
         ("cuda",),
@@ -64,7 +64,7 @@ KERNELS = {
         False,
         False,
         ("cuda",),
-        "pip install an xformers release built for your torch version (see the README)",
+        "pip install an xformers release built for your torch version (see docs/cluster.md)",
     ),
     "flex": Kernel(("cpu", "cuda"), ANY_FLOAT, True, True, ("cuda",), "part of torch"),
 }

@@ -101,7 +101,7 @@ class ModelConfig:
 
 # TinyLlama's architecture with the Llama-3 vocabulary, as in the paper. Embeddings are untied
 # (as in TinyLlama and Llama): 0.97B parameters without the two 128,256 x 2048 matrices, 1.49B
-# with them (1.23B if they were tied); the paper's "1.3B" matches none exactly (see README).
+# with them (1.23B if they were tied); the paper's "1.3B" matches none exactly (docs/pretraining.md).
 PRESETS: dict[str, ModelConfig] = {
     "tinyllama-1.3b": ModelConfig(),
     "tiny-4l-256": ModelConfig(

@@ -1,4 +1,4 @@
-"""posfreq's 4-needle NIAH probe as an lm-evaluation-harness task (see make_tests.py and the README).
+"""posfreq's 4-needle NIAH probe as an lm-evaluation-harness task (see make_tests.py and docs/interop.md).
 
 `make_tests.py` writes the probe's exact tests at the lengths asked for as local JSONL files, one
 task YAML per length (each includes `posfreq_niah.yaml`, the shared task definition) and a group
