@@ -6,7 +6,7 @@ For each small preset (byte vocabulary, L = 256, 8,192-token steps in 2 micro-ba
 the real trainer (`train.pretrain.train`: Fabric, FSDP2 on one process, sampler, logging,
 clipping) and a bare PyTorch loop over the same model, the same packed batches and the same
 AdamW, and reports median step times after warm-up. Achieved FLOP/s uses the trainer's formula
-(6 N tokens + causal attention, see train/pretrain.py) and is printed as a fraction of the dense
+(6 N tokens + causal attention, see train/flops.py) and is printed as a fraction of the dense
 fp32 matmul FLOP/s measured in the same run with the same thread count. The goal for the
 trainer's overhead over the bare loop is 5%. With a CUDA GPU it also reports the MFU of
 tinyllama-1.3b at L = 2048 (bf16) against the GPU's peak.

@@ -390,9 +390,3 @@ def read_checkpoint_info(path: str | Path) -> CheckpointInfo:
 def load_trained_lengths(checkpoint_dir: str | Path) -> np.ndarray:
     """The trained-segment-length histogram (int64, length L + 1) saved with a checkpoint."""
     return load_array(Path(checkpoint_dir) / LENGTHS_FILE)
-
-
-if __name__ == "__main__":  # `python -m posfreq.train.checkpoint`: the `posfreq checkpoint` command
-    from posfreq.train.consolidate import main
-
-    raise SystemExit(main())
