@@ -9,19 +9,16 @@ trained-length histogram (`frequency_at`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Mapping, Sequence, get_args
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from posfreq.analysis.frequency import position_frequency
+from posfreq.analysis.niah_scoring import SCORING_RULES, ScoringRule
 
 STATUS_OK = "ok"
 STATUS_NONE_PASSED = "none_passed"
 STATUS_ALL_PASSED = "all_passed"
-ScoringRule = Literal["anywhere", "first_line"]
-
-
-SCORING_RULES: tuple[str, ...] = get_args(ScoringRule)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 import torch
 
-from posfreq.analysis.niah import ANSWER_BUDGET, NiahTest, all_needles_in, answer_text, score_answer
+from posfreq.analysis.niah import ANSWER_BUDGET, NiahTest, answer_text
+from posfreq.analysis.niah_scoring import all_needles_in, score_answer
 from posfreq.analysis.probe_settings import ANSWER_ORDERS
 from posfreq.train.tokenizer import Tokenizer
 

@@ -11,10 +11,10 @@ from posfreq.analysis.niah import (
     NiahBuilder,
     PromptFormat,
     clean_haystack,
-    extract_numbers,
     probe_needles,
     split_sentences,
 )
+from posfreq.analysis.niah_scoring import extract_numbers
 from posfreq.scripts import demo_corpus
 from posfreq.train.tokenizer import get_tokenizer
 

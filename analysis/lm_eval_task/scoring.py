@@ -2,7 +2,7 @@
 
 lm-eval decodes greedily up to EOS or the answer budget; the probe also stops as soon as all four
 needles have appeared (its score can no longer rise). `probe_answer` cuts lm-eval's text where the
-probe would have stopped, and `analysis.niah.score_answer` (the probe's own scoring) scores it.
+probe would have stopped, and `analysis.niah_scoring.score_answer` (the probe's own scoring) scores it.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Sequence
 
-from posfreq.analysis.niah import all_needles_in, score_answer
+from posfreq.analysis.niah_scoring import all_needles_in, score_answer
 
 
 def probe_answer(needles: Sequence[str], text: str) -> str:
