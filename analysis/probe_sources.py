@@ -57,12 +57,12 @@ class ModelSource:
 
 def checkpoint_source(path: Path, settings: ProbeSettings) -> ModelSource:
     """One of our checkpoints (trainer milestone or consolidated directory), as train.checkpoint reads it."""
-    from posfreq.train.checkpoint import CheckpointError, read_checkpoint_info
+    from posfreq.train.checkpoint import MODEL_CONFIG_FILE, CheckpointError, read_checkpoint_info
 
     try:
         info = read_checkpoint_info(path)
     except CheckpointError:
-        if (path / "model_config.json").is_file():
+        if (path / MODEL_CONFIG_FILE).is_file():
             raise
         what = (
             "does not exist" if not path.exists() else "is not a checkpoint (no model_config.json)"

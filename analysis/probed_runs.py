@@ -10,6 +10,7 @@ from typing import Mapping, Sequence
 
 from posfreq.analysis.run_table import find_run_results
 from posfreq.analysis.tables import read_csv
+from posfreq.train.checkpoint import CONFIG_FILE, checkpoint_root
 
 # One checkpoint's effective length, as the comparison and the demo reports show it.
 CHECKPOINT_COLUMNS = (
@@ -49,7 +50,7 @@ def run_config(probe_dir: Path, checkpoint: str) -> dict:
     meta = json.loads((probe_dir / "probe.json").read_text())
     runs = [Path(meta["run"])] if meta.get("run") else []
     runs.append(probe_dir.resolve().parent)
-    tried = [run / "checkpoints" / checkpoint / "config.json" for run in runs]
+    tried = [checkpoint_root(run) / checkpoint / CONFIG_FILE for run in runs]
     for config_file in tried:
         if config_file.is_file():
             config = json.loads(config_file.read_text())

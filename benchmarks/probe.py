@@ -58,6 +58,7 @@ from posfreq.analysis.probe import CPU_PREFILL_TOKENS
 from posfreq.analysis.probe_decoding import cut_at_eos, generate_answers, teacher_forced
 from posfreq.analysis.probe_settings import ProbeSettings, parse_lengths
 from posfreq.analysis.probe_sources import Builders, checkpoint_source
+from posfreq.train.checkpoint import CONSOLIDATED_WEIGHTS, MODEL_CONFIG_FILE, TOKENIZER_FILE
 from posfreq.train.config import ModelConfig, model_preset
 from posfreq.train.hf import export_hf
 from posfreq.train.model import Transformer
@@ -131,10 +132,10 @@ def save_random_checkpoint(directory: Path, config: ModelConfig, tokenizer: str)
     directory.mkdir(parents=True)
     save_file(
         {k: v.contiguous().clone() for k, v in model.state_dict().items()},
-        str(directory / "model.safetensors"),
+        str(directory / CONSOLIDATED_WEIGHTS),
     )
-    (directory / "model_config.json").write_text(json.dumps(config.to_dict()))
-    (directory / "tokenizer_spec.json").write_text(
+    (directory / MODEL_CONFIG_FILE).write_text(json.dumps(config.to_dict()))
+    (directory / TOKENIZER_FILE).write_text(
         json.dumps({"spec": tokenizer, "vocab_size": config.vocab_size})
     )
     return directory

@@ -16,6 +16,7 @@ from typing import Callable
 
 from posfreq.analysis.tables import read_csv
 from posfreq.train.checkpoint import MILESTONE_PREFIX, list_checkpoints
+from posfreq.train.parallel import local_launch_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -95,7 +96,8 @@ class Pipeline:
         self.logs = out / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.commands: list[tuple[str, str, float]] = []
-        self.env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        # Each command starts its own rendezvous: two lanes must not share a port an outer job left set.
+        self.env = {**local_launch_env(os.environ), "OMP_NUM_THREADS": str(threads)}
 
     def run(self, stage: str, *args: str | Path) -> None:
         cmd = [sys.executable, *map(str, args)]

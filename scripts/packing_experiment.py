@@ -42,7 +42,7 @@ from posfreq.scripts.demo_pipeline import (
     warm_ups,
 )
 from posfreq.scripts.demo_report import markdown
-from posfreq.train.checkpoint import load_trained_lengths
+from posfreq.train.checkpoint import load_trained_lengths, read_trainer_state
 from posfreq.train.cli import code_version
 
 TRAIN_LEN = 512
@@ -104,7 +104,7 @@ def trained_frequency(runs: dict[str, Path]) -> list[dict]:
         last = last_milestone(run)
         hist = load_trained_lengths(last)
         f = position_frequency(hist, TRAIN_LEN)
-        trainer = json.loads((last / "trainer.json").read_text())
+        trainer = read_trainer_state(last)
         trained = int((np.arange(len(hist)) * hist).sum())
         rows.append(
             {

@@ -85,11 +85,23 @@ def device_collectives(monkeypatch):
     return DeviceTensor
 
 
-@pytest.fixture(autouse=True)
-def restore_environment():
-    """Put os.environ back after each test: an in-process Fabric launch sets WORLD_SIZE, LOCAL_RANK, MASTER_PORT...,
-    which a later test's library (lm-eval's accelerate) would take for a distributed job."""
+def _restored_environment():
+    """Yield once, then put os.environ back as it was."""
     saved = os.environ.copy()
     yield
     os.environ.clear()
     os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def restore_environment():
+    """Put os.environ back after each test: an in-process Fabric launch sets WORLD_SIZE, LOCAL_RANK, MASTER_PORT...,
+    which a later test's library (lm-eval's accelerate) would take for a distributed job."""
+    yield from _restored_environment()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def restore_environment_after_module():
+    """The same for each test module: a module-scoped fixture's in-process run is set up before any test's own
+    snapshot, so what it leaves would otherwise outlive its module."""
+    yield from _restored_environment()

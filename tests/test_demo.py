@@ -355,3 +355,15 @@ def test_the_demo_writes_only_into_its_own_directory(tmp_path: Path) -> None:
         (older / name).mkdir(parents=True)
     (older / "REPORT.md").write_text("old")
     assert demo._earlier_demo(older) and not demo._earlier_demo(mine)
+
+
+def test_each_demo_command_starts_its_own_rendezvous(tmp_path: Path, monkeypatch) -> None:
+    """Two lanes of `posfreq pretrain` must not inherit one MASTER_PORT (both would bind it) or an outer
+    SLURM job (a child would requeue it)."""
+    from posfreq.scripts.demo_pipeline import Pipeline
+
+    for name, value in (("MASTER_PORT", "29500"), ("SLURM_JOB_ID", "7"), ("RANK", "3")):
+        monkeypatch.setenv(name, value)
+    env = Pipeline(tmp_path, lanes=2, threads=1).env
+    assert not {"MASTER_PORT", "SLURM_JOB_ID", "RANK"} & set(env)
+    assert env["OMP_NUM_THREADS"] == "1" and env["PATH"] == os.environ["PATH"]

@@ -14,6 +14,7 @@ import torch
 
 from posfreq.train import checkpoint as ckpt
 from posfreq.train import pretrain, run_control
+from posfreq.train.parallel import local_launch_env
 from posfreq.train.run_config import config_from_dict
 from posfreq.train.trainer import Trainer
 
@@ -92,17 +93,7 @@ def sigusr1_in_a_slurm_job(monkeypatch, job: str, at_step: int) -> list:
 def subprocess_env(**extra: str) -> dict[str, str]:
     """os.environ for a trainer subprocess: a fresh rendezvous (without what in-process runs left, MASTER_PORT,
     ...), no SLURM job, unbuffered output, one thread."""
-    drop = (
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "LOCAL_RANK",
-        "NODE_RANK",
-        "WORLD_SIZE",
-        "RANK",
-        "LOCAL_WORLD_SIZE",
-        "SLURM_JOB_ID",
-    )
-    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env = local_launch_env(os.environ)
     env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **extra)
     return env
 

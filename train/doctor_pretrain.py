@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from posfreq.train.parallel import local_launch_env
+
 L = 128  # the tiny run's training length
 
 
@@ -85,19 +87,7 @@ def _free_port() -> int:
 def run_pretrain(config: dict, path: Path, *extra: str) -> None:
     """`posfreq pretrain --config PATH` in a child process (Fabric starts the other local ranks from it)."""
     path.write_text(json.dumps(config))
-    launcher = (
-        "SLURM_",
-        "TORCHELASTIC_",
-        "LOCAL_RANK",
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "NODE_RANK",
-        "GROUP_RANK",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-    )  # a local launch by Fabric, not srun's or torchrun's
-    env = {k: v for k, v in os.environ.items() if not k.startswith(launcher)}
+    env = local_launch_env(os.environ)  # a local launch by Fabric, not srun's or torchrun's
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), PYTHONWARNINGS="ignore")
     proc = subprocess.run(
         [sys.executable, "-m", "posfreq.train.pretrain", "--config", str(path), *extra],

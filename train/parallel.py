@@ -4,6 +4,8 @@ checkpointing)."""
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch
 from torch import nn
 
@@ -11,6 +13,26 @@ from posfreq.train.attention_kernels import BackendError, explain_backend
 from posfreq.train.loggers import fabric_loggers
 from posfreq.train.model import Transformer
 from posfreq.train.run_config import ConfigError, TrainConfig
+
+# What srun, torchrun or an earlier in-process Fabric launch leave in the environment (prefixes).
+LAUNCHER_VARIABLES = (
+    "SLURM_",
+    "TORCHELASTIC_",
+    "LOCAL_RANK",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+def local_launch_env(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` without any launcher's variables, so a child `posfreq pretrain` starts a rendezvous of its own
+    instead of joining (or colliding with) another job's port and ranks."""
+    return {k: v for k, v in env.items() if not k.startswith(LAUNCHER_VARIABLES)}
 
 
 def _checkpointed(block: nn.Module) -> None:
