@@ -7,6 +7,9 @@ import os
 import pytest
 import torch
 
+# The trainer tests' run fixtures (data_dir, resumable, uninterrupted), made once per session.
+pytest_plugins = ("trainer_helpers",)
+
 
 @pytest.fixture(scope="module")
 def one_thread():

@@ -1,12 +1,10 @@
-"""Checkpoint tests: what a checkpoint says about its model, atomic saves and kills mid-save, damaged and crafted
-files (never run), retention, consolidation, RNG state."""
+"""Checkpoint tests: what a checkpoint says about its model, atomic saves and kills mid-save, damaged files,
+retention, RNG state (crafted files: test_safe_load.py; consolidation: test_consolidate.py)."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import pickle
 import re
 import shutil
 import signal
@@ -15,24 +13,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from trainer_helpers import (  # noqa: F401 (pytest fixtures)
-    data_dir_fixture,
-    resumable_fixture,
+from trainer_helpers import (
     run,
     run_trainer_process,
     tiny,
-    uninterrupted_fixture,
     weights,
 )
 
-from posfreq.train import atomic, checkpoint_save, consolidate, pretrain, retention, safe_load
+from posfreq.train import atomic, checkpoint_save, pretrain, retention
 from posfreq.train import checkpoint as ckpt
 from posfreq.train.config import ModelConfig
 from posfreq.train.model import Transformer
 from posfreq.train.resolved_run import ResolvedRun
 from posfreq.train.rng_state import capture_rng, restore_rng
 from posfreq.train.run_config import ConfigError, config_from_dict
-from posfreq.train.safe_load import CheckpointError
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -130,27 +124,6 @@ def test_crash_while_writing_never_leaves_a_resumable_partial(data_dir, tmp_path
     assert not (root / "latest.tmp").exists()
 
 
-def test_consolidate_and_load_model(data_dir, tmp_path):
-    run(tiny(data_dir, tmp_path, total_tokens=2048))
-    src = tmp_path / "checkpoints" / ckpt.milestone_name(2048)
-    out = consolidate.consolidate(src, tmp_path / "model")
-    assert sorted(p.name for p in out.iterdir()) == [
-        ".posfreq-output.json",
-        "meta.json",
-        "model.safetensors",
-        "model_config.json",
-        "tokenizer_spec.json",
-        "trained_lengths.npy",
-    ]
-    m1, tok, meta = ckpt.load_model(src)
-    m2, tok2, meta2 = ckpt.load_model(out, dtype=torch.float32)
-    assert tok == tok2 == {"spec": "bytes", "vocab_size": 258, "bos_id": 256, "eos_id": 257}
-    assert meta["tokens_seen"] == meta2["tokens_seen"] == 2048
-    ids = torch.arange(40) % 258
-    torch.testing.assert_close(m1(ids), m2(ids), rtol=0, atol=0)
-    assert m1.generate(ids[None, :8], 4) == m2.generate(ids[None, :8], 4)
-
-
 def test_keep_full_reduces_older_milestones_to_weights(data_dir, tmp_path, capsys, monkeypatch):
     every = {"checkpoint.every_tokens": 2048, "checkpoint.latest_every_steps": 1}
     run(tiny(data_dir, tmp_path / "whole", **every))
@@ -209,101 +182,6 @@ def test_keep_full_reduces_older_milestones_to_weights(data_dir, tmp_path, capsy
     assert meta["resumable"] and (newest / "state" / ".metadata").is_file()
     ckpt.verify_checkpoint(newest, meta)
     assert ckpt.find_resume_checkpoint(out) == newest
-
-
-class Payload:
-    """Unpickling this creates `marker`: it stands in for any code a crafted checkpoint would run."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
-
-
-def reseal(checkpoint: Path) -> None:
-    """Rewrite the manifest (and trainer.json's record of it) to match the files as they are: a crafted checkpoint
-    would come with a matching manifest, so the unpickling checks must hold without it."""
-    meta = json.loads((checkpoint / ckpt.TRAINER_FILE).read_text())
-    meta["manifest_sha256"] = checkpoint_save.write_manifest(checkpoint)
-    (checkpoint / ckpt.TRAINER_FILE).write_text(json.dumps(meta))
-
-
-def plant_pickle(file: Path, payload: Payload) -> None:
-    file.write_bytes(pickle.dumps(payload))
-
-
-def plant_torch(file: Path, payload: Payload) -> None:
-    torch.save({"x": torch.zeros(2), "y": payload}, file)
-
-
-def plant_object_array(file: Path, payload: Payload) -> None:
-    np.save(file, np.array([payload], dtype=object), allow_pickle=True)
-
-
-def plant_byte_item(file: Path, payload: Payload) -> None:
-    """Append a crafted optimizer param_groups item to a .distcp file and point the metadata at it."""
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-
-    with open(file.parent / ".metadata", "rb") as f:
-        metadata = safe_load._MetadataUnpickler(f).load()
-    blob = io.BytesIO()
-    torch.save(payload, blob)
-    offset = file.stat().st_size
-    with open(file, "ab") as f:
-        f.write(blob.getvalue())
-    index = next(i for i in metadata.storage_data if i.fqn == "optimizer.param_groups.0.lr")
-    metadata.storage_data[index] = _StorageInfo(file.name, offset, len(blob.getvalue()))
-    with open(file.parent / ".metadata", "wb") as f:
-        pickle.dump(metadata, f)
-
-
-@pytest.mark.parametrize(
-    "kind, name, plant",
-    [
-        ("sharded", "state/.metadata", plant_pickle),
-        ("sharded", "state/__0_0.distcp", plant_byte_item),
-        ("sharded", "state/meta.pt", plant_torch),
-        ("sharded", "rng/rank-00000.pt", plant_torch),
-        ("sharded", "trained_lengths.npy", plant_object_array),
-        ("full", "state.pt", plant_torch),
-        ("full", "rng/rank-00000.pt", plant_pickle),
-    ],
-)
-def test_resume_never_runs_code_from_checkpoint_files(
-    resumable, data_dir, tmp_path, kind, name, plant
-):
-    out = tmp_path / "run"
-    shutil.copytree(resumable[kind], out)
-    latest = out / "checkpoints" / ckpt.LATEST
-    marker = tmp_path / "payload-ran"
-    plant(latest / name, Payload(marker))
-    reseal(latest)
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps(tiny(data_dir, out, **{"checkpoint.sharded": kind == "sharded"})))
-    with pytest.raises(SystemExit) as exit_info:
-        pretrain.main(["--config", str(config)])
-    message = str(exit_info.value.code)
-    assert message.startswith(f"error: {latest / name}") and "refusing to load" in message, message
-    assert "Fix: resume from another checkpoint" in message
-    if name.endswith(".distcp"):  # loading the weights for evaluation checks the same items
-        with pytest.raises(CheckpointError, match="optimizer.param_groups.0.lr"):
-            ckpt.load_model(latest)
-    assert not marker.exists()
-
-
-def test_checkpoint_item_outside_its_directory_is_refused(resumable, tmp_path):
-    out = tmp_path / "run"
-    shutil.copytree(resumable["sharded"], out)
-    state = out / "checkpoints" / ckpt.LATEST / "state"
-    with open(state / ".metadata", "rb") as f:
-        metadata = safe_load._MetadataUnpickler(f).load()
-    index = next(iter(metadata.storage_data))
-    metadata.storage_data[index].relative_path = "../../../../outside.distcp"
-    with open(state / ".metadata", "wb") as f:
-        pickle.dump(metadata, f)
-    with pytest.raises(CheckpointError, match=r"\.metadata: file name '\.\./.*' points outside"):
-        ckpt.verify_resume_files(state.parent)
 
 
 @pytest.fixture(scope="module")
@@ -493,55 +371,6 @@ def test_cuda_rng_is_saved_per_rank_device_and_restores_on_a_node_of_another_siz
     }
     restore_rng(older)  # saved on 8 GPUs, restored by rank 1 of a smaller node
     assert set_calls == [[7], [1]]
-
-
-def snapshot(root: Path) -> dict:
-    """Every file under `root` with its bytes (directories implied): to prove a refused command changed nothing."""
-    return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-    }
-
-
-def test_consolidate_never_replaces_a_directory_it_did_not_write(data_dir, tmp_path, capsys):
-    run_dir = tmp_path / "run"
-    run(tiny(data_dir, run_dir, total_tokens=2048))
-    src = run_dir / "checkpoints" / ckpt.milestone_name(2048)
-    (
-        tmp_path / "model.old"
-    ).mkdir()  # a user's directories that happen to sit where publish() would work
-    (tmp_path / "model.old" / "notes.txt").write_text("mine")
-    before = snapshot(tmp_path)
-    for out in (run_dir, tmp_path / "model"):
-        with pytest.raises(
-            SystemExit,
-            match="error: --out.* holds files `posfreq checkpoint consolidate` did not "
-            "write .*nothing was changed",
-        ):
-            consolidate.main(["consolidate", "--checkpoint", str(src), "--out", str(out)])
-        assert snapshot(tmp_path) == before
-    (tmp_path / "model.old" / "notes.txt").unlink()
-    (tmp_path / "model.old").rmdir()
-    first = consolidate.consolidate(src, tmp_path / "model")
-    again = consolidate.consolidate(src, tmp_path / "model")  # its own: replaced whole
-    assert (
-        first == again
-        and (again / "model.safetensors").is_file()
-        and not (tmp_path / "model.old").exists()
-    )
-    (
-        again / ".posfreq-output.json"
-    ).unlink()  # as an older posfreq left it: its files, meta.json naming the source
-    assert (
-        consolidate.main(
-            ["consolidate", "--checkpoint", str(src), "--out", str(again), "--dtype", "bf16"]
-        )
-        == 0
-    )
-    with pytest.raises(
-        FileNotFoundError
-    ):  # a wrong --checkpoint writes nothing, not even the temporary
-        consolidate.consolidate(run_dir / "nope", tmp_path / "other")
-    assert not (tmp_path / "other").exists() and not (tmp_path / "other.tmp").exists()
 
 
 def test_a_full_disk_during_a_save_is_named_as_such(data_dir, tmp_path, monkeypatch):

@@ -6,7 +6,6 @@ import re
 
 import pytest
 from trainer_helpers import (
-    data_dir_fixture,  # noqa: F401 (pytest fixtures)
     run,
     tiny,
 )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from trainer_helpers import (
-    data_dir_fixture,  # noqa: F401 (pytest fixtures)
     run,
     tiny,
 )

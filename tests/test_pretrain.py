@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 from trainer_helpers import (
     ROOT,
-    data_dir_fixture,  # noqa: F401 (pytest fixtures)
     run,
     sigusr1_in_a_slurm_job,
     subprocess_env,

@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from trainer_helpers import ROOT, data_dir_fixture, resumable_fixture, run, tiny  # noqa: F401 (pytest fixtures)
+from trainer_helpers import ROOT, run, tiny
 
 from posfreq.train import checkpoint as ckpt
 from posfreq.train import pretrain

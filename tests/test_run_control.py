@@ -12,7 +12,6 @@ import sys
 
 import pytest
 from trainer_helpers import (
-    data_dir_fixture,  # noqa: F401 (pytest fixtures)
     run,
     run_trainer_process,
     sigusr1_in_a_slurm_job,

@@ -1,5 +1,5 @@
-"""Shared by the trainer's tests: the tiny corpus and config, a run in this process or a child, run fixtures
-(import a fixture as NAME_fixture; pytest knows it as NAME)."""
+"""Shared by the trainer's tests: the tiny corpus and config, a run in this process or a child, and the run
+fixtures (a pytest plugin of tests/conftest.py: each is made once per session, whichever module asks first)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from posfreq.train.trainer import Trainer
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module", name="data_dir")
-def data_dir_fixture(tmp_path_factory) -> Path:
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory) -> Path:
     """Two byte-tokenized shards of short, learnable synthetic documents (5-600 bytes): the doctor's corpus."""
     from posfreq.train.doctor_pretrain import write_tiny_corpus
 
@@ -98,8 +98,8 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module", name="resumable")
-def resumable_fixture(data_dir, tmp_path_factory) -> dict[str, Path]:
+@pytest.fixture(scope="session")
+def resumable(data_dir, tmp_path_factory) -> dict[str, Path]:
     """Run directories stopped after one step with a resumable `latest`: sharded (DCP) and one full file."""
     runs = {}
     for kind, sharded in (("sharded", True), ("full", False)):
@@ -108,8 +108,8 @@ def resumable_fixture(data_dir, tmp_path_factory) -> dict[str, Path]:
     return runs
 
 
-@pytest.fixture(scope="module", name="uninterrupted")
-def uninterrupted_fixture(data_dir, tmp_path_factory) -> dict[str, torch.Tensor]:
+@pytest.fixture(scope="session")
+def uninterrupted(data_dir, tmp_path_factory) -> dict[str, torch.Tensor]:
     """Final weights (tokens-8192) of the 8-step run that the interrupted runs below must reproduce."""
     out = tmp_path_factory.mktemp("uninterrupted")
     run(tiny(data_dir, out))
