@@ -86,9 +86,9 @@ def test_window_model_fails_exactly_for_needles_beyond_k(tmp_path):
 
 def test_the_attention_backend_is_checked_for_the_probe_it_runs(monkeypatch):
     """On a GPU the probe runs in bf16; a two-pass scheme needs a kernel that returns the log-sum-exp."""
-    import posfreq.train.attention as attention
+    from posfreq.train import attention_kernels
 
-    monkeypatch.setattr(attention, "kernel_present", lambda name: True)
+    monkeypatch.setattr(attention_kernels, "kernel_present", lambda name: True)
     gpu = torch.device("cuda")
     job = probe_runner.Job(probe_settings.ProbeSettings(positions="string"), None, 1, gpu)
     assert job.attention.startswith("auto -> varlen (cuda, bfloat16, log-sum-exp")
