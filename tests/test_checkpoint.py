@@ -316,6 +316,7 @@ pretrain.main()
 """
 
 
+@pytest.mark.slow  # a child process, a notebook kernel or a deliberate timeout
 def test_sigkill_between_the_renames_of_a_save_then_resume(uninterrupted, data_dir, tmp_path):
     root = tmp_path / "checkpoints"
     config = tmp_path / "config.json"

@@ -150,6 +150,7 @@ def test_stream_not_tried_unless_asked_and_errors_list_every_place(tmp_path, mon
     assert "($SLIMPAJAMA_HF)" in message and "FileNotFoundError" in message
 
 
+@pytest.mark.slow  # a child process, a notebook kernel or a deliberate timeout
 def test_cli_hub_dataset_offline_fails_fast_with_where_it_looked(tmp_path):
     import os
     import subprocess

@@ -73,6 +73,7 @@ def _umask() -> int:
     return mask
 
 
+@pytest.mark.slow  # a child process, a notebook kernel or a deliberate timeout
 def test_llama3_tokenizer_json_matches_quicktok(tmp_path: Path) -> None:
     """The exported tokenizer.json gives quicktok's Llama 3 ids (HF's own loader reads it too)."""
     from posfreq.train.hf_tokenizer import write_llama3_tokenizer

@@ -88,6 +88,7 @@ def write_fixture_runs(root: Path, monkeypatch) -> list[Path]:
     return runs
 
 
+@pytest.mark.slow  # a child process, a notebook kernel or a deliberate timeout
 def test_fresh_probe_outputs_and_relative_runs_are_drawn(tmp_path: Path, monkeypatch) -> None:
     """A run the probe just wrote (given by its run directory) and a committed run given relative to the
     repository root (the kernel runs in notebooks/) are both read, and every figure is shown."""
@@ -103,6 +104,7 @@ def test_fresh_probe_outputs_and_relative_runs_are_drawn(tmp_path: Path, monkeyp
     assert_every_figure_shown(tmp_path / "figures", images)
 
 
+@pytest.mark.slow  # a child process, a notebook kernel or a deliberate timeout
 def test_fixture_runs_are_drawn_when_there_is_no_demo(tmp_path: Path, monkeypatch) -> None:
     """In a checkout without runs/demo the notebook says it draws the committed fixtures, and draws them."""
     repo = tmp_path / "repo"

@@ -109,6 +109,7 @@ def summary_files(out: Path) -> list[str]:
     return json.loads((out / "summary.json").read_text())["files"]
 
 
+@pytest.mark.slow  # a child process, a notebook kernel or a deliberate timeout
 def test_rerun_with_other_lengths_leaves_only_its_own_outputs(slimpajama, tmp_path, monkeypatch):
     root, _ = slimpajama
     monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
@@ -296,6 +297,7 @@ def test_layout_imports_flow_one_way():
         )
 
 
+@pytest.mark.slow  # a child process, a notebook kernel or a deliberate timeout
 def test_cli_on_pg_essays_writes_all_outputs(tmp_path):
     out = tmp_path / "pg"
     cmd = [

@@ -175,6 +175,7 @@ def test_nonfinite_loss_stops_with_resume_hint_or_skips(data_dir, tmp_path):
     assert len(history) == 6 and history[-1]["skipped"]
 
 
+@pytest.mark.slow  # a child process, a notebook kernel or a deliberate timeout
 def test_nonfinite_loss_error_names_a_command_that_continues(data_dir, tmp_path, monkeypatch):
     config = tmp_path / "config.json"
     config.write_text(
@@ -234,6 +235,7 @@ def test_nonfinite_loss_error_names_a_command_that_continues(data_dir, tmp_path,
     assert ckpt.read_trainer_state(latest)["config"]["optim"]["lr"] == 0.0003
 
 
+@pytest.mark.slow  # a child process, a notebook kernel or a deliberate timeout
 def test_two_gloo_processes_match_one_process(data_dir, tmp_path):
     val = {
         "data.val_dir": str(data_dir),
@@ -299,6 +301,7 @@ def test_torn_metrics_line_is_set_aside_on_resume(data_dir, tmp_path):
     assert not list(tmp_path.glob(".metrics.jsonl.*.tmp"))  # the atomic rewrite left no temporary
 
 
+@pytest.mark.slow  # a child process, a notebook kernel or a deliberate timeout
 def test_cluster_log_is_plain_timestamped_lines_with_a_summary(data_dir, tmp_path):
     """stdout to a file (a SLURM .out): no progress bar, one parseable line per logged step, then a summary."""
     from posfreq.train.run_log import parse_line

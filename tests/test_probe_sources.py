@@ -65,6 +65,7 @@ def test_a_hostile_chat_template_cannot_reach_python(tmp_path):
         get_tokenizer(f"hf:{directory}").chat_frame()
 
 
+@pytest.mark.slow  # a child process, a notebook kernel or a deliberate timeout
 @pytest.mark.parametrize(
     "template,message",
     [

@@ -110,6 +110,7 @@ pretrain.main()
 """
 
 
+@pytest.mark.slow  # a child process, a notebook kernel or a deliberate timeout
 def test_signal_during_startup_saves_and_exits_not_requeued(data_dir, tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(tiny(data_dir, tmp_path)))
