@@ -23,7 +23,7 @@ def shortfall(rows: Sequence[Mapping]) -> dict:
     runs = {}
     for r in rows:
         key = (r["train_len"], r["variant"], r["seed"])
-        if key not in runs or r["tokens_seen"] > runs[key]["tokens_seen"]:
+        if key not in runs or r["tokens_trained"] > runs[key]["tokens_trained"]:
             runs[key] = r
     last = [
         {
@@ -70,8 +70,8 @@ def longer_reaches_further(rows: Sequence[Mapping], n_boot: int, seed: int) -> d
     censored: dict[tuple, bool] = {}
     for r in rows:
         key = (r["train_len"], r["seed"])
-        if key not in tokens or r["tokens_seen"] > tokens[key]:
-            tokens[key], last[key] = r["tokens_seen"], int(r["effective_length"])
+        if key not in tokens or r["tokens_trained"] > tokens[key]:
+            tokens[key], last[key] = r["tokens_trained"], int(r["effective_length"])
             censored[key] = r["effective_length_status"] == STATUS_ALL_PASSED
     seeds = sorted(
         {s for L, s in last if (lengths[0], s) in last and (lengths[1], s) in last}, key=str
@@ -213,7 +213,8 @@ def variant_effect(
             "variant_effect compares variants at one training length; filter the rows by train_len"
         )
     el = {
-        (r["variant"], r["seed"], int(r["tokens_seen"])): int(r["effective_length"]) for r in rows
+        (r["variant"], r["seed"], int(r["tokens_trained"])): int(r["effective_length"])
+        for r in rows
     }
     claim = f"at equal tokens, {other} reaches a larger effective length than {baseline} (paired by seed)"
     shared = {
@@ -285,17 +286,17 @@ def emergence(rows: Sequence[Mapping]) -> list[dict]:
     for L, v, s in sorted(runs, key=lambda k: (k[0], k[1], str(k[2]))):
         mine = sorted(
             (r for r in rows if (r["train_len"], r["variant"], r["seed"]) == (L, v, s)),
-            key=lambda r: r["tokens_seen"],
+            key=lambda r: r["tokens_trained"],
         )
         first = next((r for r in mine if int(r["effective_length"]) > 0), None)
-        share = None if first is None else first["tokens_seen"] / mine[-1]["tokens_seen"]
+        share = None if first is None else first["tokens_trained"] / mine[-1]["tokens_trained"]
         out.append(
             {
                 "train_len": L,
                 "variant": v,
                 "seed": s,
                 "checkpoints": len(mine),
-                "first_retrieval_tokens": None if first is None else first["tokens_seen"],
+                "first_retrieval_tokens": None if first is None else first["tokens_trained"],
                 "share_of_budget": share,
             }
         )

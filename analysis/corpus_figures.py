@@ -65,14 +65,14 @@ def write_figures(
     hist: np.ndarray,
     stats: Mapping[str, dict],
     predictions: Predictions,
-    budget_tokens: float,
+    total_tokens: float,
 ) -> list[Path]:
     """Fig. 1a/1b/1c and f per packing strategy for every L, and Fig. 3 (corpus f and each strategy's trained f)
     comparing all L at the same token budget; `stats` is summary.json's ``all.by_train_len``. Returns the files."""
     from posfreq.analysis import plots
 
     paths = []
-    corpus = {L: scale_to_budget(position_frequency(hist, L), budget_tokens) for L in predictions}
+    corpus = {L: scale_to_budget(position_frequency(hist, L), total_tokens) for L in predictions}
     for L, by_strategy in predictions.items():
         f = position_frequency(hist, L)
         paths += plots.plot_fig1a_length_and_frequency(
@@ -92,12 +92,12 @@ def write_figures(
         labels = {"corpus": f"corpus f, Eq. 2 over the pieces: {_shares_label(fs)}"}
         for strategy, prediction in by_strategy.items():
             ps = fs["packing"][strategy]
-            curves[strategy] = trained_at_budget(prediction, L, budget_tokens)
+            curves[strategy] = trained_at_budget(prediction, L, total_tokens)
             labels[strategy] = (
                 f"{strategy}, trained: {_shares_label(ps)}, padding {ps['padding_share']:.1%}"
             )
         paths += plots.plot_packing_frequency(
-            curves, labels, L, budget_tokens, directory / f"fig_packing_L{L}"
+            curves, labels, L, total_tokens, directory / f"fig_packing_L{L}"
         )
     if len(predictions) > 1:
         corpus_stats = {L: stats[str(L)] for L in predictions}
@@ -109,7 +109,7 @@ def write_figures(
         }
         for strategy in next(iter(predictions.values())):
             curves = {
-                L: trained_at_budget(by_strategy[strategy], L, budget_tokens)
+                L: trained_at_budget(by_strategy[strategy], L, total_tokens)
                 for L, by_strategy in predictions.items()
             }
             padding = {
@@ -120,7 +120,7 @@ def write_figures(
                 fig3_note(curves, corpus_stats, padding, concat=strategy == "concat"),
             )
         name = "fig3_" + "_vs_".join(f"L{L}" for L in predictions)
-        paths += plots.plot_fig3_by_packing(panels, budget_tokens, directory / name)
+        paths += plots.plot_fig3_by_packing(panels, total_tokens, directory / name)
     return paths
 
 

@@ -25,7 +25,7 @@ def write_outputs(
     histogram: LengthHistogram,
     meta: dict,
     train_lens: Sequence[int],
-    budget_tokens: float,
+    total_tokens: float,
     packing: PackingSettings = PackingSettings(),
     figures: bool = True,
 ) -> dict:
@@ -40,9 +40,7 @@ def write_outputs(
     arrays = {}
     for L in train_lens:
         columns = {"f": position_frequency(histogram.counts(), L)}
-        columns[f"f_after_{budget_tokens:.3g}_tokens"] = scale_to_budget(
-            columns["f"], budget_tokens
-        )
+        columns[f"f_after_{total_tokens:.3g}_tokens"] = scale_to_budget(columns["f"], total_tokens)
         for strategy, prediction in predictions[L].items():
             columns[f"f_trained_{strategy}"] = position_frequency(prediction.histogram, L)
         for source in histogram.sources:
@@ -52,14 +50,14 @@ def write_outputs(
     with atomic_open(out / "position_frequency.npz", "wb") as fh:
         np.savez_compressed(fh, **arrays)
     written.append(out / "position_frequency.npz")
-    summary = summarize(histogram, train_lens, budget_tokens, predictions, packing)
+    summary = summarize(histogram, train_lens, total_tokens, predictions, packing)
     if figures:
         written += write_figures(
             out / "figures",
             histogram.counts(),
             summary["all"]["by_train_len"],
             predictions,
-            budget_tokens,
+            total_tokens,
         )
     write_summary(out, written, {"meta": meta, **summary})
     return summary

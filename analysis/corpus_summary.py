@@ -18,7 +18,7 @@ from posfreq.train.run_log import human
 def summarize(
     histogram: LengthHistogram,
     train_lens: Sequence[int],
-    budget_tokens: float,
+    total_tokens: float,
     predictions: Predictions,
     packing: PackingSettings,
 ) -> dict:
@@ -28,7 +28,7 @@ def summarize(
     def one(hist: np.ndarray) -> dict:
         """Length and position statistics of one histogram."""
         out = length_stats(hist)
-        out["by_train_len"] = {str(L): frequency_stats(hist, L, budget_tokens) for L in train_lens}
+        out["by_train_len"] = {str(L): frequency_stats(hist, L, total_tokens) for L in train_lens}
         return out
 
     total = one(histogram.counts())

@@ -79,10 +79,8 @@ def concatenated_histogram(n_rows: int, train_len: int) -> np.ndarray:
     return hist
 
 
-def scale_to_budget(
-    f: np.ndarray, budget_tokens: float, positions: int | None = None
-) -> np.ndarray:
-    """f(i) after training on `budget_tokens` tokens drawn like the rows that gave `f`.
+def scale_to_budget(f: np.ndarray, total_tokens: float, positions: int | None = None) -> np.ndarray:
+    """f(i) after training on `total_tokens` tokens drawn like the rows that gave `f`.
 
     `positions`: the row positions those rows hold, padding included (a trainer counts its tokens as steps x
     tokens per step, so padding takes its share of the budget); None: f(0), the document tokens (no padding).
@@ -90,7 +88,7 @@ def scale_to_budget(
     if f.size == 0 or f[0] == 0:
         raise ValueError("cannot scale an empty position frequency (no tokens)")
     return f.astype(np.float64) * (
-        float(budget_tokens) / float(f[0] if positions is None else positions)
+        float(total_tokens) / float(f[0] if positions is None else positions)
     )
 
 
@@ -150,7 +148,7 @@ def length_stats(length_hist: Sequence[int] | np.ndarray) -> dict:
 
 
 def frequency_stats(
-    length_hist: Sequence[int] | np.ndarray, train_len: int, budget_tokens: float
+    length_hist: Sequence[int] | np.ndarray, train_len: int, total_tokens: float
 ) -> dict:
     """The paper's numbers for one L: pieces at exactly L and where the position occurrences sit.
 
@@ -173,8 +171,8 @@ def frequency_stats(
         ),
         **position_shares(f),
         "piece_length_shares": bucket_shares(pieces, train_len),
-        "budget_tokens": budget_tokens,
-        "f_at_half_L_after_budget": float(scale_to_budget(f, budget_tokens)[train_len // 2]),
+        "total_tokens": total_tokens,
+        "f_at_half_L_after_budget": float(scale_to_budget(f, total_tokens)[train_len // 2]),
     }
 
 

@@ -97,11 +97,11 @@ def packing_stats(prediction: EpochPrediction, train_len: int, global_batch_toke
 
 
 def trained_at_budget(
-    prediction: EpochPrediction, train_len: int, budget_tokens: float
+    prediction: EpochPrediction, train_len: int, total_tokens: float
 ) -> np.ndarray:
-    """A strategy's trained f after `budget_tokens` training tokens (steps x tokens per step, padding included)."""
+    """A strategy's trained f after `total_tokens` training tokens (steps x tokens per step, padding included)."""
     return scale_to_budget(
         position_frequency(prediction.histogram, train_len),
-        budget_tokens,
+        total_tokens,
         positions=prediction.rows * train_len,
     )

@@ -186,7 +186,7 @@ def _draw_budget_comparison(
 
 def plot_fig3_budget_comparison(
     curves: Mapping[int, np.ndarray],
-    budget_tokens: float,
+    total_tokens: float,
     stem: str | Path,
     note: str | None = None,
 ) -> list[Path]:
@@ -196,7 +196,7 @@ def plot_fig3_budget_comparison(
     _draw_budget_comparison(
         ax,
         curves,
-        f"Fig. 3: f(i) after {human(budget_tokens)} training tokens, per training length",
+        f"Fig. 3: f(i) after {human(total_tokens)} training tokens, per training length",
         note,
     )
     return save_figure(fig, stem)
@@ -204,7 +204,7 @@ def plot_fig3_budget_comparison(
 
 def plot_fig3_by_packing(
     panels: Mapping[str, tuple[Mapping[int, np.ndarray], str | None]],
-    budget_tokens: float,
+    total_tokens: float,
     stem: str | Path,
 ) -> list[Path]:
     """Fig. 3 once per panel (e.g. the corpus's Eq. 2 and each packing strategy's trained f): panels[title] =
@@ -217,7 +217,7 @@ def plot_fig3_by_packing(
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     fig.suptitle(
-        f"Fig. 3 per packing: f(i) after {human(budget_tokens)} training tokens (steps x tokens per step, "
+        f"Fig. 3 per packing: f(i) after {human(total_tokens)} training tokens (steps x tokens per step, "
         "padding included), per training length"
     )
     return save_figure(fig, stem)
@@ -227,7 +227,7 @@ def plot_packing_frequency(
     curves: Mapping[str, np.ndarray],
     labels: Mapping[str, str],
     train_len: int,
-    budget_tokens: float,
+    total_tokens: float,
     stem: str | Path,
 ) -> list[Path]:
     """f(i) at one L after the same budget, one curve per packing strategy (and the corpus's Eq. 2, key 'corpus',
@@ -253,7 +253,7 @@ def plot_packing_frequency(
     ax.set_xlabel("relative position i (tokens; dotted: L/2 and 3L/4)")
     ax.set_ylabel("position frequency f(i) (occurrences)")
     ax.set_title(
-        f"f(i) per packing strategy, L = {train_len}, after {human(budget_tokens)} training tokens"
+        f"f(i) per packing strategy, L = {train_len}, after {human(total_tokens)} training tokens"
     )
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, title="shares of position occurrences", title_fontsize=7)

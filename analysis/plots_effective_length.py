@@ -86,7 +86,7 @@ def plot_fig2a_effective_length_vs_tokens(
     stem: str | Path,
     intervals: Mapping[str, tuple[Sequence, Sequence]] | None = None,
 ) -> list[Path]:
-    """Fig. 2a: effective length vs tokens seen; runs[label] = (tokens_seen, effective_length, status).
+    """Fig. 2a: effective length vs tokens seen; runs[label] = (tokens_trained, effective_length, status).
 
     `intervals[label]` = (lo, hi) per point draws each effective length's bootstrap interval.
     """
@@ -158,10 +158,10 @@ def plot_fig2a_seed_bands(rows: Sequence[Mapping], stem: str | Path) -> list[Pat
     for k, (label, mine) in enumerate(_by_group(rows).items()):
         color = f"C{k}"
         seeds = sorted({r["seed"] for r in mine}, key=str)
-        tokens = sorted({r["tokens_seen"] for r in mine})
+        tokens = sorted({r["tokens_trained"] for r in mine})
         table = np.full((len(seeds), len(tokens)), np.nan)
         for r in mine:
-            table[seeds.index(r["seed"]), tokens.index(r["tokens_seen"])] = float(
+            table[seeds.index(r["seed"]), tokens.index(r["tokens_trained"])] = float(
                 r["effective_length"]
             )
         for row in table:
@@ -228,10 +228,10 @@ def plot_pass_rate_curves(
     groups = _by_group(rows)
     fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.2), squeeze=False)
     for ax, (label, mine) in zip(axes[0], groups.items()):
-        tokens = sorted({r["tokens_seen"] for r in mine})
+        tokens = sorted({r["tokens_trained"] for r in mine})
         cmap = plt.get_cmap("viridis")
         for i, t in enumerate(tokens):
-            at = [r for r in mine if r["tokens_seen"] == t]
+            at = [r for r in mine if r["tokens_trained"] == t]
             cols = sorted(
                 {k for r in at for k in r if k.startswith("pass_rate_") and r[k] not in (None, "")},
                 key=lambda k: int(k.split("_")[-1]),

@@ -79,7 +79,8 @@ def build_parser() -> ArgumentParser:
         help="training lengths L (each >= 2), e.g. --train-len 2048 4096",
     )
     parser.add_argument(
-        "--budget-tokens",
+        "--total-tokens",
+        "--budget-tokens",  # its name before the trainer's `total_tokens` became the one name
         type=float,
         default=1e12,
         help="token budget at which f is compared across L and packing strategies (Fig. 3, "
@@ -221,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             histogram,
             meta,
             args.train_len,
-            args.budget_tokens,
+            args.total_tokens,
             packing,
             figures=not args.no_figures,
         )

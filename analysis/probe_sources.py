@@ -30,8 +30,8 @@ class ModelSource:
     vocab_size: int
     bos_in_training: bool
     length_hist: np.ndarray | None = None
-    tokens_seen: int | None = None
-    tokens_this_run: int | None = None
+    tokens_trained: int | None = None
+    run_tokens: int | None = None
 
     def load(
         self, settings: ProbeSettings, device: torch.device, attention_backend: str = "auto"

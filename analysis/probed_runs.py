@@ -14,7 +14,7 @@ from posfreq.train.checkpoint import CONFIG_FILE, checkpoint_root
 
 # One checkpoint's effective length, as the comparison and the demo reports show it.
 CHECKPOINT_COLUMNS = (
-    "tokens_seen",
+    "tokens_trained",
     "effective_length",
     "effective_length_lo",
     "effective_length_hi",

@@ -39,7 +39,7 @@ from posfreq.analysis.run_table import (
     load_run,
     write_effective_length_csv,
 )
-from posfreq.analysis.tables import markdown_table, read_csv, write_csv
+from posfreq.analysis.tables import current_names, markdown_table, read_csv, write_csv
 from posfreq.train.atomic import write_json_atomic, write_text_atomic
 
 KEY_FILE = "key.json"
@@ -248,6 +248,7 @@ def derive_model(out: Path, analysis: Analysis = Analysis(), figures: bool = Tru
         out / "distance.csv", distance_rows(records, [0, *lengths], analysis, hist, train_len)
     )
     passed = [[analysis.passed(r) for r in by_length[n]] for n in lengths]
+    tokens = current_names(meta)  # a probe's older meta.json holds tokens_seen
     row = checkpoint_row(
         meta["model"],
         train_len,
@@ -257,8 +258,8 @@ def derive_model(out: Path, analysis: Analysis = Analysis(), figures: bool = Tru
         hist,
         analysis,
         meta["settings"]["tests_per_length"],
-        meta.get("tokens_seen"),
-        meta.get("tokens_this_run"),
+        tokens.get("tokens_trained"),
+        tokens.get("run_tokens"),
     )
     write_effective_length_csv(out / "effective_length.csv", [row])
     thirds = failure_by_thirds(records, analysis)
@@ -321,14 +322,16 @@ def derive_run(out: Path, analysis: Analysis = Analysis(), figures: bool = True)
         row = derive_model(sub, analysis, figures)
         rows.append(row)
         for d in read_csv(sub / "distance.csv"):
-            distances.append({"checkpoint": name, "tokens_seen": row["tokens_seen"], **d})
+            distances.append({"checkpoint": name, "tokens_trained": row["tokens_trained"], **d})
     if not rows:
         raise StaleResults(
             f"{out}: no checkpoint of the run is fully probed with these settings; nothing to merge"
         )
     write_effective_length_csv(out / "effective_length.csv", rows)
     write_csv(out / "distance_by_checkpoint.csv", distances)
-    last = max(rows, key=lambda r: (r["tokens_seen"] == "", r["tokens_seen"] or 0))["checkpoint"]
+    last = max(rows, key=lambda r: (r["tokens_trained"] == "", r["tokens_trained"] or 0))[
+        "checkpoint"
+    ]
     hist_path = out / last / HIST_FILE
     if hist_path.is_file():
         hist = np.load(hist_path, allow_pickle=False)

@@ -25,8 +25,8 @@ from posfreq.analysis.tables import read_csv, write_csv
 
 RUN_COLUMNS = (
     "checkpoint",
-    "tokens_seen",
-    "tokens_this_run",
+    "tokens_trained",
+    "run_tokens",
     "train_len",
     "positions",
     "effective_length",
@@ -58,16 +58,16 @@ def checkpoint_row(
     length_hist: np.ndarray | None,
     analysis: Analysis,
     tests_per_length: int,
-    tokens_seen: int | None = None,
-    tokens_this_run: int | None = None,
+    tokens_trained: int | None = None,
+    run_tokens: int | None = None,
 ) -> dict:
     """One effective_length.csv row: effective length, its interval and status, f at each, and the curve.
 
     `summary` holds one summary.csv row per probed length and `passed` each length's per-test
     passes (for the bootstrap). `length_hist` is the checkpoint's trained-length bincount (size
     L+1); without one (e.g. a Hugging Face model) f is left empty, as it is when no length passed.
-    `tokens_seen` counts every token the weights were trained on (a warm-up included);
-    `tokens_this_run` those of the checkpoint's own run.
+    `tokens_trained` counts every token the weights were trained on (a warm-up included);
+    `run_tokens` those of the checkpoint's own run.
     """
     if length_hist is not None and len(length_hist) != train_len + 1:
         raise ValueError(
@@ -95,8 +95,8 @@ def checkpoint_row(
     )
     row = {
         "checkpoint": name,
-        "tokens_seen": "" if tokens_seen is None else int(tokens_seen),
-        "tokens_this_run": "" if tokens_this_run is None else int(tokens_this_run),
+        "tokens_trained": "" if tokens_trained is None else int(tokens_trained),
+        "run_tokens": "" if run_tokens is None else int(run_tokens),
         "train_len": train_len,
         "positions": positions,
         "effective_length": eff.value,
@@ -125,7 +125,7 @@ def write_effective_length_csv(path: Path, rows: Sequence[Mapping]) -> None:
     lengths = sorted(
         {int(k.removeprefix("pass_rate_")) for r in rows for k in r if k.startswith("pass_rate_")}
     )
-    rows = sorted(rows, key=lambda r: (r["tokens_seen"] == "", r["tokens_seen"] or 0))
+    rows = sorted(rows, key=lambda r: (r["tokens_trained"] == "", r["tokens_trained"] or 0))
     write_csv(path, rows, list(RUN_COLUMNS) + [pass_rate_column(n) for n in lengths])
 
 
@@ -167,7 +167,7 @@ class RunResults:
 def load_run(path: str | Path, label: str | None = None) -> RunResults:
     """Read effective_length.csv and position_frequency.csv from a run's probe directory."""
     directory = find_run_results(path)
-    rows = sorted(read_csv(directory / "effective_length.csv"), key=lambda r: r["tokens_seen"])
+    rows = sorted(read_csv(directory / "effective_length.csv"), key=lambda r: r["tokens_trained"])
     freq_path = directory / "position_frequency.csv"
     frequency = (
         np.array([r["f"] for r in read_csv(freq_path)], dtype=np.int64)
@@ -188,7 +188,7 @@ def draw_run_figures(runs: Sequence[RunResults], out: Path) -> list[Path]:
 
     curves = {
         r.label: (
-            [row["tokens_seen"] for row in r.rows],
+            [row["tokens_trained"] for row in r.rows],
             [row["effective_length"] for row in r.rows],
             [row["effective_length_status"] for row in r.rows],
             [row["f_effective_length"] for row in r.rows],

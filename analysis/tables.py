@@ -23,6 +23,15 @@ def write_csv(path: Path, rows: Sequence[Mapping], columns: Sequence[str] | None
     return path
 
 
+# Columns renamed since: older outputs (and a probe's older meta.json) are read under today's names.
+RENAMED_COLUMNS = {"tokens_seen": "tokens_trained", "tokens_this_run": "run_tokens"}
+
+
+def current_names(row: Mapping) -> dict:
+    """`row` with every renamed column under its current name."""
+    return {RENAMED_COLUMNS.get(key, key): value for key, value in row.items()}
+
+
 def _number(text: str) -> float | int | str | None:
     """A CSV cell as int, float, None (empty) or the string itself."""
     if text == "":
@@ -36,9 +45,11 @@ def _number(text: str) -> float | int | str | None:
 
 
 def read_csv(path: Path) -> list[dict]:
-    """CSV rows with numeric cells converted (empty cells become None)."""
+    """CSV rows with numeric cells converted (empty cells become None), renamed columns under today's names."""
     with open(path, newline="") as fh:
-        return [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(fh)]
+        return [
+            current_names({k: _number(v) for k, v in row.items()}) for row in csv.DictReader(fh)
+        ]
 
 
 def _three_decimals(value: object) -> str:

@@ -16,14 +16,16 @@ VERDICTS = ("shortfall", "longer_reaches_further", "curves_coincide")
 
 
 def checkpoints_of(compare: Path) -> dict[tuple, dict]:
-    """A comparison's checkpoints.csv, keyed by (train_len, seed, variant, tokens_seen)."""
+    """A comparison's checkpoints.csv, keyed by (train_len, seed, variant, tokens_trained)."""
     path = compare / "checkpoints.csv"
     if not path.is_file():
         raise SystemExit(
             f"demo: {path} is missing: the reference must be the output directory of a finished "
             "`python scripts/demo.py` of this version (its comparison stages write that table)"
         )
-    return {(r["train_len"], r["seed"], r["variant"], r["tokens_seen"]): r for r in read_csv(path)}
+    return {
+        (r["train_len"], r["seed"], r["variant"], r["tokens_trained"]): r for r in read_csv(path)
+    }
 
 
 def _interval(row: dict) -> tuple[float, float]:
@@ -56,7 +58,7 @@ def agreement(out: Path, reference: Path, criterion: str, compare: Path) -> dict
                 "train_len": key[0],
                 "seed": key[1],
                 "variant": key[2],
-                "tokens_seen": key[3],
+                "tokens_trained": key[3],
                 "effective_length": a["effective_length"],
                 "reference": b["effective_length"],
                 "reference_lo": lo,
@@ -67,7 +69,7 @@ def agreement(out: Path, reference: Path, criterion: str, compare: Path) -> dict
         )
     milestones: dict[tuple, list[dict]] = {}
     for r in rows:
-        milestones.setdefault((r["train_len"], r["variant"], r["tokens_seen"]), []).append(r)
+        milestones.setdefault((r["train_len"], r["variant"], r["tokens_trained"]), []).append(r)
     milestone_rows = []
     for (train_len, variant, tokens), seeds in sorted(milestones.items()):
         median = statistics.median(r["effective_length"] for r in seeds)
@@ -77,7 +79,7 @@ def agreement(out: Path, reference: Path, criterion: str, compare: Path) -> dict
             {
                 "train_len": train_len,
                 "variant": variant,
-                "tokens_seen": tokens,
+                "tokens_trained": tokens,
                 "seed_median": median,
                 "seeds": sorted(r["effective_length"] for r in seeds),
                 "reference_seeds": reference_seeds,
@@ -143,7 +145,7 @@ def agreement_lines(result: dict) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     lines += [
-        f"| {m['train_len']} | {m['tokens_seen']} | {m['seeds']} | {m['reference_seeds']} | "
+        f"| {m['train_len']} | {m['tokens_trained']} | {m['seeds']} | {m['reference_seeds']} | "
         f"[{m['reference_run_range'][0]}, {m['reference_run_range'][1]}] | {m['runs_within']} of "
         f"{len(m['seeds'])} |"
         for m in result["milestones"]
@@ -157,7 +159,7 @@ def agreement_lines(result: dict) -> list[str]:
             "|---|---|---|---|---|",
         ]
         lines += [
-            f"| {r['train_len']} | {r['seed']} | {r['tokens_seen']} | {r['effective_length']} | "
+            f"| {r['train_len']} | {r['seed']} | {r['tokens_trained']} | {r['effective_length']} | "
             f"{r['reference']} [{r['reference_lo']}, {r['reference_hi']}] |"
             for r in outside
         ]

@@ -149,7 +149,7 @@ def analyze_command(
         tokenizer,
         "--train-len",
         *map(str, settings.train_lens),
-        "--budget-tokens",
+        "--total-tokens",
         str(settings.total_tokens),
         "--out",
         out,

@@ -119,7 +119,7 @@ def write_report(
         "",
         f"A test of length n is a prompt of n - {settings.answer_budget} tokens and at most "
         f"{settings.answer_budget} generated tokens, so no token is generated at a position >= n. "
-        "Token counts include the warm-up (`tokens_seen`).",
+        "Token counts include the warm-up (`tokens_trained`).",
         "",
         "## Conclusion (computed by analysis/compare.py; numbers in compare/conclusion.json)",
         "",

@@ -98,7 +98,7 @@ def train_and_probe_variant(
 def trained_frequency(runs: dict[str, Path]) -> list[dict]:
     """Per run: f(L/2) and f(3L/4) of its last milestone's trained-length histogram (warm-up included; its
     segments are shorter than L/2, so they add nothing here), and the share of this run's row tokens that were
-    padding (the warm-up, concat at L = 128, has none: its tokens_before are all trained)."""
+    padding (the warm-up, concat at L = 128, has none: its tokens are all trained)."""
     rows = []
     for name, run in runs.items():
         last = last_milestone(run)
@@ -113,7 +113,8 @@ def trained_frequency(runs: dict[str, Path]) -> list[dict]:
                 "f_half_L": int(f[TRAIN_LEN // 2]),
                 "f_three_quarter_L": int(f[3 * TRAIN_LEN // 4]),
                 "padding_share": 1
-                - (trained - int(trainer["tokens_before"])) / int(trainer["tokens_seen"]),
+                - (trained - (int(trainer["tokens_trained"]) - int(trainer["run_tokens"])))
+                / int(trainer["run_tokens"]),
             }
         )
     return rows

@@ -106,7 +106,14 @@ def write_checkpoint(
         )
     )
     (path / "trainer.json").write_text(
-        json.dumps({"format": FORMAT, "step": tokens // 512, "tokens_seen": tokens})
+        json.dumps(
+            {
+                "format": FORMAT,
+                "step": tokens // 512,
+                "run_tokens": tokens,
+                "tokens_trained": tokens,
+            }
+        )
     )
     return path
 

@@ -58,15 +58,15 @@ def test_read_checkpoint_info_reads_every_field(tmp_path):
         **{
             "tokenizer_spec.json": {"spec": "bytes", "bos_in_training": True},
             "trained_lengths.npy": lengths,
-            "trainer.json": {"tokens_seen": 4096, "tokens_before": 1024},
-            "meta.json": {"tokens_seen": 1},  # trainer.json wins
+            "trainer.json": {"run_tokens": 4096, "tokens_trained": 5120},
+            "meta.json": {"run_tokens": 1},  # trainer.json wins
         },
     )
     info = ckpt.read_checkpoint_info(str(path))
     assert info.path == path and info.config == ckpt.load_model_config(path)
     assert info.tokenizer_spec == "bytes" and info.bos_in_training is True
     np.testing.assert_array_equal(info.trained_lengths, lengths)
-    assert (info.run_tokens, info.tokens_before, info.tokens_trained) == (4096, 1024, 5120)
+    assert (info.run_tokens, info.tokens_trained) == (4096, 5120)
     assert info.fingerprint == ckpt.model_fingerprint(path)
 
 
@@ -74,11 +74,21 @@ def test_read_checkpoint_info_defaults_for_absent_files(tmp_path):
     bare = ckpt.read_checkpoint_info(consolidated(tmp_path / "bare"))
     assert bare.tokenizer_spec is None and bare.bos_in_training is False
     assert bare.trained_lengths is None
-    assert (bare.run_tokens, bare.tokens_before, bare.tokens_trained) == (None, 0, None)
+    assert (bare.run_tokens, bare.tokens_trained) == (None, None)
     meta = ckpt.read_checkpoint_info(
-        consolidated(tmp_path / "meta", **{"meta.json": {"tokens_seen": 7}})
+        consolidated(tmp_path / "meta", **{"meta.json": {"run_tokens": 7}})
     )
-    assert (meta.run_tokens, meta.tokens_before, meta.tokens_trained) == (7, 0, 7)
+    assert (meta.run_tokens, meta.tokens_trained) == (7, 7)
+
+
+def test_token_counts_of_checkpoints_written_before_the_rename(tmp_path):
+    """Older trainer.json files hold the run's tokens as tokens_seen and the warm-up's as tokens_before."""
+    older = {"trainer.json": {"tokens_seen": 4096, "tokens_before": 1024}}
+    info = ckpt.read_checkpoint_info(consolidated(tmp_path / "older", **older))
+    assert (info.run_tokens, info.tokens_trained) == (4096, 5120)
+    meta = ckpt.with_token_names({"step": 3, "tokens_seen": 30})
+    assert meta == {"step": 3, "run_tokens": 30, "tokens_trained": 30}
+    assert ckpt.with_token_names(meta) is meta  # today's names pass through
 
 
 def test_read_checkpoint_info_names_the_path_and_the_fix(tmp_path):
@@ -148,7 +158,7 @@ def test_keep_full_reduces_older_milestones_to_weights(data_dir, tmp_path, capsy
         expected = weights(tmp_path / "whole/checkpoints" / name(tokens))
         model, tokenizer, meta = ckpt.load_model(root / name(tokens))
         got = model.state_dict()
-        assert meta["tokens_seen"] == tokens and tokenizer["spec"] == "bytes"
+        assert meta["run_tokens"] == tokens and tokenizer["spec"] == "bytes"
         assert expected.keys() == got.keys() and all(
             torch.equal(expected[k], got[k]) for k in expected
         )

@@ -27,7 +27,7 @@ def rows_on_lines(shift_decades: float, seeds=(0, 1, 2), noise: float = 0.0) -> 
                         "seed": seed,
                         "variant": "concat",
                         "checkpoint": f"c{k}",
-                        "tokens_seen": 1000 * (k + 1),
+                        "tokens_trained": 1000 * (k + 1),
                         "effective_length": eff,
                         "effective_length_lo": eff - 16,
                         "effective_length_hi": eff + 16,
@@ -104,7 +104,7 @@ def test_longer_training_length_and_shortfall_and_emergence():
     rows[3]["effective_length_hi"] = 128  # L = 128 seed 0, last checkpoint: its interval reaches L
     assert claims.shortfall(rows)["holds"] is False
     for r in rows:
-        if r["train_len"] == 128 and r["seed"] == 1 and r["tokens_seen"] < 3000:
+        if r["train_len"] == 128 and r["seed"] == 1 and r["tokens_trained"] < 3000:
             r["effective_length"] = 0
     found = {(e["train_len"], e["seed"]): e for e in claims.emergence(rows)}
     assert found[(128, 1)]["share_of_budget"] == 0.75 and found[(256, 0)]["share_of_budget"] == 0.25
@@ -136,7 +136,7 @@ def test_variant_effect_at_equal_tokens_and_against_f():
                         "seed": seed,
                         "variant": variant,
                         "checkpoint": f"c{k}",
-                        "tokens_seen": 1000 * (k + 1),
+                        "tokens_trained": 1000 * (k + 1),
                         "effective_length": el,
                         "effective_length_lo": el - 8,
                         "effective_length_hi": el + 8,
@@ -172,7 +172,7 @@ def test_variants_are_compared_within_each_training_length_and_labelled_apart():
                             "train_len": train_len,
                             "seed": seed,
                             "variant": variant,
-                            "tokens_seen": 1000 * (k + 1),
+                            "tokens_trained": 1000 * (k + 1),
                             "effective_length": el,
                             "effective_length_status": "ok",
                             "f_effective_length": 1e6,
@@ -183,7 +183,7 @@ def test_variants_are_compared_within_each_training_length_and_labelled_apart():
             "train_len": 512,
             "seed": 2,
             "variant": "best_fit",
-            "tokens_seen": 999,
+            "tokens_trained": 999,
             "effective_length": 5,
             "effective_length_status": "ok",
             "f_effective_length": 1e6,
@@ -233,7 +233,7 @@ def probed_run(run, seed: int, recorded_run: str, status: str = "ok"):
         {
             "checkpoint": f"tokens-{k}",
             "train_len": 128,
-            "tokens_seen": 1000 * k,
+            "tokens_trained": 1000 * k,
             "effective_length": 0 if status != "ok" else 32 * k,
             "effective_length_lo": "",
             "effective_length_hi": "" if status != "ok" else 32 * k + 16,

@@ -36,7 +36,7 @@ def test_the_demo_passes_flags_its_commands_accept(monkeypatch):
         position_freq.build_parser(),
         [str(a) for a in analyze_command(QUICK, here, "bytes", here)[1:]],
     )
-    assert (analyze.train_len, analyze.budget_tokens) == (
+    assert (analyze.train_len, analyze.total_tokens) == (
         list(QUICK.train_lens),
         QUICK.total_tokens,
     )
@@ -108,7 +108,7 @@ def test_quick_demo_outputs(quick_demo: Path) -> None:
                     <= row["effective_length"]
                     <= row["effective_length_hi"]
                 )
-                assert row["tokens_seen"] == row["tokens_this_run"] + QUICK.warmup_tokens
+                assert row["tokens_trained"] == row["run_tokens"] + QUICK.warmup_tokens
             distance = read_csv(run / probe_dir / "distance_by_checkpoint.csv")
             assert len(distance) == len(rows) * len(probed_lengths(QUICK, train_len))
             assert all(
@@ -221,7 +221,7 @@ def _demo_output(
                 "train_len": 256,
                 "seed": i % seeds,
                 "variant": "concat",
-                "tokens_seen": 100 * (i // seeds + 1),
+                "tokens_trained": 100 * (i // seeds + 1),
                 "effective_length": value,
                 "effective_length_lo": lo,
                 "effective_length_hi": hi,

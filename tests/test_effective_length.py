@@ -104,8 +104,8 @@ def test_run_table_round_trip_and_figures(tmp_path):
     write_effective_length_csv(out / "effective_length.csv", rows)
     table = read_csv(out / "effective_length.csv")
     assert list(table[0]) == list(RUN_COLUMNS) + ["pass_rate_128", "pass_rate_256"]
-    assert [r["tokens_seen"] for r in table] == [1000, 2000, 3000]
-    assert [r["tokens_this_run"] for r in table] == [500, 1500, 2500]
+    assert [r["tokens_trained"] for r in table] == [1000, 2000, 3000]
+    assert [r["run_tokens"] for r in table] == [500, 1500, 2500]
     assert table[0]["f_effective_length"] is None and table[0]["pass_rate_256"] is None
     assert (
         table[1]["f_effective_length"] == naive_f(hist, 128) and table[2]["f_effective_length"] == 0

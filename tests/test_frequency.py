@@ -77,7 +77,7 @@ def test_scale_to_budget_and_bad_inputs():
 def test_frequency_stats_shares():
     L = 8
     hist = fq.concatenated_histogram(1, L)
-    stats = fq.frequency_stats(hist, L, budget_tokens=80)
+    stats = fq.frequency_stats(hist, L, total_tokens=80)
     f = L - np.arange(L)  # 8..1, sum 36; i <= 4: 8+7+6+5+4 = 30; i >= 6: 2+1 = 3
     assert stats["share_pieces_at_L"] == 1.0
     assert stats["share_positions_le_half_L"] == pytest.approx(30 / f.sum())

@@ -99,7 +99,9 @@ def test_batched_and_unbatched_decoding_agree_on_a_real_model(tmp_path):
     settings = probe_settings.ProbeSettings(tests_per_length=5, haystack="noise", max_new_tokens=40)
     source = probe_sources.checkpoint_source(ckpt, settings)
     assert (
-        source.train_len == 512 and source.tokenizer_spec == "bytes" and source.tokens_seen == 1024
+        source.train_len == 512
+        and source.tokenizer_spec == "bytes"
+        and source.tokens_trained == 1024
     )
     model = source.load(settings, torch.device("cpu"))
     builder = probe_sources.Builders("noise").for_source(source, settings)
@@ -157,7 +159,7 @@ def test_batched_and_unbatched_decoding_agree_on_a_real_model(tmp_path):
     meta = json.loads((out / "probe.json").read_text())
     assert meta["haystack_sha256"] == builder.haystack.sha256
     assert (
-        meta["tokens_seen"] == 1024
+        meta["tokens_trained"] == 1024
         and meta["code_version"]
         and meta["prompt_format"]["bos"] is False
     )

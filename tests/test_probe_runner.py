@@ -176,7 +176,7 @@ def test_run_table_f_matches_naive_eq2_and_resumes(tmp_path, monkeypatch):
     assert calls == sorted(names)
     with open(out / "effective_length.csv") as fh:
         table = list(csv.DictReader(fh))
-    assert [int(r["tokens_seen"]) for r in table] == [40_960, 81_920, 163_840]
+    assert [int(r["tokens_trained"]) for r in table] == [40_960, 81_920, 163_840]
     assert list(table[0])[: len(RUN_COLUMNS)] == list(RUN_COLUMNS)
     assert [c for c in table[0] if c.startswith("pass_rate_")] == [
         f"pass_rate_{n}" for n in lengths

@@ -130,7 +130,7 @@ def test_a_missing_or_unreadable_source_is_a_probe_error_the_cli_prints_as_one_l
     with pytest.raises(probe_settings.ProbeError, match="no tokenizer_spec.json; pass --tokenizer"):
         probe_sources.checkpoint_source(ckpt, settings)
     source = probe_sources.checkpoint_source(ckpt, replace(settings, tokenizer="bytes"))
-    assert source.tokenizer_spec == "bytes" and source.tokens_seen == source.tokens_this_run == 1024
+    assert source.tokenizer_spec == "bytes" and source.tokens_trained == source.run_tokens == 1024
     with pytest.raises(SystemExit) as stop:
         probe.main(["--checkpoint", str(tmp_path / "missing"), "--quiet"])
     assert stop.value.code == (

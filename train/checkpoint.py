@@ -87,6 +87,18 @@ def state_path(directory: Path, sharded: bool) -> Path:
     return directory / (STATE_DIR if sharded else STATE_FILE)
 
 
+def with_token_names(meta: dict) -> dict:
+    """trainer.json (or meta.json) with today's token counts: `run_tokens` (this run's) and `tokens_trained`
+    (every token the weights saw, warm-up included). Files written before the rename hold the run's count as
+    `tokens_seen` and the warm-up's as `tokens_before`."""
+    if "run_tokens" in meta or "tokens_seen" not in meta:
+        return meta
+    meta = dict(meta)
+    run_tokens = int(meta.pop("tokens_seen"))
+    before = int(meta.pop("tokens_before", 0))
+    return {**meta, "run_tokens": run_tokens, "tokens_trained": run_tokens + before}
+
+
 def read_trainer_state(path: str | Path) -> dict | None:
     """trainer.json of a complete checkpoint directory, or None if it is not one."""
     path = Path(path)
@@ -102,7 +114,7 @@ def read_trainer_state(path: str | Path) -> dict | None:
         (path / name).is_file()
         for name in (f"{STATE_DIR}/.metadata", STATE_FILE, CONSOLIDATED_WEIGHTS)
     )
-    return meta if has_state else None
+    return with_token_names(meta) if has_state else None
 
 
 def list_checkpoints(out_dir: str | Path) -> list[tuple[Path, dict]]:
@@ -113,7 +125,7 @@ def list_checkpoints(out_dir: str | Path) -> list[tuple[Path, dict]]:
         meta = read_trainer_state(path)
         if meta is not None:
             found.append((path, meta))
-    return sorted(found, key=lambda item: (item[1]["tokens_seen"], item[1].get("resumable", False)))
+    return sorted(found, key=lambda item: (item[1]["run_tokens"], item[1].get("resumable", False)))
 
 
 def _manifest_entries(path: Path, meta: dict) -> dict[str, dict]:
@@ -283,13 +295,13 @@ def load_model(
     """(model in eval mode, tokenizer spec, meta) from a consolidated dir or any trainer checkpoint.
 
     The tokenizer spec is {"spec", "vocab_size", "bos_id", "eos_id"} (`get_tokenizer(spec["spec"])`);
-    meta is trainer.json (or meta.json of a consolidated dir): step, tokens_seen, config, ...
+    meta is trainer.json (or meta.json of a consolidated dir): step, run_tokens, tokens_trained, config, ...
     """
     path = Path(checkpoint_dir)
     config = load_model_config(path)
     tokenizer = _read_json(path / TOKENIZER_FILE, "tokenizer spec")
     meta_file = path / (META_FILE if (path / META_FILE).is_file() else TRAINER_FILE)
-    meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+    meta = with_token_names(json.loads(meta_file.read_text())) if meta_file.is_file() else {}
     state = model_state_dict(path, config)
     with torch.device("meta"):
         model = Transformer(config, attention_backend=attention_backend)
@@ -335,26 +347,22 @@ class CheckpointInfo:
     trained_lengths: np.ndarray | None
     """trained_lengths.npy; None if absent."""
     run_tokens: int | None
-    """Tokens this checkpoint's own run trained (trainer.json, else meta.json: "tokens_seen")."""
-    tokens_before: int
-    """Tokens its initial weights had seen (warm-up / init_from): "tokens_before", default 0."""
+    """Tokens this checkpoint's own run trained (trainer.json, else meta.json); None if neither says."""
+    tokens_trained: int | None
+    """Every token the weights saw: the run's plus its warm-up's (model.init_from); None if unknown."""
     fingerprint: str
     """`model_fingerprint(path)`."""
 
-    @property
-    def tokens_trained(self) -> int | None:
-        """Every token the weights saw: this run's plus those before it (None if the run's is unknown)."""
-        return None if self.run_tokens is None else self.run_tokens + self.tokens_before
 
-
-def _run_tokens(path: Path) -> tuple[int | None, int]:
-    """(tokens this checkpoint's run trained, tokens its initial weights had seen) from trainer/meta.json."""
+def _token_counts(path: Path) -> tuple[int | None, int | None]:
+    """(run_tokens, tokens_trained) from trainer.json, else meta.json; (None, None) if neither says."""
     for name in (TRAINER_FILE, META_FILE):
         if (path / name).is_file():
-            meta = json.loads((path / name).read_text())
-            value = meta.get("tokens_seen")
-            return (None if value is None else int(value)), int(meta.get("tokens_before", 0))
-    return None, 0
+            meta = with_token_names(json.loads((path / name).read_text()))
+            if meta.get("run_tokens") is not None:
+                run_tokens = int(meta["run_tokens"])
+                return run_tokens, int(meta.get("tokens_trained", run_tokens))
+    return None, None
 
 
 def read_checkpoint_info(path: str | Path) -> CheckpointInfo:
@@ -374,7 +382,7 @@ def read_checkpoint_info(path: str | Path) -> CheckpointInfo:
     spec_file = path / TOKENIZER_FILE
     spec = json.loads(spec_file.read_text()) if spec_file.is_file() else {}
     hist_file = path / LENGTHS_FILE
-    run_tokens, before = _run_tokens(path)
+    run_tokens, tokens_trained = _token_counts(path)
     return CheckpointInfo(
         path=path,
         config=load_model_config(path),
@@ -382,7 +390,7 @@ def read_checkpoint_info(path: str | Path) -> CheckpointInfo:
         bos_in_training=bool(spec.get("bos_in_training", False)),
         trained_lengths=load_trained_lengths(path) if hist_file.is_file() else None,
         run_tokens=run_tokens,
-        tokens_before=before,
+        tokens_trained=tokens_trained,
         fingerprint=model_fingerprint(path),
     )
 

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{run}: no complete checkpoint under {checkpoint_root(run)}", file=sys.stderr)
         for path, meta in found:
             kind = "resumable" if meta.get("resumable") else "weights only"
-            print(f"{path}\tstep {meta['step']}\ttokens {meta['tokens_seen']}\t{kind}")
+            print(f"{path}\tstep {meta['step']}\ttokens {meta['run_tokens']}\t{kind}")
     return 0
 
 

@@ -107,7 +107,8 @@ class Trainer:
     # -- checkpoints ---------------------------------------------------------------------------
 
     @property
-    def tokens_seen(self) -> int:
+    def run_tokens(self) -> int:
+        """Tokens this run has trained (milestone names and schedules count these)."""
         return self.step * self.cfg.global_batch_tokens
 
     def _global_lengths(self) -> np.ndarray:
@@ -123,8 +124,8 @@ class Trainer:
         cfg, run = self.cfg, self.run
         state = {
             "step": self.step,
-            "tokens_seen": self.tokens_seen,
-            "tokens_before": self.tokens_before,
+            "run_tokens": self.run_tokens,
+            "tokens_trained": self.tokens_before + self.run_tokens,
             "train_len": cfg.data.train_len,
             "resumable": not weights_only,
             "sharded": cfg.checkpoint.sharded,
@@ -172,7 +173,7 @@ class Trainer:
             )
         model.load_state_dict(ckpt.model_state_dict(path, saved))
         source = ckpt.read_trainer_state(path) or {}
-        self.tokens_before = int(source.get("tokens_seen", 0)) + int(source.get("tokens_before", 0))
+        self.tokens_before = int(source.get("tokens_trained", 0))
         lengths = ckpt.load_trained_lengths(path)
         if lengths[self.cfg.data.train_len + 1 :].any():
             raise ConfigError(
@@ -193,12 +194,12 @@ class Trainer:
         except ValueError as err:
             raise CheckpointError(f"resume from {path}: {err}") from None
         self.step = int(meta["step"])
-        self.tokens_before = int(meta.get("tokens_before", 0))
+        self.tokens_before = int(meta["tokens_trained"]) - int(meta["run_tokens"])
         self.wall_time = float(meta.get("wall_time_s", 0.0))
         if self.fabric.global_rank == 0:  # the saved histogram is global; others count from zero
             self.trained_lengths = ckpt.load_trained_lengths(path)
         ckpt.restore_rank_rng(path, self.fabric.global_rank)
-        LOG.info(f"resumed from {path} at step {self.step} ({self.tokens_seen:,} tokens)")
+        LOG.info(f"resumed from {path} at step {self.step} ({self.run_tokens:,} tokens)")
 
     # -- one optimizer step --------------------------------------------------------------------
 
@@ -280,7 +281,7 @@ class Trainer:
         where = f"resume from {resume}" if resume else "no checkpoint exists yet; start again"
         raise NonFiniteLoss(
             f"non-finite loss or gradient norm (loss {loss}, grad norm {grad_norm}) at step {self.step + 1} "
-            f"(tokens {self.tokens_seen:,}-{self.tokens_seen + self.cfg.global_batch_tokens:,}); the weights were "
+            f"(tokens {self.run_tokens:,}-{self.run_tokens + self.cfg.global_batch_tokens:,}); the weights were "
             f"not updated. To continue: {where} with a lower optim.lr (--resume-override '{{optim.lr: ...}}'), or set "
             "--on-nonfinite skip.",
             lower_lr=self.cfg.optim.lr / 10,
@@ -292,7 +293,7 @@ class Trainer:
         peak = self.peak * self.fabric.world_size if self.peak else None
         return {
             "step": self.step,
-            "tokens": self.tokens_seen,
+            "tokens": self.run_tokens,
             **update,
             "step_time_s": elapsed,
             "tokens_per_s": self.cfg.global_batch_tokens / elapsed,
@@ -330,10 +331,10 @@ class Trainer:
             signalled, last = agreed.stop, self.step == stop_at
             log.step(history[-1], fabric, last=last or signalled)
             if run.val_dataset is not None and validation_due(
-                cfg, self.tokens_seen, self.step == run.total_steps
+                cfg, self.run_tokens, self.step == run.total_steps
             ):
                 loss, targets = validation_loss(self.model, fabric, run.val_dataset, cfg)
-                log.validation(self.step, self.tokens_seen, loss, targets, fabric)
+                log.validation(self.step, self.run_tokens, loss, targets, fabric)
             saved = self._maybe_save(signalled or last, agreed.time_due)
             if signalled:
                 self._stop_on_signal(saved, agreed.requeue)
@@ -349,7 +350,7 @@ class Trainer:
         """Save a milestone and/or `latest` if one is due; returns the resumable checkpoint written, if any."""
         c, step = self.cfg.checkpoint, self.step
         root = ckpt.checkpoint_root(self.out)
-        tokens, before = self.tokens_seen, self.tokens_seen - self.cfg.global_batch_tokens
+        tokens, before = self.run_tokens, self.run_tokens - self.cfg.global_batch_tokens
         milestone = (
             tokens // c.every_tokens > before // c.every_tokens or step == self.run.total_steps
         )

@@ -44,8 +44,8 @@ def validation_loss(model, fabric, dataset: TokenDataset, cfg: TrainConfig) -> t
     return loss_sum / max(targets, 1.0), int(targets)
 
 
-def validation_due(cfg: TrainConfig, tokens_seen: int, last_step: bool) -> bool:
+def validation_due(cfg: TrainConfig, run_tokens: int, last_step: bool) -> bool:
     """Validate after this step: every data.val_every_tokens tokens, and at the last step of the run."""
     every = cfg.data.val_every_tokens
-    crossed = every > 0 and tokens_seen // every > (tokens_seen - cfg.global_batch_tokens) // every
+    crossed = every > 0 and run_tokens // every > (run_tokens - cfg.global_batch_tokens) // every
     return crossed or last_step
