@@ -23,23 +23,24 @@ def slimpajama(tmp_path):
     return write_slimpajama(tmp_path)
 
 
+def analyze_args(root: Path) -> list[str]:
+    """`posfreq analyze` over the SlimPajama-layout fixture, one worker, quiet."""
+    return [
+        *"--corpus slimpajama --tokenizer bytes --workers 1 --quiet".split(),
+        "--data-dir",
+        str(root),
+    ]
+
+
+def slimpajama_args(root: Path) -> list[str]:
+    """The same at L = 16 and 32."""
+    return [*analyze_args(root), "--train-len", "16", "32"]
+
+
 def test_cli_shards_merge_and_cache(slimpajama, tmp_path, monkeypatch):
     root, records = slimpajama
     monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
-    common = [
-        "--corpus",
-        "slimpajama",
-        "--data-dir",
-        str(root),
-        "--tokenizer",
-        "bytes",
-        "--workers",
-        "1",
-        "--quiet",
-        "--train-len",
-        "16",
-        "32",
-    ]
+    common = slimpajama_args(root)
     for i in range(3):
         assert pf.main(common + ["--shard", f"{i}/3", "--out", str(tmp_path / f"shard_{i}")]) == 0
     with pytest.raises(SystemExit, match="shards 0..n-1"):
@@ -115,15 +116,7 @@ def test_rerun_with_other_lengths_leaves_only_its_own_outputs(slimpajama, tmp_pa
     monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"
     common = [
-        "--corpus",
-        "slimpajama",
-        "--data-dir",
-        str(root),
-        "--tokenizer",
-        "bytes",
-        "--workers",
-        "1",
-        "--quiet",
+        *analyze_args(root),
         "--out",
         str(out),
     ]
@@ -184,15 +177,7 @@ def test_outputs_it_did_not_list_are_never_deleted(slimpajama, tmp_path, monkeyp
     ):
         pf.main(
             [
-                "--corpus",
-                "slimpajama",
-                "--data-dir",
-                str(root),
-                "--tokenizer",
-                "bytes",
-                "--workers",
-                "1",
-                "--quiet",
+                *analyze_args(root),
                 "--no-figures",
                 "--train-len",
                 "16",
@@ -210,15 +195,7 @@ def test_source_lists_comma_yaml_and_config_file_agree(slimpajama, tmp_path, mon
     root, records = slimpajama
     monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
     common = [
-        "--corpus",
-        "slimpajama",
-        "--data-dir",
-        str(root),
-        "--tokenizer",
-        "bytes",
-        "--workers",
-        "1",
-        "--quiet",
+        *analyze_args(root),
         "--no-figures",
         "--no-cache",
         "--train-len",
@@ -355,20 +332,7 @@ def test_module_entry_point_and_missing_slimpajama(tmp_path):
 def test_cli_packing_options(slimpajama, tmp_path, monkeypatch, capsys):
     root, _ = slimpajama
     monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
-    common = [
-        "--corpus",
-        "slimpajama",
-        "--data-dir",
-        str(root),
-        "--tokenizer",
-        "bytes",
-        "--workers",
-        "1",
-        "--quiet",
-        "--train-len",
-        "16",
-        "32",
-    ]
+    common = slimpajama_args(root)
     out = tmp_path / "out"
     assert (
         pf.main(
