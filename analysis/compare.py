@@ -48,7 +48,7 @@ from posfreq.analysis.claims import (
 )
 from posfreq.analysis.probed_runs import COLUMNS, CompareError, load_checkpoints
 from posfreq.analysis.tables import write_csv
-from posfreq.train.cli import add_runs_argument, command_parser, parse, runs_of
+from posfreq.train.command_line import add_runs_argument, command_parser, parse, runs_of
 from posfreq.train.outdir import OutputDirError, claim_output_dir, entry_names
 
 

@@ -48,7 +48,7 @@ if __package__ in (
 from posfreq.analysis import results
 from posfreq.analysis.pass_curve import Analysis
 from posfreq.analysis.run_table import draw_run_figures, find_run_results, load_run
-from posfreq.train.cli import add_runs_argument, command_parser, parse, runs_of
+from posfreq.train.command_line import add_runs_argument, command_parser, parse, runs_of
 from posfreq.train.outdir import OutputDirError, claim_output_dir, entry_names
 
 

@@ -50,7 +50,7 @@ from posfreq.analysis.histogram import (
     merge_partials,
 )
 from posfreq.analysis.packing_prediction import PackingSettings
-from posfreq.train.cli import command_parser, parse
+from posfreq.train.command_line import command_parser, parse
 from posfreq.train.corpus_cli import add_corpus_arguments, corpus_from_args, shard_from_args
 from posfreq.train.corpus_records import CorpusError, lost_files_report
 from posfreq.train.outdir import OutputDirError

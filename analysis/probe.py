@@ -51,7 +51,7 @@ from posfreq.analysis.probe_runner import Job, probe_models, probe_run
 from posfreq.analysis.probe_settings import ProbeError, ProbeSettings, parse_lengths, result_key
 from posfreq.analysis.probe_sources import Builders, checkpoint_source, hf_source
 from posfreq.train.attention_kernels import BACKENDS
-from posfreq.train.cli import command_parser, parse, parse_shard
+from posfreq.train.command_line import command_parser, parse, parse_shard
 
 CPU_BATCH_TOKENS = 8192
 """--batch-tokens auto on a CPU: the most test tokens decoded together."""

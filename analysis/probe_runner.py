@@ -25,7 +25,7 @@ from posfreq.analysis.probe_decoding import (
 from posfreq.analysis.probe_settings import ProbeError, ProbeSettings, resolve_precision, result_key
 from posfreq.analysis.probe_sources import Builders, ModelSource, checkpoint_source, milestones
 from posfreq.train.attention_kernels import BackendError, explain_backend
-from posfreq.train.cli import code_version
+from posfreq.train.command_line import code_version
 from posfreq.train.positions import SINGLE_PASS_SCHEMES
 
 

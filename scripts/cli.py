@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Sequence
 
-from posfreq.train.cli import describe_error
+from posfreq.train.command_line import describe_error
 
 # subcommand -> (module with main(argv), one line for `posfreq --help`)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {

@@ -48,7 +48,7 @@ from posfreq.scripts.demo_pipeline import (
     warm_ups,
 )
 from posfreq.scripts.demo_report import collect_figures, publish_figures, validate, write_report
-from posfreq.train.cli import command_parser, parse
+from posfreq.train.command_line import command_parser, parse
 from posfreq.train.outdir import OutputDirError, claim_output_dir, entry_names
 
 

@@ -13,7 +13,7 @@ from posfreq.analysis.probed_runs import CHECKPOINT_COLUMNS
 from posfreq.analysis.tables import markdown_table, read_csv
 from posfreq.scripts.demo_agreement import agreement_lines
 from posfreq.scripts.demo_pipeline import REPO, DemoSettings, Pipeline
-from posfreq.train.cli import code_version
+from posfreq.train.command_line import code_version
 
 
 def markdown(rows: list[dict], columns: list[str]) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from typing import Literal, Optional, Sequence
 
-from posfreq.train.cli import command_parser, parse
+from posfreq.train.command_line import command_parser, parse
 from posfreq.train.config import DTYPES
 from posfreq.train.hf import EXPORT_HF
 from posfreq.train.outdir import OutputDirError, check_output_dir

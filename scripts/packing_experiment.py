@@ -43,7 +43,7 @@ from posfreq.scripts.demo_pipeline import (
 )
 from posfreq.scripts.demo_report import markdown
 from posfreq.train.checkpoint import load_trained_lengths, read_trainer_state
-from posfreq.train.cli import code_version
+from posfreq.train.command_line import code_version
 
 TRAIN_LEN = 512
 # variant -> the trainer flags that make it (on top of the demo config)

@@ -38,7 +38,7 @@ import numpy as np
 from jsonargparse import ArgumentParser
 from tqdm import tqdm
 
-from posfreq.train.cli import command_parser, parse
+from posfreq.train.command_line import command_parser, parse
 from posfreq.train.corpora import Corpus, CorpusFile
 from posfreq.train.corpus_cli import add_corpus_arguments, corpus_from_args, shard_from_args
 from posfreq.train.corpus_formats import SUFFIXES

@@ -16,7 +16,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 from jsonargparse._actions import _ActionConfigLoad
 
 from posfreq.scripts.cli import SUBCOMMANDS
-from posfreq.train.cli import hyphenate, parse
+from posfreq.train.command_line import hyphenate, parse
 
 # Other spellings of the options every command shares (--out, --seed, --workers, --tokenizer, --threads, --run,
 # --config): a command must use the shared name.
@@ -175,7 +175,7 @@ def test_every_hyphenated_flag_takes_its_underscore_spelling_too(name):
 
 @pytest.mark.parametrize("name", ["compare", "effective-length"])
 def test_runs_are_named_positionally_or_with_run_as_everywhere(name):
-    from posfreq.train.cli import runs_of
+    from posfreq.train.command_line import runs_of
 
     parser = command_parser_of(name)
     both = parse(parser, ["a", "--run", "b", "c"])

@@ -152,7 +152,7 @@ def test_abbreviations_section_files_and_environment_cannot_carry_code_in(
 
 
 def test_a_flag_value_that_merely_starts_with_a_tag_mark_is_text(capsys):
-    from posfreq.train.cli import refuse_code_in_args
+    from posfreq.train.command_line import refuse_code_in_args
 
     refuse_code_in_args(
         ["--run", "!important", "--out", "!x y"]

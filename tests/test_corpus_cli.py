@@ -14,7 +14,7 @@ from posfreq.train.corpus_records import CorpusError, Document
 
 
 def test_source_options_are_comma_or_yaml_lists_with_one_way_to_exclude(tmp_path):
-    from posfreq.train.cli import command_parser, parse
+    from posfreq.train.command_line import command_parser, parse
     from posfreq.train.corpus_cli import (
         add_corpus_arguments,
         corpus_from_args,

@@ -22,7 +22,7 @@ from posfreq.scripts.demo_pipeline import (
     shards_command,
     train_command,
 )
-from posfreq.train.cli import parse
+from posfreq.train.command_line import parse
 from posfreq.train.run_config import parse_args
 
 REPO = Path(__file__).resolve().parents[1]

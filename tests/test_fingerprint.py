@@ -27,7 +27,7 @@ ANSWER_DECIDING = (
 def test_the_walk_finds_the_modules_that_decide_answers_and_leaves_out_plumbing():
     files = probe_code()
     assert set(ANSWER_DECIDING) <= set(files)
-    assert "train/cli.py" not in files and "train/outdir.py" not in files
+    assert "train/command_line.py" not in files and "train/outdir.py" not in files
     assert all((REPO / f).is_file() for f in files)
 
 

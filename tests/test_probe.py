@@ -19,7 +19,7 @@ from posfreq.analysis import (
     probe_sources,
     results,
 )
-from posfreq.train.cli import parse
+from posfreq.train.command_line import parse
 from posfreq.train.model import Transformer
 from posfreq.train.positions import SCHEMES
 

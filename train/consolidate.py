@@ -30,7 +30,7 @@ from posfreq.train.checkpoint import (
     model_state_dict,
 )
 from posfreq.train.checkpoint_save import write_weights
-from posfreq.train.cli import command_parser, parse
+from posfreq.train.command_line import command_parser, parse
 from posfreq.train.config import DTYPE_ALIASES, DTYPES
 from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir, entry_names
 

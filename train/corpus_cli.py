@@ -15,7 +15,7 @@ from typing import Literal, Optional, Sequence, Union
 
 from jsonargparse import ArgumentParser, Namespace
 
-from posfreq.train.cli import parse_shard
+from posfreq.train.command_line import parse_shard
 from posfreq.train.corpora import Corpus, resolve_corpus
 from posfreq.train.corpus_records import CorpusError
 

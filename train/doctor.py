@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from posfreq.train import attention_kernels
-from posfreq.train.cli import command_parser, parse
+from posfreq.train.command_line import command_parser, parse
 from posfreq.train.doctor_checks import (
     CheckResult,
     attention_check,

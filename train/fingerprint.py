@@ -22,7 +22,7 @@ CHUNK = 1 << 22
 # checkpoints, and the tables and figures derived from records the probe has already written.
 PROBE_ENTRY = "analysis/probe.py"
 NOT_ANSWER_DECIDING = (
-    "train/cli.py",
+    "train/command_line.py",
     "train/outdir.py",
     "train/atomic.py",
     "train/fingerprint.py",

@@ -50,7 +50,7 @@ import torch
 from jsonargparse import ArgumentParser
 from torch import nn
 
-from posfreq.train.cli import parse
+from posfreq.train.command_line import parse
 from posfreq.train.config import ModelConfig, model_preset
 from posfreq.train.flops import PEAK_BF16_FLOPS, step_flops
 from posfreq.train.geometry import batch_geometry, resolve_model_config

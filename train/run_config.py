@@ -22,7 +22,7 @@ from typing import Any, Literal, Optional, Sequence, Union
 from jsonargparse import ArgumentParser, Namespace
 
 from posfreq.train.attention_kernels import BACKENDS
-from posfreq.train.cli import CodeInConfig, command_parser, parse, refuse_code
+from posfreq.train.command_line import CodeInConfig, command_parser, parse, refuse_code
 from posfreq.train.config import ModelConfig, model_preset
 from posfreq.train.upsample import LengthUpsample
 

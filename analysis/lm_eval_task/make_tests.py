@@ -36,7 +36,7 @@ if __package__ in (
 from posfreq.analysis.niah import ANSWER_BUDGET, NiahBuilder, NiahTest, PromptFormat, answer_text
 from posfreq.analysis.probe_settings import parse_lengths
 from posfreq.train.atomic import write_text_atomic
-from posfreq.train.cli import command_parser, parse
+from posfreq.train.command_line import command_parser, parse
 from posfreq.train.tokenizer import Tokenizer, get_tokenizer
 
 BASE_YAML = Path(__file__).resolve().parent / "posfreq_niah.yaml"

@@ -1,4 +1,4 @@
-"""What every posfreq command line shares: one jsonargparse parser style, hyphenated flags, shared parsers.
+"""The shared command-line conventions of every posfreq command: one jsonargparse parser style, hyphenated flags.
 
 Every subcommand builds its parser with `command_parser` and parses with `parse`: options come from
 dataclasses (each field's docstring is its help; its type gives the allowed values; its default is
