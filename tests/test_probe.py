@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +23,12 @@ from posfreq.analysis import (
 from posfreq.train.command_line import parse
 from posfreq.train.model import Transformer
 from posfreq.train.positions import SCHEMES
+
+
+def quiet_noise_args(tests: int, out: Path) -> list[str]:
+    """Probe flags: `tests` tests per length on the noise haystack, a 40-token answer budget, no figures."""
+    flags = f"--tests-per-length {tests} --haystack noise --max-new-tokens 40 --quiet --no-figures"
+    return [*flags.split(), "--out", str(out)]
 
 
 def test_lengths_and_options_parsing():
@@ -176,24 +183,7 @@ def test_no_token_is_generated_or_fed_at_a_position_beyond_the_test_length(tmp_p
 
     monkeypatch.setattr(Transformer, "hidden_states", spy)
     out = tmp_path / "out"
-    probe.main(
-        [
-            "--checkpoint",
-            str(ckpt),
-            "--lengths",
-            "420,512",
-            "--tests-per-length",
-            "3",
-            "--haystack",
-            "noise",
-            "--max-new-tokens",
-            "40",
-            "--out",
-            str(out),
-            "--quiet",
-            "--no-figures",
-        ]
-    )
+    probe.main(["--checkpoint", str(ckpt), "--lengths", "420,512", *quiet_noise_args(3, out)])
     records = results.read_records(out, [420, 512])
     assert {r["prompt_length"] for r in records} == {420 - 40, 512 - 40}
     assert max(last for _, last in fed) <= 512 - 1
@@ -218,24 +208,8 @@ def test_every_position_scheme_runs_through_the_probe(tmp_path):
     for scheme in SCHEMES:
         out = tmp_path / scheme
         probe.main(
-            [
-                "--checkpoint",
-                str(ckpt),
-                "--positions",
-                scheme,
-                "--lengths",
-                "420",
-                "--tests-per-length",
-                "2",
-                "--haystack",
-                "noise",
-                "--max-new-tokens",
-                "40",
-                "--out",
-                str(out),
-                "--quiet",
-                "--no-figures",
-            ]
+            ["--checkpoint", str(ckpt), "--positions", scheme, "--lengths", "420"]
+            + quiet_noise_args(2, out)
         )
         assert json.loads((out / "probe.json").read_text())["settings"]["positions"] == scheme
         assert len(results.read_records(out, [420])) == 2
