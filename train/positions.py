@@ -40,7 +40,7 @@ import math
 from posfreq.train.dca import DualChunkScheme
 from posfreq.train.position_scheme import PositionScheme, ReRoPEScheme, SelfExtendScheme
 from posfreq.train.rotary import Rotary, RotaryBase, ntk_inv_freq, yarn_parameters
-from posfreq.train.string_scheme import STRING_TEMPERATURE, StringScheme
+from posfreq.train.string_scheme import STRING_TEMPERATURE, StringScheme, string_shift_window
 
 PROTOCOLS = ("paper", "native")
 
@@ -82,12 +82,7 @@ def _string(
     temperature: bool = False,
 ) -> PositionScheme:
     """STRING over the model's frequencies; shift S = L // 3, window W = min(128, S // 2) by default."""
-    shift = train_len // 3 if shift is None else int(shift)
-    window = min(128, shift // 2) if window is None else int(window)
-    _check(shift >= 1, f"string: shift must be >= 1, got {shift}")
-    _check(
-        0 <= window < shift, f"string: need 0 <= window < shift, got window={window}, shift={shift}"
-    )
+    shift, window = string_shift_window(train_len, shift, window)
     scale = STRING_TEMPERATURE if temperature else 1.0
     options = dict(shift=shift, window=window, temperature=bool(temperature))
     return StringScheme(

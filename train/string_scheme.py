@@ -16,6 +16,19 @@ STRING_TEMPERATURE = 1.0 + 0.1 * math.log(2.0)
 """The official STRING code multiplies RoPE's cos/sin by this (not in the paper)."""
 
 
+def string_shift_window(
+    train_len: int, shift: int | None = None, window: int | None = None
+) -> tuple[int, int]:
+    """STRING's (S, W): S = L // 3 and W = min(128, S // 2) unless given; raises ValueError unless 0 <= W < S."""
+    shift = train_len // 3 if shift is None else int(shift)
+    window = min(128, shift // 2) if window is None else int(window)
+    if shift < 1:
+        raise ValueError(f"string: shift must be >= 1, got {shift}")
+    if not 0 <= window < shift:
+        raise ValueError(f"string: need 0 <= window < shift, got window={window}, shift={shift}")
+    return shift, window
+
+
 @dataclass
 class StringScheme(SplitScheme):
     """STRING: m - n below the shift S, m - n - S + W from S on (Eq. 4); split = S.
