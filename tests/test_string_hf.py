@@ -140,6 +140,25 @@ def test_prefill_equals_the_per_pair_reference_with_left_padding(family):
     assert not torch.allclose(string[real], rope[real], atol=1e-3)  # the far distances did change
 
 
+def test_right_padding_for_scoring_and_a_scattered_mask_is_refused():
+    """Scoring pads on the right (lm-eval's log-likelihoods); a mask with holes is refused by name."""
+    model = model_of("llama")
+    ids, left = batch_of_prompts(model.config.vocab_size)
+    right = left.flip(1)
+    ids = torch.stack([torch.cat((row[m.bool()], row[~m.bool()])) for row, m in zip(ids, left)])
+    with torch.no_grad():
+        string = model(input_ids=ids, attention_mask=right).logits
+        model.set_attn_implementation(REFERENCE)
+        reference = model(input_ids=ids, attention_mask=right).logits
+        model.set_attn_implementation(STRING_ATTENTION)
+        holes = right.clone()
+        holes[0, 5] = 0
+        with pytest.raises(ValueError, match="one contiguous block"):
+            model(input_ids=ids, attention_mask=holes)
+    real = right.bool()
+    torch.testing.assert_close(string[real], reference[real], rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_cached_generate_equals_the_reference_on_the_whole_sequence(family):
     """32 greedy steps of `generate` with a KV cache: each step's logits equal the reference's at that

@@ -3,9 +3,9 @@
 Every transformers decoder (Llama, Mistral, Qwen2, ...) rotates q and k, then calls the attention
 function its config names. Rotations compose, so STRING needs only a second copy of each query rotated
 by -(S - W) with the model's own inverse frequencies (rope scaling included) for the keys at distance
->= S; keys stay as cached. One softmax over both score sets equals the two passes merged by log-sum-exp.
-This path materialises (Lq, Lk) scores per head, as transformers' eager attention does; it has not
-been run on a GPU.
+>= S; keys stay as cached. Each row's real tokens are packed and attended by posfreq's varlen_attention
+(sdpa on a CPU; torch's varlen FlashAttention on a GPU, which has not run this path yet) in the two
+passes, merged exactly by their log-sum-exp.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from posfreq.train.attention import varlen_attention
+from posfreq.train.attention_merge import cu_seqlens_of, merge_into
 from posfreq.train.string_scheme import string_shift_window
 
 STRING_ATTENTION = "posfreq_string"
@@ -76,6 +78,23 @@ def _shifted_rotation(module: torch.nn.Module, settings: StringSettings) -> Tens
     return cached[1]
 
 
+def real_key_block(attention_mask: Tensor | None, batch: int, len_k: int) -> tuple[Tensor, Tensor]:
+    """(first, end) of each row's real keys: the keys the last query may see. transformers pads left
+    for generation and right for scoring; either leaves one contiguous block, anything else is refused."""
+    if attention_mask is None:
+        return torch.zeros(batch, dtype=torch.long), torch.full((batch,), len_k, dtype=torch.long)
+    seen = attention_mask[:, 0, -1].bool().cpu()  # (B, Lk)
+    first = seen.int().argmax(-1)
+    end = first + seen.sum(-1)
+    block = torch.arange(len_k)[None]
+    if not torch.equal(seen, (block >= first[:, None]) & (block < end[:, None])):
+        raise ValueError(
+            "posfreq_string: each row's keys must be one contiguous block (left or right padding); "
+            "Fix: pad on one side, or pass no attention mask"
+        )
+    return first, end
+
+
 def string_attention(
     module: torch.nn.Module,
     query: Tensor,
@@ -87,29 +106,74 @@ def string_attention(
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
     """transformers' attention-function contract: q (B, H, Lq, D), cached k/v (B, Hkv, Lk, D), a boolean
-    mask (B, 1, Lq, Lk) or None; returns (B, Lq, H, D). The queries are the last Lq of the Lk positions."""
+    mask (B, 1, Lq, Lk) or None; returns (B, Lq, H, D), zeros for padding queries. The queries are the
+    last Lq of the Lk positions. Each row's real tokens are packed and attended by posfreq's
+    `varlen_attention` in two passes (distances < S; shifted queries over distances >= S), merged by
+    their log-sum-exp."""
     settings = settings_of(module.config)
+    backend = (getattr(module.config, CONFIG_KEY, None) or {}).get("backend", "auto")
     batch, heads, len_q, dim = query.shape
-    len_k, groups = key.shape[2], heads // key.shape[1]
-    keys = key.repeat_interleave(groups, dim=1) if groups > 1 else key
-    values = value.repeat_interleave(groups, dim=1) if groups > 1 else value
-    scale = dim**-0.5 if scaling is None else scaling
-    far_query = rotate(query, _shifted_rotation(module, settings).to(query.device))
-    near = torch.matmul(query, keys.transpose(-1, -2)) * scale
-    far = torch.matmul(far_query, keys.transpose(-1, -2)) * scale
-    positions = torch.arange(len_k, device=query.device)
-    distance = positions[len_k - len_q :, None] - positions[None, :]
-    scores = torch.where(distance < settings.shift, near, far)
-    allowed = distance >= 0
-    if attention_mask is not None:
-        allowed = allowed & attention_mask.bool()
-    scores = scores.float().masked_fill(~allowed, float("-inf"))
-    probs = (
-        torch.softmax(scores, dim=-1).nan_to_num(0.0).to(value.dtype)
-    )  # a query with no key: zeros
-    if dropout and module.training:
-        probs = torch.nn.functional.dropout(probs, p=dropout)
-    return torch.matmul(probs, values).transpose(1, 2).contiguous(), None
+    len_k = key.shape[2]
+    first, end = real_key_block(attention_mask, batch, len_k)
+    q_from = torch.clamp(
+        first, min=len_k - len_q
+    )  # each row's first real query, in cache positions
+    rows_q = (end - q_from).clamp(min=0)
+    q = torch.cat(
+        [query[b, :, q_from[b] - (len_k - len_q) :][:, : rows_q[b]] for b in range(batch)], 1
+    )
+    k = torch.cat([key[b, :, first[b] : end[b]] for b in range(batch)], 1)
+    v = torch.cat([value[b, :, first[b] : end[b]] for b in range(batch)], 1)
+    q, k, v = (x.transpose(0, 1) for x in (q, k, v))  # packed (T, heads, D)
+    rows_k = end - first
+    out, lse = varlen_attention(
+        q,
+        k,
+        v,
+        cu_seqlens_of(rows_q),
+        cu_seqlens_of(rows_k),
+        int(rows_q.max()),
+        int(rows_k.max()),
+        window=settings.shift,
+        return_lse=True,
+        backend=backend,
+        scale=scaling,
+    )
+    # The far pass: queries at relative position r >= S over keys at r' <= r - S, aligned bottom-right.
+    pos_from = q_from - first  # relative position of each row's first real query
+    far_q = (rows_k - torch.clamp(pos_from, min=settings.shift)).clamp(min=0)
+    far_k = (rows_k - settings.shift).clamp(min=0)
+    if int(far_q.sum()):
+        starts_q = cu_seqlens_of(rows_q)[:-1].long() + rows_q - far_q
+        starts_k = cu_seqlens_of(rows_k)[:-1].long()
+        pick_q = torch.cat(
+            [torch.arange(a, a + n) for a, n in zip(starts_q.tolist(), far_q.tolist())]
+        )
+        pick_k = torch.cat(
+            [torch.arange(a, a + n) for a, n in zip(starts_k.tolist(), far_k.tolist())]
+        )
+        pick_q, pick_k = pick_q.to(q.device), pick_k.to(q.device)
+        has = far_q > 0
+        shifted = rotate(q[pick_q], _shifted_rotation(module, settings).to(q.device))
+        out_far, lse_far = varlen_attention(
+            shifted,
+            k[pick_k],
+            v[pick_k],
+            cu_seqlens_of(far_q[has]),
+            cu_seqlens_of(far_k[has]),
+            int(far_q.max()),
+            int(far_k.max()),
+            return_lse=True,
+            backend=backend,
+            scale=scaling,
+        )
+        merge_into(out, lse, pick_q, out_far, lse_far)
+    result = query.new_zeros(batch, len_q, heads, dim)
+    starts = cu_seqlens_of(rows_q).tolist()
+    for b in range(batch):
+        at = int(q_from[b]) - (len_k - len_q)
+        result[b, at : at + int(rows_q[b])] = out[starts[b] : starts[b + 1]]
+    return result, None
 
 
 def register() -> None:
