@@ -31,17 +31,14 @@ element-wise kernels are dominated by scheduling noise. Timings are wall-clock.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
-import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
-from _timing import interleaved, median, spread
+from _timing import extra_peak_bytes, interleaved, median, spread
 from tqdm import tqdm
 
 from posfreq.train.config import model_preset
@@ -142,12 +139,6 @@ def cpu_peak_bytes(preset: str, length: int, threads: int) -> dict[str, int]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def _status_kib(field: str) -> int:
-    return int(
-        re.search(rf"^{field}:\s+(\d+)", Path("/proc/self/status").read_text(), re.M).group(1)
-    )
-
-
 @torch.no_grad()
 def child(preset: str, length: int) -> None:
     """Body of the memory subprocess: warm up both schemes at the measured length, then one measured prefill each."""
@@ -158,11 +149,7 @@ def child(preset: str, length: int) -> None:
         model.hidden_states(tokens, cu, length)
     for name in SCHEMES:
         model.set_positions(name)
-        gc.collect()
-        Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS mark to the current RSS
-        before = _status_kib("VmRSS")
-        model.hidden_states(tokens, cu, length)
-        peaks[name] = (_status_kib("VmHWM") - before) * 1024
+        peaks[name] = extra_peak_bytes(lambda: model.hidden_states(tokens, cu, length))
     print(json.dumps(peaks))
 
 
