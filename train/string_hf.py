@@ -95,6 +95,30 @@ def real_key_block(attention_mask: Tensor | None, batch: int, len_k: int) -> tup
     return first, end
 
 
+def decode_step(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    settings: StringSettings,
+    angles: Tensor,
+    scale: float,
+) -> Tensor:
+    """One new query per row over the cache, in place: keys before Lk - S are scored with the shifted
+    query, the S nearest with the plain one, each key once, grouped heads without copying the cache."""
+    batch, heads, _, dim = query.shape
+    kv_heads, len_k = key.shape[1], key.shape[2]
+    split = max(0, len_k - settings.shift)  # keys [0, split) are at distance >= S
+    q = query.reshape(batch, kv_heads, heads // kv_heads, dim)
+    far = torch.matmul(rotate(q, angles), key[:, :, :split].transpose(-1, -2))
+    near = torch.matmul(q, key[:, :, split:].transpose(-1, -2))
+    scores = torch.cat((far, near), dim=-1).float() * scale  # (B, Hkv, G, Lk)
+    if attention_mask is not None:
+        scores = scores.masked_fill(~attention_mask.bool().view(batch, 1, 1, len_k), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(value.dtype)
+    return torch.matmul(probs, value).reshape(batch, 1, heads, dim)
+
+
 def string_attention(
     module: torch.nn.Module,
     query: Tensor,
@@ -114,6 +138,10 @@ def string_attention(
     backend = (getattr(module.config, CONFIG_KEY, None) or {}).get("backend", "auto")
     batch, heads, len_q, dim = query.shape
     len_k = key.shape[2]
+    if len_q == 1:  # cached decoding: scores of one query are as small as the cache
+        angles = _shifted_rotation(module, settings).to(query.device)
+        scale = dim**-0.5 if scaling is None else scaling
+        return decode_step(query, key, value, attention_mask, settings, angles, scale), None
     first, end = real_key_block(attention_mask, batch, len_k)
     q_from = torch.clamp(
         first, min=len_k - len_q
