@@ -24,10 +24,16 @@ if TYPE_CHECKING:
 Precision = Literal["auto", "float32", "bfloat16", "bfloat16-prefill"]
 BosPolicy = Literal["auto", "always", "never"]
 AnswerOrder = Literal["document", "nearest_first"]
+Engine = Literal["posfreq", "transformers"]
 SchemeName = Literal[SCHEMES]  # the position schemes of posfreq.train.positions
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 BOS_POLICIES: tuple[str, ...] = get_args(BosPolicy)
 ANSWER_ORDERS: tuple[str, ...] = get_args(AnswerOrder)
+ENGINES: tuple[str, ...] = get_args(Engine)
+TRANSFORMERS_SCHEMES = (
+    "rope",
+    "string",
+)  # what --engine transformers runs (string: train.string_hf)
 
 
 class ProbeError(ValueError):
@@ -69,6 +75,9 @@ class ProbeSettings:
     pass per batch)."""
     answer_order: AnswerOrder = "document"
     """Needle order of the teacher-forced reference answer: as in the document, or nearest the question first."""
+    engine: Engine = "posfreq"
+    """What runs the model: posfreq (its own model; our checkpoints and Llama-family HF models) or
+    transformers (any architecture transformers loads, --model hf:DIR only; rope or string)."""
 
     def __post_init__(self) -> None:
         if min(self.tests_per_length, self.max_new_tokens) < 1:
@@ -81,9 +90,21 @@ class ProbeSettings:
             ("precision", PRECISIONS),
             ("bos", BOS_POLICIES),
             ("answer_order", ANSWER_ORDERS),
+            ("engine", ENGINES),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.engine == "transformers":
+            if self.positions not in TRANSFORMERS_SCHEMES:
+                raise ValueError(
+                    f"--engine transformers runs positions {' or '.join(TRANSFORMERS_SCHEMES)}, not "
+                    f"{self.positions!r}. Fix: use --engine posfreq for the other schemes"
+                )
+            if self.precision == "bfloat16-prefill":
+                raise ValueError(
+                    "--engine transformers keeps one dtype from prefill to decoding; "
+                    "Fix: use --precision float32 or bfloat16"
+                )
 
     def decoding(self) -> dict:
         """The settings that change answers given the prompts (names of files excluded: content is keyed apart)."""
@@ -97,7 +118,10 @@ class ProbeSettings:
             "teacher_forced",
             "answer_order",
         )
-        return {k: v for k, v in asdict(self).items() if k in keep}
+        decoding = {k: v for k, v in asdict(self).items() if k in keep}
+        if self.engine != "posfreq":  # keys of the default engine stay as they were
+            decoding["engine"] = self.engine
+        return decoding
 
 
 def parse_lengths(spec: str) -> list[int]:

@@ -37,6 +37,10 @@ class ModelSource:
         self, settings: ProbeSettings, device: torch.device, attention_backend: str = "auto"
     ) -> Generator:
         """The model on `device` in float32, eval mode, with the settings' position scheme."""
+        if settings.engine == "transformers":
+            from posfreq.analysis.probe_transformers import load_transformers_model
+
+            return load_transformers_model(self.path, settings, device, self.train_len)
         if self.kind == "checkpoint":
             from posfreq.train.checkpoint import load_model
 
@@ -58,6 +62,12 @@ class ModelSource:
 def checkpoint_source(path: Path, settings: ProbeSettings) -> ModelSource:
     """One of our checkpoints (trainer milestone or consolidated directory), as train.checkpoint reads it."""
     from posfreq.train.checkpoint import MODEL_CONFIG_FILE, CheckpointError, read_checkpoint_info
+
+    if settings.engine == "transformers":
+        raise ProbeError(
+            f"{path}: --engine transformers loads Hugging Face model directories. Fix: export it with "
+            "`posfreq export-hf`, then probe --model hf:DIR, or use --engine posfreq"
+        )
 
     try:
         info = read_checkpoint_info(path)
@@ -105,17 +115,27 @@ def hf_source(directory: Path, settings: ProbeSettings) -> ModelSource:
         raise ProbeError(
             f"--model hf:{directory}: no tokenizer.json there; pass --tokenizer SPEC (e.g. llama3)"
         )
-    config = config_from_hf(
-        json.loads((directory / "config.json").read_text()), str(directory / "config.json")
-    )
+    raw = json.loads((directory / "config.json").read_text())
+    if (
+        settings.engine == "transformers"
+    ):  # any architecture: only its length and vocabulary are read
+        train_len, vocab_size = int(raw["max_position_embeddings"]), int(raw["vocab_size"])
+    else:
+        try:
+            config = config_from_hf(raw, str(directory / "config.json"))
+        except ValueError as err:
+            raise ProbeError(
+                f"{err}. Fix: --engine transformers probes any architecture transformers loads"
+            ) from None
+        train_len, vocab_size = config.train_len, config.vocab_size
     return ModelSource(
         directory.name,
         directory,
         "hf",
         hf_model_fingerprint(directory),
         spec,
-        config.train_len,
-        config.vocab_size,
+        train_len,
+        vocab_size,
         get_tokenizer(spec).adds_bos,
     )
 
