@@ -179,7 +179,8 @@ class Builders:
             if frame is None or getattr(tokenizer, "chat_template", None) is None:
                 raise ProbeError(
                     f"--chat-template: tokenizer {tokenizer.name} has no chat template "
-                    "(tokenizer_config.json's chat_template); leave --chat-template false"
+                    "(neither chat_template.jinja nor tokenizer_config.json's chat_template); "
+                    "leave --chat-template false"
                 )
             chat = frame()
         bos = {"always": True, "never": False}.get(settings.bos)

@@ -15,6 +15,20 @@ from posfreq.analysis.niah import ANSWER_PREFIX, INSTRUCTION, QUESTION
 from posfreq.train.tokenizer import get_tokenizer
 
 
+def test_a_chat_template_saved_by_transformers_5_is_read_from_chat_template_jinja(tmp_path):
+    """save_pretrained in transformers 5 writes the template to chat_template.jinja, not tokenizer_config.json:
+    the probe frames prompts with it exactly as with the older layout."""
+    older = get_tokenizer(f"hf:{write_chat_tokenizer(tmp_path / 'older')}")
+    newer_dir = write_chat_tokenizer(tmp_path / "newer", template=False)
+    (newer_dir / "chat_template.jinja").write_text(older.chat_template)
+    newer = get_tokenizer(f"hf:{newer_dir}")
+    assert newer.chat_template == older.chat_template and newer.chat_frame() == older.chat_frame()
+    plain = get_tokenizer(f"hf:{write_chat_tokenizer(tmp_path / 'plain', template=False)}")
+    assert (
+        plain.chat_template is None and newer.fingerprint != plain.fingerprint
+    )  # the template is keyed
+
+
 def test_bos_and_chat_template_give_the_documented_tokens(tmp_path):
     chatml = write_chat_tokenizer(tmp_path / "chatml")
     tok = get_tokenizer(f"hf:{chatml}")

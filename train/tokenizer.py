@@ -22,6 +22,8 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where transformers 5 saves a tokenizer's chat template
+
 
 @runtime_checkable
 class Tokenizer(Protocol):
@@ -122,11 +124,19 @@ class HFTokenizer:
         )
         self.bos_id, self.eos_id = self._special_ids(path)
         self.adds_bos = self._adds_bos(file)
-        template = self._config.get("chat_template")
+        # transformers 5's save_pretrained writes the template to chat_template.jinja, older ones into
+        # tokenizer_config.json; the file wins, as transformers reads it.
+        jinja = path / CHAT_TEMPLATE_FILE if path.is_dir() else None
+        template = (
+            jinja.read_text()
+            if jinja is not None and jinja.is_file()
+            else self._config.get("chat_template")
+        )
         self.chat_template: str | None = template if isinstance(template, str) else None
         digest = hashlib.sha256(file.read_bytes())
-        if config_file is not None and config_file.is_file():
-            digest.update(config_file.read_bytes())
+        for extra in (config_file, jinja):
+            if extra is not None and extra.is_file():
+                digest.update(extra.read_bytes())
         self.fingerprint = f"hf-sha256:{digest.hexdigest()}"
 
     def _adds_bos(self, file: Path) -> bool:
@@ -194,7 +204,8 @@ class HFTokenizer:
         """
         if self.chat_template is None:
             raise ValueError(
-                f"tokenizer {self.name}: its tokenizer_config.json has no chat_template"
+                f"tokenizer {self.name}: no chat template (neither {CHAT_TEMPLATE_FILE} nor "
+                "tokenizer_config.json's chat_template)"
             )
         marker = "\u0000posfreq-user-message\u0000"
         text = render_chat_template(
