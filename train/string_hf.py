@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posfreq.train.attention import varlen_attention
-from posfreq.train.attention_merge import cu_seqlens_of, merge_into
-from posfreq.train.string_scheme import string_shift_window
+from posfreq.train.attention_merge import AttentionInputs, cu_seqlens_of
+from posfreq.train.rotary import Rotary
+from posfreq.train.string_scheme import StringScheme, string_shift_window
 
 STRING_ATTENTION = "posfreq_string"
 CONFIG_KEY = (
@@ -66,6 +66,20 @@ def rotate(x: Tensor, angles: Tensor) -> Tensor:
     sin = torch.cat((angles.sin(), angles.sin())).to(x.dtype)
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def _scheme(module: torch.nn.Module, settings: StringSettings) -> StringScheme:
+    """posfreq's STRING with this module's frequencies, made once per module and settings."""
+    cached = getattr(module, "_posfreq_string_scheme", None)
+    if cached is None or cached[0] != settings:
+        options = {"shift": settings.shift, "window": settings.window}
+        rotary = Rotary(rope_inv_freq(module.config))
+        scheme = StringScheme(
+            "string", rotary, options, split=settings.shift, window=settings.window
+        )
+        cached = (settings, scheme)
+        module._posfreq_string_scheme = cached
+    return cached[1]
 
 
 def _shifted_rotation(module: torch.nn.Module, settings: StringSettings) -> Tensor:
@@ -131,9 +145,9 @@ def string_attention(
 ) -> tuple[Tensor, None]:
     """transformers' attention-function contract: q (B, H, Lq, D), cached k/v (B, Hkv, Lk, D), a boolean
     mask (B, 1, Lq, Lk) or None; returns (B, Lq, H, D), zeros for padding queries. The queries are the
-    last Lq of the Lk positions. Each row's real tokens are packed and attended by posfreq's
-    `varlen_attention` in two passes (distances < S; shifted queries over distances >= S), merged by
-    their log-sum-exp."""
+    last Lq of the Lk positions. One query per row is scored on the cache in place (`decode_step`);
+    longer inputs are packed and attended by posfreq's own StringScheme (its windowed near pass and
+    shifted far pass, merged by their log-sum-exp)."""
     settings = settings_of(module.config)
     backend = (getattr(module.config, CONFIG_KEY, None) or {}).get("backend", "auto")
     batch, heads, len_q, dim = query.shape
@@ -152,50 +166,22 @@ def string_attention(
     )
     k = torch.cat([key[b, :, first[b] : end[b]] for b in range(batch)], 1)
     v = torch.cat([value[b, :, first[b] : end[b]] for b in range(batch)], 1)
-    q, k, v = (x.transpose(0, 1) for x in (q, k, v))  # packed (T, heads, D)
     rows_k = end - first
-    out, lse = varlen_attention(
-        q,
-        k,
-        v,
-        cu_seqlens_of(rows_q),
-        cu_seqlens_of(rows_k),
-        int(rows_q.max()),
-        int(rows_k.max()),
-        window=settings.shift,
-        return_lse=True,
+    # posfreq's own STRING over the packed rows. Its queries are rotated from their positions; these
+    # arrive rotated, so they sit at position 0: the near pass turns them by 0, the far pass by -(S - W).
+    inputs = AttentionInputs(
+        q=q.transpose(0, 1).contiguous(),
+        keys=k.transpose(0, 1).contiguous(),
+        values=v.transpose(0, 1).contiguous(),
+        pos_q=torch.zeros(int(rows_q.sum()), dtype=torch.long, device=query.device),
+        pos_k=torch.zeros(int(rows_k.sum()), dtype=torch.long, device=query.device),
+        cu_seqlens_q=cu_seqlens_of(rows_q).to(query.device),
+        cu_seqlens_k=cu_seqlens_of(rows_k).to(query.device),
+        max_seqlen_q=int(rows_q.max()),
+        max_seqlen_k=int(rows_k.max()),
         backend=backend,
-        scale=scaling,
     )
-    # The far pass: queries at relative position r >= S over keys at r' <= r - S, aligned bottom-right.
-    pos_from = q_from - first  # relative position of each row's first real query
-    far_q = (rows_k - torch.clamp(pos_from, min=settings.shift)).clamp(min=0)
-    far_k = (rows_k - settings.shift).clamp(min=0)
-    if int(far_q.sum()):
-        starts_q = cu_seqlens_of(rows_q)[:-1].long() + rows_q - far_q
-        starts_k = cu_seqlens_of(rows_k)[:-1].long()
-        pick_q = torch.cat(
-            [torch.arange(a, a + n) for a, n in zip(starts_q.tolist(), far_q.tolist())]
-        )
-        pick_k = torch.cat(
-            [torch.arange(a, a + n) for a, n in zip(starts_k.tolist(), far_k.tolist())]
-        )
-        pick_q, pick_k = pick_q.to(q.device), pick_k.to(q.device)
-        has = far_q > 0
-        shifted = rotate(q[pick_q], _shifted_rotation(module, settings).to(q.device))
-        out_far, lse_far = varlen_attention(
-            shifted,
-            k[pick_k],
-            v[pick_k],
-            cu_seqlens_of(far_q[has]),
-            cu_seqlens_of(far_k[has]),
-            int(far_q.max()),
-            int(far_k.max()),
-            return_lse=True,
-            backend=backend,
-            scale=scaling,
-        )
-        merge_into(out, lse, pick_q, out_far, lse_far)
+    out = _scheme(module, settings).attend(inputs)
     result = query.new_zeros(batch, len_q, heads, dim)
     starts = cu_seqlens_of(rows_q).tolist()
     for b in range(batch):
