@@ -161,18 +161,21 @@ def string_attention(
         first, min=len_k - len_q
     )  # each row's first real query, in cache positions
     rows_q = (end - q_from).clamp(min=0)
-    q = torch.cat(
-        [query[b, :, q_from[b] - (len_k - len_q) :][:, : rows_q[b]] for b in range(batch)], 1
-    )
-    k = torch.cat([key[b, :, first[b] : end[b]] for b in range(batch)], 1)
-    v = torch.cat([value[b, :, first[b] : end[b]] for b in range(batch)], 1)
+
+    def packed(x: Tensor, starts: Tensor, counts: Tensor) -> Tensor:
+        """Rows [start, start + count) of each sequence, packed as (T, heads, D); a view for one row."""
+        parts = [x[b, :, int(a) : int(a + n)] for b, (a, n) in enumerate(zip(starts, counts))]
+        return (parts[0] if batch == 1 else torch.cat(parts, 1)).transpose(0, 1)
+
     rows_k = end - first
+    q = packed(query, q_from - (len_k - len_q), rows_q)
+    k, v = packed(key, first, rows_k), packed(value, first, rows_k)
     # posfreq's own STRING over the packed rows. Its queries are rotated from their positions; these
     # arrive rotated, so they sit at position 0: the near pass turns them by 0, the far pass by -(S - W).
     inputs = AttentionInputs(
-        q=q.transpose(0, 1).contiguous(),
-        keys=k.transpose(0, 1).contiguous(),
-        values=v.transpose(0, 1).contiguous(),
+        q=q,
+        keys=k,
+        values=v,
         pos_q=torch.zeros(int(rows_q.sum()), dtype=torch.long, device=query.device),
         pos_k=torch.zeros(int(rows_k.sum()), dtype=torch.long, device=query.device),
         cu_seqlens_q=cu_seqlens_of(rows_q).to(query.device),
