@@ -55,6 +55,7 @@ def probe_records(model: str, out: Path, *flags: str) -> dict[tuple[int, int], d
     return {(r["length"], r["index"]): r for r in results.read_records(out, LENGTHS)}
 
 
+@pytest.mark.slow  # four probes end to end
 @pytest.mark.parametrize("positions", ["rope", "string"])
 def test_both_engines_give_the_same_answers_on_a_llama_model(tmp_path, positions):
     model = f"hf:{exported_llama(tmp_path)}"
@@ -75,6 +76,7 @@ def test_both_engines_give_the_same_answers_on_a_llama_model(tmp_path, positions
     assert len(keys) == 2  # the engine is part of the result key
 
 
+@pytest.mark.slow  # a probe end to end
 def test_a_qwen2_model_is_probed_end_to_end(tmp_path):
     config = transformers.Qwen2Config(
         vocab_size=258,
