@@ -60,14 +60,6 @@ def rope_inv_freq(config: Any) -> Tensor:
     return ROPE_INIT_FUNCTIONS[rope_type](config)[0].float()
 
 
-def rotate(x: Tensor, angles: Tensor) -> Tensor:
-    """x (..., D) rotated by `angles` (D/2,) in transformers' rotate-half layout (pairs i and i + D/2)."""
-    cos = torch.cat((angles.cos(), angles.cos())).to(x.dtype)
-    sin = torch.cat((angles.sin(), angles.sin())).to(x.dtype)
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
-
 def _scheme(module: torch.nn.Module, settings: StringSettings) -> StringScheme:
     """posfreq's STRING with this module's frequencies, made once per module and settings."""
     cached = getattr(module, "_posfreq_string_scheme", None)
@@ -79,16 +71,6 @@ def _scheme(module: torch.nn.Module, settings: StringSettings) -> StringScheme:
         )
         cached = (settings, scheme)
         module._posfreq_string_scheme = cached
-    return cached[1]
-
-
-def _shifted_rotation(module: torch.nn.Module, settings: StringSettings) -> Tensor:
-    """-(S - W) * inv_freq for this module's config, computed once per module and settings."""
-    cached = getattr(module, "_posfreq_string_angles", None)
-    if cached is None or cached[0] != settings:
-        angles = -(settings.shift - settings.window) * rope_inv_freq(module.config)
-        cached = (settings, angles)
-        module._posfreq_string_angles = cached
     return cached[1]
 
 
@@ -114,17 +96,21 @@ def decode_step(
     key: Tensor,
     value: Tensor,
     attention_mask: Tensor | None,
-    settings: StringSettings,
-    angles: Tensor,
+    scheme: StringScheme,
     scale: float,
 ) -> Tensor:
-    """One new query per row over the cache, in place: keys before Lk - S are scored with the shifted
-    query, the S nearest with the plain one, each key once, grouped heads without copying the cache."""
+    """One new query per row over the cache, in place: keys before Lk - S are scored with the query turned
+    by -(S - W) (the scheme's far rotation), the S nearest with the plain one, each key once, grouped
+    heads without copying the cache."""
     batch, heads, _, dim = query.shape
     kv_heads, len_k = key.shape[1], key.shape[2]
-    split = max(0, len_k - settings.shift)  # keys [0, split) are at distance >= S
-    q = query.reshape(batch, kv_heads, heads // kv_heads, dim)
-    far = torch.matmul(rotate(q, angles), key[:, :, :split].transpose(-1, -2))
+    split = max(0, len_k - scheme.split)  # keys [0, split) are at distance >= S
+    at_zero = torch.zeros(batch, dtype=torch.long, device=query.device)  # queries arrive rotated
+    turned = scheme.rotary.rotate(
+        query.reshape(batch, heads, dim), scheme.far_query_positions(at_zero)
+    )
+    q, far_q = (x.reshape(batch, kv_heads, heads // kv_heads, dim) for x in (query, turned))
+    far = torch.matmul(far_q, key[:, :, :split].transpose(-1, -2))
     near = torch.matmul(q, key[:, :, split:].transpose(-1, -2))
     scores = torch.cat((far, near), dim=-1).float() * scale  # (B, Hkv, G, Lk)
     if attention_mask is not None:
@@ -153,13 +139,13 @@ def string_attention(
     batch, heads, len_q, dim = query.shape
     len_k = key.shape[2]
     if len_q == 1:  # cached decoding: scores of one query are as small as the cache
-        angles = _shifted_rotation(module, settings).to(query.device)
         scale = dim**-0.5 if scaling is None else scaling
-        return decode_step(query, key, value, attention_mask, settings, angles, scale), None
+        return decode_step(
+            query, key, value, attention_mask, _scheme(module, settings), scale
+        ), None
     first, end = real_key_block(attention_mask, batch, len_k)
-    q_from = torch.clamp(
-        first, min=len_k - len_q
-    )  # each row's first real query, in cache positions
+    # each row's first real query, in cache positions
+    q_from = torch.clamp(first, min=len_k - len_q)
     rows_q = (end - q_from).clamp(min=0)
 
     def packed(x: Tensor, starts: Tensor, counts: Tensor) -> Tensor:
