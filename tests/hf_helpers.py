@@ -11,11 +11,14 @@ from posfreq.train.config import ModelConfig
 from posfreq.train.model import Transformer
 
 
-def consolidated_bytes_model(directory: Path) -> Transformer:
-    """A tiny random model saved as a consolidated checkpoint (train.checkpoint's layout) with the bytes tokenizer."""
+def consolidated_bytes_model(
+    directory: Path, config: ModelConfig | None = None, weight_std: float | None = None
+) -> Transformer:
+    """A tiny random model saved as a consolidated checkpoint (train.checkpoint's layout) with the bytes tokenizer;
+    `weight_std` redraws every weight but the norms, large enough for clear argmaxes."""
     from safetensors.torch import save_file
 
-    config = ModelConfig(
+    config = config or ModelConfig(
         vocab_size=258,
         d_model=32,
         n_layers=1,
@@ -26,7 +29,12 @@ def consolidated_bytes_model(directory: Path) -> Transformer:
     )
     torch.manual_seed(0)
     ours = Transformer(config).eval()
-    directory.mkdir()
+    if weight_std is not None:
+        with torch.no_grad():
+            for name, param in ours.named_parameters():
+                if "norm" not in name:
+                    param.normal_(0.0, weight_std)
+    directory.mkdir(parents=True)
     save_file(
         {k: v.clone() for k, v in ours.state_dict().items()}, str(directory / "model.safetensors")
     )

@@ -11,11 +11,10 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
+from hf_helpers import consolidated_bytes_model
 
 from posfreq.analysis.lm_eval_task import make_tests, scoring
 from posfreq.train.config import ModelConfig
-from posfreq.train.model import Transformer
 
 LENGTHS = (480, 560)  # the bytes tokenizer's shortest test with a 40-token budget is about 470
 TESTS = 3
@@ -25,25 +24,10 @@ NEEDLES = ("111111", "222222", "333333", "444444")
 
 def write_checkpoint(directory: Path) -> Path:
     """A random 1-layer bytes-tokenizer model as a consolidated checkpoint; weights large enough for clear argmaxes."""
-    from safetensors.torch import save_file
-
     config = ModelConfig(
         vocab_size=258, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=64, train_len=1024
     )
-    torch.manual_seed(0)
-    model = Transformer(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" not in name:
-                param.normal_(0.0, 0.3)
-    directory.mkdir(parents=True)
-    save_file(
-        {k: v.clone() for k, v in model.state_dict().items()}, str(directory / "model.safetensors")
-    )
-    (directory / "model_config.json").write_text(json.dumps(config.to_dict()))
-    (directory / "tokenizer_spec.json").write_text(
-        json.dumps({"spec": "bytes", "vocab_size": 258, "bos_id": 256, "eos_id": 257})
-    )
+    consolidated_bytes_model(directory, config, weight_std=0.3)
     return directory
 
 

@@ -9,41 +9,26 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_helpers import consolidated_bytes_model
 
 transformers = pytest.importorskip("transformers")
 
 from posfreq.analysis import probe, results  # noqa: E402
 from posfreq.analysis.probe_settings import ProbeSettings  # noqa: E402
 from posfreq.train.config import ModelConfig  # noqa: E402
-from posfreq.train.model import Transformer  # noqa: E402
 
 LENGTHS = [448, 768]  # S = 256 at L = 768: both lengths reach STRING's shifted distances
 
 
 def exported_llama(root: Path) -> Path:
     """A tiny random posfreq model with the bytes tokenizer, exported as a Hugging Face Llama directory."""
-    from safetensors.torch import save_file
-
     from posfreq.scripts import export_hf
 
     config = ModelConfig(
         vocab_size=258, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, train_len=768
     )
-    torch.manual_seed(0)
-    model = Transformer(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" not in name:
-                param.normal_(0.0, 0.3)
     checkpoint = root / "checkpoint"
-    checkpoint.mkdir(parents=True)
-    save_file(
-        {k: v.clone() for k, v in model.state_dict().items()}, str(checkpoint / "model.safetensors")
-    )
-    (checkpoint / "model_config.json").write_text(json.dumps(config.to_dict()))
-    (checkpoint / "tokenizer_spec.json").write_text(
-        json.dumps({"spec": "bytes", "vocab_size": 258, "bos_id": 256, "eos_id": 257})
-    )
+    consolidated_bytes_model(checkpoint, config, weight_std=0.3)
     export_hf.main(["--checkpoint", str(checkpoint), "--out", str(root / "hf")])
     return root / "hf"
 
