@@ -64,7 +64,7 @@ def load_transformers_model(
 ) -> TransformersGenerator:
     """The model in float32, eval mode, with sdpa attention (rope) or STRING (string: S and W from
     --position-options, defaults from `train_len`)."""
-    from transformers import AutoModelForCausalLM
+    from posfreq.train.string_hf import load_causal_lm
 
     options = dict(settings.position_options)
     unknown = set(options) - {"shift", "window"} if settings.positions == "string" else set(options)
@@ -73,11 +73,7 @@ def load_transformers_model(
             f"--engine transformers: position options {sorted(unknown)} are not available there; "
             "string takes shift and window. Fix: drop them or use --engine posfreq"
         )
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="sdpa"
+    model = load_causal_lm(
+        path, settings.positions, options.get("shift"), options.get("window"), train_len
     )
-    if settings.positions == "string":
-        from posfreq.train.string_hf import apply_string
-
-        apply_string(model, options.get("shift"), options.get("window"), train_len)
-    return TransformersGenerator(model.to(device).eval())
+    return TransformersGenerator(model.to(device))

@@ -44,6 +44,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "posfreq.analysis.compare",
         "effective length across runs and seeds, with intervals and verdicts",
     ),
+    "ruler": (
+        "posfreq.analysis.ruler",
+        "RULER's synthetic tasks, offline, on a Hugging Face model (rope or STRING)",
+    ),
     "export-hf": (
         "posfreq.scripts.export_hf",
         "write a checkpoint as a Hugging Face Llama model directory",

@@ -11,6 +11,7 @@ passes, merged exactly by their log-sum-exp.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -202,6 +203,26 @@ def apply_string(
     model.config.posfreq_string = {"shift": shift, "window": window}
     model.set_attn_implementation(STRING_ATTENTION)
     return model
+
+
+def load_causal_lm(
+    path: str | Path,
+    positions: str = "rope",
+    shift: int | None = None,
+    window: int | None = None,
+    train_len: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Any:
+    """A local transformers model in eval mode, with sdpa attention (`rope`) or STRING (`string`,
+    as `apply_string`); the loader the probe's transformers engine and `posfreq ruler` share."""
+    from transformers import AutoModelForCausalLM
+
+    if positions not in ("rope", "string"):
+        raise ValueError(f"positions {positions!r}: transformers models run rope or string")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    if positions == "string":
+        apply_string(model, shift, window, train_len)
+    return model.eval()
 
 
 register()

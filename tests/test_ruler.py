@@ -1,0 +1,212 @@
+"""RULER's synthetic tasks offline (analysis/ruler_task, `posfreq ruler`): lm-eval's own samples,
+no network, a metric from every task.
+
+The samples are checked against lm-eval's RULER task functions run on the same haystack and seed
+(so the task table matches lm-eval's), the haystack against the essay files' words, and the whole
+command end to end on a tiny Llama-3-tokenizer model with every socket refused.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lm_eval", reason="the lmeval extra: pip install -e '.[lmeval]'")
+pytest.importorskip("wonderwords", reason="lm-eval's ruler extra: pip install -e '.[lmeval]'")
+
+from hf_helpers import consolidated_bytes_model  # noqa: E402
+
+from posfreq.train.config import ModelConfig  # noqa: E402
+from posfreq.train.essays import pg_essays_dir  # noqa: E402
+
+LENGTH = 1024
+
+
+@pytest.fixture(scope="module")
+def llama3_model(tmp_path_factory) -> Path:
+    """A random 1-layer model with the Llama-3 tokenizer, exported for transformers (config,
+    safetensors, tokenizer.json), trained length LENGTH."""
+    from posfreq.scripts import export_hf
+
+    root = tmp_path_factory.mktemp("ruler-model")
+    config = ModelConfig(
+        vocab_size=128256,
+        d_model=16,
+        n_layers=1,
+        n_heads=2,
+        n_kv_heads=1,
+        ffn_dim=32,
+        train_len=LENGTH,
+    )
+    consolidated_bytes_model(root / "ckpt", config, weight_std=0.3)
+    spec = {"spec": "llama3", "vocab_size": 128256, "bos_id": 128000, "eos_id": 128001}
+    (root / "ckpt" / "tokenizer_spec.json").write_text(json.dumps(spec))
+    assert export_hf.main(["--checkpoint", str(root / "ckpt"), "--out", str(root / "hf")]) == 0
+    return root / "hf"
+
+
+def test_essay_haystack_is_the_shipped_essays_words() -> None:
+    from posfreq.analysis.ruler_task.offline import essay_haystack
+
+    words = [w for path in sorted(pg_essays_dir().glob("*.txt")) for w in path.read_text().split()]
+    assert essay_haystack() == words
+
+
+def test_sentence_model_splits_the_haystack_without_losing_a_word() -> None:
+    from posfreq.analysis.ruler_task.offline import essay_text, use_offline_data
+
+    use_offline_data()
+    from nltk import sent_tokenize
+
+    text = essay_text()[:200_000]
+    sentences = sent_tokenize(text)
+    assert len(sentences) > 500  # split into sentences, not returned whole
+    assert "".join(sentences).replace(" ", "") == text.replace(" ", "")  # every character, in order
+
+
+@pytest.mark.slow  # lm-eval's generators make 500 samples per task
+@pytest.mark.parametrize(
+    "task, reference",
+    [
+        ("niah_single_1", "niah_single_1"),
+        ("niah_single_2", "niah_single_2"),
+        ("niah_single_3", "niah_single_3"),
+        ("niah_multikey_1", "niah_multikey_1"),
+        ("niah_multikey_2", "niah_multikey_2"),
+        ("niah_multikey_3", "niah_multikey_3"),
+        ("niah_multivalue", "niah_multivalue"),
+        ("niah_multiquery", "niah_multiquery"),
+        ("vt", "get_vt_dataset"),
+        ("fwe", "fwe_download"),
+        ("cwe", "get_cw_dataset"),
+    ],
+)
+def test_samples_are_lm_evals_own(
+    llama3_model: Path, monkeypatch, task: str, reference: str
+) -> None:
+    """Our first samples equal lm-eval's task function's under the same seed, its essay download
+    replaced by the shipped essays: the parameter table is lm-eval's."""
+    from lm_eval.tasks.ruler import cwe_utils, fwe_utils, niah_utils, vt_utils
+
+    from posfreq.analysis.ruler_task import tasks
+    from posfreq.analysis.ruler_task.offline import essay_haystack
+
+    module = {"vt": vt_utils, "fwe": fwe_utils, "cwe": cwe_utils}.get(task, niah_utils)
+    real_haystack = niah_utils.get_haystack
+    monkeypatch.setattr(
+        niah_utils,
+        "get_haystack",
+        lambda type_haystack: (
+            essay_haystack() if type_haystack == "essay" else real_haystack(type_haystack)
+        ),
+    )
+    with tasks.seeded(f"{task}:{LENGTH}"):
+        theirs = getattr(module, reference)(tokenizer=str(llama3_model), max_seq_lengths=[LENGTH])
+    tokenizer = tasks.common_utils.get_tokenizer(str(llama3_model))
+    ours = tasks.samples_for(task, tokenizer, LENGTH, 3)
+    assert len(ours) == 3
+    for mine, their in zip(ours, theirs["test"]):
+        assert {key: mine[key] for key in their} == dict(their)
+
+
+def test_a_task_seeds_itself(llama3_model: Path) -> None:
+    from posfreq.analysis.ruler_task import tasks
+
+    tokenizer = tasks.common_utils.get_tokenizer(str(llama3_model))
+    first = tasks.samples_for("niah_single_2", tokenizer, LENGTH, 2)
+    random.random()  # what ran before must not matter
+    state = random.getstate()
+    again = tasks.samples_for("niah_single_2", tokenizer, LENGTH, 2)
+    assert again == first
+    assert random.getstate() == state  # and the caller's random stream is left as it was
+    assert all(row["length"] <= LENGTH and row["max_length"] == LENGTH for row in first)
+    assert all(row["outputs"][0] in row["input"] for row in first)
+
+
+def test_a_length_too_short_is_refused_by_name(llama3_model: Path) -> None:
+    from posfreq.analysis.ruler_task import tasks
+
+    tokenizer = tasks.common_utils.get_tokenizer(str(llama3_model))
+    with pytest.raises(ValueError, match="RULER's cwe does not fit in 300 tokens.*Fix"):
+        tasks.samples_for("cwe", tokenizer, 300, 1)
+
+
+NO_NETWORK = """
+import socket, sys
+
+def refuse(*args, **kwargs):
+    print("NETWORK ATTEMPT", args[:2], file=sys.stderr, flush=True)
+    raise OSError("network access attempted (refused by the test)")
+
+socket.socket.connect = socket.socket.connect_ex = refuse
+socket.create_connection = socket.getaddrinfo = refuse
+"""
+"""Prepended to a fresh interpreter's script: every connection and name lookup fails and is reported."""
+
+
+def run_without_network(script: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`script` in a new Python process whose sockets refuse to connect (imports included)."""
+    return subprocess.run(
+        [sys.executable, "-c", NO_NETWORK + script], cwd=cwd, capture_output=True, text=True
+    )
+
+
+def test_the_network_refusal_double_refuses(tmp_path: Path) -> None:
+    done = run_without_network(
+        "import urllib.request; urllib.request.urlopen('https://pypi.org')", tmp_path
+    )
+    assert done.returncode != 0 and "NETWORK ATTEMPT" in done.stderr
+
+
+@pytest.mark.slow  # eleven tasks through lm-eval and transformers, in a fresh process
+def test_all_eleven_tasks_run_offline_and_score(llama3_model: Path, tmp_path: Path) -> None:
+    from posfreq.analysis import ruler
+
+    pg_essays_dir()  # the one-time asset fetch (as `make setup` does), before the network goes
+    out = tmp_path / "ruler"
+    argv = [
+        "--model",
+        f"hf:{llama3_model}",
+        "--samples",
+        "1",
+        "--out",
+        str(out),
+        "--positions",
+        "string",
+    ]
+    done = run_without_network(
+        f"import sys; from posfreq.analysis import ruler; sys.exit(ruler.main({argv!r}))", tmp_path
+    )
+    assert "NETWORK ATTEMPT" not in done.stderr
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = list(csv.DictReader(open(out / "scores.csv")))
+    assert [row["task"] for row in rows] == [*ruler.TASKS, "mean"]
+    for row in rows:
+        assert row["length"] == str(LENGTH)
+        assert 0.0 <= float(row["score"]) <= 1.0
+        assert (row["positions"], row["shift"], row["window"]) == ("string", "341", "128")
+    assert [row["samples"] for row in rows] == ["1"] * len(ruler.TASKS) + [str(len(ruler.TASKS))]
+    results = json.loads((out / "results.json").read_text())["results"]
+    for task in ruler.TASKS:
+        assert f"{LENGTH},none" in results[f"posfreq_ruler_{task}"]
+
+
+def test_refusals_name_the_input_and_the_fix(tmp_path: Path, llama3_model: Path, capsys) -> None:
+    from posfreq.analysis import ruler
+
+    assert ruler.main(["--model", f"hf:{tmp_path}"]) == 1
+    assert "no config.json" in capsys.readouterr().err
+    assert ruler.main(["--model", f"hf:{llama3_model}", "--tasks", "vt,qa_squad"]) == 1
+    assert "unknown ['qa_squad']" in capsys.readouterr().err
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "paper.tex").write_text("keep")
+    assert ruler.main(["--model", f"hf:{llama3_model}", "--out", str(mine)]) == 1
+    assert "did not write (paper.tex)" in capsys.readouterr().err
+    assert (mine / "paper.tex").read_text() == "keep"
