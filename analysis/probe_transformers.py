@@ -9,6 +9,7 @@ from typing import Any, Callable
 import torch
 
 from posfreq.analysis.probe_settings import ProbeError, ProbeSettings
+from posfreq.train.model import row_groups
 
 
 class TransformersGenerator:
@@ -28,7 +29,26 @@ class TransformersGenerator:
         prefill_tokens: int | None = None,
     ) -> list[list[int]]:
         """As train.model.Transformer.generate: a row ends when `stop` says so (that token kept); the last
-        generated token is never fed back. The prompts are forwarded in one pass."""
+        generated token is never fed back. Rows are decoded in groups of at most `prefill_tokens` prompt
+        tokens (`train.model.row_groups`; None: all together), each group's prompts in one forward."""
+        rows: list[list[int]] = []
+        for group in row_groups(prompt_ids.shape[0], prompt_ids.shape[1], prefill_tokens):
+            first = group.start
+            rows += self._generate(
+                prompt_ids[group],
+                max_new_tokens,
+                None
+                if stop is None
+                else lambda row, tokens, first=first: stop(first + row, tokens),
+            )
+        return rows
+
+    def _generate(
+        self,
+        prompt_ids: torch.Tensor,
+        max_new_tokens: int,
+        stop: Callable[[int, list[int]], bool] | None,
+    ) -> list[list[int]]:
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
@@ -52,11 +72,15 @@ class TransformersGenerator:
     def target_logprobs(
         self, input_ids: torch.Tensor, first_target: int, prefill_tokens: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """log p(input_ids[:, j] | input_ids[:, :j]) for j >= first_target, and whether it is the argmax."""
-        logits = self.model(input_ids=input_ids).logits[:, first_target - 1 : -1].float()
-        targets = input_ids[:, first_target:]
-        logprobs = logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0]
-        return logprobs, logits.argmax(-1) == targets
+        """log p(input_ids[:, j] | input_ids[:, :j]) for j >= first_target, and whether it is the argmax;
+        rows in groups of at most `prefill_tokens` tokens, as `generate`."""
+        logprobs, hits = [], []
+        for group in row_groups(input_ids.shape[0], input_ids.shape[1], prefill_tokens):
+            logits = self.model(input_ids=input_ids[group]).logits[:, first_target - 1 : -1].float()
+            targets = input_ids[group, first_target:]
+            logprobs.append(logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0])
+            hits.append(logits.argmax(-1) == targets)
+        return torch.cat(logprobs), torch.cat(hits)
 
 
 def load_transformers_model(

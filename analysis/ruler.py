@@ -91,6 +91,9 @@ def build_parser():
     parser.add_argument("--batch-size", type=int, default=1, help="prompts generated together")
     parser.add_argument("--device", type=str, default="auto", help="auto, cpu, cuda, cuda:1, ...")
     parser.add_argument(
+        "--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)"
+    )
+    parser.add_argument(
         "--dtype",
         type=Literal["auto", "float32", "bfloat16"],
         default="auto",
@@ -140,6 +143,8 @@ def run(args) -> Path:
 
     from posfreq.train.string_hf import load_causal_lm
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     path = model_dir(args.model)
     tasks = chosen_tasks(args.tasks)
     config = AutoConfig.from_pretrained(path)

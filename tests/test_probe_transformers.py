@@ -45,8 +45,10 @@ def probe_records(model: str, out: Path, *flags: str) -> dict[tuple[int, int], d
 def test_both_engines_give_the_same_answers_on_a_llama_model(tmp_path, positions):
     model = f"hf:{exported_llama(tmp_path)}"
     ours = probe_records(model, tmp_path / "posfreq", "--positions", positions)
-    theirs = probe_records(
-        model, tmp_path / "transformers", "--positions", positions, "--engine", "transformers"
+    theirs = probe_records(  # a row per forward (--prefill-tokens), where posfreq's takes four
+        model,
+        tmp_path / "transformers",
+        *("--positions", positions, "--engine", "transformers", "--prefill-tokens", "800"),
     )
     assert ours.keys() == theirs.keys() and len(ours) == 8
     for test, record in ours.items():

