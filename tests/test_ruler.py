@@ -135,6 +135,8 @@ def test_a_length_too_short_is_refused_by_name(llama3_model: Path) -> None:
     tokenizer = tasks.common_utils.get_tokenizer(str(llama3_model))
     with pytest.raises(ValueError, match="RULER's cwe does not fit in 300 tokens.*Fix"):
         tasks.samples_for("cwe", tokenizer, 300, 1)
+    with pytest.raises(ValueError, match="essay haystack .* too few for 1000000-token prompts"):
+        tasks.samples_for("niah_single_2", tokenizer, 1_000_000, 1)
 
 
 NO_NETWORK = """

@@ -58,6 +58,8 @@ def _niah(task: str) -> Callable[[Any, int, int], list[dict]]:
     def build(tokenizer: Any, length: int, samples: int) -> list[dict]:
         kind = params["type_haystack"]
         haystack = essay_haystack() if kind == "essay" else prepare_niah.get_haystack(kind)
+        if kind == "essay":
+            require_haystack(tokenizer, length)
         return prepare_niah.generate_samples(
             haystack,
             TOKENIZER=tokenizer,
@@ -68,6 +70,16 @@ def _niah(task: str) -> Callable[[Any, int, int], list[dict]]:
         )
 
     return build
+
+
+def require_haystack(tokenizer: Any, length: int) -> None:
+    """Refuse a length the shipped essays cannot fill (lm-eval would quietly make shorter prompts)."""
+    available = len(tokenizer(" ".join(essay_haystack())).input_ids)
+    if available < length:
+        raise ValueError(
+            f"RULER's essay haystack (the essays posfreq ships) is {available} tokens of this tokenizer, "
+            f"too few for {length}-token prompts. Fix: ask for lengths up to {available}"
+        )
 
 
 VT_EXAMPLE_LENGTH = 500
