@@ -172,8 +172,13 @@ def run(args) -> Path:
         path, args.positions, args.shift, args.window, args.train_len, dtype=dtype
     ).to(device)
     string = getattr(model.config, "posfreq_string", None) or {}
+    # RULER sizes each prompt to its length; a chat template adds its own tokens, which lm-eval would
+    # cut from the prompt's start (the instructions) at max_length: leave it room instead.
     lm = HFLM(
-        pretrained=model, tokenizer=tokenizer, batch_size=args.batch_size, max_length=max(lengths)
+        pretrained=model,
+        tokenizer=tokenizer,
+        batch_size=args.batch_size,
+        max_length=2 * max(lengths),
     )
     manager = TaskManager(
         include_path=str(TASK_DIR),
