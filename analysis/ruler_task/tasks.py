@@ -86,8 +86,8 @@ VT_EXAMPLE_LENGTH = 500
 """RULER's budget for variable tracking's in-context example, in tokens."""
 
 
-def require_fit(task: str, smallest: str, reserved: int, length: int) -> None:
-    """Refuse a length that cannot hold `task`'s smallest prompt plus its `reserved` tokens (lm-eval's
+def require_fit(task: str, smallest: list[int], reserved: int, length: int) -> None:
+    """Refuse a length that cannot hold `task`'s smallest prompt (its token ids) and `reserved` tokens (lm-eval's
     generators would search for a smaller one forever)."""
     if len(smallest) + reserved > length:
         raise ValueError(
