@@ -206,9 +206,60 @@ def test_refusals_name_the_input_and_the_fix(tmp_path: Path, llama3_model: Path,
     assert "no config.json" in capsys.readouterr().err
     assert ruler.main(["--model", f"hf:{llama3_model}", "--tasks", "vt,qa_squad"]) == 1
     assert "unknown ['qa_squad']" in capsys.readouterr().err
+    assert ruler.main(["--model", f"hf:{llama3_model}", "--chat-template", "true"]) == 1
+    assert "has no chat template" in capsys.readouterr().err
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "paper.tex").write_text("keep")
     assert ruler.main(["--model", f"hf:{llama3_model}", "--out", str(mine)]) == 1
     assert "did not write (paper.tex)" in capsys.readouterr().err
     assert (mine / "paper.tex").read_text() == "keep"
+
+
+@pytest.mark.slow  # three small lm-eval runs
+def test_string_through_lm_evals_own_model_loader_is_posfreq_rulers(
+    llama3_model: Path, tmp_path: Path
+) -> None:
+    """docs/ruler.md's Python route (lm-eval's hf model with attn_implementation=posfreq_string) gives
+    the answers `posfreq ruler --positions string` gives, and they are not rope's."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    import posfreq.train.string_hf  # noqa: F401  (registers posfreq_string)
+    from posfreq.analysis import ruler
+
+    def wrapper_answers(positions: str) -> list[str]:
+        out = tmp_path / positions
+        argv = ["--model", f"hf:{llama3_model}", "--tasks", "niah_single_2", "--samples", "3"]
+        assert (
+            ruler.main(
+                [*argv, "--positions", positions, "--out", str(out), "--log-samples", "true"]
+            )
+            == 0
+        )
+        lines = (out / "samples_posfreq_ruler_niah_single_2.jsonl").read_text().splitlines()
+        return [json.loads(line)["resps"][0][0] for line in lines]
+
+    evaluation = lm_eval.simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={llama3_model},dtype=float32,attn_implementation=posfreq_string",
+        tasks=["posfreq_ruler_niah_single_2"],
+        task_manager=TaskManager(
+            include_path=str(ruler.TASK_DIR),
+            metadata={
+                "pretrained": str(llama3_model),
+                "max_seq_lengths": [LENGTH],
+                "num_samples": 3,
+            },
+        ),
+        device="cpu",
+        batch_size=1,
+        log_samples=True,
+        bootstrap_iters=0,
+    )
+    direct = [
+        entry["resps"][0][0] for entry in evaluation["samples"]["posfreq_ruler_niah_single_2"]
+    ]
+    string = wrapper_answers("string")
+    assert direct == string
+    assert string != wrapper_answers("rope")
