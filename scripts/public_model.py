@@ -76,7 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         import gguf  # noqa: F401  (transformers reads GGUF files through it)
     except ImportError:
         print(
-            "error: transformers needs the gguf package to read the model. Fix: pip install gguf (or pip install -e '.[publicmodel]')",
+            "error: transformers needs the gguf package to read the model. "
+            "Fix: pip install gguf (or pip install -e '.[publicmodel]')",
             file=sys.stderr,
         )
         return 1
