@@ -52,6 +52,8 @@ from posfreq.analysis.probe_settings import ProbeError, ProbeSettings, parse_len
 from posfreq.analysis.probe_sources import Builders, checkpoint_source, hf_source
 from posfreq.train.attention_kernels import BACKENDS
 from posfreq.train.command_line import command_parser, parse, parse_shard
+from posfreq.train.devices import resolve_device
+from posfreq.train.tokenizer import hf_dir
 
 CPU_BATCH_TOKENS = 8192
 """--batch-tokens auto on a CPU: the most test tokens decoded together."""
@@ -174,13 +176,6 @@ def from_args(cls: type, args: Namespace, parser: ArgumentParser) -> Any:
         parser.error(str(err))
 
 
-def resolve_device(name: str) -> torch.device:
-    """`auto` -> cuda when a GPU is available, else cpu; any other name as torch reads it."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments, probe, print the effective length(s)."""
     parser = build_parser()
@@ -258,11 +253,12 @@ def _probe(args: Namespace, job: Job, shard: tuple[int, int] | None) -> tuple[Pa
     if args.checkpoint:
         source = checkpoint_source(args.checkpoint, settings)
     else:
-        if not args.model.startswith("hf:"):
+        directory = hf_dir(args.model)
+        if directory is None:
             raise ProbeError(
                 f"--model expects hf:DIR, got {args.model!r} (use --checkpoint for our checkpoints)"
             )
-        source = hf_source(Path(args.model[3:]), settings)
+        source = hf_source(directory, settings)
     out = args.out
     if out is None:
         key, _ = result_key(source, builders.for_source(source, settings), settings)

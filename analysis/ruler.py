@@ -16,14 +16,18 @@ import csv
 import json
 import os
 import sys
+from argparse import ArgumentTypeError
 from pathlib import Path
 from typing import Literal, Optional, Sequence
 
 if __package__ in (None, ""):  # run as a file: import the installed posfreq package
     sys.path.pop(0)
 
+from posfreq.analysis.probe_settings import parse_lengths
 from posfreq.train.command_line import command_parser, parse
+from posfreq.train.devices import resolve_device
 from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir
+from posfreq.train.tokenizer import hf_dir
 
 COMMAND = "ruler"
 TASK_DIR = Path(__file__).resolve().parent / "ruler_task"
@@ -74,7 +78,7 @@ def build_parser():
         "--lengths",
         type=Optional[str],
         default=None,
-        help="comma list of prompt lengths; default L",
+        help="prompt lengths, a comma list or START:STOP:STEP (STOP included); default L",
     )
     parser.add_argument(
         "--tasks", type=str, default="all", help=f"comma list of {', '.join(TASKS)}; or all"
@@ -110,7 +114,7 @@ def build_parser():
 
 def model_dir(spec: str) -> Path:
     """The directory of `--model hf:DIR` (or a bare DIR), which must hold a config.json."""
-    path = Path(spec[3:] if spec.startswith("hf:") else spec)
+    path = hf_dir(spec) or Path(spec)
     if not (path / "config.json").is_file():
         raise RulerError(
             f"--model {spec}: no config.json in {path}. Fix: pass a transformers model directory "
@@ -149,16 +153,13 @@ def run(args) -> Path:
     tasks = chosen_tasks(args.tasks)
     config = AutoConfig.from_pretrained(path)
     train_len = args.train_len or config.max_position_embeddings
-    lengths = (
-        sorted({int(n) for n in args.lengths.split(",") if n.strip()})
-        if args.lengths
-        else [train_len]
-    )
+    try:
+        lengths = parse_lengths(args.lengths) if args.lengths else [train_len]
+    except ArgumentTypeError as err:
+        raise RulerError(f"{err}. Fix: e.g. --lengths 4096,8192 or 4096:16384:4096") from None
     out = Path(args.out or f"runs/ruler/{path.resolve().name}-{args.positions}")
     check_output_dir(out, COMMAND)
-    device = torch.device(
-        ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    )
+    device = resolve_device(args.device)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(
         args.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32
     )

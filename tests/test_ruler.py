@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("lm_eval", reason="the lmeval extra: pip install -e '.[lmeval]'")
 pytest.importorskip("wonderwords", reason="lm-eval's ruler extra: pip install -e '.[lmeval]'")
@@ -208,6 +209,13 @@ def test_refusals_name_the_input_and_the_fix(tmp_path: Path, llama3_model: Path,
     assert "unknown ['qa_squad']" in capsys.readouterr().err
     assert ruler.main(["--model", f"hf:{llama3_model}", "--chat-template", "true"]) == 1
     assert "has no chat template" in capsys.readouterr().err
+    assert ruler.main(["--model", f"hf:{llama3_model}", "--lengths", "4096:1024:1024"]) == 1
+    assert "gives no positive lengths" in capsys.readouterr().err
+    assert ruler.main(["--model", f"hf:{llama3_model}", "--lengths", "4k"]) == 1
+    assert "Fix: e.g. --lengths 4096,8192" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert ruler.main(["--model", f"hf:{llama3_model}", "--device", "cuda"]) == 1
+        assert "torch sees no CUDA GPU" in capsys.readouterr().err
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "paper.tex").write_text("keep")

@@ -34,6 +34,7 @@ import torch
 
 from posfreq.train import attention_kernels
 from posfreq.train.command_line import command_parser, parse
+from posfreq.train.devices import resolve_device
 from posfreq.train.doctor_checks import (
     CheckResult,
     attention_check,
@@ -143,18 +144,15 @@ def build_parser():
 def main(argv: list[str] | None = None) -> int:
     """Run the checks, print the table, write OUT/doctor.json; exit 1 if any check failed."""
     args = parse(build_parser(), argv)
-    kind = (
-        args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    )
-    if kind == "cuda" and not torch.cuda.is_available():
-        sys.exit(
-            "error: --device cuda, but torch sees no CUDA GPU. Fix: run on a GPU node, or use --device cpu"
-        )
+    try:
+        device = resolve_device(args.device)
+    except ValueError as err:
+        sys.exit(f"error: {err}")
     out = prepare_out(args.out)
     started = time.perf_counter()
-    results = run_doctor(out, torch.device(kind))
+    results = run_doctor(out, device)
     report = {
-        "device": kind,
+        "device": str(device),
         "seconds": time.perf_counter() - started,
         "checks": [asdict(r) for r in results],
     }

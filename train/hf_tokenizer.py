@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from posfreq.train.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
-from posfreq.train.tokenizer import ByteTokenizer
+from posfreq.train.tokenizer import ByteTokenizer, hf_dir
 
 if TYPE_CHECKING:
     import tokenizers
@@ -43,8 +43,8 @@ def write_tokenizer_files(spec: str, out_dir: str | Path) -> list[Path]:
         return write_llama3_tokenizer(out_dir)
     if spec == "bytes":
         return write_bytes_tokenizer(out_dir)
-    if spec.startswith("hf:"):
-        source, out = Path(spec[3:]), Path(out_dir)
+    if (source := hf_dir(spec)) is not None:
+        out = Path(out_dir)
         copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
         if not copied:
             raise FileNotFoundError(f"{source}: none of the tokenizer files {TOKENIZER_FILES}")

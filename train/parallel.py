@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from posfreq.train.attention_kernels import BackendError, explain_backend
+from posfreq.train.devices import resolve_device
 from posfreq.train.loggers import fabric_loggers
 from posfreq.train.model import Transformer
 from posfreq.train.run_config import ConfigError, TrainConfig
@@ -80,11 +81,7 @@ def make_parallelize(mixed_precision: bool, activation_checkpointing: bool):
 
 def resolved_accelerator(cfg: TrainConfig) -> str:
     """`cpu` or `cuda`: the config's accelerator, `auto` meaning cuda when a GPU is visible."""
-    return (
-        cfg.accelerator
-        if cfg.accelerator != "auto"
-        else ("cuda" if torch.cuda.is_available() else "cpu")
-    )
+    return cfg.accelerator if cfg.accelerator != "auto" else resolve_device("auto").type
 
 
 def compute_dtype(precision: str) -> torch.dtype:

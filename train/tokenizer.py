@@ -347,10 +347,15 @@ def register_tokenizer(name: str, factory) -> None:
     _REGISTRY[name] = factory
 
 
+def hf_dir(spec: str) -> Path | None:
+    """The directory of the `hf:DIR` spelling (a local Hugging Face model or tokenizer); None for another spec."""
+    return Path(spec.removeprefix("hf:")) if spec.startswith("hf:") else None
+
+
 def get_tokenizer(spec: str = "llama3") -> Tokenizer:
     """Build a tokenizer from its name: llama3, bytes, hf:<dir>, or a registered name."""
-    if spec.startswith("hf:"):
-        return HFTokenizer(spec[3:])
+    if (directory := hf_dir(spec)) is not None:
+        return HFTokenizer(directory)
     if spec not in _REGISTRY:
         raise ValueError(
             f"unknown tokenizer {spec!r}; choose one of {sorted(_REGISTRY)} or hf:<dir>"

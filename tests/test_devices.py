@@ -1,0 +1,32 @@
+"""`--device`: one reading for every command (train.devices.resolve_device)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posfreq.train.devices import resolve_device
+
+
+def test_auto_is_the_gpu_when_torch_sees_one_else_the_cpu() -> None:
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+    assert resolve_device("cpu") == torch.device("cpu")
+
+
+def test_a_name_torch_cannot_read_is_refused_with_the_spellings() -> None:
+    with pytest.raises(ValueError, match="not a device name. Fix: use auto, cpu, cuda or cuda:N"):
+        resolve_device("gpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_cuda_without_a_gpu_is_refused_before_anything_loads() -> None:
+    for name in ("cuda", "cuda:0"):
+        with pytest.raises(ValueError, match="torch sees no CUDA GPU. Fix: run on a GPU node"):
+            resolve_device(name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_gpu_index_past_the_last_is_refused() -> None:
+    with pytest.raises(ValueError, match="GPU\\(s\\)"):
+        resolve_device(f"cuda:{torch.cuda.device_count()}")
