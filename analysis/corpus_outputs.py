@@ -19,6 +19,9 @@ from posfreq.analysis.packing_prediction import PackingSettings, predict_packing
 from posfreq.analysis.tables import write_csv
 from posfreq.train.atomic import atomic_open
 
+ANALYZE = "analyze"
+"""The command that owns these outputs' directory (train/outdir.py)."""
+
 
 def write_outputs(
     out: Path,
@@ -32,7 +35,7 @@ def write_outputs(
     """Write histogram (npz, CSV), the corpus f and each strategy's trained f per L (npz, CSV), figures and
     summary.json; return the summary."""
     predictions = predict_packing(histogram, train_lens, packing)
-    replace_outputs(out)
+    replace_outputs(out, ANALYZE)
     written = [
         save_histogram(out / HISTOGRAM_FILE, histogram, meta),
         _write_length_csv(out / "lengths.csv", histogram),
@@ -65,7 +68,7 @@ def write_outputs(
 
 def write_partial(out: Path, histogram: LengthHistogram, meta: dict) -> Path:
     """A shard's outputs: its partial histogram (for --merge) and a summary.json of its metadata; returns the .npz."""
-    replace_outputs(out)
+    replace_outputs(out, ANALYZE)
     path = save_histogram(out / HISTOGRAM_FILE, histogram, meta)
     write_summary(out, [path], {"meta": meta})
     return path

@@ -1,9 +1,10 @@
 """An output directory that never contradicts itself: summary.json's ``files`` lists exactly the files the run
 wrote there (summary.json included).
 
-A rerun into the same directory first removes what the previous run listed (never anything else), so outputs no
-longer asked for do not linger; summary.json is removed first and written last, so a directory without one is an
-unfinished run.
+The directory is claimed for its command first (train/outdir.py): a folder holding anything the command did not
+write is refused untouched, whatever a summary.json there says. A rerun into the same directory then removes what
+the previous run listed (never anything else), so outputs no longer asked for do not linger; summary.json is removed
+first and written last, so a directory without one is an unfinished run.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from posfreq.train.atomic import write_json_atomic
-from posfreq.train.outdir import OutputDirError
+from posfreq.train.outdir import OutputDirError, claim_output_dir
 
 SUMMARY_FILE = "summary.json"
 
@@ -63,8 +64,25 @@ def write_summary(out: Path, written: Sequence[Path], content: dict) -> None:
     write_json_atomic(out / SUMMARY_FILE, {**content, "files": sorted(names)}, indent=2)
 
 
-def replace_outputs(out: Path) -> None:
-    """Make `out` ready for a new run: create it, and remove what the previous run there wrote."""
-    previous = previous_outputs(out)
-    out.mkdir(parents=True, exist_ok=True)
-    remove_outputs(out, previous)
+def replace_outputs(out: Path, command: str) -> None:
+    """Make `out` ready for a new run of `command`: claim it (refused if it holds what `command` did not write), and
+    remove what the previous run there wrote."""
+    claim_output_dir(out, command, written_before=lists_everything)
+    remove_outputs(out, previous_outputs(out))
+
+
+def lists_everything(out: Path) -> bool:
+    """Whether `out` (unmarked: written before owners were recorded) holds only what its summary.json lists, and
+    folders that do the same (a sharded run's parts, which may sit in a folder of their own without a summary)."""
+    summary = out / SUMMARY_FILE
+    try:
+        listed = json.loads(summary.read_text()).get("files") if summary.is_file() else []
+    except (OSError, ValueError, AttributeError):
+        return False
+    if not isinstance(listed, list) or not all(isinstance(name, str) for name in listed):
+        return False
+    accounted = {Path(name).parts[0] for name in listed if Path(name).parts}
+    return all(
+        entry.name in accounted or (entry.is_dir() and lists_everything(entry))
+        for entry in out.iterdir()
+    )

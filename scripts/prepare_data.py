@@ -44,6 +44,7 @@ from posfreq.train.corpus_cli import add_corpus_arguments, corpus_from_args, sha
 from posfreq.train.corpus_formats import SUFFIXES
 from posfreq.train.corpus_records import CorpusError, ReadStats, lost_files_report
 from posfreq.train.corpus_stream import StreamShard
+from posfreq.train.outdir import OutputDirError, claim_output_dir
 from posfreq.train.shards import (
     META_SUFFIX,
     OFFSETS_SUFFIX,
@@ -55,6 +56,7 @@ from posfreq.train.tokenizer import Tokenizer, get_tokenizer
 
 BATCH_CHARS = 4 << 20  # tokenize this many characters of text at a time
 VAL_DIR = "val"  # held-out documents' shards, under --out (the trainer's data.val_dir)
+PREPARE = "prepare"  # the command that owns --out (train/outdir.py)
 
 _worker_tokenizer: Tokenizer | None = None
 
@@ -116,6 +118,27 @@ def held_out(text: str, fraction: float) -> bool:
     return (
         fraction > 0
         and int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") < fraction * 2**64
+    )
+
+
+def holds_only_shards(out: Path) -> bool:
+    """Whether `out` (unmarked: written before owners were recorded) holds only token shards, their temporaries and
+    a val folder of the same: an earlier `posfreq prepare`'s output, which a rerun resumes. A .json counts only
+    beside its shard's tokens."""
+
+    def is_shard_file(entry: Path) -> bool:
+        name = entry.name
+        if name.endswith((TOKENS_SUFFIX, OFFSETS_SUFFIX)) or (
+            name.startswith(".") and name.endswith(".tmp")
+        ):
+            return True
+        stem = name.removesuffix(META_SUFFIX)
+        return name.endswith(META_SUFFIX) and (entry.parent / f"{stem}{TOKENS_SUFFIX}").is_file()
+
+    return all(
+        (entry.is_file() and is_shard_file(entry))
+        or (entry.name == VAL_DIR and entry.is_dir() and holds_only_shards(entry))
+        for entry in out.iterdir()
     )
 
 
@@ -249,8 +272,12 @@ def prepare(
     )  # from the full file list, so names are independent of --shard
     mine = corpus.shard(*shard)
     tokenizer = get_tokenizer(tokenizer_spec)
+    claim_output_dir(out, PREPARE, written_before=holds_only_shards)
+    if val_fraction > 0:
+        claim_output_dir(
+            out / VAL_DIR, PREPARE, flag="--out's val", written_before=holds_only_shards
+        )
     todo = pending_files(mine, names, out, tokenizer, val_fraction)
-    out.mkdir(parents=True, exist_ok=True)
     totals = {
         "files": len(mine.files),
         "skipped_complete": len(mine.files) - len(todo),
@@ -345,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress=not args.quiet,
             val_fraction=args.val_fraction,
         )
-    except CorpusError as err:
+    except (CorpusError, OutputDirError) as err:
         raise SystemExit(f"error: {err}") from None
     print(
         f"{out}: {totals['files']} files in shard {shard[0]}/{shard[1]} "

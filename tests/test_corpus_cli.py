@@ -68,7 +68,7 @@ def test_prepare_cli_takes_the_shared_corpus_options(tmp_path, capsys):
         )
     assert "3 files in shard 1/2" in capsys.readouterr().out
     kept = [r["text"] for r in written if r["meta"]["redpajama_set_name"] == "RedPajamaC4"]
-    metas = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    metas = [json.loads(p.read_text()) for p in out.glob("[!.]*.json")]  # not the owner record
     assert len(metas) == 6 and {m["sources"][0] for m in metas} == {"-github"}
     assert sum(m["num_docs"] for m in metas) == len(kept)
     assert sum(m["num_tokens"] for m in metas) == sum(
@@ -135,7 +135,7 @@ def test_prepare_val_fraction_holds_out_documents_by_content(tmp_path) -> None:
         resolve_corpus(tmp_path / "one"), tmp_path / "tokens-one", "bytes", progress=False
     )
     assert none["docs"] == len(texts) and none["val_docs"] == 0
-    assert not list((tmp_path / "tokens-one" / "val").iterdir())
+    assert not list((tmp_path / "tokens-one" / "val").glob("[!.]*"))  # the owner record stays
     assert not list((tmp_path / "tokens-one").glob(".*.tmp"))
 
 

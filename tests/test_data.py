@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from posfreq.train.outdir import OutputDirError
 from posfreq.train.shards import ShardWriter, TokenDataset, concat_ranges
 from posfreq.train.tokenizer import get_tokenizer
 
@@ -175,6 +176,42 @@ def test_prepare_data_matches_one_by_one_tokenization_and_restarts(tmp_path: Pat
         ).read_bytes()
     with pytest.raises(SystemExit, match="tokenized with 'bytes', not 'llama3'"):
         prep.prepare(corpus, out, "llama3", progress=False)
+
+
+def test_prepare_writes_only_into_its_own_folder(tmp_path: Path) -> None:
+    """A user's folder is refused untouched; an older prepare's shards (no owner record) are resumed."""
+    from posfreq.scripts import prepare_data as prep
+    from posfreq.train.corpora import resolve_corpus
+    from posfreq.train.outdir import OWNER_FILE
+
+    corpus_dir = tmp_path / "corpus"
+    corpus_dir.mkdir()
+    (corpus_dir / "notes.txt").write_text("a document")
+    corpus = resolve_corpus(corpus_dir)
+    mine = tmp_path / "mine"
+    (mine / "val").mkdir(parents=True)
+    (mine / "val" / "notes.json").write_text(
+        "my own"
+    )  # the name a held-out shard of notes.txt takes
+    with pytest.raises(
+        SystemExit, match=r"--out .*mine holds files `posfreq prepare` did not write"
+    ):
+        prep.main(
+            ["--corpus", str(corpus_dir), "--tokenizer", "bytes", "--out", str(mine), "--quiet"]
+        )
+    assert (mine / "val" / "notes.json").read_text() == "my own"
+    assert sorted(p.name for p in mine.rglob("*")) == ["notes.json", "val"]
+
+    older = tmp_path / "older"
+    prep.prepare(corpus, older, "bytes", progress=False, val_fraction=0.5)
+    (older / OWNER_FILE).unlink()
+    (older / "val" / OWNER_FILE).unlink(missing_ok=True)
+    again = prep.prepare(corpus, older, "bytes", progress=False, val_fraction=0.5)
+    assert again["skipped_complete"] == 1
+    (older / "README").write_text("a user's note")
+    (older / OWNER_FILE).unlink()
+    with pytest.raises(OutputDirError, match=r"did not write \(README, notes.json"):
+        prep.prepare(corpus, older, "bytes", progress=False, val_fraction=0.5)
 
 
 def test_damaged_shards_are_refused_naming_the_file(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import pytest
 from corpus_helpers import SOURCES, write_slimpajama
 
 from posfreq.analysis import position_freq as pf
+from posfreq.train.outdir import OWNER_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -101,8 +102,8 @@ def test_empty_corpus_is_an_error(slimpajama, tmp_path, monkeypatch):
 
 
 def listing(out: Path) -> set[str]:
-    """Every file under `out`, as a path relative to it."""
-    return {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
+    """Every file under `out`, as a path relative to it, but the owner record (train/outdir.py)."""
+    return {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and p.name != OWNER_FILE}
 
 
 def summary_files(out: Path) -> list[str]:
@@ -173,7 +174,7 @@ def test_outputs_it_did_not_list_are_never_deleted(slimpajama, tmp_path, monkeyp
     )
     with pytest.raises(
         SystemExit,
-        match="error: .*summary.json (does not list the files|lists files outside|lists folders)",
+        match="error: --out .* holds files `posfreq analyze` did not write",
     ):
         pf.main(
             [
@@ -189,6 +190,43 @@ def test_outputs_it_did_not_list_are_never_deleted(slimpajama, tmp_path, monkeyp
         listing(out) == {"lengths.csv", "summary.json"}
         and (tmp_path / "victim.txt").read_text() == "keep"
     )
+
+
+def test_a_users_folder_is_refused_before_counting_and_an_older_output_is_rerun(
+    slimpajama, tmp_path, monkeypatch
+):
+    root, _ = slimpajama
+    monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
+    args = [*analyze_args(root), "--no-figures", "--out"]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "lengths.csv").write_text("my own table")
+    counted = []
+    monkeypatch.setattr(pf, "_count", lambda *a: counted.append(a))
+    with pytest.raises(SystemExit, match=r"did not write \(lengths.csv\)"):
+        pf.main([*args, str(mine), "--train-len", "16"])
+    assert counted == [] and listing(mine) == {"lengths.csv"}
+    assert (mine / "lengths.csv").read_text() == "my own table"
+
+    monkeypatch.undo()
+    monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
+    older = tmp_path / "older"  # as a posfreq before owner records wrote it
+    assert pf.main([*args, str(older), "--train-len", "32"]) == 0
+    (older / OWNER_FILE).unlink()
+    assert pf.main([*args, str(older), "--train-len", "16"]) == 0
+    assert "position_frequency_L32.csv" not in listing(older)
+    assert listing(older) == set(summary_files(older))
+
+    sharded = tmp_path / "sharded"  # slurm/position_freq.sh's layout, as an older posfreq wrote it
+    for i in range(2):
+        assert pf.main([*args, str(sharded / f"shard_{i}"), "--shard", f"{i}/2"]) == 0
+        (sharded / f"shard_{i}" / OWNER_FILE).unlink()
+    parts = [str(sharded / f"shard_{i}") for i in range(2)]
+    assert (
+        pf.main(["--merge", *parts, "--no-figures", "--train-len", "16", "--out", str(sharded)])
+        == 0
+    )
+    assert {"summary.json", "shard_0/histogram.npz", "shard_1/histogram.npz"} <= listing(sharded)
 
 
 def test_source_lists_comma_yaml_and_config_file_agree(slimpajama, tmp_path, monkeypatch):

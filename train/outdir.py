@@ -37,6 +37,8 @@ def check_output_dir(
 ) -> Path:
     """`path` if `command` may write there (absent, empty, or owned by `command`), else OutputDirError.
 
+    Folders inside `path` that `command` owns count as its own (a sharded job's parts under the merged output), and
+    so does another process's owner record still being written (array jobs claiming one directory at once).
     `written_before(path)` recognises an unmarked directory an older posfreq's `command` wrote (before owners were
     recorded): it is marked as the command's own instead of refused.
     """
@@ -45,17 +47,37 @@ def check_output_dir(
         raise OutputDirError(
             f"{flag} {path} is a file, not a directory. Fix: pass a directory (nothing was changed)"
         )
-    if path.is_dir() and any(path.iterdir()) and owner_of(path) != command:
-        if owner_of(path) is None and written_before is not None and written_before(path):
-            _mark_owned(path, command)
-            return path
-        found = sorted(p.name for p in path.iterdir())
-        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
-        raise OutputDirError(
-            f"{flag} {path} holds files `posfreq {command}` did not write ({shown}). Fix: pass a "
-            "new or empty directory (nothing was changed)"
-        )
-    return path
+    if not path.is_dir():
+        return path
+    owner = owner_of(path)
+    if owner == command:
+        return path
+    fix = "Fix: pass a new or empty directory (nothing was changed)"
+    if owner is not None:
+        raise OutputDirError(f"{flag} {path} holds the outputs of `posfreq {owner}`. {fix}")
+    found = foreign_entries(path, command)
+    if not found:
+        return path
+    if written_before is not None and written_before(path):
+        _mark_owned(path, command)
+        return path
+    shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+    raise OutputDirError(
+        f"{flag} {path} holds files `posfreq {command}` did not write ({shown}). {fix}"
+    )
+
+
+def foreign_entries(path: Path, command: str) -> list[str]:
+    """The names in directory `path` that `command` did not write: all but owner records (whole or in progress) and
+    folders `command` owns."""
+    claiming = f".{OWNER_FILE}."
+    return sorted(
+        entry.name
+        for entry in path.iterdir()
+        if entry.name != OWNER_FILE
+        and not (entry.name.startswith(claiming) and entry.name.endswith(".tmp"))
+        and not (entry.is_dir() and owner_of(entry) == command)
+    )
 
 
 def claim_output_dir(

@@ -1,0 +1,66 @@
+"""Output directories (train/outdir.py): a command writes only where it is alone or the owner, and says so otherwise."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from posfreq.train.outdir import OWNER_FILE, OutputDirError, check_output_dir, claim_output_dir
+
+
+def test_a_users_folder_is_refused_by_name_and_left_untouched(tmp_path: Path) -> None:
+    (tmp_path / "paper.tex").write_text("keep")
+    with pytest.raises(OutputDirError, match=r"did not write \(paper.tex\)\. Fix: pass a new"):
+        claim_output_dir(tmp_path, "analyze")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["paper.tex"]
+
+
+def test_a_new_or_empty_folder_is_claimed_and_then_reused(tmp_path: Path) -> None:
+    out = claim_output_dir(tmp_path / "new", "analyze")
+    assert json.loads((out / OWNER_FILE).read_text()) == {"command": "analyze"}
+    (out / "histogram.npz").write_bytes(b"ours")
+    assert claim_output_dir(out, "analyze") == out
+
+
+def test_another_commands_folder_is_refused_with_its_owner(tmp_path: Path) -> None:
+    claim_output_dir(tmp_path, "prepare")
+    with pytest.raises(OutputDirError, match="holds the outputs of `posfreq prepare`"):
+        check_output_dir(tmp_path, "analyze")
+
+
+def test_folders_the_command_owns_are_its_own(tmp_path: Path) -> None:
+    """A sharded analysis writes runs/pf/shard_i, then merges into runs/pf."""
+    for index in range(2):
+        claim_output_dir(tmp_path / f"shard_{index}", "analyze")
+    assert claim_output_dir(tmp_path, "analyze") == tmp_path
+    other = tmp_path / "other"
+    claim_output_dir(other / "shard_0", "prepare")
+    with pytest.raises(OutputDirError, match=r"\(shard_0\)"):
+        check_output_dir(other, "analyze")
+
+
+def test_another_process_claiming_at_once_is_not_a_stranger(tmp_path: Path) -> None:
+    """Array jobs claim one --out together: the owner record one of them is still writing is not a user's file."""
+    (tmp_path / f".{OWNER_FILE}.a1b2c3.tmp").write_text("")
+    assert claim_output_dir(tmp_path, "prepare") == tmp_path
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / ".notes.tmp").write_text("")
+    with pytest.raises(OutputDirError, match=r"\.notes\.tmp"):
+        check_output_dir(other, "prepare")
+
+
+def test_an_older_posfreqs_output_is_recognised_only_by_the_commands_test(tmp_path: Path) -> None:
+    (tmp_path / "lengths.csv").write_text("length,documents\n")
+    with pytest.raises(OutputDirError):
+        check_output_dir(tmp_path, "analyze", written_before=lambda path: False)
+    assert check_output_dir(tmp_path, "analyze", written_before=lambda path: True) == tmp_path
+    assert json.loads((tmp_path / OWNER_FILE).read_text()) == {"command": "analyze"}
+
+
+def test_a_file_is_not_a_folder(tmp_path: Path) -> None:
+    (tmp_path / "out").write_text("")
+    with pytest.raises(OutputDirError, match="is a file, not a directory"):
+        check_output_dir(tmp_path / "out", "analyze")
