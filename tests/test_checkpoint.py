@@ -27,6 +27,7 @@ from posfreq.train.model import Transformer
 from posfreq.train.resolved_run import ResolvedRun
 from posfreq.train.rng_state import capture_rng, restore_rng
 from posfreq.train.run_config import ConfigError, config_from_dict
+from posfreq.train.safe_load import CheckpointError
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -276,6 +277,58 @@ def test_damaged_newest_checkpoint_is_skipped_and_the_run_matches(
     assert final.keys() == uninterrupted.keys() and all(
         torch.equal(final[k], uninterrupted[k]) for k in final
     )
+
+
+class RankDouble:
+    """Fabric's broadcast as rank `rank` of a launched job sees it: rank 0's object, whatever this rank passes."""
+
+    def __init__(self, rank: int, rank0_sends: dict | None = None) -> None:
+        self.global_rank, self.rank0_sends = rank, rank0_sends
+
+    def broadcast(self, obj, src: int = 0):
+        assert src == 0
+        return obj if self.global_rank == 0 else self.rank0_sends
+
+
+def test_only_rank_0_reads_a_resume_checkpoints_checksums_and_every_rank_resumes_its_choice(
+    stopped_at_6, data_dir, tmp_path, monkeypatch
+):
+    """Before launch every rank checks sizes only; after it, rank 0 hashes the chosen checkpoint once and the
+    others take its verdict, here an older milestone, since the newest's bytes (not its sizes) are damaged."""
+    from posfreq.train.resolved_run import agree_on_resume
+
+    out = tmp_path / "run"
+    shutil.copytree(stopped_at_6["sharded"], out)
+    root = out / "checkpoints"
+    flip_a_byte(root / ckpt.LATEST / "state/__0_0.distcp")
+    cfg = config_from_dict(tiny(data_dir, out))
+    hashed = []
+    real_sha256 = ckpt.file_sha256
+
+    def spy(path: Path) -> str:  # the weights and optimizer state, not the small manifest
+        if path.name != ckpt.MANIFEST_FILE:
+            hashed.append(path)
+        return real_sha256(path)
+
+    monkeypatch.setattr(ckpt, "file_sha256", spy)
+    before_launch = [ResolvedRun(cfg, 2, hashes=False) for _ in range(2)]
+    assert hashed == [] and all(run.resume_from == root / ckpt.LATEST for run in before_launch)
+
+    rank0 = agree_on_resume(before_launch[0], RankDouble(0))
+    assert rank0.resume_from == root / ckpt.milestone_name(4096) and hashed
+    assert any("sha256 differs" in reason for reason in rank0.skipped)
+    verdict = {"resume_from": str(rank0.resume_from), "skipped": rank0.skipped}
+    hashed.clear()
+    rank1 = agree_on_resume(before_launch[1], RankDouble(1, verdict))
+    assert hashed == [] and rank1.resume_from == rank0.resume_from
+    assert rank1.skipped == rank0.skipped and rank1.total_steps == rank0.total_steps
+
+    flip_a_byte(root / ckpt.milestone_name(4096) / "state/__0_0.distcp")  # nothing left to resume
+    run = ResolvedRun(cfg, 2, hashes=False)
+    error = run.checksum_verdict()["error"]
+    assert error.startswith("resume=auto: no checkpoint under") and "sha256 differs" in error
+    with pytest.raises(CheckpointError, match="resume=auto: no checkpoint under"):
+        agree_on_resume(ResolvedRun(cfg, 2, hashes=False), RankDouble(1, {"error": error}))
 
 
 def test_no_checkpoint_that_verifies_is_an_error_not_a_fresh_start(resumable, data_dir, tmp_path):

@@ -248,7 +248,11 @@ def test_two_gloo_processes_match_one_process(data_dir, tmp_path):
         json.dumps(tiny(data_dir, tmp_path / "two", devices=2, micro_batch_rows=2, **val))
     )
     env = subprocess_env()
+    latest = tmp_path / "two/checkpoints" / ckpt.LATEST
     for extra in (["--stop_at_step", "5"], []):  # interrupted after step 5, then resumed
+        if not extra:  # rank 1's shard of the newest checkpoint damaged in its bytes, not its size
+            shard = latest / "state/__1_0.distcp"
+            shard.write_bytes(shard.read_bytes()[::-1])
         proc = subprocess.run(
             base + ["--config", str(cfg_path)] + extra,
             env=env,
@@ -258,6 +262,13 @@ def test_two_gloo_processes_match_one_process(data_dir, tmp_path):
             cwd=ROOT,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
+    # Only rank 0 read the checksums; both ranks resumed the milestone it chose (else the losses would differ).
+    resumed = proc.stdout + proc.stderr
+    assert f"skipped checkpoint {latest}: " in resumed and "sha256 differs" in resumed
+    assert (
+        f"resumed from {tmp_path / 'two/checkpoints' / ckpt.milestone_name(4096)} at step 4"
+        in resumed
+    )
     logged = [json.loads(x) for x in (tmp_path / "two/metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in logged if "loss" in x] == list(range(1, 9))
     np.testing.assert_allclose(

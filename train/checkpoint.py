@@ -147,9 +147,9 @@ def _manifest_entries(path: Path, meta: dict) -> dict[str, dict]:
         ) from None
 
 
-def verify_checkpoint(path: Path, meta: dict) -> None:
-    """Check every file in the checkpoint's manifest has its recorded size, then its sha256; raise naming the first
-    that does not. Sizes first: a file truncated by a crash is found without reading the others."""
+def verify_checkpoint(path: Path, meta: dict, hashes: bool = True) -> None:
+    """Check every file in the checkpoint's manifest has its recorded size, then (with `hashes`) its sha256; raise
+    naming the first that does not. Sizes first: a file truncated by a crash is found without reading the others."""
     if "manifest_sha256" not in meta:
         return  # written before manifests: nothing to check against
     entries = _manifest_entries(path, meta)
@@ -163,7 +163,7 @@ def verify_checkpoint(path: Path, meta: dict) -> None:
                 f"{files[name]} has {size} bytes, {MANIFEST_FILE} records {entry['size']} "
                 "(truncated or not flushed before a crash)"
             )
-    for name, entry in entries.items():
+    for name, entry in entries.items() if hashes else ():
         if file_sha256(files[name]) != entry["sha256"]:
             raise CheckpointError(
                 f"{files[name]}: its sha256 differs from {MANIFEST_FILE}'s (damaged on disk)"
@@ -181,8 +181,11 @@ def _incomplete_directories(out_dir: str | Path) -> list[Path]:
     ]
 
 
-def choose_resume_checkpoint(out_dir: str | Path) -> tuple[Path | None, list[str]]:
-    """The newest resumable checkpoint whose files verify (or None), and why each other candidate was skipped."""
+def choose_resume_checkpoint(
+    out_dir: str | Path, hashes: bool = True
+) -> tuple[Path | None, list[str]]:
+    """The newest resumable checkpoint whose files verify (sizes, and checksums with `hashes`), or None; and why each
+    other candidate was skipped."""
     skipped = [
         f"{p}: not a complete checkpoint (no readable {TRAINER_FILE}, or no {STATE_DIR}/.metadata or {STATE_FILE})"
         for p in _incomplete_directories(out_dir)
@@ -191,7 +194,7 @@ def choose_resume_checkpoint(out_dir: str | Path) -> tuple[Path | None, list[str
         if not meta.get("resumable"):
             continue
         try:
-            verify_checkpoint(path, meta)
+            verify_checkpoint(path, meta, hashes)
         except CheckpointError as err:
             skipped.append(f"{path}: {err}")
             continue
@@ -199,9 +202,9 @@ def choose_resume_checkpoint(out_dir: str | Path) -> tuple[Path | None, list[str
     return None, skipped
 
 
-def find_resume_checkpoint(out_dir: str | Path) -> Path | None:
+def find_resume_checkpoint(out_dir: str | Path, hashes: bool = True) -> Path | None:
     """The newest complete, resumable checkpoint (most tokens seen) whose files verify, or None."""
-    return choose_resume_checkpoint(out_dir)[0]
+    return choose_resume_checkpoint(out_dir, hashes)[0]
 
 
 def rng_file(directory: Path, rank: int) -> Path:

@@ -25,7 +25,7 @@ import torch
 from posfreq.train import checkpoint_save, run_config
 from posfreq.train.loggers import wandb_report
 from posfreq.train.parallel import attention_choice, build_fabric
-from posfreq.train.resolved_run import ResolvedRun
+from posfreq.train.resolved_run import ResolvedRun, agree_on_resume
 from posfreq.train.run_config import ConfigError, TrainConfig, parse_args
 from posfreq.train.run_control import StopSignals, lock_run_dir, overwrite_run
 from posfreq.train.run_lock import RunLockError
@@ -64,11 +64,11 @@ def train(cfg: TrainConfig) -> list[dict]:
     lock = None
     try:
         fabric = build_fabric(cfg)
-        run = ResolvedRun(
-            cfg, fabric.world_size
-        )  # every check before any process or compute starts
+        # Every check before any process or compute starts; a resume checkpoint's checksums after launch, by rank 0.
+        run = ResolvedRun(cfg, fabric.world_size, hashes=False)
         attention = attention_choice(cfg)
         fabric.launch()
+        run = agree_on_resume(run, fabric)
         start_console(fabric.global_rank == 0)
         lock = lock_run_dir(cfg, fabric)
         if cfg.overwrite and fabric.broadcast(signals.received is not None, src=0):

@@ -29,9 +29,19 @@ from posfreq.train.upsample import LengthUpsample
 class ResolvedRun:
     """The resolved run: model config, batch geometry, schedule length, resume point; all validated."""
 
-    def __init__(self, cfg: TrainConfig, world_size: int) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        world_size: int,
+        hashes: bool = True,
+        chosen: Path | None = None,
+    ) -> None:
+        """`hashes=False` checks a checkpoint's file sizes only (`checksum_verdict` then checks the rest, once);
+        `chosen` is the checkpoint that verdict settled on, resumed without checking again."""
         self.cfg = cfg
         self.world_size = world_size
+        self.hashes = hashes
+        self.chosen = chosen
         if not cfg.data.dir:
             raise ConfigError(
                 "data.dir is empty. Fix: set --data.dir to a directory written by scripts/prepare_data.py"
@@ -103,7 +113,7 @@ class ResolvedRun:
 
     def _auto_resume_point(self) -> Path | None:
         """The newest checkpoint that verifies; None for a fresh run; an error if checkpoints exist but none verify."""
-        path, self.skipped = ckpt.choose_resume_checkpoint(self.cfg.out)
+        path, self.skipped = ckpt.choose_resume_checkpoint(self.cfg.out, self.hashes)
         if path is None and self.skipped:
             raise CheckpointError(
                 f"resume=auto: no checkpoint under {ckpt.checkpoint_root(self.cfg.out)} can be resumed:\n  "
@@ -123,7 +133,10 @@ class ResolvedRun:
         if cfg.resume is None:
             self._refuse_restart_over_a_run()
             return None
-        path = self._auto_resume_point() if cfg.resume == "auto" else Path(cfg.resume)
+        if self.chosen is not None:
+            path = self.chosen
+        else:
+            path = self._auto_resume_point() if cfg.resume == "auto" else Path(cfg.resume)
         if path is None:
             return None
         meta = ckpt.read_trainer_state(path)
@@ -137,7 +150,7 @@ class ResolvedRun:
                 "reduced by checkpoint.keep_full); resume from a full checkpoint such as "
                 "OUT/checkpoints/latest"
             )
-        if cfg.resume != "auto":  # `auto` verified it while choosing
+        if cfg.resume != "auto" and self.chosen is None:  # `auto` verified it while choosing
             self._verify_chosen(path, meta)
         diffs = config_differences(meta["config"], cfg.to_dict())
         saved_model = ckpt.load_model_config(path)
@@ -160,8 +173,27 @@ class ResolvedRun:
                 f"resume: {path} is {'sharded' if meta['sharded'] else 'a full file'}; set "
                 f"--checkpoint.sharded {str(meta['sharded']).lower()} to load it"
             )
-        ckpt.verify_resume_files(path)  # Fabric reads it through DCP's unrestricted unpickler
+        if self.hashes:  # else after `checksum_verdict`: a damaged pickle is a reason to fall back, first
+            ckpt.verify_resume_files(path)  # Fabric reads it through DCP's unrestricted unpickler
         return path
+
+    def checksum_verdict(self) -> dict:
+        """Rank 0's check of the checksums this run skipped (`hashes=False`): {"resume_from", "skipped"}, where
+        resume_from may be an older checkpoint under --resume auto, or {"error": what every rank raises}."""
+        if self.resume_from is None:
+            return {"resume_from": None, "skipped": self.skipped}
+        self.hashes = True
+        try:
+            if self.cfg.resume == "auto":
+                path = self._auto_resume_point()
+            else:
+                path = self.resume_from
+                self._verify_chosen(path, ckpt.read_trainer_state(path))
+        except CheckpointError as err:
+            return {"error": str(err)}
+        finally:
+            self.hashes = False
+        return {"resume_from": str(path), "skipped": self.skipped}
 
     def _refuse_restart_over_a_run(self) -> None:
         """A fresh start (resume null) into a directory that holds a run would mix two runs' logs and checkpoints."""
@@ -196,7 +228,7 @@ class ResolvedRun:
     def _verify_chosen(self, path: Path, meta: dict) -> None:
         """Check the files of the checkpoint named by --resume PATH against its manifest."""
         try:
-            ckpt.verify_checkpoint(path, meta)
+            ckpt.verify_checkpoint(path, meta, self.hashes)
         except CheckpointError as err:
             raise CheckpointError(
                 f"resume={self.cfg.resume}: {err}. Fix: restore a good copy of it, or use "
@@ -216,3 +248,19 @@ class ResolvedRun:
             "shard names, file sizes or document offsets differ. Fix: set --data.dir to the data this run was "
             "trained on (a copy of its shard files is fine), or start a new run in a new --out directory."
         )
+
+
+def agree_on_resume(run: ResolvedRun, fabric) -> ResolvedRun:
+    """After launch: rank 0 alone reads the checkpoint every rank chose by file sizes, to check its checksums (not
+    every rank, each reading gigabytes of the same files); every rank then resumes what rank 0 found good (an
+    older checkpoint if the newest is damaged, under --resume auto) or raises rank 0's error."""
+    verdict = fabric.broadcast(run.checksum_verdict() if fabric.global_rank == 0 else None, src=0)
+    if "error" in verdict:
+        raise CheckpointError(verdict["error"])
+    chosen = verdict["resume_from"]
+    if chosen is not None and Path(chosen) != run.resume_from:
+        run = ResolvedRun(run.cfg, run.world_size, hashes=False, chosen=Path(chosen))
+    run.skipped = verdict["skipped"]
+    if run.resume_from is not None:
+        ckpt.verify_resume_files(run.resume_from)  # on every rank: each loads its own part through DCP
+    return run
