@@ -7,12 +7,15 @@ sentence model from what posfreq ships), run by lm-evaluation-harness on the mod
 transformers, with STRING applied through `train.string_hf` when asked. Nothing touches the
 network: the hub and datasets libraries are put offline before they load. Writes scores.csv (one
 row per task and length, and the mean over tasks), results.json (lm-eval's results and the
-settings) and, with --log-samples, each task's prompts and answers.
+settings) and, with --log-samples, each task's prompts and answers. Each (task, length) is one
+lm-eval call, saved under parts/ with a key of everything its score depends on: an interrupted
+run resumes, and a rerun evaluates only what changed.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import sys
@@ -24,8 +27,10 @@ if __package__ in (None, ""):  # run as a file: import the installed posfreq pac
     sys.path.pop(0)
 
 from posfreq.analysis.probe_settings import parse_lengths
+from posfreq.train.atomic import write_json_atomic
 from posfreq.train.command_line import command_parser, parse
 from posfreq.train.devices import resolve_device
+from posfreq.train.fingerprint import files_sha256
 from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir
 from posfreq.train.tokenizer import hf_dir
 
@@ -45,6 +50,8 @@ TASKS = (
     "fwe",
 )
 """RULER's synthetic tasks, in its order; lm-eval names them posfreq_ruler_<task>."""
+PARTS_DIR = "parts"
+"""One JSON file per finished (task, length) and content key: a rerun evaluates only what is missing."""
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
@@ -135,24 +142,22 @@ def chosen_tasks(spec: str) -> list[str]:
 
 
 def run(args) -> Path:
-    """Evaluate, write the outputs, and return the output directory."""
+    """Evaluate each (task, length) not already in --out/parts, write the outputs, and return --out."""
     os.environ.update(
         OFFLINE_ENV
     )  # before transformers, datasets and lm-eval import the hub client
     import torch
-    from lm_eval import simple_evaluate
-    from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
-    from transformers import AutoConfig, AutoTokenizer
-
-    from posfreq.train.string_hf import load_causal_lm
 
     if args.threads:
         torch.set_num_threads(args.threads)
     path = model_dir(args.model)
     tasks = chosen_tasks(args.tasks)
-    config = AutoConfig.from_pretrained(path)
-    train_len = args.train_len or config.max_position_embeddings
+    config = json.loads((path / "config.json").read_text())
+    train_len = args.train_len or config.get("max_position_embeddings")
+    if not train_len:
+        raise RulerError(
+            f"{path / 'config.json'} has no max_position_embeddings. Fix: pass --train-len"
+        )
     try:
         lengths = parse_lengths(args.lengths) if args.lengths else [train_len]
     except ArgumentTypeError as err:
@@ -163,68 +168,174 @@ def run(args) -> Path:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(
         args.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32
     )
+    request = {
+        "model": model_fingerprint(path),
+        "positions": args.positions,
+        "shift": args.shift,
+        "window": args.window,
+        "train_len": train_len,
+        "samples": args.samples,
+        "chat_template": args.chat_template,
+        "batch_size": args.batch_size,
+        "device": device.type,
+        "dtype": str(dtype).removeprefix("torch."),
+        "code": code_fingerprint(),
+    }
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(path)
     if args.chat_template and not tokenizer.chat_template:
         raise RulerError(
             f"--chat-template true: {path} has no chat template (chat_template.jinja or "
             "tokenizer_config.json's chat_template). Fix: drop the flag"
         )
-    model = load_causal_lm(
-        path, args.positions, args.shift, args.window, args.train_len, dtype=dtype
-    ).to(device)
-    string = getattr(model.config, "posfreq_string", None) or {}
-    # RULER sizes each prompt to its length; a chat template adds its own tokens, which lm-eval would
-    # cut from the prompt's start (the instructions) at max_length: leave it room instead.
-    lm = HFLM(
-        pretrained=model,
-        tokenizer=tokenizer,
-        batch_size=args.batch_size,
-        max_length=2 * max(lengths),
-    )
-    manager = TaskManager(
-        include_path=str(TASK_DIR),
-        metadata={"tokenizer": str(path), "max_seq_lengths": lengths, "num_samples": args.samples},
-    )
-    evaluation = simple_evaluate(
-        model=lm,
-        tasks=[f"posfreq_ruler_{task}" for task in tasks],
-        task_manager=manager,
-        apply_chat_template=args.chat_template,
-        log_samples=True,
-        bootstrap_iters=0,
-    )
+    claim_output_dir(out, COMMAND)
+    (out / PARTS_DIR).mkdir(exist_ok=True)
+    evaluator = Evaluator(path, tokenizer, args, device, dtype, max(lengths))
+    parts = []
+    for task in tasks:
+        for length in lengths:
+            key = unit_key(request, task, length)
+            file = out / PARTS_DIR / f"{task}-L{length}-{key}.json"
+            part = reusable_part(file, key, args.log_samples)
+            print(f"ruler: {task} at {length}: {'reused' if part else 'evaluating'}", flush=True)
+            if part is None:
+                part = {"key": key, **evaluator.evaluate(task, length)}
+                write_json_atomic(file, part, default=str)
+            parts.append(part)
     settings = {
         "model": str(path.resolve()),
-        "positions": args.positions,
-        "shift": string.get("shift"),
-        "window": string.get("window"),
-        "train_len": train_len,
+        **{key: request[key] for key in ("positions", "train_len", "samples", "chat_template")},
+        **parts[0]["string"],
         "lengths": lengths,
-        "samples": args.samples,
-        "chat_template": args.chat_template,
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": request["dtype"],
     }
-    rows = score_rows(evaluation["samples"], tasks, lengths, settings)
-    claim_output_dir(out, COMMAND)
-    write_outputs(out, evaluation, rows, settings, args.log_samples)
+    rows = score_rows(parts, tasks, lengths, settings)
+    write_outputs(out, parts, rows, settings, args.log_samples)
     print_table(rows, lengths)
     print(f"wrote {out}")
     return out
 
 
+def model_fingerprint(path: Path) -> str:
+    """sha256 of the model's weights and config and of every other small file a load reads (tokenizer, chat
+    template, generation config)."""
+    from posfreq.train.hf import hf_model_fingerprint
+
+    small = [f for f in path.iterdir() if f.is_file() and f.suffix in (".json", ".jinja", ".model")]
+    return hf_model_fingerprint(path) + files_sha256(path, small)
+
+
+def code_fingerprint() -> dict:
+    """The code that makes a score: this command, its task folder, STRING's attention, and the libraries'
+    versions."""
+    from importlib.metadata import version
+
+    files = [Path(__file__), *sorted(TASK_DIR.glob("*.py")), *sorted(TASK_DIR.glob("*.yaml"))]
+    files.append(Path(__file__).resolve().parents[1] / "train" / "string_hf.py")
+    root = Path(__file__).resolve().parents[1]
+    versions = {name: version(name) for name in ("lm_eval", "transformers", "torch")}
+    return {"files": files_sha256(root, [f.resolve() for f in files]), **versions}
+
+
+def unit_key(request: dict, task: str, length: int) -> str:
+    """sha256 (16 hex) of what one (task, length) score is made of. lm-eval's context limit is not in it: at twice
+    the longest length or more it never truncates a prompt, so it cannot change a score."""
+    unit = {**request, "task": task, "length": length}
+    return hashlib.sha256(json.dumps(unit, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def reusable_part(file: Path, key: str, log_samples: bool) -> dict | None:
+    """A finished (task, length) under the same key (with its samples when they are asked for), or None."""
+    try:
+        part = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(part, dict) or part.get("key") != key:
+        return None
+    if log_samples and part.get("samples") is None:
+        return None
+    return part
+
+
+class Evaluator:
+    """The model, loaded on first use (a rerun whose parts are all done loads nothing), and one lm-eval call per
+    (task, length)."""
+
+    def __init__(self, path: Path, tokenizer, args, device, dtype, longest: int) -> None:
+        self.path, self.tokenizer, self.args = path, tokenizer, args
+        self.device, self.dtype, self.longest = device, dtype, longest
+        self.lm = None
+        self.string: dict = {}
+
+    def load(self) -> None:
+        from lm_eval.models.huggingface import HFLM
+
+        from posfreq.train.string_hf import load_causal_lm
+
+        args = self.args
+        model = load_causal_lm(
+            self.path, args.positions, args.shift, args.window, args.train_len, dtype=self.dtype
+        ).to(self.device)
+        string = getattr(model.config, "posfreq_string", None) or {}
+        self.string = {"shift": string.get("shift"), "window": string.get("window")}
+        # RULER sizes each prompt to its length; a chat template adds its own tokens, which lm-eval would cut
+        # from the prompt's start (the instructions) at max_length: leave it room instead.
+        self.lm = HFLM(
+            pretrained=model,
+            tokenizer=self.tokenizer,
+            batch_size=args.batch_size,
+            max_length=2 * self.longest,
+        )
+
+    def evaluate(self, task: str, length: int) -> dict:
+        """One task at one length: its per-sample scores, lm-eval's results and (if asked) its samples."""
+        from lm_eval import simple_evaluate
+        from lm_eval.tasks import TaskManager
+
+        if self.lm is None:
+            self.load()
+        name = f"posfreq_ruler_{task}"
+        manager = TaskManager(
+            include_path=str(TASK_DIR),
+            metadata={
+                "tokenizer": str(self.path),
+                "max_seq_lengths": [length],
+                "num_samples": self.args.samples,
+            },
+        )
+        evaluation = simple_evaluate(
+            model=self.lm,
+            tasks=[name],
+            task_manager=manager,
+            apply_chat_template=self.args.chat_template,
+            log_samples=True,
+            bootstrap_iters=0,
+        )
+        logged = evaluation["samples"][name]
+        scores = [entry[str(length)] for entry in logged if entry["doc"]["max_length"] == length]
+        if not scores:
+            raise RulerError(f"{task} at {length}: lm-eval returned no samples")
+        return {
+            "task": task,
+            "length": length,
+            "string": self.string,
+            "scores": scores,
+            "results": evaluation["results"][name],
+            "version": (evaluation.get("versions") or {}).get(name),
+            "samples": logged if self.args.log_samples else None,
+        }
+
+
 def score_rows(
-    samples: dict[str, list[dict]], tasks: list[str], lengths: list[int], settings: dict
+    parts: list[dict], tasks: list[str], lengths: list[int], settings: dict
 ) -> list[dict]:
     """One row per (task, length): the mean RULER score over its samples; then the mean over tasks."""
+    by_unit = {(part["task"], part["length"]): part["scores"] for part in parts}
     rows = []
     for task in tasks:
-        logged = samples[f"posfreq_ruler_{task}"]
         for length in lengths:
-            scores = [
-                entry[str(length)] for entry in logged if entry["doc"]["max_length"] == length
-            ]
-            if not scores:
-                raise RulerError(f"{task} at {length}: lm-eval returned no samples")
+            scores = by_unit[task, length]
             rows.append(
                 {
                     "task": task,
@@ -247,23 +358,27 @@ def score_rows(
     return [{**row, **keep} for row in rows]
 
 
-def write_outputs(out: Path, evaluation: dict, rows: list[dict], settings: dict, log: bool) -> None:
-    """scores.csv, results.json and (if asked) samples_<task>.jsonl."""
+def write_outputs(
+    out: Path, parts: list[dict], rows: list[dict], settings: dict, log: bool
+) -> None:
+    """scores.csv, results.json and (if asked) samples_<task>.jsonl, from this run's parts."""
     with open(out / "scores.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    summary = {
-        "settings": settings,
-        "results": evaluation["results"],
-        "versions": evaluation.get("versions"),
-    }
+    results: dict[str, dict] = {}
+    for part in parts:
+        results.setdefault(f"posfreq_ruler_{part['task']}", {}).update(part["results"])
+    versions = {f"posfreq_ruler_{part['task']}": part["version"] for part in parts}
+    summary = {"settings": settings, "results": results, "versions": versions}
     (out / "results.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     if log:
-        for task, entries in evaluation["samples"].items():
-            with open(out / f"samples_{task}.jsonl", "w") as handle:
-                for entry in entries:
-                    handle.write(json.dumps(entry, default=str) + "\n")
+        for task in dict.fromkeys(part["task"] for part in parts):
+            with open(out / f"samples_posfreq_ruler_{task}.jsonl", "w") as handle:
+                for part in parts:
+                    if part["task"] == task:
+                        for entry in part["samples"]:
+                            handle.write(json.dumps(entry, default=str) + "\n")
 
 
 def print_table(rows: list[dict], lengths: list[int]) -> None:

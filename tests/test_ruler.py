@@ -271,3 +271,52 @@ def test_string_through_lm_evals_own_model_loader_is_posfreq_rulers(
     string = wrapper_answers("string")
     assert direct == string
     assert string != wrapper_answers("rope")
+
+
+@pytest.mark.slow  # five small lm-eval runs
+def test_a_rerun_evaluates_only_what_is_missing_or_changed(
+    llama3_model: Path, tmp_path: Path, monkeypatch
+) -> None:
+    from posfreq.analysis import ruler
+
+    evaluated, loaded = [], []
+    evaluate, load = ruler.Evaluator.evaluate, ruler.Evaluator.load
+    monkeypatch.setattr(
+        ruler.Evaluator,
+        "evaluate",
+        lambda self, task, length: evaluated.append(task) or evaluate(self, task, length),
+    )
+    monkeypatch.setattr(ruler.Evaluator, "load", lambda self: loaded.append(1) or load(self))
+    out = tmp_path / "ruler"
+    argv = ["--model", f"hf:{llama3_model}", "--tasks", "niah_single_1,vt", "--out", str(out)]
+
+    def scores(*extra: str) -> str:
+        evaluated.clear()
+        loaded.clear()
+        assert ruler.main([*argv, "--samples", "1", *extra]) == 0
+        return (out / "scores.csv").read_text()
+
+    first = scores()
+    assert evaluated == ["niah_single_1", "vt"] and loaded == [1]
+    assert scores() == first and evaluated == [] and loaded == []  # nothing to do, no model loaded
+    (part,) = (out / "parts").glob(f"vt-L{LENGTH}-*.json")
+    part.unlink()  # as if killed during vt
+    assert scores() == first and evaluated == ["vt"]
+    (part,) = (out / "parts").glob(f"niah_single_1-L{LENGTH}-*.json")
+    part.write_text("{")  # torn
+    assert scores() == first and evaluated == ["niah_single_1"]
+    scores("--positions", "string")  # another setting is another key
+    assert evaluated == ["niah_single_1", "vt"]
+    assert scores() == first and evaluated == []  # rope's parts are still there
+
+
+def test_a_changed_model_file_is_another_model(llama3_model: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from posfreq.analysis import ruler
+
+    copy = tmp_path / "model"
+    shutil.copytree(llama3_model, copy)
+    before = ruler.model_fingerprint(copy)
+    (copy / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    assert ruler.model_fingerprint(copy) != before
