@@ -173,8 +173,10 @@ class ResolvedRun:
                 f"resume: {path} is {'sharded' if meta['sharded'] else 'a full file'}; set "
                 f"--checkpoint.sharded {str(meta['sharded']).lower()} to load it"
             )
-        if self.hashes:  # else after `checksum_verdict`: a damaged pickle is a reason to fall back, first
-            ckpt.verify_resume_files(path)  # Fabric reads it through DCP's unrestricted unpickler
+        # Fabric reads it through DCP's unrestricted unpickler. Without hashes, after `checksum_verdict`:
+        # a damaged pickle is then a reason to fall back to an older checkpoint, not an error.
+        if self.hashes:
+            ckpt.verify_resume_files(path)
         return path
 
     def checksum_verdict(self) -> dict:
@@ -262,5 +264,5 @@ def agree_on_resume(run: ResolvedRun, fabric) -> ResolvedRun:
         run = ResolvedRun(run.cfg, run.world_size, hashes=False, chosen=Path(chosen))
     run.skipped = verdict["skipped"]
     if run.resume_from is not None:
-        ckpt.verify_resume_files(run.resume_from)  # on every rank: each loads its own part through DCP
+        ckpt.verify_resume_files(run.resume_from)  # every rank: each loads its part through DCP
     return run
