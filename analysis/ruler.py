@@ -27,7 +27,7 @@ if __package__ in (None, ""):  # run as a file: import the installed posfreq pac
     sys.path.pop(0)
 
 from posfreq.analysis.probe_settings import parse_lengths
-from posfreq.train.atomic import write_json_atomic
+from posfreq.train.atomic import atomic_open, write_json_atomic
 from posfreq.train.command_line import command_parser, parse
 from posfreq.train.devices import resolve_device
 from posfreq.train.fingerprint import files_sha256
@@ -362,7 +362,8 @@ def write_outputs(
     out: Path, parts: list[dict], rows: list[dict], settings: dict, log: bool
 ) -> None:
     """scores.csv, results.json and (if asked) samples_<task>.jsonl, from this run's parts."""
-    with open(out / "scores.csv", "w", newline="") as handle:
+    # Atomic: array tasks of slurm/ruler.sh write into one --out at once (the last job writes the whole table).
+    with atomic_open(out / "scores.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
@@ -371,10 +372,10 @@ def write_outputs(
         results.setdefault(f"posfreq_ruler_{part['task']}", {}).update(part["results"])
     versions = {f"posfreq_ruler_{part['task']}": part["version"] for part in parts}
     summary = {"settings": settings, "results": results, "versions": versions}
-    (out / "results.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    write_json_atomic(out / "results.json", summary, indent=1, default=str)
     if log:
         for task in dict.fromkeys(part["task"] for part in parts):
-            with open(out / f"samples_posfreq_ruler_{task}.jsonl", "w") as handle:
+            with atomic_open(out / f"samples_posfreq_ruler_{task}.jsonl", "w") as handle:
                 for part in parts:
                     if part["task"] == task:
                         for entry in part["samples"]:

@@ -197,6 +197,66 @@ def test_probe_submits_a_gpu_array_and_a_cpu_merge(tmp_path):
     assert "--gpus" not in (ROOT / "slurm/probe_merge.sh").read_text()
 
 
+def test_ruler_submits_one_gpu_task_per_ruler_task_and_a_table_after_them(tmp_path):
+    model = tmp_path / "smol"
+    model.mkdir()
+    array, table = dry_run_process(
+        ROOT / "slurm/ruler.sh", f"hf:{model}", "--positions", "string"
+    ).stdout.splitlines()
+    assert shlex.split(array)[:4] == [
+        "sbatch",
+        "--parsable",
+        "--array=0-10",
+        "--export=ALL,RULER_STEP=task",
+    ]
+    script = str(ROOT / "slurm/ruler.sh")  # as submitted: "$0"
+    assert shlex.split(array)[4:] == [script, str(model), "--positions", "string"]
+    assert shlex.split(table)[2:5] == [
+        "--dependency=afterany:ARRAY_JOB_ID",
+        "--export=ALL,RULER_STEP=table",
+        script,
+    ]
+    subset = dry_run(ROOT / "slurm/ruler.sh", str(model), RULER_TASKS="vt,cwe")
+    assert "--array=0-1" in subset
+
+    def step(name: str, **env: str) -> list[str]:
+        """The command a job of the array (or the table) runs, echoed instead of run."""
+        return dry_run(
+            ROOT / "slurm/ruler.sh",
+            str(model),
+            "--positions",
+            "string",
+            RULER_STEP=name,
+            PYTHON="echo",
+            OUT_DIR="runs/r",
+            **env,
+        )
+
+    common = ["--model", f"hf:{model}"]
+    assert step("task", SLURM_ARRAY_TASK_ID="9") == [
+        "analysis/ruler.py",
+        *common,
+        "--tasks",
+        "cwe",
+        "--out",
+        "runs/r",
+        "--positions",
+        "string",
+    ]
+    from posfreq.analysis.ruler import TASKS
+
+    assert step("table") == [
+        "analysis/ruler.py",
+        *common,
+        "--tasks",
+        ",".join(TASKS),
+        "--out",
+        "runs/r",
+        "--positions",
+        "string",
+    ]
+
+
 def test_doctor_job_runs_the_doctor_on_one_node_as_one_task():
     text = (ROOT / "slurm/doctor.sh").read_text()
     for line in ("#SBATCH --nodes=1", "#SBATCH --ntasks=1", "#SBATCH --gpus-per-node=8"):

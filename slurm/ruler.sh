@@ -1,0 +1,75 @@
+#!/bin/bash
+# RULER's eleven synthetic tasks (posfreq ruler, docs/ruler.md) on a transformers model: a SLURM job
+# array with one GPU per task, then a short dependent job that writes the table of all of them.
+# Every (task, length) is saved under OUT_DIR/parts with a key of what its score depends on, so a
+# rerun (after a failure, a preemption, or with more --lengths) evaluates only what is missing; the
+# final job also evaluates any task whose array task failed.
+#
+#   bash slurm/ruler.sh MODEL_DIR [posfreq ruler options]   # from the repository root: submits both
+#   OUT_DIR=runs/ruler/llama3-string bash slurm/ruler.sh models/llama3 --positions string --lengths 4096:32768:4096
+#   DRY_RUN=1 bash slurm/ruler.sh MODEL_DIR                  # print the sbatch commands, submit nothing
+#
+# Options are those of `posfreq ruler` (--positions, --lengths, --samples, --chat-template, --dtype,
+# ...) but --model, --tasks and --out, which this script sets; every job gets the same ones, since
+# they are part of each score's key. RULER_TASKS (a comma list, default all eleven) picks the tasks;
+# OUT_DIR defaults to runs/ruler/<model folder name>. The final job needs a GPU too: the keys name
+# the device, so it must run where the array ran (it loads no model when every part is there).
+# Edit the ##SBATCH account/partition lines for your cluster; PYTHON and POSFREQ_SETUP as in
+# slurm/common.sh. Logs: logs/posfreq-ruler_<array id>_<task>.out and logs/posfreq-ruler_<id>.out.
+#SBATCH --job-name=posfreq-ruler
+#SBATCH --nodes=1
+#SBATCH --ntasks=1
+#SBATCH --gpus=1
+#SBATCH --cpus-per-task=8
+#SBATCH --mem=64G
+#SBATCH --time=24:00:00
+#SBATCH --output=logs/%x_%A_%a.out
+#SBATCH --requeue
+##SBATCH --account=YOUR_ACCOUNT
+##SBATCH --partition=YOUR_GPU_PARTITION
+
+set -euo pipefail
+
+if [[ $# -lt 1 ]]; then
+    echo "usage: bash slurm/ruler.sh MODEL_DIR [posfreq ruler options]" >&2
+    exit 2
+fi
+MODEL_DIR="${1#hf:}"
+shift
+
+if [[ -n "${SLURM_JOB_ID:-}" ]]; then
+    cd "${SLURM_SUBMIT_DIR:-.}"
+fi
+# shellcheck source=slurm/common.sh
+source slurm/common.sh
+
+OUT_DIR="${OUT_DIR:-runs/ruler/$(basename "$MODEL_DIR")}"
+ALL_TASKS="niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe"
+RULER_TASKS="${RULER_TASKS:-$ALL_TASKS}"
+IFS=, read -r -a tasks <<< "$RULER_TASKS"
+
+case "${RULER_STEP:-submit}" in
+    task)
+        exec "$PYTHON" analysis/ruler.py --model "hf:$MODEL_DIR" \
+            --tasks "${tasks[$SLURM_ARRAY_TASK_ID]}" --out "$OUT_DIR" "$@"
+        ;;
+    table)
+        exec "$PYTHON" analysis/ruler.py --model "hf:$MODEL_DIR" \
+            --tasks "$RULER_TASKS" --out "$OUT_DIR" "$@"
+        ;;
+esac
+
+require_path MODEL_DIR
+export OUT_DIR RULER_TASKS
+array=(sbatch --parsable --array="0-$((${#tasks[@]} - 1))" --export="ALL,RULER_STEP=task" "$0" "$MODEL_DIR" "$@")
+table=(sbatch --parsable --export="ALL,RULER_STEP=table" "$0" "$MODEL_DIR" "$@")
+
+if [[ "${DRY_RUN:-0}" == "1" ]]; then
+    printf '%q ' "${array[@]}"; printf '\n'
+    printf '%q ' "${table[@]:0:2}" "--dependency=afterany:ARRAY_JOB_ID" "${table[@]:2}"; printf '\n'
+    exit 0
+fi
+
+array_id=$("${array[@]}")
+table_id=$("${table[@]:0:2}" --dependency="afterany:${array_id}" "${table[@]:2}")
+echo "submitted ruler array ${array_id} (${#tasks[@]} tasks) and table ${table_id}; outputs in ${OUT_DIR}"
