@@ -12,7 +12,7 @@
 # Options are those of `posfreq ruler` (--positions, --lengths, --samples, --chat-template, --dtype,
 # ...) but --model, --tasks and --out, which this script sets; every job gets the same ones, since
 # they are part of each score's key. RULER_TASKS (a comma list, default all eleven) picks the tasks;
-# OUT_DIR defaults to runs/ruler/<model folder name>. The final job needs a GPU too: the keys name
+# OUT_DIR defaults to posfreq ruler's runs/ruler/<model>-<positions>. The final job needs a GPU too: the keys name
 # the device, so it must run where the array ran (it loads no model when every part is there).
 # Edit the ##SBATCH account/partition lines for your cluster; PYTHON and POSFREQ_SETUP as in
 # slurm/common.sh. Logs: logs/posfreq-ruler_<array id>_<task>.out and logs/posfreq-ruler_<id>.out.
@@ -43,7 +43,8 @@ fi
 # shellcheck source=slurm/common.sh
 source slurm/common.sh
 
-OUT_DIR="${OUT_DIR:-runs/ruler/$(basename "$MODEL_DIR")}"
+out=()  # without OUT_DIR, posfreq ruler's default: runs/ruler/<model>-<positions>
+if [[ -n "${OUT_DIR:-}" ]]; then out=(--out "$OUT_DIR"); fi
 ALL_TASKS="niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe"
 RULER_TASKS="${RULER_TASKS:-$ALL_TASKS}"
 IFS=, read -r -a tasks <<< "$RULER_TASKS"
@@ -51,16 +52,16 @@ IFS=, read -r -a tasks <<< "$RULER_TASKS"
 case "${RULER_STEP:-submit}" in
     task)
         exec "$PYTHON" analysis/ruler.py --model "hf:$MODEL_DIR" \
-            --tasks "${tasks[$SLURM_ARRAY_TASK_ID]}" --out "$OUT_DIR" "$@"
+            --tasks "${tasks[$SLURM_ARRAY_TASK_ID]}" "${out[@]}" "$@"
         ;;
     table)
         exec "$PYTHON" analysis/ruler.py --model "hf:$MODEL_DIR" \
-            --tasks "$RULER_TASKS" --out "$OUT_DIR" "$@"
+            --tasks "$RULER_TASKS" "${out[@]}" "$@"
         ;;
 esac
 
 require_path MODEL_DIR
-export OUT_DIR RULER_TASKS
+export RULER_TASKS
 array=(sbatch --parsable --array="0-$((${#tasks[@]} - 1))" --export="ALL,RULER_STEP=task" "$0" "$MODEL_DIR" "$@")
 table=(sbatch --parsable --export="ALL,RULER_STEP=table" "$0" "$MODEL_DIR" "$@")
 
@@ -72,4 +73,4 @@ fi
 
 array_id=$("${array[@]}")
 table_id=$("${table[@]:0:2}" --dependency="afterany:${array_id}" "${table[@]:2}")
-echo "submitted ruler array ${array_id} (${#tasks[@]} tasks) and table ${table_id}; outputs in ${OUT_DIR}"
+echo "submitted ruler array ${array_id} (${#tasks[@]} tasks) and table ${table_id}"
