@@ -21,6 +21,8 @@ from posfreq.train.atomic import atomic_open
 
 ANALYZE = "analyze"
 """The command that owns these outputs' directory (train/outdir.py)."""
+SHARD_PARTS = "shard_*"
+"""Folders of a sharded count that may sit under the merged output (slurm/position_freq.sh's layout)."""
 
 
 def write_outputs(
@@ -35,7 +37,7 @@ def write_outputs(
     """Write histogram (npz, CSV), the corpus f and each strategy's trained f per L (npz, CSV), figures and
     summary.json; return the summary."""
     predictions = predict_packing(histogram, train_lens, packing)
-    replace_outputs(out, ANALYZE)
+    replace_outputs(out, ANALYZE, SHARD_PARTS)
     written = [
         save_histogram(out / HISTOGRAM_FILE, histogram, meta),
         _write_length_csv(out / "lengths.csv", histogram),
@@ -68,7 +70,7 @@ def write_outputs(
 
 def write_partial(out: Path, histogram: LengthHistogram, meta: dict) -> Path:
     """A shard's outputs: its partial histogram (for --merge) and a summary.json of its metadata; returns the .npz."""
-    replace_outputs(out, ANALYZE)
+    replace_outputs(out, ANALYZE, SHARD_PARTS)
     path = save_histogram(out / HISTOGRAM_FILE, histogram, meta)
     write_summary(out, [path], {"meta": meta})
     return path

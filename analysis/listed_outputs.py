@@ -9,12 +9,13 @@ first and written last, so a directory without one is an unfinished run.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from posfreq.train.atomic import write_json_atomic
-from posfreq.train.outdir import OutputDirError, claim_output_dir
+from posfreq.train.outdir import OutputDirError, claim_output_dir, is_owner_record, owner_of
 
 SUMMARY_FILE = "summary.json"
 
@@ -64,25 +65,37 @@ def write_summary(out: Path, written: Sequence[Path], content: dict) -> None:
     write_json_atomic(out / SUMMARY_FILE, {**content, "files": sorted(names)}, indent=2)
 
 
-def replace_outputs(out: Path, command: str) -> None:
-    """Make `out` ready for a new run of `command`: claim it (refused if it holds what `command` did not write), and
-    remove what the previous run there wrote."""
-    claim_output_dir(out, command, written_before=lists_everything)
+def replace_outputs(out: Path, command: str, parts: str | None = None) -> None:
+    """Make `out` ready for a new run of `command`: claim it (refused if it holds what `command` did not write;
+    `parts` as in `claim_output_dir`), and remove what the previous run there wrote."""
+    claim_output_dir(out, command, written_before=earlier_run(command, parts), parts=parts)
     remove_outputs(out, previous_outputs(out))
 
 
-def lists_everything(out: Path) -> bool:
-    """Whether `out` (unmarked: written before owners were recorded) holds only what its summary.json lists, and
-    folders that do the same (a sharded run's parts, which may sit in a folder of their own without a summary)."""
-    summary = out / SUMMARY_FILE
-    try:
-        listed = json.loads(summary.read_text()).get("files") if summary.is_file() else []
-    except (OSError, ValueError, AttributeError):
-        return False
-    if not isinstance(listed, list) or not all(isinstance(name, str) for name in listed):
-        return False
-    accounted = {Path(name).parts[0] for name in listed if Path(name).parts}
-    return all(
-        entry.name in accounted or (entry.is_dir() and lists_everything(entry))
-        for entry in out.iterdir()
-    )
+def earlier_run(command: str, parts: str | None = None) -> Callable[[Path], bool]:
+    """The `written_before` test of `command`'s outputs from before owner records: a folder that holds only what
+    its summary.json lists, the owner records, and folders named like `parts` that are `command`'s own or such
+    earlier runs themselves (a sharded run's parts, which may sit in a folder of their own without a summary)."""
+
+    def lists_everything(out: Path) -> bool:
+        summary = out / SUMMARY_FILE
+        try:
+            listed = json.loads(summary.read_text()).get("files") if summary.is_file() else []
+        except (OSError, ValueError, AttributeError):
+            return False
+        if not isinstance(listed, list) or not all(isinstance(name, str) for name in listed):
+            return False
+        accounted = {Path(name).parts[0] for name in listed if Path(name).parts}
+        return all(
+            entry.name in accounted
+            or is_owner_record(entry.name)
+            or (
+                parts is not None
+                and fnmatch.fnmatchcase(entry.name, parts)
+                and entry.is_dir()
+                and (owner_of(entry) == command or lists_everything(entry))
+            )
+            for entry in out.iterdir()
+        )
+
+    return lists_everything

@@ -40,7 +40,7 @@ if __package__ in (
 
 from jsonargparse import ArgumentParser, Namespace
 
-from posfreq.analysis.corpus_outputs import ANALYZE, write_outputs, write_partial
+from posfreq.analysis.corpus_outputs import ANALYZE, SHARD_PARTS, write_outputs, write_partial
 from posfreq.analysis.corpus_summary import format_summary
 from posfreq.analysis.histogram import (
     CountSettings,
@@ -49,7 +49,7 @@ from posfreq.analysis.histogram import (
     default_workers,
     merge_partials,
 )
-from posfreq.analysis.listed_outputs import lists_everything
+from posfreq.analysis.listed_outputs import earlier_run
 from posfreq.analysis.packing_prediction import PackingSettings
 from posfreq.train.command_line import command_parser, parse
 from posfreq.train.corpus_cli import add_corpus_arguments, corpus_from_args, shard_from_args
@@ -193,7 +193,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (
             args.out
         ):  # before counting (hours on a full corpus), not only when the outputs are written
-            check_output_dir(args.out, ANALYZE, written_before=lists_everything)
+            check_output_dir(
+                args.out,
+                ANALYZE,
+                written_before=earlier_run(ANALYZE, SHARD_PARTS),
+                parts=SHARD_PARTS,
+            )
         histogram, meta = merge_partials(map(Path, args.merge)) if args.merge else _count(args)
         if meta.get("shard"):
             index, count = meta["shard"]

@@ -44,7 +44,7 @@ from posfreq.train.corpus_cli import add_corpus_arguments, corpus_from_args, sha
 from posfreq.train.corpus_formats import SUFFIXES
 from posfreq.train.corpus_records import CorpusError, ReadStats, lost_files_report
 from posfreq.train.corpus_stream import StreamShard
-from posfreq.train.outdir import OutputDirError, claim_output_dir
+from posfreq.train.outdir import OutputDirError, claim_output_dir, is_owner_record, owner_of
 from posfreq.train.shards import (
     META_SUFFIX,
     OFFSETS_SUFFIX,
@@ -136,8 +136,12 @@ def holds_only_shards(out: Path) -> bool:
         return name.endswith(META_SUFFIX) and (entry.parent / f"{stem}{TOKENS_SUFFIX}").is_file()
 
     return all(
-        (entry.is_file() and is_shard_file(entry))
-        or (entry.name == VAL_DIR and entry.is_dir() and holds_only_shards(entry))
+        (entry.is_file() and (is_shard_file(entry) or is_owner_record(entry.name)))
+        or (
+            entry.name == VAL_DIR
+            and entry.is_dir()
+            and (owner_of(entry) == PREPARE or holds_only_shards(entry))
+        )
         for entry in out.iterdir()
     )
 

@@ -30,15 +30,26 @@ def test_another_commands_folder_is_refused_with_its_owner(tmp_path: Path) -> No
         check_output_dir(tmp_path, "analyze")
 
 
-def test_folders_the_command_owns_are_its_own(tmp_path: Path) -> None:
+def test_folders_the_command_names_as_its_parts_and_owns_are_its_own(tmp_path: Path) -> None:
     """A sharded analysis writes runs/pf/shard_i, then merges into runs/pf."""
     for index in range(2):
         claim_output_dir(tmp_path / f"shard_{index}", "analyze")
-    assert claim_output_dir(tmp_path, "analyze") == tmp_path
+    with pytest.raises(OutputDirError, match=r"\(shard_0, shard_1\)"):  # not parts unless named so
+        check_output_dir(tmp_path, "analyze")
+    assert claim_output_dir(tmp_path, "analyze", parts="shard_*") == tmp_path
     other = tmp_path / "other"
     claim_output_dir(other / "shard_0", "prepare")
-    with pytest.raises(OutputDirError, match=r"\(shard_0\)"):
-        check_output_dir(other, "analyze")
+    claim_output_dir(other / "notes", "analyze")
+    with pytest.raises(OutputDirError, match=r"\(notes, shard_0\)"):
+        check_output_dir(other, "analyze", parts="shard_*")
+
+
+def test_a_folder_of_the_commands_outputs_is_not_an_output_of_it(tmp_path: Path) -> None:
+    """`--out runs/hf` by mistake, over runs/hf/a and runs/hf/b: refused, not replaced with their loss."""
+    for name in ("a", "b"):
+        claim_output_dir(tmp_path / "hf" / name, "consolidate")
+    with pytest.raises(OutputDirError, match=r"did not write \(a, b\)"):
+        claim_output_dir(tmp_path / "hf", "consolidate")
 
 
 def test_another_process_claiming_at_once_is_not_a_stranger(tmp_path: Path) -> None:

@@ -227,6 +227,14 @@ def test_a_users_folder_is_refused_before_counting_and_an_older_output_is_rerun(
         == 0
     )
     assert {"summary.json", "shard_0/histogram.npz", "shard_1/histogram.npz"} <= listing(sharded)
+    (
+        sharded / OWNER_FILE
+    ).unlink()  # an older merge, whose counts are then resubmitted by this version
+    assert pf.main([*args, str(sharded / "shard_0"), "--shard", "0/2"]) == 0
+    assert (
+        pf.main(["--merge", *parts, "--no-figures", "--train-len", "16", "--out", str(sharded)])
+        == 0
+    )
 
 
 def test_source_lists_comma_yaml_and_config_file_agree(slimpajama, tmp_path, monkeypatch):

@@ -3,11 +3,14 @@
 A command claims its output directory with `claim_output_dir`, which records the command in
 OWNER_FILE inside it. A directory that exists and holds anything without that record (a run, a
 model someone downloaded, a paper) is refused with a line naming it and the fix, and nothing in it
-is touched. A command replaces only what it wrote there.
+is touched. A command replaces only what it wrote there. Two exceptions, both its own: folders a
+command names as its parts (`parts`, e.g. a sharded analysis's shard_<i> under the merged output)
+that it owns, and the owner record of another process claiming the same directory at once.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from pathlib import Path
 from typing import Callable
@@ -34,13 +37,14 @@ def check_output_dir(
     command: str,
     flag: str = "--out",
     written_before: Callable[[Path], bool] | None = None,
+    parts: str | None = None,
 ) -> Path:
     """`path` if `command` may write there (absent, empty, or owned by `command`), else OutputDirError.
 
-    Folders inside `path` that `command` owns count as its own (a sharded job's parts under the merged output), and
-    so does another process's owner record still being written (array jobs claiming one directory at once).
-    `written_before(path)` recognises an unmarked directory an older posfreq's `command` wrote (before owners were
-    recorded): it is marked as the command's own instead of refused.
+    Folders inside `path` whose names match the pattern `parts` and that `command` owns count as its own (a sharded
+    job's parts under the merged output), and so does another process's owner record still being written (array
+    jobs claiming one directory at once). `written_before(path)` recognises an unmarked directory an older
+    posfreq's `command` wrote (before owners were recorded): it is marked as the command's own instead of refused.
     """
     path = Path(path)
     if path.exists() and not path.is_dir():
@@ -55,11 +59,13 @@ def check_output_dir(
     fix = "Fix: pass a new or empty directory (nothing was changed)"
     if owner is not None:
         raise OutputDirError(f"{flag} {path} holds the outputs of `posfreq {owner}`. {fix}")
-    found = foreign_entries(path, command)
+    found = foreign_entries(path, command, parts)
     if not found:
         return path
     if written_before is not None and written_before(path):
         _mark_owned(path, command)
+        return path
+    if owner_of(path) == command:  # another process claimed it since the first look
         return path
     shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
     raise OutputDirError(
@@ -67,17 +73,25 @@ def check_output_dir(
     )
 
 
-def foreign_entries(path: Path, command: str) -> list[str]:
+def foreign_entries(path: Path, command: str, parts: str | None = None) -> list[str]:
     """The names in directory `path` that `command` did not write: all but owner records (whole or in progress) and
-    folders `command` owns."""
-    claiming = f".{OWNER_FILE}."
+    folders named like `parts` that `command` owns."""
     return sorted(
         entry.name
         for entry in path.iterdir()
-        if entry.name != OWNER_FILE
-        and not (entry.name.startswith(claiming) and entry.name.endswith(".tmp"))
-        and not (entry.is_dir() and owner_of(entry) == command)
+        if not is_owner_record(entry.name)
+        and not (
+            parts is not None
+            and fnmatch.fnmatchcase(entry.name, parts)
+            and entry.is_dir()
+            and owner_of(entry) == command
+        )
     )
+
+
+def is_owner_record(name: str) -> bool:
+    """OWNER_FILE, or its temporary while a process writes it (train/atomic.py's naming)."""
+    return name == OWNER_FILE or (name.startswith(f".{OWNER_FILE}.") and name.endswith(".tmp"))
 
 
 def claim_output_dir(
@@ -85,10 +99,11 @@ def claim_output_dir(
     command: str,
     flag: str = "--out",
     written_before: Callable[[Path], bool] | None = None,
+    parts: str | None = None,
 ) -> Path:
     """Create (or reuse) `command`'s output directory `path`, recording the owner; OutputDirError for another's
-    (`written_before` as in `check_output_dir`)."""
-    path = check_output_dir(path, command, flag, written_before)
+    (`written_before` and `parts` as in `check_output_dir`)."""
+    path = check_output_dir(path, command, flag, written_before, parts)
     path.mkdir(parents=True, exist_ok=True)
     if owner_of(path) != command:
         _mark_owned(path, command)
