@@ -280,14 +280,21 @@ def test_damaged_newest_checkpoint_is_skipped_and_the_run_matches(
 
 
 class RankDouble:
-    """Fabric's broadcast as rank `rank` of a launched job sees it: rank 0's object, whatever this rank passes."""
+    """Fabric's collectives as rank `rank` of a launched job sees them: broadcast gives rank 0's object whatever
+    this rank passes; all_reduce adds `others_failed` (the other ranks' share) to this rank's value."""
 
-    def __init__(self, rank: int, rank0_sends: dict | None = None) -> None:
-        self.global_rank, self.rank0_sends = rank, rank0_sends
+    device = torch.device("cpu")
+
+    def __init__(self, rank: int, rank0_sends: dict | None = None, others_failed: int = 0) -> None:
+        self.global_rank, self.rank0_sends, self.others_failed = rank, rank0_sends, others_failed
 
     def broadcast(self, obj, src: int = 0):
         assert src == 0
         return obj if self.global_rank == 0 else self.rank0_sends
+
+    def all_reduce(self, tensor: torch.Tensor, reduce_op: str = "mean") -> torch.Tensor:
+        assert reduce_op == "sum" and tensor.device == self.device
+        return tensor + self.others_failed
 
 
 def test_only_rank_0_reads_a_resume_checkpoints_checksums_and_every_rank_resumes_its_choice(
@@ -329,6 +336,17 @@ def test_only_rank_0_reads_a_resume_checkpoints_checksums_and_every_rank_resumes
     assert error.startswith("resume=auto: no checkpoint under") and "sha256 differs" in error
     with pytest.raises(CheckpointError, match="resume=auto: no checkpoint under"):
         agree_on_resume(ResolvedRun(cfg, 2, hashes=False), RankDouble(1, {"error": error}))
+
+    # A rank that sees a checkpoint rank 0 does not raises, and so does every other rank, told by all_reduce.
+    fresh = {"resume_from": None, "skipped": []}
+    with pytest.raises(CheckpointError, match="rank 1 found checkpoint .* but rank 0 found none"):
+        agree_on_resume(ResolvedRun(cfg, 2, hashes=False), RankDouble(1, fresh))
+    rank0 = ResolvedRun(cfg, 2, hashes=False)
+    rank0.resume_from = None  # as if rank 0's listing were empty
+    with pytest.raises(
+        CheckpointError, match="1 rank\\(s\\) could not take the checkpoint rank 0 chose"
+    ):
+        agree_on_resume(rank0, RankDouble(0, others_failed=1))
 
 
 def test_no_checkpoint_that_verifies_is_an_error_not_a_fresh_start(resumable, data_dir, tmp_path):

@@ -68,9 +68,11 @@ def train(cfg: TrainConfig) -> list[dict]:
         run = ResolvedRun(cfg, fabric.world_size, hashes=False)
         attention = attention_choice(cfg)
         fabric.launch()
-        run = agree_on_resume(run, fabric)
         start_console(fabric.global_rank == 0)
-        lock = lock_run_dir(cfg, fabric)
+        lock = lock_run_dir(
+            cfg, fabric
+        )  # before reading a checkpoint another job's retention may delete
+        run = agree_on_resume(run, fabric)
         if cfg.overwrite and fabric.broadcast(signals.received is not None, src=0):
             raise ConfigError(
                 "a stop signal (Ctrl-C, SIGTERM) arrived during start-up; --overwrite deleted nothing"

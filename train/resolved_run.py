@@ -2,7 +2,8 @@
 
 Everything a user can get wrong (data, model, batch geometry, a resume from another config or
 other documents, a fresh start over an existing run) raises a ConfigError or CheckpointError
-naming the key or file and the fix, before processes launch.
+naming the key or file and the fix, before processes launch. The one exception reads gigabytes: a
+resume checkpoint's checksums, checked once by rank 0 after launch (`agree_on_resume`).
 """
 
 from __future__ import annotations
@@ -181,7 +182,8 @@ class ResolvedRun:
 
     def checksum_verdict(self) -> dict:
         """Rank 0's check of the checksums this run skipped (`hashes=False`): {"resume_from", "skipped"}, where
-        resume_from may be an older checkpoint under --resume auto, or {"error": what every rank raises}."""
+        resume_from may be an older checkpoint under --resume auto, or {"error": what every rank raises}. Never
+        raises: the other ranks wait for this answer."""
         if self.resume_from is None:
             return {"resume_from": None, "skipped": self.skipped}
         self.hashes = True
@@ -190,9 +192,20 @@ class ResolvedRun:
                 path = self._auto_resume_point()
             else:
                 path = self.resume_from
-                self._verify_chosen(path, ckpt.read_trainer_state(path))
+                meta = ckpt.read_trainer_state(path)
+                if meta is None:
+                    raise CheckpointError(f"resume={self.cfg.resume}: {path} is no longer complete")
+                self._verify_chosen(path, meta)
+            if path is None:
+                raise CheckpointError(
+                    f"resume=auto: the checkpoints under {ckpt.checkpoint_root(self.cfg.out)} found "
+                    "before launch are gone (another job's retention?). Fix: make sure one job runs "
+                    "in this --out, then resubmit"
+                )
         except CheckpointError as err:
             return {"error": str(err)}
+        except Exception as err:  # e.g. an I/O error on the damaged disk a checksum exists to catch
+            return {"error": f"checking {self.resume_from}: {type(err).__name__}: {err}"}
         finally:
             self.hashes = False
         return {"resume_from": str(path), "skipped": self.skipped}
@@ -255,14 +268,36 @@ class ResolvedRun:
 def agree_on_resume(run: ResolvedRun, fabric) -> ResolvedRun:
     """After launch: rank 0 alone reads the checkpoint every rank chose by file sizes, to check its checksums (not
     every rank, each reading gigabytes of the same files); every rank then resumes what rank 0 found good (an
-    older checkpoint if the newest is damaged, under --resume auto) or raises rank 0's error."""
+    older checkpoint if the newest is damaged, under --resume auto) or raises rank 0's error. Whatever goes wrong on
+    one rank afterwards is raised on every rank, never left for the others to wait on."""
+    import torch
+
     verdict = fabric.broadcast(run.checksum_verdict() if fabric.global_rank == 0 else None, src=0)
     if "error" in verdict:
         raise CheckpointError(verdict["error"])
     chosen = verdict["resume_from"]
-    if chosen is not None and Path(chosen) != run.resume_from:
-        run = ResolvedRun(run.cfg, run.world_size, hashes=False, chosen=Path(chosen))
-    run.skipped = verdict["skipped"]
-    if run.resume_from is not None:
-        ckpt.verify_resume_files(run.resume_from)  # every rank: each loads its part through DCP
+    problem = None
+    try:
+        if chosen is None and run.resume_from is not None:
+            raise CheckpointError(
+                f"rank {fabric.global_rank} found checkpoint {run.resume_from} but rank 0 found none to "
+                "resume: the nodes see the run directory differently"
+            )
+        if chosen is not None and Path(chosen) != run.resume_from:
+            run = ResolvedRun(run.cfg, run.world_size, hashes=False, chosen=Path(chosen))
+        run.skipped = verdict["skipped"]
+        if run.resume_from is not None:
+            ckpt.verify_resume_files(run.resume_from)  # every rank: each loads its part through DCP
+    except (ConfigError, CheckpointError, OSError) as err:
+        problem = err
+    failed = fabric.all_reduce(
+        torch.tensor(float(problem is not None), device=fabric.device), reduce_op="sum"
+    )
+    if problem is not None:
+        raise problem
+    if float(failed) > 0:
+        raise CheckpointError(
+            f"{int(failed)} rank(s) could not take the checkpoint rank 0 chose ({chosen}); their logs say "
+            "why. Fix: check that every node sees --out alike (a network file system), then resubmit"
+        )
     return run
