@@ -27,15 +27,15 @@ if __package__ in (None, ""):  # run as a file: import the installed posfreq pac
     sys.path.pop(0)
 
 from posfreq.analysis.probe_settings import parse_lengths
+from posfreq.analysis.ruler_eval import TASK_DIR, Evaluator, RulerError
 from posfreq.train.atomic import atomic_open, write_json_atomic
 from posfreq.train.command_line import command_parser, parse
 from posfreq.train.devices import resolve_device
-from posfreq.train.fingerprint import files_sha256
+from posfreq.train.fingerprint import code_sha256, files_sha256, import_closure
 from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir
 from posfreq.train.tokenizer import hf_dir
 
 COMMAND = "ruler"
-TASK_DIR = Path(__file__).resolve().parent / "ruler_task"
 TASKS = (
     "niah_single_1",
     "niah_single_2",
@@ -50,13 +50,19 @@ TASKS = (
     "fwe",
 )
 """RULER's synthetic tasks, in its order; lm-eval names them posfreq_ruler_<task>."""
+EVAL_ENTRY = "analysis/ruler_eval.py"
+TASK_ENTRIES = ("analysis/ruler_task/tasks.py", "analysis/ruler_task/offline.py")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".gguf")
+
+
+def task_yamls() -> list[str]:
+    """The task folder's YAML files, relative to the repository."""
+    return sorted(f"analysis/ruler_task/{f.name}" for f in TASK_DIR.glob("*.yaml"))
+
+
 PARTS_DIR = "parts"
 """One JSON file per finished (task, length) and content key: a rerun evaluates only what is missing."""
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-
-
-class RulerError(ValueError):
-    """A setting or input the command cannot run with; the message names it and the fix."""
 
 
 def build_parser():
@@ -218,24 +224,26 @@ def run(args) -> Path:
 
 
 def model_fingerprint(path: Path) -> str:
-    """sha256 of the model's weights and config and of every other small file a load reads (tokenizer, chat
-    template, generation config)."""
+    """sha256 of the model's weights (safetensors only) and of every other file beside them (config, tokenizer,
+    chat template, generation config)."""
     from posfreq.train.hf import hf_model_fingerprint
 
-    small = [f for f in path.iterdir() if f.is_file() and f.suffix in (".json", ".jinja", ".model")]
-    return hf_model_fingerprint(path) + files_sha256(path, small)
+    try:
+        weights = hf_model_fingerprint(path)
+    except OSError as err:
+        raise RulerError(f"--model {path}: {err}") from None
+    others = [f for f in path.iterdir() if f.is_file() and f.suffix not in WEIGHT_SUFFIXES]
+    return weights + files_sha256(path, others)
 
 
 def code_fingerprint() -> dict:
-    """The code that makes a score: this command, its task folder, STRING's attention, and the libraries'
-    versions."""
+    """What decides a score besides the model and the settings: the evaluation's code (analysis/ruler_eval.py's
+    import closure, the task folder) and the versions of the libraries that build, run and score the prompts."""
     from importlib.metadata import version
 
-    files = [Path(__file__), *sorted(TASK_DIR.glob("*.py")), *sorted(TASK_DIR.glob("*.yaml"))]
-    files.append(Path(__file__).resolve().parents[1] / "train" / "string_hf.py")
-    root = Path(__file__).resolve().parents[1]
-    versions = {name: version(name) for name in ("lm_eval", "transformers", "torch")}
-    return {"files": files_sha256(root, [f.resolve() for f in files]), **versions}
+    files = [*import_closure(EVAL_ENTRY, *TASK_ENTRIES), *task_yamls()]
+    libraries = ("lm_eval", "transformers", "torch", "numpy", "datasets", "nltk", "wonderwords")
+    return {"files": code_sha256(tuple(files)), **{name: version(name) for name in libraries}}
 
 
 def unit_key(request: dict, task: str, length: int) -> str:
@@ -256,75 +264,6 @@ def reusable_part(file: Path, key: str, log_samples: bool) -> dict | None:
     if log_samples and part.get("samples") is None:
         return None
     return part
-
-
-class Evaluator:
-    """The model, loaded on first use (a rerun whose parts are all done loads nothing), and one lm-eval call per
-    (task, length)."""
-
-    def __init__(self, path: Path, tokenizer, args, device, dtype, longest: int) -> None:
-        self.path, self.tokenizer, self.args = path, tokenizer, args
-        self.device, self.dtype, self.longest = device, dtype, longest
-        self.lm = None
-        self.string: dict = {}
-
-    def load(self) -> None:
-        from lm_eval.models.huggingface import HFLM
-
-        from posfreq.train.string_hf import load_causal_lm
-
-        args = self.args
-        model = load_causal_lm(
-            self.path, args.positions, args.shift, args.window, args.train_len, dtype=self.dtype
-        ).to(self.device)
-        string = getattr(model.config, "posfreq_string", None) or {}
-        self.string = {"shift": string.get("shift"), "window": string.get("window")}
-        # RULER sizes each prompt to its length; a chat template adds its own tokens, which lm-eval would cut
-        # from the prompt's start (the instructions) at max_length: leave it room instead.
-        self.lm = HFLM(
-            pretrained=model,
-            tokenizer=self.tokenizer,
-            batch_size=args.batch_size,
-            max_length=2 * self.longest,
-        )
-
-    def evaluate(self, task: str, length: int) -> dict:
-        """One task at one length: its per-sample scores, lm-eval's results and (if asked) its samples."""
-        from lm_eval import simple_evaluate
-        from lm_eval.tasks import TaskManager
-
-        if self.lm is None:
-            self.load()
-        name = f"posfreq_ruler_{task}"
-        manager = TaskManager(
-            include_path=str(TASK_DIR),
-            metadata={
-                "tokenizer": str(self.path),
-                "max_seq_lengths": [length],
-                "num_samples": self.args.samples,
-            },
-        )
-        evaluation = simple_evaluate(
-            model=self.lm,
-            tasks=[name],
-            task_manager=manager,
-            apply_chat_template=self.args.chat_template,
-            log_samples=True,
-            bootstrap_iters=0,
-        )
-        logged = evaluation["samples"][name]
-        scores = [entry[str(length)] for entry in logged if entry["doc"]["max_length"] == length]
-        if not scores:
-            raise RulerError(f"{task} at {length}: lm-eval returned no samples")
-        return {
-            "task": task,
-            "length": length,
-            "string": self.string,
-            "scores": scores,
-            "results": evaluation["results"][name],
-            "version": (evaluation.get("versions") or {}).get(name),
-            "samples": logged if self.args.log_samples else None,
-        }
 
 
 def score_rows(

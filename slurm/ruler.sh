@@ -15,7 +15,7 @@
 # OUT_DIR defaults to posfreq ruler's runs/ruler/<model>-<positions>. The final job needs a GPU too: the keys name
 # the device, so it must run where the array ran (it loads no model when every part is there).
 # Edit the ##SBATCH account/partition lines for your cluster; PYTHON and POSFREQ_SETUP as in
-# slurm/common.sh. Logs: logs/posfreq-ruler_<array id>_<task>.out and logs/posfreq-ruler_<id>.out.
+# slurm/common.sh. Logs: logs/posfreq-ruler_<array id>_<task>.out and logs/posfreq-ruler_<job id>.out.
 #SBATCH --job-name=posfreq-ruler
 #SBATCH --nodes=1
 #SBATCH --ntasks=1
@@ -43,7 +43,7 @@ fi
 # shellcheck source=slurm/common.sh
 source slurm/common.sh
 
-out=()  # without OUT_DIR, posfreq ruler's default: runs/ruler/<model>-<positions>
+out=()  # without OUT_DIR, posfreq ruler's default: runs/ruler/<model>-<positions> (${out[@]+...}: bash 4.2)
 if [[ -n "${OUT_DIR:-}" ]]; then out=(--out "$OUT_DIR"); fi
 ALL_TASKS="niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe"
 RULER_TASKS="${RULER_TASKS:-$ALL_TASKS}"
@@ -52,18 +52,18 @@ IFS=, read -r -a tasks <<< "$RULER_TASKS"
 case "${RULER_STEP:-submit}" in
     task)
         exec "$PYTHON" analysis/ruler.py --model "hf:$MODEL_DIR" \
-            --tasks "${tasks[$SLURM_ARRAY_TASK_ID]}" "${out[@]}" "$@"
+            --tasks "${tasks[$SLURM_ARRAY_TASK_ID]}" ${out[@]+"${out[@]}"} "$@"
         ;;
     table)
         exec "$PYTHON" analysis/ruler.py --model "hf:$MODEL_DIR" \
-            --tasks "$RULER_TASKS" "${out[@]}" "$@"
+            --tasks "$RULER_TASKS" ${out[@]+"${out[@]}"} "$@"
         ;;
 esac
 
 require_path MODEL_DIR
 export RULER_TASKS
 array=(sbatch --parsable --array="0-$((${#tasks[@]} - 1))" --export="ALL,RULER_STEP=task" "$0" "$MODEL_DIR" "$@")
-table=(sbatch --parsable --export="ALL,RULER_STEP=table" "$0" "$MODEL_DIR" "$@")
+table=(sbatch --parsable --output="logs/%x_%j.out" --export="ALL,RULER_STEP=table" "$0" "$MODEL_DIR" "$@")
 
 if [[ "${DRY_RUN:-0}" == "1" ]]; then
     printf '%q ' "${array[@]}"; printf '\n'

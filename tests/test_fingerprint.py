@@ -65,7 +65,7 @@ def test_an_edit_of_a_covered_module_changes_the_key(tmp_path, monkeypatch):
     (tmp_path / "train" / "model.py").write_text("x = 1\n")
     (tmp_path / "train" / "cli.py").write_text("y = 1\n")
     monkeypatch.setattr(fingerprint, "REPO", tmp_path)
-    fingerprint.probe_code.cache_clear()
+    fingerprint.import_closure.cache_clear()
     fingerprint.code_sha256.cache_clear()
     try:
         assert probe_code() == ("analysis/probe.py", "train/model.py")
@@ -74,5 +74,5 @@ def test_an_edit_of_a_covered_module_changes_the_key(tmp_path, monkeypatch):
         fingerprint.code_sha256.cache_clear()  # cached per process: the code does not change under a run
         assert code_sha256() != before
     finally:
-        fingerprint.probe_code.cache_clear()
+        fingerprint.import_closure.cache_clear()
         fingerprint.code_sha256.cache_clear()

@@ -320,3 +320,15 @@ def test_a_changed_model_file_is_another_model(llama3_model: Path, tmp_path: Pat
     before = ruler.model_fingerprint(copy)
     (copy / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
     assert ruler.model_fingerprint(copy) != before
+
+
+def test_the_code_key_covers_what_decides_a_score_and_not_the_command_line() -> None:
+    from posfreq.analysis import ruler
+    from posfreq.train.fingerprint import import_closure
+
+    covered = import_closure(ruler.EVAL_ENTRY, *ruler.TASK_ENTRIES)
+    for decides in ("train/string_scheme.py", "train/attention_merge.py", "train/essays.py"):
+        assert decides in covered
+    assert "analysis/ruler.py" not in covered  # its tables and keys do not change a score
+    assert "analysis/ruler_task/posfreq_ruler_vt.yaml" in ruler.task_yamls()
+    assert {"nltk", "wonderwords", "lm_eval"} <= set(ruler.code_fingerprint())

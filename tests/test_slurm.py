@@ -211,8 +211,9 @@ def test_ruler_submits_one_gpu_task_per_ruler_task_and_a_table_after_them(tmp_pa
     ]
     script = str(ROOT / "slurm/ruler.sh")  # as submitted: "$0"
     assert shlex.split(array)[4:] == [script, str(model), "--positions", "string"]
-    assert shlex.split(table)[2:5] == [
+    assert shlex.split(table)[2:6] == [
         "--dependency=afterany:ARRAY_JOB_ID",
+        "--output=logs/%x_%j.out",
         "--export=ALL,RULER_STEP=table",
         script,
     ]

@@ -61,9 +61,10 @@ def imported_modules(file: Path) -> set[Path]:
 
 
 @functools.lru_cache(maxsize=None)
-def probe_code() -> tuple[str, ...]:
-    """The source files that decide a probe's answers: PROBE_ENTRY's import closure, less NOT_ANSWER_DECIDING."""
-    seen, todo = set(), [REPO / PROBE_ENTRY]
+def import_closure(*entries: str) -> tuple[str, ...]:
+    """The repository's source files `entries` import, directly or not (themselves included), less
+    NOT_ANSWER_DECIDING, as sorted paths relative to the repository."""
+    seen, todo = set(), [REPO / entry for entry in entries]
     while todo:
         file = todo.pop()
         if file not in seen:
@@ -73,6 +74,11 @@ def probe_code() -> tuple[str, ...]:
     return tuple(
         sorted(f for f in files if not any(fnmatch.fnmatch(f, p) for p in NOT_ANSWER_DECIDING))
     )
+
+
+def probe_code() -> tuple[str, ...]:
+    """The source files that decide a probe's answers: PROBE_ENTRY's import closure, less NOT_ANSWER_DECIDING."""
+    return import_closure(PROBE_ENTRY)
 
 
 def file_sha256(path: Path) -> str:

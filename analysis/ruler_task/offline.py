@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import tempfile
 from functools import cache
 from pathlib import Path
 
@@ -47,8 +48,9 @@ def nltk_data_dir() -> Path:
     trainer.train(essay_text(), finalize=True)
     params = trainer.get_params()
     encode = TabEncoder()
-    staging = root.with_name(root.name + ".tmp")
-    shutil.rmtree(staging, ignore_errors=True)
+    # A staging folder of this process's own: array jobs may build the same cache at once.
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=".tmp", dir=root.parent))
     staged_model = staging / "tokenizers" / "punkt_tab" / PUNKT_LANGUAGE
     staged_model.mkdir(parents=True)
     files = {
@@ -59,8 +61,14 @@ def nltk_data_dir() -> Path:
     }
     for name, text in files.items():
         (staged_model / name).write_text(text, encoding="utf-8", newline="")
-    shutil.rmtree(root, ignore_errors=True)
-    staging.replace(root)
+    try:
+        staging.rename(root)  # fails if another process got there first: its model is the same
+    except OSError:
+        if (model / "ortho_context.tab").is_file():
+            shutil.rmtree(staging, ignore_errors=True)
+        else:  # a folder left incomplete by something else
+            shutil.rmtree(root, ignore_errors=True)
+            staging.rename(root)
     return root
 
 
