@@ -33,6 +33,7 @@ from posfreq.train.command_line import command_parser, parse
 from posfreq.train.devices import resolve_device
 from posfreq.train.fingerprint import code_sha256, files_sha256, import_closure
 from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir
+from posfreq.train.string_scheme import string_shift_window
 from posfreq.train.tokenizer import hf_dir
 
 COMMAND = "ruler"
@@ -164,6 +165,11 @@ def run(args) -> Path:
         raise RulerError(
             f"{path / 'config.json'} has no max_position_embeddings. Fix: pass --train-len"
         )
+    if args.positions == "string":  # checked before any load: STRING's settings are the user's
+        try:
+            string_shift_window(train_len, args.shift, args.window)
+        except ValueError as err:
+            raise RulerError(f"{err} (--shift, --window, --train-len {train_len})") from None
     try:
         lengths = parse_lengths(args.lengths) if args.lengths else [train_len]
     except ArgumentTypeError as err:
@@ -189,7 +195,14 @@ def run(args) -> Path:
     }
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RulerError(
+            f"--model {path}: its tokenizer does not load ({first}). Fix: save it beside the model "
+            "(tokenizer.save_pretrained(DIR) writes tokenizer.json)"
+        ) from None
     if args.chat_template and not tokenizer.chat_template:
         raise RulerError(
             f"--chat-template true: {path} has no chat template (chat_template.jinja or "

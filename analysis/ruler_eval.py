@@ -31,9 +31,15 @@ class Evaluator:
         from posfreq.train.string_hf import load_causal_lm
 
         args = self.args
-        model = load_causal_lm(
-            self.path, args.positions, args.shift, args.window, args.train_len, dtype=self.dtype
-        ).to(self.device)
+        try:
+            model = load_causal_lm(
+                self.path, args.positions, args.shift, args.window, args.train_len, dtype=self.dtype
+            ).to(self.device)
+        except Exception as err:  # transformers' and safetensors' errors share no base class
+            raise RulerError(
+                f"--model {self.path}: transformers could not load it ({type(err).__name__}: {err}). "
+                "Fix: check that AutoModelForCausalLM.from_pretrained(DIR) loads it"
+            ) from err
         string = getattr(model.config, "posfreq_string", None) or {}
         self.string = {"shift": string.get("shift"), "window": string.get("window")}
         # RULER sizes each prompt to its length; a chat template adds its own tokens, which lm-eval would cut

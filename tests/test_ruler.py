@@ -211,6 +211,9 @@ def test_refusals_name_the_input_and_the_fix(tmp_path: Path, llama3_model: Path,
     assert "has no chat template" in capsys.readouterr().err
     assert ruler.main(["--model", f"hf:{llama3_model}", "--lengths", "4096:1024:1024"]) == 1
     assert "gives no positive lengths" in capsys.readouterr().err
+    string = ["--positions", "string", "--shift", "100", "--window", "100"]
+    assert ruler.main(["--model", f"hf:{llama3_model}", *string]) == 1
+    assert "need 0 <= window < shift" in capsys.readouterr().err
     assert ruler.main(["--model", f"hf:{llama3_model}", "--lengths", "4k"]) == 1
     assert "Fix: e.g. --lengths 4096,8192" in capsys.readouterr().err
     if not torch.cuda.is_available():
