@@ -276,8 +276,8 @@ def test_string_through_lm_evals_own_model_loader_is_posfreq_rulers(
     assert string != wrapper_answers("rope")
 
 
-@pytest.mark.slow  # five small lm-eval runs
-def test_a_rerun_evaluates_only_what_is_missing_or_changed(
+@pytest.mark.slow  # four small lm-eval runs
+def test_a_rerun_evaluates_only_what_is_missing_or_damaged(
     llama3_model: Path, tmp_path: Path, monkeypatch
 ) -> None:
     from posfreq.analysis import ruler
@@ -304,13 +304,25 @@ def test_a_rerun_evaluates_only_what_is_missing_or_changed(
     assert scores() == first and evaluated == [] and loaded == []  # nothing to do, no model loaded
     (part,) = (out / "parts").glob(f"vt-L{LENGTH}-*.json")
     part.unlink()  # as if killed during vt
-    assert scores() == first and evaluated == ["vt"]
     (part,) = (out / "parts").glob(f"niah_single_1-L{LENGTH}-*.json")
     part.write_text("{")  # torn
-    assert scores() == first and evaluated == ["niah_single_1"]
-    scores("--positions", "string")  # another setting is another key
-    assert evaluated == ["niah_single_1", "vt"]
-    assert scores() == first and evaluated == []  # rope's parts are still there
+    assert scores() == first and evaluated == ["niah_single_1", "vt"]
+
+
+def test_a_unit_key_changes_with_every_setting_it_holds() -> None:
+    from posfreq.analysis import ruler
+
+    request = {"model": "m", "positions": "rope", "shift": None, "samples": 1, "device": "cpu"}
+    key = ruler.unit_key(request, "vt", 1024)
+    changed = [
+        ruler.unit_key({**request, "positions": "string"}, "vt", 1024),
+        ruler.unit_key({**request, "samples": 2}, "vt", 1024),
+        ruler.unit_key({**request, "device": "cuda"}, "vt", 1024),
+        ruler.unit_key({**request, "model": "m2"}, "vt", 1024),
+        ruler.unit_key(request, "cwe", 1024),
+        ruler.unit_key(request, "vt", 2048),
+    ]
+    assert key not in changed and len(set(changed)) == len(changed)
 
 
 def test_a_changed_model_file_is_another_model(llama3_model: Path, tmp_path: Path) -> None:
