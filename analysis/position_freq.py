@@ -190,11 +190,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(parser, argv)
     _check(parser, args)
     try:
-        if (
-            args.out
-        ):  # before counting (hours on a full corpus), not only when the outputs are written
+        if not args.merge:  # before counting (hours on a full corpus), not only when writing
             check_output_dir(
-                args.out,
+                args.out or _default_out(args),
                 ANALYZE,
                 written_before=earlier_run(ANALYZE, SHARD_PARTS),
                 parts=SHARD_PARTS,
@@ -202,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         histogram, meta = merge_partials(map(Path, args.merge)) if args.merge else _count(args)
         if meta.get("shard"):
             index, count = meta["shard"]
-            out = args.out or DEFAULT_OUT / f"shard_{index}"
+            out = args.out or _default_out(args)
             path = write_partial(out, histogram, meta)
             print(
                 f"shard {index}/{count}: {meta['read']['documents']:,} documents from {meta['files']} files "
@@ -243,6 +241,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"outputs in {out}/ (summary.json lists them: histogram.npz, lengths.csv, position_frequency*, figures/)"
     )
     return 0
+
+
+def _default_out(args: Namespace) -> Path:
+    """Where the outputs go without --out: DEFAULT_OUT/shard_<i> for a shard, else DEFAULT_OUT/<corpus name>."""
+    shard = shard_from_args(args)
+    if shard:
+        return DEFAULT_OUT / f"shard_{shard[0]}"
+    return DEFAULT_OUT / Path(corpus_from_args(args).name).name
 
 
 def _count(args: Namespace) -> tuple[LengthHistogram, dict]:

@@ -207,6 +207,15 @@ def test_a_users_folder_is_refused_before_counting_and_an_older_output_is_rerun(
         pf.main([*args, str(mine), "--train-len", "16"])
     assert counted == [] and listing(mine) == {"lengths.csv"}
     assert (mine / "lengths.csv").read_text() == "my own table"
+    monkeypatch.chdir(
+        tmp_path
+    )  # the default --out, runs/position_freq/<corpus name>, is checked first too
+    default = tmp_path / "runs/position_freq/slimpajama"  # as docs/corpus_analysis.md says
+    default.mkdir(parents=True)
+    (default / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit, match=r"did not write \(notes.txt\)"):
+        pf.main([*analyze_args(root), "--no-figures", "--train-len", "16"])
+    assert counted == []
 
     monkeypatch.undo()
     monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
