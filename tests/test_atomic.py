@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -92,3 +93,29 @@ def test_refuses_append_and_read_modes(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="atomic write creates a new file"):
             AtomicFile(tmp_path / "f", mode)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_cache_folders_built_at_once_publish_one_and_drop_the_rest(tmp_path):
+    """Array jobs that build the same cache: the first rename wins, later ones drop their copy, nothing torn."""
+    from posfreq.train.atomic import publish_cache_dir, staging_dir
+
+    final = tmp_path / "cache" / "essays"
+    complete = lambda path: (path / "done").is_file()  # noqa: E731
+    built = []
+    for text in ("first", "second"):
+        staging = staging_dir(final)
+        (staging / "done").write_text(text)
+        built.append(staging)
+    assert built[0] != built[1] and built[0].parent == final.parent
+    for staging in built:
+        publish_cache_dir(staging, final, complete)
+    assert (final / "done").read_text() == "first"
+    assert sorted(p.name for p in final.parent.iterdir()) == ["essays"]  # no staging left behind
+
+    shutil.rmtree(final)
+    (final / "partial").mkdir(parents=True)  # damaged from outside: replaced, not kept
+    staging = staging_dir(final)
+    (staging / "done").write_text("third")
+    publish_cache_dir(staging, final, complete)
+    assert (final / "done").read_text() == "third" and not (final / "partial").exists()
+    assert sorted(p.name for p in final.parent.iterdir()) == ["essays"]

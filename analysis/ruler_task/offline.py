@@ -11,11 +11,10 @@ directory, so every machine splits the haystack the same way.
 from __future__ import annotations
 
 import re
-import shutil
-import tempfile
 from functools import cache
 from pathlib import Path
 
+from posfreq.train.atomic import publish_cache_dir, staging_dir
 from posfreq.train.essays import cache_dir, pg_essays
 
 PUNKT_LANGUAGE = "english"
@@ -48,9 +47,7 @@ def nltk_data_dir() -> Path:
     trainer.train(essay_text(), finalize=True)
     params = trainer.get_params()
     encode = TabEncoder()
-    # A staging folder of this process's own: array jobs may build the same cache at once.
-    root.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=".tmp", dir=root.parent))
+    staging = staging_dir(root)  # this process's own: array jobs may build the same cache at once
     staged_model = staging / "tokenizers" / "punkt_tab" / PUNKT_LANGUAGE
     staged_model.mkdir(parents=True)
     files = {
@@ -61,14 +58,9 @@ def nltk_data_dir() -> Path:
     }
     for name, text in files.items():
         (staged_model / name).write_text(text, encoding="utf-8", newline="")
-    try:
-        staging.rename(root)  # fails if another process got there first: its model is the same
-    except OSError:
-        if (model / "ortho_context.tab").is_file():
-            shutil.rmtree(staging, ignore_errors=True)
-        else:  # a folder left incomplete by something else
-            shutil.rmtree(root, ignore_errors=True)
-            staging.rename(root)
+    publish_cache_dir(
+        staging, root, lambda path: (path / model.relative_to(root) / "ortho_context.tab").is_file()
+    )
     return root
 
 
