@@ -52,6 +52,7 @@ from posfreq.analysis.histogram import (
 from posfreq.analysis.listed_outputs import earlier_run
 from posfreq.analysis.packing_prediction import PackingSettings
 from posfreq.train.command_line import command_parser, parse
+from posfreq.train.corpora import Corpus
 from posfreq.train.corpus_cli import add_corpus_arguments, corpus_from_args, shard_from_args
 from posfreq.train.corpus_records import CorpusError, lost_files_report
 from posfreq.train.outdir import OutputDirError, check_output_dir
@@ -190,7 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(parser, argv)
     _check(parser, args)
     try:
-        out = None if args.merge else Path(args.out or _default_out(args))
+        corpus = None if args.merge else corpus_from_args(args)  # resolved once: listing it is I/O
+        out = None if corpus is None else Path(args.out or _default_out(args, corpus))
         if out is not None:  # before counting (hours on a full corpus), not only when writing
             check_output_dir(
                 out,
@@ -198,7 +200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 written_before=earlier_run(ANALYZE, SHARD_PARTS),
                 parts=SHARD_PARTS,
             )
-        histogram, meta = merge_partials(map(Path, args.merge)) if args.merge else _count(args)
+        histogram, meta = (
+            merge_partials(map(Path, args.merge)) if corpus is None else _count(args, corpus)
+        )
         if meta.get("shard"):
             index, count = meta["shard"]
             path = write_partial(out, histogram, meta)
@@ -244,17 +248,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _default_out(args: Namespace) -> Path:
+def _default_out(args: Namespace, corpus: Corpus) -> Path:
     """Where the outputs go without --out: DEFAULT_OUT/shard_<i> for a shard, else DEFAULT_OUT/<corpus name>."""
     shard = shard_from_args(args)
     if shard:
         return DEFAULT_OUT / f"shard_{shard[0]}"
-    return DEFAULT_OUT / Path(corpus_from_args(args).name).name
+    return DEFAULT_OUT / Path(corpus.name).name
 
 
-def _count(args: Namespace) -> tuple[LengthHistogram, dict]:
-    """Resolve the corpus from the arguments and count (or load from the cache) its histogram."""
-    corpus = corpus_from_args(args).sample_files(args.sample_files)
+def _count(args: Namespace, corpus: Corpus) -> tuple[LengthHistogram, dict]:
+    """Count (or load from the cache) the histogram of `corpus`, as the arguments sample and shard it."""
+    corpus = corpus.sample_files(args.sample_files)
     shard = shard_from_args(args)
     if shard:
         corpus = corpus.shard(*shard)

@@ -69,9 +69,8 @@ def train(cfg: TrainConfig) -> list[dict]:
         attention = attention_choice(cfg)
         fabric.launch()
         start_console(fabric.global_rank == 0)
-        lock = lock_run_dir(
-            cfg, fabric
-        )  # before reading a checkpoint another job's retention may delete
+        # The lock first: another job's retention must not delete the checkpoint rank 0 reads next.
+        lock = lock_run_dir(cfg, fabric)
         run = agree_on_resume(run, fabric)
         if cfg.overwrite and fabric.broadcast(signals.received is not None, src=0):
             raise ConfigError(

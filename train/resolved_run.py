@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from posfreq.train import checkpoint as ckpt
 from posfreq.train.geometry import batch_geometry, resolve_model_config
 from posfreq.train.optim import lr_at
@@ -112,9 +114,9 @@ class ResolvedRun:
             )
         return spec
 
-    def _auto_resume_point(self) -> Path | None:
+    def _auto_resume_point(self, hashes: bool) -> Path | None:
         """The newest checkpoint that verifies; None for a fresh run; an error if checkpoints exist but none verify."""
-        path, self.skipped = ckpt.choose_resume_checkpoint(self.cfg.out, self.hashes)
+        path, self.skipped = ckpt.choose_resume_checkpoint(self.cfg.out, hashes)
         if path is None and self.skipped:
             raise CheckpointError(
                 f"resume=auto: no checkpoint under {ckpt.checkpoint_root(self.cfg.out)} can be resumed:\n  "
@@ -137,7 +139,9 @@ class ResolvedRun:
         if self.chosen is not None:
             path = self.chosen
         else:
-            path = self._auto_resume_point() if cfg.resume == "auto" else Path(cfg.resume)
+            path = (
+                self._auto_resume_point(self.hashes) if cfg.resume == "auto" else Path(cfg.resume)
+            )
         if path is None:
             return None
         meta = ckpt.read_trainer_state(path)
@@ -152,7 +156,7 @@ class ResolvedRun:
                 "OUT/checkpoints/latest"
             )
         if cfg.resume != "auto" and self.chosen is None:  # `auto` verified it while choosing
-            self._verify_chosen(path, meta)
+            self._verify_chosen(path, meta, self.hashes)
         diffs = config_differences(meta["config"], cfg.to_dict())
         saved_model = ckpt.load_model_config(path)
         if saved_model != self.model_config:
@@ -186,28 +190,25 @@ class ResolvedRun:
         raises: the other ranks wait for this answer."""
         if self.resume_from is None:
             return {"resume_from": None, "skipped": self.skipped}
-        self.hashes = True
         try:
             if self.cfg.resume == "auto":
-                path = self._auto_resume_point()
+                path = self._auto_resume_point(hashes=True)
+                if path is None:
+                    raise CheckpointError(
+                        f"resume=auto: the checkpoints under {ckpt.checkpoint_root(self.cfg.out)} "
+                        "found before launch are gone (another job's retention?). Fix: make sure one "
+                        "job runs in this --out, then resubmit"
+                    )
             else:
                 path = self.resume_from
                 meta = ckpt.read_trainer_state(path)
                 if meta is None:
                     raise CheckpointError(f"resume={self.cfg.resume}: {path} is no longer complete")
-                self._verify_chosen(path, meta)
-            if path is None:
-                raise CheckpointError(
-                    f"resume=auto: the checkpoints under {ckpt.checkpoint_root(self.cfg.out)} found "
-                    "before launch are gone (another job's retention?). Fix: make sure one job runs "
-                    "in this --out, then resubmit"
-                )
+                self._verify_chosen(path, meta, hashes=True)
         except CheckpointError as err:
             return {"error": str(err)}
         except Exception as err:  # e.g. an I/O error on the damaged disk a checksum exists to catch
             return {"error": f"checking {self.resume_from}: {type(err).__name__}: {err}"}
-        finally:
-            self.hashes = False
         return {"resume_from": str(path), "skipped": self.skipped}
 
     def _refuse_restart_over_a_run(self) -> None:
@@ -240,10 +241,10 @@ class ResolvedRun:
             f"{self.total_steps:,}"
         )
 
-    def _verify_chosen(self, path: Path, meta: dict) -> None:
+    def _verify_chosen(self, path: Path, meta: dict, hashes: bool) -> None:
         """Check the files of the checkpoint named by --resume PATH against its manifest."""
         try:
-            ckpt.verify_checkpoint(path, meta, self.hashes)
+            ckpt.verify_checkpoint(path, meta, hashes)
         except CheckpointError as err:
             raise CheckpointError(
                 f"resume={self.cfg.resume}: {err}. Fix: restore a good copy of it, or use "
@@ -270,8 +271,6 @@ def agree_on_resume(run: ResolvedRun, fabric) -> ResolvedRun:
     every rank, each reading gigabytes of the same files); every rank then resumes what rank 0 found good (an
     older checkpoint if the newest is damaged, under --resume auto) or raises rank 0's error. Whatever goes wrong on
     one rank afterwards is raised on every rank, never left for the others to wait on."""
-    import torch
-
     verdict = fabric.broadcast(run.checksum_verdict() if fabric.global_rank == 0 else None, src=0)
     if "error" in verdict:
         raise CheckpointError(verdict["error"])

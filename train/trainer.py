@@ -277,9 +277,8 @@ class Trainer:
         }
 
     def _nonfinite(self, loss: float, grad_norm: float) -> None:
-        resume = ckpt.find_resume_checkpoint(
-            self.out, hashes=False
-        )  # a suggestion: no rank reads GBs
+        # Only a suggestion in a message: sizes, not checksums, so no rank reads gigabytes here.
+        resume = ckpt.find_resume_checkpoint(self.out, hashes=False)
         where = f"resume from {resume}" if resume else "no checkpoint exists yet; start again"
         raise NonFiniteLoss(
             f"non-finite loss or gradient norm (loss {loss}, grad norm {grad_norm}) at step {self.step + 1} "
