@@ -303,6 +303,137 @@ def test_varlen_and_flash_adapters_against_flashattention_doubles(monkeypatch, w
         torch.testing.assert_close(lse.double(), ref_lse, atol=3e-2, rtol=3e-2)
 
 
+def varlen_attn_of_release(release):
+    """Doubles of `torch.nn.attention.varlen.varlen_attn` with each release's signature (read from torch's
+    varlen.py at v2.10.0, v2.11.0 and v2.12.0/v2.13.0): 2.10 says causal by is_causal, has no scale (the kernel
+    uses 1 / sqrt(D)) and no window; 2.11 says causal by window_size == (-1, 0) and takes scale; 2.12 adds
+    enable_gqa and refuses unequal head counts without it. Each accepts only its own keywords."""
+
+    def run(q, k, v, cu_q, cu_k, window_size, is_causal, scale, return_aux, gqa):
+        if q.shape[1] != k.shape[1] and not gqa:
+            raise RuntimeError("Expect number of query heads to be equal to number of key heads")
+        out, lse = flash_double(q, k, v, cu_q, cu_k, window_size, is_causal, scale)
+        return (out, lse) if return_aux is not None and return_aux.lse else out
+
+    def v2_10(
+        query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None
+    ):
+        return run(
+            query,
+            key,
+            value,
+            cu_seq_q,
+            cu_seq_k,
+            (-1, -1),
+            is_causal,
+            query.shape[-1] ** -0.5,
+            return_aux,
+            False,
+        )
+
+    def v2_11(
+        query,
+        key,
+        value,
+        cu_seq_q,
+        cu_seq_k,
+        max_q,
+        max_k,
+        *,
+        return_aux=None,
+        scale=None,
+        window_size=(-1, -1),
+    ):
+        scale = query.shape[-1] ** -0.5 if scale is None else scale
+        causal = window_size == (-1, 0)
+        return run(
+            query, key, value, cu_seq_q, cu_seq_k, window_size, causal, scale, return_aux, False
+        )
+
+    def v2_13(
+        query,
+        key,
+        value,
+        cu_seq_q,
+        cu_seq_k,
+        max_q,
+        max_k,
+        *,
+        return_aux=None,
+        scale=None,
+        window_size=(-1, -1),
+        enable_gqa=False,
+        seqused_k=None,
+        block_table=None,
+        num_splits=None,
+    ):
+        scale = query.shape[-1] ** -0.5 if scale is None else scale
+        causal = window_size == (-1, 0)
+        return run(
+            query,
+            key,
+            value,
+            cu_seq_q,
+            cu_seq_k,
+            window_size,
+            causal,
+            scale,
+            return_aux,
+            enable_gqa,
+        )
+
+    return {"2.10": v2_10, "2.11": v2_11, "2.13": v2_13}[release]
+
+
+@pytest.mark.parametrize("release", ["2.10", "2.11", "2.13"])
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (2, 2)])
+def test_varlen_adapter_runs_every_torch_release_signature(
+    monkeypatch, release, window, heads, kv_heads
+):
+    import torch.nn.attention.varlen as torch_varlen
+
+    import posfreq.train.attention as attention
+    import posfreq.train.attention_kernels as attention_kernels
+
+    monkeypatch.setattr(torch_varlen, "varlen_attn", varlen_attn_of_release(release))
+    monkeypatch.setattr(attention_kernels, "kernel_present", lambda name: True)
+    lens_q, lens_k = [3, 1, 6], [6, 4, 6]
+    q, k, v = (
+        packed(lens_q, heads, 8, 31),
+        packed(lens_k, kv_heads, 8, 32),
+        packed(lens_k, kv_heads, 8, 33),
+    )
+    scale = 0.2  # not 1 / sqrt(8): a release without `scale` must fold it in
+    ref, ref_lse = naive_attention(q * (scale * 8**0.5), k, v, lens_q, lens_k, window=window)
+    args = (cu(lens_q).long(), cu(lens_k).long(), 6, 6, window)  # int64: the adapter converts
+    bf16 = [x.bfloat16() for x in (q, k, v)]
+    if window is not None and release == "2.10":
+        with pytest.raises(BackendError, match="no sliding window.*torch >= 2.11"):
+            attention_kernels.resolve_backend("varlen", "cuda", torch.bfloat16, window=True)
+        with pytest.raises(BackendError, match="no sliding window"):
+            attention._varlen(*bf16, *args, True, scale)
+        # auto takes a kernel that can (sdpa here: flash-attn is not installed), and says why not varlen
+        monkeypatch.setattr(
+            attention_kernels, "kernel_present", lambda name: name in ("varlen", "sdpa")
+        )
+        name, why = attention_kernels.explain_backend("auto", "cuda", torch.bfloat16, window=True)
+        assert name == "sdpa" and "no sliding window" in why
+        return
+    assert (
+        attention_kernels.resolve_backend("auto", "cuda", torch.bfloat16, window=window is not None)
+        == "varlen"
+    )
+    out, lse = attention._varlen(*bf16, *args, True, scale)
+    assert out.shape == q.shape and lse.shape == q.shape[:2] and lse.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=3e-2, rtol=3e-2)
+    if heads != kv_heads:  # grouped heads: gradients flow back through the repeated key/value heads
+        leaves = [x.detach().requires_grad_() for x in bf16]
+        attention._varlen(*leaves, *args, False, scale).float().sum().backward()
+        assert leaves[1].grad.shape == k.shape and leaves[1].grad.abs().sum() > 0
+
+
 @pytest.mark.parametrize("window", [None, 5])
 def test_flex_block_mask_is_the_document_causal_mask_padded_to_a_power_of_two(window):
     from torch.nn.attention.flex_attention import create_block_mask

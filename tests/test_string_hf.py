@@ -140,6 +140,33 @@ def test_prefill_equals_the_per_pair_reference_with_left_padding(family):
     assert not torch.allclose(string[real], rope[real], atol=1e-3)  # the far distances did change
 
 
+def test_under_bf16_autocast_one_dtype_reaches_the_backend_and_agrees_with_float32(monkeypatch):
+    """The probe's precision on a GPU: float32 weights under bf16 autocast. transformers rotates q and k in
+    float32 while v comes out of an autocast projection; STRING must hand the backend choice one dtype (bf16,
+    so a GPU takes FlashAttention, not a dense float32 path) and agree with float32 within bf16 rounding."""
+    import posfreq.train.attention as attention
+
+    model = model_of("llama")
+    ids, mask = batch_of_prompts(model.config.vocab_size)
+    seen = []
+    real_resolve = attention.resolve_backend
+
+    def resolve(backend, device, dtype, **call):
+        seen.append(dtype)
+        return real_resolve(backend, device, dtype, **call)
+
+    monkeypatch.setattr(attention, "resolve_backend", resolve)
+    with torch.no_grad():
+        exact = model(input_ids=ids, attention_mask=mask).logits
+        seen.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mixed = model(input_ids=ids, attention_mask=mask).logits
+    assert seen and set(seen) == {torch.bfloat16}, seen
+    real = mask.bool()
+    scale = exact[real].abs().max()
+    assert (mixed[real].float() - exact[real]).abs().max() < 0.05 * scale
+
+
 def test_right_padding_for_scoring_and_a_scattered_mask_is_refused():
     """Scoring pads on the right (lm-eval's log-likelihoods); a mask with holes is refused by name."""
     model = model_of("llama")

@@ -30,7 +30,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posfreq.train.attention_flex import flex_backend
-from posfreq.train.attention_kernels import needs_backward, resolve_backend
+from posfreq.train.attention_kernels import (
+    BackendError,
+    needs_backward,
+    resolve_backend,
+    varlen_api,
+)
 
 
 def varlen_attention(
@@ -62,7 +67,12 @@ def varlen_attention(
         raise ValueError(f"window must be >= 1, got {window}")
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     name = resolve_backend(
-        backend, q.device, q.dtype, return_lse=return_lse, backward=needs_backward(q, k, v)
+        backend,
+        q.device,
+        q.dtype,
+        return_lse=return_lse,
+        backward=needs_backward(q, k, v),
+        window=window is not None,
     )
     impl: Callable = {
         "sdpa": _sdpa,
@@ -227,30 +237,44 @@ def _causal_window(window: int | None) -> tuple[int, int]:
 
 
 def _lse_per_token(lse: Tensor, q: Tensor) -> Tensor:
-    """A varlen kernel's log-sum-exp, (H, Tq) as FlashAttention returns it, as (Tq, H) float32."""
-    if lse.dim() == 2 and lse.shape[0] == q.shape[1]:
+    """A varlen kernel's log-sum-exp, (H, Tq) as FlashAttention returns it (or (Tq, H), as some torch releases
+    document it), as (Tq, H) float32."""
+    if lse.dim() == 2 and lse.shape == (q.shape[1], q.shape[0]):
         return lse.transpose(0, 1).float()
+    if lse.dim() == 2 and lse.shape == q.shape[:2]:
+        return lse.float()
     raise RuntimeError(
         f"unexpected log-sum-exp shape {tuple(lse.shape)} for queries {tuple(q.shape)}"
     )
 
 
 def _varlen(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
-    from torch.nn.attention.varlen import AuxRequest, varlen_attn
+    """torch's varlen_attn through whichever signature this torch has (`varlen_api`): what a release lacks
+    is made up here (scale folded into q, key/value heads repeated); a window it lacks was refused earlier."""
+    from torch.nn.attention import varlen
 
-    result = varlen_attn(
-        q,
-        k,
-        v,
-        cu_q.int(),
-        cu_k.int(),
-        max_q,
-        max_k,
-        return_aux=AuxRequest(lse=True) if return_lse else None,
-        scale=scale,
-        window_size=_causal_window(window),
-        enable_gqa=q.shape[1] != k.shape[1],
-    )
+    api = varlen_api()
+    refused = api.why_not(window is not None, return_lse)
+    if refused:
+        raise BackendError(f"attention backend 'varlen' cannot run this call: {refused}")
+    options: dict = {}
+    if api.causal == "window_size":
+        options["window_size"] = _causal_window(window)
+    else:
+        options["is_causal"] = True
+    if api.scale:
+        options["scale"] = scale
+    else:  # the kernel's own scale is 1 / sqrt(D): fold the rest into q, a copy of it
+        q = q * (scale * math.sqrt(q.shape[-1]))
+    if q.shape[1] != k.shape[1]:
+        if api.gqa:
+            options["enable_gqa"] = True
+        else:
+            groups = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    if return_lse:
+        options["return_aux"] = varlen.AuxRequest(lse=True)
+    result = varlen.varlen_attn(q, k, v, cu_q.int(), cu_k.int(), max_q, max_k, **options)
     return (result[0], _lse_per_token(result[1], q)) if return_lse else result
 
 

@@ -6,8 +6,11 @@ backward) and says why it cannot run it; ``auto`` takes the first of `AUTO_ORDER
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import inspect
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -87,6 +90,59 @@ def _torch_flash_present() -> bool:
     return torch.cuda.get_device_capability() >= (8, 0)
 
 
+@dataclass(frozen=True)
+class VarlenApi:
+    """What this torch's `torch.nn.attention.varlen.varlen_attn` takes: its signature changed in every release.
+
+    torch 2.10 says causal by ``is_causal`` and has no scale, window or grouped heads; 2.11 says causal by
+    ``window_size=(-1, 0)`` and adds ``scale``; 2.12 adds ``enable_gqa``. What a release lacks, the adapter
+    makes up (scale folded into q, key/value heads repeated) or, for a window, cannot.
+    """
+
+    causal: str | None
+    """The keyword that makes it causal: "window_size", "is_causal", or None (no way to say causal)."""
+    scale: bool
+    window: bool
+    gqa: bool
+    lse: bool
+    """Whether it can return the log-sum-exp (``return_aux``)."""
+
+    def why_not(self, window: bool, return_lse: bool) -> str | None:
+        """Why this signature cannot run the call, or None."""
+        version = torch.__version__.split("+")[0]
+        if self.causal is None:
+            return f"torch {version}'s varlen_attn has no causal mask (neither is_causal nor window_size)"
+        if window and not self.window:
+            return (
+                f"torch {version}'s varlen_attn has no sliding window (window_size: torch >= 2.11)"
+            )
+        if return_lse and not self.lse:
+            return f"torch {version}'s varlen_attn cannot return the log-sum-exp (return_aux)"
+        return None
+
+
+@functools.lru_cache(maxsize=8)
+def _varlen_api_of(function: Callable) -> VarlenApi:
+    names = set(inspect.signature(function).parameters)
+    causal = (
+        "window_size" if "window_size" in names else "is_causal" if "is_causal" in names else None
+    )
+    return VarlenApi(
+        causal=causal,
+        scale="scale" in names,
+        window="window_size" in names,
+        gqa="enable_gqa" in names,
+        lse="return_aux" in names,
+    )
+
+
+def varlen_api() -> VarlenApi:
+    """The installed `varlen_attn`'s features, read from its signature (needs torch >= 2.10)."""
+    from torch.nn.attention import varlen
+
+    return _varlen_api_of(varlen.varlen_attn)
+
+
 def kernel_present(name: str) -> bool:
     """Whether backend `name`'s kernel is installed and usable here (device and dtype aside)."""
     if name == "varlen":
@@ -103,9 +159,14 @@ def available_backends(device: torch.device | str) -> list[str]:
 
 
 def why_not(
-    name: str, device: str, dtype: torch.dtype, return_lse: bool = False, backward: bool = False
+    name: str,
+    device: str,
+    dtype: torch.dtype,
+    return_lse: bool = False,
+    backward: bool = False,
+    window: bool = False,
 ) -> str | None:
-    """Why concrete backend `name` cannot run this call, or None when it can."""
+    """Why concrete backend `name` cannot run this call (`window`: a sliding window), or None when it can."""
     kernel = KERNELS[name]
     if device not in kernel.devices:
         return f"it runs on {'/'.join(kernel.devices)} only, not {device}"
@@ -119,6 +180,8 @@ def why_not(
         return f"it has no backward on {device}"
     if backward and return_lse and not kernel.lse_backward:
         return "its backward ignores the log-sum-exp's gradient, so a two-pass merge would train on wrong gradients"
+    if name == "varlen":
+        return varlen_api().why_not(window, return_lse)
     return None
 
 
@@ -129,6 +192,7 @@ def explain_backend(
     *,
     return_lse: bool = False,
     backward: bool = False,
+    window: bool = False,
 ) -> tuple[str, str]:
     """(concrete backend, why) for `backend` on this call; BackendError naming an alternative if it cannot run it."""
     if backend not in BACKENDS:
@@ -136,11 +200,12 @@ def explain_backend(
             f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}"
         )
     kind = torch.device(device).type
-    need = dict(device=kind, dtype=dtype, return_lse=return_lse, backward=backward)
+    need = dict(device=kind, dtype=dtype, return_lse=return_lse, backward=backward, window=window)
     what = (
         f"{kind}, {str(dtype).removeprefix('torch.')}"
         + (", log-sum-exp" if return_lse else "")
         + (", backward" if backward else "")
+        + (", window" if window else "")
     )
     if backend == "auto":
         skipped = []
@@ -156,7 +221,7 @@ def explain_backend(
     reason = why_not(backend, **need)
     if reason is not None:
         alternative, _ = explain_backend(
-            "auto", device, dtype, return_lse=return_lse, backward=backward
+            "auto", device, dtype, return_lse=return_lse, backward=backward, window=window
         )
         raise BackendError(
             f"attention backend {backend!r} cannot run this call ({what}): {reason}. "
@@ -172,9 +237,12 @@ def resolve_backend(
     *,
     return_lse: bool = False,
     backward: bool = False,
+    window: bool = False,
 ) -> str:
     """The concrete backend for this call: `auto` picks one that can run it, a named one is checked."""
-    return explain_backend(backend, device, dtype, return_lse=return_lse, backward=backward)[0]
+    return explain_backend(
+        backend, device, dtype, return_lse=return_lse, backward=backward, window=window
+    )[0]
 
 
 def needs_backward(*tensors: Tensor) -> bool:

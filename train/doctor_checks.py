@@ -146,6 +146,12 @@ def attention_check(backend: str, device: torch.device) -> str:
         if label == "lse" and not kernel.lse:
             skipped.append("lse (this kernel returns none)")
             continue
+        reason = attention_kernels.why_not(
+            backend, device.type, dtype, return_lse=lse, window=window is not None
+        )
+        if reason is not None:
+            skipped.append(f"{label} ({reason})")
+            continue
         q, k, v = (
             _packed(lens, h, 64, s, device, dtype)
             for lens, h, s in ((lens_q, 8, 1), (lens_k, 2, 2), (lens_k, 2, 3))
@@ -238,7 +244,7 @@ def probe_check(checkpoint: Path | None, backend: str, device: torch.device) -> 
 
 def loss_check(device: torch.device) -> str:
     """linear_cross_entropy (liger on CUDA when installed) against F.cross_entropy of full logits: loss and grads."""
-    from posfreq.train.loss import _liger_loss, linear_cross_entropy, uses_liger
+    from posfreq.train.loss import _liger_loss, liger_state, linear_cross_entropy, uses_liger
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     g = torch.Generator().manual_seed(0)
@@ -257,4 +263,8 @@ def loss_check(device: torch.device) -> str:
     _close("loss", lean.detach(), plain.detach(), tol)
     for got, want, name in zip(lean_grads, plain_grads, ("d hidden", "d weight")):
         _close(name, got, want, tol)
-    return f"{kernel} kernel, {str(dtype).removeprefix('torch.')}: loss {float(lean.detach()):.4f} and gradients equal full logits'"
+    done = f"{kernel} kernel, {str(dtype).removeprefix('torch.')}: loss {float(lean.detach()):.4f} and gradients equal full logits'"
+    reason = liger_state()[1] if device.type == "cuda" else None
+    if reason:  # correct but slow: a GPU-month must not start on it unnoticed
+        raise AssertionError(f"{done}, but {reason}")
+    return done

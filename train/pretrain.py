@@ -24,7 +24,8 @@ import torch
 
 from posfreq.train import checkpoint_save, run_config
 from posfreq.train.loggers import wandb_report
-from posfreq.train.parallel import attention_choice, build_fabric
+from posfreq.train.loss import loss_kernel_warning
+from posfreq.train.parallel import attention_choice, build_fabric, resolved_accelerator
 from posfreq.train.resolved_run import ResolvedRun, agree_on_resume
 from posfreq.train.run_config import ConfigError, TrainConfig, parse_args
 from posfreq.train.run_control import StopSignals, lock_run_dir, overwrite_run
@@ -48,6 +49,9 @@ def _start(cfg: TrainConfig, fabric, run: ResolvedRun, attention: str) -> None:
     if cfg.logging.logger == "wandb":
         LOG.info(wandb_report(cfg))
     LOG.info(attention)
+    slow_loss = loss_kernel_warning(resolved_accelerator(cfg))
+    if slow_loss:
+        LOG.warning(slow_loss)
     LOG.info(
         f"{run.model_config.num_params():,} parameters; {fabric.world_size} processes x "
         f"{run.accumulation} micro-batches x {cfg.micro_batch_rows} rows x {cfg.data.train_len} tokens "

@@ -4,8 +4,8 @@ Every transformers decoder (Llama, Mistral, Qwen2, ...) rotates q and k, then ca
 function its config names. Rotations compose, so STRING needs only a second copy of each query rotated
 by -(S - W) with the model's own inverse frequencies (rope scaling included) for the keys at distance
 >= S; keys stay as cached. Each row's real tokens are packed and attended by posfreq's varlen_attention
-(sdpa on a CPU; torch's varlen FlashAttention on a GPU, which has not run this path yet) in the two
-passes, merged exactly by their log-sum-exp.
+(sdpa on a CPU; torch's varlen FlashAttention on a GPU) in the two passes, merged exactly by their
+log-sum-exp, in one compute dtype (autocast's while it is on).
 """
 
 from __future__ import annotations
@@ -73,6 +73,12 @@ def _scheme(module: torch.nn.Module, settings: StringSettings) -> StringScheme:
         cached = (settings, scheme)
         module._posfreq_string_scheme = cached
     return cached[1]
+
+
+def compute_dtype(value: Tensor) -> torch.dtype:
+    """The dtype attention runs in: autocast's on this device while it is on, else the values' own."""
+    device = value.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else value.dtype
 
 
 def real_key_block(attention_mask: Tensor | None, batch: int, len_k: int) -> tuple[Tensor, Tensor]:
@@ -144,6 +150,10 @@ def string_attention(
         return decode_step(
             query, key, value, attention_mask, _scheme(module, settings), scale
         ), None
+    # Under autocast over float32 weights (the probe on a GPU) transformers rotates q and k in float32 while v
+    # comes from an autocast projection: one compute dtype for all three, so the backend is chosen for it
+    # (FlashAttention in bf16, not a dense float32 path) and no kernel meets mixed dtypes.
+    query, key, value = (x.to(compute_dtype(value)) for x in (query, key, value))
     first, end = real_key_block(attention_mask, batch, len_k)
     # each row's first real query, in cache positions
     q_from = torch.clamp(first, min=len_k - len_q)
