@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo demo-quick test test-fast lint bench clean
+.PHONY: setup demo demo-quick test test-fast lint bench clean gpu-check gpu-wheels
 
 setup: $(STAMP)
 
@@ -38,5 +38,21 @@ lint: setup
 bench: setup
 	for b in benchmarks/[!_]*.py; do $(PY) $$b || exit 1; done
 
+# Everything CUDA on one GPU, offline, in minutes (train/gpu_check.py); without a GPU, what runs on a CPU.
+# GPU_PY picks the Python (one with CUDA torch >= 2.10 and lightning); ARGS passes options (--only STAGE ...).
+gpu-check:
+	bash scripts/gpu_check.sh $(ARGS)
+
+# The pure-Python packages (and two small binary wheels) a GPU image with torch, lightning and transformers
+# lacks, as wheels for GPU_PYTHON (default 3.12) on x86-64 Linux, for gpu-check on a machine without network.
+GPU_WHEELS ?= .gpu-wheels
+GPU_PYTHON ?= 3.12
+GPU_PACKAGES := jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.15.0 \
+	liger-kernel==0.8.5 quicktok-v1==0.4.0 zstandard==0.25.0
+gpu-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PYTHON) \
+		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 -d $(GPU_WHEELS) $(GPU_PACKAGES)
+
 clean:
-	rm -rf $(VENV) runs/demo .pytest_cache
+	rm -rf $(VENV) runs/demo .pytest_cache .gpu-site
