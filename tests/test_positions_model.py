@@ -202,3 +202,29 @@ def test_model_bf16_generate_runs(model):
         half.set_positions(name)
         out = half.generate(prompt, max_new_tokens=2)
         assert len(out) == 2 and all(len(row) == 2 for row in out)
+
+
+def test_a_split_scheme_reads_its_layout_once_per_forward_not_per_layer(monkeypatch):
+    """The far pass's segments come from cu_seqlens through host copies (a GPU sync each): computed once for
+    the layers of one forward, again for a new forward's tensors, and the rotary copies its frequencies once."""
+    from posfreq.train.config import model_preset
+
+    calls = []
+    real = attention_merge.Segments.of
+    monkeypatch.setattr(
+        attention_merge.Segments, "of", staticmethod(lambda *a: calls.append(1) or real(*a))
+    )
+    model = Transformer(
+        model_preset("tiny-2l-128", vocab_size=97, n_layers=3, train_len=48),
+        attention_backend="sdpa",
+    ).eval()
+    model.set_positions("string")
+    ids = torch.randint(0, 97, (90,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        first = model(ids, torch.tensor([0, 40, 90], dtype=torch.int32), 50)
+        assert len(calls) == 1  # three layers, one layout
+        again = model(ids, torch.tensor([0, 40, 90], dtype=torch.int32), 50)
+        assert len(calls) == 2  # a new forward's cu_seqlens: read again
+    torch.testing.assert_close(first, again, rtol=0, atol=0)
+    rotary = model.positions.rotary
+    assert rotary.inv_freq_on(ids.device) is rotary.inv_freq_on(ids.device)

@@ -77,7 +77,9 @@ class BackendError(RuntimeError):
     """An attention backend that cannot run the requested call; the message names one that can."""
 
 
+@functools.lru_cache(maxsize=None)
 def _module_present(module: str) -> bool:
+    """Whether `module` can be imported (asked once per process: every attention call checks its kernel)."""
     return importlib.util.find_spec(module) is not None
 
 
@@ -87,7 +89,17 @@ def _torch_flash_present() -> bool:
         return False
     if not torch.cuda.is_available() or not torch.backends.cuda.is_flash_attention_available():
         return False
-    return torch.cuda.get_device_capability() >= (8, 0)
+    return _current_capability() >= (8, 0)
+
+
+@functools.lru_cache(maxsize=16)
+def _capability_of(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _current_capability() -> tuple[int, int]:
+    """The current GPU's compute capability, asked of the driver once per GPU (every attention call checks it)."""
+    return _capability_of(torch.cuda.current_device())
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,35 @@ class AttentionInputs:
         return self.keys.shape[0] * (self.keys.shape[1] if self.keys.dim() == 4 else 1)
 
 
+class LayoutMemo:
+    """One slot: the value last computed from these very tensors (by identity) and settings.
+
+    Every layer of a forward passes the same cu_seqlens tensors, so a layout read from them (a copy to the
+    host, which on a GPU waits for every queued kernel and leaves the GPU idle while Python catches up) is
+    computed once per forward instead of once per layer. posfreq never changes such tensors in place.
+    """
+
+    def __init__(self) -> None:
+        self._slot: tuple[tuple[Tensor, ...], tuple, object] | None = None
+
+    def get(self, tensors: tuple[Tensor | None, ...], settings: tuple, compute):
+        """The memo for (tensors, settings), else compute() stored in their place."""
+        slot = self._slot
+        if (
+            slot is not None
+            and slot[1] == settings
+            and len(slot[0]) == len(tensors)
+            and all(a is b for a, b in zip(slot[0], tensors))
+        ):
+            return slot[2]
+        value = compute()
+        self._slot = (tensors, settings, value)
+        return value
+
+
+_NEAR_SEGMENTS = LayoutMemo()
+
+
 def seq_lengths(cu: Tensor) -> Tensor:
     """Sequence lengths (int64) from cu_seqlens."""
     return (cu[1:] - cu[:-1]).long()
@@ -167,10 +196,17 @@ def windowed_attention(q: Tensor, x: AttentionInputs, window: int) -> tuple[Tens
         and torch.equal(lens_q, lens_k)
     )
     if not blocked:  # only the last Lq + window - 1 keys of each sequence are within reach
-        first = (lens_k - lens_q - window + 1).clamp_min(0)
-        seg = Segments.of(
-            x.cu_seqlens_q[:-1].long(), lens_q, x.cu_seqlens_k[:-1].long() + first, lens_k - first
-        )
+
+        def near() -> Segments | None:
+            first = (lens_k - lens_q - window + 1).clamp_min(0)
+            return Segments.of(
+                x.cu_seqlens_q[:-1].long(),
+                lens_q,
+                x.cu_seqlens_k[:-1].long() + first,
+                lens_k - first,
+            )
+
+        seg = _NEAR_SEGMENTS.get((x.cu_seqlens_q, x.cu_seqlens_k), (window,), near)
         return seg.attention(q[seg.rows_q], x.k[seg.rows_k], x.v[seg.rows_k], window, x.backend)
     # Blocks [j * window, (j + 1) * window) of every sequence; they tile the packed rows.
     n_blocks = (lens_q + window - 1) // window

@@ -15,6 +15,7 @@ from torch import Tensor
 from posfreq.train.attention import cached_attention, varlen_attention
 from posfreq.train.attention_merge import (
     AttentionInputs,
+    LayoutMemo,
     Segments,
     merge_into,
     seq_lengths,
@@ -78,6 +79,9 @@ class SplitScheme(PositionScheme):
     """
 
     split: int = 1
+    _far_segments: LayoutMemo = field(
+        default_factory=LayoutMemo, init=False, repr=False, compare=False
+    )
 
     def far_distance(self, m: np.ndarray, n: np.ndarray) -> np.ndarray:
         """Distance seen by query m and key n at m - n >= split (broadcasting arrays)."""
@@ -98,12 +102,16 @@ class SplitScheme(PositionScheme):
         if x.max_seqlen_k <= self.split:  # no pair reaches the split: plain RoPE, same code path
             return super().attend(x)
         out, lse = windowed_attention(self.rotary.rotate(x.q, x.pos_q), x, self.split)
-        lens_q, lens_k = seq_lengths(x.cu_seqlens_q), seq_lengths(x.cu_seqlens_k)
-        far_k = (lens_k - self.split).clamp_min(0)
-        far_q = torch.minimum(lens_q, far_k)
-        seg = Segments.of(
-            x.cu_seqlens_q[1:].long() - far_q, far_q, x.cu_seqlens_k[:-1].long(), far_k
-        )
+
+        def far() -> Segments | None:
+            lens_q, lens_k = seq_lengths(x.cu_seqlens_q), seq_lengths(x.cu_seqlens_k)
+            far_k = (lens_k - self.split).clamp_min(0)
+            far_q = torch.minimum(lens_q, far_k)
+            return Segments.of(
+                x.cu_seqlens_q[1:].long() - far_q, far_q, x.cu_seqlens_k[:-1].long(), far_k
+            )
+
+        seg = self._far_segments.get((x.cu_seqlens_q, x.cu_seqlens_k), (self.split,), far)
         if seg is None:
             return out
         q = self.rotary.rotate(x.q[seg.rows_q], self.far_query_positions(x.pos_q[seg.rows_q]))

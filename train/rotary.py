@@ -38,12 +38,24 @@ class Rotary:
     at the same positions tensor, so they are computed once per forward, not twice per layer (a tenth of a
     single-token decoding step of a 135M model on a CPU). Positions tensors are never changed in place."""
 
+    _on_device: dict[torch.device, Tensor] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """inv_freq per device it was used on: a host-to-device copy blocks the host until the GPU has caught up,
+    which would cost every rotation at new positions (STRING's far queries, every layer) its CPU run-ahead."""
+
+    def inv_freq_on(self, device: torch.device) -> Tensor:
+        """inv_freq on `device`, copied there once."""
+        if device not in self._on_device:
+            self._on_device[device] = self.inv_freq.to(device)
+        return self._on_device[device]
+
     def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos and sin, each (T, 1, D), at `positions` (T,), times `scale`, in `dtype`."""
         last = self._last
         if last is not None and last[0] is positions and last[1] == dtype:
             return last[2], last[3]
-        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
+        freqs = positions.float()[:, None] * self.inv_freq_on(positions.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = (
             (emb.cos() * self.scale).to(dtype)[:, None, :],
@@ -63,7 +75,7 @@ class Rotary:
 
     def rerotate(self, x: Tensor, shift: Tensor) -> Tensor:
         """Rotate already rotated vectors further by `shift` (rotations compose), in float32, without `scale` again."""
-        return Rotary(self.inv_freq).rotate(x.float(), shift).to(x.dtype)
+        return Rotary(self.inv_freq_on(x.device)).rotate(x.float(), shift).to(x.dtype)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posfreq.train.attention_merge import AttentionInputs, cu_seqlens_of
+from posfreq.train.attention_merge import AttentionInputs, LayoutMemo, cu_seqlens_of
 from posfreq.train.rotary import Rotary
 from posfreq.train.string_scheme import StringScheme, string_shift_window
 
@@ -98,6 +98,56 @@ def real_key_block(attention_mask: Tensor | None, batch: int, len_k: int) -> tup
     return first, end
 
 
+@dataclass(frozen=True)
+class PackedLayout:
+    """Where each row's real queries and keys are and how they pack: the same for every layer of a forward."""
+
+    first: Tensor  # (B,) each row's first real key (host)
+    q_from: Tensor  # (B,) each row's first real query, in cache positions (host)
+    rows_q: Tensor  # (B,) real queries per row (host)
+    rows_k: Tensor  # (B,) real keys per row (host)
+    starts: list[int]  # each row's first packed query
+    cu_q: Tensor  # on the device, as every tensor below
+    cu_k: Tensor
+    pos_q: Tensor  # zeros: the queries arrive rotated
+    pos_k: Tensor
+    max_q: int
+    max_k: int
+
+
+def _packed_layout(
+    attention_mask: Tensor | None, batch: int, len_q: int, len_k: int, device: torch.device
+) -> PackedLayout:
+    first, end = real_key_block(attention_mask, batch, len_k)
+    q_from = torch.clamp(
+        first, min=len_k - len_q
+    )  # each row's first real query, in cache positions
+    rows_q, rows_k = (end - q_from).clamp(min=0), end - first
+    return PackedLayout(
+        first=first,
+        q_from=q_from,
+        rows_q=rows_q,
+        rows_k=rows_k,
+        starts=cu_seqlens_of(rows_q).tolist(),
+        cu_q=cu_seqlens_of(rows_q).to(device),
+        cu_k=cu_seqlens_of(rows_k).to(device),
+        pos_q=torch.zeros(int(rows_q.sum()), dtype=torch.long, device=device),
+        pos_k=torch.zeros(int(rows_k.sum()), dtype=torch.long, device=device),
+        max_q=int(rows_q.max()),
+        max_k=int(rows_k.max()),
+    )
+
+
+_LAYOUT = LayoutMemo()
+"""transformers hands every layer of a forward the same mask tensor: its packing is worked out once."""
+
+
+def _pack(x: Tensor, starts: Tensor, counts: Tensor) -> Tensor:
+    """Rows [start, start + count) of each (H, L, D) sequence of x (B, H, L, D), packed as (T, H, D)."""
+    parts = [x[b, :, int(a) : int(a + n)] for b, (a, n) in enumerate(zip(starts, counts))]
+    return (parts[0] if len(parts) == 1 else torch.cat(parts, 1)).transpose(0, 1)
+
+
 def decode_step(
     query: Tensor,
     key: Tensor,
@@ -154,39 +204,34 @@ def string_attention(
     # comes from an autocast projection: one compute dtype for all three, so the backend is chosen for it
     # (FlashAttention in bf16, not a dense float32 path) and no kernel meets mixed dtypes.
     query, key, value = (x.to(compute_dtype(value)) for x in (query, key, value))
-    first, end = real_key_block(attention_mask, batch, len_k)
-    # each row's first real query, in cache positions
-    q_from = torch.clamp(first, min=len_k - len_q)
-    rows_q = (end - q_from).clamp(min=0)
-
-    def packed(x: Tensor, starts: Tensor, counts: Tensor) -> Tensor:
-        """Rows [start, start + count) of each sequence, packed as (T, heads, D); a view for one row."""
-        parts = [x[b, :, int(a) : int(a + n)] for b, (a, n) in enumerate(zip(starts, counts))]
-        return (parts[0] if batch == 1 else torch.cat(parts, 1)).transpose(0, 1)
-
-    rows_k = end - first
-    q = packed(query, q_from - (len_k - len_q), rows_q)
-    k, v = packed(key, first, rows_k), packed(value, first, rows_k)
+    layout = _LAYOUT.get(
+        (attention_mask,),
+        (batch, len_q, len_k, query.device),
+        lambda: _packed_layout(attention_mask, batch, len_q, len_k, query.device),
+    )
+    q = _pack(query, layout.q_from - (len_k - len_q), layout.rows_q)
+    k, v = _pack(key, layout.first, layout.rows_k), _pack(value, layout.first, layout.rows_k)
     # posfreq's own STRING over the packed rows. Its queries are rotated from their positions; these
     # arrive rotated, so they sit at position 0: the near pass turns them by 0, the far pass by -(S - W).
     inputs = AttentionInputs(
         q=q,
         keys=k,
         values=v,
-        pos_q=torch.zeros(int(rows_q.sum()), dtype=torch.long, device=query.device),
-        pos_k=torch.zeros(int(rows_k.sum()), dtype=torch.long, device=query.device),
-        cu_seqlens_q=cu_seqlens_of(rows_q).to(query.device),
-        cu_seqlens_k=cu_seqlens_of(rows_k).to(query.device),
-        max_seqlen_q=int(rows_q.max()),
-        max_seqlen_k=int(rows_k.max()),
+        pos_q=layout.pos_q,
+        pos_k=layout.pos_k,
+        cu_seqlens_q=layout.cu_q,
+        cu_seqlens_k=layout.cu_k,
+        max_seqlen_q=layout.max_q,
+        max_seqlen_k=layout.max_k,
         backend=backend,
     )
     out = _scheme(module, settings).attend(inputs)
+    if batch == 1 and int(layout.rows_q[0]) == len_q:  # one row, no padding: the output as it is
+        return out.unsqueeze(0), None
     result = query.new_zeros(batch, len_q, heads, dim)
-    starts = cu_seqlens_of(rows_q).tolist()
     for b in range(batch):
-        at = int(q_from[b]) - (len_k - len_q)
-        result[b, at : at + int(rows_q[b])] = out[starts[b] : starts[b + 1]]
+        at = int(layout.q_from[b]) - (len_k - len_q)
+        result[b, at : at + int(layout.rows_q[b])] = out[layout.starts[b] : layout.starts[b + 1]]
     return result, None
 
 
