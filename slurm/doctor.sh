@@ -30,10 +30,4 @@ OUT_DIR="${OUT_DIR:-runs/doctor}"
 # shellcheck source=slurm/common.sh
 source slurm/common.sh
 
-cmd=("$PYTHON" -m posfreq.train.doctor --out "$OUT_DIR" --device cuda "$@")
-if [[ "${DRY_RUN:-0}" == "1" ]]; then
-    printf '%q ' "${cmd[@]}"
-    echo
-    exit 0
-fi
-exec "${cmd[@]}"
+exec_or_print "$PYTHON" -m posfreq.train.doctor --out "$OUT_DIR" --device cuda "$@"

@@ -4,6 +4,7 @@
 #   bash slurm/position_freq.sh submit [extra args]   # array of $SHARDS counts, then a dependent merge
 #   sbatch --array=0-63 slurm/position_freq.sh count  # the counting array alone
 #   sbatch slurm/position_freq.sh merge               # the merge alone (after every shard finished)
+#   DRY_RUN=1 SHARDS=4 bash slurm/position_freq.sh submit   # print the sbatch commands, submit nothing
 #
 # Extra args go to analysis/position_freq.py in both steps, e.g. `--exclude-sources github` (as
 # TinyLlama did), `--tokenizer hf:/path/to/tokenizer`, or the merge's `--packing best_fit --seed 1`. Settings come from the environment:
@@ -11,7 +12,8 @@
 #   SHARDS=64                   number of array tasks (each counts files i, i+SHARDS, ...)
 #   OUT_DIR=runs/position_freq/slimpajama   output directory (partials in $OUT_DIR/shard_<i>)
 #   TRAIN_LENS="2048 4096"      training lengths for the merged outputs
-#   PYTHON, POSFREQ_SETUP       as in slurm/common.sh
+#   PYTHON, POSFREQ_SETUP       as in slurm/common.sh (DRY_RUN=1 prints each step's command instead)
+# A count task runs one worker per core of its allocation (#SBATCH --cpus-per-task below, or sbatch -c N).
 # Logs: logs/posfreq-freq_<array id>_<task>.out.
 #SBATCH --job-name=posfreq-freq
 #SBATCH --nodes=1
@@ -39,21 +41,29 @@ case "$mode" in
   submit)
     require_path SLIMPAJAMA_DIR
     export SLIMPAJAMA_DIR
-    array_id=$(sbatch --parsable --array="0-$((SHARDS - 1))" "$0" count "$@")
-    merge_id=$(sbatch --parsable --dependency="afterok:${array_id}" "$0" merge "$@")
+    array=(sbatch --parsable --array="0-$((SHARDS - 1))" "$0" count "$@")
+    merge=(sbatch --parsable "$0" merge "$@")
+    if [[ "${DRY_RUN:-0}" == "1" ]]; then
+      print_cmd "${array[@]}"
+      print_cmd "${merge[@]:0:2}" "--dependency=afterok:ARRAY_JOB_ID" "${merge[@]:2}"
+      exit 0
+    fi
+    array_id=$("${array[@]}")
+    merge_id=$("${merge[@]:0:2}" --dependency="afterok:${array_id}" "${merge[@]:2}")
     echo "submitted counting array ${array_id} (${SHARDS} shards) and merge ${merge_id}; outputs in ${OUT_DIR}"
     ;;
   count)
     require_path SLIMPAJAMA_DIR
     : "${SLURM_ARRAY_TASK_ID:?run the count step as a job array: sbatch --array=0-$((SHARDS - 1))}"
-    "$PYTHON" analysis/position_freq.py --corpus slimpajama --data-dir "$SLIMPAJAMA_DIR" \
-      --shard "${SLURM_ARRAY_TASK_ID}/${SHARDS}" --workers "${SLURM_CPUS_PER_TASK:-$(nproc)}" \
+    workers="$(cpus_per_task)"
+    exec_or_print "$PYTHON" analysis/position_freq.py --corpus slimpajama --data-dir "$SLIMPAJAMA_DIR" \
+      --shard "${SLURM_ARRAY_TASK_ID}/${SHARDS}" --workers "${workers:-$(nproc)}" \
       --out "${OUT_DIR}/shard_${SLURM_ARRAY_TASK_ID}" "$@"
     ;;
   merge)
     parts=()
     for ((i = 0; i < SHARDS; i++)); do parts+=("${OUT_DIR}/shard_${i}"); done
-    "$PYTHON" analysis/position_freq.py --merge "${parts[@]}" --out "$OUT_DIR" --train-len "${train_lens[@]}" "$@"
+    exec_or_print "$PYTHON" analysis/position_freq.py --merge "${parts[@]}" --out "$OUT_DIR" --train-len "${train_lens[@]}" "$@"
     ;;
   *)
     echo "usage: $0 submit|count|merge [extra args for analysis/position_freq.py]" >&2

@@ -42,17 +42,12 @@ require_path SLIMPAJAMA_DIR
 
 TASK_ID="${SLURM_ARRAY_TASK_ID:-0}"
 TASK_COUNT="${NUM_TASKS:-${SLURM_ARRAY_TASK_COUNT:-1}}"
-WORKERS="${SLURM_CPUS_PER_TASK:-$(nproc)}"
+WORKERS="$(cpus_per_task)"  # the allocation's cores (#SBATCH --cpus-per-task below, or sbatch -c N)
+WORKERS="${WORKERS:-$(nproc)}"
 
 cmd=("$PYTHON" scripts/prepare_data.py
      --corpus slimpajama --data-dir "$SLIMPAJAMA_DIR" --split "$SPLIT"
      --out "$DATA_DIR" --tokenizer "$TOKENIZER"
      --workers "$WORKERS" --shard "$TASK_ID/$TASK_COUNT")
 
-if [[ "${DRY_RUN:-0}" == "1" ]]; then
-    printf '%q ' "${cmd[@]}"
-    printf '\n'
-    exit 0
-fi
-
-exec "${cmd[@]}"
+exec_or_print "${cmd[@]}"

@@ -10,6 +10,8 @@
 # directory: checkpoints/, metrics.jsonl), CONFIG, PYTHON (default .venv/bin/python) and
 # POSFREQ_SETUP (one line run first, e.g. "module load cuda; source ~/venvs/posfreq/bin/activate").
 # The log is logs/posfreq-4k_<job id>.out.
+# CPU cores per rank come from the allocation: the #SBATCH --cpus-per-task below is a default
+# (`sbatch -c 16 slurm/pretrain_4k.sh` overrides it) that srun and OMP_NUM_THREADS follow.
 # srun starts one task per GPU; Lightning Fabric reads SLURM's variables for the rendezvous.
 # 300 s before the time limit SLURM sends SIGUSR1 (the step in flight, a ~17 GB save and its checksums
 # need minutes on a shared filesystem): the trainer saves OUT_DIR/checkpoints/latest,

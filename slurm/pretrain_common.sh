@@ -10,21 +10,23 @@ DATA_DIR="${DATA_DIR:-/path/to/slimpajama-llama3}"
 require_path DATA_DIR
 NODES="${SLURM_NNODES:-2}"
 GPUS_PER_NODE="${SLURM_NTASKS_PER_NODE:-8}"
-CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-12}"
-
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$CPUS_PER_TASK}"
+# CPU cores per rank: the allocation's (#SBATCH --cpus-per-task in pretrain_2k.sh / pretrain_4k.sh is a
+# default; `sbatch -c N` overrides it). Empty inside an allocation that names none (salloc without -c):
+# srun and torch then keep their own defaults.
+CPUS_PER_TASK="$(cpus_per_task)"
 
 # --cpus-per-task again on srun: since Slurm 22.05 srun does not inherit it from sbatch, and each rank
 # would get one core while OMP_NUM_THREADS asks for more.
-cmd=(srun --kill-on-bad-exit=1 --ntasks-per-node="$GPUS_PER_NODE" --cpus-per-task="$CPUS_PER_TASK"
+cpus=()
+if [[ -n "$CPUS_PER_TASK" ]]; then
+    export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$CPUS_PER_TASK}"
+    cpus=(--cpus-per-task="$CPUS_PER_TASK")
+fi
+cmd=(srun --kill-on-bad-exit=1 --ntasks-per-node="$GPUS_PER_NODE" ${cpus[@]+"${cpus[@]}"}
      "$PYTHON" train/pretrain.py --config "$CONFIG" --data.dir "$DATA_DIR" --out "$OUT_DIR"
      --num-nodes "$NODES" --devices "$GPUS_PER_NODE" --resume auto "$@")
 
-if [[ "${DRY_RUN:-0}" == "1" ]]; then
-    printf '%q ' "${cmd[@]}"
-    printf '\n'
-    exit 0
+if [[ "${DRY_RUN:-0}" != "1" ]]; then
+    echo "job ${SLURM_JOB_ID:-none} (restart ${SLURM_RESTART_COUNT:-0}) on ${NODES} nodes x ${GPUS_PER_NODE} GPUs"
 fi
-
-echo "job ${SLURM_JOB_ID:-none} (restart ${SLURM_RESTART_COUNT:-0}) on ${NODES} nodes x ${GPUS_PER_NODE} GPUs"
-exec "${cmd[@]}"
+exec_or_print "${cmd[@]}"

@@ -44,7 +44,7 @@ fi
 source slurm/common.sh
 
 if [[ "${PROBE_STEP:-submit}" == "task" ]]; then
-    exec "$PYTHON" analysis/probe.py --run "$RUN_DIR" --quiet \
+    exec_or_print "$PYTHON" analysis/probe.py --run "$RUN_DIR" --quiet \
         --shard "${SLURM_ARRAY_TASK_ID}/${SLURM_ARRAY_TASK_COUNT}" "$@"
 fi
 
@@ -66,8 +66,8 @@ array=(sbatch --parsable --array="0-$((tasks - 1))" --export="ALL,PROBE_STEP=tas
 merge=(sbatch --parsable ${MERGE_PARTITION:+--partition="$MERGE_PARTITION"} slurm/probe_merge.sh "$RUN_DIR" "$@")
 
 if [[ "${DRY_RUN:-0}" == "1" ]]; then
-    printf '%q ' "${array[@]}"; printf '\n'
-    printf '%q ' "${merge[@]:0:2}" "--dependency=afterany:ARRAY_JOB_ID" "${merge[@]:2}"; printf '\n'
+    print_cmd "${array[@]}"
+    print_cmd "${merge[@]:0:2}" "--dependency=afterany:ARRAY_JOB_ID" "${merge[@]:2}"
     exit 0
 fi
 

@@ -2,6 +2,7 @@
 # The CPU merge after slurm/probe.sh's array: the run tables and figures of RUN_DIR (effective_length.csv,
 # position_frequency.csv, Fig. 2a/2b) from the probe records the array wrote. slurm/probe.sh submits it with
 # --dependency=afterany on the array; by hand: sbatch slurm/probe_merge.sh RUN_DIR [the array's probe options].
+# DRY_RUN=1 bash slurm/probe_merge.sh RUN_DIR prints the command instead of running it.
 #SBATCH --job-name=posfreq-probe-merge
 #SBATCH --nodes=1
 #SBATCH --ntasks=1
@@ -26,4 +27,4 @@ fi
 # shellcheck source=slurm/common.sh
 source slurm/common.sh
 
-exec "$PYTHON" analysis/probe.py --run "$RUN_DIR" --merge-only --quiet "$@"
+exec_or_print "$PYTHON" analysis/probe.py --run "$RUN_DIR" --merge-only --quiet "$@"

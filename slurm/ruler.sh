@@ -52,11 +52,11 @@ IFS=, read -r -a tasks <<< "$RULER_TASKS"
 
 case "${RULER_STEP:-submit}" in
     task)
-        exec "$PYTHON" analysis/ruler.py --model "hf:$MODEL_DIR" \
+        exec_or_print "$PYTHON" analysis/ruler.py --model "hf:$MODEL_DIR" \
             --tasks "${tasks[$SLURM_ARRAY_TASK_ID]}" ${out[@]+"${out[@]}"} "$@"
         ;;
     table)
-        exec "$PYTHON" analysis/ruler.py --model "hf:$MODEL_DIR" \
+        exec_or_print "$PYTHON" analysis/ruler.py --model "hf:$MODEL_DIR" \
             --tasks "$RULER_TASKS" ${out[@]+"${out[@]}"} "$@"
         ;;
 esac
@@ -67,8 +67,8 @@ array=(sbatch --parsable --array="0-$((${#tasks[@]} - 1))" --export="ALL,RULER_S
 table=(sbatch --parsable --output="logs/%x_%j.out" --export="ALL,RULER_STEP=table" "$0" "$MODEL_DIR" "$@")
 
 if [[ "${DRY_RUN:-0}" == "1" ]]; then
-    printf '%q ' "${array[@]}"; printf '\n'
-    printf '%q ' "${table[@]:0:2}" "--dependency=afterany:ARRAY_JOB_ID" "${table[@]:2}"; printf '\n'
+    print_cmd "${array[@]}"
+    print_cmd "${table[@]:0:2}" "--dependency=afterany:ARRAY_JOB_ID" "${table[@]:2}"
     exit 0
 fi
 

@@ -20,19 +20,37 @@ JOBS = [
 ]  # the scripts sbatch runs (common.sh is sourced)
 
 
-def dry_run_process(script: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+# What the scripts set themselves, so that the caller's environment does not decide a test.
+SCRIPT_VARIABLES = (
+    "POSFREQ_SETUP",
+    "DRY_RUN",
+    "OMP_NUM_THREADS",
+    "TRITON_CACHE_DIR",
+    "SLURM_TMPDIR",
+)
+
+
+def run_script(script: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """Run a slurm/ script from the repository root, outside any SLURM job unless env says so."""
     clean = {
-        k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "POSFREQ_SETUP"
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SLURM_") and k not in SCRIPT_VARIABLES
     }
     return subprocess.run(
         ["bash", str(script), *args],
-        env={**clean, "DRY_RUN": "1", **env},
+        env={**clean, **env},
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=30,
-        check=True,
     )
+
+
+def dry_run_process(script: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    proc = run_script(script, *args, **{"DRY_RUN": "1", **env})
+    assert proc.returncode == 0, proc.stderr
+    return proc
 
 
 def dry_run(script: Path, *args: str, **env: str) -> list[str]:
@@ -221,20 +239,21 @@ def test_ruler_submits_one_gpu_task_per_ruler_task_and_a_table_after_them(tmp_pa
     assert "--array=0-1" in subset
 
     def step(name: str, **env: str) -> list[str]:
-        """The command a job of the array (or the table) runs, echoed instead of run."""
+        """The command a job of the array (or the table) runs, printed by the dry run."""
         return dry_run(
             ROOT / "slurm/ruler.sh",
             str(model),
             "--positions",
             "string",
             RULER_STEP=name,
-            PYTHON="echo",
+            PYTHON="py",
             OUT_DIR="runs/r",
             **env,
         )
 
     common = ["--model", f"hf:{model}"]
     assert step("task", SLURM_ARRAY_TASK_ID="9") == [
+        "py",
         "analysis/ruler.py",
         *common,
         "--tasks",
@@ -247,6 +266,7 @@ def test_ruler_submits_one_gpu_task_per_ruler_task_and_a_table_after_them(tmp_pa
     from posfreq.analysis.ruler import TASKS
 
     assert step("table") == [
+        "py",
         "analysis/ruler.py",
         *common,
         "--tasks",
@@ -272,3 +292,221 @@ def test_doctor_job_runs_the_doctor_on_one_node_as_one_task():
         "--device",
         "cuda",
     ]
+
+
+def fake_command(bin_dir: Path, name: str, record: Path, rc: int) -> None:
+    """An executable NAME in bin_dir that appends "NAME ARGS..." to record and exits rc."""
+    bin_dir.mkdir(exist_ok=True)
+    path = bin_dir / name
+    path.write_text(f'#!/bin/sh\necho "{name} $*" >> "{record}"\nexit {rc}\n')
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def fakes(tmp_path):
+    """sbatch and srun that record their arguments and refuse, first on PATH, and a recording PYTHON;
+    plus the inputs each script checks (a run with a checkpoint, a model folder, a corpus folder)."""
+    record = tmp_path / "calls.txt"
+    bin_dir = tmp_path / "bin"
+    fake_command(bin_dir, "sbatch", record, 1)
+    fake_command(bin_dir, "srun", record, 1)
+    fake_command(bin_dir, "python", record, 0)
+    (tmp_path / "run/checkpoints/tokens-000000001024").mkdir(parents=True)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "corpus").mkdir()
+    env = {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "PYTHON": str(bin_dir / "python"),
+        "SLIMPAJAMA_DIR": str(tmp_path / "corpus"),
+        "DATA_DIR": str(tmp_path / "corpus"),
+        "OUT_DIR": str(tmp_path / "out"),
+        "SHARDS": "4",
+    }
+    return tmp_path, record, env
+
+
+ARRAY_TASK = {"SLURM_JOB_ID": "5", "SLURM_SUBMIT_DIR": str(ROOT), "SLURM_ARRAY_TASK_ID": "0"}
+# Every step of every job script: (script, arguments, environment); {tmp} is the fakes' folder.
+STEPS = {
+    "doctor": ("doctor.sh", [], {}),
+    "position_freq-submit": ("position_freq.sh", ["submit", "--exclude-sources", "github"], {}),
+    "position_freq-count": ("position_freq.sh", ["count"], ARRAY_TASK),
+    "position_freq-merge": ("position_freq.sh", ["merge"], {"SLURM_JOB_ID": "6"}),
+    "prepare_data": ("prepare_data.sh", [], ARRAY_TASK),
+    "pretrain_2k": ("pretrain_2k.sh", [], {}),
+    "pretrain_4k": ("pretrain_4k.sh", ["--optim.lr", "3e-4"], {}),
+    "probe-submit": ("probe.sh", ["{tmp}/run"], {}),
+    "probe-task": (
+        "probe.sh",
+        ["{tmp}/run"],
+        {**ARRAY_TASK, "PROBE_STEP": "task", "SLURM_ARRAY_TASK_COUNT": "1"},
+    ),
+    "probe_merge": ("probe_merge.sh", ["{tmp}/run"], {"SLURM_JOB_ID": "7"}),
+    "ruler-submit": ("ruler.sh", ["{tmp}/model"], {}),
+    "ruler-task": ("ruler.sh", ["{tmp}/model"], {**ARRAY_TASK, "RULER_STEP": "task"}),
+    "ruler-table": ("ruler.sh", ["{tmp}/model"], {"SLURM_JOB_ID": "8", "RULER_STEP": "table"}),
+}
+
+
+def test_the_dry_run_steps_cover_every_job_script():
+    assert {script for script, _, _ in STEPS.values()} == {p.name for p in JOBS}
+
+
+@pytest.mark.parametrize("step", STEPS, ids=str)
+def test_a_dry_run_calls_no_sbatch_srun_or_python(step, fakes):
+    tmp, record, env = fakes
+    script, args, extra = STEPS[step]
+    proc = run_script(
+        ROOT / "slurm" / script,
+        *(a.format(tmp=tmp) for a in args),
+        **{**env, **extra, "DRY_RUN": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert not record.exists(), record.read_text()
+    assert shlex.split(proc.stdout)  # it printed what it would submit or run
+
+
+@pytest.mark.parametrize(
+    "step, first_call",
+    [
+        ("position_freq-submit", "sbatch --parsable --array=0-3 "),
+        ("probe-submit", "sbatch --parsable --array=0-0 "),
+        ("ruler-submit", "sbatch --parsable --array=0-10 "),
+        ("pretrain_2k", "srun --kill-on-bad-exit=1 "),
+    ],
+)
+def test_without_dry_run_the_same_steps_reach_the_fakes(step, first_call, fakes):
+    """The fakes are what the scripts call, so the dry run's empty record above means something."""
+    tmp, record, env = fakes
+    script, args, extra = STEPS[step]
+    proc = run_script(ROOT / "slurm" / script, *(a.format(tmp=tmp) for a in args), **env, **extra)
+    assert proc.returncode != 0  # the fake refused
+    calls = [c for c in record.read_text().splitlines() if not c.startswith("python ")]
+    assert calls[0].startswith(first_call) and len(calls) == 1, calls
+
+
+UNSET_READ = 'echo "setup saw [${POSFREQ_NEVER_SET_ANYWHERE}]" >&2'
+
+
+def test_the_setup_line_may_read_unset_variables():
+    proc = dry_run_process(ROOT / "slurm/doctor.sh", POSFREQ_SETUP=UNSET_READ)
+    assert "setup saw []" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "flags, setup, expect",
+    [
+        ("-euo pipefail", UNSET_READ, "u"),  # set -u is back on after the setup line
+        ("-e", UNSET_READ, ""),  # and stays off where the script had it off
+        ("-euo pipefail", "false", None),  # a failing setup line still stops the script
+    ],
+)
+def test_the_setup_line_runs_without_nounset_and_the_flags_are_restored(flags, setup, expect):
+    proc = run_script(
+        Path("-c"),  # bash -c SCRIPT
+        f'set {flags}; source slurm/common.sh; echo "flags=$-"',
+        POSFREQ_SETUP=setup,
+    )
+    if expect is None:
+        assert proc.returncode != 0 and "flags=" not in proc.stdout
+        return
+    assert proc.returncode == 0, proc.stderr
+    flags_after = proc.stdout.strip().removeprefix("flags=")
+    assert ("u" in flags_after) == (expect == "u") and "e" in flags_after
+
+
+def triton_line(proc: subprocess.CompletedProcess) -> str | None:
+    for line in proc.stderr.splitlines():
+        if line.startswith("dry run: TRITON_CACHE_DIR="):
+            return line.removeprefix("dry run: TRITON_CACHE_DIR=")
+    return None
+
+
+def test_a_job_gets_a_node_local_triton_cache_unless_the_user_set_one(tmp_path):
+    job = {
+        "DATA_DIR": str(tmp_path),
+        "SLURM_JOB_ID": "77",
+        "SLURM_SUBMIT_DIR": str(ROOT),
+        "USER": "alice",
+        "TMPDIR": str(tmp_path / "tmp"),
+    }
+    script = ROOT / "slurm/pretrain_2k.sh"
+    assert triton_line(dry_run_process(script, **job)) == f"{tmp_path}/tmp/triton-alice-77"
+    assert not (tmp_path / "tmp").exists()  # a dry run creates nothing
+    local = dry_run_process(script, **job, SLURM_TMPDIR=str(tmp_path / "local"))
+    assert triton_line(local) == f"{tmp_path}/local/triton-alice-77"
+    assert triton_line(dry_run_process(script, **job, TRITON_CACHE_DIR="/mine")) == "/mine"
+    outside = {k: v for k, v in job.items() if not k.startswith("SLURM_")}
+    assert triton_line(dry_run_process(script, **outside)) is None  # ~/.triton outside a job
+    # A real run creates it on this node and srun's ranks inherit it.
+    seen = tmp_path / "seen.txt"
+    srun = tmp_path / "bin/srun"
+    srun.parent.mkdir()
+    srun.write_text(f'#!/bin/sh\necho "$TRITON_CACHE_DIR $OMP_NUM_THREADS" > "{seen}"\n')
+    srun.chmod(0o755)
+    proc = run_script(
+        script,
+        **job,
+        SLURM_CPUS_PER_TASK="3",
+        PATH=f"{srun.parent}{os.pathsep}{os.environ['PATH']}",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert seen.read_text().split() == [f"{tmp_path}/tmp/triton-alice-77", "3"]
+    assert (tmp_path / "tmp/triton-alice-77").is_dir()
+
+
+def header_cpus(script: Path) -> int:
+    (line,) = [
+        x for x in script.read_text().splitlines() if x.startswith("#SBATCH --cpus-per-task=")
+    ]
+    return int(line.split("=")[1])
+
+
+def test_cpus_come_from_the_allocation(tmp_path):
+    job = {
+        "DATA_DIR": str(tmp_path),
+        "SLIMPAJAMA_DIR": str(tmp_path),
+        "SLURM_JOB_ID": "1",
+        "SLURM_SUBMIT_DIR": str(ROOT),
+        "SLURM_ARRAY_TASK_ID": "0",
+    }
+    proc = dry_run_process(ROOT / "slurm/pretrain_2k.sh", **job, SLURM_CPUS_PER_TASK="5")
+    assert "--cpus-per-task=5" in shlex.split(proc.stdout)
+    assert "dry run: OMP_NUM_THREADS=5" in proc.stderr.splitlines()
+    for script, args in (("prepare_data.sh", []), ("position_freq.sh", ["count"])):
+        cmd = dry_run(ROOT / "slurm" / script, *args, **job, SLURM_CPUS_PER_TASK="5")
+        assert cmd[cmd.index("--workers") + 1] == "5", script
+    # An allocation that names no CPU count (salloc without -c): srun and torch keep their defaults.
+    proc = dry_run_process(ROOT / "slurm/pretrain_2k.sh", **job)
+    assert not any(a.startswith("--cpus-per-task") for a in shlex.split(proc.stdout))
+    assert "OMP_NUM_THREADS" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "script, args",
+    [("pretrain_2k.sh", []), ("prepare_data.sh", []), ("position_freq.sh", ["count"])],
+)
+def test_outside_a_job_the_dry_run_shows_the_header_cpu_count(script, args, tmp_path):
+    """The #SBATCH line is the only place a CPU count is written: a copy with another one prints it."""
+    original = ROOT / "slurm" / script
+    env = {
+        "DATA_DIR": str(tmp_path),
+        "SLIMPAJAMA_DIR": str(tmp_path),
+        "SLURM_ARRAY_TASK_ID": "0",
+        "SLURM_SUBMIT_DIR": str(ROOT),  # no SLURM_JOB_ID: not in a job
+    }
+
+    def cpus(path: Path) -> str:
+        cmd = dry_run(path, *args, **env)
+        if "srun" in cmd:
+            return next(a for a in cmd if a.startswith("--cpus-per-task=")).split("=")[1]
+        return cmd[cmd.index("--workers") + 1]
+
+    assert cpus(original) == str(header_cpus(original))
+    copy = tmp_path / script  # sbatch, too, runs a copy of the script
+    copy.write_text(
+        original.read_text().replace(
+            f"#SBATCH --cpus-per-task={header_cpus(original)}", "#SBATCH --cpus-per-task=7"
+        )
+    )
+    assert cpus(copy) == "7"
