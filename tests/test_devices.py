@@ -30,3 +30,29 @@ def test_cuda_without_a_gpu_is_refused_before_anything_loads() -> None:
 def test_a_gpu_index_past_the_last_is_refused() -> None:
     with pytest.raises(ValueError, match="GPU\\(s\\)"):
         resolve_device(f"cuda:{torch.cuda.device_count()}")
+
+
+HEADER = """
++-----------------------------------------------------------------------------------------+
+| NVIDIA-SMI 535.104.05             Driver Version: 535.104.05   CUDA Version: 12.2     |
+|-----------------------------------------+------------------------+----------------------+
+"""
+
+
+def test_the_driver_and_its_cuda_are_read_from_nvidia_smis_header() -> None:
+    from posfreq.train.devices import driver_from_header
+
+    assert driver_from_header(HEADER) == ("535.104.05", "12.2")
+    assert driver_from_header("NVIDIA-SMI has failed because it couldn't communicate") is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where torch sees no GPU")
+def test_a_cuda_build_newer_than_the_driver_is_named_in_one_line() -> None:
+    from posfreq.train.devices import gpu_visibility_problem
+
+    newer = gpu_visibility_problem("13.0", ("535.104.05", "12.2"))
+    assert "built for CUDA 13.0, but NVIDIA driver 535.104.05 supports CUDA 12.2 at most" in newer
+    assert "Fix: install a torch built for a CUDA version the driver supports" in newer
+    assert "\n" not in newer
+    assert "is a CPU build" in gpu_visibility_problem("", ("535.104.05", "12.2"))
+    assert "CUDA_VISIBLE_DEVICES" in gpu_visibility_problem("12.1", ("535.104.05", "12.2"))

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from posfreq.train import attention_kernels
 from posfreq.train.attention import varlen_attention
+from posfreq.train.devices import gpu_visibility_problem
 from posfreq.train.doctor_pretrain import L  # the tiny run's training length
 
 SCHEMES = ("rope", "string", "dca")
@@ -86,6 +87,9 @@ def environment(device: torch.device) -> str:
             f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}",
         ]
     else:
+        problem = gpu_visibility_problem()
+        if problem:  # a GPU node whose torch cannot use its GPU: the first thing to fix
+            raise AssertionError(problem)
         parts.append("no CUDA GPU")
     present = [n for n in attention_kernels.KERNELS if attention_kernels.kernel_present(n)]
     parts.append(f"kernels present: {', '.join(present)}")
