@@ -1,6 +1,6 @@
 """Where and how a run executes: accelerator, compute dtype, attention backend check, and Lightning Fabric
-with ModelParallelStrategy applying FSDP2 (`fully_shard` per block and on the root; optional activation
-checkpointing)."""
+with ModelParallelStrategy applying FSDP2 (`fully_shard` per block and on the root, over every process or, hybrid,
+within each node; optional activation checkpointing), and FSDP2's resharding across a step's micro-batches."""
 
 from __future__ import annotations
 
@@ -46,13 +46,26 @@ def _checkpointed(block: nn.Module) -> None:
     block.forward = run
 
 
-def make_parallelize(mixed_precision: bool, activation_checkpointing: bool):
-    """Fabric parallelize_fn: FSDP2 `fully_shard` on every block, then on the root."""
+def hybrid_mesh(mesh, replicas: int):
+    """A 2-D ("replicate", "shard") mesh over the data-parallel ranks of Lightning's `mesh`: `replicas` rows of
+    consecutive ranks, i.e. one row per node, as Lightning numbers ranks node by node."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shards = mesh["data_parallel"].size() // replicas
+    return init_device_mesh(
+        mesh.device_type, (replicas, shards), mesh_dim_names=("replicate", "shard")
+    )
+
+
+def make_parallelize(mixed_precision: bool, activation_checkpointing: bool, replicas: int = 1):
+    """Fabric parallelize_fn: FSDP2 `fully_shard` on every block, then on the root; with `replicas` > 1, HSDP
+    (sharded within each of `replicas` groups of ranks, replicated across them)."""
 
     def parallelize(model: Transformer, mesh) -> Transformer:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        dp_mesh = mesh["data_parallel"]
+        # Lightning's mesh is 1-D over data parallelism (its tensor-parallel dim has size 1): HSDP gets its own.
+        dp_mesh = mesh["data_parallel"] if replicas == 1 else hybrid_mesh(mesh, replicas)
         # cast_forward_inputs=False: FSDP2 would rebuild every dataclass among a block's inputs to cast its tensors
         # (the ForwardContext, its scheme and Rotary: a crash on Rotary's init=False memo, and bf16 RoPE frequencies).
         # The blocks' activations are bf16 anyway: they come from the bf16 embedding.
@@ -77,6 +90,31 @@ def make_parallelize(mixed_precision: bool, activation_checkpointing: bool):
         return model
 
     return parallelize
+
+
+def set_resharding(model: nn.Module, after_forward: bool, after_backward: bool) -> None:
+    """Set when FSDP2 frees the gathered parameters of `model` (the parallelized Transformer): `after_forward` for
+    every block but the last (which, like the root, always keeps them from forward into its backward) and
+    `after_backward` for every module (FSDPModule's setters, in torch since 2.7)."""
+    last = len(model.layers) - 1
+    for i, block in enumerate(model.layers):
+        block.set_reshard_after_forward(after_forward and i < last, recurse=False)
+    model.set_reshard_after_forward(False, recurse=False)
+    model.set_reshard_after_backward(after_backward, recurse=True)
+
+
+def reshard_for_micro_batch(model: nn.Module, index: int, count: int) -> None:
+    """FSDP2's resharding for micro-batch `index` of a step's `count`. Several: every module stays gathered from its
+    first all-gather until the last micro-batch's backward reshards it, so a step all-gathers each module once
+    instead of once or twice per micro-batch, for a compute copy of the whole model held through the step (as
+    train/plan.py counts). One: FSDP2's defaults (`default_resharding`)."""
+    set_resharding(model, after_forward=count == 1, after_backward=index == count - 1)
+
+
+def default_resharding(model: nn.Module) -> None:
+    """Reshard after forward (blocks but the last) and after backward (all): sharded parameters between steps, for
+    validation, checkpoints and the optimizer."""
+    set_resharding(model, after_forward=True, after_backward=True)
 
 
 def resolved_accelerator(cfg: TrainConfig) -> str:
@@ -116,8 +154,9 @@ def build_fabric(cfg: TrainConfig):
     )
     world = int(devices) * cfg.num_nodes
     mixed = cfg.precision == "bf16-mixed"
+    replicas, _ = cfg.fsdp_mesh_shape(int(devices))
     strategy = ModelParallelStrategy(
-        make_parallelize(mixed, cfg.model.activation_checkpointing),
+        make_parallelize(mixed, cfg.model.activation_checkpointing, replicas),
         data_parallel_size=world,
         tensor_parallel_size=1,
         save_distributed_checkpoint=cfg.checkpoint.sharded,

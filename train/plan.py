@@ -6,15 +6,18 @@ flags are read by the trainer's own parser (train.run_config.build_parser), and 
 the meta device, so a plan for a 1.3B model takes no memory and no GPU. Why: a job that does not fit, or that would take
 twice the expected days, should be known before it waits in a queue.
 
-Memory per GPU (bytes; P_r = this rank's shard of every parameter, ceil(dim0 / world) x the rest,
-as FSDP2 pads it; a = 2 under bf16-mixed, 4 under 32-true):
+Memory per GPU (bytes; P_r = this rank's shard of every parameter, ceil(dim0 / shards) x the rest,
+as FSDP2 pads it, with shards = world under `fsdp: full` and the GPUs of one node under hybrid sharding;
+a = 2 under bf16-mixed, 4 under 32-true):
 - parameters: 4 P_r (fp32 master weights); gradients: 4 P_r (fp32, reduce_dtype);
 - accumulated gradients: 4 P (every parameter, unsharded, fp32) when a step has several micro-batches: the
   trainer's `no_backward_sync` makes FSDP2 skip the reduce-scatter and keep whole gradients until the last;
 - AdamW: 8 P_r (two fp32 moments) + 4 bytes of `step` per parameter tensor;
 - gathered compute copy: a x (root's parameters: embeddings, final norm, head, gathered for the whole
   step) + a x GATHERED_BLOCKS blocks (the block computing and the one FSDP2 prefetches; the last
-  block also stays gathered from forward into backward);
+  block also stays gathered from forward into backward); a P, the whole model, when a step has several
+  micro-batches: the trainer keeps every block gathered from the first forward to the last backward
+  (train.parallel.reshard_for_micro_batch) so that a step all-gathers each block once;
 - activations per micro-batch of T = micro_batch_rows x L tokens, from what autograd saves:
   per block (d model width, f FFN width, H heads, h head width, k = n_kv_heads x h):
       T d (8 + 6a)      two RMSNorms (fp32 copy of the input 4, normed a, output a each), rotated q,
@@ -99,7 +102,7 @@ class Memory:
     optimizer: int
     """AdamW's two fp32 moments of the shard and its step counters."""
     gathered: int
-    """The unsharded compute copy FSDP2 gathers (root parameters and GATHERED_BLOCKS blocks)."""
+    """The unsharded compute copy FSDP2 gathers (root parameters and GATHERED_BLOCKS blocks, or all of them)."""
     activations: int
     """What autograd saves for backward in one micro-batch."""
     loss: int
@@ -130,18 +133,20 @@ def shard_numel(param: nn.Parameter, world: int) -> int:
     return rows * (param.numel() // param.shape[0])
 
 
-def state_bytes(model: nn.Module, world: int) -> tuple[int, int, int]:
-    """(fp32 parameters, fp32 gradients, AdamW state) on one rank."""
+def state_bytes(model: nn.Module, shards: int) -> tuple[int, int, int]:
+    """(fp32 parameters, fp32 gradients, AdamW state) on one rank of `shards` sharing the model."""
     params = list(model.parameters())
-    shard = sum(shard_numel(p, world) for p in params)
+    shard = sum(shard_numel(p, shards) for p in params)
     return 4 * shard, 4 * shard, 8 * shard + 4 * len(params)
 
 
-def gathered_bytes(model: Transformer, element_bytes: int) -> int:
-    """The unsharded compute copy: the root's own parameters plus GATHERED_BLOCKS blocks."""
+def gathered_bytes(model: Transformer, element_bytes: int, accumulating: bool = False) -> int:
+    """The unsharded compute copy: the root's own parameters plus GATHERED_BLOCKS blocks, or every parameter when
+    the step accumulates micro-batches (kept gathered through the step)."""
     block = sum(p.numel() for p in model.layers[0].parameters())
     root = sum(p.numel() for p in model.parameters()) - len(model.layers) * block
-    return element_bytes * (root + min(GATHERED_BLOCKS, len(model.layers)) * block)
+    blocks = len(model.layers) if accumulating else min(GATHERED_BLOCKS, len(model.layers))
+    return element_bytes * (root + blocks * block)
 
 
 def block_activation_bytes(config: ModelConfig, tokens: int, a: int) -> int:
@@ -172,11 +177,20 @@ def loss_bytes(config: ModelConfig, tokens: int, a: int) -> int:
     return lean + (4 * v * d + a * v * d if a < 4 else 0)
 
 
+def accumulates(cfg: TrainConfig, world: int, rows: int) -> bool:
+    """Whether a step of `world` ranks with `rows` rows per micro-batch has several micro-batches."""
+    return cfg.global_batch_tokens // cfg.data.train_len > rows * world
+
+
 def accumulated_gradient_bytes(model: nn.Module, cfg: TrainConfig, world: int, rows: int) -> int:
     """4 bytes per parameter when a step has several micro-batches: under `no_backward_sync` FSDP2 skips the
     reduce-scatter and keeps every parameter's whole gradient, in the fp32 reduce dtype, until the last one."""
-    accumulating = cfg.global_batch_tokens // cfg.data.train_len > rows * world
-    return 4 * sum(p.numel() for p in model.parameters()) if accumulating else 0
+    return 4 * sum(p.numel() for p in model.parameters()) if accumulates(cfg, world, rows) else 0
+
+
+def fsdp_shards(cfg: TrainConfig, world: int) -> int:
+    """Ranks sharing one copy of the model's state: `world`, or one node's under hybrid sharding."""
+    return cfg.fsdp_mesh_shape(world // cfg.num_nodes)[1]
 
 
 def memory(
@@ -184,12 +198,12 @@ def memory(
 ) -> Memory:
     """Per-GPU memory of the run with `rows` rows per micro-batch."""
     a, tokens = compute_bytes(cfg), rows * cfg.data.train_len
-    params, grads, optim = state_bytes(model, world)
+    params, grads, optim = state_bytes(model, fsdp_shards(cfg, world))
     return Memory(
         params,
         grads,
         optim,
-        gathered_bytes(model, a),
+        gathered_bytes(model, a, accumulates(cfg, world, rows)),
         activation_bytes(model.config, tokens, a, checkpointing),
         loss_bytes(model.config, tokens, a),
         accumulated_gradient_bytes(model, cfg, world, rows),
@@ -287,8 +301,14 @@ def report(cfg: TrainConfig, nodes: int, gpus_per_node: int, gpu_name: str, mfu:
         f"batch: {cfg.global_batch_tokens:,} tokens/step = {world} GPUs x {batch_geometry(cfg, world).accumulation} micro-batches "
         f"x {rows} rows x {L} tokens",
     ]
+    shards = fsdp_shards(cfg, world)
+    sharding = (
+        f"full sharding over {world}"
+        if shards == world
+        else f"hybrid: sharded over each node's {shards}, replicated over {world // shards} nodes"
+    )
     lines.append(
-        f"memory per GPU (FSDP2 full sharding over {world}; {rows} rows = {rows * L:,} tokens/micro-batch):"
+        f"memory per GPU (FSDP2 {sharding}; {rows} rows = {rows * L:,} tokens/micro-batch):"
     )
     for checkpointing in (False, True):
         label = f"activation checkpointing {'on' if checkpointing else 'off'}" + (

@@ -248,6 +248,11 @@ class TrainConfig:
     """Processes per node: auto means every GPU, or 1 on CPU."""
     num_nodes: int = 1
     """Nodes (under SLURM, the job's node count)."""
+    fsdp: Literal["auto", "full", "hybrid"] = "auto"
+    """How FSDP2 spreads the model: full shards weights, gradients and optimizer state over every process; hybrid
+    (HSDP) shards them within each node and replicates them across nodes, so parameter all-gathers and gradient
+    reduce-scatters stay inside a node and only a gradient all-reduce per step crosses nodes, for num_nodes times
+    the sharded state per GPU; auto: hybrid when num_nodes > 1, else full (one node: the two are the same)."""
     precision: Literal["bf16-mixed", "32-true"] = "bf16-mixed"
     """bf16-mixed: bf16 compute with fp32 weights and gradient reduction; 32-true: fp32 throughout."""
     resume: Optional[str] = None
@@ -309,6 +314,13 @@ class TrainConfig:
             if section:
                 target.__post_init__()  # the section's range checks, on the new value
 
+    def fsdp_mesh_shape(self, devices_per_node: int) -> tuple[int, int]:
+        """(replicas, shards) of FSDP2's device mesh over num_nodes x `devices_per_node` processes: one replica
+        sharded over all of them (full), or one per node sharded within it (hybrid)."""
+        world = self.num_nodes * devices_per_node
+        hybrid = self.fsdp == "hybrid" or (self.fsdp == "auto" and self.num_nodes > 1)
+        return (self.num_nodes, devices_per_node) if hybrid else (1, world)
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -323,6 +335,7 @@ RESUMABLE_CHANGES = (
     "micro_batch_rows",
     "devices",
     "num_nodes",
+    "fsdp",
     "accelerator",
     "requeue_on_signal",
     "on_nonfinite",

@@ -34,6 +34,7 @@ from posfreq.train.loss import head_returns_loss
 from posfreq.train.model import Transformer
 from posfreq.train.optim import build_optimizer, clip_grad_norm, lr_at
 from posfreq.train.packing import IGNORE_INDEX, PackedBatch, PackedSampler
+from posfreq.train.parallel import default_resharding, reshard_for_micro_batch
 from posfreq.train.resolved_run import ResolvedRun
 from posfreq.train.retention import reduce_old_milestones
 from posfreq.train.run_config import ConfigError, TrainConfig
@@ -228,19 +229,27 @@ class Trainer:
     def _train_step(
         self, batches: list[PackedBatch], n_targets: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward/backward over the micro-batches; returns (summed local loss, grad norm)."""
+        """Forward/backward over the micro-batches; returns (summed local loss, grad norm).
+
+        Only the last micro-batch's backward reduces the gradients (`no_backward_sync`), and with several the
+        parameters stay gathered from the first forward to that backward (`reshard_for_micro_batch`): one
+        all-gather per FSDP2 module and step, however many micro-batches; sharded again after the step."""
         fabric, device = self.fabric, self.fabric.device
         # FSDP averages gradients over ranks; undo that, divide by targets
         scale = fabric.world_size / n_targets
         loss_sum = torch.zeros((), device=device)
-        for i, batch in enumerate(batches):
-            batch = batch.to(device, non_blocking=True)
-            with fabric.no_backward_sync(self.model, enabled=i < len(batches) - 1):
-                # summed loss, no full logits
-                with head_returns_loss(self.model.lm_head, batch.targets):
-                    loss = self.model(batch.input_ids, batch.cu_seqlens, batch.max_seqlen)
-                fabric.backward(loss * scale)
-            loss_sum += loss.detach()
+        try:
+            for i, batch in enumerate(batches):
+                batch = batch.to(device, non_blocking=True)
+                reshard_for_micro_batch(self.model.module, i, len(batches))
+                with fabric.no_backward_sync(self.model, enabled=i < len(batches) - 1):
+                    # summed loss, no full logits
+                    with head_returns_loss(self.model.lm_head, batch.targets):
+                        loss = self.model(batch.input_ids, batch.cu_seqlens, batch.max_seqlen)
+                    fabric.backward(loss * scale)
+                loss_sum += loss.detach()
+        finally:
+            default_resharding(self.model.module)
         return loss_sum, clip_grad_norm(self.params, self.cfg.optim.grad_clip)
 
     def _optimize(self, batches: list[PackedBatch], n_targets: float) -> dict:
