@@ -213,10 +213,12 @@ def train_stage(
     steps: int = 7,
     warmup: int = 3,
     matmul_size: int = 8192,
+    compile: str = "auto",
 ) -> dict:
     """`preset` at L = `length` through the trainer with the pretraining config's micro-batch and checkpointing."""
     import yaml
 
+    from posfreq.train.fused import use_fused
     from posfreq.train.pretrain import train
     from posfreq.train.run_config import config_from_dict
 
@@ -237,6 +239,7 @@ def train_stage(
             "preset": preset,
             "attention_backend": "auto",
             "activation_checkpointing": checkpointing,
+            "compile": compile,
         },
         "data": {"dir": str(data), "train_len": length},
         "optim": {"warmup_steps": 2},
@@ -249,7 +252,12 @@ def train_stage(
         "logging": {"progress_bar": False},
     }
     measured = measured_matmul_flops(device, matmul_size)
-    history = train(config_from_dict(config))[warmup:]
+    try:
+        history = train(config_from_dict(config))[warmup:]
+    finally:
+        use_fused(
+            False
+        )  # the trainer switched the process to fused kernels; the stages after compare eager
     flops = statistics.median(r["flops_per_s"] for r in history)
     row = history[
         0
@@ -261,7 +269,8 @@ def train_stage(
             f"{flops / 1e12:.0f} TFLOP/s = {flops / measured:.1%} of the measured bf16 matmul "
             f"({measured / 1e12:.0f} TFLOP/s)"
             + (f", {flops / datasheet:.1%} of the datasheet peak" if datasheet else "")
-            + f"; {rows} rows x {length} per micro-batch, activation checkpointing {checkpointing}"
+            + f"; {rows} rows x {length} per micro-batch, activation checkpointing {checkpointing}, "
+            f"model.compile {compile}"
             + (
                 f", peak {torch.cuda.max_memory_allocated(device) / 2**30:.0f} GiB"
                 if device.type == "cuda"
@@ -447,10 +456,14 @@ def stages(device: torch.device, out: Path) -> list[tuple[str, float, Callable[[
         _gpu_only(device)
         return probe_check(made.get("checkpoint"), backend, device)
 
-    def train() -> str:
+    def train(compile: str) -> str:
         _gpu_only(device)
-        result = train_stage(device, out / "train-1.3b")
-        made["train"] = result
+        shutil.rmtree(out / "train-1.3b", ignore_errors=True)
+        result = train_stage(device, out / "train-1.3b", compile=compile)
+        made[f"train-{compile}"] = result
+        if "train-off" in made and "train-auto" in made:
+            gain = made["train-auto"]["tokens_per_s"] / made["train-off"]["tokens_per_s"]
+            return result["detail"] + f"; model.compile auto is {gain:.2f}x this"
         return result["detail"]
 
     backends = [b for b in attention_kernels.KERNELS if b != "sdpa"]
@@ -461,12 +474,13 @@ def stages(device: torch.device, out: Path) -> list[tuple[str, float, Callable[[
         ("loss", 60, lambda: loss_check(device)),
         ("string-hf", 60, lambda: string_hf_stage(device)),
         ("varlen-native-gqa", 30, lambda: varlen_gqa_stage(device)),
-        ("train-1.3b", 180, train),
+        ("train-1.3b", 240, lambda: train("auto")),
         (
             "string-prefill-32k",
             120,
             lambda: _gpu_only(device) or prefill_stage(device, profile=out / "string_profile.txt"),
         ),
+        ("train-1.3b-eager", 180, lambda: train("off")),
         ("pretrain-bf16", 240, pretrain),
         *[(f"probe-{b}", 60, lambda b=b: probe(b)) for b in backends],
         ("block-compile", 150, lambda: _gpu_only(device) or block_compile_stage(device)),

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posfreq.train.attention_merge import AttentionInputs
 from posfreq.train.config import ModelConfig
+from posfreq.train.fused import fused, rms_norm, swiglu
 from posfreq.train.position_scheme import PositionScheme
 from posfreq.train.positions import build_scheme
 from posfreq.train.rotary import RotaryBase
@@ -47,9 +47,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
+        return fused(rms_norm)(x, self.weight, self.eps)
 
 
 @dataclass
@@ -137,7 +135,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.ffn_dim, config.d_model, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(fused(swiglu)(self.gate_proj(x), self.up_proj(x)))
 
 
 class Block(nn.Module):

@@ -11,6 +11,7 @@ from torch import nn
 
 from posfreq.train.attention_kernels import BackendError, explain_backend
 from posfreq.train.devices import resolve_device
+from posfreq.train.fused import resolve_compile, use_fused
 from posfreq.train.loggers import fabric_loggers
 from posfreq.train.model import Transformer
 from posfreq.train.run_config import ConfigError, TrainConfig
@@ -57,12 +58,18 @@ def hybrid_mesh(mesh, replicas: int):
     )
 
 
-def make_parallelize(mixed_precision: bool, activation_checkpointing: bool, replicas: int = 1):
+def make_parallelize(
+    mixed_precision: bool, activation_checkpointing: bool, replicas: int = 1, fuse: bool = False
+):
     """Fabric parallelize_fn: FSDP2 `fully_shard` on every block, then on the root; with `replicas` > 1, HSDP
     (sharded within each of `replicas` groups of ranks, replicated across them)."""
 
     def parallelize(model: Transformer, mesh) -> Transformer:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        use_fused(
+            fuse
+        )  # in each process: torch.compile'd RMSNorm, rotary and SwiGLU (model.compile)
 
         # Lightning's mesh is 1-D over data parallelism (its tensor-parallel dim has size 1): HSDP gets its own.
         dp_mesh = mesh["data_parallel"] if replicas == 1 else hybrid_mesh(mesh, replicas)
@@ -156,7 +163,12 @@ def build_fabric(cfg: TrainConfig):
     mixed = cfg.precision == "bf16-mixed"
     replicas, _ = cfg.fsdp_mesh_shape(int(devices))
     strategy = ModelParallelStrategy(
-        make_parallelize(mixed, cfg.model.activation_checkpointing, replicas),
+        make_parallelize(
+            mixed,
+            cfg.model.activation_checkpointing,
+            replicas,
+            resolve_compile(cfg.model.compile, accelerator),
+        ),
         data_parallel_size=world,
         tensor_parallel_size=1,
         save_distributed_checkpoint=cfg.checkpoint.sharded,

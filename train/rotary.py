@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from posfreq.train.fused import fused, rotate
+
 ROPE_SCALING_TYPES = ("default", "linear", "llama3")
 """The Hugging Face `rope_scaling` types a model may carry (others are refused on import)."""
 
@@ -67,11 +69,7 @@ class Rotary:
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """x: (T, H, D) rotated at `positions` (T,), which may be any integers, negative included."""
         cos, sin = self.cos_sin(positions, x.dtype)
-        half = x.shape[-1] // 2
-        rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1).mul_(sin)
-        return (x * cos).add_(
-            rotated_half
-        )  # = x * cos + rotated_half * sin, with two buffers instead of four
+        return fused(rotate)(x, cos, sin)
 
     def rerotate(self, x: Tensor, shift: Tensor) -> Tensor:
         """Rotate already rotated vectors further by `shift` (rotations compose), in float32, without `scale` again."""

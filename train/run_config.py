@@ -72,6 +72,9 @@ class ModelSection:
     FlashAttention), flash, sdpa that can train; checked before launch."""
     activation_checkpointing: bool = False
     """Recompute each block in backward: less activation memory for about 1/3 more compute."""
+    compile: Literal["auto", "on", "off"] = "auto"
+    """Fuse each block's RMSNorms, rotary rotations and SwiGLU gate with torch.compile (posfreq.train.fused):
+    auto means on CUDA, where unfused they cost a large share of a step, and off on CPU."""
     init_from: Optional[str] = None
     """Start from this checkpoint's weights and trained-length histogram (with a fresh optimizer)."""
 
@@ -346,6 +349,7 @@ RESUMABLE_CHANGES = (
     "data.val_rows",
     "model.attention_backend",
     "model.activation_checkpointing",
+    "model.compile",
     "model.init_from",
     "checkpoint.",
     "logging.",
