@@ -18,6 +18,7 @@ CPU_CHECKS = {
     "attention-flex",
     "probe-flex",
     "loss",
+    "string-hf",
 }
 
 
@@ -40,7 +41,8 @@ def test_cpu_subset_passes_and_gpu_checks_are_skipped_with_a_reason(tmp_path, ca
     assert "histograms equal" in status["pretrain-fp32"]["detail"]
     assert all(c["seconds"] >= 0 for c in report["checks"])
     table = capsys.readouterr().out
-    assert "6 passed, 0 failed, 6 skipped" in table and "pretrain-fp32       PASS" in table
+    assert "7 passed, 0 failed, 6 skipped" in table and "pretrain-fp32       PASS" in table
+    assert "backends ['sdpa/bfloat16']" in status["string-hf"]["detail"]  # one dtype under autocast
     # A second run replaces only its own files
     assert doctor.main(["--out", str(tmp_path / "doc"), "--device", "cpu"]) == 0
 

@@ -132,6 +132,8 @@ def test_paper_2k_run_fits_on_16_a100_80gb_with_sane_days(capsys):
                 "a100-80gb",
                 "--micro-batch-rows",
                 "4",
+                "--mfu",
+                "0.4",
             ]
         )
         == 0
@@ -139,6 +141,18 @@ def test_paper_2k_run_fits_on_16_a100_80gb_with_sane_days(capsys):
     out = capsys.readouterr().out
     assert "fit: fits" in out and "16 GPUs x 32 micro-batches x 4 rows" in out
     assert f"{days:.1f} days for 1,000,000,000,000 tokens" in out
+    # besides --mfu, the GPU's own figure, and whether posfreq measured it there
+    table = plan.tinyllama_mfu(gpu)
+    assert "a100-80gb (assumed: TinyLlama-1.1B's published" in out and f"MFU {table:.3f}" in out
+
+
+def test_each_gpu_says_whether_its_mfu_was_measured_or_assumed():
+    for name in plan.GPUS:
+        mfu, source = plan.expected_mfu(name)
+        assert 0.2 < mfu < 0.8 and source.split(":")[0] in ("measured", "assumed"), (name, source)
+    assert plan.expected_mfu("h200")[0] == plan.H200_MEASURED_MFU
+    assert plan.expected_mfu("h200")[1].startswith("measured")
+    assert plan.expected_mfu("h100-sxm")[1].startswith("assumed")
 
 
 def test_the_plan_needs_a_gpu_count():

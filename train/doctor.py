@@ -13,7 +13,10 @@ OUT/doctor.json:
   same inputs): forward, log-sum-exp, fewer queries than keys, a window, and a backward pass;
 - ``probe-<backend>``: the tiny checkpoint under rope, string and dca on each backend, teacher-forced
   log-probabilities and greedy answers against sdpa's;
-- ``loss``: the training loss (liger's kernel where installed on CUDA) against full logits.
+- ``loss``: the training loss (liger's kernel where installed on CUDA) against full logits; on CUDA a
+  missing, broken or old liger-kernel fails it (the chunked fallback is correct but slow);
+- ``string-hf``: STRING through transformers with float32 weights under bf16 autocast, as the probe runs
+  a Hugging Face model on a GPU, against float32, and the attention backend it reaches.
 
 Without a GPU it runs the CPU subset and says which checks were skipped and why. The pretraining
 checks run `posfreq pretrain` as child processes (Fabric starts one per GPU itself); SLURM's
@@ -42,6 +45,7 @@ from posfreq.train.doctor_checks import (
     loss_check,
     probe_check,
     run_check,
+    string_hf_check,
 )
 from posfreq.train.doctor_pretrain import pretrain_check, write_tiny_corpus
 from posfreq.train.outdir import OutputDirError, claim_output_dir
@@ -82,6 +86,7 @@ def run_doctor(out: Path, device: torch.device) -> list[CheckResult]:
                 )
             )
     results.append(run_check("loss", lambda: loss_check(device), device))
+    results.append(run_check("string-hf", lambda: string_hf_check(device), device))
     return results
 
 

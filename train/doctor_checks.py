@@ -272,3 +272,55 @@ def loss_check(device: torch.device) -> str:
     if reason:  # correct but slow: a GPU-month must not start on it unnoticed
         raise AssertionError(f"{done}, but {reason}")
     return done
+
+
+def string_hf_check(device: torch.device) -> str:
+    """STRING through transformers with float32 weights under bf16 autocast (the probe's precision) against
+    float32, and the attention backend it reaches (FlashAttention on a GPU)."""
+    try:
+        import transformers
+    except ImportError:
+        raise Skipped("transformers is not installed (the hf extra)") from None
+
+    from posfreq.train import attention as attention_module
+    from posfreq.train.string_hf import apply_string
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=97,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=96,
+    )
+    model = apply_string(transformers.LlamaForCausalLM(config)).eval().to(device)
+    ids = torch.randint(3, 97, (2, 90), generator=torch.Generator().manual_seed(1)).to(device)
+    chosen: list[str] = []
+    resolve = attention_module.resolve_backend
+
+    def recording(backend, dev, dtype, **call):
+        name = resolve(backend, dev, dtype, **call)
+        chosen.append(f"{name}/{str(dtype).removeprefix('torch.')}")
+        return name
+
+    attention_module.resolve_backend = recording
+    try:
+        with torch.no_grad():
+            exact = model(input_ids=ids).logits.float()
+            chosen.clear()
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                mixed = model(input_ids=ids).logits.float()
+    finally:
+        attention_module.resolve_backend = resolve
+    error = float((mixed - exact).abs().max() / exact.abs().max())
+    if error > 0.05:
+        raise AssertionError(
+            f"bf16 autocast differs from float32 by {error:.3f} of the largest logit"
+        )
+    if device.type == "cuda" and not any(c.startswith(("varlen", "flash")) for c in chosen):
+        raise AssertionError(
+            f"STRING under bf16 autocast took {sorted(set(chosen))}, no FlashAttention"
+        )
+    return f"bf16 autocast vs float32: {error:.1e} of the largest logit; backends {sorted(set(chosen))}"

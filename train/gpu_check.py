@@ -7,8 +7,7 @@ Stages, each with a time budget (a stage past it fails and the next one runs):
 - the doctor's single-GPU checks: ``pretrain-bf16`` (a tiny run with DCP checkpoints, stopped and continued by
   ``--resume auto``), ``attention-<backend>`` and ``probe-<backend>`` (rope, string, dca) against sdpa, and
   ``loss`` (liger against full logits);
-- ``string-hf``: STRING through transformers with float32 weights under bf16 autocast (the probe's precision)
-  against float32, and the attention backend it reaches;
+- ``string-hf``: the doctor's check of STRING through transformers under bf16 autocast;
 - ``varlen-native-gqa``: whether this torch's varlen kernel takes grouped key/value heads without copies;
 - ``train-1.3b``: tinyllama-1.3b at L = 2048 through the real trainer (FSDP2, bf16, the pretraining config's
   micro-batch and activation checkpointing): tokens/s, and MFU against this GPU's own measured bf16 matmul
@@ -50,6 +49,7 @@ from posfreq.train.doctor_checks import (
     loss_check,
     probe_check,
     run_check,
+    string_hf_check,
 )
 
 PRETRAIN_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "pretrain_2k.yaml"
@@ -114,54 +114,6 @@ def environment_stage(device: torch.device) -> str:
     reason = liger_state()[1]
     parts.append(f"liger: {reason or 'ok'}")
     return "; ".join(parts)
-
-
-def string_hf_stage(device: torch.device) -> str:
-    """STRING through transformers: float32 weights under bf16 autocast against float32, on this device."""
-    import transformers
-
-    from posfreq.train import attention as attention_module
-    from posfreq.train.string_hf import apply_string
-
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=97,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=96,
-    )
-    model = apply_string(transformers.LlamaForCausalLM(config)).eval().to(device)
-    ids = torch.randint(3, 97, (2, 90), generator=torch.Generator().manual_seed(1)).to(device)
-    chosen: list[str] = []
-    resolve = attention_module.resolve_backend
-
-    def recording(backend, dev, dtype, **call):
-        name = resolve(backend, dev, dtype, **call)
-        chosen.append(f"{name}/{str(dtype).removeprefix('torch.')}")
-        return name
-
-    attention_module.resolve_backend = recording
-    try:
-        with torch.no_grad():
-            exact = model(input_ids=ids).logits.float()
-            chosen.clear()
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                mixed = model(input_ids=ids).logits.float()
-    finally:
-        attention_module.resolve_backend = resolve
-    error = float((mixed - exact).abs().max() / exact.abs().max())
-    if error > 0.05:
-        raise AssertionError(
-            f"bf16 autocast differs from float32 by {error:.3f} of the largest logit"
-        )
-    if device.type == "cuda" and not any(c.startswith(("varlen", "flash")) for c in chosen):
-        raise AssertionError(
-            f"STRING under bf16 autocast took {sorted(set(chosen))}, no FlashAttention"
-        )
-    return f"bf16 autocast vs float32: {error:.1e} of the largest logit; backends {sorted(set(chosen))}"
 
 
 def varlen_gqa_stage(device: torch.device) -> str:
@@ -472,7 +424,7 @@ def stages(device: torch.device, out: Path) -> list[tuple[str, float, Callable[[
         ("environment", 60, lambda: environment_stage(device)),
         *[(f"attention-{b}", 90, lambda b=b: attention_check(b, device)) for b in backends],
         ("loss", 60, lambda: loss_check(device)),
-        ("string-hf", 60, lambda: string_hf_stage(device)),
+        ("string-hf", 60, lambda: string_hf_check(device)),
         ("varlen-native-gqa", 30, lambda: varlen_gqa_stage(device)),
         ("train-1.3b", 240, lambda: train("auto")),
         (

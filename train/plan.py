@@ -78,7 +78,11 @@ GPUS = {
     "a100-80gb": Gpu(PEAK_BF16_FLOPS["a100"], 80),
     "h100-sxm": Gpu(PEAK_BF16_FLOPS["h100-sxm"], 80),
     "h100-pcie": Gpu(PEAK_BF16_FLOPS["h100-pcie"], 80),
+    "h200": Gpu(PEAK_BF16_FLOPS["h200"], 141),
 }
+H200_MEASURED_MFU = 0.446
+"""tinyllama-1.3b at L = 2048 on one H200 (model.compile on, 2 micro-batches of 8 rows): the trainer's MFU
+against the datasheet peak, as `make gpu-check` measured it on 2026-11-26 (docs/cluster.md)."""
 GpuName = Literal[tuple(GPUS)]
 MARGIN = (
     0.10  # of the GPU's memory, kept for the CUDA context, the allocator and backward's transients
@@ -224,6 +228,23 @@ def tinyllama_mfu(gpu: Gpu) -> float:
     )
 
 
+def expected_mfu(gpu_name: str) -> tuple[float, str]:
+    """(MFU to plan with, where it comes from: measured by posfreq on this GPU, or assumed) per GPU model."""
+    if gpu_name == "h200":
+        return H200_MEASURED_MFU, "measured: make gpu-check on one H200, 2026-11-26"
+    if gpu_name.startswith("h100"):
+        return (
+            H200_MEASURED_MFU,
+            "assumed: the H200's measured MFU (same tensor peak per clock, less memory bandwidth); not "
+            "measured on an H100",
+        )
+    return (
+        tinyllama_mfu(GPUS[gpu_name]),
+        "assumed: TinyLlama-1.1B's published 24k tokens/s per A100 under this FLOP count; posfreq has "
+        "not run on an A100",
+    )
+
+
 def step_seconds(cfg: TrainConfig, config: ModelConfig, world: int, gpu: Gpu, mfu: float) -> float:
     """Seconds per optimizer step at `mfu`."""
     flops = cfg.global_batch_tokens * flops_per_token(config, cfg.data.train_len)
@@ -284,8 +305,10 @@ def _time_lines(
     ]
 
 
-def report(cfg: TrainConfig, nodes: int, gpus_per_node: int, gpu_name: str, mfu: float) -> str:
-    """The plan, as printed."""
+def report(
+    cfg: TrainConfig, nodes: int, gpus_per_node: int, gpu_name: str, mfu: float | None = None
+) -> str:
+    """The plan, as printed: step time and days at `mfu` if given, and at the GPU's MFU figure (`expected_mfu`)."""
     gpu, world = GPUS[gpu_name], nodes * gpus_per_node
     config = resolve_model_config(
         cfg
@@ -331,15 +354,10 @@ def report(cfg: TrainConfig, nodes: int, gpus_per_node: int, gpu_name: str, mfu:
         f"time (FLOPs/token {flops_per_token(config, L) / 1e9:.2f} G = 6 N + 6 n_layers d (L + 1), "
         f"N = {step_flops(config, 1, 0) / 6:,.0f} matmul params; peak {gpu.peak_bf16_flops / 1e12:g} TFLOP/s):"
     )
-    lines += _time_lines(cfg, config, world, gpu, mfu, "at --mfu")
-    lines += _time_lines(
-        cfg,
-        config,
-        world,
-        gpu,
-        tinyllama_mfu(GPUS["a100-80gb"]),
-        "TinyLlama's 24k tokens/s/A100 (1.1B, vocab 32,000)",
-    )
+    table, source = expected_mfu(gpu_name)
+    if mfu is not None:
+        lines += _time_lines(cfg, config, world, gpu, mfu, "at --mfu")
+    lines += _time_lines(cfg, config, world, gpu, table, f"{gpu_name} ({source})")
     return "\n".join(lines)
 
 
@@ -359,9 +377,10 @@ def build_parser() -> ArgumentParser:
     )
     group.add_argument(
         "--mfu",
-        type=float,
-        default=0.4,
-        help="Model FLOPs utilisation assumed for the step time and days, in (0, 1].",
+        type=float | None,
+        default=None,
+        help="Model FLOPs utilisation for the step time and days, in (0, 1], besides the GPU's own figure "
+        "(measured by make gpu-check where posfreq has run on that GPU, else assumed; the plan says which).",
     )
     return parser
 
@@ -370,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the plan of the run config and flags in `argv` (exit 1 with `error: ...` for a config that cannot work)."""
     parser = build_parser()
     args = parse(parser, argv)
-    if not 0 < args.mfu <= 1:
+    if args.mfu is not None and not 0 < args.mfu <= 1:
         parser.error(f"--mfu must be in (0, 1], got {args.mfu}")
     values = args.as_dict()
     try:
