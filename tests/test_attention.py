@@ -552,6 +552,14 @@ def test_xformers_adapter_trains_through_the_autograd_api(monkeypatch, window):
     fake = xformers_double()
     monkeypatch.setitem(sys.modules, "xformers", fake)
     monkeypatch.setitem(sys.modules, "xformers.ops", fake.ops)
+    mask_class = fake.ops.fmha.attn_bias.BlockDiagonalCausalFromBottomRightMask
+    built = []
+    real_from_seqlens = mask_class.from_seqlens
+    monkeypatch.setattr(
+        mask_class,
+        "from_seqlens",
+        lambda *a, **kw: built.append(1) or real_from_seqlens(*a, **kw),
+    )
     lens_q, lens_k = [2, 5, 1], [4, 5, 3]
     q, k, v = (
         packed(lens, h, 8, s).requires_grad_()
@@ -570,3 +578,5 @@ def test_xformers_adapter_trains_through_the_autograd_api(monkeypatch, window):
     naive_attention(qd, kd, vd, lens_q, lens_k, window)[0].pow(2).sum().backward()
     for got, want in zip((q.grad, k.grad, v.grad), (qd.grad, kd.grad, vd.grad)):
         torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-4)
+    # the mask is built from the lengths on the host once for these cu_seqlens, not once per call (layer)
+    assert len(built) == 1

@@ -86,6 +86,32 @@ def varlen_attention(
     )
 
 
+class LayoutMemo:
+    """One slot: the value last computed from these very tensors (by identity) and settings.
+
+    Every layer of a forward passes the same cu_seqlens tensors, so a layout read from them (a copy to the
+    host, which on a GPU waits for every queued kernel and leaves the GPU idle while Python catches up) is
+    computed once per forward instead of once per layer. posfreq never changes such tensors in place.
+    """
+
+    def __init__(self) -> None:
+        self._slot: tuple[tuple[Tensor, ...], tuple, object] | None = None
+
+    def get(self, tensors: tuple[Tensor | None, ...], settings: tuple, compute):
+        """The memo for (tensors, settings), else compute() stored in their place."""
+        slot = self._slot
+        if (
+            slot is not None
+            and slot[1] == settings
+            and len(slot[0]) == len(tensors)
+            and all(a is b for a, b in zip(slot[0], tensors))
+        ):
+            return slot[2]
+        value = compute()
+        self._slot = (tensors, settings, value)
+        return value
+
+
 GROUPED_QUERIES = 64
 """Up to this many new queries per sequence, `cached_attention` scores them by plain matmuls (see there)."""
 
@@ -303,15 +329,23 @@ def _flash(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
     return out, _lse_per_token(lse, q)
 
 
+_XFORMERS_BIAS = LayoutMemo()
+
+
 def _xformers(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
     from xformers.ops import fmha
 
-    lens_q, lens_k = (cu_q[1:] - cu_q[:-1]).tolist(), (cu_k[1:] - cu_k[:-1]).tolist()
-    bias = fmha.attn_bias.BlockDiagonalCausalFromBottomRightMask.from_seqlens(lens_q, lens_k)
-    if (
-        window is not None
-    ):  # keys at distance < window, as here (xformers' local masks have no from_seqlens)
-        bias = bias.make_local_attention_from_bottomright(window)
+    def build_bias():
+        lens_q, lens_k = (cu_q[1:] - cu_q[:-1]).tolist(), (cu_k[1:] - cu_k[:-1]).tolist()
+        bias = fmha.attn_bias.BlockDiagonalCausalFromBottomRightMask.from_seqlens(lens_q, lens_k)
+        if (
+            window is not None
+        ):  # keys at distance < window (xformers' local masks have no from_seqlens)
+            bias = bias.make_local_attention_from_bottomright(window)
+        return bias
+
+    # Built from the lengths on the host, once per forward: every layer passes the same cu_seqlens.
+    bias = _XFORMERS_BIAS.get((cu_q, cu_k), (window,), build_bias)
     groups, kv_heads = q.shape[1] // k.shape[1], k.shape[1]
     if groups == 1 or needs_backward(
         q, k, v

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posfreq.train.attention import varlen_attention
+from posfreq.train.attention import LayoutMemo, varlen_attention
 from posfreq.train.attention_kernels import needs_backward, resolve_backend
 
 
@@ -57,32 +57,6 @@ class AttentionInputs:
     def total_k(self) -> int:
         """Number of keys over all sequences (Tk)."""
         return self.keys.shape[0] * (self.keys.shape[1] if self.keys.dim() == 4 else 1)
-
-
-class LayoutMemo:
-    """One slot: the value last computed from these very tensors (by identity) and settings.
-
-    Every layer of a forward passes the same cu_seqlens tensors, so a layout read from them (a copy to the
-    host, which on a GPU waits for every queued kernel and leaves the GPU idle while Python catches up) is
-    computed once per forward instead of once per layer. posfreq never changes such tensors in place.
-    """
-
-    def __init__(self) -> None:
-        self._slot: tuple[tuple[Tensor, ...], tuple, object] | None = None
-
-    def get(self, tensors: tuple[Tensor | None, ...], settings: tuple, compute):
-        """The memo for (tensors, settings), else compute() stored in their place."""
-        slot = self._slot
-        if (
-            slot is not None
-            and slot[1] == settings
-            and len(slot[0]) == len(tensors)
-            and all(a is b for a, b in zip(slot[0], tensors))
-        ):
-            return slot[2]
-        value = compute()
-        self._slot = (tensors, settings, value)
-        return value
 
 
 _NEAR_SEGMENTS = LayoutMemo()

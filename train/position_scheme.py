@@ -12,10 +12,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from posfreq.train.attention import cached_attention, varlen_attention
+from posfreq.train.attention import LayoutMemo, cached_attention, varlen_attention
 from posfreq.train.attention_merge import (
     AttentionInputs,
-    LayoutMemo,
     Segments,
     merge_into,
     seq_lengths,

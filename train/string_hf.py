@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posfreq.train.attention_merge import AttentionInputs, LayoutMemo, cu_seqlens_of
+from posfreq.train.attention import LayoutMemo
+from posfreq.train.attention_merge import AttentionInputs, cu_seqlens_of
 from posfreq.train.rotary import Rotary
 from posfreq.train.string_scheme import StringScheme, string_shift_window
 
