@@ -9,7 +9,7 @@ AdamW, and reports median step times after warm-up. Achieved FLOP/s uses the tra
 (6 N tokens + causal attention, see train/flops.py) and is printed as a fraction of the dense
 fp32 matmul FLOP/s measured in the same run with the same thread count. The goal for the
 trainer's overhead over the bare loop is 5%. With a CUDA GPU it also reports the MFU of
-tinyllama-1.3b at L = 2048 (bf16) against the GPU's peak.
+tinyllama-1.3b at L = 2048 (bf16) against the GPU's measured matmul rate (make gpu-check's train stage).
 """
 
 from __future__ import annotations
@@ -142,31 +142,12 @@ def cpu_report(presets: list[str], steps: int, warmup: int) -> None:
 
 
 def gpu_report(steps: int, warmup: int) -> None:
-    peak = matmul_flops(4096, device="cuda", dtype=torch.bfloat16)
-    print(f"GPU {torch.cuda.get_device_name()}: bf16 matmul {peak / 1e12:.0f} TFLOP/s measured")
+    """tinyllama-1.3b at L = 2048 on this GPU: make gpu-check's train stage (MFU against the measured matmul rate)."""
+    from posfreq.train.gpu_check import train_stage
+
     with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "data"
-        make_shards(data, vocab=128_256, eos=128_001, tokenizer="llama3", docs=4000)
-        cfg = config(
-            "tinyllama-1.3b",
-            data,
-            Path(tmp) / "run",
-            steps,
-            train_len=2048,
-            rows=16,
-            micro=4,
-            gpu=True,
-        )
-        history = train(config_from_dict(cfg))[warmup:]
-        row = history[len(history) // 2]
-        mfu = statistics.median(r["mfu"] for r in history) if row["mfu"] is not None else None
-        print(
-            f"tinyllama-1.3b L=2048: {statistics.median(r['tokens_per_s'] for r in history):.0f} tokens/s, "
-            f"{row['flops_per_s'] / 1e12:.0f} TFLOP/s ({row['flops_per_s'] / peak:.0%} of measured matmul), "
-            f"MFU {mfu:.1%}"
-            if mfu is not None
-            else "MFU: unknown GPU peak (set logging.peak_flops_per_device)"
-        )
+        result = train_stage(torch.device("cuda"), Path(tmp), steps=steps, warmup=warmup)
+    print(f"GPU {torch.cuda.get_device_name()}: tinyllama-1.3b L=2048: {result['detail']}")
 
 
 def main() -> None:
