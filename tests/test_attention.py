@@ -232,28 +232,7 @@ def test_varlen_and_flash_adapters_against_flashattention_doubles(monkeypatch, w
 
     import posfreq.train.attention as attention
 
-    def varlen_attn(
-        query,
-        key,
-        value,
-        cu_seq_q,
-        cu_seq_k,
-        max_q,
-        max_k,
-        *,
-        return_aux=None,
-        scale=None,
-        window_size=(-1, -1),
-        enable_gqa=False,
-        seqused_k=None,
-        block_table=None,
-        num_splits=None,
-    ):
-        assert enable_gqa or query.shape[1] == key.shape[1]
-        out, lse = flash_double(
-            query, key, value, cu_seq_q, cu_seq_k, window_size, window_size == (-1, 0), scale
-        )
-        return (out, lse) if return_aux is not None and return_aux.lse else out
+    varlen_attn = varlen_attn_of_release("2.13")  # torch 2.13's signature (the others: below)
 
     def flash_attn_varlen_func(
         q,
