@@ -14,6 +14,7 @@ import torch
 from posfreq.analysis.niah import NiahBuilder, PromptFormat, load_haystack
 from posfreq.analysis.probe_decoding import Generator
 from posfreq.analysis.probe_settings import ProbeError, ProbeSettings
+from posfreq.train.model_folder import ModelFolderError, refuse_custom_code
 from posfreq.train.tokenizer import Tokenizer, get_tokenizer
 
 
@@ -110,6 +111,10 @@ def hf_source(directory: Path, settings: ProbeSettings) -> ModelSource:
             f"--model hf:{directory} {what}. Fix: pass a Hugging Face model directory "
             "(config.json and *.safetensors)"
         )
+    try:  # the transformers engine loads the folder through transformers
+        refuse_custom_code(directory, "--model")
+    except ModelFolderError as err:
+        raise ProbeError(str(err)) from None
     spec = settings.tokenizer or tokenizer_spec(directory)
     if spec is None:
         raise ProbeError(

@@ -32,6 +32,7 @@ from posfreq.train.atomic import atomic_open, write_json_atomic
 from posfreq.train.command_line import command_parser, parse
 from posfreq.train.devices import resolve_device
 from posfreq.train.fingerprint import code_sha256, files_sha256, import_closure
+from posfreq.train.model_folder import ModelFolderError, refuse_custom_code
 from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir
 from posfreq.train.string_scheme import string_shift_window
 from posfreq.train.tokenizer import hf_dir
@@ -134,6 +135,10 @@ def model_dir(spec: str) -> Path:
             f"--model {spec}: no config.json in {path}. Fix: pass a transformers model directory "
             "(posfreq export-hf writes one from a checkpoint)"
         )
+    try:  # lm-eval's RULER tasks load the tokenizer by this path with trust_remote_code
+        refuse_custom_code(path, "--model")
+    except ModelFolderError as err:
+        raise RulerError(str(err)) from None
     return path
 
 
@@ -196,7 +201,7 @@ def run(args) -> Path:
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     except (OSError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise RulerError(

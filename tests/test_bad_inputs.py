@@ -157,3 +157,21 @@ def test_a_full_disk_reaching_the_dispatcher_is_named_as_such(monkeypatch, capsy
     assert code == 1 and err.startswith(
         "error: the disk holding /data/run is full (No space left on device). Fix:"
     )
+
+
+def test_the_probe_refuses_a_model_folder_that_names_its_own_code(tmp_path, capsys):
+    """`probe --model hf:DIR` (any engine): an auto_map in the folder's config is refused in one line."""
+    import json
+
+    model = tmp_path / "m"
+    model.mkdir()
+    config = {"model_type": "llama", "auto_map": {"AutoModelForCausalLM": "evil.Model"}}
+    (model / "config.json").write_text(json.dumps(config))
+    (model / "evil.py").write_text(f"open({str(tmp_path / 'marker')!r}, 'w').write('ran')\n")
+    out = tmp_path / "out"
+    argv = ["probe", "--model", f"hf:{model}", "--engine", "transformers", "--out", str(out)]
+    with pytest.raises(SystemExit) as refused:
+        posfreq(argv)
+    err = str(refused.value)
+    assert err.startswith("error: --model: ") and "config.json: auto_map" in err and "Fix:" in err
+    assert not (tmp_path / "marker").exists() and not out.exists()

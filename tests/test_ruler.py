@@ -347,3 +347,41 @@ def test_the_code_key_covers_what_decides_a_score_and_not_the_command_line() -> 
     assert "analysis/ruler.py" not in covered  # its tables and keys do not change a score
     assert "analysis/ruler_task/posfreq_ruler_vt.yaml" in ruler.task_yamls()
     assert {"nltk", "wonderwords", "lm_eval"} <= set(ruler.code_fingerprint())
+
+
+def plant_code(model: Path, into: Path, marker: Path) -> Path:
+    """A copy of `model` whose tokenizer_config.json names a class of the folder's own evil.py (which would
+    leave `marker` when imported)."""
+    import shutil
+
+    shutil.copytree(model, into)
+    config = into / "tokenizer_config.json"
+    data = json.loads(config.read_text()) if config.is_file() else {}
+    data["auto_map"] = {"AutoTokenizer": [None, "evil.EvilTokenizer"]}
+    data["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config.write_text(json.dumps(data))
+    (into / "evil.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n"
+        "from transformers import PreTrainedTokenizerFast as EvilTokenizer\n"
+    )
+    return into
+
+
+def test_a_model_folder_that_names_its_own_code_is_refused_before_anything_loads(
+    llama3_model: Path, tmp_path: Path, capsys
+) -> None:
+    """lm-eval's RULER loader trusts remote code: an auto_map folder would run its evil.py (issue 30)."""
+    from posfreq.analysis import ruler
+    from posfreq.train.model_folder import ModelFolderError
+    from posfreq.train.string_hf import load_causal_lm
+
+    marker = tmp_path / "marker"
+    model = plant_code(llama3_model, tmp_path / "evil-model", marker)
+    argv = ["--model", f"hf:{model}", "--tasks", "niah_single_1", "--lengths", "1024"]
+    assert ruler.main([*argv, "--samples", "1", "--out", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err
+    assert "tokenizer_config.json: auto_map" in err and "posfreq runs no code" in err
+    assert err.count("\n") == 1 and not (tmp_path / "r").exists()
+    with pytest.raises(ModelFolderError, match="auto_map"):
+        load_causal_lm(model)
+    assert not marker.exists()

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from posfreq.train.attention import LayoutMemo
 from posfreq.train.attention_merge import AttentionInputs, cu_seqlens_of
+from posfreq.train.model_folder import refuse_custom_code
 from posfreq.train.rotary import Rotary
 from posfreq.train.string_scheme import StringScheme, string_shift_window
 
@@ -275,7 +276,10 @@ def load_causal_lm(
 
     if positions not in ("rope", "string"):
         raise ValueError(f"positions {positions!r}: transformers models run rope or string")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    refuse_custom_code(Path(path), "the model folder")
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation="sdpa", trust_remote_code=False
+    )
     if positions == "string":
         apply_string(model, shift, window, train_len)
     return model.eval()
