@@ -105,3 +105,81 @@ def test_llama3_tokenizer_json_matches_quicktok(tmp_path: Path) -> None:
         assert ours.decode(reference.encode(text)) == text
     hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
     assert hf("Hello world!").input_ids == [reference.bos_id, *reference.encode("Hello world!")]
+
+
+def tokenizer_with(tmp_path: Path, **settings) -> Path:
+    """The bytes tokenizer's folder, with `settings` written into its tokenizer.json (as a stranger's file may)."""
+    import json
+
+    from posfreq.train.hf_tokenizer import write_bytes_tokenizer
+
+    folder = tmp_path / "tok"
+    write_bytes_tokenizer(folder)
+    data = json.loads((folder / "tokenizer.json").read_text())
+    data.update(settings)
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    return folder
+
+
+def test_a_tokenizer_files_own_truncation_and_padding_do_not_bend_lengths(tmp_path: Path) -> None:
+    """A tokenizer.json that truncates at 64 tokens or pads to a huge fixed length must not change the ids
+    posfreq counts (issue 30: analyze reported 65 tokens for a 601-token document)."""
+    from posfreq.train.tokenizer import HFTokenizer
+
+    text = "a long document " * 40  # 640 bytes
+    truncating = {
+        "truncation": {
+            "direction": "Right",
+            "max_length": 64,
+            "strategy": "LongestFirst",
+            "stride": 0,
+        }
+    }
+    tok = HFTokenizer(tokenizer_with(tmp_path, **truncating))
+    assert tok.encode(text) == list(text.encode())
+    assert [len(ids) for ids in tok.encode_batch([text, "ab"])] == [640, 2]
+
+
+def test_a_huge_fixed_padding_is_switched_off_not_allocated(tmp_path: Path) -> None:
+    """Padding to a fixed 10^12 tokens aborted the process; it runs in a child so an abort fails the test only."""
+    import subprocess
+    import sys
+
+    padding = {
+        "padding": {
+            "strategy": {"Fixed": 10**12},
+            "direction": "Right",
+            "pad_to_multiple_of": None,
+            "pad_id": 0,
+            "pad_type_id": 0,
+            "pad_token": "a",
+        }
+    }
+    folder = tokenizer_with(tmp_path, **padding)
+    code = (
+        "from posfreq.train.tokenizer import HFTokenizer\n"
+        f"print(len(HFTokenizer({str(folder)!r}).encode_batch(['abc', 'de'])[0]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "3", result.stderr[-500:]
+
+
+def test_a_tokenizer_that_panics_is_one_error_naming_the_file(tmp_path: Path, monkeypatch) -> None:
+    """A Rust panic (pyo3's PanicException, a BaseException) becomes a TokenizerFileError naming the file."""
+    from posfreq.train.tokenizer import HFTokenizer, TokenizerFileError
+
+    folder = tokenizer_with(tmp_path)
+    tok = HFTokenizer(folder)
+
+    class PanicException(BaseException):  # what pyo3 raises for a panic, as a stand-in
+        pass
+
+    class Panicking:
+        def encode(self, *args, **kwargs):
+            raise PanicException("called `Option::unwrap()` on a `None` value")
+
+    monkeypatch.setattr(tok, "_tok", Panicking())
+    with pytest.raises(TokenizerFileError, match=r"tok/tokenizer.json: .*PanicException: called"):
+        tok.encode("text")

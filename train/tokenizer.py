@@ -97,6 +97,10 @@ class ByteTokenizer:
         return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8", errors="replace")
 
 
+class TokenizerFileError(ValueError):
+    """A tokenizer file the tokenizers library cannot load or run; the message names the file and the fix."""
+
+
 class HFTokenizer:
     """A tokenizer saved by Hugging Face (`tokenizer.json` in a local directory)."""
 
@@ -112,7 +116,12 @@ class HFTokenizer:
             from tokenizers import Tokenizer as _HFTok
         except ImportError as err:
             raise ImportError("hf:<dir> tokenizers need `pip install tokenizers`") from err
-        self._tok = _HFTok.from_file(str(file))
+        self.file = file
+        self._tok = self._guarded("load it", _HFTok.from_file, str(file))
+        # A tokenizer.json's own truncation or padding would cut or pad every document: lengths, shards and
+        # f(i) would be the file's settings, not the corpus. posfreq counts and packs raw token ids.
+        self._tok.no_truncation()
+        self._tok.no_padding()
         self._tok.encode_special_tokens = True  # special-token strings in text stay plain text
         self.name = f"hf:{path}"
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
@@ -178,21 +187,44 @@ class HFTokenizer:
             ids.append(int(found[0]))
         return ids[0], ids[1]
 
+    def _guarded(self, what: str, call, *args, **kwargs):
+        """call(*args, **kwargs), with any failure of the tokenizers library, a Rust panic included (a
+        BaseException, which would pass every `except Exception`), raised as one TokenizerFileError naming
+        the file."""
+        try:
+            return call(*args, **kwargs)
+        except (KeyboardInterrupt, SystemExit, GeneratorExit):
+            raise
+        except BaseException as err:  # noqa: B036 -- pyo3's PanicException derives from BaseException
+            first = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+            raise TokenizerFileError(
+                f"{self.file}: the tokenizers library failed to {what} ({type(err).__name__}: {first}). "
+                "Fix: use a tokenizer.json that transformers' own tokenizers load, e.g. one written by "
+                "tokenizer.save_pretrained(DIR)"
+            ) from None
+
     def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
+        return list(
+            self._guarded("encode a text", self._tok.encode, text, add_special_tokens=False).ids
+        )
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        encoded = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        encoded = self._guarded(
+            "encode a batch of texts", self._tok.encode_batch, list(texts), add_special_tokens=False
+        )
         return [np.asarray(e.ids, dtype=np.int64) for e in encoded]
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+        return self._guarded(
+            "decode ids", self._tok.decode, [int(i) for i in ids], skip_special_tokens=False
+        )
 
     def encode_with_special(self, text: str) -> list[int]:
         """Like `encode`, but special-token strings in `text` (e.g. "<|im_start|>") become their ids."""
         self._tok.encode_special_tokens = False
         try:
-            return list(self._tok.encode(text, add_special_tokens=False).ids)
+            encoded = self._guarded("encode a text", self._tok.encode, text, add_special_tokens=False)
+            return list(encoded.ids)
         finally:
             self._tok.encode_special_tokens = True
 
