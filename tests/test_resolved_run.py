@@ -217,11 +217,24 @@ def test_resume_refuses_other_documents_with_the_same_counts(resumable, data_dir
 @pytest.mark.parametrize(
     "flag, value, message",
     [
-        ("--micro_batch_rows", "0", "micro_batch_rows=0 is out of range: it must be >= 1"),
-        ("--logging.every_steps", "0", "logging.every_steps=0 is out of range: it must be >= 1"),
-        ("--total_tokens", "0", "total_tokens=0 is out of range: it must be >= 1"),
-        ("--total_tokens", "-5", "total_tokens=-5 is out of range: it must be >= 1"),
-        ("--optim.lr", "-1", "optim.lr=-1.0 is out of range: it must be >= 0"),
+        (
+            "--micro_batch_rows",
+            "0",
+            "micro_batch_rows=0 is out of range: it must be a finite number >= 1",
+        ),
+        (
+            "--logging.every_steps",
+            "0",
+            "logging.every_steps=0 is out of range: it must be a finite number >= 1",
+        ),
+        ("--total_tokens", "0", "total_tokens=0 is out of range: it must be a finite number >= 1"),
+        (
+            "--total_tokens",
+            "-5",
+            "total_tokens=-5 is out of range: it must be a finite number >= 1",
+        ),
+        ("--optim.lr", "-1", "optim.lr=-1.0 is out of range: it must be a finite number >= 0"),
+        ("--optim.lr", ".inf", "optim.lr=inf is out of range: it must be a finite number >= 0"),
         ("--model.overrides", "{d_model: x}", "model.overrides.d_model='x' should be a number"),
         (
             "--model.overrides",

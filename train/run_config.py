@@ -15,6 +15,7 @@ named explicitly: ``--resume-override "{optim.lr: 1e-4, total_tokens: 2e12}"`` (
 
 from __future__ import annotations
 
+import math
 import typing
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, Optional, Sequence, Union
@@ -37,11 +38,14 @@ jsonargparse never resolves one as a class to instantiate."""
 
 
 def _at_least(section: str, obj: Any, minimum: float, *names: str) -> None:
-    """Raise ConfigError naming the first field of `names` below `minimum` (None, for unset, passes)."""
+    """Raise ConfigError naming the first field of `names` below `minimum` or infinite (None, for unset, passes)."""
     for name in names:
         value = getattr(obj, name)
-        if value is not None and not value >= minimum:  # `not >=` refuses NaN too
-            raise ConfigError(f"{section}{name}={value!r} is out of range: it must be >= {minimum}")
+        # `not >=` refuses NaN too; an infinite learning rate or count is no setting either
+        if value is not None and (not value >= minimum or math.isinf(value)):
+            raise ConfigError(
+                f"{section}{name}={value!r} is out of range: it must be a finite number >= {minimum}"
+            )
 
 
 def _number(value: Any, hint: Any, key: str) -> Any:
