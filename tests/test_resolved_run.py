@@ -235,6 +235,12 @@ def test_resume_refuses_other_documents_with_the_same_counts(resumable, data_dir
         ),
         ("--optim.lr", "-1", "optim.lr=-1.0 is out of range: it must be a finite number >= 0"),
         ("--optim.lr", ".inf", "optim.lr=inf is out of range: it must be a finite number >= 0"),
+        (
+            "--total_tokens",
+            str(10**29),
+            "total_tokens=99,999,999,999,999,991,433,150,857,216 is out of range: it must be at "
+            "most 2^53 (9,007,199,254,740,992 tokens)",  # 10^29 as the float a YAML number becomes
+        ),
         ("--model.overrides", "{d_model: x}", "model.overrides.d_model='x' should be a number"),
         (
             "--model.overrides",

@@ -37,6 +37,10 @@ Scalar = Union[bool, int, float, str, None]
 jsonargparse never resolves one as a class to instantiate."""
 
 
+MAX_TOKENS = 2**53
+"""The largest token count a run takes: float64 (metrics, JSON, the plan's arithmetic) holds every integer up to it."""
+
+
 def _at_least(section: str, obj: Any, minimum: float, *names: str) -> None:
     """Raise ConfigError naming the first field of `names` below `minimum` or infinite (None, for unset, passes)."""
     for name in names:
@@ -299,6 +303,14 @@ class TrainConfig:
             "num_nodes",
             "stop_at_step",
         )
+        for name in ("total_tokens", "global_batch_tokens"):
+            if (
+                getattr(self, name) > MAX_TOKENS
+            ):  # counts, logs and the plan's days hold them exactly below
+                raise ConfigError(
+                    f"{name}={getattr(self, name):,} is out of range: it must be at most 2^53 "
+                    f"({MAX_TOKENS:,} tokens)"
+                )
         if not (self.devices == "auto" or (isinstance(self.devices, int) and self.devices >= 1)):
             raise ConfigError(
                 f"devices={self.devices!r} is out of range: it must be 'auto' or an integer >= 1"
