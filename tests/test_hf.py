@@ -166,6 +166,28 @@ def test_sharded_index_naming_a_file_outside_the_directory_is_refused(tmp_path: 
         load_hf_model(model)
 
 
+def test_sharded_index_naming_a_file_through_a_link_out_of_the_directory_is_refused(
+    tmp_path: Path,
+) -> None:
+    """`sub/w.safetensors` with `sub` a symbolic link to another folder: a plain relative name that leads out."""
+    model = tmp_path / "model"
+    _save_llama(model, shard=True)
+    index_file = model / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    first = sorted(set(index["weight_map"].values()))[0]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copyfile(model / first, elsewhere / "w.safetensors")  # a valid file, were it ever read
+    (model / "sub").symlink_to(elsewhere, target_is_directory=True)
+    index["weight_map"] = {
+        key: "sub/w.safetensors" if value == first else value
+        for key, value in index["weight_map"].items()
+    }
+    index_file.write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"'sub/w.safetensors' leads outside .* symbolic link"):
+        load_hf_model(model)
+
+
 def test_mistral_without_sliding_window(tmp_path: Path) -> None:
     torch.manual_seed(0)
     hf = MistralForCausalLM(MistralConfig(**TINY, sliding_window=None)).eval()

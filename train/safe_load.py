@@ -57,7 +57,8 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def contained_file(directory: Path, name: str, source: str) -> Path:
-    """`directory / name` for a file name read from `source`, refusing absolute names and `..` (no escape)."""
+    """`directory / name` for a file name read from `source`, refusing absolute names, `..` and symbolic links that
+    lead outside `directory` (no escape)."""
     if (
         not isinstance(name, str)
         or not name
@@ -68,7 +69,13 @@ def contained_file(directory: Path, name: str, source: str) -> Path:
             f"{source}: file name {name!r} points outside {directory}; refusing to read it. "
             "Fix: list only files inside that directory, by plain relative names."
         )
-    return directory / name
+    path = directory / name
+    if not path.resolve().is_relative_to(Path(directory).resolve()):  # a link on the way leads out
+        raise CheckpointError(
+            f"{source}: file name {name!r} leads outside {directory} through a symbolic link (to "
+            f"{path.resolve()}); refusing to read it. Fix: copy the file into the directory itself."
+        )
+    return path
 
 
 def _load_failure(err: Exception) -> str:
