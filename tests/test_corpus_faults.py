@@ -245,3 +245,15 @@ def test_prepare_data_cli_error_is_one_line_and_exit_status_1(tmp_path):
     assert re.search(
         rf"^error: {re.escape(str(bad))}:line \d+: truncated zstd file", result.stderr, re.M
     )
+
+
+def test_a_line_nested_too_deeply_is_one_bad_line_named_and_skippable(tmp_path):
+    """A JSONL line nested 100k deep raised a bare RecursionError (no file, no line) that skip did not skip."""
+    path = tmp_path / "deep.jsonl"
+    good = json.dumps({"text": "fine"}) + "\n"
+    path.write_text(good + "[" * 100_000 + "]" * 100_000 + "\n" + good)
+    with pytest.raises(CorpusError, match=r"deep\.jsonl:line 2: JSON nested too deeply"):
+        list(iter_documents(path))
+    stats = ReadStats()
+    texts = [d.text for d in iter_documents(path, on_error="skip", stats=stats)]
+    assert texts == ["fine", "fine"] and stats.skipped == 1

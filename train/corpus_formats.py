@@ -145,6 +145,10 @@ def _json_line(line: bytes) -> object:
     """One parsed JSON line, or why it is not one (a last line cut mid-way is reported as truncation)."""
     try:
         return json.loads(line)
+    except (
+        RecursionError
+    ):  # a value nested deeper than Python's parser goes: one bad line, not a crash
+        return BadItem("JSON nested too deeply to read (over Python's recursion limit)")
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         if not line.endswith(b"\n"):
             return BadItem(f"truncated file: its last line is cut off ({err}). {REFETCH}", True)
@@ -157,6 +161,9 @@ def _json_array_records(stream: IO[bytes]) -> Iterator[tuple[str, object]]:
     """The records of a .json file holding one array of objects."""
     try:
         records = json.loads(stream.read())
+    except RecursionError:
+        yield "line 1", BadItem("JSON nested too deeply to read; the file is unreadable", True)
+        return
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         yield (
             f"line {getattr(err, 'lineno', 1)}",
