@@ -28,6 +28,7 @@ not linger; summary.json is removed first and written last, so a directory witho
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -177,6 +178,10 @@ def _check(parser: ArgumentParser, args: Namespace) -> None:
         bad = [v for v in values if v is not None and v < minimum]
         if bad:
             parser.error(f"{flag} must be >= {minimum}, got {bad}")
+    if not (math.isfinite(args.total_tokens) and 1 <= args.total_tokens <= 2**53):
+        parser.error(
+            f"--total-tokens must be a finite token count from 1 to 2^53, got {args.total_tokens:g}"
+        )
     if not args.packing:
         parser.error(f"--packing needs at least one of {list(STRATEGIES)}")
     try:

@@ -434,3 +434,14 @@ def test_cli_packing_options(slimpajama, tmp_path, monkeypatch, capsys):
         pf.main(common + ["--out", str(tmp_path / "x"), "--length-upsample", "{0-: 0}"])
     assert "every document length has weight 0" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("budget", ["-1", "0", "1e400", "1e20"])
+def test_a_token_budget_out_of_range_is_refused_before_counting(budget, tmp_path, capsys):
+    """`--total-tokens -1` wrote a negative f and 1e400 wrote inf and NaN into summary.json."""
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as refused:
+        pf.main(["--corpus", "pg-essays", "--total-tokens", budget, "--out", str(out)])
+    assert refused.value.code == 2
+    assert "--total-tokens must be a finite token count from 1 to 2^53" in capsys.readouterr().err
+    assert not out.exists()
