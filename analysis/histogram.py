@@ -15,7 +15,7 @@ import multiprocessing
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -116,6 +116,8 @@ class CountSettings:
     default_source: str = "unknown"
     max_docs_per_file: int | None = None
     on_error: OnError = "raise"
+    tokenizer_fingerprint: str = ""
+    """The tokenizer by content (`cached_count` sets it): an hf:DIR whose files changed counts anew."""
 
 
 @dataclass
@@ -132,18 +134,19 @@ class FileResult:
 _WORKER_TOKENIZERS: dict = {}
 
 
-def _tokenizer(spec: str):
-    """The tokenizer for `spec`, built once per process."""
-    if spec not in _WORKER_TOKENIZERS:
+def _tokenizer(spec: str, fingerprint: str = ""):
+    """The tokenizer for `spec` with this content fingerprint, built once per process (a replaced hf:DIR is
+    another fingerprint, so another tokenizer)."""
+    if (spec, fingerprint) not in _WORKER_TOKENIZERS:
         from posfreq.train.tokenizer import get_tokenizer
 
-        _WORKER_TOKENIZERS[spec] = get_tokenizer(spec)
-    return _WORKER_TOKENIZERS[spec]
+        _WORKER_TOKENIZERS[(spec, fingerprint)] = get_tokenizer(spec)
+    return _WORKER_TOKENIZERS[(spec, fingerprint)]
 
 
 def count_file(settings: CountSettings, file: str | CorpusFile) -> FileResult:
     """Tokenize one file's documents in batches and count their lengths (tokens + EOS) per source."""
-    tokenizer = _tokenizer(settings.tokenizer)
+    tokenizer = _tokenizer(settings.tokenizer, settings.tokenizer_fingerprint)
     stats = ReadStats()
     lengths: dict[str, list[np.ndarray]] = {}
     texts: list[str] = []
@@ -240,8 +243,8 @@ def default_workers() -> int:
 
 
 def cache_key(corpus: Corpus, settings: CountSettings) -> str:
-    """A hash of the corpus files (paths, sizes, mtimes; a stream's dataset, split, revision), the tokenizer
-    and the settings."""
+    """A hash of the corpus files (paths, sizes, mtimes; a stream's dataset, split, revision) and the settings,
+    the tokenizer's content fingerprint among them (a replaced tokenizer.json is another tokenizer)."""
     payload = {
         "version": CACHE_VERSION,
         "files": corpus.fingerprint(),
@@ -258,6 +261,10 @@ def cached_count(
     progress: bool = True,
 ) -> tuple[LengthHistogram, dict]:
     """The corpus's length histogram and metadata, from the cache when the key matches."""
+    from posfreq.train.tokenizer import get_tokenizer
+
+    fingerprint = get_tokenizer(settings.tokenizer).fingerprint
+    settings = replace(settings, tokenizer_fingerprint=fingerprint)
     key = cache_key(corpus, settings)
     path = cache_dir() / "position_freq" / f"{key}.npz"
     if use_cache and path.is_file():

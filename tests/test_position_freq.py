@@ -445,3 +445,31 @@ def test_a_token_budget_out_of_range_is_refused_before_counting(budget, tmp_path
     assert refused.value.code == 2
     assert "--total-tokens must be a finite token count from 1 to 2^53" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_replaced_tokenizer_file_is_counted_anew_not_read_from_the_cache(
+    slimpajama, tmp_path, monkeypatch
+):
+    """The cache was keyed by the tokenizer's spec (hf:T): after T/tokenizer.json was replaced, a rerun read
+    the old counts back. The key holds the tokenizer's content now."""
+    from posfreq.train.hf_tokenizer import write_bytes_tokenizer, write_llama3_tokenizer
+
+    root, _ = slimpajama
+    monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
+    tok = tmp_path / "T"
+    write_bytes_tokenizer(tok)
+    args = [
+        *"--corpus slimpajama --workers 1 --quiet --train-len 16 --no-figures".split(),
+        *("--data-dir", str(root), "--tokenizer", f"hf:{tok}"),
+    ]
+
+    def tokens(out: str, *extra: str) -> int:
+        assert pf.main([*args, "--out", str(tmp_path / out), *extra]) == 0
+        return json.loads((tmp_path / out / "summary.json").read_text())["all"]["tokens"]
+
+    as_bytes = tokens("bytes")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tok / name).unlink()
+    write_llama3_tokenizer(tok)  # another tokenizer at the same path
+    rerun = tokens("llama3")
+    assert rerun == tokens("llama3-no-cache", "--no-cache") and rerun < as_bytes
