@@ -479,3 +479,30 @@ def test_a_full_disk_during_a_save_is_named_as_such(data_dir, tmp_path, monkeypa
         RuntimeError, match="unexpected pos"
     ):  # with room on the disk, the error is not reworded
         run(tiny(data_dir, tmp_path / "other", stop_at_step=1))
+
+
+def test_an_unreadable_file_is_a_damaged_checkpoint_named_in_manifest_order(
+    stopped_at_6, tmp_path, monkeypatch
+):
+    """Files are hashed at once: the first bad one in the manifest's order is named, and an I/O error (EIO on a
+    failing disk) is a CheckpointError, which --resume auto skips, not an OSError that ends the resume."""
+    import errno
+
+    out = tmp_path / "run"
+    shutil.copytree(stopped_at_6["sharded"], out)
+    latest = out / "checkpoints" / ckpt.LATEST
+    meta = ckpt.read_trainer_state(latest)
+    names = list(json.loads((latest / "manifest.json").read_text())["files"])
+    real = ckpt.file_sha256
+
+    def failing(path: Path) -> str:
+        if path.name == Path(names[-1]).name:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(path)
+
+    monkeypatch.setattr(ckpt, "file_sha256", failing)
+    with pytest.raises(ckpt.CheckpointError, match=r"cannot be read \(Input/output error\)"):
+        ckpt.verify_checkpoint(latest, meta)
+    flip_a_byte(latest / names[0])  # an earlier file is damaged too: it is the one named
+    with pytest.raises(ckpt.CheckpointError, match=re.escape(names[0]) + ": its sha256 differs"):
+        ckpt.verify_checkpoint(latest, meta)

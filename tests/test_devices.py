@@ -56,3 +56,16 @@ def test_a_cuda_build_newer_than_the_driver_is_named_in_one_line() -> None:
     assert "\n" not in newer
     assert "is a CPU build" in gpu_visibility_problem("", ("535.104.05", "12.2"))
     assert "CUDA_VISIBLE_DEVICES" in gpu_visibility_problem("12.1", ("535.104.05", "12.2"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where torch sees no GPU")
+def test_the_doctor_fails_a_gpu_node_whose_torch_sees_none_unless_the_cpu_was_asked_for(
+    monkeypatch,
+):
+    from posfreq.train import devices
+    from posfreq.train.doctor_checks import environment
+
+    monkeypatch.setattr(devices, "nvidia_driver", lambda: ("535.104.05", "12.2"))
+    with pytest.raises(AssertionError, match="is a CPU build|built for CUDA|CUDA_VISIBLE_DEVICES"):
+        environment(torch.device("cpu"))  # --device auto on a GPU node: the first thing to fix
+    assert "no CUDA GPU" in environment(torch.device("cpu"), expect_gpu=False)  # --device cpu

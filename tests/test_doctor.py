@@ -23,7 +23,12 @@ CPU_CHECKS = {
 
 
 @pytest.mark.slow  # a child process, a notebook kernel or a deliberate timeout
-def test_cpu_subset_passes_and_gpu_checks_are_skipped_with_a_reason(tmp_path, capsys):
+def test_cpu_subset_passes_and_gpu_checks_are_skipped_with_a_reason(tmp_path, capsys, monkeypatch):
+    from posfreq.train import devices
+
+    monkeypatch.setattr(
+        devices, "nvidia_driver", lambda: None
+    )  # hermetic on a GPU node's CPU torch too
     assert doctor.main(["--out", str(tmp_path / "doc"), "--device", "cpu"]) == 0
     report = json.loads((tmp_path / "doc/doctor.json").read_text())
     status = {c["name"]: c for c in report["checks"]}

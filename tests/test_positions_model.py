@@ -228,3 +228,22 @@ def test_a_split_scheme_reads_its_layout_once_per_forward_not_per_layer(monkeypa
     torch.testing.assert_close(first, again, rtol=0, atol=0)
     rotary = model.positions.rotary
     assert rotary.inv_freq_on(ids.device) is rotary.inv_freq_on(ids.device)
+
+
+@pytest.mark.parametrize("scheme", ["string", "rerope"])
+def test_gradients_flow_through_a_split_schemes_merge(scheme):
+    """The merge weighted the passes by exp(...) made finite in place, which autograd refused ("modified by an
+    inplace operation") in any backward through STRING, ReRoPE or Self-Extend."""
+    from posfreq.train.config import model_preset
+
+    torch.manual_seed(0)
+    model = Transformer(
+        model_preset("tiny-2l-128", vocab_size=97, train_len=48), attention_backend="sdpa"
+    )
+    model.set_positions(scheme)
+    ids = torch.randint(0, 97, (90,), generator=torch.Generator().manual_seed(1))
+    model(ids, torch.tensor([0, 40, 90], dtype=torch.int32), 50).float().logsumexp(
+        -1
+    ).mean().backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)

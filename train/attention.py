@@ -23,6 +23,7 @@ merge (STRING, ReRoPE, Self-Extend, DCA) that needs gradients is refused on them
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Callable
 
 import torch
@@ -89,13 +90,15 @@ def varlen_attention(
 class LayoutMemo:
     """One slot: the value last computed from these very tensors (by identity) and settings.
 
-    Every layer of a forward passes the same cu_seqlens tensors, so a layout read from them (a copy to the
-    host, which on a GPU waits for every queued kernel and leaves the GPU idle while Python catches up) is
-    computed once per forward instead of once per layer. posfreq never changes such tensors in place.
+    Every layer of a forward passes the same cu_seqlens tensors (or attention mask), so a layout read from
+    them (a copy to the host, which on a GPU waits for every queued kernel and leaves the GPU idle while
+    Python catches up) is computed once per forward instead of once per layer. The slot holds its key
+    tensors weakly: a mask of gigabytes is not kept alive by the memo, and a freed tensor's id, reused by a
+    new one, can never match. posfreq never changes such tensors in place.
     """
 
     def __init__(self) -> None:
-        self._slot: tuple[tuple[Tensor, ...], tuple, object] | None = None
+        self._slot: tuple[tuple[weakref.ref | None, ...], tuple, object] | None = None
 
     def get(self, tensors: tuple[Tensor | None, ...], settings: tuple, compute):
         """The memo for (tensors, settings), else compute() stored in their place."""
@@ -104,11 +107,15 @@ class LayoutMemo:
             slot is not None
             and slot[1] == settings
             and len(slot[0]) == len(tensors)
-            and all(a is b for a, b in zip(slot[0], tensors))
+            and all(
+                (ref is None and t is None) or (ref is not None and ref() is t)
+                for ref, t in zip(slot[0], tensors)
+            )
         ):
             return slot[2]
         value = compute()
-        self._slot = (tensors, settings, value)
+        refs = tuple(None if t is None else weakref.ref(t) for t in tensors)
+        self._slot = (refs, settings, value)
         return value
 
 
@@ -290,8 +297,8 @@ def _varlen(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
         options["is_causal"] = True
     if api.scale:
         options["scale"] = scale
-    else:  # the kernel's own scale is 1 / sqrt(D): fold the rest into q, a copy of it
-        q = q * (scale * math.sqrt(q.shape[-1]))
+    elif not math.isclose(factor := scale * math.sqrt(q.shape[-1]), 1.0, rel_tol=1e-9):
+        q = q * factor  # the kernel's own scale is 1 / sqrt(D): fold the rest into q, a copy of it
     if q.shape[1] != k.shape[1]:
         if api.gqa:
             options["enable_gqa"] = True

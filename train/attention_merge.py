@@ -135,9 +135,9 @@ def merge_into(
     lse_a = lse[rows]
     total = torch.logaddexp(lse_a, lse_b)
     weight_a = (
-        torch.exp(lse_a - total).nan_to_num_(0.0).unsqueeze(-1)
-    )  # nan only where both saw no key
-    weight_b = torch.exp(lse_b - total).nan_to_num_(0.0).unsqueeze(-1)
+        torch.exp(lse_a - total).nan_to_num(0.0).unsqueeze(-1)
+    )  # nan only where both saw no key (not in place: exp's backward needs its output)
+    weight_b = torch.exp(lse_b - total).nan_to_num(0.0).unsqueeze(-1)
     merged = (
         out[rows].float().mul_(weight_a).addcmul_(out_b.float(), weight_b)
     )  # in place for float32 slices
@@ -163,7 +163,12 @@ def windowed_attention(q: Tensor, x: AttentionInputs, window: int) -> tuple[Tens
     lens_q, lens_k = seq_lengths(x.cu_seqlens_q), seq_lengths(x.cu_seqlens_k)
     blocked = (
         resolve_backend(
-            x.backend, q.device, q.dtype, return_lse=True, backward=needs_backward(q, x.keys)
+            x.backend,
+            q.device,
+            q.dtype,
+            return_lse=True,
+            backward=needs_backward(q, x.keys),
+            window=True,
         )
         == "sdpa"
         and x.max_seqlen_q > window > 1

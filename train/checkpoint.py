@@ -172,14 +172,25 @@ def verify_checkpoint(path: Path, meta: dict, hashes: bool = True) -> None:
     if not hashes:
         return
     # Files hashed at once (hashlib releases the GIL): a multi-GB sharded checkpoint is read at the disk's
-    # speed, not one core's; the first damaged file in the manifest's order is the one named.
-    with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
-        digests = list(pool.map(lambda name: file_sha256(files[name]), entries))
-    for (name, entry), digest in zip(entries.items(), digests):
-        if digest != entry["sha256"]:
-            raise CheckpointError(
-                f"{files[name]}: its sha256 differs from {MANIFEST_FILE}'s (damaged on disk)"
-            )
+    # speed, not one core's. Checked in the manifest's order, the first damaged or unreadable file is the one
+    # named, as a CheckpointError (so --resume auto falls back to an older checkpoint), and the hashing of
+    # the files queued after it is cancelled.
+    pool = ThreadPoolExecutor(max_workers=HASH_THREADS)
+    try:
+        futures = {name: pool.submit(file_sha256, files[name]) for name in entries}
+        for name, entry in entries.items():
+            try:
+                digest = futures[name].result()
+            except OSError as err:
+                raise CheckpointError(
+                    f"{files[name]} cannot be read ({err.strerror or err}): damaged on disk"
+                ) from err
+            if digest != entry["sha256"]:
+                raise CheckpointError(
+                    f"{files[name]}: its sha256 differs from {MANIFEST_FILE}'s (damaged on disk)"
+                )
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _incomplete_directories(out_dir: str | Path) -> list[Path]:

@@ -51,11 +51,12 @@ from posfreq.train.doctor_pretrain import pretrain_check, write_tiny_corpus
 from posfreq.train.outdir import OutputDirError, claim_output_dir
 
 
-def run_doctor(out: Path, device: torch.device) -> list[CheckResult]:
-    """Every check, in order; the pretraining's checkpoint feeds the probe checks."""
+def run_doctor(out: Path, device: torch.device, expect_gpu: bool = True) -> list[CheckResult]:
+    """Every check, in order; the pretraining's checkpoint feeds the probe checks. `expect_gpu`: False for an
+    explicit --device cpu, where a GPU torch cannot see is no failure."""
     from posfreq.train import checkpoint as ckpt
 
-    results = [run_check("environment", lambda: environment(device), device)]
+    results = [run_check("environment", lambda: environment(device, expect_gpu), device)]
     data = write_tiny_corpus(out / "data")
     processes = torch.cuda.device_count() if device.type == "cuda" else 1
     checkpoint = None
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"error: {err}")
     out = prepare_out(args.out)
     started = time.perf_counter()
-    results = run_doctor(out, device)
+    results = run_doctor(out, device, expect_gpu=args.device != "cpu")
     report = {
         "device": str(device),
         "seconds": time.perf_counter() - started,

@@ -76,8 +76,9 @@ def run_check(
     return CheckResult(name, status, detail, time.perf_counter() - started, peak, of)
 
 
-def environment(device: torch.device) -> str:
-    """Versions, GPUs, and per backend whether it is present and what auto picks for training."""
+def environment(device: torch.device, expect_gpu: bool = True) -> str:
+    """Versions, GPUs, and per backend whether it is present and what auto picks for training; without a GPU
+    where one was asked for or is on the node (`expect_gpu`), why torch sees none fails the check."""
     parts = [f"python {platform.python_version()}", f"torch {torch.__version__}"]
     if device.type == "cuda":
         names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
@@ -87,7 +88,7 @@ def environment(device: torch.device) -> str:
             f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}",
         ]
     else:
-        problem = gpu_visibility_problem()
+        problem = gpu_visibility_problem() if expect_gpu else None
         if problem:  # a GPU node whose torch cannot use its GPU: the first thing to fix
             raise AssertionError(problem)
         parts.append("no CUDA GPU")
@@ -212,10 +213,10 @@ def probe_check(checkpoint: Path | None, backend: str, device: torch.device) -> 
     _require(backend, device)
     precision = "bfloat16" if device.type == "cuda" else "float32"
     dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
-    if attention_kernels.why_not(backend, device.type, dtype, return_lse=True) is not None:
+    reason = attention_kernels.why_not(backend, device.type, dtype, return_lse=True, window=True)
+    if reason is not None:
         raise Skipped(
-            f"{backend}: {attention_kernels.why_not(backend, device.type, dtype, return_lse=True)} "
-            "(string and dca merge two passes by it)"
+            f"{backend}: {reason} (string and dca merge a windowed pass and a far pass by it)"
         )
     model = load_model(checkpoint, device="cpu", dtype=torch.float32)[0].to(device)
     prompts = torch.randint(0, 256, (2, 2 * L), generator=torch.Generator().manual_seed(0)).to(

@@ -24,6 +24,7 @@ and exits 0. With one, it exits 1 if any stage failed. docs/cluster.md records t
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -60,12 +61,17 @@ def _gpu_only(device: torch.device) -> None:
         raise Skipped("no CUDA GPU here")
 
 
+class StageTimeout(BaseException):
+    """A stage past its budget: a BaseException, so that a stage's own `except Exception` cannot take it for a
+    finding (`bounded` turns it into the stage's failure)."""
+
+
 @contextlib.contextmanager
 def time_budget(seconds: float):
-    """Raise TimeoutError in the main thread once `seconds` have passed (checked between Python operations)."""
+    """Raise StageTimeout in the main thread once `seconds` have passed (checked between Python operations)."""
 
     def expire(signum, frame):
-        raise TimeoutError(f"over its budget of {seconds:.0f} s")
+        raise StageTimeout(f"over its budget of {seconds:.0f} s")
 
     if seconds <= 0 or not hasattr(signal, "SIGALRM"):
         yield
@@ -77,6 +83,15 @@ def time_budget(seconds: float):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def within_budget(body: Callable[[], str], budget: float) -> str:
+    """body(), or TimeoutError once `budget` seconds have passed, whatever the body catches."""
+    try:
+        with time_budget(budget):
+            return body()
+    except StageTimeout as late:
+        raise TimeoutError(str(late)) from None
 
 
 def driver_version() -> str | None:
@@ -451,10 +466,7 @@ def run_stages(
         if only and name not in only:
             continue
 
-        def bounded(body=body, budget=budget) -> str:
-            with time_budget(budget):
-                return body()
-
+        bounded = functools.partial(within_budget, body, budget)
         results.append(run_check(name, bounded, device, children=name == "pretrain-bf16"))
         print(format_table(results).splitlines()[-1], flush=True)
         report.write_text(

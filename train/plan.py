@@ -231,7 +231,10 @@ def tinyllama_mfu(gpu: Gpu) -> float:
 def expected_mfu(gpu_name: str) -> tuple[float, str]:
     """(MFU to plan with, where it comes from: measured by posfreq on this GPU, or assumed) per GPU model."""
     if gpu_name == "h200":
-        return H200_MEASURED_MFU, "measured: make gpu-check on one H200, 2026-11-26"
+        return (
+            H200_MEASURED_MFU,
+            "measured: make gpu-check on one H200, 2026-11-26, one GPU without communication",
+        )
     if gpu_name.startswith("h100"):
         return (
             H200_MEASURED_MFU,

@@ -66,6 +66,11 @@ class PositionScheme:
         )
 
 
+_FAR_SEGMENTS = LayoutMemo()
+"""The far pass's segments, a function of cu_seqlens and the split alone: shared by every layer's scheme (the
+transformers adapter makes one per attention module)."""
+
+
 @dataclass
 class SplitScheme(PositionScheme):
     """RoPE for distances below `split`; a rewritten distance for distances >= split.
@@ -78,9 +83,6 @@ class SplitScheme(PositionScheme):
     """
 
     split: int = 1
-    _far_segments: LayoutMemo = field(
-        default_factory=LayoutMemo, init=False, repr=False, compare=False
-    )
 
     def far_distance(self, m: np.ndarray, n: np.ndarray) -> np.ndarray:
         """Distance seen by query m and key n at m - n >= split (broadcasting arrays)."""
@@ -110,7 +112,7 @@ class SplitScheme(PositionScheme):
                 x.cu_seqlens_q[1:].long() - far_q, far_q, x.cu_seqlens_k[:-1].long(), far_k
             )
 
-        seg = self._far_segments.get((x.cu_seqlens_q, x.cu_seqlens_k), (self.split,), far)
+        seg = _FAR_SEGMENTS.get((x.cu_seqlens_q, x.cu_seqlens_k), (self.split,), far)
         if seg is None:
             return out
         q = self.rotary.rotate(x.q[seg.rows_q], self.far_query_positions(x.pos_q[seg.rows_q]))
