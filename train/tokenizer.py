@@ -223,7 +223,9 @@ class HFTokenizer:
         """Like `encode`, but special-token strings in `text` (e.g. "<|im_start|>") become their ids."""
         self._tok.encode_special_tokens = False
         try:
-            encoded = self._guarded("encode a text", self._tok.encode, text, add_special_tokens=False)
+            encoded = self._guarded(
+                "encode a text", self._tok.encode, text, add_special_tokens=False
+            )
             return list(encoded.ids)
         finally:
             self._tok.encode_special_tokens = True
