@@ -25,15 +25,20 @@ recomputed without decoding again (`--threshold` etc. below). Beside the pass-ra
 The run-level table `effective_length.csv` (analysis/run_table.py) has one row per checkpoint (see
 `RUN_COLUMNS`, then one ``pass_rate_<length>`` column per probed length). Comparing runs:
 
-    python analysis/effective_length.py runs/L2048/probe runs/L4096/probe --out runs/compare
+    python analysis/effective_length.py runs/L2048/probe runs/L4096/probe --out runs/fig2
     python analysis/effective_length.py runs/L2048/probe --threshold 0.4 --out runs/t04   # re-derive first
+
+Everything goes to --out, never into the probe's folders: a derived table must not overwrite its source. With
+an analysis option, each results folder RUN/probe is re-derived into OUT/RUN/probe (its probe.json names the
+source as ``derived_from``; `posfreq compare OUT/RUN` reads it) and the figures are drawn from those tables;
+without one, the figures are drawn from the probe's own tables. --out must be new, empty, or effective-length's
+own (an older one's folder of its figures alone is adopted); any other folder is refused before any work.
 """
 
 from __future__ import annotations
 
-import json
 import sys
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Sequence
 
@@ -49,7 +54,27 @@ from posfreq.analysis import results
 from posfreq.analysis.pass_curve import Analysis
 from posfreq.analysis.run_table import draw_run_figures, find_run_results, load_run
 from posfreq.train.command_line import add_runs_argument, command_parser, parse, runs_of
-from posfreq.train.outdir import OutputDirError, claim_output_dir, entry_names
+from posfreq.train.outdir import OutputDirError, claim_output_dir, is_owner_record, owner_of
+
+COMMAND = "effective-length"
+FIGURES = (*results.RUN_FIGURES, "fig3_position_frequency")
+"""The figures this command draws into --out (Fig. 3 only for several runs with f)."""
+
+
+class RederiveError(ValueError):
+    """A re-derivation that cannot be made as asked; the message names the folder and the fix."""
+
+
+@dataclass
+class Rederivation:
+    """One results folder re-derived under `analysis`: its records read at `source`, its tables written to
+    `dest` inside --out."""
+
+    source: Path
+    dest: Path
+    analysis: Analysis
+    run: bool
+    """A run's results (a folder per checkpoint, then the run tables) rather than one model's."""
 
 
 def build_parser() -> ArgumentParser:
@@ -62,7 +87,11 @@ def build_parser() -> ArgumentParser:
     )
     add_runs_argument(parser)
     parser.add_argument(
-        "--out", type=Path, default=Path("runs/effective_length"), help="Directory for the figures."
+        "--out",
+        type=Path,
+        default=Path("runs/effective_length"),
+        help="Directory for the figures and, with an analysis option, the re-derived tables (OUT/RUN/probe for "
+        "RUN/probe); new, empty or effective-length's own. The probe's folders are never written.",
     )
     parser.add_class_arguments(Analysis, nested_key=None, as_group=True)
     parser.set_defaults({f.name: None for f in fields(Analysis)})
@@ -76,30 +105,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.runs = runs_of(args, parser)
     try:
         return _main(args)
-    except (results.StaleResults, FileNotFoundError, OutputDirError) as err:
+    except (results.StaleResults, FileNotFoundError, OutputDirError, RederiveError) as err:
         raise SystemExit(f"error: {err}") from None
 
 
 def _main(args) -> int:
-    """`main` once the arguments are parsed."""
+    """`main` once the arguments are parsed: every check, then the claim of --out, then the writes there."""
     options = {f.name: args[f.name] for f in fields(Analysis) if args[f.name] is not None}
-    if options:
-        for run in args.runs:
-            directory = find_run_results(run)
-            meta = json.loads((directory / results.META_FILE).read_text())
-            try:
-                analysis = Analysis(**{**meta.get("analysis", {}), **options})
-            except ValueError as err:
-                raise SystemExit(f"error: {err}") from None
-            derive = results.derive_run if "checkpoints" in meta else results.derive_model
-            derive(directory, analysis)
-            print(f"{directory}: tables re-derived from the stored records with {options}")
-    runs = [load_run(r) for r in args.runs]
-    claim_output_dir(
-        args.out,
-        "effective-length",
-        written_before=lambda path: all(n.endswith((".png", ".pdf")) for n in entry_names(path)),
-    )
+    sources = [find_run_results(run) for run in args.runs]
+    plans = plan_rederivations(sources, args.out, options) if options else []
+    claim_output_dir(args.out, COMMAND, written_before=earlier_figures)
+    for plan in plans:  # every folder claimed before any table is written
+        claim_output_dir(plan.dest, COMMAND, flag="--out's re-derivation folder")
+    for plan in plans:
+        derive = results.derive_run if plan.run else results.derive_model
+        derive(plan.source, plan.analysis, dest=plan.dest)
+        print(
+            f"{plan.source}: tables re-derived from the stored records with {options} into {plan.dest}"
+        )
+    runs = [load_run(directory) for directory in ([p.dest for p in plans] or sources)]
     paths = draw_run_figures(runs, args.out)
     with_f = [r for r in runs if r.frequency.size and r.frequency[0] > 0]
     if len(with_f) > 1:
@@ -119,6 +143,71 @@ def _main(args) -> int:
         )
     print("figures: " + ", ".join(str(p) for p in paths if p.suffix == ".png"))
     return 0
+
+
+def plan_rederivations(sources: Sequence[Path], out: Path, options: dict) -> list[Rederivation]:
+    """Where and how each results folder is re-derived, every check made before anything is written: a folder
+    of records (not an earlier re-derivation), an analysis the options make valid, one destination per folder,
+    none of them over its source."""
+    plans = []
+    for source in sources:
+        meta = _source_meta(source)
+        stored = meta.get("analysis") if isinstance(meta.get("analysis"), dict) else {}
+        try:
+            analysis = Analysis(**{**stored, **options})
+        except (TypeError, ValueError) as err:
+            raise RederiveError(f"{source / results.META_FILE}: {err}") from None
+        dest = out / derived_name(source)
+        plans.append(Rederivation(source, dest, analysis, "checkpoints" in meta))
+    _check_destinations(plans)
+    return plans
+
+
+def _source_meta(source: Path) -> dict:
+    """The probe.json of a results folder holding the probe's records; RederiveError for an earlier
+    re-derivation (tables only, nothing to re-derive from)."""
+    meta = results.read_json(source / results.META_FILE)
+    if owner_of(source) == COMMAND or results.DERIVED_FROM in meta:
+        origin = meta.get(results.DERIVED_FROM, "the probe's results folder")
+        raise RederiveError(
+            f"{source} is a re-derivation by `posfreq {COMMAND}` (tables only, no per-test records). "
+            f"Fix: re-derive from {origin}"
+        )
+    return meta
+
+
+def derived_name(source: Path) -> Path:
+    """The folder inside --out that `source`'s re-derived tables go to: RUN/probe for RUN/probe (so that
+    `posfreq compare OUT/RUN` finds them as it finds RUN/probe)."""
+    source = source.resolve()
+    return Path(source.parent.name, source.name) if source.parent.name else Path(source.name)
+
+
+def _check_destinations(plans: Sequence[Rederivation]) -> None:
+    """RederiveError when two folders would share a destination or one would be written over its source."""
+    seen: dict[Path, Path] = {}
+    for plan in plans:
+        dest, source = plan.dest.resolve(), plan.source.resolve()
+        if dest in seen:
+            raise RederiveError(
+                f"{seen[dest]} and {plan.source} would both be re-derived into {plan.dest}. Fix: re-derive "
+                "them with separate --out folders (nothing was changed)"
+            )
+        seen[dest] = plan.source
+        if dest == source or source in dest.parents or dest in source.parents:
+            raise RederiveError(
+                f"--out: the tables re-derived from {plan.source} would go to {plan.dest}, over its own "
+                "folder. Fix: pass an --out outside the probe's results (nothing was changed)"
+            )
+
+
+def earlier_figures(out: Path) -> bool:
+    """Whether an older effective-length (before owner records) wrote `out`: Fig. 2a and 2b, and nothing but
+    the figures it draws, by name. A folder holding any other file, figure or not, is a user's."""
+    names = {entry.name for entry in out.iterdir() if not is_owner_record(entry.name)}
+    always, drawn = results.figure_names(results.RUN_FIGURES), results.figure_names(FIGURES)
+    regular = all((out / name).is_file() and not (out / name).is_symlink() for name in names)
+    return regular and always <= names <= drawn
 
 
 if __name__ == "__main__":

@@ -23,9 +23,12 @@ options included) and the source of the code that decides answers. A length alre
 under the same key is never decoded again; results under another key are never reused. Default
 outputs: runs/probe/<name>-<key> for one model, RUNDIR/probe-<scheme>-<key> for a run (one
 directory per checkpoint inside, then the run tables: effective_length.csv with bootstrap
-intervals and f, distance_by_checkpoint.csv, position_frequency.csv, Fig. 2a/2b). Threshold,
+intervals and f, distance_by_checkpoint.csv, position_frequency.csv, Fig. 2a/2b). An output directory
+must be new, empty or the probe's own (train/outdir.py's owner record, or an older probe's key.json
+with only its files): any other folder is refused untouched before a model is read. Threshold,
 needles per pass and scoring rule only enter the derived tables: change them with
-`analysis/effective_length.py --threshold ...` without probing again.
+`analysis/effective_length.py RESULTS --threshold ... --out DIR` without probing again (the re-derived
+tables go to DIR; the probe's own stay as they are).
 """
 
 from __future__ import annotations
@@ -50,9 +53,11 @@ from posfreq.analysis.pass_curve import STATUS_NONE_PASSED, Analysis
 from posfreq.analysis.probe_runner import Job, probe_models, probe_run
 from posfreq.analysis.probe_settings import ProbeError, ProbeSettings, parse_lengths, result_key
 from posfreq.analysis.probe_sources import Builders, checkpoint_source, hf_source
+from posfreq.analysis.results import check_results_dir
 from posfreq.train.attention_kernels import BACKENDS
 from posfreq.train.command_line import command_parser, parse, parse_shard
 from posfreq.train.devices import resolve_device
+from posfreq.train.outdir import OutputDirError
 from posfreq.train.tokenizer import hf_dir
 
 CPU_BATCH_TOKENS = 8192
@@ -102,8 +107,9 @@ def build_parser() -> ArgumentParser:
         "--out",
         type=Optional[Path],
         default=None,
-        help="Output directory; null: runs/probe/<model>-<key> for one model, "
-        "RUN/probe-<positions>-<key> for --run (key: a hash of model, prompts, settings and code).",
+        help="Output directory: new, empty or the probe's own (a folder holding anything else is refused "
+        "untouched); null: runs/probe/<model>-<key> for one model, RUN/probe-<positions>-<key> for --run "
+        "(key: a hash of model, prompts, settings and code).",
     )
     parser.add_argument(
         "--replace-stale",
@@ -222,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(err))
     try:
         out, rows = _probe(args, job, shard)
-    except ProbeError as err:
+    except (ProbeError, OutputDirError) as err:
         raise SystemExit(f"error: {err}") from None
     for row in rows:
         status = row["effective_length_status"]
@@ -249,6 +255,8 @@ def _probe(args: Namespace, job: Job, shard: tuple[int, int] | None) -> tuple[Pa
     settings = job.settings
     if args.run:
         return probe_run(args.run, args.out, job, shard, args.merge_only)
+    if args.out is not None:  # a user's folder is refused before the model is read
+        check_results_dir(args.out)
     builders = Builders(settings.haystack)
     if args.checkpoint:
         source = checkpoint_source(args.checkpoint, settings)

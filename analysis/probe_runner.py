@@ -24,6 +24,7 @@ from posfreq.analysis.probe_decoding import (
 )
 from posfreq.analysis.probe_settings import ProbeError, ProbeSettings, resolve_precision, result_key
 from posfreq.analysis.probe_sources import Builders, ModelSource, checkpoint_source, milestones
+from posfreq.train.atomic import atomic_open
 from posfreq.train.attention_kernels import BackendError, explain_backend
 from posfreq.train.command_line import code_version
 from posfreq.train.positions import SINGLE_PASS_SCHEMES
@@ -215,9 +216,10 @@ def _write_meta(task: ModelTask, job: Job) -> None:
     """probe.json (provenance) and the trained-length histogram beside the records."""
     source = task.source
     if source.length_hist is not None:
-        np.save(
-            task.out / results.HIST_FILE, source.length_hist.astype(np.int64), allow_pickle=False
-        )
+        with atomic_open(
+            task.out / results.HIST_FILE, "wb"
+        ) as f:  # never through a link at that name
+            np.save(f, source.length_hist.astype(np.int64), allow_pickle=False)
     results.write_json(
         task.out / results.META_FILE,
         {
@@ -260,6 +262,8 @@ def probe_models(
 
     Returns their effective_length rows, or nothing when `derive` is False.
     """
+    for out in outs:  # every folder refused before any key is computed or model loaded
+        results.claim_results_dir(out)
     tasks = [plan_model(s, o, job, builders) for s, o in zip(sources, outs)]
     execute(tasks, job)
     return [results.derive_model(t.out, job.analysis, job.figures) for t in tasks] if derive else []
@@ -278,7 +282,12 @@ def probe_run(
     shard: tuple[int, int] | None = None,
     merge_only: bool = False,
 ) -> tuple[Path, list[dict]]:
-    """Probe every milestone of a run (or shard i of n of them), then (unless sharded) derive the run tables."""
+    """Probe every milestone of a run (or shard i of n of them), then (unless sharded) derive the run tables.
+
+    A given `out` is checked before the checkpoints are read (a user's folder is refused untouched), and claimed
+    for the probe before anything is written there."""
+    if out is not None:
+        results.check_results_dir(out, run=True)
     builders = Builders(job.settings.haystack)
     checkpoints = milestones(run_dir)
     mine = checkpoints if shard is None else checkpoints[shard[0] :: shard[1]]
@@ -286,6 +295,7 @@ def probe_run(
         p: checkpoint_source(p, job.settings) for p in (mine if shard is not None else checkpoints)
     }
     out = out or run_out_default(run_dir, sources[mine[0]], job, builders)
+    results.claim_results_dir(out, run=True)
     rows: list[dict] = []
     if (
         not merge_only

@@ -9,10 +9,14 @@ Layout of a model's result directory (written by analysis/probe.py):
     tests/L000128.json      the length's completion marker (key, seconds, batch size, device)
 
 and, derived from those under an `Analysis` (re-derivable at any time, nothing decoded again):
-summary.csv, distance.csv, effective_length.csv, failure_by_thirds.csv/.md, figures/.
+summary.csv, distance.csv, effective_length.csv, failure_by_thirds.csv/.md, figures/. A run's result directory
+holds one such directory per checkpoint, named after it, and the run tables beside them.
 
-A directory belongs to one key. Results under another key (other weights, prompts, settings or
-code) are never reused: the probe refuses to write there unless asked to replace them.
+A directory is the probe's own (train/outdir.py's owner record, or an older probe's key.json with only the
+probe's files beside it) before anything is written there: a user's folder is refused untouched. A directory
+belongs to one key. Results under another key (other weights, prompts, settings or code) are never reused: the
+probe refuses to write there unless asked to replace them. A re-derivation under another `Analysis` may write
+its tables to another directory (`dest`), never over the records' own.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import json
 import re
 from dataclasses import asdict
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -41,12 +45,21 @@ from posfreq.analysis.run_table import (
 )
 from posfreq.analysis.tables import current_names, markdown_table, read_csv, write_csv
 from posfreq.train.atomic import write_json_atomic, write_text_atomic
+from posfreq.train.outdir import check_output_dir, claim_output_dir, is_owner_record, owner_of
 
 KEY_FILE = "key.json"
 META_FILE = "probe.json"
 HIST_FILE = "trained_lengths.npy"
 RECORD_FILE = re.compile(r"L\d{6}\.jsonl?")
 """A length's per-test records or completion marker in OUT/tests (`length_files`)."""
+DERIVED_FROM = "derived_from"
+"""probe.json's field naming the result directory whose records a re-derivation elsewhere read."""
+PROBE = "probe"
+"""The command recorded as the owner of the probe's result directories (train/outdir.py)."""
+MODEL_FIGURES = ("niah_heatmap", "failure_by_thirds")
+"""The figures `derive_model` draws into OUT/figures (each as .png and .pdf)."""
+RUN_FIGURES = ("fig2a_effective_length_vs_tokens", "fig2b_frequency_vs_effective_length")
+"""The figures `derive_run` draws into OUT/figures (analysis/run_table.py's `draw_run_figures`)."""
 
 
 class StaleResults(RuntimeError):
@@ -122,6 +135,110 @@ DERIVED_TABLES = (
     "position_frequency.csv",
 )
 """The tables the probe derives into its own result directory (`derive_model`, `derive_run`)."""
+
+
+RUN_ENTRIES = frozenset(
+    {
+        META_FILE,
+        "effective_length.csv",
+        "distance_by_checkpoint.csv",
+        "position_frequency.csv",
+        "figures",
+    }
+)
+"""What a run's result directory holds beside its checkpoints' directories."""
+MODEL_ENTRIES = frozenset({KEY_FILE, META_FILE, HIST_FILE, "tests", "figures", *DERIVED_TABLES})
+"""What a model's result directory holds."""
+
+
+def check_results_dir(out: Path, run: bool = False) -> Path:
+    """`out` if the probe may write a model's (or with `run`, a run's) results there: absent, empty, the probe's
+    own, or an older probe's (`earlier_model_results`, `earlier_run_results`; then marked as its own). Anything
+    else is an OutputDirError naming the folder and the fix, and nothing in it is touched."""
+    return check_output_dir(out, PROBE, written_before=_earlier_results(run))
+
+
+def claim_results_dir(out: Path, run: bool = False) -> Path:
+    """Create (or reuse) the probe's result directory `out`, recording the probe as its owner (`check_results_dir`
+    says when it is refused)."""
+    return claim_output_dir(out, PROBE, written_before=_earlier_results(run))
+
+
+def _earlier_results(run: bool) -> Callable[[Path], bool]:
+    """The test of an older probe's unmarked result directory of a run, or of one model."""
+    return earlier_run_results if run else earlier_model_results
+
+
+def earlier_model_results(out: Path) -> bool:
+    """Whether an older probe (before owner records) wrote `out` for one model: its key.json is there, and beside
+    it only the probe's own file names, tests/ of per-length records and figures/ of the figures it draws."""
+    figures = figure_names(MODEL_FIGURES)
+    return (
+        _is_json_object(out / KEY_FILE, "key", str)
+        and _own_entries(out) <= MODEL_ENTRIES
+        and _only_files(out / "tests", lambda name: bool(RECORD_FILE.fullmatch(name)))
+        and _only_files(out / "figures", figures.__contains__)
+    )
+
+
+def earlier_run_results(out: Path) -> bool:
+    """Whether an older probe wrote `out` for a run: checkpoint directories that are each the probe's (its own or
+    `earlier_model_results`), and beside them only the run tables, a probe.json listing the checkpoints and the
+    run figures."""
+    checkpoints = _own_entries(out) - RUN_ENTRIES
+    figures = figure_names(RUN_FIGURES)
+    return (
+        bool(checkpoints)
+        and all(_is_model_results(out / name) for name in checkpoints)
+        and (
+            not (out / META_FILE).exists() or _is_json_object(out / META_FILE, "checkpoints", dict)
+        )
+        and _only_files(out / "figures", figures.__contains__)
+    )
+
+
+def _is_model_results(path: Path) -> bool:
+    """A model's result directory: the probe's own, or an older probe's."""
+    return (
+        path.is_dir()
+        and not path.is_symlink()
+        and (owner_of(path) == PROBE or earlier_model_results(path))
+    )
+
+
+def _own_entries(path: Path) -> set[str]:
+    """The names in directory `path` other than owner records."""
+    return {entry.name for entry in path.iterdir() if not is_owner_record(entry.name)}
+
+
+def figure_names(stems: Sequence[str]) -> frozenset[str]:
+    """The file names of figures drawn under `stems` (analysis/plots.py saves each as .png and .pdf)."""
+    return frozenset(f"{stem}{suffix}" for stem in stems for suffix in (".png", ".pdf"))
+
+
+def _only_files(folder: Path, accept: Callable[[str], bool]) -> bool:
+    """Whether `folder` is absent, or a real directory of regular files whose names `accept` takes."""
+    if not folder.exists() and not folder.is_symlink():
+        return True
+    return (
+        folder.is_dir()
+        and not folder.is_symlink()
+        and all(
+            entry.is_file() and not entry.is_symlink() and accept(entry.name)
+            for entry in folder.iterdir()
+        )
+    )
+
+
+def _is_json_object(path: Path, field: str, kind: type) -> bool:
+    """Whether `path` is a regular file holding a JSON object whose `field` is a `kind`."""
+    if not path.is_file() or path.is_symlink():
+        return False
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get(field), kind)
 
 
 def discard_records(out: Path) -> None:
@@ -224,12 +341,16 @@ def checked_records(out: Path, length: int, marker: dict) -> list[dict]:
     return records
 
 
-def derive_model(out: Path, analysis: Analysis = Analysis(), figures: bool = True) -> dict:
+def derive_model(
+    out: Path, analysis: Analysis = Analysis(), figures: bool = True, dest: Path | None = None
+) -> dict:
     """summary.csv, distance.csv, effective_length.csv, failure_by_thirds and figures of one result directory.
 
-    Reads only the directory's own files (records, probe.json, trained_lengths.npy); returns the
-    effective_length.csv row.
+    Reads only the directory's own files (records, probe.json, trained_lengths.npy) and writes the tables, the
+    figures and probe.json (with the analysis) into `dest` (None: `out` itself; another directory leaves `out`
+    untouched and records where the tables came from); returns the effective_length.csv row.
     """
+    dest = _destination(out, dest)
     meta = read_json(out / META_FILE)
     key = read_json(out / KEY_FILE)["key"]
     done = done_lengths(out, key)
@@ -240,12 +361,12 @@ def derive_model(out: Path, analysis: Analysis = Analysis(), figures: bool = Tru
         )
     by_length = {n: checked_records(out, n, done[n]) for n in lengths}
     summary = [summarize_length(by_length[n], done[n]["seconds"], analysis) for n in lengths]
-    write_csv(out / "summary.csv", summary)
+    write_csv(dest / "summary.csv", summary)
     hist = np.load(out / HIST_FILE, allow_pickle=False) if (out / HIST_FILE).is_file() else None
     train_len = int(meta["train_len"])
     records = [r for n in lengths for r in by_length[n]]
     write_csv(
-        out / "distance.csv", distance_rows(records, [0, *lengths], analysis, hist, train_len)
+        dest / "distance.csv", distance_rows(records, [0, *lengths], analysis, hist, train_len)
     )
     passed = [[analysis.passed(r) for r in by_length[n]] for n in lengths]
     tokens = current_names(meta)  # a probe's older meta.json holds tokens_seen
@@ -261,24 +382,25 @@ def derive_model(out: Path, analysis: Analysis = Analysis(), figures: bool = Tru
         tokens.get("tokens_trained"),
         tokens.get("run_tokens"),
     )
-    write_effective_length_csv(out / "effective_length.csv", [row])
+    write_effective_length_csv(dest / "effective_length.csv", [row])
     thirds = failure_by_thirds(records, analysis)
-    write_csv(out / "failure_by_thirds.csv", thirds)
-    write_text_atomic(out / "failure_by_thirds.md", markdown_table(thirds))
+    write_csv(dest / "failure_by_thirds.csv", thirds)
+    write_text_atomic(dest / "failure_by_thirds.md", markdown_table(thirds))
     if figures:
         from posfreq.analysis import plots_niah
 
         grid_lengths, edges, recall = depth_grid(records, analysis=analysis)
         plots_niah.plot_niah_heatmap(
-            grid_lengths, edges, recall, out / "figures" / "niah_heatmap", title=meta["model"]
+            grid_lengths, edges, recall, dest / "figures" / "niah_heatmap", title=meta["model"]
         )
         plots_niah.plot_failure_by_thirds(
-            thirds, out / "figures" / "failure_by_thirds", title=meta["model"]
+            thirds, dest / "figures" / "failure_by_thirds", title=meta["model"]
         )
     write_json(
-        out / META_FILE,
+        dest / META_FILE,
         {
             **meta,
+            **_derived_from(out, dest),
             "analysis": asdict(analysis),
             "complete": set(lengths) == set(meta["lengths"]),
             "effective_length": {
@@ -295,15 +417,19 @@ def derive_model(out: Path, analysis: Analysis = Analysis(), figures: bool = Tru
     return row
 
 
-def derive_run(out: Path, analysis: Analysis = Analysis(), figures: bool = True) -> list[dict]:
+def derive_run(
+    out: Path, analysis: Analysis = Analysis(), figures: bool = True, dest: Path | None = None
+) -> list[dict]:
     """The run tables of a run's result directory from its complete checkpoint directories.
 
     Each checkpoint's own tables and figures (`derive_model`), then effective_length.csv (a row per
     checkpoint), distance_by_checkpoint.csv, position_frequency.csv
     (Eq. 2 on the last checkpoint's histogram) and Fig. 2a/2b; the checkpoints are those listed in
     the run's probe.json with the key each one's results must have (results under another key, e.g.
-    of a checkpoint since retrained, are left out and listed as missing).
+    of a checkpoint since retrained, are left out and listed as missing). Everything is written into `dest`
+    (None: `out` itself), each checkpoint's tables into dest/<checkpoint>.
     """
+    dest = _destination(out, dest)
     meta = read_json(out / META_FILE)
     rows, distances, missing = [], [], []
     for name, key in meta["checkpoints"].items():
@@ -319,16 +445,16 @@ def derive_run(out: Path, analysis: Analysis = Analysis(), figures: bool = True)
         ):
             missing.append(name)  # not (fully) probed under the key the checkpoint has now
             continue
-        row = derive_model(sub, analysis, figures)
+        row = derive_model(sub, analysis, figures, dest / name)
         rows.append(row)
-        for d in read_csv(sub / "distance.csv"):
+        for d in read_csv(dest / name / "distance.csv"):
             distances.append({"checkpoint": name, "tokens_trained": row["tokens_trained"], **d})
     if not rows:
         raise StaleResults(
             f"{out}: no checkpoint of the run is fully probed with these settings; nothing to merge"
         )
-    write_effective_length_csv(out / "effective_length.csv", rows)
-    write_csv(out / "distance_by_checkpoint.csv", distances)
+    write_effective_length_csv(dest / "effective_length.csv", rows)
+    write_csv(dest / "distance_by_checkpoint.csv", distances)
     last = max(rows, key=lambda r: (r["tokens_trained"] == "", r["tokens_trained"] or 0))[
         "checkpoint"
     ]
@@ -336,11 +462,30 @@ def derive_run(out: Path, analysis: Analysis = Analysis(), figures: bool = True)
     if hist_path.is_file():
         hist = np.load(hist_path, allow_pickle=False)
         f = position_frequency(hist, len(hist) - 1)
-        write_csv(out / "position_frequency.csv", [{"i": i, "f": int(v)} for i, v in enumerate(f)])
+        write_csv(dest / "position_frequency.csv", [{"i": i, "f": int(v)} for i, v in enumerate(f)])
     write_json(
-        out / META_FILE,
-        {**meta, "analysis": asdict(analysis), "missing": missing, "position_frequency_from": last},
+        dest / META_FILE,
+        {
+            **meta,
+            **_derived_from(out, dest),
+            "analysis": asdict(analysis),
+            "missing": missing,
+            "position_frequency_from": last,
+        },
     )
     if figures:
-        draw_run_figures([load_run(out)], out / "figures")
+        draw_run_figures([load_run(dest)], dest / "figures")
     return rows
+
+
+def _destination(out: Path, dest: Path | None) -> Path:
+    """Where a derivation from `out` writes: `out` itself, or `dest` (created)."""
+    if dest is None:
+        return out
+    dest.mkdir(parents=True, exist_ok=True)
+    return dest
+
+
+def _derived_from(out: Path, dest: Path) -> dict:
+    """probe.json's record of a re-derivation elsewhere: the source directory (nothing when written in place)."""
+    return {} if dest == out else {DERIVED_FROM: str(out.resolve())}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -401,29 +400,26 @@ def table1(
 def strict_comparison(
     p: Pipeline, settings: DemoSettings, runs: dict[str, Path]
 ) -> tuple[Path, dict]:
-    """The verdicts under the stricter criterion (settings.strict_min_retrieved of 4 needles): each run's probe
-    directory is copied (the originals keep the paper's criterion), its tables re-derived from the stored per-test
-    records (analysis/effective_length.py, no decoding) and compared (analysis/compare.py).
+    """The verdicts under the stricter criterion (settings.strict_min_retrieved of 4 needles): each run's tables
+    re-derived from its stored per-test records into OUT/strict-kof4/figures/<run>/probe (analysis/effective_length.py,
+    no decoding; the probe's own tables keep the paper's criterion) and compared (analysis/compare.py).
     Returns the comparison's directory and its conclusion."""
     k = settings.strict_min_retrieved
     base = p.out / f"strict-{k}of4"
-    copies = []
-    for name, run in runs.items():
-        copy = base / name / "probe"
-        if copy.exists():
-            shutil.rmtree(copy)
-        shutil.copytree(run / "probe", copy)
-        copies.append(copy)
     p.run(
         f"effective length, {k} of 4 needles",
         "analysis/effective_length.py",
-        *copies,
+        *[run / "probe" for run in runs.values()],
         "--min-retrieved",
         str(k),
         "--out",
         base / "figures",
     )
     p.run(
-        f"compare runs, {k} of 4 needles", "analysis/compare.py", *copies, "--out", base / "compare"
+        f"compare runs, {k} of 4 needles",
+        "analysis/compare.py",
+        *[base / "figures" / run.name for run in runs.values()],
+        "--out",
+        base / "compare",
     )
     return base / "compare", json.loads((base / "compare" / "conclusion.json").read_text())

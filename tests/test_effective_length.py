@@ -3,6 +3,8 @@ depth aggregations against hand counts, and the run-table round trip."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -20,6 +22,9 @@ from posfreq.analysis.run_table import (
     write_effective_length_csv,
 )
 from posfreq.analysis.tables import read_csv
+from posfreq.train.outdir import owner_of
+
+FIXTURES = Path(__file__).parent / "fixtures" / "demo_probe"
 
 LENGTHS = [128, 256, 384, 512, 640]
 
@@ -157,3 +162,31 @@ def test_bootstrap_interval_is_deterministic_and_matches_a_naive_loop():
     certain = [[True] * 40, [True] * 40, [False] * 40, [False] * 40]
     assert bootstrap_interval(lengths, certain, analysis) == (256, 256)
     assert bootstrap_interval(lengths, passed, Analysis(bootstrap=0)) is None
+
+
+def test_a_folder_of_a_users_figures_is_refused_untouched(tmp_path):
+    """Issue 30: effective-length adopted any folder holding only .png/.pdf files and overwrote a user's figure
+    there. Only an older effective-length's own figures, by name, are adopted."""
+    from posfreq.analysis import effective_length
+
+    user = tmp_path / "U"
+    user.mkdir()
+    (user / "fig2a_effective_length_vs_tokens.png").write_bytes(b"my own figure")
+    (user / "holiday.pdf").write_bytes(b"%PDF mine")
+    before = {p.name: p.read_bytes() for p in user.iterdir()}
+    with pytest.raises(SystemExit) as stop:
+        effective_length.main([str(FIXTURES / "L256-s0"), "--out", str(user)])
+    assert str(stop.value.code) == (
+        f"error: --out {user} holds files `posfreq effective-length` did not write "
+        "(fig2a_effective_length_vs_tokens.png, holiday.pdf). Fix: pass a new or empty directory "
+        "(nothing was changed)"
+    )
+    assert {p.name: p.read_bytes() for p in user.iterdir()} == before
+    older = tmp_path / "older"
+    older.mkdir()
+    for stem in ("fig2a_effective_length_vs_tokens", "fig2b_frequency_vs_effective_length"):
+        for suffix in (".png", ".pdf"):
+            (older / f"{stem}{suffix}").write_bytes(b"an older effective-length's figure")
+    assert effective_length.main([str(FIXTURES / "L256-s0"), "--out", str(older)]) == 0
+    assert owner_of(older) == "effective-length"
+    assert (older / "fig2a_effective_length_vs_tokens.png").read_bytes()[:4] == b"\x89PNG"

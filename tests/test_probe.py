@@ -277,3 +277,30 @@ def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(tmp_path):
         probe.main(
             ["--checkpoint", str(ckpt), "--tokenizer", "llama3", "--lengths", "420", "--quiet"]
         )
+
+
+def test_a_users_folder_is_refused_untouched_before_the_model_is_read(tmp_path, monkeypatch):
+    """Issue 30: `probe --checkpoint CKPT --out U` with no key.json in U overwrote U's summary.csv, probe.json,
+    effective_length.csv and figures and exited 0. U is refused in one line before the checkpoint is read."""
+    from test_probe_runner import snapshot
+
+    ckpt = write_checkpoint(tmp_path / "run", 1024, tiny_model(), np.bincount([512], minlength=513))
+    user = tmp_path / "U"
+    (user / "figures").mkdir(parents=True)
+    (user / "summary.csv").write_text("mine\n")
+    (user / "probe.json").write_text('{"mine": true}\n')
+    (user / "effective_length.csv").write_text("mine\n")
+    (user / "figures" / "niah_heatmap.png").write_bytes(b"my figure")
+    before = snapshot(user)
+    for read in ("allowed", "forbidden"):
+        if read == "forbidden":
+            monkeypatch.setattr(
+                probe, "checkpoint_source", lambda *a: pytest.fail("the checkpoint was read first")
+            )
+        with pytest.raises(SystemExit) as stop:
+            probe.main(["--checkpoint", str(ckpt), "--lengths", "512", *quiet_noise_args(2, user)])
+        assert str(stop.value.code) == (
+            f"error: --out {user} holds files `posfreq probe` did not write (effective_length.csv, "
+            "figures, probe.json, summary.csv). Fix: pass a new or empty directory (nothing was changed)"
+        )
+        assert snapshot(user) == before

@@ -17,8 +17,16 @@ from posfreq.analysis.niah import NiahBuilder, PromptFormat
 from posfreq.analysis.pass_curve import Analysis
 from posfreq.analysis.run_table import RUN_COLUMNS
 from posfreq.analysis.tables import read_csv
+from posfreq.train.outdir import OWNER_FILE, OutputDirError, owner_of
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under `root` (hidden ones included) and its bytes."""
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
 
 
 def run_one(tmp_path, model, lengths, tests=6, **kw) -> tuple[dict, list[dict]]:
@@ -232,22 +240,35 @@ def test_run_table_f_matches_naive_eq2_and_resumes(tmp_path, monkeypatch):
     assert calls == sorted(names)
 
 
-def test_threshold_is_recomputed_from_stored_records(tmp_path, monkeypatch):
+def test_threshold_is_recomputed_from_stored_records_into_out_never_over_them(
+    tmp_path, monkeypatch
+):
+    """Issue 30: `effective-length RUN/probe --threshold 0.4 --out X` rewrote RUN/probe/effective_length.csv and only
+    drew the figures into X. The re-derived tables go to X/RUN/probe; the probe's folder stays byte for byte."""
     run, out = tmp_path / "run", tmp_path / "run" / "probe"
     names = make_fake_run(run, 512, {40_960: 150, 81_920: 300})
     probe_fake_run(run, out, names, [160, 256, 384, 512], [], monkeypatch, tests=8)
     before = {r["checkpoint"]: r for r in read_csv(out / "effective_length.csv")}
+    source = snapshot(out)
     from posfreq.analysis import effective_length, pass_curve
+    from posfreq.analysis.run_table import find_run_results
 
     monkeypatch.setattr(
         probe_sources.ModelSource,
         "load",
         lambda *a, **k: pytest.fail("re-derivation must not load a model"),
     )
+    fig = tmp_path / "fig"
     effective_length.main(
-        [str(out), "--threshold", "0.99", "--min-retrieved", "1", "--out", str(tmp_path / "fig")]
+        [str(out), "--threshold", "0.99", "--min-retrieved", "1", "--out", str(fig)]
     )
-    after = {r["checkpoint"]: r for r in read_csv(out / "effective_length.csv")}
+    assert snapshot(out) == source
+    derived = fig / "run" / "probe"
+    assert (
+        find_run_results(fig / "run") == derived
+    )  # `posfreq compare FIG/run` reads it as it reads RUN
+    after = {r["checkpoint"]: r for r in read_csv(derived / "effective_length.csv")}
+    assert sorted(after) == sorted(names)
     for name, row in after.items():
         assert row["threshold"] == 0.99 and row["min_retrieved"] == 1
         rates = [row[f"pass_rate_{n}"] for n in (160, 256, 384, 512)]
@@ -256,6 +277,30 @@ def test_threshold_is_recomputed_from_stored_records(tmp_path, monkeypatch):
         ]
         expected = pass_curve.effective_length([160, 256, 384, 512], rates, 0.99).value
         assert row["effective_length"] == expected
+        checkpoint_meta = json.loads((derived / name / "probe.json").read_text())
+        assert checkpoint_meta["analysis"]["threshold"] == 0.99
+        assert (derived / name / "summary.csv").is_file()
+    meta = json.loads((derived / "probe.json").read_text())
+    assert meta["derived_from"] == str(out.resolve()) and meta["analysis"]["threshold"] == 0.99
+    assert (fig / "fig2a_effective_length_vs_tokens.png").is_file()
+    # A re-derivation holds no records: it is not a source, and nothing is written for asking.
+    with pytest.raises(
+        SystemExit, match=f"error: {derived} is a re-derivation .* Fix: re-derive from {out}"
+    ):
+        effective_length.main(
+            [str(derived), "--threshold", "0.6", "--out", str(tmp_path / "again")]
+        )
+    assert not (tmp_path / "again").exists()
+    # --out in the probe's own folder, or in the run's, is refused before anything is written.
+    with pytest.raises(
+        SystemExit, match="error: --out: the tables re-derived from .* over its own folder"
+    ):
+        effective_length.main([str(out), "--threshold", "0.6", "--out", str(out)])
+    with pytest.raises(
+        SystemExit, match=r"error: --out .* did not write \(checkpoints, probe\)\. Fix"
+    ):
+        effective_length.main([str(out), "--threshold", "0.6", "--out", str(run)])
+    assert snapshot(out) == source
 
 
 def test_shards_then_merge(tmp_path, monkeypatch):
@@ -351,3 +396,72 @@ def test_rederivation_refuses_damaged_or_mixed_records_and_writes_only_inside_it
     with pytest.raises(results.StaleResults, match="is not a directory name inside"):
         results.derive_run(out, Analysis(), figures=False)
     assert list(elsewhere.iterdir()) == []
+
+
+# ------------------------------------------------------------------ output folders: the probe's own or refused
+
+
+def test_a_users_folder_is_never_a_runs_results_folder(tmp_path, monkeypatch):
+    """Issue 30: `probe --run RUN --out U` wrote its tables into a user's folder and merged into a user's
+    probe.json. U is refused untouched before any checkpoint is read, however the run is probed."""
+    run = tmp_path / "run"
+    names = make_fake_run(run, 512, {40_960: 150})
+    user = tmp_path / "U"
+    user.mkdir()
+    (user / "probe.json").write_text('{"mine": true}\n')
+    (user / "summary.csv").write_text("mine\n")
+    before = snapshot(user)
+    calls: list[str] = []
+    for how in ({}, {"merge_only": True}, {"shard": (0, 1)}):
+        with pytest.raises(
+            OutputDirError, match=r"did not write \(probe.json, summary.csv\)\. Fix"
+        ):
+            probe_fake_run(run, user, names, [160, 256], calls, monkeypatch, **how)
+        assert snapshot(user) == before and calls == [], how
+    from posfreq.analysis import probe
+
+    monkeypatch.setattr(
+        probe_runner, "milestones", lambda *a: pytest.fail("the run was read before --out")
+    )
+    with pytest.raises(SystemExit) as stop:
+        probe.main(["--run", str(run), "--out", str(user), "--quiet"])
+    assert str(stop.value.code).startswith(
+        f"error: --out {user} holds files `posfreq probe` did not write (probe.json, summary.csv). "
+        "Fix: pass a new or empty directory (nothing was changed)"
+    )
+    assert snapshot(user) == before
+
+
+def test_an_older_probes_results_are_adopted_and_resumed(tmp_path, monkeypatch):
+    """Result folders an older posfreq wrote (key.json and its results, no owner record) are still the probe's:
+    resumed without decoding again. A file of a user's among them makes the folder a user's, refused untouched."""
+    run, out = tmp_path / "run", tmp_path / "run" / "probe"
+    names = make_fake_run(run, 512, {40_960: 150, 81_920: 300})
+    calls: list[str] = []
+    probe_fake_run(run, out, names, [160, 256], calls, monkeypatch, figures=True)
+    assert owner_of(out) == "probe" and all(owner_of(out / name) == "probe" for name in names)
+
+    def as_an_older_posfreq_left_it() -> None:
+        for record in out.rglob(OWNER_FILE):
+            record.unlink()
+
+    as_an_older_posfreq_left_it()
+    calls.clear()
+    probe_fake_run(run, out, names, [160, 256], calls, monkeypatch)
+    assert calls == [] and owner_of(out) == "probe"
+    assert all(owner_of(out / name) == "probe" for name in names)
+    for stray in (out / "notes.md", out / sorted(names)[0] / "figures" / "mine.png"):
+        as_an_older_posfreq_left_it()
+        stray.write_bytes(b"mine")
+        before = snapshot(out)
+        with pytest.raises(OutputDirError, match="did not write"):
+            probe_fake_run(run, out, names, [160, 256], calls, monkeypatch)
+        assert snapshot(out) == before and calls == []
+        stray.unlink()
+    # One model's folder: the same.
+    model = WindowModel(TOKENIZER)
+    run_one(tmp_path / "one", model, [160])
+    decoded = len(model.calls)
+    (tmp_path / "one" / OWNER_FILE).unlink()
+    run_one(tmp_path / "one", model, [160])
+    assert len(model.calls) == decoded and owner_of(tmp_path / "one") == "probe"
