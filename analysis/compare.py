@@ -25,7 +25,6 @@ The claims (analysis/claims.py), tested on checkpoints whose effective length is
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -48,6 +47,7 @@ from posfreq.analysis.claims import (
 )
 from posfreq.analysis.probed_runs import COLUMNS, CompareError, load_checkpoints
 from posfreq.analysis.tables import write_csv
+from posfreq.train.atomic import write_json_atomic
 from posfreq.train.command_line import add_runs_argument, command_parser, parse, runs_of
 from posfreq.train.outdir import OutputDirError, claim_output_dir, entry_names
 
@@ -84,7 +84,7 @@ def compare(
         "baseline_variant": baseline,
         "variants": variant_comparisons(rows, baseline, n_boot, seed),
     }
-    (out / "conclusion.json").write_text(json.dumps(conclusion, indent=1) + "\n")
+    write_json_atomic(out / "conclusion.json", conclusion, indent=1)
     if figures:
         from posfreq.analysis import plots_effective_length
 

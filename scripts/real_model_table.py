@@ -20,6 +20,7 @@ if __package__ in (None, ""):  # run as a file: import the installed posfreq pac
     sys.path.pop(0)
 
 from posfreq.analysis import probe, ruler
+from posfreq.train.atomic import write_text_atomic
 from posfreq.train.command_line import command_parser, parse
 from posfreq.train.outdir import OutputDirError, claim_output_dir
 
@@ -117,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{niah_table(niah)}\n\nRULER's synthetic tasks (score in percent, samples in brackets):\n\n"
         f"{ruler_table(scores)}\n"
     )
-    (out / "table.md").write_text(block)
+    write_text_atomic(out / "table.md", block)
     if args.docs:
         publish(Path(args.docs), block)
     print(block)

@@ -119,3 +119,24 @@ def test_cache_folders_built_at_once_publish_one_and_drop_the_rest(tmp_path):
     publish_cache_dir(staging, final, complete)
     assert (final / "done").read_text() == "third" and not (final / "partial").exists()
     assert sorted(p.name for p in final.parent.iterdir()) == ["essays"]
+
+
+def test_an_atomic_write_replaces_a_link_at_its_name_and_never_writes_through_it(tmp_path):
+    """A symbolic link planted at an output's name (doctor.json, conclusion.json, the probe's trained-length
+    histogram) must not redirect the write to the file it points at."""
+    from posfreq.train.atomic import atomic_open, write_json_atomic
+
+    target = tmp_path / "users-thesis.tex"
+    target.write_text("keep")
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("doctor.json", "trained_lengths.npy"):
+        (out / name).symlink_to(target)
+    write_json_atomic(out / "doctor.json", {"checks": []})
+    with atomic_open(out / "trained_lengths.npy", "wb") as f:
+        f.write(b"npy")
+    assert target.read_text() == "keep"
+    assert not (out / "doctor.json").is_symlink() and (out / "doctor.json").read_text() == (
+        '{"checks": []}\n'
+    )
+    assert (out / "trained_lengths.npy").read_bytes() == b"npy"

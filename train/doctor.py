@@ -25,7 +25,6 @@ variables are kept from them, so a one-task job on one node can run it (slurm/do
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from pathlib import Path
 import torch
 
 from posfreq.train import attention_kernels
+from posfreq.train.atomic import write_json_atomic
 from posfreq.train.command_line import command_parser, parse
 from posfreq.train.devices import resolve_device
 from posfreq.train.doctor_checks import (
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": time.perf_counter() - started,
         "checks": [asdict(r) for r in results],
     }
-    (out / "doctor.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json_atomic(out / "doctor.json", report, indent=2)
     print(format_table(results))
     failed = [r.name for r in results if r.status == "FAIL"]
     skipped = [r.name for r in results if r.status == "SKIPPED"]

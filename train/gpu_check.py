@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from posfreq.train import attention_kernels
+from posfreq.train.atomic import write_text_atomic
 from posfreq.train.doctor_checks import (
     CheckResult,
     Skipped,
@@ -376,7 +377,8 @@ def prefill_stage(device: torch.device, length: int = 32_768, profile: Path | No
     if profile is not None:
         with torch.inference_mode():
             ours.set_positions("string")
-            profile.write_text(
+            write_text_atomic(
+                profile,
                 kernel_profile(
                     lambda: ours.hidden_states(ids, cu, length), device, "posfreq string"
                 )
@@ -392,7 +394,7 @@ def prefill_stage(device: torch.device, length: int = 32_768, profile: Path | No
                     ),
                     device,
                     "transformers STRING",
-                )
+                ),
             )
     ours_ratio = times["posfreq string"] / times["posfreq rope"]
     hf_ratio = times[f"transformers {STRING_ATTENTION}"] / times["transformers sdpa"]
@@ -469,7 +471,8 @@ def run_stages(
         bounded = functools.partial(within_budget, body, budget)
         results.append(run_check(name, bounded, device, children=name == "pretrain-bf16"))
         print(format_table(results).splitlines()[-1], flush=True)
-        report.write_text(
+        write_text_atomic(
+            report,
             json.dumps(
                 {
                     "date": time.strftime("%Y-%m-%d %H:%M %Z"),
@@ -482,7 +485,7 @@ def run_stages(
                 },
                 indent=2,
             )
-            + "\n"
+            + "\n",
         )
     return results
 
