@@ -43,6 +43,8 @@ class Analysis:
             raise ValueError(f"scoring must be one of {SCORING_RULES}, got {self.scoring!r}")
         if not 1 <= self.min_retrieved <= 4:
             raise ValueError(f"min_retrieved must be in 1..4, got {self.min_retrieved}")
+        if not 0 < self.threshold <= 1:  # at <= 0 every length "passes", with no test passed
+            raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
         if not 0 < self.level < 1 or self.bootstrap < 0:
             raise ValueError(
                 f"need 0 < level < 1 and bootstrap >= 0, got {self.level}, {self.bootstrap}"

@@ -50,6 +50,13 @@ def test_threshold_and_validation():
         effective_length([256, 128], [1.0, 1.0])
     with pytest.raises(ValueError):
         effective_length([128], [1.0, 1.0])
+    # --threshold -1 reported "512 (all_passed)" with no test passed: a threshold is a pass rate in (0, 1]
+    from posfreq.analysis.pass_curve import Analysis
+
+    for bad in (-1.0, 0.0, 1.5):
+        with pytest.raises(ValueError, match=r"threshold must be in \(0, 1\]"):
+            Analysis(threshold=bad)
+    assert Analysis(threshold=1.0).threshold == 1.0
 
 
 def naive_f(hist: np.ndarray, i: int) -> int:
