@@ -175,3 +175,16 @@ def test_the_probe_refuses_a_model_folder_that_names_its_own_code(tmp_path, caps
     err = str(refused.value)
     assert err.startswith("error: --model: ") and "config.json: auto_map" in err and "Fix:" in err
     assert not (tmp_path / "marker").exists() and not out.exists()
+
+
+def test_make_tests_names_a_length_too_short_in_one_line(tmp_path):
+    """`make_tests.py --lengths 256:...` with the bytes tokenizer ended in a traceback; the fix names the minimum."""
+    from posfreq.analysis.lm_eval_task import make_tests
+
+    argv = ["--tokenizer", "bytes", "--lengths", "256", "--tests-per-length", "1"]
+    with pytest.raises(SystemExit) as refused:
+        make_tests.main([*argv, "--max-new-tokens", "128", "--out", str(tmp_path / "t")])
+    assert str(refused.value).startswith(
+        "error: NIAH length 256 is too short for tokenizer 'bytes'"
+    )
+    assert "Fix: ask for a length of at least" in str(refused.value)

@@ -200,18 +200,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     tokenizer = get_tokenizer(args.tokenizer)
     bos = {"always": True, "never": False}.get(args.bos, tokenizer.adds_bos)
     out = Path(args.out)
-    exact = write_task(
-        out,
-        tokenizer,
-        lengths,
-        args.tests_per_length,
-        args.seed,
-        args.haystack,
-        args.max_new_tokens,
-        bos,
-        args.min_retrieved,
-        args.scoring,
-    )
+    try:
+        exact = write_task(
+            out,
+            tokenizer,
+            lengths,
+            args.tests_per_length,
+            args.seed,
+            args.haystack,
+            args.max_new_tokens,
+            bos,
+            args.min_retrieved,
+            args.scoring,
+        )
+    except (
+        ValueError
+    ) as err:  # e.g. a length too short for the frame, the needles and the answer budget
+        raise SystemExit(f"error: {err}") from None
     for length, count in exact.items():
         note = (
             ""
