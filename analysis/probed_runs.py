@@ -22,7 +22,9 @@ CHECKPOINT_COLUMNS = (
     "f_effective_length",
     "tf_effective_length",
 )
-COLUMNS = ("train_len", "seed", "variant", "checkpoint", *CHECKPOINT_COLUMNS)
+CRITERION_COLUMNS = ("threshold", "min_retrieved", "scoring")
+"""What makes a test pass and a length effective: every run compared must share them."""
+COLUMNS = ("train_len", "seed", "variant", "checkpoint", *CHECKPOINT_COLUMNS, *CRITERION_COLUMNS)
 
 
 def data_variant(config: Mapping) -> str:
@@ -45,11 +47,13 @@ class CompareError(ValueError):
 
 
 def run_config(probe_dir: Path, checkpoint: str) -> dict:
-    """The config.json of `checkpoint` of the run that `probe_dir` probed: at the run path probe.json records, else
-    at the run directory holding `probe_dir` (the default layout RUN/probe-*/, also after the run was moved)."""
+    """The config.json of `checkpoint` of the run that `probe_dir` probed: at the run directory holding `probe_dir`
+    (the default layout RUN/probe-*/, also after the run was moved), else at the run path probe.json records, a
+    hint only (a re-derivation's folder sits elsewhere; a new run at the old path must not supply the seed)."""
     meta = json.loads((probe_dir / "probe.json").read_text())
-    runs = [Path(meta["run"])] if meta.get("run") else []
-    runs.append(probe_dir.resolve().parent)
+    runs = [probe_dir.resolve().parent]
+    if meta.get("run"):
+        runs.append(Path(meta["run"]))
     tried = [checkpoint_root(run) / checkpoint / CONFIG_FILE for run in runs]
     for config_file in tried:
         if config_file.is_file():
@@ -75,12 +79,15 @@ def run_identity(probe_dir: Path) -> tuple[int, int, str]:
 
 
 def load_checkpoints(paths: Sequence[Path]) -> list[dict]:
-    """Every probed checkpoint of the given runs, with its run's training length, seed and data variant."""
-    rows = []
+    """Every probed checkpoint of the given runs, with its run's training length, seed and data variant;
+    CompareError when the runs were scored under different pass criteria (their verdicts would mix them)."""
+    rows, criteria = [], {}
     for path in paths:
         directory = find_run_results(path)
         train_len, seed, variant = run_identity(directory)
         for row in read_csv(directory / "effective_length.csv"):
+            criterion = tuple(row.get(c) for c in CRITERION_COLUMNS)
+            criteria.setdefault(criterion, []).append(str(directory))
             rows.append(
                 {
                     **{c: row.get(c) for c in COLUMNS},
@@ -90,4 +97,14 @@ def load_checkpoints(paths: Sequence[Path]) -> list[dict]:
                     **{k: v for k, v in row.items() if k.startswith("pass_rate_")},
                 }
             )
+    if len(criteria) > 1:
+        found = "; ".join(
+            f"{dict(zip(CRITERION_COLUMNS, c))} in {', '.join(sorted(set(d)))}"
+            for c, d in criteria.items()
+        )
+        raise CompareError(
+            f"the runs were scored under different pass criteria ({found}): their verdicts would mix "
+            "them. Fix: re-derive them under one (posfreq effective-length RESULTS --threshold T "
+            "--min-retrieved K --out DIR) and compare those"
+        )
     return rows

@@ -296,3 +296,30 @@ def test_compare_writes_only_into_its_own_directory(tmp_path):
     (older / "conclusion.json").write_text("{}")
     assert compare.main([*map(str, dirs), "--out", str(older), "--no-figures"]) == 0
     assert (older / "checkpoints.csv").read_text() != "old\n"
+
+
+def test_the_folder_the_results_sit_in_wins_over_the_recorded_path(tmp_path):
+    """Results moved with their run, while a new run now sits at the recorded path: the seed is the moved
+    run's (the recorded path supplied another run's seed), and the recorded path is only a fallback."""
+    stale = probed_run(
+        tmp_path / "old", 7, recorded_run="unused"
+    )  # a new run at the old path, seed 7
+    moved = probed_run(tmp_path / "moved", 3, recorded_run=str(stale.parent))
+    assert {r["seed"] for r in probed_runs.load_checkpoints([moved])} == {3}
+
+
+def test_runs_scored_under_different_criteria_are_refused_by_name(tmp_path):
+    """A run re-derived at threshold 0.4 beside runs at 0.5 mixed both without a word."""
+    from posfreq.analysis.tables import read_csv, write_csv
+
+    runs = [probed_run(tmp_path / f"s{s}", s, recorded_run="unused") for s in (0, 1)]
+    for run, threshold in zip(runs, (0.5, 0.4)):
+        rows = read_csv(run / "effective_length.csv")
+        for row in rows:
+            row.update(threshold=threshold, min_retrieved=2, scoring="exact")
+        write_csv(run / "effective_length.csv", rows, list(rows[0]))
+    with pytest.raises(probed_runs.CompareError, match="different pass criteria.*threshold.*0.4"):
+        probed_runs.load_checkpoints(runs)
+    with pytest.raises(SystemExit, match="error: the runs were scored under different pass"):
+        compare.main([*map(str, runs), "--out", str(tmp_path / "out"), "--no-figures"])
+    assert not (tmp_path / "out").exists()
