@@ -14,7 +14,8 @@ path relative to the corpus's common root (``train/chunk1/example_train_0.jsonl.
 ``train__chunk1__example_train_0``), or for a streamed dataset after its shard
 (``train__shard_00042_of_59166``), so names do not depend on --shard or --workers.
 Shards are written under temporary names and renamed when complete; a rerun skips the
-complete ones (same source size, or stream revision, and tokenizer) and redoes the rest, so the job is restartable
+complete ones (same source bytes by size and sha256, or stream revision, and the same tokenizer by
+content) and redoes the rest, so the job is restartable
 file by file. ``--shard i/n`` takes files i, i+n, i+2n, ... (0-based), for a SLURM job array.
 
 Bad input stops the job with an ``error:`` line naming the file and line (exit status 1). With
@@ -176,6 +177,7 @@ def tokenize_file(
     stats = ReadStats()
     extra = {
         **source_identity(file),
+        "tokenizer_fingerprint": tokenizer.fingerprint,  # the tokenizer by content, for a resume to compare
         "corpus": corpus.name,
         "text_field": corpus.text_field,
         "sources": list(corpus.sources),
@@ -244,19 +246,35 @@ def pending_files(
             or (val_fraction > 0 and shard_is_complete(out / VAL_DIR, names[file]) is None)
         ):
             meta = None
-        if meta is not None and meta.get("tokenizer") != tokenizer.name:
-            raise SystemExit(
-                f"{out}/{names[file]} was tokenized with {meta.get('tokenizer')!r}, not "
-                f"{tokenizer.name!r}. Fix: use a fresh --out directory per tokenizer."
-            )
-        cheap = source_identity(file, hash_content=False)
-        if (
-            meta is None
-            or meta.get("lost_files")
-            or any(meta.get(key) != value for key, value in cheap.items() if key != "source")
+        recorded = meta.get("tokenizer_fingerprint") if meta is not None else None
+        if meta is not None and (
+            meta.get("tokenizer") != tokenizer.name
+            or (recorded is not None and recorded != tokenizer.fingerprint)
         ):
+            raise SystemExit(
+                f"{out}/{names[file]} was tokenized with {meta.get('tokenizer')!r}"
+                + (
+                    " whose files have changed since"
+                    if meta.get("tokenizer") == tokenizer.name
+                    else ""
+                )
+                + f", not {tokenizer.name!r} as it is now. Fix: use a fresh --out directory per tokenizer."
+            )
+        if meta is None or meta.get("lost_files") or not same_source(meta, file):
             todo.append(file)
     return todo
+
+
+def same_source(meta: dict, file: CorpusFile) -> bool:
+    """Whether a shard's recorded source is still `file`'s content: size first (cheap), then its sha256 where
+    the shard recorded one (a same-size edit is another input)."""
+    cheap = source_identity(file, hash_content=False)
+    if any(meta.get(key) != value for key, value in cheap.items() if key != "source"):
+        return False
+    return (
+        "source_sha256" not in meta
+        or source_identity(file)["source_sha256"] == meta["source_sha256"]
+    )
 
 
 def prepare(

@@ -240,3 +240,32 @@ def test_damaged_shards_are_refused_naming_the_file(tmp_path: Path) -> None:
         data.document(1)
     with pytest.raises(ValueError, match="token id 1000000 >= vocab_size"):
         data.read_runs(np.array([3]), np.array([4]))
+
+
+def test_a_rerun_compares_inputs_and_tokenizers_by_content(tmp_path: Path) -> None:
+    """prepare's resume compared an input's size only (a same-size edit kept the old shard) and the tokenizer
+    by name only (a replaced hf:T/tokenizer.json kept tokens of the old one)."""
+    from posfreq.scripts import prepare_data as prep
+    from posfreq.train.corpora import resolve_corpus
+    from posfreq.train.hf_tokenizer import write_bytes_tokenizer, write_llama3_tokenizer
+
+    corpus_dir = tmp_path / "corpus"
+    corpus_dir.mkdir()
+    doc = corpus_dir / "a.jsonl"
+    doc.write_text(json.dumps({"text": "abcdef"}) + "\n")
+    out = tmp_path / "tokens"
+    prep.prepare(resolve_corpus(corpus_dir), out, "bytes", progress=False)
+    doc.write_text(json.dumps({"text": "ghijkl"}) + "\n")  # the same size, other bytes
+    again = prep.prepare(resolve_corpus(corpus_dir), out, "bytes", progress=False)
+    assert again["skipped_complete"] == 0
+    assert TokenDataset(out).document(0).tolist()[:-1] == list(b"ghijkl")
+
+    tok = tmp_path / "T"
+    write_bytes_tokenizer(tok)
+    hf_out = tmp_path / "hf-tokens"
+    prep.prepare(resolve_corpus(corpus_dir), hf_out, f"hf:{tok}", progress=False)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tok / name).unlink()
+    write_llama3_tokenizer(tok)  # another tokenizer at the same path
+    with pytest.raises(SystemExit, match="whose files have changed since"):
+        prep.prepare(resolve_corpus(corpus_dir), hf_out, f"hf:{tok}", progress=False)
