@@ -86,6 +86,13 @@ def checkpoint_source(path: Path, settings: ProbeSettings) -> ModelSource:
         raise ProbeError(
             f"{path}: no tokenizer_spec.json; pass --tokenizer SPEC (llama3, bytes, hf:DIR)"
         )
+    if settings.tokenizer is None and info.tokenizer_fingerprint is not None:
+        from posfreq.train.checkpoint import check_tokenizer
+
+        try:  # the tokenizer the spec names now must be, by content, the one the run trained with
+            check_tokenizer(info, get_tokenizer(info.tokenizer_spec))
+        except CheckpointError as err:
+            raise ProbeError(str(err)) from None
     return ModelSource(
         path.name,
         path,

@@ -67,6 +67,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     bos = eos = None
     if spec != "none":
         tokenizer = get_tokenizer(spec)
+        recorded = tokenizer_info.get("fingerprint")
+        if args.tokenizer is None and recorded and recorded != tokenizer.fingerprint:
+            raise SystemExit(
+                f"error: the checkpoint's tokenizer {spec} is not, by content, the one it trained with "
+                f"({tokenizer.fingerprint} now, {recorded} then): replaced or edited since. Fix: restore it, "
+                "or pass --tokenizer SPEC naming the one it trained with"
+            )
         if tokenizer.vocab_size > model.config.vocab_size:
             raise SystemExit(
                 f"tokenizer {spec!r} has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}; "

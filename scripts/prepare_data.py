@@ -53,7 +53,7 @@ from posfreq.train.shards import (
     ShardWriter,
     shard_is_complete,
 )
-from posfreq.train.tokenizer import Tokenizer, get_tokenizer
+from posfreq.train.tokenizer import Tokenizer, get_tokenizer, hf_dir
 
 BATCH_CHARS = 4 << 20  # tokenize this many characters of text at a time
 VAL_DIR = "val"  # held-out documents' shards, under --out (the trainer's data.val_dir)
@@ -248,7 +248,7 @@ def pending_files(
             meta = None
         recorded = meta.get("tokenizer_fingerprint") if meta is not None else None
         if meta is not None and (
-            meta.get("tokenizer") != tokenizer.name
+            absolute_spec(str(meta.get("tokenizer"))) != tokenizer.name
             or (recorded is not None and recorded != tokenizer.fingerprint)
         ):
             raise SystemExit(
@@ -263,6 +263,12 @@ def pending_files(
         if meta is None or meta.get("lost_files") or not same_source(meta, file):
             todo.append(file)
     return todo
+
+
+def absolute_spec(spec: str) -> str:
+    """A tokenizer spec with an hf:DIR made absolute (older shards recorded the folder as prepare was given it)."""
+    directory = hf_dir(spec)
+    return spec if directory is None else f"hf:{directory.resolve()}"
 
 
 def same_source(meta: dict, file: CorpusFile) -> bool:

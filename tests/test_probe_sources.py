@@ -152,3 +152,33 @@ def test_a_missing_or_unreadable_source_is_a_probe_error_the_cli_prints_as_one_l
         "RUN/checkpoints/tokens-*/ (or latest/), a consolidated model directory, or --run RUN for "
         "every milestone"
     )
+
+
+def test_a_checkpoints_tokenizer_is_checked_by_content_before_probing_or_exporting(
+    tmp_path, monkeypatch
+):
+    """Checkpoints stored the tokenizer as prepare was given it (hf:tokR, relative to where it ran): probing from
+    elsewhere loaded whatever tokR was there, unchecked. The spec is absolute now, with the tokenizer's content,
+    and the probe and export refuse a tokenizer whose files changed since."""
+    import json
+
+    from posfreq.scripts import export_hf
+    from posfreq.train.hf_tokenizer import write_bytes_tokenizer, write_llama3_tokenizer
+
+    monkeypatch.chdir(tmp_path)
+    write_bytes_tokenizer(tmp_path / "tokR")
+    tokenizer = get_tokenizer("hf:tokR")
+    assert tokenizer.name == f"hf:{(tmp_path / 'tokR').resolve()}"  # what prepare records
+    checkpoint = write_checkpoint(tmp_path / "run", 1024, tiny_model(), np.zeros(8), spec="bytes")
+    spec = json.loads((checkpoint / "tokenizer_spec.json").read_text())
+    spec.update(spec=tokenizer.name, fingerprint=tokenizer.fingerprint)  # as the trainer writes it
+    (checkpoint / "tokenizer_spec.json").write_text(json.dumps(spec))
+    settings = probe_settings.ProbeSettings(haystack="noise", max_new_tokens=16)
+    assert probe_sources.checkpoint_source(checkpoint, settings).tokenizer_spec == tokenizer.name
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / "tokR" / name).unlink()
+    write_llama3_tokenizer(tmp_path / "tokR")  # another tokenizer under the same name
+    with pytest.raises(probe_settings.ProbeError, match="not the ones the run trained with"):
+        probe_sources.checkpoint_source(checkpoint, settings)
+    with pytest.raises(SystemExit, match="not, by content, the one it trained with"):
+        export_hf.main(["--checkpoint", str(checkpoint), "--out", str(tmp_path / "hf")])

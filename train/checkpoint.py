@@ -360,6 +360,19 @@ def model_fingerprint(checkpoint_dir: str | Path) -> str:
     return digest.hexdigest()
 
 
+def check_tokenizer(info: "CheckpointInfo", tokenizer) -> None:
+    """CheckpointError when `tokenizer` (the one a checkpoint's spec names, loaded now) is not, by content, the one
+    its run trained with; checkpoints written before fingerprints were recorded pass."""
+    if info.tokenizer_fingerprint is None or tokenizer.fingerprint == info.tokenizer_fingerprint:
+        return
+    raise CheckpointError(
+        f"{info.path / TOKENIZER_FILE} names the tokenizer {info.tokenizer_spec}, whose files are not the ones "
+        f"the run trained with (content {tokenizer.fingerprint} now, {info.tokenizer_fingerprint} then): "
+        "replaced or edited since. Fix: restore that tokenizer, or pass --tokenizer SPEC naming the one it "
+        "trained with"
+    )
+
+
 @dataclass(frozen=True)
 class CheckpointInfo:
     """What a checkpoint (trainer milestone or consolidated directory) says about its model, read without weights."""
@@ -370,6 +383,8 @@ class CheckpointInfo:
     """tokenizer_spec.json's "spec"; None if the file is absent."""
     bos_in_training: bool
     """tokenizer_spec.json's "bos_in_training"; False if absent."""
+    tokenizer_fingerprint: str | None
+    """tokenizer_spec.json's "fingerprint", the tokenizer's content when the run trained; None if absent."""
     trained_lengths: np.ndarray | None
     """trained_lengths.npy; None if absent."""
     run_tokens: int | None
@@ -414,6 +429,7 @@ def read_checkpoint_info(path: str | Path) -> CheckpointInfo:
         config=load_model_config(path),
         tokenizer_spec=spec.get("spec"),
         bos_in_training=bool(spec.get("bos_in_training", False)),
+        tokenizer_fingerprint=spec.get("fingerprint"),
         trained_lengths=load_trained_lengths(path) if hist_file.is_file() else None,
         run_tokens=run_tokens,
         tokens_trained=tokens_trained,

@@ -107,11 +107,15 @@ class ResolvedRun:
             "eos_id": self.dataset.eos_id,
         }
         try:
-            spec["bos_id"] = get_tokenizer(self.dataset.tokenizer).bos_id
+            tokenizer = get_tokenizer(self.dataset.tokenizer)
         except (ValueError, ImportError, FileNotFoundError):
             spec["bos_id"] = (
                 None  # a tokenizer registered only in another process (e.g. the demo's)
             )
+            return spec
+        # Its absolute spec (an hf:DIR the shards recorded relative to where prepare ran is resolved here)
+        # and its content: the probe and export refuse a tokenizer whose files changed since.
+        spec.update(spec=tokenizer.name, bos_id=tokenizer.bos_id, fingerprint=tokenizer.fingerprint)
         return spec
 
     def _auto_resume_point(self, hashes: bool) -> Path | None:

@@ -123,7 +123,8 @@ class HFTokenizer:
         self._tok.no_truncation()
         self._tok.no_padding()
         self._tok.encode_special_tokens = True  # special-token strings in text stay plain text
-        self.name = f"hf:{path}"
+        # The absolute folder: a spec stored in shards and checkpoints must not depend on where a later command runs.
+        self.name = f"hf:{path.resolve()}"
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
         config_file = path / "tokenizer_config.json" if path.is_dir() else None
         self._config = (
