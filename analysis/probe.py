@@ -58,6 +58,7 @@ from posfreq.train.attention_kernels import BACKENDS
 from posfreq.train.command_line import command_parser, parse, parse_shard
 from posfreq.train.devices import resolve_device
 from posfreq.train.outdir import OutputDirError
+from posfreq.train.run_lock import RunLockError
 from posfreq.train.tokenizer import hf_dir
 
 CPU_BATCH_TOKENS = 8192
@@ -228,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(err))
     try:
         out, rows = _probe(args, job, shard)
-    except (ProbeError, OutputDirError) as err:
+    except (ProbeError, OutputDirError, RunLockError) as err:
         raise SystemExit(f"error: {err}") from None
     for row in rows:
         status = row["effective_length_status"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -28,6 +29,7 @@ from posfreq.train.atomic import atomic_open
 from posfreq.train.attention_kernels import BackendError, explain_backend
 from posfreq.train.command_line import code_version
 from posfreq.train.positions import SINGLE_PASS_SCHEMES
+from posfreq.train.run_lock import RunLock
 
 
 @dataclass
@@ -264,9 +266,17 @@ def probe_models(
     """
     for out in outs:  # every folder refused before any key is computed or model loaded
         results.claim_results_dir(out)
-    tasks = [plan_model(s, o, job, builders) for s, o in zip(sources, outs)]
-    execute(tasks, job)
-    return [results.derive_model(t.out, job.analysis, job.figures) for t in tasks] if derive else []
+    # One probe per result folder at a time: a second one (another job on the same --out) is refused in one
+    # line instead of interleaving its records and tables with the first one's. Shards of a run never share one.
+    with ExitStack() as held:
+        for out in outs:
+            lock = RunLock.acquire(out)
+            held.callback(lock.release)
+        tasks = [plan_model(s, o, job, builders) for s, o in zip(sources, outs)]
+        execute(tasks, job)
+        if not derive:
+            return []
+        return [results.derive_model(t.out, job.analysis, job.figures) for t in tasks]
 
 
 def run_out_default(run_dir: Path, first: ModelSource, job: Job, builders: Builders) -> Path:

@@ -304,3 +304,24 @@ def test_a_users_folder_is_refused_untouched_before_the_model_is_read(tmp_path, 
             "figures, probe.json, summary.csv). Fix: pass a new or empty directory (nothing was changed)"
         )
         assert snapshot(user) == before
+
+
+def test_a_second_probe_on_one_result_folder_is_refused_while_the_first_runs(tmp_path):
+    """Two probes writing one --out at once had no lock (results.claim checked, then wrote): the second is refused
+    in one line while the first holds the folder, and a folder whose lock's process is gone is taken over."""
+    import json
+    import os
+    import socket
+
+    ckpt = write_checkpoint(tmp_path / "run", 1024, tiny_model(), np.bincount([512], minlength=513))
+    out = tmp_path / "out"
+    args = ["--checkpoint", str(ckpt), "--lengths", "512", *quiet_noise_args(2, out)]
+    assert probe.main(args) == 0
+    assert not (out / "run.lock").exists()  # released
+    holder = {"job": None, "pid": os.getppid(), "host": socket.gethostname(), "started": "now"}
+    (out / "run.lock").write_text(json.dumps(holder))  # a probe still running on this host
+    with pytest.raises(SystemExit, match=r"error: .*out is in use by .* Fix: wait for it to end"):
+        probe.main(args)
+    holder["pid"] = 2**22 + 12345  # a process that no longer runs
+    (out / "run.lock").write_text(json.dumps(holder))
+    assert probe.main(args) == 0 and not (out / "run.lock").exists()
