@@ -30,7 +30,7 @@ def test_without_a_gpu_it_runs_what_a_cpu_can_and_names_the_rest(tmp_path, capsy
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: make gpu-check runs every stage there")
-    monkeypatch.setattr(gpu_check, "driver_version", lambda: None)
+    monkeypatch.setattr(gpu_check, "nvidia_driver", lambda: None)
     report = tmp_path / "report.json"
     assert gpu_check.main(["--out", str(tmp_path / "work"), "--json", str(report)]) == 0
     stages = {s["name"]: s for s in json.loads(report.read_text())["stages"]}

@@ -107,20 +107,29 @@ def format_table(results: list[CheckResult]) -> str:
     return "\n".join(lines)
 
 
-def prepare_out(out: str | None) -> Path:
-    """A new or empty directory, or an earlier doctor's (its runs are replaced); another's is refused untouched."""
-    path = Path(out) if out else Path(tempfile.mkdtemp(prefix="posfreq-doctor-"))
-    try:
-        claim_output_dir(path, "doctor")
-    except OutputDirError as err:
-        raise SystemExit(f"error: {err}") from None
-    for item in (
-        "data",
-        "pretrain-bf16",
-        "pretrain-fp32",
-    ):  # an earlier doctor's runs (the report is rewritten)
+def claim_work_dir(out: str | None, command: str, parts: tuple[str, ...]) -> Path:
+    """`out` (or a new temporary directory) claimed for `command`, its earlier runs in the folders `parts`
+    removed (its report is rewritten); OutputDirError for another's directory, untouched."""
+    path = Path(out) if out else Path(tempfile.mkdtemp(prefix=f"posfreq-{command}-"))
+    claim_output_dir(path, command)
+    for item in parts:
         shutil.rmtree(path / item, ignore_errors=True)
     return path
+
+
+def prepare_out(out: str | None) -> Path:
+    """A new or empty directory, or an earlier doctor's (its runs are replaced); another's is refused untouched."""
+    try:
+        return claim_work_dir(out, "doctor", ("data", "pretrain-bf16", "pretrain-fp32"))
+    except OutputDirError as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+def counts_line(results: list[CheckResult]) -> str:
+    """ "N passed, N failed, N skipped" of a report."""
+    failed = sum(r.status == "FAIL" for r in results)
+    skipped = sum(r.status == "SKIPPED" for r in results)
+    return f"{len(results) - failed - skipped} passed, {failed} failed, {skipped} skipped"
 
 
 def build_parser():
@@ -164,13 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     write_json_atomic(out / "doctor.json", report, indent=2)
     print(format_table(results))
-    failed = [r.name for r in results if r.status == "FAIL"]
-    skipped = [r.name for r in results if r.status == "SKIPPED"]
-    print(
-        f"\n{len(results) - len(failed) - len(skipped)} passed, {len(failed)} failed, {len(skipped)} skipped "
-        f"in {report['seconds']:.0f} s; report: {out / 'doctor.json'}"
-    )
-    return 1 if failed else 0
+    print(f"\n{counts_line(results)} in {report['seconds']:.0f} s; report: {out / 'doctor.json'}")
+    return 1 if any(r.status == "FAIL" for r in results) else 0
 
 
 if __name__ == "__main__":

@@ -25,14 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -42,10 +39,12 @@ import numpy as np
 import torch
 
 from posfreq.train import attention_kernels
-from posfreq.train.atomic import write_text_atomic
+from posfreq.train.atomic import write_json_atomic, write_text_atomic
+from posfreq.train.devices import nvidia_driver
 from posfreq.train.doctor_checks import (
     CheckResult,
     Skipped,
+    _cu,
     attention_check,
     environment,
     loss_check,
@@ -95,28 +94,13 @@ def within_budget(body: Callable[[], str], budget: float) -> str:
         raise TimeoutError(str(late)) from None
 
 
-def driver_version() -> str | None:
-    """The NVIDIA driver's version, from nvidia-smi (None where there is none)."""
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.strip().splitlines()[0] if out.strip() else None
-
-
 def environment_stage(device: torch.device) -> str:
     """The doctor's environment line, plus the driver, the varlen signature and liger's state."""
     from posfreq.train.loss import liger_state
 
     parts = [environment(device)]
-    parts.append(f"driver {driver_version() or 'unknown (no nvidia-smi)'}")
+    driver = nvidia_driver()
+    parts.append(f"driver {driver[0] if driver else 'unknown (no nvidia-smi)'}")
     try:
         import inspect
 
@@ -138,7 +122,7 @@ def varlen_gqa_stage(device: torch.device) -> str:
     from torch.nn.attention import varlen
 
     lens = [300, 17, 555]
-    cu = torch.tensor([0, *np.cumsum(lens).tolist()], dtype=torch.int32, device=device)
+    cu = _cu(lens, device)
     q = torch.randn(sum(lens), 32, 64, device=device, dtype=torch.bfloat16)
     k, v = (torch.randn(sum(lens), 4, 64, device=device, dtype=torch.bfloat16) for _ in range(2))
     api = attention_kernels.varlen_api()
@@ -471,21 +455,16 @@ def run_stages(
         bounded = functools.partial(within_budget, body, budget)
         results.append(run_check(name, bounded, device, children=name == "pretrain-bf16"))
         print(format_table(results).splitlines()[-1], flush=True)
-        write_text_atomic(
+        write_json_atomic(
             report,
-            json.dumps(
-                {
-                    "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-                    "device": torch.cuda.get_device_name(device)
-                    if device.type == "cuda"
-                    else "cpu",
-                    "torch": torch.__version__,
-                    "seconds": time.perf_counter() - started,
-                    "stages": [asdict(r) for r in results],
-                },
-                indent=2,
-            )
-            + "\n",
+            {
+                "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+                "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                "torch": torch.__version__,
+                "seconds": time.perf_counter() - started,
+                "stages": [asdict(r) for r in results],
+            },
+            indent=2,
         )
     return results
 
@@ -494,8 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the stages; print the table; exit 1 if a stage failed."""
     import argparse
 
-    from posfreq.train.doctor import format_table
-    from posfreq.train.outdir import OutputDirError, claim_output_dir
+    from posfreq.train.doctor import claim_work_dir, counts_line, format_table
+    from posfreq.train.outdir import OutputDirError
 
     parser = argparse.ArgumentParser(prog="make gpu-check", description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -506,29 +485,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--only", nargs="*", default=None, help="run only these stages")
     args = parser.parse_args(argv)
-    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="posfreq-gpu-check-"))
     try:
-        claim_output_dir(out, "gpu-check")
+        out = claim_work_dir(args.out, "gpu-check", ("data", "pretrain-bf16", "train-1.3b"))
     except OutputDirError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    for part in ("data", "pretrain-bf16", "train-1.3b"):  # an earlier gpu-check's work
-        shutil.rmtree(out / part, ignore_errors=True)
     report = Path(args.json) if args.json else out / "gpu_check.json"
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     print(f"posfreq gpu-check on {device}; report: {report}", flush=True)
     results = run_stages(device, out, report, set(args.only) if args.only else None)
     print("\n" + format_table(results))
-    failed = [r.name for r in results if r.status == "FAIL"]
+    print(f"\n{counts_line(results)}; report: {report}")
     skipped = [r.name for r in results if r.status == "SKIPPED"]
-    print(
-        f"\n{len(results) - len(failed) - len(skipped)} passed, {len(failed)} failed, "
-        f"{len(skipped)} skipped; report: {report}"
-    )
     if skipped:
         print("skipped: " + ", ".join(skipped))
-    return 1 if failed else 0
+    return 1 if any(r.status == "FAIL" for r in results) else 0
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
+from posfreq.train.attention_kernels import HALF
 from posfreq.train.packing import IGNORE_INDEX
 
 CHUNK_LOGITS_BYTES = (
@@ -74,9 +75,6 @@ def _addmm_fp32_(acc: Tensor, a: Tensor, b: Tensor) -> None:
         torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
     else:
         acc.addmm_(a.float(), b.float())
-
-
-HALF = (torch.bfloat16, torch.float16)
 
 
 def _loss_and_grads(
