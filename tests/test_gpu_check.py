@@ -41,3 +41,15 @@ def test_without_a_gpu_it_runs_what_a_cpu_can_and_names_the_rest(tmp_path, capsy
     assert all(detail for detail in skipped.values())
     out = capsys.readouterr().out
     assert "4 passed, 0 failed, 13 skipped" in out and "skipped: " in out
+
+
+def test_a_users_file_named_by_json_is_never_overwritten(tmp_path, capsys):
+    """--json names the report's path: a file there that an earlier gpu-check did not write is left untouched."""
+    mine = tmp_path / "results.json"
+    mine.write_text('{"mine": true}\n')
+    assert gpu_check.main(["--out", str(tmp_path / "work"), "--json", str(mine)]) == 2
+    assert "is not an earlier gpu-check report" in capsys.readouterr().err
+    assert mine.read_text() == '{"mine": true}\n' and not (tmp_path / "work").exists()
+    earlier = {"date": "d", "device": "cpu", "torch": "t", "seconds": 1.0, "stages": []}
+    mine.write_text(json.dumps(earlier))
+    assert gpu_check.is_report_or_new(mine) and gpu_check.is_report_or_new(tmp_path / "new.json")

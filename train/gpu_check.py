@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import shutil
 import signal
@@ -469,6 +470,17 @@ def run_stages(
     return results
 
 
+def is_report_or_new(path: Path) -> bool:
+    """Whether `path` may be (re)written as the report: it does not exist, or an earlier run of this wrote it."""
+    if not path.exists() and not path.is_symlink():
+        return True
+    try:
+        earlier = json.loads(path.read_text()) if path.is_file() and not path.is_symlink() else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(earlier, dict) and {"stages", "torch", "device"} <= set(earlier)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the stages; print the table; exit 1 if a stage failed."""
     import argparse
@@ -485,6 +497,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--only", nargs="*", default=None, help="run only these stages")
     args = parser.parse_args(argv)
+    if args.json and not is_report_or_new(Path(args.json)):  # before anything is claimed or written
+        print(
+            f"error: --json {args.json} exists and is not an earlier gpu-check report; it was left as it "
+            "is. Fix: name a new file",
+            file=sys.stderr,
+        )
+        return 2
     try:
         out = claim_work_dir(args.out, "gpu-check", ("data", "pretrain-bf16", "train-1.3b"))
     except OutputDirError as err:
