@@ -15,8 +15,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from posfreq.train.attention import varlen_attention
-from posfreq.train.attention_kernels import available_backends
+from posfreq.train.model.attention import varlen_attention
+from posfreq.train.model.attention_kernels import available_backends
 
 
 def document_mixes(row: int) -> dict[str, list[int]]:

@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from posfreq.train.loss import default_chunk_tokens, linear_cross_entropy  # noqa: E402
-from posfreq.train.packing import IGNORE_INDEX  # noqa: E402
+from posfreq.train.data.packing import IGNORE_INDEX  # noqa: E402
+from posfreq.train.model.loss import default_chunk_tokens, linear_cross_entropy  # noqa: E402
 
 VARIANTS = ("plain", "lean")
 MIB = 2**20

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from posfreq.train.packing import PackedSampler
-from posfreq.train.packing_schedule import PackingSchedule
-from posfreq.train.packing_strategies import STRATEGIES
-from posfreq.train.shards import ShardWriter, TokenDataset
+from posfreq.train.data.packing import PackedSampler
+from posfreq.train.data.packing_schedule import PackingSchedule
+from posfreq.train.data.packing_strategies import STRATEGIES
+from posfreq.train.data.shards import ShardWriter, TokenDataset
 
 GOAL = 10.0  # packing should run at least this many times faster than the trainer consumes rows
 

@@ -24,11 +24,16 @@ from pathlib import Path
 
 import numpy as np
 
-from posfreq.analysis.histogram import BATCH_CHARS, CountSettings, LengthHistogram, count_lengths  # noqa: E402
-from posfreq.analysis.packing_prediction import PackingSettings, predict_packing  # noqa: E402
-from posfreq.train.corpora import resolve_corpus  # noqa: E402
-from posfreq.train.corpus_formats import write_jsonl  # noqa: E402
-from posfreq.train.tokenizer import get_tokenizer  # noqa: E402
+from posfreq.analysis.corpus.histogram import (  # noqa: E402
+    BATCH_CHARS,
+    CountSettings,
+    LengthHistogram,
+    count_lengths,
+)
+from posfreq.analysis.corpus.packing_prediction import PackingSettings, predict_packing  # noqa: E402
+from posfreq.train.data.corpora import resolve_corpus  # noqa: E402
+from posfreq.train.data.formats import write_jsonl  # noqa: E402
+from posfreq.train.data.tokenizer import get_tokenizer  # noqa: E402
 
 SOURCES = ("RedPajamaCommonCrawl", "RedPajamaC4", "RedPajamaGithub", "RedPajamaArXiv")
 PREDICTION_GOAL = 0.1  # the prediction may add at most this share to the histogram job's time

@@ -41,8 +41,8 @@ import torch
 from _timing import extra_peak_bytes, interleaved, median, spread
 from tqdm import tqdm
 
-from posfreq.train.config import model_preset
-from posfreq.train.model import Transformer, uniform_cu_seqlens
+from posfreq.train.model.config import model_preset
+from posfreq.train.model.transformer import Transformer, uniform_cu_seqlens
 
 SCHEMES = ("rope", "string")
 

@@ -53,16 +53,16 @@ import numpy as np
 import torch
 from _timing import interleaved, median, spread
 
-from posfreq.analysis.niah import NiahTest
-from posfreq.analysis.probe import CPU_PREFILL_TOKENS
-from posfreq.analysis.probe_decoding import cut_at_eos, generate_answers, teacher_forced
-from posfreq.analysis.probe_settings import ProbeSettings, parse_lengths
-from posfreq.analysis.probe_sources import Builders, checkpoint_source
-from posfreq.train.checkpoint import CONSOLIDATED_WEIGHTS, MODEL_CONFIG_FILE, TOKENIZER_FILE
-from posfreq.train.config import ModelConfig, model_preset
-from posfreq.train.hf import export_hf
-from posfreq.train.model import Transformer
-from posfreq.train.tokenizer import Tokenizer, get_tokenizer, register_tokenizer
+from posfreq.analysis.niah.decoding import cut_at_eos, generate_answers, teacher_forced
+from posfreq.analysis.niah.needles import NiahTest
+from posfreq.analysis.niah.settings import ProbeSettings, parse_lengths
+from posfreq.analysis.niah.sources import Builders, checkpoint_source
+from posfreq.scripts.commands.probe import CPU_PREFILL_TOKENS
+from posfreq.train.checkpoint.layout import CONSOLIDATED_WEIGHTS, MODEL_CONFIG_FILE, TOKENIZER_FILE
+from posfreq.train.data.tokenizer import Tokenizer, get_tokenizer, register_tokenizer
+from posfreq.train.model.config import ModelConfig, model_preset
+from posfreq.train.model.hf import export_hf
+from posfreq.train.model.transformer import Transformer
 
 SMOLLM_135M = model_preset("smollm-135m")
 QUICK = model_preset("tiny-4l-256", vocab_size=49_152, tie_embeddings=True)

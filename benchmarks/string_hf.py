@@ -26,7 +26,7 @@ import torch
 from _timing import extra_peak_bytes, interleaved, median, spread
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from posfreq.train.string_hf import STRING_ATTENTION, settings_of
+from posfreq.train.positions.string_hf import STRING_ATTENTION, settings_of
 
 IMPLEMENTATIONS = ("sdpa", STRING_ATTENTION)
 

@@ -6,7 +6,7 @@ For each small preset (byte vocabulary, L = 256, 8,192-token steps in 2 micro-ba
 the real trainer (`train.pretrain.train`: Fabric, FSDP2 on one process, sampler, logging,
 clipping) and a bare PyTorch loop over the same model, the same packed batches and the same
 AdamW, and reports median step times after warm-up. Achieved FLOP/s uses the trainer's formula
-(6 N tokens + causal attention, see train/flops.py) and is printed as a fraction of the dense
+(6 N tokens + causal attention, see train/run/flops.py) and is printed as a fraction of the dense
 fp32 matmul FLOP/s measured in the same run with the same thread count. The goal for the
 trainer's overhead over the bare loop is 5%. With a CUDA GPU it also reports the MFU of
 tinyllama-1.3b at L = 2048 (bf16) against the GPU's measured matmul rate (make gpu-check's train stage).
@@ -25,13 +25,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from posfreq.train.config import model_preset  # noqa: E402
-from posfreq.train.model import Transformer  # noqa: E402
-from posfreq.train.optim import build_optimizer  # noqa: E402
-from posfreq.train.packing import IGNORE_INDEX, PackedSampler  # noqa: E402
-from posfreq.train.pretrain import train  # noqa: E402
-from posfreq.train.run_config import config_from_dict  # noqa: E402
-from posfreq.train.shards import ShardWriter, TokenDataset  # noqa: E402
+from posfreq.scripts.commands.pretrain import train  # noqa: E402
+from posfreq.train.data.packing import IGNORE_INDEX, PackedSampler  # noqa: E402
+from posfreq.train.data.shards import ShardWriter, TokenDataset  # noqa: E402
+from posfreq.train.model.config import model_preset  # noqa: E402
+from posfreq.train.model.transformer import Transformer  # noqa: E402
+from posfreq.train.run.config import config_from_dict  # noqa: E402
+from posfreq.train.run.optim import build_optimizer  # noqa: E402
 
 
 def matmul_flops(
@@ -143,7 +143,7 @@ def cpu_report(presets: list[str], steps: int, warmup: int) -> None:
 
 def gpu_report(steps: int, warmup: int) -> None:
     """tinyllama-1.3b at L = 2048 on this GPU: make gpu-check's train stage (MFU against the measured matmul rate)."""
-    from posfreq.train.gpu_check import train_stage
+    from posfreq.train.preflight.gpu_check import train_stage
 
     with tempfile.TemporaryDirectory() as tmp:
         result = train_stage(torch.device("cuda"), Path(tmp), steps=steps, warmup=warmup)

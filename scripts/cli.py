@@ -6,6 +6,7 @@ is instant); `posfreq SUBCOMMAND --help` lists that job's options with descripti
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
@@ -16,48 +17,51 @@ from posfreq.train.command_line import describe_error
 # subcommand -> (module with main(argv), one line for `posfreq --help`)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "analyze": (
-        "posfreq.analysis.position_freq",
+        "posfreq.scripts.commands.analyze",
         "document-length histogram and position frequency f(i) of a corpus",
     ),
     "prepare": (
-        "posfreq.scripts.prepare_data",
+        "posfreq.scripts.commands.prepare",
         "tokenize a corpus into token shards for pretraining",
     ),
     "plan": (
-        "posfreq.train.plan",
+        "posfreq.scripts.commands.plan",
         "memory, accumulation and days for a pretraining run, before submitting it",
     ),
-    "pretrain": ("posfreq.train.pretrain", "pretrain a model (Lightning Fabric; FSDP2 on GPUs)"),
+    "pretrain": (
+        "posfreq.scripts.commands.pretrain",
+        "pretrain a model (Lightning Fabric; FSDP2 on GPUs)",
+    ),
     "checkpoint": (
-        "posfreq.train.consolidate",
+        "posfreq.scripts.commands.checkpoint",
         "list a run's checkpoints or consolidate one into model.safetensors",
     ),
     "probe": (
-        "posfreq.analysis.probe",
+        "posfreq.scripts.commands.probe",
         "4-needle NIAH probe of checkpoints or a Hugging Face model",
     ),
     "effective-length": (
-        "posfreq.analysis.effective_length",
+        "posfreq.scripts.commands.effective_length",
         "re-derive a run's effective lengths from its probe records",
     ),
     "compare": (
-        "posfreq.analysis.compare",
+        "posfreq.scripts.commands.compare",
         "effective length across runs and seeds, with intervals and verdicts",
     ),
     "ruler": (
-        "posfreq.analysis.ruler",
+        "posfreq.scripts.commands.ruler",
         "RULER's synthetic tasks, offline, on a Hugging Face model (rope or STRING)",
     ),
     "export-hf": (
-        "posfreq.scripts.export_hf",
+        "posfreq.scripts.commands.export_hf",
         "write a checkpoint as a Hugging Face Llama model directory",
     ),
     "doctor": (
-        "posfreq.train.doctor",
+        "posfreq.scripts.commands.doctor",
         "smoke-test a GPU node (NCCL pretraining, attention kernels, probe, loss) first",
     ),
     "demo": (
-        "posfreq.scripts.demo",
+        "posfreq.scripts.commands.demo",
         "the CPU miniature of the whole study (train, probe, compare, report)",
     ),
 }
@@ -82,9 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     name, rest = args[0], args[1:]
     if name not in SUBCOMMANDS:
-        print(usage(), end="", file=sys.stderr)
+        close = difflib.get_close_matches(name, SUBCOMMANDS, n=2, cutoff=0.6)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
         print(
-            f"posfreq: unknown subcommand {name!r}; choose one of: {', '.join(SUBCOMMANDS)}",
+            f"error: unknown subcommand {name!r}; {hint}choose one of: {', '.join(SUBCOMMANDS)} "
+            "(posfreq --help says what each does)",
             file=sys.stderr,
         )
         return 2

@@ -19,7 +19,7 @@ from typing import Sequence
 if __package__ in (None, ""):  # run as a file: import the installed posfreq package
     sys.path.pop(0)
 
-from posfreq.analysis import probe, ruler
+from posfreq.scripts.commands import probe, ruler
 from posfreq.train.atomic import write_text_atomic
 from posfreq.train.command_line import command_parser, parse
 from posfreq.train.outdir import OutputDirError, claim_output_dir

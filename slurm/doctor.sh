@@ -30,4 +30,4 @@ OUT_DIR="${OUT_DIR:-runs/doctor}"
 # shellcheck source=slurm/common.sh
 source slurm/common.sh
 
-exec_or_print "$PYTHON" -m posfreq.train.doctor --out "$OUT_DIR" --device cuda "$@"
+exec_or_print "$PYTHON" -m posfreq.scripts.commands.doctor --out "$OUT_DIR" --device cuda "$@"

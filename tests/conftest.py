@@ -8,7 +8,7 @@ import pytest
 import torch
 
 # The trainer tests' run fixtures (data_dir, resumable, uninterrupted), made once per session.
-pytest_plugins = ("trainer_helpers",)
+pytest_plugins = ("helpers.trainer",)
 
 
 @pytest.fixture(scope="module")

@@ -147,7 +147,7 @@ def test_one_error_line_and_nothing_written(argv, what, places, tmp_path, capsys
 def test_a_full_disk_reaching_the_dispatcher_is_named_as_such(monkeypatch, capsys):
     import errno
 
-    from posfreq.train import doctor
+    from posfreq.scripts.commands import doctor
 
     def no_space(argv):
         raise OSError(errno.ENOSPC, "No space left on device", "/data/run/metrics.jsonl")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 COPIED = ("pyproject.toml", "README.md", "train", "analysis", "scripts", "configs")
 
 
@@ -84,7 +84,7 @@ def test_wheel_install_has_one_namespace_and_the_posfreq_command(installed, tmp_
         [
             python,
             "-c",
-            "import posfreq.train.model as m, posfreq.scripts.demo, posfreq.configs;"
+            "import posfreq.train.model.transformer as m, posfreq.scripts.commands.demo, posfreq.configs;"
             "print(m.__file__)",
         ],
         capture_output=True,

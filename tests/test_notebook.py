@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_probe_runner import make_fake_run, probe_fake_run
+from helpers.probe import make_fake_run, probe_fake_run
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")

@@ -11,7 +11,7 @@ import pytest
 
 from posfreq.scripts.cli import SUBCOMMANDS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TEXT = {page.relative_to(ROOT).as_posix(): page.read_text() for page in PAGES}
 README = TEXT["README.md"]
@@ -90,7 +90,7 @@ def test_the_readme_quotes_commands_of_most_subcommands():
 
 @pytest.mark.parametrize("name,args,text", COMMANDS, ids=[t for _, _, t in COMMANDS])
 def test_each_quoted_command_parses(name, args, text):
-    from test_cli import command_parser_of
+    from helpers.cli import command_parser_of
 
     parser = command_parser_of(name)
     parser.exit_on_error = False

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from posfreq.train.run_config import parse_args
+from posfreq.train.run.config import parse_args
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = [ROOT / "slurm/pretrain_2k.sh", ROOT / "slurm/pretrain_4k.sh"]
 ALL_SCRIPTS = sorted((ROOT / "slurm").glob("*.sh"))
 JOBS = [
@@ -263,7 +263,7 @@ def test_ruler_submits_one_gpu_task_per_ruler_task_and_a_table_after_them(tmp_pa
         "--positions",
         "string",
     ]
-    from posfreq.analysis.ruler import TASKS
+    from posfreq.analysis.ruler_task.runner import TASKS
 
     assert step("table") == [
         "py",
@@ -286,7 +286,7 @@ def test_doctor_job_runs_the_doctor_on_one_node_as_one_task():
     assert cmd == [
         ".venv/bin/python",
         "-m",
-        "posfreq.train.doctor",
+        "posfreq.scripts.commands.doctor",
         "--out",
         "/runs/doc",
         "--device",

@@ -45,13 +45,31 @@ class CommandParser(ArgumentParser):
             close = difflib.get_close_matches(flag.replace("_", "-"), known, n=3, cutoff=0.6)
             if close:
                 lines.append(f"  did you mean {' or '.join(close)} (for {flag})?")
-        loose = "nrecognized argument" in message and not unknown and "--checkpoint" in known
-        if loose:  # e.g. `export-hf CKPT`: an older positional form
-            lines.append("  name it: --checkpoint PATH")
+        if "nrecognized argument" in message and not unknown:  # e.g. `probe RUN_DIR`: a path without its flag
+            for value in message.split(":", 1)[-1].split():
+                hint = path_flag_hint(value, known)
+                if hint:
+                    lines.append(f"  name it: {hint}")
         lines.append(f"  {self.prog.replace(' [options]', '')} --help lists every option")
         sys.stderr.write("\n".join(lines) + "\n")
         sys.exit(2)
 
+
+
+def path_flag_hint(value: str, known: list[str]) -> str | None:
+    """Which of the command's path flags a bare `value` was probably meant for: --run for a folder holding
+    checkpoints/, --checkpoint for anything else (or both, when the command has both and the path is not there)."""
+    path = Path(value)
+    has_run, has_checkpoint = "--run" in known, "--checkpoint" in known
+    if has_run and (path / "checkpoints").is_dir():
+        return f"--run {value}"
+    if has_run and has_checkpoint and not path.exists():
+        return f"--run {value} (a run's folder) or --checkpoint {value} (one checkpoint)"
+    if has_checkpoint:
+        return f"--checkpoint {value}"
+    if has_run:
+        return f"--run {value}"
+    return None
 
 def command_parser(prog: str, description: str, config_file: bool = False) -> ArgumentParser:
     """A parser for one posfreq command; `config_file` adds `--config FILE.yaml` (values the flags override)."""

@@ -20,24 +20,21 @@ CHUNK = 1 << 22
 # The probe's entry point: every posfreq module it imports, directly or not, can decide its answers,
 # but those matching these patterns: argument parsing, output folders, saving and consolidating
 # checkpoints, and the tables and figures derived from records the probe has already written.
-PROBE_ENTRY = "analysis/probe.py"
+PROBE_ENTRY = "scripts/commands/probe.py"
 NOT_ANSWER_DECIDING = (
     "train/command_line.py",
     "train/outdir.py",
     "train/atomic.py",
     "train/fingerprint.py",
-    "train/run_log.py",
-    "train/checkpoint_save.py",
-    "train/consolidate.py",
-    "train/retention.py",
-    "train/rng_state.py",
-    "analysis/plots*.py",
-    "analysis/tables.py",
-    "analysis/results.py",
-    "analysis/record_tables.py",
-    "analysis/run_table.py",
-    "analysis/pass_curve.py",
-    "analysis/frequency.py",
+    "train/run/log.py",
+    "train/checkpoint/save.py",
+    "scripts/commands/checkpoint.py",
+    "train/checkpoint/retention.py",
+    "train/checkpoint/rng_state.py",
+    "analysis/plots/*.py",
+    "analysis/tables/*.py",
+    "analysis/niah/results.py",
+    "analysis/corpus/frequency.py",
 )
 
 
@@ -54,9 +51,10 @@ def imported_modules(file: Path) -> set[Path]:
         for name in names:
             parts = name.split(".")
             if parts[0] == "posfreq" and len(parts) > 2:
-                module = REPO.joinpath(*parts[1:]).with_suffix(".py")
-                if module.is_file():
-                    found.add(module)
+                path = REPO.joinpath(*parts[1:])
+                for module in (path.with_suffix(".py"), path / "__init__.py"):
+                    if module.is_file():
+                        found.add(module)
     return found
 
 

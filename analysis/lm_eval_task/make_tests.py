@@ -4,7 +4,7 @@
     lm_eval --model hf --model_args pretrained=EXPORTED,dtype=float32 --device cpu \\
         --include_path runs/lmeval/niah --tasks posfreq_niah
 
-The tests are the probe's own (`analysis.niah.NiahBuilder`, as `analysis/probe.py` builds them):
+The tests are the probe's own (`analysis.niah.NiahBuilder`, as `scripts/commands/probe.py` builds them):
 the same seed, haystack, answer budget B and BOS policy give the same needles, depths and
 prompts. lm-eval receives text, so each prompt is stored as text without BOS (the model's
 tokenizer adds BOS or not, as it does for the probe's Hugging Face models with `--bos auto`),
@@ -33,11 +33,17 @@ if __package__ in (
 ):  # run as a file: import the installed posfreq package, never this folder's files by bare name
     sys.path.pop(0)
 
-from posfreq.analysis.niah import ANSWER_BUDGET, NiahBuilder, NiahTest, PromptFormat, answer_text
-from posfreq.analysis.probe_settings import parse_lengths
+from posfreq.analysis.niah.needles import (
+    ANSWER_BUDGET,
+    NiahBuilder,
+    NiahTest,
+    PromptFormat,
+    answer_text,
+)
+from posfreq.analysis.niah.settings import parse_lengths
 from posfreq.train.atomic import write_text_atomic
 from posfreq.train.command_line import command_parser, parse
-from posfreq.train.tokenizer import Tokenizer, get_tokenizer
+from posfreq.train.data.tokenizer import Tokenizer, get_tokenizer
 
 BASE_YAML = Path(__file__).resolve().parent / "posfreq_niah.yaml"
 GROUP = "posfreq_niah"

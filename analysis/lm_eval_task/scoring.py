@@ -1,4 +1,4 @@
-"""Scores lm-evaluation-harness answers to posfreq's NIAH tests exactly as `analysis/probe.py` scores its own.
+"""Scores lm-evaluation-harness answers to posfreq's NIAH tests exactly as `scripts/commands/probe.py` scores its own.
 
 lm-eval decodes greedily up to EOS or the answer budget; the probe also stops as soon as all four
 needles have appeared (its score can no longer rise). `probe_answer` cuts lm-eval's text where the
@@ -10,7 +10,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Sequence
 
-from posfreq.analysis.niah_scoring import all_needles_in, score_answer
+from posfreq.analysis.niah.scoring import all_needles_in, score_answer
 
 
 def probe_answer(needles: Sequence[str], text: str) -> str:

@@ -15,7 +15,7 @@ from functools import cache
 from pathlib import Path
 
 from posfreq.train.atomic import publish_cache_dir, staging_dir
-from posfreq.train.essays import cache_dir, pg_essays
+from posfreq.train.data.essays import cache_dir, pg_essays
 
 PUNKT_LANGUAGE = "english"
 """The name lm-eval's `sent_tokenize` asks NLTK for; posfreq's model is installed under it."""

@@ -1,0 +1,176 @@
+"""Decoding and scoring of NIAH tests: greedy answers with the KV cache, the teacher-forced needle score,
+and the per-test records."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from posfreq.analysis.niah.needles import ANSWER_BUDGET, NiahTest, answer_text
+from posfreq.analysis.niah.scoring import all_needles_in, score_answer
+from posfreq.analysis.niah.settings import ANSWER_ORDERS
+from posfreq.train.data.tokenizer import Tokenizer
+
+
+class Generator(Protocol):
+    """What the probe needs of a model (train.model.Transformer): greedy decoding and teacher forcing."""
+
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        max_new_tokens: int,
+        stop: Callable[[int, list[int]], bool] | None = None,
+        prefill_dtype: torch.dtype | None = None,
+        prefill_tokens: int | None = None,
+    ) -> list[list[int]]: ...
+
+    def target_logprobs(
+        self, input_ids: torch.Tensor, first_target: int, prefill_tokens: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def autocast(
+    precision: str, device: torch.device, prefill: bool = False
+) -> contextlib.AbstractContextManager:
+    """bf16 autocast for `bfloat16`, and for `bfloat16-prefill` around a prefill-only pass (weights stay float32);
+    nothing otherwise."""
+    if precision == "bfloat16" or (prefill and precision == "bfloat16-prefill"):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def cut_at_eos(tokens: Sequence[int], eos_id: int) -> list[int]:
+    """The generated ids before the first EOS."""
+    tokens = list(tokens)
+    return tokens[: tokens.index(eos_id)] if eos_id in tokens else tokens
+
+
+def generate_answers(
+    model: Generator,
+    tokenizer: Tokenizer,
+    tests: Sequence[NiahTest],
+    device: torch.device,
+    precision: str = "float32",
+    max_new_tokens: int = ANSWER_BUDGET,
+    prefill_tokens: int | None = None,
+) -> list[str]:
+    """Greedy answers (decoded, cut at EOS) to equal-length tests, decoded together.
+
+    A row stops at EOS or once all four of its needles appeared (its score can no longer change).
+    The prompts' forward takes at most `prefill_tokens` tokens at a time (None: all at once).
+    """
+    if len({t.prompt_length for t in tests}) > 1:
+        raise ValueError(
+            "generate_answers needs prompts of one length (a batch must be rectangular)"
+        )
+
+    def stop(row: int, tokens: list[int]) -> bool:
+        return tokens[-1] == tokenizer.eos_id or all_needles_in(
+            tests[row].needles, tokenizer.decode(tokens)
+        )
+
+    prompt = torch.from_numpy(np.stack([t.input_ids for t in tests])).to(device)
+    prefill_dtype = torch.bfloat16 if precision == "bfloat16-prefill" else None
+    with torch.inference_mode(), autocast(precision, device):
+        generated = model.generate(
+            prompt,
+            max_new_tokens,
+            stop=stop,
+            prefill_dtype=prefill_dtype,
+            prefill_tokens=prefill_tokens,
+        )
+    return [tokenizer.decode(cut_at_eos(g, tokenizer.eos_id)) for g in generated]
+
+
+def reference_answer(
+    tokenizer: Tokenizer, test: NiahTest, order: str
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """Token ids of the reference answer (`niah.answer_text`) and each needle's token span in it, by test needle.
+
+    Tokenized piece by piece (separators and numbers apart), so each needle's tokens are exact;
+    the pieces decode to the answer text.
+    """
+    if order not in ANSWER_ORDERS:
+        raise ValueError(f"answer order must be one of {ANSWER_ORDERS}, got {order!r}")
+    ranked = (
+        sorted(range(len(test.needles)), key=lambda j: -test.positions[j])
+        if order == "nearest_first"
+        else list(range(len(test.needles)))
+    )
+    text = answer_text([test.needles[j] for j in ranked])
+    ids: list[int] = []
+    spans: dict[int, tuple[int, int]] = {}
+    cursor = 0
+    for j in ranked:
+        at = text.index(test.needles[j], cursor)
+        ids += tokenizer.encode(text[cursor:at])
+        number = tokenizer.encode(test.needles[j])
+        spans[j] = (len(ids), len(ids) + len(number))
+        ids += number
+        cursor = at + len(test.needles[j])
+    ids += tokenizer.encode(text[cursor:])
+    return ids, [spans[j] for j in range(len(test.needles))]
+
+
+def teacher_forced(
+    model: Generator,
+    tokenizer: Tokenizer,
+    tests: Sequence[NiahTest],
+    device: torch.device,
+    precision: str = "float32",
+    order: str = "document",
+    prefill_tokens: int | None = None,
+) -> list[dict]:
+    """Per test: each needle's summed log-probability and token accuracy under teacher forcing, one forward pass.
+
+    The reference answer follows the prompt, right-padded to the batch's longest; causal attention
+    keeps the padding out of every scored position, and prompt + answer stays within the test length.
+    A forward takes at most `prefill_tokens` tokens (None: the whole batch).
+    """
+    answers = [reference_answer(tokenizer, t, order) for t in tests]
+    prompt_length = tests[0].prompt_length
+    for test, (ids, _) in zip(tests, answers):
+        if len(ids) > test.answer_budget:
+            raise ValueError(
+                f"the reference answer takes {len(ids)} tokens, more than the answer budget "
+                f"{test.answer_budget}. Fix: raise --max-new-tokens to at least {len(ids)}"
+            )
+    width = max(len(ids) for ids, _ in answers)
+    batch = np.full((len(tests), prompt_length + width), tokenizer.eos_id, dtype=np.int64)
+    for row, (test, (ids, _)) in enumerate(zip(tests, answers)):
+        batch[row, :prompt_length] = test.input_ids
+        batch[row, prompt_length : prompt_length + len(ids)] = ids
+    with torch.inference_mode(), autocast(precision, device, prefill=True):
+        logprobs, correct = model.target_logprobs(
+            torch.from_numpy(batch).to(device), prompt_length, prefill_tokens
+        )
+    logprobs, correct = logprobs.float().cpu().numpy(), correct.cpu().numpy()
+    scores = []
+    for row, (_, spans) in enumerate(answers):
+        scores.append(
+            {
+                "tf_logprob": [float(logprobs[row, a:b].sum()) for a, b in spans],
+                "tf_token_accuracy": [float(correct[row, a:b].mean()) for a, b in spans],
+                "tf_answer_order": order,
+            }
+        )
+    return scores
+
+
+def score_tests(
+    tests: Sequence[NiahTest], answers: Sequence[str], tf: Sequence[dict] | None, key: str
+) -> list[dict]:
+    """Per-test JSONL records: test metadata, the generated text, both scores, the teacher-forced score, the key."""
+    records = []
+    for i, (test, text) in enumerate(zip(tests, answers)):
+        record = {
+            **test.record(),
+            **score_answer(test, text).record(),
+            "generated": text,
+            "key": key,
+        }
+        records.append({**record, **(tf[i] if tf is not None else {})})
+    return records

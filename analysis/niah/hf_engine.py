@@ -1,0 +1,103 @@
+"""The probe's model through transformers (`--engine transformers`): any architecture transformers loads,
+with RoPE or with STRING as its attention function (train/positions/string_hf.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from posfreq.analysis.niah.settings import ProbeError, ProbeSettings
+from posfreq.train.model.transformer import row_groups
+
+
+class TransformersGenerator:
+    """The probe's Generator protocol over a transformers causal LM: greedy decoding on its KV cache and
+    teacher-forced log-probabilities. Prompts of one batch have one length, so nothing is padded."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        max_new_tokens: int,
+        stop: Callable[[int, list[int]], bool] | None = None,
+        prefill_dtype: torch.dtype | None = None,
+        prefill_tokens: int | None = None,
+    ) -> list[list[int]]:
+        """As train.model.Transformer.generate: a row ends when `stop` says so (that token kept); the last
+        generated token is never fed back. Rows are decoded in groups of at most `prefill_tokens` prompt
+        tokens (`train.model.row_groups`; None: all together), each group's prompts in one forward."""
+        rows: list[list[int]] = []
+        for group in row_groups(prompt_ids.shape[0], prompt_ids.shape[1], prefill_tokens):
+            first = group.start
+            rows += self._generate(
+                prompt_ids[group],
+                max_new_tokens,
+                None
+                if stop is None
+                else lambda row, tokens, first=first: stop(first + row, tokens),
+            )
+        return rows
+
+    def _generate(
+        self,
+        prompt_ids: torch.Tensor,
+        max_new_tokens: int,
+        stop: Callable[[int, list[int]], bool] | None,
+    ) -> list[list[int]]:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        step = self.model(
+            input_ids=prompt_ids, past_key_values=cache, use_cache=True, logits_to_keep=1
+        )
+        rows: list[list[int]] = [[] for _ in range(prompt_ids.shape[0])]
+        done = [False] * len(rows)
+        for produced in range(1, max_new_tokens + 1):
+            token = step.logits[:, -1].argmax(-1)
+            for row, tokens in enumerate(rows):
+                if not done[row]:
+                    tokens.append(int(token[row]))
+                    done[row] = stop is not None and stop(row, tokens)
+            if all(done) or produced == max_new_tokens:
+                break
+            step = self.model(input_ids=token[:, None], past_key_values=cache, use_cache=True)
+        return rows
+
+    @torch.no_grad()
+    def target_logprobs(
+        self, input_ids: torch.Tensor, first_target: int, prefill_tokens: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """log p(input_ids[:, j] | input_ids[:, :j]) for j >= first_target, and whether it is the argmax;
+        rows in groups of at most `prefill_tokens` tokens, as `generate`."""
+        logprobs, hits = [], []
+        for group in row_groups(input_ids.shape[0], input_ids.shape[1], prefill_tokens):
+            logits = self.model(input_ids=input_ids[group]).logits[:, first_target - 1 : -1].float()
+            targets = input_ids[group, first_target:]
+            logprobs.append(logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0])
+            hits.append(logits.argmax(-1) == targets)
+        return torch.cat(logprobs), torch.cat(hits)
+
+
+def load_transformers_model(
+    path: Path, settings: ProbeSettings, device: torch.device, train_len: int
+) -> TransformersGenerator:
+    """The model in float32, eval mode, with sdpa attention (rope) or STRING (string: S and W from
+    --position-options, defaults from `train_len`)."""
+    from posfreq.train.positions.string_hf import load_causal_lm
+
+    options = dict(settings.position_options)
+    unknown = set(options) - {"shift", "window"} if settings.positions == "string" else set(options)
+    if unknown:
+        raise ProbeError(
+            f"--engine transformers: position options {sorted(unknown)} are not available there; "
+            "string takes shift and window. Fix: drop them or use --engine posfreq"
+        )
+    model = load_causal_lm(
+        path, settings.positions, options.get("shift"), options.get("window"), train_len
+    )
+    return TransformersGenerator(model.to(device))

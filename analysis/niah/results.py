@@ -1,0 +1,491 @@
+"""The probe's result store: one directory per (model content, probe settings), and what derives from it.
+
+Layout of a model's result directory (written by scripts/commands/probe.py):
+
+    key.json                the result key and its parts (model fingerprint, prompts, settings, code)
+    probe.json              provenance: settings, model, tokens seen, training length, lengths, analysis
+    trained_lengths.npy     the checkpoint's trained-length histogram (a copy: results outlive checkpoints)
+    tests/L000128.jsonl     one record per test: metadata, generated text, both scores, teacher-forced score
+    tests/L000128.json      the length's completion marker (key, seconds, batch size, device)
+
+and, derived from those under an `Analysis` (re-derivable at any time, nothing decoded again):
+summary.csv, distance.csv, effective_length.csv, failure_by_thirds.csv/.md, figures/. A run's result directory
+holds one such directory per checkpoint, named after it, and the run tables beside them.
+
+A directory is the probe's own (train/outdir.py's owner record, or an older probe's key.json with only the
+probe's files beside it) before anything is written there: a user's folder is refused untouched. A directory
+belongs to one key. Results under another key (other weights, prompts, settings or code) are never reused: the
+probe refuses to write there unless asked to replace them. A re-derivation under another `Analysis` may write
+its tables to another directory (`dest`), never over the records' own.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from posfreq.analysis.corpus.frequency import position_frequency
+from posfreq.analysis.tables.formats import current_names, markdown_table, read_csv, write_csv
+from posfreq.analysis.tables.pass_curve import Analysis
+from posfreq.analysis.tables.records import (
+    depth_grid,
+    distance_rows,
+    failure_by_thirds,
+    summarize_length,
+)
+from posfreq.analysis.tables.run_table import (
+    checkpoint_row,
+    draw_run_figures,
+    load_run,
+    write_effective_length_csv,
+)
+from posfreq.train.atomic import write_json_atomic, write_text_atomic
+from posfreq.train.outdir import check_output_dir, claim_output_dir, is_owner_record, owner_of
+
+KEY_FILE = "key.json"
+META_FILE = "probe.json"
+HIST_FILE = "trained_lengths.npy"
+RECORD_FILE = re.compile(r"L\d{6}\.jsonl?")
+"""A length's per-test records or completion marker in OUT/tests (`length_files`)."""
+DERIVED_FROM = "derived_from"
+"""probe.json's field naming the result directory whose records a re-derivation elsewhere read."""
+PROBE = "probe"
+"""The command recorded as the owner of the probe's result directories (train/outdir.py)."""
+MODEL_FIGURES = ("niah_heatmap", "failure_by_thirds")
+"""The figures `derive_model` draws into OUT/figures (each as .png and .pdf)."""
+RUN_FIGURES = ("fig2a_effective_length_vs_tokens", "fig2b_frequency_vs_effective_length")
+"""The figures `derive_run` draws into OUT/figures (analysis/tables/run_table.py's `draw_run_figures`)."""
+
+
+class StaleResults(RuntimeError):
+    """A result directory holds results made by other weights, prompts, settings or code."""
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write a result file's JSON object atomically (values JSON does not know as strings)."""
+    write_json_atomic(path, data, indent=1, default=str)
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from a result file, with an error naming the file when it is damaged."""
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise StaleResults(
+            f"{path}: damaged ({err}); delete it (or pass --replace-stale) to redo it"
+        ) from None
+    if not isinstance(data, dict):
+        raise StaleResults(
+            f"{path}: expected a JSON object; delete it (or pass --replace-stale) to redo it"
+        )
+    return data
+
+
+def claim(out: Path, key: str, parts: dict, replace_stale: bool = False) -> None:
+    """Make `out` the home of results under `key`, refusing (or clearing) results made under another key."""
+    out.mkdir(parents=True, exist_ok=True)
+    key_file = out / KEY_FILE
+    if key_file.is_file():
+        try:
+            theirs = read_json(key_file)
+        except StaleResults:
+            theirs = {"key": None, "parts": {}}
+        if theirs.get("key") == key:
+            return
+        differs = sorted(k for k in parts if theirs.get("parts", {}).get(k) != parts[k]) or [
+            "unknown"
+        ]
+        reason = (
+            f"{out} holds probe results with another key (they differ in: {', '.join(differs)})"
+        )
+    elif (out / "tests").is_dir() and any((out / "tests").iterdir()):
+        foreign = sorted(
+            p.name for p in (out / "tests").iterdir() if not RECORD_FILE.fullmatch(p.name)
+        )
+        if foreign:
+            raise StaleResults(
+                f"{out}/tests holds files the probe did not write ({', '.join(foreign[:3])}). Fix: "
+                "pass another --out (nothing was changed)"
+            )
+        reason = f"{out} holds probe results without a key (written by an older posfreq)"
+    else:
+        write_json(key_file, {"key": key, "parts": parts})
+        return
+    if not replace_stale:
+        raise StaleResults(
+            f"{reason}. They are never reused. Fix: pass another --out, or --replace-stale to "
+            "delete them and probe again."
+        )
+    discard_records(out)
+    write_json(key_file, {"key": key, "parts": parts})
+
+
+DERIVED_TABLES = (
+    "summary.csv",
+    "distance.csv",
+    "effective_length.csv",
+    "failure_by_thirds.csv",
+    "failure_by_thirds.md",
+    "distance_by_checkpoint.csv",
+    "position_frequency.csv",
+)
+"""The tables the probe derives into its own result directory (`derive_model`, `derive_run`)."""
+
+
+RUN_ENTRIES = frozenset(
+    {
+        META_FILE,
+        "effective_length.csv",
+        "distance_by_checkpoint.csv",
+        "position_frequency.csv",
+        "figures",
+    }
+)
+"""What a run's result directory holds beside its checkpoints' directories."""
+MODEL_ENTRIES = frozenset({KEY_FILE, META_FILE, HIST_FILE, "tests", "figures", *DERIVED_TABLES})
+"""What a model's result directory holds."""
+
+
+def check_results_dir(out: Path, run: bool = False) -> Path:
+    """`out` if the probe may write a model's (or with `run`, a run's) results there: absent, empty, the probe's
+    own, or an older probe's (`earlier_model_results`, `earlier_run_results`; then marked as its own). Anything
+    else is an OutputDirError naming the folder and the fix, and nothing in it is touched."""
+    return check_output_dir(out, PROBE, written_before=_earlier_results(run))
+
+
+def claim_results_dir(out: Path, run: bool = False) -> Path:
+    """Create (or reuse) the probe's result directory `out`, recording the probe as its owner (`check_results_dir`
+    says when it is refused)."""
+    return claim_output_dir(out, PROBE, written_before=_earlier_results(run))
+
+
+def _earlier_results(run: bool) -> Callable[[Path], bool]:
+    """The test of an older probe's unmarked result directory of a run, or of one model."""
+    return earlier_run_results if run else earlier_model_results
+
+
+def earlier_model_results(out: Path) -> bool:
+    """Whether an older probe (before owner records) wrote `out` for one model: its key.json is there, and beside
+    it only the probe's own file names, tests/ of per-length records and figures/ of the figures it draws."""
+    figures = figure_names(MODEL_FIGURES)
+    return (
+        _is_json_object(out / KEY_FILE, "key", str)
+        and _own_entries(out) <= MODEL_ENTRIES
+        and _only_files(out / "tests", lambda name: bool(RECORD_FILE.fullmatch(name)))
+        and _only_files(out / "figures", figures.__contains__)
+    )
+
+
+def earlier_run_results(out: Path) -> bool:
+    """Whether an older probe wrote `out` for a run: checkpoint directories that are each the probe's (its own or
+    `earlier_model_results`), and beside them only the run tables, a probe.json listing the checkpoints and the
+    run figures."""
+    checkpoints = _own_entries(out) - RUN_ENTRIES
+    figures = figure_names(RUN_FIGURES)
+    return (
+        bool(checkpoints)
+        and all(_is_model_results(out / name) for name in checkpoints)
+        and (
+            not (out / META_FILE).exists() or _is_json_object(out / META_FILE, "checkpoints", dict)
+        )
+        and _only_files(out / "figures", figures.__contains__)
+    )
+
+
+def _is_model_results(path: Path) -> bool:
+    """A model's result directory: the probe's own, or an older probe's."""
+    return (
+        path.is_dir()
+        and not path.is_symlink()
+        and (owner_of(path) == PROBE or earlier_model_results(path))
+    )
+
+
+def _own_entries(path: Path) -> set[str]:
+    """The names in directory `path` other than owner records."""
+    return {entry.name for entry in path.iterdir() if not is_owner_record(entry.name)}
+
+
+def figure_names(stems: Sequence[str]) -> frozenset[str]:
+    """The file names of figures drawn under `stems` (analysis/plots/frequency.py saves each as .png and .pdf)."""
+    return frozenset(f"{stem}{suffix}" for stem in stems for suffix in (".png", ".pdf"))
+
+
+def _only_files(folder: Path, accept: Callable[[str], bool]) -> bool:
+    """Whether `folder` is absent, or a real directory of regular files whose names `accept` takes."""
+    if not folder.exists() and not folder.is_symlink():
+        return True
+    return (
+        folder.is_dir()
+        and not folder.is_symlink()
+        and all(
+            entry.is_file() and not entry.is_symlink() and accept(entry.name)
+            for entry in folder.iterdir()
+        )
+    )
+
+
+def _is_json_object(path: Path, field: str, kind: type) -> bool:
+    """Whether `path` is a regular file holding a JSON object whose `field` is a `kind`."""
+    if not path.is_file() or path.is_symlink():
+        return False
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get(field), kind)
+
+
+def discard_records(out: Path) -> None:
+    """Delete the probe's key, metadata, per-length records and derived tables in `out` (a directory it owns: its
+    key.json is there, or its tests/ holds only its records), and nothing else: a reader never meets the old
+    model's numbers beside the new key, and a user's other files stay. Figures are redrawn under their names."""
+    for name in (KEY_FILE, META_FILE, HIST_FILE, *DERIVED_TABLES):
+        (out / name).unlink(missing_ok=True)
+    tests = out / "tests"
+    for record in tests.iterdir() if tests.is_dir() else []:
+        if RECORD_FILE.fullmatch(record.name) and record.is_file():
+            record.unlink()
+    if tests.is_dir() and not any(tests.iterdir()):
+        tests.rmdir()
+
+
+def length_files(out: Path, length: int) -> tuple[Path, Path]:
+    """(records, completion marker) of one length."""
+    return out / "tests" / f"L{length:06d}.jsonl", out / "tests" / f"L{length:06d}.json"
+
+
+def done_lengths(out: Path, key: str) -> dict[int, dict]:
+    """Lengths already probed in `out` under `key`: length -> completion marker."""
+    done = {}
+    for marker in sorted((out / "tests").glob("L*.json")):
+        try:
+            meta = json.loads(marker.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue  # a damaged marker: the length is redone
+        if (
+            isinstance(meta, dict)
+            and meta.get("key") == key
+            and marker.with_suffix(".jsonl").is_file()
+        ):
+            done[int(meta["length"])] = meta
+    return done
+
+
+def write_length(out: Path, length: int, records: Sequence[dict], marker: dict) -> None:
+    """One length's records, then its completion marker (so a marker always means a whole file)."""
+    jsonl, marker_path = length_files(out, length)
+    jsonl.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(jsonl, "".join(json.dumps(r) + "\n" for r in records))
+    write_json(marker_path, {"length": length, "n_tests": len(records), **marker})
+
+
+def read_records(out: Path, lengths: Sequence[int]) -> list[dict]:
+    """The per-test records of the given lengths."""
+    records = []
+    for length in lengths:
+        path = length_files(out, length)[0]
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise StaleResults(
+                        f"{path}, line {number}: damaged record ({err}); delete the file and its "
+                        ".json marker to probe that length again"
+                    ) from None
+    return records
+
+
+HIT_FIELDS = ("hits_anywhere", "hits_first_line")
+
+
+def checked_records(out: Path, length: int, marker: dict) -> list[dict]:
+    """The records of one probed length, refused (StaleResults naming the file and line) unless they are exactly
+    what the probe wrote: as many as the marker's n_tests, each under the marker's key and length, with a distinct
+    test index and hit lists of JSON booleans. A re-derivation must never turn a damaged or mixed file into a
+    number."""
+    path = length_files(out, length)[0]
+    records = read_records(out, [length])
+    fix = "Fix: restore the file, or delete it and its .json marker to probe that length again"
+    if len(records) != marker.get("n_tests"):
+        raise StaleResults(
+            f"{path}: {len(records)} records, but its marker says {marker.get('n_tests')} tests. {fix}"
+        )
+    seen = set()
+    for number, record in enumerate(records, 1):
+        where = f"{path}, record {number}"
+        if (
+            not isinstance(record, dict)
+            or record.get("key") != marker.get("key")
+            or record.get("length") != length
+        ):
+            raise StaleResults(
+                f"{where}: made under another key or length than its marker "
+                f"({str(marker.get('key'))[:12]}, L = {length}). {fix}"
+            )
+        for name in HIT_FIELDS:
+            hits = record.get(name)
+            if not isinstance(hits, list) or not all(isinstance(h, bool) for h in hits):
+                raise StaleResults(
+                    f"{where}: {name} must be a list of true/false, got {hits!r:.60}. {fix}"
+                )
+        if record.get("index") in seen:
+            raise StaleResults(f"{where}: test index {record.get('index')} appears twice. {fix}")
+        seen.add(record.get("index"))
+    return records
+
+
+def derive_model(
+    out: Path, analysis: Analysis = Analysis(), figures: bool = True, dest: Path | None = None
+) -> dict:
+    """summary.csv, distance.csv, effective_length.csv, failure_by_thirds and figures of one result directory.
+
+    Reads only the directory's own files (records, probe.json, trained_lengths.npy) and writes the tables, the
+    figures and probe.json (with the analysis) into `dest` (None: `out` itself; another directory leaves `out`
+    untouched and records where the tables came from); returns the effective_length.csv row.
+    """
+    dest = _destination(out, dest)
+    meta = read_json(out / META_FILE)
+    key = read_json(out / KEY_FILE)["key"]
+    done = done_lengths(out, key)
+    lengths = [n for n in meta["lengths"] if n in done]
+    if not lengths:
+        raise StaleResults(
+            f"{out}: no length is probed under its key yet; run scripts/commands/probe.py first"
+        )
+    by_length = {n: checked_records(out, n, done[n]) for n in lengths}
+    summary = [summarize_length(by_length[n], done[n]["seconds"], analysis) for n in lengths]
+    write_csv(dest / "summary.csv", summary)
+    hist = np.load(out / HIST_FILE, allow_pickle=False) if (out / HIST_FILE).is_file() else None
+    train_len = int(meta["train_len"])
+    records = [r for n in lengths for r in by_length[n]]
+    write_csv(
+        dest / "distance.csv", distance_rows(records, [0, *lengths], analysis, hist, train_len)
+    )
+    passed = [[analysis.passed(r) for r in by_length[n]] for n in lengths]
+    tokens = current_names(meta)  # a probe's older meta.json holds tokens_seen
+    row = checkpoint_row(
+        meta["model"],
+        train_len,
+        meta["settings"]["positions"],
+        summary,
+        passed,
+        hist,
+        analysis,
+        meta["settings"]["tests_per_length"],
+        tokens.get("tokens_trained"),
+        tokens.get("run_tokens"),
+    )
+    write_effective_length_csv(dest / "effective_length.csv", [row])
+    thirds = failure_by_thirds(records, analysis)
+    write_csv(dest / "failure_by_thirds.csv", thirds)
+    write_text_atomic(dest / "failure_by_thirds.md", markdown_table(thirds))
+    if figures:
+        from posfreq.analysis.plots import niah as plots_niah
+
+        grid_lengths, edges, recall = depth_grid(records, analysis=analysis)
+        plots_niah.plot_niah_heatmap(
+            grid_lengths, edges, recall, dest / "figures" / "niah_heatmap", title=meta["model"]
+        )
+        plots_niah.plot_failure_by_thirds(
+            thirds, dest / "figures" / "failure_by_thirds", title=meta["model"]
+        )
+    write_json(
+        dest / META_FILE,
+        {
+            **meta,
+            **_derived_from(out, dest),
+            "analysis": asdict(analysis),
+            "complete": set(lengths) == set(meta["lengths"]),
+            "effective_length": {
+                k: row[k]
+                for k in (
+                    "effective_length",
+                    "effective_length_status",
+                    "effective_length_lo",
+                    "effective_length_hi",
+                )
+            },
+        },
+    )
+    return row
+
+
+def derive_run(
+    out: Path, analysis: Analysis = Analysis(), figures: bool = True, dest: Path | None = None
+) -> list[dict]:
+    """The run tables of a run's result directory from its complete checkpoint directories.
+
+    Each checkpoint's own tables and figures (`derive_model`), then effective_length.csv (a row per
+    checkpoint), distance_by_checkpoint.csv, position_frequency.csv
+    (Eq. 2 on the last checkpoint's histogram) and Fig. 2a/2b; the checkpoints are those listed in
+    the run's probe.json with the key each one's results must have (results under another key, e.g.
+    of a checkpoint since retrained, are left out and listed as missing). Everything is written into `dest`
+    (None: `out` itself), each checkpoint's tables into dest/<checkpoint>.
+    """
+    dest = _destination(out, dest)
+    meta = read_json(out / META_FILE)
+    rows, distances, missing = [], [], []
+    for name, key in meta["checkpoints"].items():
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+            raise StaleResults(
+                f"{out / META_FILE}: checkpoint {name!r} is not a directory name inside {out}; "
+                "re-derivation writes only there. Fix: probe the run again (posfreq probe --run)"
+            )
+        sub = out / name
+        sub_meta = read_json(sub / META_FILE) if (sub / META_FILE).is_file() else {}
+        if sub_meta.get("key") != key or set(sub_meta.get("lengths", [None])) - set(
+            done_lengths(sub, key)
+        ):
+            missing.append(name)  # not (fully) probed under the key the checkpoint has now
+            continue
+        row = derive_model(sub, analysis, figures, dest / name)
+        rows.append(row)
+        for d in read_csv(dest / name / "distance.csv"):
+            distances.append({"checkpoint": name, "tokens_trained": row["tokens_trained"], **d})
+    if not rows:
+        raise StaleResults(
+            f"{out}: no checkpoint of the run is fully probed with these settings; nothing to merge"
+        )
+    write_effective_length_csv(dest / "effective_length.csv", rows)
+    write_csv(dest / "distance_by_checkpoint.csv", distances)
+    last = max(rows, key=lambda r: (r["tokens_trained"] == "", r["tokens_trained"] or 0))[
+        "checkpoint"
+    ]
+    hist_path = out / last / HIST_FILE
+    if hist_path.is_file():
+        hist = np.load(hist_path, allow_pickle=False)
+        f = position_frequency(hist, len(hist) - 1)
+        write_csv(dest / "position_frequency.csv", [{"i": i, "f": int(v)} for i, v in enumerate(f)])
+    write_json(
+        dest / META_FILE,
+        {
+            **meta,
+            **_derived_from(out, dest),
+            "analysis": asdict(analysis),
+            "missing": missing,
+            "position_frequency_from": last,
+        },
+    )
+    if figures:
+        draw_run_figures([load_run(dest)], dest / "figures")
+    return rows
+
+
+def _destination(out: Path, dest: Path | None) -> Path:
+    """Where a derivation from `out` writes: `out` itself, or `dest` (created)."""
+    if dest is None:
+        return out
+    dest.mkdir(parents=True, exist_ok=True)
+    return dest
+
+
+def _derived_from(out: Path, dest: Path) -> dict:
+    """probe.json's record of a re-derivation elsewhere: the source directory (nothing when written in place)."""
+    return {} if dest == out else {DERIVED_FROM: str(out.resolve())}

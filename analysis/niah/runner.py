@@ -1,0 +1,338 @@
+"""Orchestration of a probe: the job, each model's pending lengths under its result key, decoding them
+under one progress bar, and the run level (every milestone, or a shard of them, then the run tables)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from posfreq.analysis.niah import results
+from posfreq.analysis.niah.decoding import (
+    Generator,
+    generate_answers,
+    reference_answer,
+    score_tests,
+    teacher_forced,
+)
+from posfreq.analysis.niah.needles import NiahBuilder
+from posfreq.analysis.niah.settings import ProbeError, ProbeSettings, resolve_precision, result_key
+from posfreq.analysis.niah.sources import Builders, ModelSource, checkpoint_source, milestones
+from posfreq.analysis.tables.pass_curve import Analysis
+from posfreq.train.atomic import atomic_open
+from posfreq.train.command_line import code_version
+from posfreq.train.model.attention_kernels import BackendError, explain_backend
+from posfreq.train.positions.schemes import SINGLE_PASS_SCHEMES
+from posfreq.train.run_lock import RunLock
+
+
+@dataclass
+class Job:
+    """What the CLI asked for, resolved: the settings' precision is that of `device`."""
+
+    settings: ProbeSettings
+    """What decides the answers."""
+    lengths: list[int] | None
+    """Test lengths; None: 128, 256, ... up to each model's training length."""
+    batch_size: int
+    """Prompts decoded together, at most."""
+    device: torch.device
+    """Where the models run."""
+    analysis: Analysis = Analysis()
+    """How the records become the derived tables."""
+    attention_backend: str = "auto"
+    """posfreq.train.model.attention backend."""
+    figures: bool = True
+    """Draw the figures beside the tables."""
+    show_progress: bool = True
+    """Show a progress bar."""
+    replace_stale: bool = False
+    """Delete results in an output directory made under another key (else refuse)."""
+    batch_tokens: int | None = None
+    """At most this many test tokens decoded together (a batch of at least one test); None: no cap."""
+    prefill_tokens: int | None = None
+    """At most this many prompt tokens in one forward (whole prompts, one at least); None: a batch at once."""
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        for name in ("batch_tokens", "prefill_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 or null, got {getattr(self, name)}")
+        self.settings = replace(
+            self.settings, precision=resolve_precision(self.settings.precision, self.device)
+        )
+        self.attention = self._attention_choice()
+
+    def _attention_choice(self) -> str:
+        """The attention backend the probe runs and why; ValueError when the asked one cannot run this probe."""
+        dtype = (
+            torch.bfloat16
+            if self.settings.precision in ("bfloat16", "bfloat16-prefill")
+            else torch.float32
+        )
+        merges = (
+            self.settings.positions not in SINGLE_PASS_SCHEMES
+        )  # two passes merged by their log-sum-exp
+        try:
+            return explain_backend(self.attention_backend, self.device, dtype, return_lse=merges)[1]
+        except BackendError as err:
+            raise ValueError(f"--attention-backend: {err}") from None
+
+    def batch_for(self, length: int) -> int:
+        """Tests of `length` tokens decoded together: batch_size, fewer where batch_tokens caps it (never 0)."""
+        if self.batch_tokens is None:
+            return self.batch_size
+        return max(1, min(self.batch_size, self.batch_tokens // length))
+
+    def lengths_for(self, train_len: int, shortest: int = 1) -> list[int]:
+        """The lengths asked for, or the default ones of a model trained at `train_len` (none below `shortest`)."""
+        return self.lengths or default_lengths(train_len, shortest)
+
+
+def default_lengths(train_len: int, shortest: int = 1) -> list[int]:
+    """The multiples of 128 from the shortest test a prompt format allows up to the training length."""
+    return list(range(128 * max(1, -(-shortest // 128)), train_len + 1, 128))
+
+
+@dataclass
+class ModelTask:
+    """One model's pending work: where its results go, under which key, and which lengths remain."""
+
+    source: ModelSource
+    out: Path
+    key: str
+    parts: dict
+    builder: NiahBuilder
+    lengths: list[int]
+    pending: list[int]
+
+
+def plan_model(source: ModelSource, out: Path, job: Job, builders: Builders) -> ModelTask:
+    """Claim `out` for this model's key and list the lengths still to probe."""
+    builder = builders.for_source(source, job.settings)
+    key, parts = result_key(source, builder, job.settings)
+    shortest = builder.min_length()
+    lengths = job.lengths_for(source.train_len, shortest)
+    if not lengths:
+        raise ProbeError(
+            f"{source.path} was trained at L = {source.train_len}, below the shortest test tokenizer "
+            f"{builder.tokenizer.name} allows with an answer budget of {job.settings.max_new_tokens} "
+            f"({shortest} tokens). Fix: train at a longer data.train-len, or pass --lengths from "
+            f"{shortest} on (beyond the training length) or a lower --max-new-tokens"
+        )
+    if min(lengths) < shortest:
+        raise ProbeError(
+            f"--lengths: {min(lengths)} is below the shortest test this tokenizer and answer budget "
+            f"allow ({shortest} tokens); start the lengths there or lower --max-new-tokens"
+        )
+    if job.settings.teacher_forced:
+        answer, _ = reference_answer(
+            builder.tokenizer, builder.build(lengths[0], 0, 0), job.settings.answer_order
+        )
+        if len(answer) > job.settings.max_new_tokens:
+            raise ProbeError(
+                f"the teacher-forced reference answer takes {len(answer)} tokens of tokenizer "
+                f"{builder.tokenizer.name}, more than the answer budget {job.settings.max_new_tokens}. "
+                f"Fix: --max-new-tokens {len(answer)} or more, or --teacher-forced false"
+            )
+    try:
+        results.claim(out, key, parts, job.replace_stale)
+    except results.StaleResults as err:
+        raise ProbeError(str(err)) from None
+    done = results.done_lengths(out, key)
+    return ModelTask(
+        source, out, key, parts, builder, lengths, [n for n in lengths if n not in done]
+    )
+
+
+def execute(tasks: Sequence[ModelTask], job: Job) -> None:
+    """Probe every pending length of every model task under one progress bar (tests, with an ETA over all of them)."""
+    from tqdm.auto import tqdm
+
+    total = sum(len(t.pending) for t in tasks) * job.settings.tests_per_length
+    if total and job.show_progress:
+        print(f"attention: {job.attention}", file=sys.stderr)
+    with tqdm(
+        total=total,
+        unit="test",
+        disable=not job.show_progress or total == 0,
+        dynamic_ncols=True,
+        desc="probe",
+    ) as bar:
+        for task in tasks:
+            if task.pending:
+                model = task.source.load(job.settings, job.device, job.attention_backend)
+                for length in task.pending:
+                    bar.set_postfix_str(f"{task.source.name} length {length}")
+                    probe_length(model, task, length, job, bar)
+                del model
+            _write_meta(task, job)
+
+
+def probe_length(model: Generator, task: ModelTask, length: int, job: Job, bar: Any = None) -> None:
+    """Decode, teacher-force and score one length's tests in batches; write its records and marker."""
+    s = job.settings
+    tests = task.builder.make_tests(length, s.tests_per_length, s.seed)
+    tokenizer = task.builder.tokenizer
+    started = time.perf_counter()
+    records: list[dict] = []
+    size = job.batch_for(length)
+    for start in range(0, len(tests), size):
+        batch = tests[start : start + size]
+        answers = generate_answers(
+            model, tokenizer, batch, job.device, s.precision, s.max_new_tokens, job.prefill_tokens
+        )
+        tf = (
+            teacher_forced(
+                model, tokenizer, batch, job.device, s.precision, s.answer_order, job.prefill_tokens
+            )
+            if s.teacher_forced
+            else None
+        )
+        records += score_tests(batch, answers, tf, task.key)
+        if bar is not None:
+            bar.update(len(batch))
+    results.write_length(
+        task.out,
+        length,
+        records,
+        {
+            "key": task.key,
+            "seconds": time.perf_counter() - started,
+            "batch_size": size,
+            "prefill_tokens": job.prefill_tokens,
+            "device": str(job.device),
+            "threads": torch.get_num_threads(),
+        },
+    )
+
+
+def _write_meta(task: ModelTask, job: Job) -> None:
+    """probe.json (provenance) and the trained-length histogram beside the records."""
+    source = task.source
+    if source.length_hist is not None:
+        with atomic_open(
+            task.out / results.HIST_FILE, "wb"
+        ) as f:  # never through a link at that name
+            np.save(f, source.length_hist.astype(np.int64), allow_pickle=False)
+    results.write_json(
+        task.out / results.META_FILE,
+        {
+            "model": source.name,
+            "model_path": str(source.path),
+            "model_kind": source.kind,
+            "key": task.key,
+            "key_parts": task.parts,
+            "settings": asdict(job.settings),
+            "lengths": task.lengths,
+            "train_len": source.train_len,
+            "tokens_trained": source.tokens_trained,
+            "run_tokens": source.run_tokens,
+            "prompt_format": asdict(task.builder.format),
+            "tokenizer": task.builder.tokenizer.name,
+            "haystack": task.builder.haystack.name,
+            "haystack_sha256": task.builder.haystack.sha256,
+            "note": "a test of length n is a prompt of n - max_new_tokens tokens plus at most max_new_tokens "
+            "generated ones: no token is generated at a position >= n",
+            "batch_size": job.batch_size,
+            "batch_tokens": job.batch_tokens,
+            "device": str(job.device),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "code_version": code_version(),
+            "command": sys.argv,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        },
+    )
+
+
+def probe_models(
+    sources: Sequence[ModelSource],
+    outs: Sequence[Path],
+    job: Job,
+    builders: Builders,
+    derive: bool = True,
+) -> list[dict]:
+    """Probe models into their result directories and (unless a run merge will) derive each one's tables.
+
+    Returns their effective_length rows, or nothing when `derive` is False.
+    """
+    for out in outs:  # every folder refused before any key is computed or model loaded
+        results.claim_results_dir(out)
+    # One probe per result folder at a time: a second one (another job on the same --out) is refused in one
+    # line instead of interleaving its records and tables with the first one's. Shards of a run never share one.
+    with ExitStack() as held:
+        for out in outs:
+            lock = RunLock.acquire(out)
+            held.callback(lock.release)
+        tasks = [plan_model(s, o, job, builders) for s, o in zip(sources, outs)]
+        execute(tasks, job)
+        if not derive:
+            return []
+        return [results.derive_model(t.out, job.analysis, job.figures) for t in tasks]
+
+
+def run_out_default(run_dir: Path, first: ModelSource, job: Job, builders: Builders) -> Path:
+    """RUNDIR/probe-<scheme>-<key of the settings, prompts and code> (model content is keyed per checkpoint)."""
+    key, _ = result_key(first, builders.for_source(first, job.settings), job.settings, model=False)
+    return run_dir / f"probe-{job.settings.positions}-{key[:8]}"
+
+
+def probe_run(
+    run_dir: Path,
+    out: Path | None,
+    job: Job,
+    shard: tuple[int, int] | None = None,
+    merge_only: bool = False,
+) -> tuple[Path, list[dict]]:
+    """Probe every milestone of a run (or shard i of n of them), then (unless sharded) derive the run tables.
+
+    A given `out` is checked before the checkpoints are read (a user's folder is refused untouched), and claimed
+    for the probe before anything is written there."""
+    if out is not None:
+        results.check_results_dir(out, run=True)
+    builders = Builders(job.settings.haystack)
+    checkpoints = milestones(run_dir)
+    mine = checkpoints if shard is None else checkpoints[shard[0] :: shard[1]]
+    sources = {
+        p: checkpoint_source(p, job.settings) for p in (mine if shard is not None else checkpoints)
+    }
+    out = out or run_out_default(run_dir, sources[mine[0]], job, builders)
+    results.claim_results_dir(out, run=True)
+    rows: list[dict] = []
+    if (
+        not merge_only
+    ):  # a sharded task derives its own checkpoints; otherwise derive_run does, once
+        rows = probe_models(
+            [sources[p] for p in mine],
+            [out / p.name for p in mine],
+            job,
+            builders,
+            derive=shard is not None,
+        )
+    if shard is not None:
+        return out, rows
+    keys = {
+        p.name: result_key(s, builders.for_source(s, job.settings), job.settings)[0]
+        for p, s in sources.items()
+    }
+    meta_path = out / results.META_FILE
+    previous = results.read_json(meta_path) if meta_path.is_file() else {}
+    results.write_json(
+        meta_path,
+        {
+            **previous,
+            "run": str(run_dir.resolve()),
+            "checkpoints": keys,
+            "settings": asdict(job.settings),
+            "code_version": code_version(),
+        },
+    )
+    return out, results.derive_run(out, job.analysis, job.figures)

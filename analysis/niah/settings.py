@@ -1,0 +1,173 @@
+"""The probe's settings and its result key: what decides a probe's answers, and the one hash of it.
+
+Also the probe's error type: library code raises `ProbeError`; only the CLI turns it into one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Literal, Optional, Union, get_args
+
+import torch
+
+from posfreq.analysis.niah.needles import ANSWER_BUDGET
+from posfreq.train.fingerprint import code_sha256
+from posfreq.train.positions.schemes import SCHEMES
+
+if TYPE_CHECKING:
+    from posfreq.analysis.niah.needles import NiahBuilder
+    from posfreq.analysis.niah.sources import ModelSource
+
+Precision = Literal["auto", "float32", "bfloat16", "bfloat16-prefill"]
+BosPolicy = Literal["auto", "always", "never"]
+AnswerOrder = Literal["document", "nearest_first"]
+Engine = Literal["posfreq", "transformers"]
+SchemeName = Literal[SCHEMES]  # the position schemes of posfreq.train.positions.schemes
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+BOS_POLICIES: tuple[str, ...] = get_args(BosPolicy)
+ANSWER_ORDERS: tuple[str, ...] = get_args(AnswerOrder)
+ENGINES: tuple[str, ...] = get_args(Engine)
+TRANSFORMERS_SCHEMES = (
+    "rope",
+    "string",
+)  # what --engine transformers runs (string: train.string_hf)
+
+
+class ProbeError(ValueError):
+    """A probe that cannot run as asked (missing model, refused lengths, stale results); the message says the fix."""
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """What decides the probe's answers (hashed into the result key, with the model and the prompts)."""
+
+    tests_per_length: int = 500
+    """NIAH tests per length (the paper: 500)."""
+    seed: int = 0
+    """Test seed: the same seed builds the same tests (needles, depths, haystack windows) anywhere."""
+    haystack: str = "pg"
+    """The haystack: pg (Paul Graham essays), noise, or a .txt file or a directory of them."""
+    max_new_tokens: int = ANSWER_BUDGET
+    """The answer budget B: a test of length n is a prompt of n - B tokens and at most B generated ones
+    (the official script's 128), so no token is generated at a position >= n."""
+    positions: SchemeName = "rope"
+    """The position scheme the model decodes with (posfreq.train.positions.schemes)."""
+    position_options: dict[str, Union[bool, int, float, str, None]] = field(default_factory=dict)
+    """Options of the position scheme, e.g. {shift: 1365} (or --position-options.shift 1365)."""
+    precision: Precision = "auto"
+    """auto: bf16 autocast on GPU and float32 on CPU (resolved before results are keyed); float32; bfloat16
+    (autocast over float32 weights); or bfloat16-prefill (the prompt's forward and the teacher-forced pass under
+    bf16 autocast, the KV cache and the decoding steps in float32: the fastest on a CPU with bf16 units, see
+    docs/performance.md)."""
+    tokenizer: Optional[str] = None
+    """The tokenizer spec (llama3, bytes, hf:DIR) instead of the model's own (null: the model's own)."""
+    bos: BosPolicy = "auto"
+    """Prepend BOS: auto follows how the model saw text in training (ours: as the trainer's shards, no BOS;
+    Hugging Face: its tokenizer's convention; with chat_template: only what the template renders)."""
+    chat_template: bool = False
+    """Frame each prompt with the tokenizer's chat template (one user turn; the answer prefix opens the
+    assistant's turn)."""
+    teacher_forced: bool = True
+    """Also score each needle under teacher forcing (its log-probability and token accuracy, one extra forward
+    pass per batch)."""
+    answer_order: AnswerOrder = "document"
+    """Needle order of the teacher-forced reference answer: as in the document, or nearest the question first."""
+    engine: Engine = "posfreq"
+    """What runs the model: posfreq (its own model; our checkpoints and Llama-family HF models) or
+    transformers (any architecture transformers loads, --model hf:DIR only; rope or string)."""
+
+    def __post_init__(self) -> None:
+        if min(self.tests_per_length, self.max_new_tokens) < 1:
+            raise ValueError(
+                f"tests_per_length and max_new_tokens must be >= 1, got {self.tests_per_length} "
+                f"and {self.max_new_tokens}"
+            )
+        for name, allowed in (
+            ("positions", SCHEMES),
+            ("precision", PRECISIONS),
+            ("bos", BOS_POLICIES),
+            ("answer_order", ANSWER_ORDERS),
+            ("engine", ENGINES),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.engine == "transformers":
+            if self.positions not in TRANSFORMERS_SCHEMES:
+                raise ValueError(
+                    f"--engine transformers runs positions {' or '.join(TRANSFORMERS_SCHEMES)}, not "
+                    f"{self.positions!r}. Fix: use --engine posfreq for the other schemes"
+                )
+            if self.precision == "bfloat16-prefill":
+                raise ValueError(
+                    "--engine transformers keeps one dtype from prefill to decoding; "
+                    "Fix: use --precision float32 or bfloat16"
+                )
+
+    def decoding(self) -> dict:
+        """The settings that change answers given the prompts (names of files excluded: content is keyed apart)."""
+        keep = (
+            "tests_per_length",
+            "seed",
+            "max_new_tokens",
+            "positions",
+            "position_options",
+            "precision",
+            "teacher_forced",
+            "answer_order",
+        )
+        decoding = {k: v for k, v in asdict(self).items() if k in keep}
+        if self.engine != "posfreq":  # keys of the default engine stay as they were
+            decoding["engine"] = self.engine
+        return decoding
+
+
+def parse_lengths(spec: str) -> list[int]:
+    """'START:STOP:STEP' (STOP included) or a comma list '128,256,512' -> sorted unique lengths."""
+    try:
+        if ":" in spec:
+            start, stop, step = (int(x) for x in spec.split(":"))
+            if step < 1:
+                raise ValueError
+            lengths = list(range(start, stop + 1, step))
+        else:
+            lengths = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--lengths expects START:STOP:STEP or a comma list, got {spec!r}"
+        ) from None
+    if not lengths or min(lengths) < 1:
+        raise argparse.ArgumentTypeError(f"--lengths {spec!r} gives no positive lengths")
+    return sorted(set(lengths))
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """`auto` -> bfloat16 autocast on CUDA, float32 on CPU."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {PRECISIONS}")
+    if precision == "auto":
+        return "bfloat16" if device.type == "cuda" else "float32"
+    if precision == "bfloat16-prefill" and device.type != "cpu":
+        raise ValueError(
+            "precision bfloat16-prefill is for CPUs (a bf16 prompt forward, float32 decoding steps); "
+            f"on {device.type} use auto or bfloat16"
+        )
+    return precision
+
+
+def result_key(
+    source: ModelSource, builder: NiahBuilder, settings: ProbeSettings, model: bool = True
+) -> tuple[str, dict]:
+    """(key, parts): sha256 (16 hex) of what a result is made of: model content, prompt content, decoding
+    settings, code. model=False leaves the model out (a run's key, shared by its checkpoints)."""
+    parts = {
+        "model": source.fingerprint,
+        "prompts": builder.digest,
+        "decoding": settings.decoding(),
+        "code": code_sha256(),
+    }
+    if not model:
+        del parts["model"]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16], parts

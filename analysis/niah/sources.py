@@ -1,0 +1,209 @@
+"""Model sources: the models a probe can load (our checkpoints, Hugging Face directories, a run's
+milestones), each known by content (fingerprint, tokenizer, training length) before it is loaded,
+and the builders of their prompts (tokenizer, BOS policy and chat template resolved)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from posfreq.analysis.niah.decoding import Generator
+from posfreq.analysis.niah.needles import NiahBuilder, PromptFormat, load_haystack
+from posfreq.analysis.niah.settings import ProbeError, ProbeSettings
+from posfreq.train.data.tokenizer import Tokenizer, get_tokenizer
+from posfreq.train.model.hf_folder import ModelFolderError, refuse_custom_code
+
+
+@dataclass
+class ModelSource:
+    """A model the probe can load, known by content before it is loaded: name, fingerprint, tokenizer, lengths."""
+
+    name: str
+    path: Path
+    kind: str  # "checkpoint" (ours: trainer or consolidated) or "hf"
+    fingerprint: str
+    tokenizer_spec: str
+    train_len: int
+    vocab_size: int
+    bos_in_training: bool
+    length_hist: np.ndarray | None = None
+    tokens_trained: int | None = None
+    run_tokens: int | None = None
+
+    def load(
+        self, settings: ProbeSettings, device: torch.device, attention_backend: str = "auto"
+    ) -> Generator:
+        """The model on `device` in float32, eval mode, with the settings' position scheme."""
+        if settings.engine == "transformers":
+            from posfreq.analysis.niah.hf_engine import load_transformers_model
+
+            return load_transformers_model(self.path, settings, device, self.train_len)
+        if self.kind == "checkpoint":
+            from posfreq.train.checkpoint.layout import load_model
+
+            model, _, _ = load_model(
+                self.path, device="cpu", dtype=torch.float32, attention_backend=attention_backend
+            )
+        else:
+            from posfreq.train.model.hf import load_hf_model
+
+            model = load_hf_model(
+                self.path, dtype=torch.float32, attention_backend=attention_backend
+            )
+        model = model.to(device=device, dtype=torch.float32).eval()
+        if settings.positions != "rope" or settings.position_options:
+            model.set_positions(settings.positions, **settings.position_options)
+        return model
+
+
+def checkpoint_source(path: Path, settings: ProbeSettings) -> ModelSource:
+    """One of our checkpoints (trainer milestone or consolidated directory), as train.checkpoint reads it."""
+    from posfreq.train.checkpoint.layout import (
+        MODEL_CONFIG_FILE,
+        CheckpointError,
+        read_checkpoint_info,
+    )
+
+    if settings.engine == "transformers":
+        raise ProbeError(
+            f"{path}: --engine transformers loads Hugging Face model directories. Fix: export it with "
+            "`posfreq export-hf`, then probe --model hf:DIR, or use --engine posfreq"
+        )
+
+    try:
+        info = read_checkpoint_info(path)
+    except CheckpointError:
+        if (path / MODEL_CONFIG_FILE).is_file():
+            raise
+        what = (
+            "does not exist" if not path.exists() else "is not a checkpoint (no model_config.json)"
+        )
+        raise ProbeError(
+            f"--checkpoint {path} {what}. Fix: pass RUN/checkpoints/tokens-*/ (or latest/), a "
+            "consolidated model directory, or --run RUN for every milestone"
+        ) from None
+    if settings.tokenizer is None and info.tokenizer_spec is None:
+        raise ProbeError(
+            f"{path}: no tokenizer_spec.json; pass --tokenizer SPEC (llama3, bytes, hf:DIR)"
+        )
+    if settings.tokenizer is None and info.tokenizer_fingerprint is not None:
+        from posfreq.train.checkpoint.layout import check_tokenizer
+
+        try:  # the tokenizer the spec names now must be, by content, the one the run trained with
+            check_tokenizer(info, get_tokenizer(info.tokenizer_spec))
+        except CheckpointError as err:
+            raise ProbeError(str(err)) from None
+    return ModelSource(
+        path.name,
+        path,
+        "checkpoint",
+        info.fingerprint,
+        settings.tokenizer or info.tokenizer_spec,
+        info.config.train_len,
+        info.config.vocab_size,
+        info.bos_in_training,
+        info.trained_lengths,
+        info.tokens_trained,
+        info.run_tokens,
+    )
+
+
+def hf_source(directory: Path, settings: ProbeSettings) -> ModelSource:
+    """A Hugging Face Llama-family directory (its tokenizer.json unless --tokenizer overrides)."""
+    from posfreq.train.model.hf import config_from_hf, hf_model_fingerprint, tokenizer_spec
+
+    if not (directory / "config.json").is_file():
+        what = "does not exist" if not directory.exists() else "holds no config.json"
+        raise ProbeError(
+            f"--model hf:{directory} {what}. Fix: pass a Hugging Face model directory "
+            "(config.json and *.safetensors)"
+        )
+    try:  # the transformers engine loads the folder through transformers
+        refuse_custom_code(directory, "--model")
+    except ModelFolderError as err:
+        raise ProbeError(str(err)) from None
+    spec = settings.tokenizer or tokenizer_spec(directory)
+    if spec is None:
+        raise ProbeError(
+            f"--model hf:{directory}: no tokenizer.json there; pass --tokenizer SPEC (e.g. llama3)"
+        )
+    raw = json.loads((directory / "config.json").read_text())
+    if (
+        settings.engine == "transformers"
+    ):  # any architecture: only its length and vocabulary are read
+        train_len, vocab_size = int(raw["max_position_embeddings"]), int(raw["vocab_size"])
+    else:
+        try:
+            config = config_from_hf(raw, str(directory / "config.json"))
+        except ValueError as err:
+            raise ProbeError(
+                f"{err}. Fix: --engine transformers probes any architecture transformers loads"
+            ) from None
+        train_len, vocab_size = config.train_len, config.vocab_size
+    return ModelSource(
+        directory.name,
+        directory,
+        "hf",
+        hf_model_fingerprint(directory),
+        spec,
+        train_len,
+        vocab_size,
+        get_tokenizer(spec).adds_bos,
+    )
+
+
+def milestones(run_dir: Path) -> list[Path]:
+    """The run's complete milestone checkpoints (tokens-*/, never .tmp), oldest first."""
+    from posfreq.train.checkpoint.layout import MILESTONE_PREFIX, list_checkpoints
+
+    found = [p for p, _ in list_checkpoints(run_dir) if p.name.startswith(MILESTONE_PREFIX)]
+    if not found:
+        raise ProbeError(
+            f"--run {run_dir}: no complete checkpoints under {run_dir / 'checkpoints'}/tokens-*/"
+        )
+    return found
+
+
+class Builders:
+    """One NiahBuilder per (tokenizer content, prompt format): the haystack is tokenized once for each."""
+
+    def __init__(self, haystack: str) -> None:
+        self.haystack = load_haystack(haystack)
+        self._built: dict[tuple, NiahBuilder] = {}
+        self._tokenizers: dict[str, Tokenizer] = {}
+
+    def tokenizer(self, spec: str) -> Tokenizer:
+        if spec not in self._tokenizers:
+            self._tokenizers[spec] = get_tokenizer(spec)
+        return self._tokenizers[spec]
+
+    def for_source(self, source: ModelSource, settings: ProbeSettings) -> NiahBuilder:
+        """The builder of a model's prompts: its tokenizer, the BOS policy and chat template resolved."""
+        tokenizer = self.tokenizer(source.tokenizer_spec)
+        if tokenizer.vocab_size > source.vocab_size:
+            raise ProbeError(
+                f"{source.path}: tokenizer {tokenizer.name} has {tokenizer.vocab_size:,} ids but the model "
+                f"only {source.vocab_size:,}; pass the model's own tokenizer with --tokenizer"
+            )
+        chat: tuple[list[int], list[int]] = ([], [])
+        if settings.chat_template:
+            frame = getattr(tokenizer, "chat_frame", None)
+            if frame is None or getattr(tokenizer, "chat_template", None) is None:
+                raise ProbeError(
+                    f"--chat-template: tokenizer {tokenizer.name} has no chat template "
+                    "(neither chat_template.jinja nor tokenizer_config.json's chat_template); "
+                    "leave --chat-template false"
+                )
+            chat = frame()
+        bos = {"always": True, "never": False}.get(settings.bos)
+        if bos is None:
+            bos = False if settings.chat_template else source.bos_in_training
+        fmt = PromptFormat(settings.max_new_tokens, bos, tuple(chat[0]), tuple(chat[1]))
+        cache_key = (tokenizer.fingerprint, fmt)
+        if cache_key not in self._built:
+            self._built[cache_key] = NiahBuilder(tokenizer, self.haystack, fmt)
+        return self._built[cache_key]

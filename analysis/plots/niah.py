@@ -1,0 +1,71 @@
+"""One probed model's figures (analysis/niah/results.py): needle recall by context length and depth (Fig. 4), and
+missed needles per third of the document (Table 4 as bars). Saved by `plots.save_figure`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import matplotlib
+import numpy as np
+
+from posfreq.analysis.plots.frequency import plt, save_figure
+
+
+def plot_niah_heatmap(
+    lengths: Sequence[int],
+    depth_edges: np.ndarray,
+    recall: np.ndarray,
+    stem: str | Path,
+    title: str = "",
+) -> list[Path]:
+    """Fig. 4: needle recall per context length (x) and needle depth (y, 0% at the top); NaN cells blank."""
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.45 * len(lengths) + 2.5), 4.5))
+    cmap = matplotlib.colormaps["RdYlGn"].with_extremes(bad="white")
+    image = ax.imshow(
+        np.ma.masked_invalid(recall),
+        aspect="auto",
+        cmap=cmap,
+        vmin=0.0,
+        vmax=1.0,
+        interpolation="nearest",
+    )
+    ax.set_xticks(
+        range(len(lengths)), [str(n) for n in lengths], rotation=90 if len(lengths) > 8 else 0
+    )
+    centres = 100 * (depth_edges[:-1] + depth_edges[1:]) / 2
+    ax.set_yticks(range(len(centres)), [f"{c:.0f}" for c in centres])
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("needle depth (%)")
+    ax.set_title(f"4-needle NIAH recall{': ' + title if title else ''}")
+    fig.colorbar(image, ax=ax, label="needles retrieved (share)")
+    return save_figure(fig, stem)
+
+
+def plot_failure_by_thirds(
+    rows: Sequence[Mapping], stem: str | Path, title: str = ""
+) -> list[Path]:
+    """Table 4 as bars: share of missed needles in each third of the document, per length and overall."""
+    thirds = (
+        [k.removeprefix("miss_rate_") for k in rows[0] if k.startswith("miss_rate_")]
+        if rows
+        else []
+    )
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(rows) + 3), 4.2))
+    width = 0.8 / max(len(thirds), 1)
+    x = np.arange(len(rows))
+    for k, third in enumerate(thirds):
+        ax.bar(
+            x + (k - (len(thirds) - 1) / 2) * width,
+            [r[f"miss_rate_{third}"] for r in rows],
+            width,
+            label=f"depth {third}",
+        )
+    ax.set_xticks(x, [str(r["length"]) for r in rows], rotation=90 if len(rows) > 10 else 0)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("share of needles missed")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(f"Failures by document depth{': ' + title if title else ''}")
+    ax.legend()
+    return save_figure(fig, stem)

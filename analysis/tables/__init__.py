@@ -1,0 +1,5 @@
+"""Tables derived from probe records: CSV and Markdown files, pass-rate curves and effective length,
+one model's tables and a run's effective_length.csv.
+
+May import: train's shared modules, analysis.corpus.frequency.
+"""

@@ -1,0 +1,303 @@
+"""Computed verdicts on the paper's claims from checkpoint rows (`probed_runs.load_checkpoints`), each with its
+numbers and a percentile bootstrap over seeds: C1 (shortfall), Fig. 2a (longer L reaches further), C2 (curves
+coincide against f), data variants against a baseline, and when retrieval emerges.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from posfreq.analysis.tables.pass_curve import STATUS_ALL_PASSED, STATUS_NONE_PASSED, STATUS_OK
+
+
+def _percentile(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    tail = (1 - level) / 2
+    lo, hi = np.quantile(np.asarray(values, dtype=float), [tail, 1 - tail])
+    return float(lo), float(hi)
+
+
+def shortfall(rows: Sequence[Mapping]) -> dict:
+    """C1: each run's last checkpoint, its effective length interval against its training length."""
+    runs = {}
+    for r in rows:
+        key = (r["train_len"], r["variant"], r["seed"])
+        if key not in runs or r["tokens_trained"] > runs[key]["tokens_trained"]:
+            runs[key] = r
+    last = [
+        {
+            "train_len": L,
+            "variant": v,
+            "seed": s,
+            "effective_length": r["effective_length"],
+            "effective_length_hi": r["effective_length_hi"],
+            "status": r["effective_length_status"],
+        }
+        for (L, v, s), r in sorted(runs.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2])))
+    ]
+    claim = "the effective length of every run's last checkpoint falls short of its training length"
+    undefined = [x for x in last if x["status"] == STATUS_NONE_PASSED]
+    tested = [x for x in last if x["status"] != STATUS_NONE_PASSED]
+    verdict = {"claim": claim, "last_checkpoints": last}
+    if undefined:
+        verdict["caveat"] = (
+            f"{len(undefined)} of {len(last)} runs passed no probed length at their last checkpoint "
+            "(effective length undefined): left out of the test"
+        )
+    if not tested:
+        return {
+            **verdict,
+            "holds": None,
+            "reason": "no run has a defined effective length at its last checkpoint",
+        }
+    holds = all(
+        x["status"] == STATUS_OK
+        and x["effective_length_hi"] is not None
+        and x["effective_length_hi"] < x["train_len"]
+        for x in tested
+    )
+    return {**verdict, "holds": holds}
+
+
+def longer_reaches_further(rows: Sequence[Mapping], n_boot: int, seed: int) -> dict:
+    """Fig. 2a: paired (same seed) difference of last-checkpoint effective lengths, longer minus shorter L."""
+    lengths = sorted({r["train_len"] for r in rows})
+    if len(lengths) != 2:
+        return {"claim": "needs exactly two training lengths", "holds": None}
+    last: dict[tuple, int] = {}
+    tokens: dict[tuple, int] = {}
+    censored: dict[tuple, bool] = {}
+    for r in rows:
+        key = (r["train_len"], r["seed"])
+        if key not in tokens or r["tokens_trained"] > tokens[key]:
+            tokens[key], last[key] = r["tokens_trained"], int(r["effective_length"])
+            censored[key] = r["effective_length_status"] == STATUS_ALL_PASSED
+    seeds = sorted(
+        {s for L, s in last if (lengths[0], s) in last and (lengths[1], s) in last}, key=str
+    )
+    if not seeds:
+        return {"claim": "needs the same seeds at both lengths", "holds": None}
+    diffs = np.array([last[(lengths[1], s)] - last[(lengths[0], s)] for s in seeds], dtype=float)
+    rng = np.random.default_rng(seed)
+    boots = diffs[rng.integers(0, len(diffs), size=(n_boot, len(diffs)))].mean(axis=1)
+    lo, hi = _percentile(boots)
+    return {
+        "claim": f"at the last checkpoint (equal tokens), L = {lengths[1]} reaches a larger effective length "
+        f"than L = {lengths[0]} (paired by seed)",
+        "seeds": seeds,
+        "differences": diffs.tolist(),
+        "mean_difference": float(diffs.mean()),
+        "interval_95": [lo, hi],
+        "holds": bool(lo > 0),
+        "test": "percentile bootstrap over seeds",
+        "censored": {str(L): sum(censored[(L, s)] for s in seeds) for L in lengths},
+        "note": "a run whose every probed length passed (all_passed) has an effective length that is only a "
+        "lower bound: its training length caps it",
+    }
+
+
+C2_MIN_POINTS = 3
+
+
+C2_MIN_SEEDS = 3
+"""C2 is tested only with at least this many uncensored points, from this many seeds, per length: with fewer points
+D rests on one or two checkpoints, and two seeds give the seed bootstrap 3 distinct resamples per length, so its
+"95% interval" is the spread of a handful of values."""
+
+
+def _residual_shift(
+    points: Sequence[tuple[object, float, float]], short: object, long: object
+) -> float | None:
+    """D for (group, effective length, log10 f) points: mean residual (long) - mean residual (short) in the overlap."""
+    by_len = {L: [(x, y) for LL, x, y in points if LL == L] for L in (short, long)}
+    if any(len(v) < 2 for v in by_len.values()):
+        return None
+    lo = max(min(x for x, _ in v) for v in by_len.values())
+    hi = min(max(x for x, _ in v) for v in by_len.values())
+    overlap = {L: [(x, y) for x, y in v if lo <= x <= hi] for L, v in by_len.items()}
+    if any(not v for v in overlap.values()):
+        return None
+    xs = np.array([x for v in by_len.values() for x, _ in v], dtype=float)
+    ys = np.array([y for v in by_len.values() for _, y in v], dtype=float)
+    slope, intercept = np.polyfit(xs, ys, 1) if np.ptp(xs) > 0 else (0.0, float(ys.mean()))
+    mean_res = {L: np.mean([y - (slope * x + intercept) for x, y in v]) for L, v in overlap.items()}
+    return float(mean_res[long] - mean_res[short])
+
+
+def curves_coincide(
+    rows: Sequence[Mapping],
+    n_boot: int,
+    seed: int,
+    group: str = "train_len",
+    groups: Sequence | None = None,
+) -> dict:
+    """C2: do the f(effective length) vs effective length curves of two groups coincide? By default the groups are
+    the two training lengths (the paper's C2); `group="variant", groups=(baseline, other)` compares data variants."""
+    lengths = list(groups) if groups is not None else sorted({r[group] for r in rows})
+    if len(lengths) != 2:
+        return {"claim": f"needs exactly two values of {group}", "holds": None}
+    short, long = lengths
+    points = {}
+    for r in rows:
+        f = r["f_effective_length"]
+        if (
+            r[group] in lengths
+            and r["effective_length_status"] == STATUS_OK
+            and f not in (None, "")
+            and float(f) > 0
+        ):
+            points.setdefault((r[group], r["seed"]), []).append(
+                (r[group], int(r["effective_length"]), float(np.log10(float(f))))
+            )
+    names = f"L = {short} and L = {long}" if group == "train_len" else f"{short} and {long}"
+    claim = (
+        f"f(effective length) vs effective length of {names} coincide (the paper's C2): "
+        "the interval of D, the shift in log10 f at equal effective length, holds 0"
+    )
+    n_points = {L: sum(len(v) for (LL, _), v in points.items() if LL == L) for L in lengths}
+    n_seeds = {L: sum(1 for LL, _ in points if LL == L) for L in lengths}
+    enough = all(n_points[L] >= C2_MIN_POINTS and n_seeds[L] >= C2_MIN_SEEDS for L in lengths)
+    observed = (
+        _residual_shift([p for v in points.values() for p in v], short, long) if enough else None
+    )
+    if observed is None:
+        return {
+            "claim": claim,
+            "holds": None,
+            "n_points": {str(L): n for L, n in n_points.items()},
+            "n_seeds": {str(L): n for L, n in n_seeds.items()},
+            "reason": f"fewer than {C2_MIN_POINTS} defined, uncensored points from {C2_MIN_SEEDS} seeds per "
+            "length, or their effective lengths do not overlap",
+        }
+    seeds = {L: sorted({s for LL, s in points if LL == L}, key=str) for L in lengths}
+    rng = np.random.default_rng(seed)
+    boots = []
+    for _ in range(n_boot):
+        chosen = [
+            p
+            for L in lengths
+            for i in rng.integers(0, len(seeds[L]), size=len(seeds[L]))
+            for p in points[(L, seeds[L][i])]
+        ]
+        d = _residual_shift(chosen, short, long)
+        if d is not None:
+            boots.append(d)
+    lo, hi = _percentile(boots)
+    return {
+        "claim": claim,
+        "D_log10_f": observed,
+        "interval_95": [lo, hi],
+        "holds": bool(lo <= 0 <= hi),
+        "n_points": {str(L): sum(len(points[(L, s)]) for s in seeds[L]) for L in lengths},
+        "seeds": {str(L): seeds[L] for L in lengths},
+        "bootstrap_replicates_used": len(boots),
+        "test": "one line fitted to (effective length, log10 f) of both lengths; D = mean residual of the longer "
+        "length minus the shorter over the effective lengths both reach; seeds resampled within each "
+        "length (percentile bootstrap)",
+    }
+
+
+def variant_effect(
+    rows: Sequence[Mapping], baseline: str, other: str, n_boot: int, seed: int
+) -> dict:
+    """At equal tokens, does data variant `other` reach a larger effective length than `baseline`? (Rows of one
+    training length.)
+
+    Per seed: the mean over the milestones both runs reached of EL(other) - EL(baseline) (0 before retrieval
+    counts), then a percentile bootstrap over seeds; also the difference at the last shared milestone. A seed
+    whose two runs share no milestone is left out.
+    """
+    if len({r["train_len"] for r in rows}) > 1:
+        raise ValueError(
+            "variant_effect compares variants at one training length; filter the rows by train_len"
+        )
+    el = {
+        (r["variant"], r["seed"], int(r["tokens_trained"])): int(r["effective_length"])
+        for r in rows
+    }
+    claim = f"at equal tokens, {other} reaches a larger effective length than {baseline} (paired by seed)"
+    shared = {
+        s: sorted(
+            {t for v, ss, t in el if ss == s and v == baseline}
+            & {t for v, ss, t in el if ss == s and v == other}
+        )
+        for s in {s for _, s, _ in el}
+    }
+    seeds = sorted((s for s, tokens in shared.items() if tokens), key=str)
+    if not seeds:
+        return {
+            "claim": claim,
+            "holds": None,
+            "reason": "no seed has milestones of both variants at equal tokens",
+        }
+    means, last = [], []
+    for s in seeds:
+        diffs = [el[(other, s, t)] - el[(baseline, s, t)] for t in shared[s]]
+        means.append(float(np.mean(diffs)))
+        last.append(diffs[-1])
+    rng = np.random.default_rng(seed)
+    boots = [float(np.mean(rng.choice(means, size=len(means)))) for _ in range(n_boot)]
+    lo, hi = _percentile(boots)
+    return {
+        "claim": claim,
+        "seeds": seeds,
+        "mean_difference_per_seed": means,
+        "mean_difference": float(np.mean(means)),
+        "interval_95": [lo, hi],
+        "last_milestone_differences": last,
+        "holds": bool(lo > 0),
+        "differs": not lo <= 0 <= hi,
+        "test": "per seed, mean over shared milestones of the effective-length difference; percentile bootstrap "
+        "over seeds",
+    }
+
+
+def baseline_variant(rows: Sequence[Mapping]) -> str:
+    """The data variant others are compared with: plain concat when present, else the first label."""
+    variants = sorted({r["variant"] for r in rows})
+    return "concat" if "concat" in variants else variants[0]
+
+
+def variant_comparisons(
+    rows: Sequence[Mapping], baseline: str, n_boot: int, seed: int
+) -> list[dict]:
+    """Per training length, every other data variant against the baseline: at equal tokens and against f."""
+    out = []
+    for L in sorted({r["train_len"] for r in rows}):
+        at_L = [r for r in rows if r["train_len"] == L]
+        for other in sorted({r["variant"] for r in at_L} - {baseline}):
+            out.append(
+                {
+                    "train_len": L,
+                    "baseline": baseline,
+                    "variant": other,
+                    "equal_tokens": variant_effect(at_L, baseline, other, n_boot, seed),
+                    "against_f": curves_coincide(at_L, n_boot, seed, "variant", (baseline, other)),
+                }
+            )
+    return out
+
+
+def emergence(rows: Sequence[Mapping]) -> list[dict]:
+    """Per run: the first checkpoint with a non-zero effective length, as a share of the run's tokens."""
+    out = []
+    runs = {(r["train_len"], r["variant"], r["seed"]) for r in rows}
+    for L, v, s in sorted(runs, key=lambda k: (k[0], k[1], str(k[2]))):
+        mine = sorted(
+            (r for r in rows if (r["train_len"], r["variant"], r["seed"]) == (L, v, s)),
+            key=lambda r: r["tokens_trained"],
+        )
+        first = next((r for r in mine if int(r["effective_length"]) > 0), None)
+        share = None if first is None else first["tokens_trained"] / mine[-1]["tokens_trained"]
+        out.append(
+            {
+                "train_len": L,
+                "variant": v,
+                "seed": s,
+                "checkpoints": len(mine),
+                "first_retrieval_tokens": None if first is None else first["tokens_trained"],
+                "share_of_budget": share,
+            }
+        )
+    return out

@@ -1,0 +1,66 @@
+"""Effective length across training lengths and seeds: the tables, figures and computed verdicts that
+`posfreq compare` writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from posfreq.analysis.tables.formats import write_csv
+from posfreq.analysis.verdicts.claims import (
+    baseline_variant,
+    curves_coincide,
+    emergence,
+    longer_reaches_further,
+    shortfall,
+    variant_comparisons,
+)
+from posfreq.analysis.verdicts.probed_runs import COLUMNS, load_checkpoints
+from posfreq.train.atomic import write_json_atomic
+from posfreq.train.outdir import claim_output_dir, entry_names
+
+
+def compare(
+    paths: Sequence[Path], out: Path, n_boot: int = 2000, seed: int = 0, figures: bool = True
+) -> dict:
+    """Load the runs, write checkpoints.csv, conclusion.json and the figures; return the conclusion."""
+    rows = load_checkpoints(paths)
+    claim_output_dir(
+        out,
+        "compare",
+        written_before=lambda path: (
+            {"checkpoints.csv", "conclusion.json"}
+            <= entry_names(path)
+            <= {"checkpoints.csv", "conclusion.json", "figures"}
+        ),
+    )
+    pass_cols = sorted(
+        {k for r in rows for k in r if k.startswith("pass_rate_")},
+        key=lambda k: int(k.split("_")[-1]),
+    )
+    write_csv(out / "checkpoints.csv", rows, list(COLUMNS) + pass_cols)
+    baseline = baseline_variant(rows)
+    same_data = [
+        r for r in rows if r["variant"] == baseline
+    ]  # the claims across L compare like with like
+    conclusion = {
+        "runs": [str(p) for p in paths],
+        "shortfall": shortfall(rows),
+        "longer_reaches_further": longer_reaches_further(same_data, n_boot, seed),
+        "curves_coincide": curves_coincide(same_data, n_boot, seed),
+        "emergence": emergence(rows),
+        "baseline_variant": baseline,
+        "variants": variant_comparisons(rows, baseline, n_boot, seed),
+    }
+    write_json_atomic(out / "conclusion.json", conclusion, indent=1)
+    if figures:
+        from posfreq.analysis.plots import effective_length as plots_effective_length
+
+        plots_effective_length.plot_fig2a_seed_bands(
+            rows, out / "figures" / "fig2a_effective_length_vs_tokens"
+        )
+        plots_effective_length.plot_fig2b_seeds(
+            rows, out / "figures" / "fig2b_frequency_vs_effective_length"
+        )
+        plots_effective_length.plot_pass_rate_curves(rows, out / "figures" / "pass_rate_vs_length")
+    return conclusion

@@ -1,0 +1,110 @@
+"""The probed runs that `posfreq compare` reads: each run's identity (training length, training seed, data
+variant, from its checkpoints' config.json) and every probed checkpoint's row of effective_length.csv with it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from posfreq.analysis.tables.formats import read_csv
+from posfreq.analysis.tables.run_table import find_run_results
+from posfreq.train.checkpoint.layout import CONFIG_FILE, checkpoint_root
+
+# One checkpoint's effective length, as the comparison and the demo reports show it.
+CHECKPOINT_COLUMNS = (
+    "tokens_trained",
+    "effective_length",
+    "effective_length_lo",
+    "effective_length_hi",
+    "effective_length_status",
+    "f_effective_length",
+    "tf_effective_length",
+)
+CRITERION_COLUMNS = ("threshold", "min_retrieved", "scoring")
+"""What makes a test pass and a length effective: every run compared must share them."""
+COLUMNS = ("train_len", "seed", "variant", "checkpoint", *CHECKPOINT_COLUMNS, *CRITERION_COLUMNS)
+
+
+def data_variant(config: Mapping) -> str:
+    """How a run's rows were made, as a label that tells every setting apart: the packing strategy, `/row` for
+    whole-row attention, and `+upsample{...}` with the length weights, e.g. `concat+upsample{256-: 2.0}`."""
+    data = config.get("data", {})
+    packing = data.get("packing") or ("concat" if data.get("mix_documents", True) else "padded")
+    row = "/row" if data.get("attention") == "row" else ""
+    weights = data.get("length_upsample") or {}
+    upsample = (
+        "+upsample{" + ", ".join(f"{k}: {float(weights[k]):g}" for k in sorted(weights)) + "}"
+        if weights
+        else ""
+    )
+    return packing + row + upsample
+
+
+class CompareError(ValueError):
+    """A run whose identity (training seed, data) cannot be read; the message names what was tried and the fix."""
+
+
+def run_config(probe_dir: Path, checkpoint: str) -> dict:
+    """The config.json of `checkpoint` of the run that `probe_dir` probed: at the run directory holding `probe_dir`
+    (the default layout RUN/probe-*/, also after the run was moved), else at the run path probe.json records, a
+    hint only (a re-derivation's folder sits elsewhere; a new run at the old path must not supply the seed)."""
+    meta = json.loads((probe_dir / "probe.json").read_text())
+    runs = [probe_dir.resolve().parent]
+    if meta.get("run"):
+        runs.append(Path(meta["run"]))
+    tried = [checkpoint_root(run) / checkpoint / CONFIG_FILE for run in runs]
+    for config_file in tried:
+        if config_file.is_file():
+            config = json.loads(config_file.read_text())
+            if isinstance(config, dict) and config.get("seed") is not None:
+                return config
+    raise CompareError(
+        f"{probe_dir}: the run's training seed cannot be read (tried {', '.join(map(str, tried))}); "
+        "without it seeds could not be paired. Fix: pass the probe directory inside its run "
+        "(RUN/probe-*), or re-probe the run where it now lives (posfreq probe --run RUN)"
+    )
+
+
+def run_identity(probe_dir: Path) -> tuple[int, int, str]:
+    """(training length, training seed, data variant) of a probed run, from its first checkpoint's config.json."""
+    rows = read_csv(probe_dir / "effective_length.csv")
+    if not rows:
+        raise CompareError(
+            f"{probe_dir / 'effective_length.csv'}: no checkpoint rows. Fix: probe the run first"
+        )
+    config = run_config(probe_dir, str(rows[0]["checkpoint"]))
+    return int(rows[0]["train_len"]), int(config["seed"]), data_variant(config)
+
+
+def load_checkpoints(paths: Sequence[Path]) -> list[dict]:
+    """Every probed checkpoint of the given runs, with its run's training length, seed and data variant;
+    CompareError when the runs were scored under different pass criteria (their verdicts would mix them)."""
+    rows, criteria = [], {}
+    for path in paths:
+        directory = find_run_results(path)
+        train_len, seed, variant = run_identity(directory)
+        for row in read_csv(directory / "effective_length.csv"):
+            criterion = tuple(row.get(c) for c in CRITERION_COLUMNS)
+            criteria.setdefault(criterion, []).append(str(directory))
+            rows.append(
+                {
+                    **{c: row.get(c) for c in COLUMNS},
+                    "train_len": train_len,
+                    "seed": seed,
+                    "variant": variant,
+                    **{k: v for k, v in row.items() if k.startswith("pass_rate_")},
+                }
+            )
+    if len(criteria) > 1:
+        found = "; ".join(
+            f"{dict(zip(CRITERION_COLUMNS, c))} in {', '.join(sorted(set(d)))}"
+            for c, d in criteria.items()
+        )
+        raise CompareError(
+            f"the runs were scored under different pass criteria ({found}): their verdicts would mix "
+            "them. Fix: re-derive them under one (posfreq effective-length RESULTS --threshold T "
+            "--min-retrieved K --out DIR) and compare those"
+        )
+    return rows

@@ -1,0 +1,85 @@
+"""Effective length across training lengths and seeds, and a computed verdict on the paper's claims.
+
+    python analysis/compare.py RUN_OR_PROBE_DIR [...] --out DIR [--bootstrap 2000] [--bootstrap-seed 0]
+
+Each argument is a probed run (see analysis/probe.py --run); its training length and seed are
+read from its checkpoints' config.json. Writes
+
+    DIR/checkpoints.csv     every probed checkpoint: train_len, seed, tokens, effective length and
+                            its bootstrap interval, status, f(effective length)
+    DIR/conclusion.json     the tests below with their numbers
+    DIR/figures/            Fig. 2a and 2b with seed bands; pass rate vs length of every milestone
+
+The claims (analysis/verdicts/claims.py), tested on checkpoints whose effective length is defined (status ok):
+
+- C1 (effective length falls short): for every run, the last checkpoint's upper interval end is
+  below its training length.
+- Fig. 2a: at the last checkpoint, the longer training length reaches a larger effective length;
+  the paired difference (same seed) with a percentile bootstrap interval over seeds.
+- C2 (curves coincide against f): points (effective length, log10 f) of both lengths are fitted
+  by one line; D = mean residual of the longer length minus that of the shorter, over the range
+  of effective lengths both reach. Seeds are resampled with replacement within each length
+  (bootstrap); the curves coincide when the interval of D holds 0. D is the shift in decades
+  of f at equal effective length between the two lengths.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from jsonargparse import ArgumentParser
+
+from posfreq.analysis.verdicts.compare import compare
+from posfreq.analysis.verdicts.probed_runs import CompareError
+from posfreq.train.command_line import add_runs_argument, command_parser, parse, runs_of
+from posfreq.train.outdir import OutputDirError
+
+
+def build_parser() -> ArgumentParser:
+    """`posfreq compare`: the probed runs, where the outputs go, and the bootstrap over seeds."""
+    parser = command_parser(
+        "posfreq compare",
+        "Effective length across training lengths and seeds, and computed verdicts on the paper's claims "
+        "(shortfall, longer L reaches further, C2: curves coincide against f). Each run's training length and seed "
+        "are read from its checkpoints' config.json.",
+    )
+    add_runs_argument(parser)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/compare"),
+        help="Directory for checkpoints.csv, conclusion.json and figures/.",
+    )
+    parser.add_argument(
+        "--bootstrap", type=int, default=2000, help="Bootstrap replicates over seeds."
+    )
+    parser.add_argument(
+        "--bootstrap-seed", type=int, default=0, help="Seed of the bootstrap resampling."
+    )
+    parser.add_argument("--no-figures", action="store_true", help="Skip the figures.")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Compare the runs, print each verdict and where the outputs are."""
+    parser = build_parser()
+    args = parse(parser, argv)
+    runs = runs_of(args, parser)
+    try:
+        conclusion = compare(
+            runs, args.out, args.bootstrap, args.bootstrap_seed, not args.no_figures
+        )
+    except (CompareError, FileNotFoundError, OutputDirError) as err:
+        sys.exit(f"error: {err}")
+    for name in ("shortfall", "longer_reaches_further", "curves_coincide"):
+        c = conclusion[name]
+        caveat = "".join(f"; {c[k]}" for k in ("reason", "caveat") if c.get(k))
+        print(f"{name}: holds={c['holds']}  {c.get('interval_95', '')}  ({c['claim']}{caveat})")
+    print(f"outputs in {args.out}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""Effective context length by 4-needle NIAH, for one checkpoint, a whole run, or a HF model.
+
+    python analysis/probe.py --checkpoint DIR | --run RUNDIR | --model hf:DIR  [options; --help lists them]
+
+For each length n (default 128, 256, ... up to the training length) the same seeded tests
+(`analysis.niah`) are built as prompts of n - B tokens, B the answer budget (`--max-new-tokens`,
+default 128, as the official script), so no answer token sits at a position >= n. They are
+decoded greedily with the KV cache, a batch of equal-length prompts at a time, each row stopping
+at EOS, once all four needles appeared, or after B tokens, and scored by the needles found
+anywhere in the answer (the stricter first-line rule is stored beside it). A teacher-forced
+score comes from one forward pass over prompt + reference answer: per needle, the log-probability
+of its tokens and the share of them that are the model's argmax. Precision: `auto` is bf16
+autocast on GPU and float32 on CPU.
+
+Prompts: `--bos auto` follows how the model saw text in training: for our checkpoints, as the
+trainer's shards hold it (no BOS), for Hugging Face models as their tokenizer's post-processor
+or `add_bos_token` says; with `--chat-template true` the template frames the prompt as one user turn
+(the answer prefix opens the assistant's turn) and no BOS is added beyond what it renders.
+
+Results are keyed by content (`analysis.results`): the model's weight and config files, the
+prompts' ingredients (tokenizer files, haystack, frame), every decoding setting (scheme and its
+options included) and the source of the code that decides answers. A length already probed
+under the same key is never decoded again; results under another key are never reused. Default
+outputs: runs/probe/<name>-<key> for one model, RUNDIR/probe-<scheme>-<key> for a run (one
+directory per checkpoint inside, then the run tables: effective_length.csv with bootstrap
+intervals and f, distance_by_checkpoint.csv, position_frequency.csv, Fig. 2a/2b). An output directory
+must be new, empty or the probe's own (train/outdir.py's owner record, or an older probe's key.json
+with only its files): any other folder is refused untouched before a model is read. Threshold,
+needles per pass and scoring rule only enter the derived tables: change them with
+`analysis/effective_length.py RESULTS --threshold ... --out DIR` without probing again (the re-derived
+tables go to DIR; the probe's own stay as they are).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Literal, Optional, Sequence, Union
+
+import torch
+from jsonargparse import ArgumentParser, Namespace
+
+from posfreq.analysis.niah.results import check_results_dir
+from posfreq.analysis.niah.runner import Job, probe_models, probe_run
+from posfreq.analysis.niah.settings import ProbeError, ProbeSettings, parse_lengths, result_key
+from posfreq.analysis.niah.sources import Builders, checkpoint_source, hf_source
+from posfreq.analysis.tables.pass_curve import STATUS_NONE_PASSED, Analysis
+from posfreq.train.command_line import command_parser, parse, parse_shard
+from posfreq.train.data.tokenizer import hf_dir
+from posfreq.train.devices import resolve_device
+from posfreq.train.model.attention_kernels import BACKENDS
+from posfreq.train.outdir import OutputDirError
+from posfreq.train.run_lock import RunLockError
+
+CPU_BATCH_TOKENS = 8192
+"""--batch-tokens auto on a CPU: the most test tokens decoded together."""
+CPU_PREFILL_TOKENS = 2048
+"""--prefill-tokens auto on a CPU: the most prompt tokens in one forward (train.model.row_groups)."""
+AttentionBackend = Literal[BACKENDS]
+
+
+def build_parser() -> ArgumentParser:
+    """`posfreq probe`: the model source, `ProbeSettings`, `Analysis` and how the job runs."""
+    parser = command_parser(
+        "posfreq probe",
+        "4-needle NIAH probe of one checkpoint, of every milestone of a run, or of a Hugging Face model: pass rate "
+        "per test length, effective length with a bootstrap interval, f(effective length), teacher-forced needle "
+        "scores. Results are keyed by the content of the model, prompts, settings and code: a length already "
+        "probed under the same key is never decoded again.",
+        config_file=True,
+    )
+    source = parser.add_argument_group("The model(s) to probe: exactly one of")
+    source.add_argument(
+        "--checkpoint",
+        type=Optional[Path],
+        default=None,
+        help="One trainer checkpoint or consolidated model directory.",
+    )
+    source.add_argument(
+        "--run",
+        type=Optional[Path],
+        default=None,
+        help="A training run directory: probe every complete milestone RUN/checkpoints/tokens-*/.",
+    )
+    source.add_argument(
+        "--model",
+        type=Optional[str],
+        default=None,
+        help="hf:DIR, a Hugging Face Llama-family model directory.",
+    )
+    parser.add_argument(
+        "--lengths",
+        type=Optional[str],
+        default=None,
+        help="Test lengths n (prompt + answer budget): START:STOP:STEP (STOP included) or a comma "
+        "list; null: 128, 256, ... up to the model's training length.",
+    )
+    parser.add_argument(
+        "--out",
+        type=Optional[Path],
+        default=None,
+        help="Output directory: new, empty or the probe's own (a folder holding anything else is refused "
+        "untouched); null: runs/probe/<model>-<key> for one model, RUN/probe-<positions>-<key> for --run "
+        "(key: a hash of model, prompts, settings and code).",
+    )
+    parser.add_argument(
+        "--replace-stale",
+        action="store_true",
+        help="Delete results in --out made by other weights, prompts, settings or code (else refuse).",
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=8, help="Prompts decoded together, at most."
+    )
+    parser.add_argument(
+        "--batch-tokens",
+        type=Union[int, Literal["auto"], None],
+        default="auto",
+        help="At most this many test tokens decoded together, so long tests go in smaller batches; "
+        f"null: batch-size at every length; auto: {CPU_BATCH_TOKENS} on a CPU (8 tests of 1K, 2 of "
+        "4K, 1 beyond: larger batches of long tests gain little and hold more KV caches; "
+        "docs/performance.md) and no cap on a GPU.",
+    )
+    parser.add_argument(
+        "--prefill-tokens",
+        type=Union[int, Literal["auto"], None],
+        default="auto",
+        help="At most this many prompt tokens in one forward pass (whole prompts, one at least); "
+        f"null: a batch at once; auto: {CPU_PREFILL_TOKENS} on a CPU (smaller activations stay in "
+        "cache; docs/performance.md) and null on a GPU.",
+    )
+    parser.add_argument(
+        "--device",
+        type=str,
+        default="auto",
+        help="cpu, cuda, cuda:1, ...; auto: cuda when a GPU is available, else cpu.",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads for torch (0: one per core available to this process).",
+    )
+    parser.add_argument(
+        "--attention-backend",
+        type=AttentionBackend,
+        default="auto",
+        help="Varlen attention backend (posfreq.train.model.attention); auto picks by device and what is "
+        "installed.",
+    )
+    parser.add_argument(
+        "--shard",
+        type=Optional[str],
+        default=None,
+        help="With --run: probe checkpoints i, i+n, ... only, as i/n (0-based, e.g. "
+        "$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT), and write no run tables.",
+    )
+    parser.add_argument(
+        "--merge-only",
+        action="store_true",
+        help="With --run: only write the run tables and figures from the stored results.",
+    )
+    parser.add_argument("--no-figures", action="store_true", help="Skip the PNG/PDF figures.")
+    parser.add_argument("--quiet", action="store_true", help="No progress bar.")
+    parser.add_class_arguments(ProbeSettings, nested_key=None, as_group=True)
+    parser.add_class_arguments(Analysis, nested_key=None, as_group=True)
+    return parser
+
+
+def from_args(cls: type, args: Namespace, parser: ArgumentParser) -> Any:
+    """An instance of the dataclass `cls` from its fields in `args`; a value its checks refuse is a usage error."""
+    try:
+        return cls(**{f.name: args[f.name] for f in fields(cls)})
+    except ValueError as err:
+        parser.error(str(err))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments, probe, print the effective length(s)."""
+    parser = build_parser()
+    args = parse(parser, argv)
+    if sum(x is not None for x in (args.checkpoint, args.run, args.model)) != 1:
+        parser.error("give exactly one of --checkpoint, --run, --model")
+    if (args.shard or args.merge_only) and not args.run:
+        parser.error("--shard and --merge-only need --run")
+    if args.threads < 0:
+        parser.error(f"--threads must be >= 0, got {args.threads}")
+    try:
+        lengths = parse_lengths(args.lengths) if args.lengths else None
+        shard = parse_shard(args.shard) if args.shard else None
+    except argparse.ArgumentTypeError as err:
+        parser.error(str(err))
+    torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
+    try:
+        device = resolve_device(args.device)
+        on_cpu = device.type == "cpu"
+        batch_tokens = (
+            (CPU_BATCH_TOKENS if on_cpu else None)
+            if args.batch_tokens == "auto"
+            else args.batch_tokens
+        )
+        prefill_tokens = (
+            (CPU_PREFILL_TOKENS if on_cpu else None)
+            if args.prefill_tokens == "auto"
+            else args.prefill_tokens
+        )
+        job = Job(
+            from_args(ProbeSettings, args, parser),
+            lengths,
+            args.batch_size,
+            device,
+            from_args(Analysis, args, parser),
+            args.attention_backend,
+            not args.no_figures,
+            not args.quiet,
+            args.replace_stale,
+            batch_tokens,
+            prefill_tokens,
+        )
+    except ValueError as err:
+        parser.error(str(err))
+    try:
+        out, rows = _probe(args, job, shard)
+    except (ProbeError, OutputDirError, RunLockError) as err:
+        raise SystemExit(f"error: {err}") from None
+    for row in rows:
+        status = row["effective_length_status"]
+        flag = (
+            ""
+            if status == "ok"
+            else f" ({status}{': undefined' if status == STATUS_NONE_PASSED else ': lower bound'})"
+        )
+        interval = (
+            f" [95% interval {row['effective_length_lo']}-{row['effective_length_hi']}]"
+            if row["effective_length_lo"] != ""
+            else ""
+        )
+        print(
+            f"{row['checkpoint']}: effective length {row['effective_length']}{flag}{interval}, "
+            f"f(effective length) = {row['f_effective_length'] or 'n/a'}"
+        )
+    print(f"outputs in {out}/")
+    return 0
+
+
+def _probe(args: Namespace, job: Job, shard: tuple[int, int] | None) -> tuple[Path, list[dict]]:
+    """Probe what the arguments name into their output directory: (that directory, effective_length rows)."""
+    settings = job.settings
+    if args.run:
+        return probe_run(args.run, args.out, job, shard, args.merge_only)
+    if args.out is not None:  # a user's folder is refused before the model is read
+        check_results_dir(args.out)
+    builders = Builders(settings.haystack)
+    if args.checkpoint:
+        source = checkpoint_source(args.checkpoint, settings)
+    else:
+        directory = hf_dir(args.model)
+        if directory is None:
+            raise ProbeError(
+                f"--model expects hf:DIR, got {args.model!r} (use --checkpoint for our checkpoints)"
+            )
+        source = hf_source(directory, settings)
+    out = args.out
+    if out is None:
+        key, _ = result_key(source, builders.for_source(source, settings), settings)
+        out = Path("runs/probe") / f"{source.name}-{key}"
+    return out, probe_models([source], [out], job, builders)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

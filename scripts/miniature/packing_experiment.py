@@ -1,0 +1,246 @@
+"""The experiment the paper left open, in miniature: control f(i) from the training side and measure the effect.
+
+    python scripts/demo.py --experiment packing            # times: docs/performance.md
+    python scripts/demo.py --experiment packing --quick    # every stage at toy scale
+
+At one training length (L = 512, where the demo's effective length still grows with training), with
+the demo's corpus, warm-up, model, token budget and seeds, three data variants are trained from the
+same warm-up checkpoint of each seed:
+
+- `concat`: the token stream cut into rows of L (the default; documents split again at row ends);
+- `best_fit`: whole pieces of at most L tokens packed by best-fit decreasing, the rest of a row padding;
+- `concat+upsample`: concat over an epoch in which documents of >= L/2 tokens appear twice.
+
+Every milestone is probed (rope), and analysis/compare.py tests, paired by seed, whether a variant reaches
+a larger effective length than concat at equal tokens, and whether the variants' curves coincide against
+the position frequency they trained (the paper's claim that f, not the token count, decides the effective
+length). OUT/REPORT.md gives the measured effect whichever way it goes, with every command.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+
+from posfreq.analysis.corpus.frequency import position_frequency
+from posfreq.analysis.tables.formats import read_csv
+from posfreq.analysis.verdicts.probed_runs import CHECKPOINT_COLUMNS
+from posfreq.scripts.miniature.pipeline import (
+    FULL,
+    QUICK,
+    DemoSettings,
+    Pipeline,
+    last_milestone,
+    prepare_inputs,
+    probe,
+    probed_lengths,
+    train,
+    warm_ups,
+)
+from posfreq.scripts.miniature.report import markdown
+from posfreq.train.atomic import write_text_atomic
+from posfreq.train.checkpoint.layout import load_trained_lengths, read_trainer_state
+from posfreq.train.command_line import code_version
+
+TRAIN_LEN = 512
+# variant -> the trainer flags that make it (on top of the demo config)
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "concat": (),
+    "best_fit": ("--data.packing", "best_fit"),
+    "concat+upsample": ("--data.length-upsample", json.dumps({f"{TRAIN_LEN // 2}-": 2.0})),
+}
+
+
+def experiment_settings(quick: bool) -> DemoSettings:
+    """The demo's settings at one training length, rope only."""
+    base = QUICK if quick else FULL
+    return replace(base, train_lens=(TRAIN_LEN,), string_seeds=(), table1_schemes=())
+
+
+def train_and_probe_variant(
+    p: Pipeline, settings: DemoSettings, corpus: Path, warm, seed: int, variant: str
+) -> Path:
+    """Continue seed `seed`'s warm-up at L with one data variant, then probe every milestone with rope."""
+    run = p.out / f"{variant}-s{seed}"
+    train(
+        p,
+        settings,
+        f"train {variant} seed={seed}",
+        p.out / "data" / "main",
+        run,
+        TRAIN_LEN,
+        settings.total_tokens,
+        seed,
+        "--model.init-from",
+        warm.result(),
+        *VARIANTS[variant],
+    )
+    probe(
+        p,
+        settings,
+        corpus,
+        f"probe {variant} seed={seed}",
+        probed_lengths(settings, TRAIN_LEN),
+        settings.tests_per_length,
+        0,
+        run / "probe",
+        "--run",
+        run,
+        "--positions",
+        "rope",
+    )
+    return run
+
+
+def trained_frequency(runs: dict[str, Path]) -> list[dict]:
+    """Per run: f(L/2) and f(3L/4) of its last milestone's trained-length histogram (warm-up included; its
+    segments are shorter than L/2, so they add nothing here), and the share of this run's row tokens that were
+    padding (the warm-up, concat at L = 128, has none: its tokens are all trained)."""
+    rows = []
+    for name, run in runs.items():
+        last = last_milestone(run)
+        hist = load_trained_lengths(last)
+        f = position_frequency(hist, TRAIN_LEN)
+        trainer = read_trainer_state(last)
+        trained = int((np.arange(len(hist)) * hist).sum())
+        rows.append(
+            {
+                "run": name,
+                "variant": name.rsplit("-s", 1)[0],
+                "f_half_L": int(f[TRAIN_LEN // 2]),
+                "f_three_quarter_L": int(f[3 * TRAIN_LEN // 4]),
+                "padding_share": 1
+                - (trained - (int(trainer["tokens_trained"]) - int(trainer["run_tokens"])))
+                / int(trainer["run_tokens"]),
+            }
+        )
+    return rows
+
+
+def verdict_lines(conclusion: dict, quick: bool) -> list[str]:
+    """The measured effect of each variant against concat, in words with its numbers."""
+    lines = (
+        [
+            "Quick mode trains for seconds: the numbers below check that every stage runs; they mean nothing."
+        ]
+        if quick
+        else []
+    )
+    for tests in conclusion["variants"]:
+        variant, tokens, against_f = tests["variant"], tests["equal_tokens"], tests["against_f"]
+        if tokens["holds"] is None:
+            lines.append(f"- {variant}: not testable at equal tokens ({tokens.get('reason')}).")
+            continue
+        lo, hi = tokens["interval_95"]
+        word = (
+            "larger" if lo > 0 else "smaller" if hi < 0 else "not different (the interval holds 0)"
+        )
+        lines.append(
+            f"- **{variant} vs concat, at equal tokens**: effective length {word}; mean paired difference "
+            f"{tokens['mean_difference']:+.1f} tokens over the milestones, 95% interval [{lo:+.1f}, {hi:+.1f}] "
+            f"(per seed {', '.join(f'{d:+.1f}' for d in tokens['mean_difference_per_seed'])}; at the last "
+            f"milestone {tokens['last_milestone_differences']})."
+        )
+        if against_f.get("holds") is None:
+            lines.append(
+                f"- {variant} vs concat, against f: not testable ({against_f.get('reason', 'no points')})."
+            )
+        else:
+            lo, hi = against_f["interval_95"]
+            lines.append(
+                f"- **{variant} vs concat, against f**: the curves "
+                f"{'coincide' if against_f['holds'] else 'do not coincide'} (D = "
+                f"{against_f['D_log10_f']:+.3f} decades of f at equal effective length, 95% interval "
+                f"[{lo:+.3f}, {hi:+.3f}])."
+            )
+    return lines
+
+
+def write_report(
+    out: Path,
+    settings: DemoSettings,
+    quick: bool,
+    p: Pipeline,
+    runs: dict[str, Path],
+    conclusion: dict,
+    frequency: list[dict],
+) -> Path:
+    """OUT/REPORT.md: the design, the measured effect, the trained f per variant, tables, figures, commands."""
+    by_variant: dict[str, list[dict]] = {}
+    for row in frequency:
+        by_variant.setdefault(row["variant"], []).append(row)
+    f_rows = [
+        {
+            "variant": v,
+            "runs": len(rs),
+            "f(L/2)": float(np.mean([r["f_half_L"] for r in rs])),
+            "f(3L/4)": float(np.mean([r["f_three_quarter_L"] for r in rs])),
+            "padding share": float(np.mean([r["padding_share"] for r in rs])),
+        }
+        for v, rs in by_variant.items()
+    ]
+    lines = [
+        f"# posfreq packing experiment{' (quick mode: toy scale, not a result)' if quick else ''}",
+        "",
+        f"Code version `{code_version()}`; L = {TRAIN_LEN}; settings: `{json.dumps(asdict(settings))}`; variants: "
+        f"`{json.dumps(VARIANTS)}`.",
+        "",
+        "Same corpus, warm-up, model, token budget and seeds for every variant; only the rows differ.",
+        "",
+        "## Measured effect (analysis/compare.py; numbers in compare/conclusion.json)",
+        "",
+        *verdict_lines(conclusion, quick),
+        "",
+        "## Trained position frequency at the last milestone (mean over seeds)",
+        "",
+        markdown(f_rows, ["variant", "runs", "f(L/2)", "f(3L/4)", "padding share"]),
+        "",
+        "## Effective length per checkpoint and seed",
+        "",
+    ]
+    for name, run in runs.items():
+        rows = read_csv(run / "probe" / "effective_length.csv")
+        lines += [
+            f"### {name}",
+            "",
+            markdown(rows, [c for c in CHECKPOINT_COLUMNS if c != "tf_effective_length"]),
+            "",
+        ]
+    lines += ["## Figures", ""]
+    lines += [
+        f"![{png.stem}](compare/figures/{png.name})"
+        for png in sorted((out / "compare" / "figures").glob("*.png"))
+    ]
+    lines += ["", "## Commands", ""]
+    lines += [f"- {stage} ({seconds:.0f} s): `{cmd}`" for stage, cmd, seconds in p.commands]
+    path = out / "REPORT.md"
+    write_text_atomic(path, "\n".join(lines) + "\n")
+    return path
+
+
+def run_experiment(out: Path, quick: bool) -> Path:
+    """Every stage of the packing experiment; returns OUT/REPORT.md."""
+    settings = experiment_settings(quick)
+    p = Pipeline(out)
+    corpus = prepare_inputs(p, settings)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        warm = warm_ups(p, settings, pool)
+        jobs = {
+            f"{v}-s{s}": pool.submit(train_and_probe_variant, p, settings, corpus, warm[s], s, v)
+            for s in settings.seeds
+            for v in VARIANTS
+        }
+        runs = {name: job.result() for name, job in jobs.items()}
+    p.run(
+        "compare variants",
+        "analysis/compare.py",
+        *[run / "probe" for run in runs.values()],
+        "--out",
+        out / "compare",
+    )
+    conclusion = json.loads((out / "compare" / "conclusion.json").read_text())
+    return write_report(out, settings, quick, p, runs, conclusion, trained_frequency(runs))

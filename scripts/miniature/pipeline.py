@@ -1,0 +1,433 @@
+"""The demo's stages as the project's own commands: its settings, the lanes that run them, and each stage's command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from posfreq.analysis.tables.formats import read_csv
+from posfreq.train.checkpoint.layout import MILESTONE_PREFIX, list_checkpoints
+from posfreq.train.run.parallel import local_launch_env
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """Everything that sizes the demo; the full and quick modes differ only here."""
+
+    train_lens: tuple[int, ...]
+    seeds: tuple[int, ...]  # one warm-up per seed, every training length continued from it
+    corpus_docs: int
+    warmup_docs: int
+    warmup_len: int
+    warmup_tokens: int
+    total_tokens: int
+    checkpoint_every_tokens: int
+    global_batch_tokens: int
+    test_lengths: tuple[
+        int, ...
+    ]  # NIAH test lengths n (prompt + answer budget); a run is probed at those <= L
+    tests_per_length: int
+    table1_tests: int
+    table1_schemes: tuple[str, ...]
+    answer_budget: int = 18  # B: the 4-number answer is 16 demo-tokenizer tokens, then EOS
+    string_seeds: tuple[int, ...] = (0,)  # seeds whose milestones are also probed with STRING
+    strict_min_retrieved: int = (
+        3  # the second pass criterion the verdicts are recomputed under (the paper's: 2 of 4)
+    )
+
+
+FULL = DemoSettings(
+    train_lens=(256, 512),
+    seeds=(0, 1, 2),
+    corpus_docs=30_000,
+    warmup_docs=20_000,
+    warmup_len=128,
+    warmup_tokens=819_200,
+    total_tokens=2_457_600,
+    checkpoint_every_tokens=307_200,
+    global_batch_tokens=1024,
+    test_lengths=(144, 176, 208, 256, 320, 384, 448, 512),
+    tests_per_length=32,
+    table1_tests=50,
+    table1_schemes=("rope", "string", "rerope", "self_extend", "dca", "ntk", "yarn"),
+)
+
+
+QUICK = DemoSettings(
+    train_lens=(256, 512),
+    seeds=(0,),
+    corpus_docs=2_000,
+    warmup_docs=500,
+    warmup_len=128,
+    warmup_tokens=16_384,
+    total_tokens=98_304,
+    checkpoint_every_tokens=32_768,
+    global_batch_tokens=1024,
+    test_lengths=(144, 256, 512),
+    tests_per_length=4,
+    table1_tests=4,
+    table1_schemes=("rope", "string"),
+)
+
+
+class Pipeline:
+    """Runs the project's commands, printing and recording each; each command's output goes to OUT/logs.
+
+    Jobs run in `lanes` lanes with `threads` torch threads each (OMP_NUM_THREADS is forced). The default, two
+    lanes of one thread, uses both cores of a 2-core machine without the oversubscription that slows two
+    multi-threaded processes tens of times; one lane of two threads is the same work under another thread setting.
+    """
+
+    def __init__(self, out: Path, lanes: int = 2, threads: int = 1) -> None:
+        self.out = out
+        self.lanes = lanes
+        self.threads = threads
+        self.logs = out / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.commands: list[tuple[str, str, float]] = []
+        # Each command starts its own rendezvous: two lanes must not share a port an outer job left set.
+        self.env = {**local_launch_env(os.environ), "OMP_NUM_THREADS": str(threads)}
+
+    def run(self, stage: str, *args: str | Path) -> None:
+        cmd = [sys.executable, *map(str, args)]
+        shown = " ".join(shlex.quote(str(a)) for a in ["python", *cmd[1:]])
+        log = self.logs / ("".join(c if c.isalnum() else "_" for c in stage).strip("_") + ".log")
+        print(f"== {stage}: started (log: {log})\n   $ {shown}", flush=True)
+        start = time.perf_counter()
+        with log.open("w") as sink:
+            result = subprocess.run(
+                cmd, cwd=REPO, env=self.env, stdout=sink, stderr=subprocess.STDOUT
+            )
+        seconds = time.perf_counter() - start
+        self.commands.append((stage, shown, seconds))
+        if result.returncode != 0:
+            tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-25:])
+            raise SystemExit(
+                f"{tail}\ndemo: stage '{stage}' failed (exit {result.returncode}); the command was:\n"
+                f"  {shown}\nIts full output is in {log}. Fix the error and rerun `python scripts/demo.py` "
+                "(finished training and probing are reused)."
+            )
+        print(f"== {stage}: done in {seconds:.0f} s", flush=True)
+
+    def parallel(self, jobs: dict[int, Callable[[], object]]) -> dict[int, object]:
+        """Run independent jobs side by side; returns their results by key (re-raises the first failure)."""
+        with ThreadPoolExecutor(max_workers=min(len(jobs), self.lanes)) as pool:
+            futures = {key: pool.submit(job) for key, job in jobs.items()}
+            return {key: future.result() for key, future in futures.items()}
+
+
+def probed_lengths(settings: DemoSettings, train_len: int) -> list[int]:
+    """The NIAH test lengths n <= train_len a run of that length is probed at."""
+    return [n for n in settings.test_lengths if n <= train_len]
+
+
+def last_milestone(run: Path) -> Path:
+    """The run's newest complete token-milestone checkpoint (never `latest`, never a half-written .tmp)."""
+    return [path for path, _ in list_checkpoints(run) if path.name.startswith(MILESTONE_PREFIX)][-1]
+
+
+def analyze_command(
+    settings: DemoSettings, corpus: Path, tokenizer: str, out: Path
+) -> list[str | Path]:
+    """The analysis/position_freq.py command line: the corpus's length histogram and f(i) at both training lengths."""
+    return [
+        "analysis/position_freq.py",
+        "--corpus",
+        corpus,
+        "--tokenizer",
+        tokenizer,
+        "--train-len",
+        *map(str, settings.train_lens),
+        "--total-tokens",
+        str(settings.total_tokens),
+        "--out",
+        out,
+        "--quiet",
+    ]
+
+
+def shards_command(corpus: Path, tokenizer: str, out: Path) -> list[str | Path]:
+    """The scripts/prepare_data.py command line that tokenizes one demo corpus into token shards."""
+    return [
+        "scripts/prepare_data.py",
+        "--corpus",
+        corpus,
+        "--tokenizer",
+        tokenizer,
+        "--out",
+        out,
+    ]
+
+
+def train_command(
+    settings: DemoSettings,
+    data: Path,
+    run: Path,
+    train_len: int,
+    tokens: int,
+    seed: int,
+    *extra: str | Path,
+) -> list[str | Path]:
+    """The train/pretrain.py command line of one run of the demo config."""
+    return [
+        "train/pretrain.py",
+        "--config",
+        "configs/demo.yaml",
+        "--data.dir",
+        data,
+        "--data.train-len",
+        str(train_len),
+        "--out",
+        run,
+        "--total-tokens",
+        str(tokens),
+        "--global-batch-tokens",
+        str(settings.global_batch_tokens),
+        "--checkpoint.every-tokens",
+        str(min(tokens, settings.checkpoint_every_tokens)),
+        "--seed",
+        str(seed),
+        *extra,
+    ]
+
+
+def train(
+    p: Pipeline,
+    settings: DemoSettings,
+    stage: str,
+    data: Path,
+    run: Path,
+    train_len: int,
+    tokens: int,
+    seed: int,
+    *extra: str | Path,
+) -> Path:
+    """One train/pretrain.py run of the demo config; returns its last milestone checkpoint."""
+    p.run(stage, *train_command(settings, data, run, train_len, tokens, seed, *extra))
+    return last_milestone(run)
+
+
+def probe_command(
+    settings: DemoSettings,
+    corpus: Path,
+    lengths: list[int],
+    tests: int,
+    seed: int,
+    out: Path,
+    *source: str | Path,
+    threads: int = 1,
+) -> list[str | Path]:
+    """The analysis/probe.py command line at test lengths `lengths`, with the demo's answer budget and the
+    training answers' needle order.
+
+    --replace-stale: a rerun after a code change probes again instead of stopping at the old results.
+    """
+    return [
+        "analysis/probe.py",
+        *source,
+        "--haystack",
+        corpus / "probe_haystack",
+        "--lengths",
+        ",".join(map(str, lengths)),
+        "--max-new-tokens",
+        str(settings.answer_budget),
+        "--answer-order",
+        "nearest_first",
+        "--tests-per-length",
+        str(tests),
+        "--out",
+        out,
+        "--seed",
+        str(seed),
+        "--replace-stale",
+        "--threads",
+        str(threads),
+    ]
+
+
+def probe(
+    p: Pipeline,
+    settings: DemoSettings,
+    corpus: Path,
+    stage: str,
+    lengths: list[int],
+    tests: int,
+    seed: int,
+    out: Path,
+    *source: str | Path,
+) -> None:
+    """Run the probe (`probe_command`) as one stage."""
+    p.run(
+        stage,
+        *probe_command(settings, corpus, lengths, tests, seed, out, *source, threads=p.threads),
+    )
+
+
+def train_and_probe(
+    p: Pipeline,
+    settings: DemoSettings,
+    corpus: Path,
+    data: Path,
+    warm: Future,
+    seed: int,
+    train_len: int,
+) -> Path:
+    """Continue seed `seed`'s warm-up model at `train_len`, then probe every milestone (rope; string too for
+    the seeds in settings.string_seeds). The probe's tests are the same for every seed (probe seed 0)."""
+    run = p.out / f"L{train_len}-s{seed}"
+    train(
+        p,
+        settings,
+        f"train L={train_len} seed={seed}",
+        data,
+        run,
+        train_len,
+        settings.total_tokens,
+        seed,
+        "--model.init-from",
+        warm.result(),
+    )
+    for scheme in ("rope", "string") if seed in settings.string_seeds else ("rope",):
+        out = run / ("probe" if scheme == "rope" else f"probe-{scheme}")
+        probe(
+            p,
+            settings,
+            corpus,
+            f"probe L={train_len} seed={seed} ({scheme})",
+            probed_lengths(settings, train_len),
+            settings.tests_per_length,
+            0,
+            out,
+            "--run",
+            run,
+            "--positions",
+            scheme,
+        )
+    return run
+
+
+def prepare_inputs(p: Pipeline, settings: DemoSettings) -> Path:
+    """Stages 1-3: the demo tokenizer and corpora, the main corpus's f(i), and token shards of both corpora under
+    OUT/data/{warmup,main}; returns the corpus directory (its tokenizer, corpora and probe haystack)."""
+    corpus = p.out / "corpus"
+    lengths = sorted(
+        {n for L in settings.train_lens for n in probed_lengths(settings, L)}
+        | set(settings.train_lens)
+    )
+    p.run(
+        "demo tokenizer and corpora",
+        "scripts/miniature/corpus.py",
+        "--out",
+        corpus,
+        "--docs",
+        str(settings.corpus_docs),
+        "--warmup-docs",
+        str(settings.warmup_docs),
+        "--probe-lengths",
+        *map(str, lengths),
+        "--probe-tests",
+        str(max(settings.tests_per_length, settings.table1_tests)),
+        "--probe-seeds",
+        "0",
+        "1",
+    )
+    tokenizer = f"hf:{corpus / 'tokenizer'}"
+    main_corpus = corpus / "main" / "demo_corpus.jsonl"
+    p.run(
+        "length histogram and f(i)",
+        *analyze_command(settings, main_corpus, tokenizer, p.out / "position_freq"),
+    )
+    for name, path in (("warmup", corpus / "warmup" / "warmup.jsonl"), ("main", main_corpus)):
+        p.run(f"token shards ({name})", *shards_command(path, tokenizer, p.out / "data" / name))
+    return corpus
+
+
+def warm_ups(p: Pipeline, settings: DemoSettings, pool: ThreadPoolExecutor) -> dict[int, Future]:
+    """Queue every seed's warm-up run on the copy drills; each future gives its last milestone checkpoint."""
+    return {
+        s: pool.submit(
+            train,
+            p,
+            settings,
+            f"warm-up seed={s}",
+            p.out / "data" / "warmup",
+            p.out / f"warmup-s{s}",
+            settings.warmup_len,
+            settings.warmup_tokens,
+            s,
+        )
+        for s in settings.seeds
+    }
+
+
+def table1(
+    p: Pipeline, settings: DemoSettings, corpus: Path, run: Path, train_len: int
+) -> list[dict]:
+    """Pass rate at the training length of the run's last checkpoint, per position scheme."""
+    final = last_milestone(run)
+    rows = []
+    for scheme in settings.table1_schemes:
+        out = run / "table1" / scheme
+        probe(
+            p,
+            settings,
+            corpus,
+            f"table 1 L={train_len} ({scheme})",
+            [train_len],
+            settings.table1_tests,
+            1,
+            out,
+            "--checkpoint",
+            final,
+            "--positions",
+            scheme,
+            "--no-figures",
+        )
+        summary = read_csv(out / "summary.csv")[0]
+        rows.append(
+            {
+                "scheme": scheme,
+                "pass_rate": float(summary["pass_rate"]),
+                "needle_recall": float(summary["needle_recall"]),
+                "tests": int(summary["n_tests"]),
+            }
+        )
+    return rows
+
+
+def strict_comparison(
+    p: Pipeline, settings: DemoSettings, runs: dict[str, Path]
+) -> tuple[Path, dict]:
+    """The verdicts under the stricter criterion (settings.strict_min_retrieved of 4 needles): each run's tables
+    re-derived from its stored per-test records into OUT/strict-kof4/figures/<run>/probe (analysis/effective_length.py,
+    no decoding; the probe's own tables keep the paper's criterion) and compared (analysis/compare.py).
+    Returns the comparison's directory and its conclusion."""
+    k = settings.strict_min_retrieved
+    base = p.out / f"strict-{k}of4"
+    p.run(
+        f"effective length, {k} of 4 needles",
+        "analysis/effective_length.py",
+        *[run / "probe" for run in runs.values()],
+        "--min-retrieved",
+        str(k),
+        "--out",
+        base / "figures",
+    )
+    p.run(
+        f"compare runs, {k} of 4 needles",
+        "analysis/compare.py",
+        *[base / "figures" / run.name for run in runs.values()],
+        "--out",
+        base / "compare",
+    )
+    return base / "compare", json.loads((base / "compare" / "conclusion.json").read_text())

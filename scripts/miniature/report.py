@@ -1,0 +1,239 @@
+"""The demo's REPORT.md, its figures and the quick mode's acceptance check."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+from posfreq.analysis.tables.formats import markdown_table, read_csv
+from posfreq.analysis.verdicts.probed_runs import CHECKPOINT_COLUMNS
+from posfreq.scripts.miniature.agreement import agreement_lines
+from posfreq.scripts.miniature.pipeline import REPO, DemoSettings, Pipeline
+from posfreq.train.atomic import write_text_atomic
+from posfreq.train.command_line import code_version
+
+
+def markdown(rows: list[dict], columns: list[str]) -> str:
+    """A REPORT.md table: floats to 2 decimals, an empty cell as a dash."""
+    return markdown_table(rows, columns, _cell).rstrip("\n")
+
+
+def _cell(value) -> str:
+    if value is None or value == "":
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    if isinstance(value, list):
+        return ", ".join(_cell(v) for v in value)
+    return str(value)
+
+
+def verdicts(conclusion: dict, quick: bool) -> list[str]:
+    """REPORT.md's conclusion: each computed verdict with the numbers and the test behind it."""
+    if quick:
+        return [
+            "Quick mode trains for seconds: it checks that every stage runs and writes its outputs. "
+            "Its verdicts below are computed like the full demo's but mean nothing."
+        ]
+    lines = []
+    for name in ("shortfall", "longer_reaches_further", "curves_coincide"):
+        c = conclusion[name]
+        holds = {True: "**holds**", False: "**does not hold**", None: "**not testable**"}[
+            c["holds"]
+        ]
+        detail = ""
+        if "last_checkpoints" in c:
+            detail = (
+                " Last checkpoints: "
+                + "; ".join(
+                    f"L = {x['train_len']} seed {x['seed']}: {x['effective_length']} ({x['status']}, interval up to "
+                    f"{x['effective_length_hi']})"
+                    for x in c["last_checkpoints"]
+                )
+                + "."
+            )
+        if "interval_95" in c:
+            value = c.get("D_log10_f", c.get("mean_difference"))
+            detail = f" Estimate {value:.3f}, 95% interval [{c['interval_95'][0]:.3f}, {c['interval_95'][1]:.3f}]."
+        if c.get("censored") and any(c["censored"].values()):
+            detail += (
+                f" Censored runs (every probed length passed, so the value is a lower bound capped by L) per "
+                f"length: {c['censored']}."
+            )
+        if "reason" in c:
+            detail = (
+                f" Not testable because there are {c['reason']}: {c.get('n_points')} points with a defined, "
+                "uncensored effective length per training length."
+            )
+        test = f" Test: {c['test']}." if "test" in c else ""
+        lines.append(f"- {c['claim']}: {holds}.{detail}{test}")
+    return lines
+
+
+CPU_KERNEL_OVERRIDES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "DNNL_MAX_CPU_ISA")
+"""Environment variables that make torch, MKL and oneDNN use narrower vector kernels (an older CPU's rounding)."""
+
+
+def machine_description() -> str:
+    """The CPU and the torch kernels a run used: its rounding, and so its training trajectories, depend on both."""
+    import torch
+
+    cpu = platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [
+            line.split(":", 1)[1].strip()
+            for line in cpuinfo.read_text().splitlines()
+            if line.startswith("model name")
+        ]
+        cpu = names[0] if names else cpu
+    overrides = ", ".join(
+        f"{name}={os.environ[name]}" for name in CPU_KERNEL_OVERRIDES if name in os.environ
+    )
+    return (
+        f"{cpu}, {os.cpu_count()} CPUs, torch {torch.__version__} with {torch.backends.cpu.get_cpu_capability()} "
+        f"kernels" + (f" ({overrides})" if overrides else "")
+    )
+
+
+def write_report(
+    out: Path,
+    settings: DemoSettings,
+    quick: bool,
+    pipeline: Pipeline,
+    runs: dict[str, Path],
+    table: dict[int, list[dict]],
+    conclusion: dict,
+    strict: dict,
+    references: list[dict] | None = None,
+) -> Path:
+    """REPORT.md: what ran, what came out (computed verdicts with their numbers), every command."""
+    lines = [
+        f"# posfreq demo report{' (quick mode: toy scale, not a result)' if quick else ''}",
+        "",
+        f"Code version `{code_version()}`; settings: `{json.dumps(asdict(settings))}`; {pipeline.lanes} lane(s) of "
+        f"{pipeline.threads} torch thread(s) (OMP_NUM_THREADS={pipeline.threads}); machine: {machine_description()}.",
+        "",
+        f"A test of length n is a prompt of n - {settings.answer_budget} tokens and at most "
+        f"{settings.answer_budget} generated tokens, so no token is generated at a position >= n. "
+        "Token counts include the warm-up (`tokens_trained`).",
+        "",
+        "## Conclusion (computed by analysis/compare.py; numbers in compare/conclusion.json)",
+        "",
+        "A test passes when its answer holds at least 2 of its 4 needles (the paper's criterion).",
+        "",
+        *verdicts(conclusion, quick),
+        "",
+        f"### The same under a stricter criterion: at least {settings.strict_min_retrieved} of 4 needles",
+        "",
+        f"Re-derived from the same per-test records, no decoding (strict-{settings.strict_min_retrieved}of4/compare/"
+        "conclusion.json). The k-th nearest needle sets how far a test must reach, so a stricter k measures "
+        "retrieval farther from the question.",
+        "",
+        *verdicts(strict, quick),
+        "",
+        *[line for reference in references or [] for line in agreement_lines(reference)],
+        "## When each run learnt retrieval",
+        "",
+        markdown(
+            conclusion["emergence"],
+            ["train_len", "seed", "checkpoints", "first_retrieval_tokens", "share_of_budget"],
+        ),
+        "",
+        "## Effective length per checkpoint (95% bootstrap interval over tests)",
+        "",
+    ]
+    for name, run in runs.items():
+        for probe_dir in sorted(d for d in run.glob("probe*") if d.is_dir()):
+            rows = read_csv(probe_dir / "effective_length.csv")
+            shown = [*CHECKPOINT_COLUMNS] + [c for c in rows[0] if c.startswith("pass_rate_")]
+            lines += [f"### {name}, {probe_dir.name}", "", markdown(rows, shown), ""]
+    lines += [
+        f"## Table 1 analogue: pass rate at the training length, last checkpoint (seed {settings.seeds[0]})",
+        "",
+    ]
+    for train_len, rows in table.items():
+        lines += [
+            f"### L = {train_len}",
+            "",
+            markdown(rows, ["scheme", "pass_rate", "needle_recall", "tests"]),
+            "",
+        ]
+    lines += ["## Figures", ""]
+    lines += [
+        f"![{figure.stem}](figures/{figure.name})"
+        for figure in sorted((out / "figures").glob("*.png"))
+    ]
+    lines += ["", "## Commands", ""]
+    lines += [f"- {stage} ({seconds:.0f} s): `{cmd}`" for stage, cmd, seconds in pipeline.commands]
+    path = out / "REPORT.md"
+    write_text_atomic(path, "\n".join(lines) + "\n")
+    return path
+
+
+def publish_figures(out: Path) -> None:
+    """Replace docs/figures with this run's figures for the README and docs/ (full mode, in a checkout): none left from an
+    older run. An installed posfreq has no docs/ to publish to; the figures stay in OUT/figures."""
+    if not (REPO / "docs").is_dir():
+        print(f"not a checkout (no {REPO / 'docs'}): the figures stay in {out / 'figures'}")
+        return
+    target = REPO / "docs" / "figures"
+    target.mkdir(parents=True, exist_ok=True)
+    for stale in target.glob("*.png"):
+        stale.unlink()
+    for png in (out / "figures").glob("*.png"):
+        shutil.copy2(png, target / png.name)
+
+
+def collect_figures(
+    out: Path, runs: dict[str, Path], first_seed: int, extra: dict[str, Path]
+) -> None:
+    """Gather the figures the report shows into OUT/figures: f(i), the comparison, the first seed's heatmaps, and
+    those of each `extra` directory, prefixed with its name."""
+    figures = out / "figures"
+    figures.mkdir(parents=True, exist_ok=True)
+    for png in [
+        *(out / "position_freq" / "figures").glob("fig*.png"),
+        *(out / "compare" / "figures").glob("*.png"),
+    ]:
+        shutil.copy2(png, figures / png.name)
+    for prefix, directory in extra.items():
+        for png in directory.glob("*.png"):
+            shutil.copy2(png, figures / f"{prefix}_{png.name}")
+    for name, run in runs.items():
+        if name.endswith(f"-s{first_seed}"):
+            last = sorted((run / "probe").glob("tokens-*"))[-1]
+            for png in (last / "figures").glob("*.png"):
+                shutil.copy2(png, figures / f"{name}_{png.name}")
+
+
+def validate(out: Path, runs: dict[str, Path], settings: DemoSettings) -> None:
+    """The quick mode's acceptance check: outputs exist and parse, >= 3 probed checkpoints per run."""
+    problems = []
+    for name, run in runs.items():
+        seed = int(name.rsplit("-s", 1)[1])
+        for probe_name in (
+            ("probe", "probe-string") if seed in settings.string_seeds else ("probe",)
+        ):
+            table = run / probe_name / "effective_length.csv"
+            if not table.is_file():
+                problems.append(f"missing {table}")
+            elif len(read_csv(table)) < 3:
+                problems.append(f"{table}: {len(read_csv(table))} probed checkpoints, need >= 3")
+    for name in (
+        "REPORT.md",
+        "position_freq/summary.json",
+        "compare/conclusion.json",
+        "compare/checkpoints.csv",
+    ):
+        if not (out / name).is_file():
+            problems.append(f"missing {out / name}")
+    json.loads((out / "compare" / "conclusion.json").read_text())
+    if len(list((out / "figures").glob("*.png"))) < 4:
+        problems.append(f"fewer than 4 figures in {out / 'figures'}")
+    if problems:
+        raise SystemExit("demo: outputs incomplete:\n  " + "\n  ".join(problems))

@@ -1,0 +1,106 @@
+"""`posfreq probe --engine transformers`: the same tests, scoring and records through transformers. On a
+Llama-family model both engines give the same greedy answers; a Qwen2 model, which posfreq's importer
+refuses, is probed end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.hf import consolidated_bytes_model
+
+transformers = pytest.importorskip("transformers")
+
+from posfreq.analysis.niah import results  # noqa: E402
+from posfreq.analysis.niah.settings import ProbeSettings  # noqa: E402
+from posfreq.scripts.commands import probe  # noqa: E402
+from posfreq.train.model.config import ModelConfig  # noqa: E402
+
+LENGTHS = [448, 768]  # S = 256 at L = 768: both lengths reach STRING's shifted distances
+
+
+def exported_llama(root: Path) -> Path:
+    """A tiny random posfreq model with the bytes tokenizer, exported as a Hugging Face Llama directory."""
+    from posfreq.scripts.commands import export_hf
+
+    config = ModelConfig(
+        vocab_size=258, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, train_len=768
+    )
+    checkpoint = root / "checkpoint"
+    consolidated_bytes_model(checkpoint, config, weight_std=0.3)
+    export_hf.main(["--checkpoint", str(checkpoint), "--out", str(root / "hf")])
+    return root / "hf"
+
+
+def probe_records(model: str, out: Path, *flags: str) -> dict[tuple[int, int], dict]:
+    args = ["--model", model, "--lengths", ",".join(map(str, LENGTHS)), "--tests-per-length", "4"]
+    args += ["--haystack", "noise", "--max-new-tokens", "40", "--out", str(out), "--quiet"]
+    assert probe.main([*args, "--no-figures", *flags]) == 0
+    return {(r["length"], r["index"]): r for r in results.read_records(out, LENGTHS)}
+
+
+@pytest.mark.slow  # four probes end to end
+@pytest.mark.parametrize("positions", ["rope", "string"])
+def test_both_engines_give_the_same_answers_on_a_llama_model(tmp_path, positions):
+    model = f"hf:{exported_llama(tmp_path)}"
+    ours = probe_records(model, tmp_path / "posfreq", "--positions", positions)
+    theirs = probe_records(  # a row per forward (--prefill-tokens), where posfreq's takes four
+        model,
+        tmp_path / "transformers",
+        *("--positions", positions, "--engine", "transformers", "--prefill-tokens", "800"),
+    )
+    assert ours.keys() == theirs.keys() and len(ours) == 8
+    for test, record in ours.items():
+        assert theirs[test]["generated"] == record["generated"], test
+        assert theirs[test]["needles"] == record["needles"]
+        for a, b in zip(theirs[test]["tf_logprob"], record["tf_logprob"]):
+            assert a == pytest.approx(b, abs=1e-3)
+    keys = {
+        json.loads((tmp_path / d / "key.json").read_text())["key"]
+        for d in ("posfreq", "transformers")
+    }
+    assert len(keys) == 2  # the engine is part of the result key
+
+
+@pytest.mark.slow  # a probe end to end
+def test_a_qwen2_model_is_probed_end_to_end(tmp_path):
+    config = transformers.Qwen2Config(
+        vocab_size=258,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=768,
+    )
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(config).save_pretrained(tmp_path / "qwen2")
+    model = f"hf:{tmp_path / 'qwen2'}"
+    with pytest.raises(
+        SystemExit, match="Fix: --engine transformers"
+    ):  # posfreq's importer: Llama only
+        probe_records(model, tmp_path / "refused", "--tokenizer", "bytes")
+    records = probe_records(
+        model,
+        tmp_path / "out",
+        "--tokenizer",
+        "bytes",
+        "--engine",
+        "transformers",
+        "--positions",
+        "string",
+    )
+    assert len(records) == 8 and all(
+        "passed" in r or "hits_anywhere" in r for r in records.values()
+    )
+    assert (tmp_path / "out" / "effective_length.csv").is_file()
+
+
+def test_the_transformers_engine_refuses_what_it_cannot_run():
+    with pytest.raises(ValueError, match="--engine transformers runs positions rope or string"):
+        ProbeSettings(engine="transformers", positions="dca")
+    with pytest.raises(ValueError, match="one dtype from prefill to decoding"):
+        ProbeSettings(engine="transformers", precision="bfloat16-prefill")
+    assert "engine" not in ProbeSettings().decoding()  # keys of the default engine are unchanged

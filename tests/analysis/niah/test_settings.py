@@ -1,0 +1,63 @@
+"""The probe's settings and result key: every setting, the prompts and the weights change the key."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import torch
+from helpers.probe import tiny_model, write_chat_tokenizer, write_checkpoint
+
+from posfreq.analysis.niah import settings as probe_settings
+from posfreq.analysis.niah import sources as probe_sources
+
+
+def test_every_setting_and_the_weights_change_the_key(tmp_path):
+    ckpt = write_checkpoint(tmp_path / "run", 1024, tiny_model(), np.bincount([512], minlength=513))
+    base = probe_settings.ProbeSettings(haystack="noise")
+    variants = [
+        base,
+        *(
+            replace(base, **{k: v})
+            for k, v in (
+                ("tests_per_length", 7),
+                ("seed", 1),
+                ("max_new_tokens", 64),
+                ("positions", "string"),
+                ("position_options", {"shift": 100}),
+                ("precision", "bfloat16"),
+                ("teacher_forced", False),
+                ("answer_order", "nearest_first"),
+                ("bos", "always"),
+                ("haystack", "pg"),
+                ("tokenizer", f"hf:{write_chat_tokenizer(tmp_path / 'tok', template=False)}"),
+            )
+        ),
+    ]
+    keys = set()
+    for settings in variants:
+        source = probe_sources.checkpoint_source(ckpt, settings)
+        keys.add(
+            probe_settings.result_key(
+                source,
+                probe_sources.Builders(settings.haystack).for_source(source, settings),
+                settings,
+            )[0]
+        )
+    assert len(keys) == len(variants)
+    source = probe_sources.checkpoint_source(ckpt, base)
+    state = torch.load(ckpt / "state.pt", weights_only=True)
+    state["model"]["norm.weight"][0] += 1e-3
+    torch.save(state, ckpt / "state.pt")
+    assert probe_sources.checkpoint_source(ckpt, base).fingerprint != source.fingerprint
+
+
+def test_a_runs_key_is_the_result_key_without_the_model(tmp_path):
+    ckpt = write_checkpoint(tmp_path / "run", 1024, tiny_model(), np.bincount([512], minlength=513))
+    settings = probe_settings.ProbeSettings(haystack="noise")
+    source = probe_sources.checkpoint_source(ckpt, settings)
+    builder = probe_sources.Builders("noise").for_source(source, settings)
+    key, parts = probe_settings.result_key(source, builder, settings)
+    run_key, run_parts = probe_settings.result_key(source, builder, settings, model=False)
+    assert len(key) == len(run_key) == 16 and key != run_key
+    assert parts == {**run_parts, "model": source.fingerprint}

@@ -1,0 +1,326 @@
+"""The cross-seed verdicts of analysis/compare.py on constructed checkpoints whose answers are known by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from posfreq.analysis.verdicts import claims, probed_runs
+from posfreq.scripts.commands import compare
+
+
+def rows_on_lines(shift_decades: float, seeds=(0, 1, 2), noise: float = 0.0) -> list[dict]:
+    """Checkpoints of L = 128 and 256 whose log10 f(eff) = 2 + eff / 64 (+ shift for L = 256)."""
+    rng = np.random.default_rng(1)
+    rows = []
+    for train_len, effs in ((128, (32, 48, 64, 80)), (256, (48, 64, 80, 112))):
+        for seed in seeds:
+            for k, eff in enumerate(effs):
+                log_f = (
+                    2
+                    + eff / 64
+                    + (shift_decades if train_len == 256 else 0)
+                    + noise * rng.standard_normal()
+                )
+                rows.append(
+                    {
+                        "train_len": train_len,
+                        "seed": seed,
+                        "variant": "concat",
+                        "checkpoint": f"c{k}",
+                        "tokens_trained": 1000 * (k + 1),
+                        "effective_length": eff,
+                        "effective_length_lo": eff - 16,
+                        "effective_length_hi": eff + 16,
+                        "effective_length_status": "ok",
+                        "f_effective_length": 10**log_f,
+                        "pass_rate_32": 1.0,
+                        "pass_rate_64": 0.5,
+                    }
+                )
+    return rows
+
+
+def test_curves_on_one_line_coincide_and_shifted_ones_do_not():
+    same = claims.curves_coincide(rows_on_lines(0.0), n_boot=300, seed=0)
+    assert same["holds"] is True and same["D_log10_f"] == pytest.approx(0.0, abs=1e-9)
+    # Parallel lines one decade apart over the same effective lengths: the pooled fit sits between them,
+    # the residuals average +-0.5 over the overlap (48..80), so D is exactly 1.
+    shifted = claims.curves_coincide(rows_on_lines(1.0), n_boot=300, seed=0)
+    assert shifted["holds"] is False and shifted["D_log10_f"] == pytest.approx(1.0, abs=0.05)
+    assert shifted["interval_95"][0] > 0.5
+    noisy = claims.curves_coincide(rows_on_lines(0.0, noise=0.3), n_boot=300, seed=0)
+    assert noisy["interval_95"][0] < noisy["D_log10_f"] < noisy["interval_95"][1]
+    assert noisy == claims.curves_coincide(
+        rows_on_lines(0.0, noise=0.3), n_boot=300, seed=0
+    )  # deterministic
+
+
+def test_curves_without_overlap_are_not_testable():
+    rows = [
+        r
+        for r in rows_on_lines(0.0)
+        if (r["train_len"] == 128) == (r["effective_length"] < 48)
+        or r["train_len"] == 256
+        and r["effective_length"] > 80
+    ]
+    verdict = claims.curves_coincide(rows, n_boot=50, seed=0)
+    assert verdict["holds"] is None and "overlap" in verdict["reason"]
+
+
+def test_curves_with_too_few_points_or_seeds_are_not_testable():
+    """Two points of one length (one per seed), or the points of fewer than three seeds, are too few to test C2."""
+    rows = rows_on_lines(1.0)
+    two_points = [
+        r for r in rows if r["train_len"] == 256 or r["checkpoint"] == "c1" and r["seed"] < 2
+    ]
+    verdict = claims.curves_coincide(two_points, n_boot=50, seed=0)
+    assert (
+        verdict["holds"] is None
+        and verdict["n_points"]["128"] == 2
+        and "fewer than 3" in verdict["reason"]
+    )
+    one_seed = [r for r in rows if r["train_len"] == 256 or r["seed"] == 0]
+    verdict = claims.curves_coincide(one_seed, n_boot=50, seed=0)
+    assert verdict["holds"] is None and verdict["n_seeds"]["128"] == 1
+    two_seeds = claims.curves_coincide(
+        [r for r in rows if r["train_len"] == 256 or r["seed"] < 2], n_boot=50, seed=0
+    )
+    assert (
+        two_seeds["holds"] is None and two_seeds["n_seeds"]["128"] == 2
+    )  # 8 points, but a bootstrap of 2 seeds
+    assert (
+        claims.curves_coincide(rows, n_boot=50, seed=0)["holds"] is False
+    )  # 12 points from 3 seeds: shifted
+
+
+def test_longer_training_length_and_shortfall_and_emergence():
+    rows = rows_on_lines(0.0)
+    further = claims.longer_reaches_further(rows, n_boot=200, seed=0)
+    assert further["differences"] == [112 - 80] * 3 and further["holds"] is True
+    short = claims.shortfall(rows)
+    assert short["holds"] is True and {
+        x["effective_length"] for x in short["last_checkpoints"]
+    } == {80, 112}
+    rows[3]["effective_length_hi"] = 128  # L = 128 seed 0, last checkpoint: its interval reaches L
+    assert claims.shortfall(rows)["holds"] is False
+    for r in rows:
+        if r["train_len"] == 128 and r["seed"] == 1 and r["tokens_trained"] < 3000:
+            r["effective_length"] = 0
+    found = {(e["train_len"], e["seed"]): e for e in claims.emergence(rows)}
+    assert found[(128, 1)]["share_of_budget"] == 0.75 and found[(256, 0)]["share_of_budget"] == 0.25
+
+
+def test_figures_are_drawn(tmp_path):
+    from posfreq.analysis.plots import effective_length as plots_effective_length
+
+    rows = rows_on_lines(0.3, noise=0.1)
+    for draw, stem in (
+        (plots_effective_length.plot_fig2a_seed_bands, "a"),
+        (plots_effective_length.plot_fig2b_seeds, "b"),
+        (plots_effective_length.plot_pass_rate_curves, "c"),
+    ):
+        paths = draw(rows, tmp_path / stem)
+        assert all(p.is_file() and p.stat().st_size > 1000 for p in paths)
+
+
+def test_variant_effect_at_equal_tokens_and_against_f():
+    """Two data variants at one L: best_fit is 16, 32, 48 tokens ahead (seed 0, 1, 2) at every milestone, on the same
+    f-curve; the paired mean is 32 with a bootstrap interval inside [16, 48], and against f the curves coincide."""
+    rows = []
+    for seed, lead in ((0, 16), (1, 32), (2, 48)):
+        for k, eff in enumerate((64, 96, 128, 160)):
+            for variant, el in (("concat", eff), ("best_fit", eff + lead)):
+                rows.append(
+                    {
+                        "train_len": 256,
+                        "seed": seed,
+                        "variant": variant,
+                        "checkpoint": f"c{k}",
+                        "tokens_trained": 1000 * (k + 1),
+                        "effective_length": el,
+                        "effective_length_lo": el - 8,
+                        "effective_length_hi": el + 8,
+                        "effective_length_status": "ok",
+                        "f_effective_length": 10 ** (2 + el / 64),
+                    }
+                )
+    effect = claims.variant_effect(rows, "concat", "best_fit", n_boot=500, seed=0)
+    assert (
+        effect["mean_difference_per_seed"] == [16.0, 32.0, 48.0]
+        and effect["mean_difference"] == 32.0
+    )
+    assert 16 <= effect["interval_95"][0] < 32 < effect["interval_95"][1] <= 48
+    assert effect["holds"] is True and effect["last_milestone_differences"] == [16, 32, 48]
+    same_f = claims.curves_coincide(
+        rows, n_boot=300, seed=0, group="variant", groups=("concat", "best_fit")
+    )
+    assert same_f["holds"] is True and same_f["D_log10_f"] == pytest.approx(0.0, abs=1e-9)
+    none = claims.variant_effect(rows, "concat", "padded", n_boot=10, seed=0)
+    assert none["holds"] is None
+
+
+def test_variants_are_compared_within_each_training_length_and_labelled_apart():
+    """best_fit is +100 over concat at L = 512 and +0 at L = 256: each length gets its own comparison (pooling
+    them would mix the two); a seed with no milestone shared by both variants is left out, not a crash."""
+    rows = []
+    for train_len, lead in ((256, 0), (512, 100)):
+        for seed in (0, 1):
+            for k in range(3):
+                for variant, el in (("concat", 100 + 10 * k), ("best_fit", 100 + 10 * k + lead)):
+                    rows.append(
+                        {
+                            "train_len": train_len,
+                            "seed": seed,
+                            "variant": variant,
+                            "tokens_trained": 1000 * (k + 1),
+                            "effective_length": el,
+                            "effective_length_status": "ok",
+                            "f_effective_length": 1e6,
+                        }
+                    )
+    rows.append(
+        {
+            "train_len": 512,
+            "seed": 2,
+            "variant": "best_fit",
+            "tokens_trained": 999,
+            "effective_length": 5,
+            "effective_length_status": "ok",
+            "f_effective_length": 1e6,
+        }
+    )  # seed 2 has no concat run
+    found = {
+        c["train_len"]: c["equal_tokens"]
+        for c in claims.variant_comparisons(rows, "concat", 200, 0)
+    }
+    assert found[256]["mean_difference"] == 0.0 and found[512]["mean_difference"] == 100.0
+    assert found[512]["seeds"] == [0, 1]
+    with pytest.raises(ValueError, match="one training length"):
+        claims.variant_effect(rows, "concat", "best_fit", 10, 0)
+    labels = {
+        probed_runs.data_variant({"data": d})
+        for d in (
+            {"packing": "concat"},
+            {"packing": "concat", "attention": "row"},
+            {"packing": "concat", "length_upsample": {"256-": 2.0}},
+            {"packing": "concat", "length_upsample": {"256-": 3}},
+            {"packing": "best_fit"},
+        )
+    }
+    assert labels == {
+        "concat",
+        "concat/row",
+        "concat+upsample{256-: 2}",
+        "concat+upsample{256-: 3}",
+        "best_fit",
+    }
+
+
+def probed_run(run, seed: int, recorded_run: str, status: str = "ok"):
+    """A probed run as `posfreq probe --run` leaves it: RUN/checkpoints/*/config.json and RUN/probe/ tables."""
+    import json
+
+    from posfreq.analysis.tables.formats import write_csv
+
+    for k in (1, 2):
+        (run / "checkpoints" / f"tokens-{k}").mkdir(parents=True)
+        (run / "checkpoints" / f"tokens-{k}" / "config.json").write_text(
+            json.dumps({"seed": seed, "data": {}})
+        )
+    (run / "probe").mkdir()
+    (run / "probe" / "probe.json").write_text(json.dumps({"run": recorded_run}))
+    rows = [
+        {
+            "checkpoint": f"tokens-{k}",
+            "train_len": 128,
+            "tokens_trained": 1000 * k,
+            "effective_length": 0 if status != "ok" else 32 * k,
+            "effective_length_lo": "",
+            "effective_length_hi": "" if status != "ok" else 32 * k + 16,
+            "effective_length_status": status,
+            "f_effective_length": "",
+        }
+        for k in (1, 2)
+    ]
+    write_csv(run / "probe" / "effective_length.csv", rows, list(rows[0]))
+    return run / "probe"
+
+
+def test_a_moved_or_relative_run_keeps_its_seed_and_a_lost_one_is_an_error(tmp_path, capsys):
+    moved = [
+        probed_run(tmp_path / f"s{s}", s, recorded_run=f"runs/elsewhere/s{s}") for s in (0, 1, 2)
+    ]
+    rows = probed_runs.load_checkpoints(moved)
+    assert sorted({r["seed"] for r in rows}) == [
+        0,
+        1,
+        2,
+    ]  # read from the run holding the probe directory
+    lost = tmp_path / "copies" / "probe"
+    lost.parent.mkdir()
+    import shutil
+
+    shutil.copytree(moved[0], lost)
+    with pytest.raises(
+        probed_runs.CompareError, match="training seed cannot be read .*runs/elsewhere/s0"
+    ):
+        probed_runs.load_checkpoints([lost])
+    with pytest.raises(SystemExit, match="error: .*training seed cannot be read"):
+        compare.main([str(lost), "--out", str(tmp_path / "out"), "--no-figures"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_run_that_passed_nothing_is_a_stated_caveat_not_a_verdict(tmp_path, capsys):
+    dirs = [probed_run(tmp_path / "none", 0, "", status="none_passed")]
+    assert compare.main([*map(str, dirs), "--out", str(tmp_path / "out"), "--no-figures"]) == 0
+    printed = capsys.readouterr().out
+    assert "shortfall: holds=None" in printed and "passed no probed length" in printed
+    dirs.append(probed_run(tmp_path / "ok", 1, ""))
+    verdict = compare.compare(dirs, tmp_path / "out2", figures=False)["shortfall"]
+    assert verdict["holds"] is True and "1 of 2 runs passed no probed length" in verdict["caveat"]
+
+
+def test_compare_writes_only_into_its_own_directory(tmp_path):
+    dirs = [probed_run(tmp_path / "r", 0, "")]
+    mine = tmp_path / "paper"
+    mine.mkdir()
+    (mine / "conclusion.json").write_text("my own notes")
+    with pytest.raises(SystemExit, match="holds files `posfreq compare` did not write"):
+        compare.main([*map(str, dirs), "--out", str(mine), "--no-figures"])
+    assert [p.name for p in mine.iterdir()] == ["conclusion.json"] and (
+        mine / "conclusion.json"
+    ).read_text() == "my own notes"
+    older = tmp_path / "older"  # what an older posfreq's compare left: adopted, then replaced
+    (older / "figures").mkdir(parents=True)
+    (older / "checkpoints.csv").write_text("old\n")
+    (older / "conclusion.json").write_text("{}")
+    assert compare.main([*map(str, dirs), "--out", str(older), "--no-figures"]) == 0
+    assert (older / "checkpoints.csv").read_text() != "old\n"
+
+
+def test_the_folder_the_results_sit_in_wins_over_the_recorded_path(tmp_path):
+    """Results moved with their run, while a new run now sits at the recorded path: the seed is the moved
+    run's (the recorded path supplied another run's seed), and the recorded path is only a fallback."""
+    stale = probed_run(
+        tmp_path / "old", 7, recorded_run="unused"
+    )  # a new run at the old path, seed 7
+    moved = probed_run(tmp_path / "moved", 3, recorded_run=str(stale.parent))
+    assert {r["seed"] for r in probed_runs.load_checkpoints([moved])} == {3}
+
+
+def test_runs_scored_under_different_criteria_are_refused_by_name(tmp_path):
+    """A run re-derived at threshold 0.4 beside runs at 0.5 mixed both without a word."""
+    from posfreq.analysis.tables.formats import read_csv, write_csv
+
+    runs = [probed_run(tmp_path / f"s{s}", s, recorded_run="unused") for s in (0, 1)]
+    for run, threshold in zip(runs, (0.5, 0.4)):
+        rows = read_csv(run / "effective_length.csv")
+        for row in rows:
+            row.update(threshold=threshold, min_retrieved=2, scoring="exact")
+        write_csv(run / "effective_length.csv", rows, list(rows[0]))
+    with pytest.raises(probed_runs.CompareError, match="different pass criteria.*threshold.*0.4"):
+        probed_runs.load_checkpoints(runs)
+    with pytest.raises(SystemExit, match="error: the runs were scored under different pass"):
+        compare.main([*map(str, runs), "--out", str(tmp_path / "out"), "--no-figures"])
+    assert not (tmp_path / "out").exists()

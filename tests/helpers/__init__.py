@@ -1,0 +1,1 @@
+"""Builders and independent references that several test modules share."""

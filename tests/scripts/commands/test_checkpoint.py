@@ -1,0 +1,95 @@
+"""`posfreq checkpoint consolidate`: one safetensors file the probe and export load, written only where it may."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.trainer import (
+    run,
+    tiny,
+)
+
+from posfreq.scripts.commands import checkpoint as consolidate
+from posfreq.train.checkpoint import layout as ckpt
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+def test_consolidate_and_load_model(data_dir, tmp_path):
+    run(tiny(data_dir, tmp_path, total_tokens=2048))
+    src = tmp_path / "checkpoints" / ckpt.milestone_name(2048)
+    out = consolidate.consolidate(src, tmp_path / "model")
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".posfreq-output.json",
+        "meta.json",
+        "model.safetensors",
+        "model_config.json",
+        "tokenizer_spec.json",
+        "trained_lengths.npy",
+    ]
+    m1, tok, meta = ckpt.load_model(src)
+    m2, tok2, meta2 = ckpt.load_model(out, dtype=torch.float32)
+    # the tokenizer by spec and by content (the probe and export refuse one whose files changed since)
+    expected = {
+        "spec": "bytes",
+        "vocab_size": 258,
+        "bos_id": 256,
+        "eos_id": 257,
+        "fingerprint": "bytes",
+    }
+    assert tok == tok2 == expected
+    assert meta["run_tokens"] == meta2["run_tokens"] == 2048
+    ids = torch.arange(40) % 258
+    torch.testing.assert_close(m1(ids), m2(ids), rtol=0, atol=0)
+    assert m1.generate(ids[None, :8], 4) == m2.generate(ids[None, :8], 4)
+
+
+def snapshot(root: Path) -> dict:
+    """Every file under `root` with its bytes (directories implied): to prove a refused command changed nothing."""
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def test_consolidate_never_replaces_a_directory_it_did_not_write(data_dir, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run(tiny(data_dir, run_dir, total_tokens=2048))
+    src = run_dir / "checkpoints" / ckpt.milestone_name(2048)
+    (
+        tmp_path / "model.old"
+    ).mkdir()  # a user's directories that happen to sit where publish() would work
+    (tmp_path / "model.old" / "notes.txt").write_text("mine")
+    before = snapshot(tmp_path)
+    for out in (run_dir, tmp_path / "model"):
+        with pytest.raises(
+            SystemExit,
+            match="error: --out.* holds files `posfreq checkpoint consolidate` did not "
+            "write .*nothing was changed",
+        ):
+            consolidate.main(["consolidate", "--checkpoint", str(src), "--out", str(out)])
+        assert snapshot(tmp_path) == before
+    (tmp_path / "model.old" / "notes.txt").unlink()
+    (tmp_path / "model.old").rmdir()
+    first = consolidate.consolidate(src, tmp_path / "model")
+    again = consolidate.consolidate(src, tmp_path / "model")  # its own: replaced whole
+    assert (
+        first == again
+        and (again / "model.safetensors").is_file()
+        and not (tmp_path / "model.old").exists()
+    )
+    (
+        again / ".posfreq-output.json"
+    ).unlink()  # as an older posfreq left it: its files, meta.json naming the source
+    assert (
+        consolidate.main(
+            ["consolidate", "--checkpoint", str(src), "--out", str(again), "--dtype", "bf16"]
+        )
+        == 0
+    )
+    with pytest.raises(
+        FileNotFoundError
+    ):  # a wrong --checkpoint writes nothing, not even the temporary
+        consolidate.consolidate(run_dir / "nope", tmp_path / "other")
+    assert not (tmp_path / "other").exists() and not (tmp_path / "other.tmp").exists()

@@ -1,0 +1,168 @@
+"""The shared corpus options (train/data/corpus_cli.py) and prepare_data's use of them: source lists, validation
+hold-out by content, and the errors for bad fractions."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from helpers.corpus import make_slimpajama
+
+from posfreq.train.data.corpora import resolve_corpus
+from posfreq.train.data.records import CorpusError, Document
+
+
+def test_source_options_are_comma_or_yaml_lists_with_one_way_to_exclude(tmp_path):
+    from posfreq.train.command_line import command_parser, parse
+    from posfreq.train.data.corpus_cli import (
+        add_corpus_arguments,
+        corpus_from_args,
+        shard_from_args,
+        source_names,
+    )
+
+    assert source_names("arxiv, book,") == source_names(["arxiv", "book"]) == ["arxiv", "book"]
+    assert source_names(None) == source_names("") == source_names([]) == []
+    with pytest.raises(
+        CorpusError, match="Fix: list sources to drop with --exclude-sources github"
+    ):
+        source_names(["-github"])
+    written = make_slimpajama(tmp_path)
+    parser = command_parser("test", "corpus options", config_file=True)
+    add_corpus_arguments(parser, default_corpus="slimpajama", default_workers=1)
+    base = ["--data-dir", str(tmp_path)]
+    for flags in (
+        ["--exclude-sources", "github"],
+        ["--sources", "[c4]"],
+        ["--sources", "C4,RedPajamaC4"],
+    ):
+        docs = list(corpus_from_args(parse(parser, base + flags)).documents())
+        assert docs == [
+            Document(r["text"], "RedPajamaC4")
+            for r in written
+            if r["meta"]["redpajama_set_name"] != "RedPajamaGithub"
+        ]
+    assert shard_from_args(parse(parser, base)) is None and shard_from_args(
+        parse(parser, ["--shard", "2/3"])
+    ) == (2, 3)
+    with pytest.raises(CorpusError, match="need 0 <= i < n"):
+        shard_from_args(parse(parser, ["--shard", "3/3"]))
+
+
+def test_prepare_cli_takes_the_shared_corpus_options(tmp_path, capsys):
+    from posfreq.scripts.commands import prepare as prepare_data
+
+    written = make_slimpajama(tmp_path / "sp")
+    config = tmp_path / "prepare.yaml"
+    config.write_text(
+        f"corpus: slimpajama\ndata_dir: {tmp_path / 'sp'}\ntokenizer: bytes\nexclude_sources: [github]\n"
+    )
+    out = tmp_path / "tokens"
+    for shard in ("0/2", "1/2"):
+        assert (
+            prepare_data.main(
+                ["--config", str(config), "--shard", shard, "--out", str(out), "--quiet"]
+            )
+            == 0
+        )
+    assert "3 files in shard 1/2" in capsys.readouterr().out
+    kept = [r["text"] for r in written if r["meta"]["redpajama_set_name"] == "RedPajamaC4"]
+    metas = [json.loads(p.read_text()) for p in out.glob("[!.]*.json")]  # not the owner record
+    assert len(metas) == 6 and {m["sources"][0] for m in metas} == {"-github"}
+    assert sum(m["num_docs"] for m in metas) == len(kept)
+    assert sum(m["num_tokens"] for m in metas) == sum(
+        len(text.encode()) + 1 for text in kept
+    )  # bytes + EOS
+
+
+def test_prepare_val_fraction_holds_out_documents_by_content(tmp_path) -> None:
+    """--val-fraction: every document lands in exactly one of OUT and OUT/val, chosen by its text's hash (the same
+    split whatever the file layout or worker count), near the asked fraction; a changed fraction redoes shards."""
+    from posfreq.scripts.commands import prepare as prep
+    from posfreq.train.data.shards import TokenDataset
+    from posfreq.train.data.tokenizer import get_tokenizer
+
+    texts = [f"document number {i} " * (1 + i % 7) for i in range(400)]
+    for layout, chunks in (("one", [texts]), ("four", [texts[i::4] for i in range(4)])):
+        root = tmp_path / layout
+        root.mkdir()
+        for k, chunk in enumerate(chunks):
+            (root / f"part{k}.jsonl").write_text(
+                "".join(json.dumps({"text": t}) + "\n" for t in chunk)
+            )
+    tok = get_tokenizer("bytes")
+    split = {}
+    for layout, workers in (("one", 1), ("four", 2)):
+        out = tmp_path / f"tokens-{layout}"
+        totals = prep.prepare(
+            resolve_corpus(tmp_path / layout),
+            out,
+            "bytes",
+            workers=workers,
+            progress=False,
+            val_fraction=0.25,
+        )
+        train, val = (
+            TokenDataset(out, tokenizer="bytes"),
+            TokenDataset(out / "val", tokenizer="bytes"),
+        )
+        decode = lambda ds: {tok.decode(ds.document(i)[:-1].tolist()) for i in range(ds.num_docs)}  # noqa: E731
+        train_texts, val_texts = decode(train), decode(val)
+        assert train_texts.isdisjoint(val_texts) and train_texts | val_texts == set(texts)
+        assert totals["val_docs"] == len(val_texts) and totals["docs"] == len(train_texts)
+        expected = {
+            t
+            for t in texts
+            if int.from_bytes(hashlib.sha256(t.encode()).digest()[:8], "big") < 2**62
+        }
+        assert val_texts == expected  # by content: an independent recomputation of the rule
+        split[layout] = val_texts
+    assert split["one"] == split["four"] and 60 <= len(split["one"]) <= 140  # 25% of 400, loosely
+    again = prep.prepare(
+        resolve_corpus(tmp_path / "one"),
+        tmp_path / "tokens-one",
+        "bytes",
+        progress=False,
+        val_fraction=0.1,
+    )
+    assert again["skipped_complete"] == 0 and again["val_docs"] < len(split["one"])
+    # Back to no held-out documents: every document trains, and no stale validation shard still holds some of them.
+    (tmp_path / "tokens-one" / ".part0.tokens.bin.0123abcd.tmp").write_bytes(
+        b"torn"
+    )  # an interrupted write
+    none = prep.prepare(
+        resolve_corpus(tmp_path / "one"), tmp_path / "tokens-one", "bytes", progress=False
+    )
+    assert none["docs"] == len(texts) and none["val_docs"] == 0
+    assert not list((tmp_path / "tokens-one" / "val").glob("[!.]*"))  # the owner record stays
+    assert not list((tmp_path / "tokens-one").glob(".*.tmp"))
+
+
+@pytest.mark.parametrize(
+    "fraction, message",
+    [
+        ("-0.1", "--val-fraction must be in [0, 1)"),
+        ("1", "--val-fraction must be in [0, 1)"),
+        ("nan", 'Parser key "val_fraction"'),
+    ],
+)
+def test_prepare_refuses_a_val_fraction_outside_0_1(tmp_path, fraction, message, capsys):
+    from posfreq.scripts.commands import prepare as prep
+
+    (tmp_path / "c.jsonl").write_text('{"text": "a"}\n')
+    with pytest.raises(SystemExit) as refused:
+        prep.main(
+            [
+                "--corpus",
+                str(tmp_path / "c.jsonl"),
+                "--tokenizer",
+                "bytes",
+                "--out",
+                str(tmp_path / "t"),
+                "--val-fraction",
+                fraction,
+            ]
+        )
+    assert refused.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "t").exists()

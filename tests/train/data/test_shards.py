@@ -1,0 +1,252 @@
+"""Shards (train/data/shards.py) and tokenization into them, against independent references.
+
+Most tests use a "unique-token" dataset: token values are the global token positions
+(0, 1, 2, ...), so each token identifies its document and offset. The packing tests
+(tests/train/data/test_packing.py) use it too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers.shards import LENGTHS, unique_dataset
+
+from posfreq.train.outdir import OutputDirError
+from posfreq.train.data.shards import ShardWriter, TokenDataset, concat_ranges
+from posfreq.train.data.tokenizer import get_tokenizer
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+
+
+
+
+@pytest.fixture
+def unique(tmp_path: Path) -> tuple[TokenDataset, np.ndarray]:
+    offsets = unique_dataset(tmp_path / "u", LENGTHS)
+    return TokenDataset(tmp_path / "u"), offsets
+
+
+def test_dataset_reads_documents(unique) -> None:
+    ds, offsets = unique
+    assert ds.num_docs == len(offsets) - 1 and ds.num_tokens == offsets[-1]
+    assert np.array_equal(ds.doc_lengths(), np.diff(offsets))
+    assert np.array_equal(ds.doc_lengths(3, 12), np.diff(offsets)[3:12])
+    for i in (0, 4, 5, 9, ds.num_docs - 1):
+        assert np.array_equal(ds.document(i), np.arange(offsets[i], offsets[i + 1]))
+
+
+def test_concat_ranges_against_a_loop() -> None:
+    starts, lengths = np.array([5, 0, 9, 3]), np.array([2, 0, 3, 1])
+    expected = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lengths)])
+    assert concat_ranges(starts, lengths).tolist() == expected.tolist() == [5, 6, 9, 10, 11, 3]
+    assert concat_ranges(np.array([4]), np.array([0])).size == 0
+
+
+def test_shard_files_are_world_readable(tmp_path: Path) -> None:
+    """Data directories are shared between users: every shard file is 0644 under the usual umask 022."""
+    old = os.umask(0o022)
+    try:
+        unique_dataset(tmp_path, [[2, 3]])
+    finally:
+        os.umask(old)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["shard00.json", "shard00.offsets.npy", "shard00.tokens.bin"]
+    assert {stat.S_IMODE((tmp_path / n).stat().st_mode) for n in names} == {0o644}
+
+
+def test_shard_validation_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist.*prepare_data"):
+        TokenDataset(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no token shards.*prepare_data"):
+        TokenDataset(tmp_path / "empty")
+
+    unique_dataset(tmp_path / "a", [[3, 4], [5]])
+    (tmp_path / "a" / "shard01.offsets.npy").unlink()
+    with pytest.raises(FileNotFoundError, match="shard01.offsets.npy is missing.*prepare_data"):
+        TokenDataset(tmp_path / "a")
+
+    unique_dataset(tmp_path / "b", [[3, 4]])
+    with open(tmp_path / "b" / "shard00.tokens.bin", "ab") as f:
+        f.write(b"\0" * 4)
+    with pytest.raises(ValueError, match="shard00.offsets.npy: offsets inconsistent.*prepare_data"):
+        TokenDataset(tmp_path / "b")
+
+    unique_dataset(tmp_path / "c", [[3, 4]])
+    with ShardWriter(tmp_path / "c", "zz", tokenizer="bytes", vocab_size=258, eos_id=257) as w:
+        w.add([1, 257])
+    with pytest.raises(ValueError, match="shard zz has tokenizer='bytes'.*single --tokenizer"):
+        TokenDataset(tmp_path / "c")
+
+    unique_dataset(tmp_path / "d", [[3]])
+    with pytest.raises(ValueError, match="tokenized with 'unique', not 'llama3'"):
+        TokenDataset(tmp_path / "d", tokenizer="llama3")
+
+
+def test_interrupted_writer_leaves_no_shard(tmp_path: Path) -> None:
+    unique_dataset(tmp_path, [[2]])
+    with pytest.raises(RuntimeError):
+        with ShardWriter(tmp_path, "broken", tokenizer="unique", vocab_size=3, eos_id=2) as w:
+            w.add([0, 1])
+            raise RuntimeError("killed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "shard00.json",
+        "shard00.offsets.npy",
+        "shard00.tokens.bin",
+    ]
+
+
+def test_prepare_data_matches_one_by_one_tokenization_and_restarts(tmp_path: Path) -> None:
+    from posfreq.scripts.commands import prepare as prep
+    from posfreq.train.data.corpora import resolve_corpus
+
+    corpus_dir = tmp_path / "corpus"
+    (corpus_dir / "part").mkdir(parents=True)
+    texts = {
+        "part/a.jsonl": ["hello world", "naïve café ☕", ""],
+        "part/b.jsonl": ["x" * 50],
+        "c.txt": ["one text file\nwith two lines"],
+    }
+    for name, docs in texts.items():
+        path = corpus_dir / name
+        if name.endswith(".txt"):
+            path.write_text(docs[0], encoding="utf-8")
+        else:
+            path.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs), encoding="utf-8")
+    corpus = resolve_corpus(corpus_dir)
+    out = tmp_path / "tokens"
+    totals = prep.prepare(corpus, out, "bytes", progress=False)
+    assert totals["files"] == 3 and totals["skipped_complete"] == 0
+
+    tok = get_tokenizer("bytes")
+    ds = TokenDataset(out, tokenizer="bytes")
+    assert [s.name for s in ds.shards] == ["c", "part__a", "part__b"]
+    expected = [
+        tok.encode(t) + [tok.eos_id]
+        for name in ("c.txt", "part/a.jsonl", "part/b.jsonl")
+        for t in texts[name]
+    ]
+    assert [ds.document(i).tolist() for i in range(ds.num_docs)] == expected
+
+    meta = json.loads((out / "part__a.json").read_text())
+    assert (
+        meta["source_size"] == (corpus_dir / "part/a.jsonl").stat().st_size
+        and len(meta["source_sha256"]) == 64
+    )
+    mtime = (out / "part__b.tokens.bin").stat().st_mtime_ns
+    (out / "c.json").unlink()  # as if killed before this shard completed
+    again = prep.prepare(corpus, out, "bytes", progress=False)
+    assert again["skipped_complete"] == 2 and again["docs"] == 1
+    assert (out / "part__b.tokens.bin").stat().st_mtime_ns == mtime
+    assert [TokenDataset(out).document(i).tolist() for i in range(ds.num_docs)] == expected
+
+    split = tmp_path / "split"  # two array tasks, one with worker processes, give the same shards
+    prep.prepare(corpus, split, "bytes", shard=(0, 2), progress=False)
+    prep.prepare(corpus, split, "bytes", shard=(1, 2), workers=2, progress=False)
+    for name in ("c", "part__a", "part__b"):
+        assert (split / f"{name}.tokens.bin").read_bytes() == (
+            out / f"{name}.tokens.bin"
+        ).read_bytes()
+    with pytest.raises(OutputDirError, match="tokenized with 'bytes', not 'llama3'"):
+        prep.prepare(corpus, out, "llama3", progress=False)
+
+
+def test_prepare_writes_only_into_its_own_folder(tmp_path: Path) -> None:
+    """A user's folder is refused untouched; an older prepare's shards (no owner record) are resumed."""
+    from posfreq.scripts.commands import prepare as prep
+    from posfreq.train.data.corpora import resolve_corpus
+    from posfreq.train.outdir import OWNER_FILE
+
+    corpus_dir = tmp_path / "corpus"
+    corpus_dir.mkdir()
+    (corpus_dir / "notes.txt").write_text("a document")
+    corpus = resolve_corpus(corpus_dir)
+    mine = tmp_path / "mine"
+    (mine / "val").mkdir(parents=True)
+    (mine / "val" / "notes.json").write_text(
+        "my own"
+    )  # the name a held-out shard of notes.txt takes
+    with pytest.raises(
+        SystemExit, match=r"--out .*mine holds files `posfreq prepare` did not write"
+    ):
+        prep.main(
+            ["--corpus", str(corpus_dir), "--tokenizer", "bytes", "--out", str(mine), "--quiet"]
+        )
+    assert (mine / "val" / "notes.json").read_text() == "my own"
+    assert sorted(p.name for p in mine.rglob("*")) == ["notes.json", "val"]
+
+    older = tmp_path / "older"
+    prep.prepare(corpus, older, "bytes", progress=False, val_fraction=0.5)
+    (older / OWNER_FILE).unlink()
+    (older / "val" / OWNER_FILE).unlink(missing_ok=True)
+    again = prep.prepare(corpus, older, "bytes", progress=False, val_fraction=0.5)
+    assert again["skipped_complete"] == 1
+    (older / "README").write_text("a user's note")
+    (older / OWNER_FILE).unlink()
+    with pytest.raises(OutputDirError, match=r"did not write \(README, notes.json"):
+        prep.prepare(corpus, older, "bytes", progress=False, val_fraction=0.5)
+
+
+def test_damaged_shards_are_refused_naming_the_file(tmp_path: Path) -> None:
+    """Offsets that go backwards (refused on opening) and token ids >= vocab_size (refused when read)."""
+    unique_dataset(tmp_path / "back", [[3, 4, 5]])
+    offsets_file = tmp_path / "back" / "shard00.offsets.npy"
+    offsets = np.load(offsets_file)
+    offsets[1], offsets[2] = (
+        offsets[2],
+        offsets[1],
+    )  # 0, 7, 3, 12: same ends, a document of negative length
+    np.save(offsets_file, offsets)
+    with pytest.raises(
+        ValueError, match="shard00.offsets.npy: document offsets go backwards at document 1"
+    ):
+        TokenDataset(tmp_path / "back")
+
+    unique_dataset(tmp_path / "ids", [[3, 4]])
+    tokens_file = tmp_path / "ids" / "shard00.tokens.bin"
+    tokens = np.fromfile(tokens_file, dtype=np.uint32)
+    tokens[5] = 10**6
+    tokens.tofile(tokens_file)
+    data = TokenDataset(tmp_path / "ids")
+    assert data.document(0).tolist() == [0, 1, 2]
+    with pytest.raises(ValueError, match="shard00.tokens.bin: token id 1000000 >= vocab_size 8"):
+        data.document(1)
+    with pytest.raises(ValueError, match="token id 1000000 >= vocab_size"):
+        data.read_runs(np.array([3]), np.array([4]))
+
+
+def test_a_rerun_compares_inputs_and_tokenizers_by_content(tmp_path: Path) -> None:
+    """prepare's resume compared an input's size only (a same-size edit kept the old shard) and the tokenizer
+    by name only (a replaced hf:T/tokenizer.json kept tokens of the old one)."""
+    from posfreq.scripts.commands import prepare as prep
+    from posfreq.train.data.corpora import resolve_corpus
+    from posfreq.train.data.hf_tokenizer import write_bytes_tokenizer, write_llama3_tokenizer
+
+    corpus_dir = tmp_path / "corpus"
+    corpus_dir.mkdir()
+    doc = corpus_dir / "a.jsonl"
+    doc.write_text(json.dumps({"text": "abcdef"}) + "\n")
+    out = tmp_path / "tokens"
+    prep.prepare(resolve_corpus(corpus_dir), out, "bytes", progress=False)
+    doc.write_text(json.dumps({"text": "ghijkl"}) + "\n")  # the same size, other bytes
+    again = prep.prepare(resolve_corpus(corpus_dir), out, "bytes", progress=False)
+    assert again["skipped_complete"] == 0
+    assert TokenDataset(out).document(0).tolist()[:-1] == list(b"ghijkl")
+
+    tok = tmp_path / "T"
+    write_bytes_tokenizer(tok)
+    hf_out = tmp_path / "hf-tokens"
+    prep.prepare(resolve_corpus(corpus_dir), hf_out, f"hf:{tok}", progress=False)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tok / name).unlink()
+    write_llama3_tokenizer(tok)  # another tokenizer at the same path
+    with pytest.raises(OutputDirError, match="whose files have changed since"):
+        prep.prepare(resolve_corpus(corpus_dir), hf_out, f"hf:{tok}", progress=False)

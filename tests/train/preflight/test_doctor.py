@@ -1,0 +1,91 @@
+"""`posfreq doctor`: on a machine without a GPU, the CPU subset passes and every GPU check says why it was skipped."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from posfreq.scripts.commands import doctor
+from posfreq.train.preflight.checks import run_check
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+CPU_CHECKS = {
+    "environment",
+    "pretrain-bf16",
+    "pretrain-fp32",
+    "attention-flex",
+    "probe-flex",
+    "loss",
+    "string-hf",
+}
+
+
+@pytest.mark.slow  # a child process, a notebook kernel or a deliberate timeout
+def test_cpu_subset_passes_and_gpu_checks_are_skipped_with_a_reason(tmp_path, capsys, monkeypatch):
+    from posfreq.train import devices
+
+    monkeypatch.setattr(
+        devices, "nvidia_driver", lambda: None
+    )  # hermetic on a GPU node's CPU torch too
+    assert doctor.main(["--out", str(tmp_path / "doc"), "--device", "cpu"]) == 0
+    report = json.loads((tmp_path / "doc/doctor.json").read_text())
+    status = {c["name"]: c for c in report["checks"]}
+    assert {n for n, c in status.items() if c["status"] == "PASS"} == CPU_CHECKS
+    skipped = {n: c["detail"] for n, c in status.items() if c["status"] == "SKIPPED"}
+    assert set(skipped) == {
+        "attention-varlen",
+        "attention-flash",
+        "attention-xformers",
+        "probe-varlen",
+        "probe-flash",
+        "probe-xformers",
+    }
+    assert all("cuda" in why or "GPU" in why for why in skipped.values()), skipped
+    assert "histograms equal" in status["pretrain-fp32"]["detail"]
+    assert all(c["seconds"] >= 0 for c in report["checks"])
+    table = capsys.readouterr().out
+    assert "7 passed, 0 failed, 6 skipped" in table and "pretrain-fp32       PASS" in table
+    assert "backends ['sdpa/bfloat16']" in status["string-hf"]["detail"]  # one dtype under autocast
+    # A second run replaces only its own files
+    assert doctor.main(["--out", str(tmp_path / "doc"), "--device", "cpu"]) == 0
+
+
+def test_a_directory_of_someone_else_is_refused_untouched(tmp_path):
+    mine = tmp_path / "results"
+    mine.mkdir()
+    (mine / "paper.tex").write_text("draft")
+    with pytest.raises(SystemExit, match="holds files `posfreq doctor` did not write"):
+        doctor.main(["--out", str(mine)])
+    assert [p.name for p in mine.iterdir()] == ["paper.tex"] and (
+        mine / "paper.tex"
+    ).read_text() == "draft"
+
+
+def test_a_failing_check_is_a_fail_row_not_a_crash(tmp_path):
+    import torch
+
+    def broken() -> str:
+        raise RuntimeError("FlashAttention only support fp16 and bf16 data type")
+
+    row = run_check("attention-x", broken, torch.device("cpu"))
+    assert (
+        row.status == "FAIL"
+        and row.detail == "RuntimeError: FlashAttention only support fp16 and bf16 data type"
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="no CUDA GPU on this machine"
+)
+def test_on_a_gpu_node_every_check_passes_or_says_why_it_was_skipped(tmp_path):
+    """The GPU checks themselves (NCCL pretraining and resume on every local GPU, each kernel, the probe, liger)."""
+    assert doctor.main(["--out", str(tmp_path / "doc"), "--device", "cuda"]) == 0
+    report = json.loads((tmp_path / "doc/doctor.json").read_text())
+    status = {c["name"]: c["status"] for c in report["checks"]}
+    assert status["pretrain-bf16"] == status["pretrain-fp32"] == "PASS"
+    assert (
+        status["attention-varlen"] == "PASS"
+    )  # torch's own kernel: on every sm80+ GPU with a CUDA torch

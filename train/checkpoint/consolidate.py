@@ -1,0 +1,79 @@
+"""Consolidation: one trainer checkpoint as a single-file model directory (model.safetensors and its config files),
+written atomically into a folder that is new, empty or an earlier consolidation."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from posfreq.train import atomic
+from posfreq.train.atomic import write_json_atomic
+from posfreq.train.checkpoint.layout import (
+    CONSOLIDATED_WEIGHTS,
+    LENGTHS_FILE,
+    META_FILE,
+    MODEL_CONFIG_FILE,
+    TOKENIZER_FILE,
+    TRAINER_FILE,
+    model_state_dict,
+)
+from posfreq.train.checkpoint.save import write_weights
+from posfreq.train.outdir import check_output_dir, claim_output_dir, entry_names
+
+CONSOLIDATE = "checkpoint consolidate"
+
+
+def consolidate(
+    checkpoint_dir: str | Path, out_dir: str | Path, dtype: torch.dtype | None = None
+) -> Path:
+    """Write one trainer checkpoint as a single-file model directory (atomically); returns it.
+
+    `out_dir` must be new, empty or an earlier consolidation (OutputDirError otherwise: never a run directory).
+    """
+    src, out = Path(checkpoint_dir), Path(out_dir)
+    tmp, old = atomic.temporary(out), out.with_name(out.name + ".old")
+    check_output_dir(out, CONSOLIDATE, written_before=_earlier_consolidation)
+    # publish_dir() replaces them: only an interrupted consolidation's own may go
+    for sibling in (tmp, old):
+        check_output_dir(sibling, CONSOLIDATE, flag="--out's temporary")
+    # before anything is written: a wrong --checkpoint leaves nothing behind
+    state = model_state_dict(src)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    claim_output_dir(tmp, CONSOLIDATE)
+    try:
+        write_weights(state, tmp / CONSOLIDATED_WEIGHTS, dtype)
+        for name in (MODEL_CONFIG_FILE, TOKENIZER_FILE, LENGTHS_FILE):
+            shutil.copyfile(src / name, tmp / name)
+        meta = (
+            json.loads((src / TRAINER_FILE).read_text()) if (src / TRAINER_FILE).is_file() else {}
+        )
+        meta["consolidated_from"] = str(src.resolve())
+        write_json_atomic(tmp / META_FILE, meta, indent=1, sort_keys=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # this call's own temporary
+        raise
+    atomic.publish_dir(tmp, out)
+    return out
+
+
+CONSOLIDATED_FILES = {
+    CONSOLIDATED_WEIGHTS,
+    MODEL_CONFIG_FILE,
+    TOKENIZER_FILE,
+    LENGTHS_FILE,
+    META_FILE,
+}
+
+
+def _earlier_consolidation(out: Path) -> bool:
+    """Whether an older posfreq consolidated into `out`: exactly its files, meta.json naming the source."""
+    if entry_names(out) != CONSOLIDATED_FILES:
+        return False
+    try:
+        return "consolidated_from" in json.loads((out / META_FILE).read_text())
+    except (OSError, ValueError, TypeError):
+        return False

@@ -1,0 +1,345 @@
+"""The on-disk token format: shards of memory-mapped tokens with document offsets and metadata.
+
+A data directory holds shards written by `posfreq prepare` (through `ShardWriter`), each
+three files: ``NAME.tokens.bin`` (uint32 tokens of all documents, each already ending in EOS),
+``NAME.offsets.npy`` (int64 document start offsets, ``num_docs + 1`` entries, first 0, last
+the token count) and ``NAME.json`` (metadata; written last, so its presence marks a complete
+shard). Each file is published atomically (`train.atomic`), so a crash never leaves a file that
+looks whole and is not. `TokenDataset` memory-maps every shard in sorted name order: documents
+are numbered globally in that order. How documents become training rows is train/data/packing.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from posfreq.train.atomic import AtomicFile, atomic_open, write_json_atomic
+
+FORMAT = "posfreq-tokens-v1"
+TOKENS_SUFFIX = ".tokens.bin"
+OFFSETS_SUFFIX = ".offsets.npy"
+META_SUFFIX = ".json"
+PREPARE_HINT = (
+    "Fix: run `python scripts/prepare_data.py --corpus <name or path> --out <this directory>`"
+)
+
+
+class DamagedShard(ValueError):
+    """A shard whose contents contradict its metadata, found while reading it; the message names the file."""
+
+
+class ShardWriter:
+    """Writes one shard under temporary names and renames it into place on `finish()`.
+
+    Documents are stored exactly as given (the caller appends EOS). The metadata file is
+    renamed last, so a crash never leaves a shard that `TokenDataset` takes for complete.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        name: str,
+        *,
+        tokenizer: str,
+        vocab_size: int,
+        eos_id: int,
+        extra: dict | None = None,
+    ) -> None:
+        if vocab_size > 2**32:
+            raise ValueError(f"vocab_size={vocab_size} does not fit the uint32 token format")
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.name = name
+        self.meta = {
+            "format": FORMAT,
+            "name": name,
+            "tokenizer": tokenizer,
+            "vocab_size": int(vocab_size),
+            "eos_id": int(eos_id),
+            **(extra or {}),
+        }
+        self._tokens = AtomicFile(self.directory / f"{name}{TOKENS_SUFFIX}", "wb")
+        self._lengths: list[int] = []
+
+    def add(self, tokens: np.ndarray | list[int]) -> None:
+        """Append one document (its tokens, EOS included)."""
+        array = np.asarray(tokens, dtype=np.int64)
+        if array.size and (array.min() < 0 or array.max() >= self.meta["vocab_size"]):
+            raise ValueError(f"shard {self.name}: token ids outside [0, {self.meta['vocab_size']})")
+        self._tokens.file.write(array.astype(np.uint32).tobytes())
+        self._lengths.append(int(array.size))
+
+    def add_many(self, documents: Iterable[np.ndarray | list[int]]) -> None:
+        """Append several documents."""
+        for doc in documents:
+            self.add(doc)
+
+    def finish(self) -> dict:
+        """Publish the tokens, then the offsets, then the metadata (each atomically); returns the metadata."""
+        offsets = np.zeros(len(self._lengths) + 1, dtype=np.int64)
+        np.cumsum(self._lengths, out=offsets[1:])
+        self.meta.update(num_docs=len(self._lengths), num_tokens=int(offsets[-1]))
+        self._tokens.commit()
+        with atomic_open(self.directory / f"{self.name}{OFFSETS_SUFFIX}", "wb") as f:
+            np.save(f, offsets)
+        write_json_atomic(
+            self.directory / f"{self.name}{META_SUFFIX}", self.meta, indent=1, sort_keys=True
+        )
+        return self.meta
+
+    def abort(self) -> None:
+        """Close and delete the temporary token file; nothing of the shard is published."""
+        self._tokens.discard()
+
+    def __enter__(self) -> "ShardWriter":
+        """The writer itself; leaving the block finishes the shard, or aborts it on an error."""
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self.abort()
+
+
+def shard_is_complete(directory: str | Path, name: str) -> dict | None:
+    """The metadata of shard `name` if all three of its files exist, else None."""
+    base = Path(directory)
+    meta = base / f"{name}{META_SUFFIX}"
+    if not (
+        meta.is_file()
+        and (base / f"{name}{TOKENS_SUFFIX}").is_file()
+        and (base / f"{name}{OFFSETS_SUFFIX}").is_file()
+    ):
+        return None
+    try:
+        return json.loads(meta.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+@dataclass(frozen=True)
+class _Shard:
+    """One validated shard: its name, metadata and files (memory-mapped only when read)."""
+
+    name: str
+    meta: dict
+    tokens_path: Path
+    offsets_path: Path
+
+
+def _check_shard(base: Path, name: str) -> _Shard:
+    """Check that the three files of a shard exist and agree (reads only headers and sizes)."""
+    shard = _Shard(name, {}, base / f"{name}{TOKENS_SUFFIX}", base / f"{name}{OFFSETS_SUFFIX}")
+    meta_path = base / f"{name}{META_SUFFIX}"
+    rerun = (
+        "Fix: rerun scripts/prepare_data.py (posfreq prepare) with the same --out; it redoes incomplete shards "
+        "(or delete this shard's files)."
+    )
+    for path in (shard.tokens_path, shard.offsets_path, meta_path):
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"incomplete shard {base / name}: {path.name} is missing. {rerun}"
+            )
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{meta_path}: not valid JSON ({err}). {rerun}") from err
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise ValueError(
+            f"{meta_path}: format {found!r}, expected {FORMAT!r}; is this a token shard? {rerun}"
+        )
+    size = shard.tokens_path.stat().st_size
+    if size % 4:
+        raise ValueError(
+            f"{shard.tokens_path}: {size} bytes is not a whole number of uint32 tokens. {rerun}"
+        )
+    offsets = np.load(shard.offsets_path, mmap_mode="r")
+    n_tokens = size // 4
+    if (
+        offsets.dtype != np.int64
+        or offsets.ndim != 1
+        or len(offsets) != meta["num_docs"] + 1
+        or offsets[0] != 0
+        or offsets[-1] != n_tokens
+        or n_tokens != meta["num_tokens"]
+    ):
+        raise ValueError(
+            f"{shard.offsets_path}: offsets inconsistent with {shard.tokens_path.name} ({n_tokens} tokens) "
+            f"and {meta_path.name} ({meta['num_docs']} docs, {meta['num_tokens']} tokens): need int64, "
+            f"num_docs+1 entries, first 0, last the token count. {rerun}"
+        )
+    backwards = np.flatnonzero(np.diff(offsets) < 0)
+    if backwards.size:
+        i = int(backwards[0])
+        raise ValueError(
+            f"{shard.offsets_path}: document offsets go backwards at document {i} ({offsets[i]} -> "
+            f"{offsets[i + 1]}): the shard is damaged. {rerun}"
+        )
+    return replace(shard, meta=meta)
+
+
+def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(s, s + n) for each (s, n), without a Python loop."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    run_starts = np.cumsum(lengths) - lengths
+    return np.repeat(np.asarray(starts, dtype=np.int64) - run_starts, lengths) + np.arange(total)
+
+
+class TokenDataset:
+    """All shards of a data directory as one list of documents (EOS included), memory-mapped.
+
+    Shards are validated on opening and memory-mapped on first use; at most `max_open`
+    shards stay mapped at once (SlimPajama has ~59k shards, more than the kernel's default
+    limit of memory maps per process).
+    """
+
+    def __init__(
+        self, directory: str | Path, tokenizer: str | None = None, max_open: int = 256
+    ) -> None:
+        self.directory = Path(directory)
+        if not self.directory.is_dir():
+            raise FileNotFoundError(
+                f"data directory {self.directory} does not exist. {PREPARE_HINT}"
+            )
+        names = sorted(
+            {
+                p.name[: -len(suffix)]
+                for suffix in (TOKENS_SUFFIX, OFFSETS_SUFFIX, META_SUFFIX)
+                for p in self.directory.glob(f"*{suffix}")
+                if not p.name.startswith(".")
+            }
+        )
+        if not names:
+            raise FileNotFoundError(
+                f"data directory {self.directory} holds no token shards "
+                f"(*{TOKENS_SUFFIX} + *{OFFSETS_SUFFIX} + *{META_SUFFIX}). {PREPARE_HINT}"
+            )
+        self.shards = [_check_shard(self.directory, name) for name in names]
+        first = self.shards[0]
+        for shard in self.shards[1:]:
+            for key in ("tokenizer", "vocab_size", "eos_id"):
+                if shard.meta[key] != first.meta[key]:
+                    raise ValueError(
+                        f"{self.directory}: shard {shard.name} has {key}={shard.meta[key]!r} but shard "
+                        f"{first.name} has {first.meta[key]!r}; all shards of a directory must share one "
+                        "tokenizer. Fix: re-tokenize into a fresh --out with a single --tokenizer."
+                    )
+        if tokenizer is not None and first.meta["tokenizer"] != tokenizer:
+            raise ValueError(
+                f"{self.directory} was tokenized with {first.meta['tokenizer']!r}, not "
+                f"{tokenizer!r}. Fix: point to data tokenized with {tokenizer!r} (scripts/"
+                "prepare_data.py --tokenizer) or change the tokenizer setting."
+            )
+        self.tokenizer: str = first.meta["tokenizer"]
+        self.vocab_size: int = int(first.meta["vocab_size"])
+        self.eos_id: int = int(first.meta["eos_id"])
+        docs = np.array([s.meta["num_docs"] for s in self.shards], dtype=np.int64)
+        toks = np.array([s.meta["num_tokens"] for s in self.shards], dtype=np.int64)
+        self._doc_starts = np.concatenate([[0], np.cumsum(docs)])  # first global doc id per shard
+        self._tok_starts = np.concatenate([[0], np.cumsum(toks)])  # first global token per shard
+        self.num_docs = int(self._doc_starts[-1])
+        self.num_tokens = int(self._tok_starts[-1])
+        self._maps = lru_cache(maxsize=max_open)(self._open)
+
+    def _open(self, s: int) -> tuple[np.ndarray, np.ndarray]:
+        """Memory maps of shard s: (uint32 tokens, int64 offsets)."""
+        shard = self.shards[s]
+        tokens = (
+            np.memmap(shard.tokens_path, dtype=np.uint32, mode="r")
+            if shard.meta["num_tokens"]
+            else np.zeros(0, dtype=np.uint32)
+        )
+        return tokens, np.load(shard.offsets_path, mmap_mode="r")
+
+    def __len__(self) -> int:
+        """The number of documents."""
+        return self.num_docs
+
+    def fingerprint(self) -> str:
+        """sha256 over each shard's name, file sizes and document offsets: which documents these are, wherever
+        the directory lives (token contents are not read: they are the bulk of the data)."""
+        digest = hashlib.sha256()
+        for shard in self.shards:
+            sizes = (shard.tokens_path.stat().st_size, shard.offsets_path.stat().st_size)
+            digest.update(f"{shard.name}\0{sizes[0]}\0{sizes[1]}\n".encode())
+            digest.update(np.load(shard.offsets_path, mmap_mode="r"))
+        return digest.hexdigest()
+
+    def __repr__(self) -> str:
+        return (
+            f"TokenDataset({str(self.directory)!r}: {len(self.shards)} shards, {self.num_docs} docs, "
+            f"{self.num_tokens} tokens, tokenizer={self.tokenizer})"
+        )
+
+    def document(self, i: int) -> np.ndarray:
+        """The tokens of document i (global numbering, EOS included), as int64."""
+        if not 0 <= i < self.num_docs:
+            raise IndexError(f"document {i} out of range [0, {self.num_docs})")
+        s = int(np.searchsorted(self._doc_starts, i, side="right") - 1)
+        tokens, offsets = self._maps(s)
+        local = i - int(self._doc_starts[s])
+        document = np.asarray(tokens[offsets[local] : offsets[local + 1]], dtype=np.int64)
+        self._check_ids(document, s)
+        return document
+
+    def doc_lengths(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Lengths (EOS included) of documents [start, stop), as int64."""
+        stop = self.num_docs if stop is None else stop
+        parts = [np.zeros(0, dtype=np.int64)]
+        first = max(int(np.searchsorted(self._doc_starts, start, side="right")) - 1, 0)
+        for s in range(first, len(self.shards)):
+            if self._doc_starts[s] >= stop:
+                break
+            lo = max(start - int(self._doc_starts[s]), 0)
+            hi = min(stop - int(self._doc_starts[s]), self.shards[s].meta["num_docs"])
+            if lo < hi:
+                parts.append(np.diff(np.asarray(self._maps(s)[1][lo : hi + 1])))
+        return np.concatenate(parts).astype(np.int64)
+
+    def token_offsets(self, docs: np.ndarray) -> np.ndarray:
+        """Global token offset of the first token of each document in `docs`."""
+        docs = np.asarray(docs, dtype=np.int64)
+        shard_of = np.searchsorted(self._doc_starts, docs, side="right") - 1
+        out = np.empty(len(docs), dtype=np.int64)
+        for s in np.unique(shard_of):
+            sel = shard_of == s
+            out[sel] = self._tok_starts[s] + self._maps(int(s))[1][docs[sel] - self._doc_starts[s]]
+        return out
+
+    def read_runs(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Concatenated tokens of runs [start, start + length) in global token coordinates, as int64.
+
+        A run must not cross a shard boundary (runs inside one document never do).
+        """
+        starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+        out = np.empty(int(lengths.sum()), dtype=np.int64)
+        dest = np.cumsum(lengths) - lengths
+        shard_of = np.searchsorted(self._tok_starts, starts, side="right") - 1
+        for s in np.unique(shard_of[lengths > 0]):
+            sel = (shard_of == s) & (lengths > 0)
+            src = concat_ranges(starts[sel] - self._tok_starts[s], lengths[sel])
+            tokens = self._maps(int(s))[0][src]
+            self._check_ids(tokens, int(s))
+            out[concat_ranges(dest[sel], lengths[sel])] = tokens
+        return out
+
+    def _check_ids(self, tokens: np.ndarray, s: int) -> None:
+        """Refuse token ids outside the vocabulary (a damaged shard), naming the shard: checked as tokens are read,
+        since scanning a whole corpus at open would read every token."""
+        if tokens.size and int(tokens.max()) >= self.vocab_size:
+            raise DamagedShard(
+                f"{self.shards[s].tokens_path}: token id {int(tokens.max())} >= vocab_size "
+                f"{self.vocab_size}: the shard is damaged. Fix: rerun posfreq prepare for it"
+            )

@@ -1,0 +1,51 @@
+"""Validation loss on held-out shards: the same rows every time and for any world size, split over ranks."""
+
+from __future__ import annotations
+
+import torch
+
+from posfreq.train.data.packing import IGNORE_INDEX, PackedSampler
+from posfreq.train.data.shards import TokenDataset
+from posfreq.train.model.loss import head_returns_loss
+from posfreq.train.run.config import TrainConfig
+
+
+def validation_loss(model, fabric, dataset: TokenDataset, cfg: TrainConfig) -> tuple[float, int]:
+    """(mean token loss, targets) over the first data.val_rows rows of `dataset`, split over ranks.
+
+    No shuffle and its own sampler, so values compare across steps and runs; the training stream,
+    the RNG and the model's mode are left as they were.
+    """
+    micro, total = cfg.micro_batch_rows, cfg.data.val_rows
+    sampler = PackedSampler(
+        dataset,
+        cfg.data.train_len,
+        micro,
+        seed=0,
+        packing=cfg.data.packing,
+        attention=cfg.data.attention,
+        shuffle=False,
+    )
+    totals = torch.zeros(2, dtype=torch.float64, device=fabric.device)
+    model.eval()
+    with torch.no_grad():
+        # the same count on every rank (FSDP)
+        for step in range(-(-total // (fabric.world_size * micro))):
+            first = (step * fabric.world_size + fabric.global_rank) * micro
+            rows = min(micro, total - first)
+            batch = sampler.make_batch(first if rows > 0 else 0, max(rows, 1)).to(fabric.device)
+            with head_returns_loss(model.lm_head, batch.targets):
+                loss = model(batch.input_ids, batch.cu_seqlens, batch.max_seqlen).double()
+            # a rank past the last row still runs the forward its peers' collectives need
+            if rows > 0:
+                totals += torch.stack([loss, (batch.targets != IGNORE_INDEX).sum().double()])
+    model.train()
+    loss_sum, targets = fabric.all_reduce(totals, reduce_op="sum").tolist()
+    return loss_sum / max(targets, 1.0), int(targets)
+
+
+def validation_due(cfg: TrainConfig, run_tokens: int, last_step: bool) -> bool:
+    """Validate after this step: every data.val_every_tokens tokens, and at the last step of the run."""
+    every = cfg.data.val_every_tokens
+    crossed = every > 0 and run_tokens // every > (run_tokens - cfg.global_batch_tokens) // every
+    return crossed or last_step
