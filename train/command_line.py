@@ -45,7 +45,9 @@ class CommandParser(ArgumentParser):
             close = difflib.get_close_matches(flag.replace("_", "-"), known, n=3, cutoff=0.6)
             if close:
                 lines.append(f"  did you mean {' or '.join(close)} (for {flag})?")
-        if "nrecognized argument" in message and not unknown:  # e.g. `probe RUN_DIR`: a path without its flag
+        if (
+            "nrecognized argument" in message and not unknown
+        ):  # e.g. `probe RUN_DIR`: a path without its flag
             for value in message.split(":", 1)[-1].split():
                 hint = path_flag_hint(value, known)
                 if hint:
@@ -53,7 +55,6 @@ class CommandParser(ArgumentParser):
         lines.append(f"  {self.prog.replace(' [options]', '')} --help lists every option")
         sys.stderr.write("\n".join(lines) + "\n")
         sys.exit(2)
-
 
 
 def path_flag_hint(value: str, known: list[str]) -> str | None:
@@ -70,6 +71,7 @@ def path_flag_hint(value: str, known: list[str]) -> str | None:
     if has_run:
         return f"--run {value}"
     return None
+
 
 def command_parser(prog: str, description: str, config_file: bool = False) -> ArgumentParser:
     """A parser for one posfreq command; `config_file` adds `--config FILE.yaml` (values the flags override)."""
