@@ -53,7 +53,7 @@ import numpy as np
 import torch
 from _timing import interleaved, median, spread
 
-from posfreq.analysis.niah.decoding import cut_at_eos, generate_answers, teacher_forced
+from posfreq.analysis.niah.decoding import Generator, cut_at_eos, generate_answers, teacher_forced
 from posfreq.analysis.niah.needles import NiahTest
 from posfreq.analysis.niah.settings import ProbeSettings, parse_lengths
 from posfreq.analysis.niah.sources import Builders, checkpoint_source
@@ -92,35 +92,20 @@ class FoldedLlama3:
         return self._base.decode(ids)
 
 
-class Recording:
+class Recording(Generator):
     """A model behind the probe's Generator protocol that keeps every row `generate` returned (token ids)."""
 
     def __init__(self, model: Transformer) -> None:
         self.model = model
         self.rows: list[list[int]] = []
 
-    def generate(
-        self,
-        prompt_ids: torch.Tensor,
-        max_new_tokens: int,
-        stop: Callable[[int, list[int]], bool] | None = None,
-        prefill_dtype: torch.dtype | None = None,
-        prefill_tokens: int | None = None,
-    ) -> list[list[int]]:
-        rows = self.model.generate(
-            prompt_ids,
-            max_new_tokens,
-            stop=stop,
-            prefill_dtype=prefill_dtype,
-            prefill_tokens=prefill_tokens,
-        )
+    def generate(self, *args, **kwargs) -> list[list[int]]:
+        rows = self.model.generate(*args, **kwargs)
         self.rows += rows
         return rows
 
-    def target_logprobs(
-        self, input_ids: torch.Tensor, first_target: int, prefill_tokens: int | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.model.target_logprobs(input_ids, first_target, prefill_tokens)
+    def target_logprobs(self, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.target_logprobs(*args, **kwargs)
 
 
 def save_random_checkpoint(directory: Path, config: ModelConfig, tokenizer: str) -> Path:

@@ -1,8 +1,8 @@
 """Content fingerprints: what a result was made from, by the bytes of its inputs, never by a name.
 
-Probe results are keyed by `files_sha256` of the model's weight and config files and by
-`code_sha256` of the source files that decide a probe's answers, so a renamed, moved or reused
-folder can never hand one model's results to another.
+Results are keyed by `files_sha256` of the model's weight and config files and by `code_sha256` of
+the source files that decide their answers (which files: analysis/keys.py), so a renamed, moved or
+reused folder can never hand one model's results to another.
 """
 
 from __future__ import annotations
@@ -16,26 +16,6 @@ from typing import Iterable
 
 REPO = Path(__file__).resolve().parents[1]
 CHUNK = 1 << 22
-
-# The probe's entry point: every posfreq module it imports, directly or not, can decide its answers,
-# but those matching these patterns: argument parsing, output folders, saving and consolidating
-# checkpoints, and the tables and figures derived from records the probe has already written.
-PROBE_ENTRY = "scripts/commands/probe.py"
-NOT_ANSWER_DECIDING = (
-    "train/command_line.py",
-    "train/outdir.py",
-    "train/atomic.py",
-    "train/fingerprint.py",
-    "train/run/log.py",
-    "train/checkpoint/save.py",
-    "scripts/commands/checkpoint.py",
-    "train/checkpoint/retention.py",
-    "train/checkpoint/rng_state.py",
-    "analysis/plots/*.py",
-    "analysis/tables/*.py",
-    "analysis/niah/results.py",
-    "analysis/corpus/frequency.py",
-)
 
 
 def imported_modules(file: Path) -> set[Path]:
@@ -59,9 +39,9 @@ def imported_modules(file: Path) -> set[Path]:
 
 
 @functools.lru_cache(maxsize=None)
-def import_closure(*entries: str) -> tuple[str, ...]:
-    """The repository's source files `entries` import, directly or not (themselves included), less
-    NOT_ANSWER_DECIDING, as sorted paths relative to the repository."""
+def import_closure(entries: tuple[str, ...], excluded: tuple[str, ...]) -> tuple[str, ...]:
+    """The repository's source files `entries` import, directly or not (themselves included), less those matching
+    an `excluded` pattern, as sorted paths relative to the repository. Who declares which: analysis/keys.py."""
     seen, todo = set(), [REPO / entry for entry in entries]
     while todo:
         file = todo.pop()
@@ -69,14 +49,7 @@ def import_closure(*entries: str) -> tuple[str, ...]:
             seen.add(file)
             todo.extend(imported_modules(file) - seen)
     files = {f.relative_to(REPO).as_posix() for f in seen}
-    return tuple(
-        sorted(f for f in files if not any(fnmatch.fnmatch(f, p) for p in NOT_ANSWER_DECIDING))
-    )
-
-
-def probe_code() -> tuple[str, ...]:
-    """The source files that decide a probe's answers: PROBE_ENTRY's import closure, less NOT_ANSWER_DECIDING."""
-    return import_closure(PROBE_ENTRY)
+    return tuple(sorted(f for f in files if not any(fnmatch.fnmatch(f, p) for p in excluded)))
 
 
 def file_sha256(path: Path) -> str:
@@ -97,7 +70,7 @@ def files_sha256(root: Path, paths: Iterable[Path]) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def code_sha256(files: tuple[str, ...] | None = None) -> str:
-    """sha256 of the given source files of this repository (default: `probe_code()`), their bytes, not a
-    git revision."""
-    return files_sha256(REPO, (REPO / f for f in (probe_code() if files is None else files)))
+def code_sha256(files: tuple[str, ...]) -> str:
+    """sha256 of the given source files of this repository (paths relative to it), their bytes, not a git
+    revision."""
+    return files_sha256(REPO, (REPO / f for f in files))

@@ -8,11 +8,12 @@ from typing import Any, Callable
 
 import torch
 
+from posfreq.analysis.niah.decoding import Generator
 from posfreq.analysis.niah.settings import ProbeError, ProbeSettings
 from posfreq.train.model.transformer import row_groups
 
 
-class TransformersGenerator:
+class TransformersGenerator(Generator):
     """The probe's Generator protocol over a transformers causal LM: greedy decoding on its KV cache and
     teacher-forced log-probabilities. Prompts of one batch have one length, so nothing is padded."""
 

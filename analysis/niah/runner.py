@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from posfreq.analysis.keys import probe_result_key
 from posfreq.analysis.niah import results
 from posfreq.analysis.niah.decoding import (
     Generator,
@@ -22,7 +23,7 @@ from posfreq.analysis.niah.decoding import (
     teacher_forced,
 )
 from posfreq.analysis.niah.needles import NiahBuilder
-from posfreq.analysis.niah.settings import ProbeError, ProbeSettings, resolve_precision, result_key
+from posfreq.analysis.niah.settings import ProbeError, ProbeSettings, resolve_precision
 from posfreq.analysis.niah.sources import Builders, ModelSource, checkpoint_source, milestones
 from posfreq.analysis.tables.pass_curve import Analysis
 from posfreq.train.atomic import atomic_open
@@ -117,7 +118,7 @@ class ModelTask:
 def plan_model(source: ModelSource, out: Path, job: Job, builders: Builders) -> ModelTask:
     """Claim `out` for this model's key and list the lengths still to probe."""
     builder = builders.for_source(source, job.settings)
-    key, parts = result_key(source, builder, job.settings)
+    key, parts = probe_result_key(source, builder, job.settings)
     shortest = builder.min_length()
     lengths = job.lengths_for(source.train_len, shortest)
     if not lengths:
@@ -281,7 +282,9 @@ def probe_models(
 
 def run_out_default(run_dir: Path, first: ModelSource, job: Job, builders: Builders) -> Path:
     """RUNDIR/probe-<scheme>-<key of the settings, prompts and code> (model content is keyed per checkpoint)."""
-    key, _ = result_key(first, builders.for_source(first, job.settings), job.settings, model=False)
+    key, _ = probe_result_key(
+        first, builders.for_source(first, job.settings), job.settings, model=False
+    )
     return run_dir / f"probe-{job.settings.positions}-{key[:8]}"
 
 
@@ -320,7 +323,7 @@ def probe_run(
     if shard is not None:
         return out, rows
     keys = {
-        p.name: result_key(s, builders.for_source(s, job.settings), job.settings)[0]
+        p.name: probe_result_key(s, builders.for_source(s, job.settings), job.settings)[0]
         for p, s in sources.items()
     }
     meta_path = out / results.META_FILE

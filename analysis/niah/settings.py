@@ -1,4 +1,4 @@
-"""The probe's settings and its result key: what decides a probe's answers, and the one hash of it.
+"""The probe's settings: what decides a probe's answers (its result key: analysis/keys.py).
 
 Also the probe's error type: library code raises `ProbeError`; only the CLI turns it into one line.
 """
@@ -6,20 +6,13 @@ Also the probe's error type: library code raises `ProbeError`; only the CLI turn
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Literal, Optional, Union, get_args
+from typing import Literal, Optional, Union, get_args
 
 import torch
 
 from posfreq.analysis.niah.needles import ANSWER_BUDGET
-from posfreq.train.fingerprint import code_sha256
-from posfreq.train.positions.schemes import SCHEMES
-
-if TYPE_CHECKING:
-    from posfreq.analysis.niah.needles import NiahBuilder
-    from posfreq.analysis.niah.sources import ModelSource
+from posfreq.train.positions.schemes import ENGINE_SCHEMES, SCHEMES
 
 Precision = Literal["auto", "float32", "bfloat16", "bfloat16-prefill"]
 BosPolicy = Literal["auto", "always", "never"]
@@ -30,10 +23,7 @@ PRECISIONS: tuple[str, ...] = get_args(Precision)
 BOS_POLICIES: tuple[str, ...] = get_args(BosPolicy)
 ANSWER_ORDERS: tuple[str, ...] = get_args(AnswerOrder)
 ENGINES: tuple[str, ...] = get_args(Engine)
-TRANSFORMERS_SCHEMES = (
-    "rope",
-    "string",
-)  # what --engine transformers runs (string: train.string_hf)
+TRANSFORMERS_SCHEMES = ENGINE_SCHEMES["transformers"]
 
 
 class ProbeError(ValueError):
@@ -155,19 +145,3 @@ def resolve_precision(precision: str, device: torch.device) -> str:
             f"on {device.type} use auto or bfloat16"
         )
     return precision
-
-
-def result_key(
-    source: ModelSource, builder: NiahBuilder, settings: ProbeSettings, model: bool = True
-) -> tuple[str, dict]:
-    """(key, parts): sha256 (16 hex) of what a result is made of: model content, prompt content, decoding
-    settings, code. model=False leaves the model out (a run's key, shared by its checkpoints)."""
-    parts = {
-        "model": source.fingerprint,
-        "prompts": builder.digest,
-        "decoding": settings.decoding(),
-        "code": code_sha256(),
-    }
-    if not model:
-        del parts["model"]
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16], parts

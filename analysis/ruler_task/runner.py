@@ -13,18 +13,18 @@ run resumes, and a rerun evaluates only what changed.
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import os
 from argparse import ArgumentTypeError
 from pathlib import Path
 
+from posfreq.analysis.keys import ruler_code, ruler_unit_key
 from posfreq.analysis.niah.settings import parse_lengths
 from posfreq.analysis.ruler_task.evaluate import TASK_DIR, Evaluator, RulerError
 from posfreq.train.atomic import atomic_open, write_json_atomic
 from posfreq.train.data.tokenizer import hf_dir
 from posfreq.train.devices import resolve_device
-from posfreq.train.fingerprint import code_sha256, files_sha256, import_closure
+from posfreq.train.fingerprint import files_sha256
 from posfreq.train.model.hf_folder import ModelFolderError, refuse_custom_code
 from posfreq.train.outdir import check_output_dir, claim_output_dir
 from posfreq.train.positions.string import string_shift_window
@@ -46,12 +46,6 @@ TASKS = (
     "fwe",
 )
 """RULER's synthetic tasks, in its order; lm-eval names them posfreq_ruler_<task>."""
-
-
-EVAL_ENTRY = "analysis/ruler_task/evaluate.py"
-
-
-TASK_ENTRIES = ("analysis/ruler_task/tasks.py", "analysis/ruler_task/offline.py")
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".gguf")
@@ -162,7 +156,7 @@ def run(args) -> Path:
     parts = []
     for task in tasks:
         for length in lengths:
-            key = unit_key(request, task, length)
+            key = ruler_unit_key(request, task, length)
             file = out / PARTS_DIR / f"{task}-L{length}-{key}.json"
             part = reusable_part(file, key, args.log_samples)
             print(f"ruler: {task} at {length}: {'reused' if part else 'evaluating'}", flush=True)
@@ -198,13 +192,12 @@ def model_fingerprint(path: Path) -> str:
 
 
 def code_fingerprint() -> dict:
-    """What decides a score besides the model and the settings: the evaluation's code (analysis/ruler_task/evaluate.py's
-    import closure, the task folder) and the versions of the libraries that build, run and score the prompts."""
+    """What decides a score besides the model and the settings: the evaluation's code (analysis/keys.py's RULER_ENTRIES and
+    the task folder) and the versions of the libraries that build, run and score the prompts."""
     from importlib.metadata import version
 
-    files = [*import_closure(EVAL_ENTRY, *TASK_ENTRIES), *task_yamls()]
     libraries = ("lm_eval", "transformers", "torch", "numpy", "datasets", "nltk", "wonderwords")
-    return {"files": code_sha256(tuple(files)), **{name: version(name) for name in libraries}}
+    return {"files": ruler_code(task_yamls()), **{name: version(name) for name in libraries}}
 
 
 def data_fingerprint() -> dict:
@@ -216,13 +209,6 @@ def data_fingerprint() -> dict:
     pg_essays_dir()  # raises for a cache that is not the pinned essays
     model = nltk_data_dir() / "tokenizers" / "punkt_tab" / PUNKT_LANGUAGE
     return {"essays": PG_ESSAYS_SHA256, "punkt": files_sha256(model, sorted(model.iterdir()))}
-
-
-def unit_key(request: dict, task: str, length: int) -> str:
-    """sha256 (16 hex) of what one (task, length) score is made of. lm-eval's context limit is not in it: at twice
-    the longest length or more it never truncates a prompt, so it cannot change a score."""
-    unit = {**request, "task": task, "length": length}
-    return hashlib.sha256(json.dumps(unit, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def reusable_part(file: Path, key: str, log_samples: bool) -> dict | None:

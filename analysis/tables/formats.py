@@ -10,6 +10,7 @@ import csv
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from posfreq.analysis.tables.columns import RENAMED_COLUMNS
 from posfreq.train.atomic import atomic_open
 
 
@@ -21,10 +22,6 @@ def write_csv(path: Path, rows: Sequence[Mapping], columns: Sequence[str] | None
         writer.writeheader()
         writer.writerows(rows)
     return path
-
-
-# Columns renamed since: older outputs (and a probe's older meta.json) are read under today's names.
-RENAMED_COLUMNS = {"tokens_seen": "tokens_trained", "tokens_this_run": "run_tokens"}
 
 
 def current_names(row: Mapping) -> dict:

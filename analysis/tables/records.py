@@ -11,41 +11,10 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from posfreq.analysis.corpus.frequency import position_frequency
+from posfreq.analysis.tables.columns import SUMMARY_COLUMNS
 from posfreq.analysis.tables.pass_curve import Analysis
 
 THIRDS = ("0-33.3%", "33.3-66.7%", "66.7-100%")
-
-
-SUMMARY_COLUMNS = (
-    "length",
-    "prompt_length",
-    "n_tests",
-    "passed",
-    "pass_rate",
-    "needle_recall",
-    "recall_depth_0_33",
-    "recall_depth_33_67",
-    "recall_depth_67_100",
-    "mean_retrieved",
-    "tf_pass_rate",
-    "tf_recall",
-    "tf_needle_prob",
-    "seconds",
-    "tests_per_s",
-)
-
-
-DISTANCE_COLUMNS = (
-    "distance_lo",
-    "distance_hi",
-    "needles",
-    "needle_recall",
-    "tf_recall",
-    "tf_needle_prob",
-    "tests",
-    "pass_rate",
-    "f_distance_lo",
-)
 
 
 def _third(depth: float) -> int:

@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from posfreq.analysis.tables.columns import RUN_COLUMNS
 from posfreq.analysis.tables.formats import read_csv, write_csv
 from posfreq.analysis.tables.pass_curve import (
     STATUS_NONE_PASSED,
@@ -21,26 +22,6 @@ from posfreq.analysis.tables.pass_curve import (
     bootstrap_interval,
     effective_length,
     frequency_at,
-)
-
-RUN_COLUMNS = (
-    "checkpoint",
-    "tokens_trained",
-    "run_tokens",
-    "train_len",
-    "positions",
-    "effective_length",
-    "effective_length_status",
-    "effective_length_lo",
-    "effective_length_hi",
-    "f_effective_length",
-    "f_effective_length_lo",
-    "f_effective_length_hi",
-    "tf_effective_length",
-    "threshold",
-    "min_retrieved",
-    "scoring",
-    "tests_per_length",
 )
 
 

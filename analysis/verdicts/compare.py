@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from posfreq.analysis.tables.columns import COLUMNS
 from posfreq.analysis.tables.formats import write_csv
 from posfreq.analysis.verdicts.claims import (
     baseline_variant,
@@ -15,7 +16,7 @@ from posfreq.analysis.verdicts.claims import (
     shortfall,
     variant_comparisons,
 )
-from posfreq.analysis.verdicts.probed_runs import COLUMNS, load_checkpoints
+from posfreq.analysis.verdicts.probed_runs import load_checkpoints
 from posfreq.train.atomic import write_json_atomic
 from posfreq.train.outdir import claim_output_dir, entry_names
 

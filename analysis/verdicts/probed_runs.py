@@ -8,23 +8,10 @@ import json
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from posfreq.analysis.tables.columns import COLUMNS, CRITERION_COLUMNS
 from posfreq.analysis.tables.formats import read_csv
 from posfreq.analysis.tables.run_table import find_run_results
 from posfreq.train.checkpoint.layout import CONFIG_FILE, checkpoint_root
-
-# One checkpoint's effective length, as the comparison and the demo reports show it.
-CHECKPOINT_COLUMNS = (
-    "tokens_trained",
-    "effective_length",
-    "effective_length_lo",
-    "effective_length_hi",
-    "effective_length_status",
-    "f_effective_length",
-    "tf_effective_length",
-)
-CRITERION_COLUMNS = ("threshold", "min_retrieved", "scoring")
-"""What makes a test pass and a length effective: every run compared must share them."""
-COLUMNS = ("train_len", "seed", "variant", "checkpoint", *CHECKPOINT_COLUMNS, *CRITERION_COLUMNS)
 
 
 def data_variant(config: Mapping) -> str:

@@ -43,9 +43,10 @@ from typing import Any, Literal, Optional, Sequence, Union
 import torch
 from jsonargparse import ArgumentParser, Namespace
 
+from posfreq.analysis.keys import probe_result_key
 from posfreq.analysis.niah.results import check_results_dir
 from posfreq.analysis.niah.runner import Job, probe_models, probe_run
-from posfreq.analysis.niah.settings import ProbeError, ProbeSettings, parse_lengths, result_key
+from posfreq.analysis.niah.settings import ProbeError, ProbeSettings, parse_lengths
 from posfreq.analysis.niah.sources import Builders, checkpoint_source, hf_source
 from posfreq.analysis.tables.pass_curve import STATUS_NONE_PASSED, Analysis
 from posfreq.train.command_line import command_parser, parse, parse_shard
@@ -264,7 +265,7 @@ def _probe(args: Namespace, job: Job, shard: tuple[int, int] | None) -> tuple[Pa
         source = hf_source(directory, settings)
     out = args.out
     if out is None:
-        key, _ = result_key(source, builders.for_source(source, settings), settings)
+        key, _ = probe_result_key(source, builders.for_source(source, settings), settings)
         out = Path("runs/probe") / f"{source.name}-{key}"
     return out, probe_models([source], [out], job, builders)
 

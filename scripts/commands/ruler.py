@@ -14,6 +14,7 @@ from posfreq.analysis.ruler_task.evaluate import RulerError
 from posfreq.analysis.ruler_task.runner import TASKS, run
 from posfreq.train.command_line import command_parser, parse
 from posfreq.train.outdir import OutputDirError
+from posfreq.train.positions.schemes import ENGINE_SCHEMES
 
 
 def build_parser():
@@ -23,7 +24,10 @@ def build_parser():
         "--model", type=str, required=True, help="hf:DIR, a local transformers model"
     )
     parser.add_argument(
-        "--positions", type=Literal["rope", "string"], default="rope", help="rope, or STRING"
+        "--positions",
+        type=Literal[ENGINE_SCHEMES["transformers"]],
+        default="rope",
+        help="the position scheme: " + ", ".join(ENGINE_SCHEMES["transformers"]),
     )
     parser.add_argument(
         "--shift", type=Optional[int], default=None, help="STRING's S; default L // 3"

@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from posfreq.analysis.corpus.frequency import position_frequency
+from posfreq.analysis.tables.columns import CHECKPOINT_COLUMNS
 from posfreq.analysis.tables.formats import read_csv
-from posfreq.analysis.verdicts.probed_runs import CHECKPOINT_COLUMNS
 from posfreq.scripts.miniature.pipeline import (
     FULL,
     QUICK,

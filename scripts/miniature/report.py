@@ -9,8 +9,8 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
+from posfreq.analysis.tables.columns import CHECKPOINT_COLUMNS
 from posfreq.analysis.tables.formats import markdown_table, read_csv
-from posfreq.analysis.verdicts.probed_runs import CHECKPOINT_COLUMNS
 from posfreq.scripts.miniature.agreement import agreement_lines
 from posfreq.scripts.miniature.pipeline import REPO, DemoSettings, Pipeline
 from posfreq.train.atomic import write_text_atomic

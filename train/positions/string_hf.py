@@ -21,6 +21,7 @@ from posfreq.train.model.attention import LayoutMemo
 from posfreq.train.model.hf_folder import refuse_custom_code
 from posfreq.train.positions.merge import AttentionInputs, cu_seqlens_of
 from posfreq.train.positions.rotary import Rotary
+from posfreq.train.positions.schemes import ENGINE_SCHEMES
 from posfreq.train.positions.string import StringScheme, string_shift_window
 
 STRING_ATTENTION = "posfreq_string"
@@ -274,8 +275,10 @@ def load_causal_lm(
     as `apply_string`); the loader the probe's transformers engine and `posfreq ruler` share."""
     from transformers import AutoModelForCausalLM
 
-    if positions not in ("rope", "string"):
-        raise ValueError(f"positions {positions!r}: transformers models run rope or string")
+    if positions not in ENGINE_SCHEMES["transformers"]:
+        raise ValueError(
+            f"positions {positions!r}: transformers models run {' or '.join(ENGINE_SCHEMES['transformers'])}"
+        )
     refuse_custom_code(Path(path), "the model folder")
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=dtype, attn_implementation="sdpa", trust_remote_code=False

@@ -43,3 +43,22 @@ def test_teacher_forced_score_equals_a_naive_per_token_computation():
                     correct.append(int(logits.argmax()) == ids[t])
                 assert score["tf_logprob"][j] == pytest.approx(logprob, rel=1e-4, abs=1e-3)
                 assert score["tf_token_accuracy"][j] == pytest.approx(np.mean(correct))
+
+
+def test_every_engine_takes_the_one_generator_protocol_as_declared():
+    """One Generator protocol: posfreq's Transformer and the transformers engine take its methods' parameters,
+    by name and order, so a change to the protocol that an engine misses fails here."""
+    import inspect
+
+    from posfreq.analysis.niah.decoding import Generator
+    from posfreq.analysis.niah.hf_engine import TransformersGenerator
+    from posfreq.train.model.transformer import Transformer
+
+    for method in ("generate", "target_logprobs"):
+        declared = list(inspect.signature(getattr(Generator, method)).parameters)
+        for engine in (Transformer, TransformersGenerator):
+            assert list(inspect.signature(getattr(engine, method)).parameters) == declared, (
+                engine,
+                method,
+            )
+    assert Generator in TransformersGenerator.__mro__

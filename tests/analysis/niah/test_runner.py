@@ -25,9 +25,9 @@ from posfreq.analysis.niah import runner as probe_runner
 from posfreq.analysis.niah import settings as probe_settings
 from posfreq.analysis.niah import sources as probe_sources
 from posfreq.analysis.niah.needles import NiahBuilder, PromptFormat
+from posfreq.analysis.tables.columns import RUN_COLUMNS
 from posfreq.analysis.tables.formats import read_csv
 from posfreq.analysis.tables.pass_curve import Analysis
-from posfreq.analysis.tables.run_table import RUN_COLUMNS
 from posfreq.train.outdir import OWNER_FILE, OutputDirError, owner_of
 
 REPO = Path(__file__).resolve().parents[3]

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from helpers.probe import tiny_model, write_chat_tokenizer, write_checkpoint
 
+from posfreq.analysis.keys import probe_result_key
 from posfreq.analysis.niah import settings as probe_settings
 from posfreq.analysis.niah import sources as probe_sources
 
@@ -38,7 +39,7 @@ def test_every_setting_and_the_weights_change_the_key(tmp_path):
     for settings in variants:
         source = probe_sources.checkpoint_source(ckpt, settings)
         keys.add(
-            probe_settings.result_key(
+            probe_result_key(
                 source,
                 probe_sources.Builders(settings.haystack).for_source(source, settings),
                 settings,
@@ -57,7 +58,7 @@ def test_a_runs_key_is_the_result_key_without_the_model(tmp_path):
     settings = probe_settings.ProbeSettings(haystack="noise")
     source = probe_sources.checkpoint_source(ckpt, settings)
     builder = probe_sources.Builders("noise").for_source(source, settings)
-    key, parts = probe_settings.result_key(source, builder, settings)
-    run_key, run_parts = probe_settings.result_key(source, builder, settings, model=False)
+    key, parts = probe_result_key(source, builder, settings)
+    run_key, run_parts = probe_result_key(source, builder, settings, model=False)
     assert len(key) == len(run_key) == 16 and key != run_key
     assert parts == {**run_parts, "model": source.fingerprint}

@@ -313,17 +313,17 @@ def test_a_rerun_evaluates_only_what_is_missing_or_damaged(
 
 
 def test_a_unit_key_changes_with_every_setting_it_holds() -> None:
-    from posfreq.analysis.ruler_task import runner as ruler
+    from posfreq.analysis.keys import ruler_unit_key
 
     request = {"model": "m", "positions": "rope", "shift": None, "samples": 1, "device": "cpu"}
-    key = ruler.unit_key(request, "vt", 1024)
+    key = ruler_unit_key(request, "vt", 1024)
     changed = [
-        ruler.unit_key({**request, "positions": "string"}, "vt", 1024),
-        ruler.unit_key({**request, "samples": 2}, "vt", 1024),
-        ruler.unit_key({**request, "device": "cuda"}, "vt", 1024),
-        ruler.unit_key({**request, "model": "m2"}, "vt", 1024),
-        ruler.unit_key(request, "cwe", 1024),
-        ruler.unit_key(request, "vt", 2048),
+        ruler_unit_key({**request, "positions": "string"}, "vt", 1024),
+        ruler_unit_key({**request, "samples": 2}, "vt", 1024),
+        ruler_unit_key({**request, "device": "cuda"}, "vt", 1024),
+        ruler_unit_key({**request, "model": "m2"}, "vt", 1024),
+        ruler_unit_key(request, "cwe", 1024),
+        ruler_unit_key(request, "vt", 2048),
     ]
     assert key not in changed and len(set(changed)) == len(changed)
 
@@ -341,10 +341,11 @@ def test_a_changed_model_file_is_another_model(llama3_model: Path, tmp_path: Pat
 
 
 def test_the_code_key_covers_what_decides_a_score_and_not_the_command_line() -> None:
+    from posfreq.analysis.keys import RULER_ENTRIES
     from posfreq.analysis.ruler_task import runner as ruler
     from posfreq.train.fingerprint import import_closure
 
-    covered = import_closure(ruler.EVAL_ENTRY, *ruler.TASK_ENTRIES)
+    covered = import_closure(RULER_ENTRIES, ())
     for decides in (
         "train/positions/string.py",
         "train/positions/merge.py",
@@ -398,6 +399,7 @@ def test_the_key_holds_the_essays_and_the_sentence_model_by_content(tmp_path, mo
     """ruler's part keys ignored the essays and Punkt caches: a changed cache reused parts made from another."""
     import shutil
 
+    from posfreq.analysis.keys import ruler_unit_key
     from posfreq.analysis.ruler_task import runner as ruler
     from posfreq.analysis.ruler_task.offline import PUNKT_LANGUAGE, nltk_data_dir
 
@@ -410,6 +412,6 @@ def test_the_key_holds_the_essays_and_the_sentence_model_by_content(tmp_path, mo
     after = ruler.data_fingerprint()
     assert before["essays"] == after["essays"] and before["punkt"] != after["punkt"]
     request = {"model": "m", "data": before}
-    assert ruler.unit_key(request, "vt", 1024) != ruler.unit_key(
+    assert ruler_unit_key(request, "vt", 1024) != ruler_unit_key(
         {**request, "data": after}, "vt", 1024
     )

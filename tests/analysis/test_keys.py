@@ -8,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from posfreq.analysis.keys import NOT_ANSWER_DECIDING, probe_code
 from posfreq.train import fingerprint
-from posfreq.train.fingerprint import NOT_ANSWER_DECIDING, REPO, code_sha256, probe_code
+from posfreq.train.fingerprint import REPO, code_sha256
 
 # Modules that decide prompts, decoding or the model's outputs, named independently of the import walk.
 ANSWER_DECIDING = (
@@ -71,10 +72,10 @@ def test_an_edit_of_a_covered_module_changes_the_key(tmp_path, monkeypatch):
     fingerprint.code_sha256.cache_clear()
     try:
         assert probe_code() == ("scripts/commands/probe.py", "train/model/transformer.py")
-        before = code_sha256()
+        before = code_sha256(probe_code())
         (tmp_path / "train" / "model" / "transformer.py").write_text("x = 2\n")
         fingerprint.code_sha256.cache_clear()  # cached per process: the code does not change under a run
-        assert code_sha256() != before
+        assert code_sha256(probe_code()) != before
     finally:
         fingerprint.import_closure.cache_clear()
         fingerprint.code_sha256.cache_clear()
