@@ -4,7 +4,7 @@
 
 Both variants run forward + backward of the summed cross-entropy of hidden (T, d) @ W.T (V, d) in
 fp32, T = rows x seq_len, with 5% of the targets ignored: "plain" as the trainer used to (full logits,
-then F.cross_entropy), "lean" through `train.loss.linear_cross_entropy` (default chunk size). They run
+then F.cross_entropy), "lean" through `train.model.loss.linear_cross_entropy` (default chunk size). They run
 one after the other in this one invocation, each in a fresh subprocess of its own so neither
 inherits the other's memory, and the ratios lean / plain are printed at the end.
 

@@ -183,7 +183,7 @@ def main() -> None:
     )
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     parser.add_argument(
-        "--preset", default="tiny-2l-128", help="model preset (train.config.PRESETS)"
+        "--preset", default="tiny-2l-128", help="model preset (train.model.config.PRESETS)"
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(

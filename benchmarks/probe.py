@@ -5,17 +5,17 @@ the answer budget), on the same seeded tests, it times every row below `--repeat
 the rows interleaved with their order alternating between rounds, and prints each row's median
 tests/s with the spread of the repeats, and ratios of medians:
 
-1. the probe's greedy decoding (`analysis.probe_decoding.generate_answers`, KV cache, prompts forwarded in
+1. the probe's greedy decoding (`analysis.niah.decoding.generate_answers`, KV cache, prompts forwarded in
    groups of at most CPU_PREFILL_TOKENS tokens as `--prefill-tokens auto` does on a CPU) at batch 1
    and at `--batch-size` (default 8), and at `--batch-size` with the whole batch forwarded at once;
    the generated token ids must be equal (asserted); at batch 1 under `--precision bfloat16` (CPU
    autocast of everything), and at both batch sizes under `--precision bfloat16-prefill` (the
    prompt's forward in bf16, the cache and the decoding steps in float32); the token ids agreeing
    with float32 are counted, not asserted: bf16 rounding changes near-ties;
-2. the teacher-forced score (`analysis.probe_decoding.teacher_forced`, one forward pass per batch) vs greedy
+2. the teacher-forced score (`analysis.niah.decoding.teacher_forced`, one forward pass per batch) vs greedy
    decoding, as time per test at `--batch-size`;
 3. Hugging Face `transformers` (`LlamaForCausalLM.generate`, greedy, float32) on the same weights
-   (exported with `train.hf.export_hf`), the same prompts and the same max_new_tokens, at batch 1
+   (exported with `train.model.hf.export_hf`), the same prompts and the same max_new_tokens, at batch 1
    and at `--batch-size`: the probe's tests/s over transformers'. The first 2 tests' greedy token ids
    must equal the probe's (asserted); the agreement on all tests is printed.
 
@@ -55,9 +55,8 @@ from _timing import interleaved, median, spread
 
 from posfreq.analysis.niah.decoding import Generator, cut_at_eos, generate_answers, teacher_forced
 from posfreq.analysis.niah.needles import NiahTest
-from posfreq.analysis.niah.settings import ProbeSettings, parse_lengths
+from posfreq.analysis.niah.settings import CPU_PREFILL_TOKENS, ProbeSettings, parse_lengths
 from posfreq.analysis.niah.sources import Builders, checkpoint_source
-from posfreq.scripts.commands.probe import CPU_PREFILL_TOKENS
 from posfreq.train.checkpoint.layout import CONSOLIDATED_WEIGHTS, MODEL_CONFIG_FILE, TOKENIZER_FILE
 from posfreq.train.data.tokenizer import Tokenizer, get_tokenizer, register_tokenizer
 from posfreq.train.model.config import ModelConfig, model_preset

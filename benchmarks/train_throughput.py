@@ -3,7 +3,7 @@
     python benchmarks/train_throughput.py [--steps 12] [--threads 1] [--presets tiny-2l-128 tiny-4l-256]
 
 For each small preset (byte vocabulary, L = 256, 8,192-token steps in 2 micro-batches) it runs
-the real trainer (`train.pretrain.train`: Fabric, FSDP2 on one process, sampler, logging,
+the real trainer (`train.run.pretrain.train`: Fabric, FSDP2 on one process, sampler, logging,
 clipping) and a bare PyTorch loop over the same model, the same packed batches and the same
 AdamW, and reports median step times after warm-up. Achieved FLOP/s uses the trainer's formula
 (6 N tokens + causal attention, see train/run/flops.py) and is printed as a fraction of the dense
@@ -25,13 +25,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from posfreq.scripts.commands.pretrain import train  # noqa: E402
 from posfreq.train.data.packing import IGNORE_INDEX, PackedSampler  # noqa: E402
 from posfreq.train.data.shards import ShardWriter, TokenDataset  # noqa: E402
 from posfreq.train.model.config import model_preset  # noqa: E402
 from posfreq.train.model.transformer import Transformer  # noqa: E402
 from posfreq.train.run.config import config_from_dict  # noqa: E402
 from posfreq.train.run.optim import build_optimizer  # noqa: E402
+from posfreq.train.run.pretrain import train  # noqa: E402
 
 
 def matmul_flops(

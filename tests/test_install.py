@@ -92,7 +92,10 @@ def test_wheel_install_has_one_namespace_and_the_posfreq_command(installed, tmp_
         cwd=tmp_path,
     )
     assert where.returncode == 0, where.stderr[-2000:]
-    assert "site-packages/posfreq/train/model.py" in where.stdout and str(ROOT) not in where.stdout
+    assert (
+        "site-packages/posfreq/train/model/transformer.py" in where.stdout
+        and str(ROOT) not in where.stdout
+    )
     for generic in ("train", "analysis", "scripts", "configs"):
         found = subprocess.run(
             [python, "-c", f"import {generic}"], capture_output=True, text=True, cwd=tmp_path

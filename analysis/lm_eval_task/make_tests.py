@@ -4,7 +4,7 @@
     lm_eval --model hf --model_args pretrained=EXPORTED,dtype=float32 --device cpu \\
         --include_path runs/lmeval/niah --tasks posfreq_niah
 
-The tests are the probe's own (`analysis.niah.NiahBuilder`, as `scripts/commands/probe.py` builds them):
+The tests are the probe's own (`analysis.niah.needles.NiahBuilder`, as `scripts/commands/probe.py` builds them):
 the same seed, haystack, answer budget B and BOS policy give the same needles, depths and
 prompts. lm-eval receives text, so each prompt is stored as text without BOS (the model's
 tokenizer adds BOS or not, as it does for the probe's Hugging Face models with `--bos auto`),

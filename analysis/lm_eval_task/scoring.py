@@ -2,7 +2,7 @@
 
 lm-eval decodes greedily up to EOS or the answer budget; the probe also stops as soon as all four
 needles have appeared (its score can no longer rise). `probe_answer` cuts lm-eval's text where the
-probe would have stopped, and `analysis.niah_scoring.score_answer` (the probe's own scoring) scores it.
+probe would have stopped, and `analysis.niah.scoring.score_answer` (the probe's own scoring) scores it.
 """
 
 from __future__ import annotations

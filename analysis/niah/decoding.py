@@ -16,7 +16,7 @@ from posfreq.train.data.tokenizer import Tokenizer
 
 
 class Generator(Protocol):
-    """What the probe needs of a model (train.model.Transformer): greedy decoding and teacher forcing."""
+    """What the probe needs of a model (train.model.transformer.Transformer): greedy decoding and teacher forcing."""
 
     def generate(
         self,

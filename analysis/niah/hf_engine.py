@@ -29,9 +29,9 @@ class TransformersGenerator(Generator):
         prefill_dtype: torch.dtype | None = None,
         prefill_tokens: int | None = None,
     ) -> list[list[int]]:
-        """As train.model.Transformer.generate: a row ends when `stop` says so (that token kept); the last
+        """As train.model.transformer.Transformer.generate: a row ends when `stop` says so (that token kept); the last
         generated token is never fed back. Rows are decoded in groups of at most `prefill_tokens` prompt
-        tokens (`train.model.row_groups`; None: all together), each group's prompts in one forward."""
+        tokens (`train.model.transformer.row_groups`; None: all together), each group's prompts in one forward."""
         rows: list[list[int]] = []
         for group in row_groups(prompt_ids.shape[0], prompt_ids.shape[1], prefill_tokens):
             first = group.start

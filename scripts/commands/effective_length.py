@@ -10,7 +10,7 @@ every output so any other definition can be recomputed. Two edge cases carry a s
 - ``all_passed``: no probed length fails; the effective length is the largest probed length,
   a lower bound (censored).
 
-f(effective length) is Eq. 2 (`analysis.frequency.position_frequency`) applied to the
+f(effective length) is Eq. 2 (`analysis.corpus.frequency.position_frequency`) applied to the
 checkpoint's histogram of trained segment lengths, evaluated at i = effective length, as in the
 paper ("f(1280) = 100B"); for i >= L it is 0, since no trained segment is longer than L.
 

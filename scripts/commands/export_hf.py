@@ -2,10 +2,10 @@
 
     posfreq export-hf --checkpoint CHECKPOINT --out DIR [--tokenizer llama3|bytes|hf:<dir>|none] [--dtype bfloat16]
 
-CHECKPOINT is anything `train.checkpoint.load_model` reads: a consolidated model directory
+CHECKPOINT is anything `train.checkpoint.layout.load_model` reads: a consolidated model directory
 (model.safetensors + model_config.json + tokenizer_spec.json) or a trainer checkpoint. The
 tokenizer (default: the checkpoint's tokenizer_spec.json) gives the BOS/EOS ids and the tokenizer
-files (`train.hf_tokenizer.write_tokenizer_files`): `llama3` and `bytes` are rebuilt offline with our exact
+files (`train.data.hf_tokenizer.write_tokenizer_files`): `llama3` and `bytes` are rebuilt offline with our exact
 ids, an hf:<dir> tokenizer's files are copied, others get none (a warning says so).
 """
 

@@ -3,7 +3,7 @@
     python analysis/probe.py --checkpoint DIR | --run RUNDIR | --model hf:DIR  [options; --help lists them]
 
 For each length n (default 128, 256, ... up to the training length) the same seeded tests
-(`analysis.niah`) are built as prompts of n - B tokens, B the answer budget (`--max-new-tokens`,
+(`analysis.niah.needles`) are built as prompts of n - B tokens, B the answer budget (`--max-new-tokens`,
 default 128, as the official script), so no answer token sits at a position >= n. They are
 decoded greedily with the KV cache, a batch of equal-length prompts at a time, each row stopping
 at EOS, once all four needles appeared, or after B tokens, and scored by the needles found
@@ -17,7 +17,7 @@ trainer's shards hold it (no BOS), for Hugging Face models as their tokenizer's 
 or `add_bos_token` says; with `--chat-template true` the template frames the prompt as one user turn
 (the answer prefix opens the assistant's turn) and no BOS is added beyond what it renders.
 
-Results are keyed by content (`analysis.results`): the model's weight and config files, the
+Results are keyed by content (`analysis.niah.results`): the model's weight and config files, the
 prompts' ingredients (tokenizer files, haystack, frame), every decoding setting (scheme and its
 options included) and the source of the code that decides answers. A length already probed
 under the same key is never decoded again; results under another key are never reused. Default
@@ -46,7 +46,13 @@ from jsonargparse import ArgumentParser, Namespace
 from posfreq.analysis.keys import probe_result_key
 from posfreq.analysis.niah.results import check_results_dir
 from posfreq.analysis.niah.runner import Job, probe_models, probe_run
-from posfreq.analysis.niah.settings import ProbeError, ProbeSettings, parse_lengths
+from posfreq.analysis.niah.settings import (
+    CPU_BATCH_TOKENS,
+    CPU_PREFILL_TOKENS,
+    ProbeError,
+    ProbeSettings,
+    parse_lengths,
+)
 from posfreq.analysis.niah.sources import Builders, checkpoint_source, hf_source
 from posfreq.analysis.tables.pass_curve import STATUS_NONE_PASSED, Analysis
 from posfreq.train.command_line import command_parser, parse, parse_shard
@@ -56,10 +62,6 @@ from posfreq.train.model.attention_kernels import BACKENDS
 from posfreq.train.outdir import OutputDirError
 from posfreq.train.run_lock import RunLockError
 
-CPU_BATCH_TOKENS = 8192
-"""--batch-tokens auto on a CPU: the most test tokens decoded together."""
-CPU_PREFILL_TOKENS = 2048
-"""--prefill-tokens auto on a CPU: the most prompt tokens in one forward (train.model.row_groups)."""
 AttentionBackend = Literal[BACKENDS]
 
 

@@ -22,16 +22,9 @@ pieces with *positional* ids: "424727" is "424", "⁂727". A needle's second hal
 an id with a first half, so the model cannot write it by re-copying the first half (the failure of
 a plain "000".."999" vocabulary: "665665"); it must copy what followed the first half (induction).
 
-Status (issue 8, scratch runs of the default mix: 600 warm-up + 2,400 main steps of 4 rows at
-L=256, 2-layer d=128): 5 of 6 runs passed 64-98% of 50 NIAH tests at 128 tokens and 42-68% at 256;
-one (a 4,500-step schedule) never learnt the second chunk and passed 0/50 at every length; on
-another machine, same seed, L=256 never learnt retrieval. The cause was the copy circuit: with the
-preset's 4 heads sharing 2 key/value heads, 600 warm-up steps of copy drills left line-copy accuracy
-near 0 (digit copies ~0.4), so whether retrieval emerged in the main phase was down to chance.
-With 8 heads of 16 and no key/value sharing (configs/demo.yaml) the warm-up loss falls through the
-induction transition at 400-550 steps on every seed tried, and an 800-step warm-up leaves margin.
-Warm-ups that mixed needle drills into the copy drills (40% copy) formed no copy circuit in 600
-steps; a higher learning rate (6e-3) was slower.
+Why configs/demo.yaml gives the model 8 heads with no key/value sharing, and an 800-step warm-up: retrieval
+needs a copy (induction) circuit, which must form during the warm-up on every seed (docs/demo.md, "How the
+corpus was tuned").
 """
 
 from __future__ import annotations
@@ -100,7 +93,7 @@ def split_essays(n_train: int = N_TRAIN_ESSAYS) -> tuple[list[str], list[str]]:
 
 
 def probe_haystack_dir(out_dir: str | Path, n_train: int = N_TRAIN_ESSAYS) -> Path:
-    """Write the probe half of the essays as .txt files (a haystack for analysis.niah); returns the dir."""
+    """Write the probe half of the essays as .txt files (a haystack for analysis.niah.needles); returns the dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for i, text in enumerate(split_essays(n_train)[1]):

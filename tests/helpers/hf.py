@@ -14,7 +14,7 @@ from posfreq.train.model.transformer import Transformer
 def consolidated_bytes_model(
     directory: Path, config: ModelConfig | None = None, weight_std: float | None = None
 ) -> Transformer:
-    """A tiny random model saved as a consolidated checkpoint (train.checkpoint's layout) with the bytes tokenizer;
+    """A tiny random model saved as a consolidated checkpoint (train.checkpoint.layout's layout) with the bytes tokenizer;
     `weight_std` redraws every weight but the norms, large enough for clear argmaxes."""
     from safetensors.torch import save_file
 

@@ -95,7 +95,7 @@ def tiny_model(seed=0) -> Transformer:
 def write_checkpoint(
     run: Path, tokens: int, model: Transformer, hist: np.ndarray, spec="bytes"
 ) -> Path:
-    """A trainer checkpoint in train.checkpoint's layout (full state.pt, trainer.json written last)."""
+    """A trainer checkpoint in train.checkpoint.layout's layout (full state.pt, trainer.json written last)."""
     path = run / "checkpoints" / milestone_name(tokens)
     path.mkdir(parents=True)
     torch.save({"model": model.state_dict()}, path / "state.pt")

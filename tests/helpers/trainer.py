@@ -118,7 +118,7 @@ def uninterrupted(data_dir, tmp_path_factory) -> dict[str, torch.Tensor]:
 
 
 def run_trainer_process(code: str, config: Path, **env: str) -> subprocess.CompletedProcess:
-    """`python -c code --config config` from the repository root (code ends by calling pretrain.main())."""
+    """`python -c code --config config` from the repository root (code ends by exiting with pretrain.main()'s code)."""
     return subprocess.run(
         [sys.executable, "-c", code, "--config", str(config)],
         env=subprocess_env(**env),

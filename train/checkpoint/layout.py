@@ -8,7 +8,7 @@ tokens seen, and ``OUT/checkpoints/latest/`` for the rolling resume point):
     rng/rank-00000.pt      python / numpy / torch (/ cuda) RNG states of each rank
     trained_lengths.npy    int64 bincount (length L + 1) of every segment length trained so far
     model_config.json      ModelConfig.to_dict()
-    tokenizer_spec.json    {"spec", "vocab_size", "bos_id", "eos_id"}; train.tokenizer.get_tokenizer(spec)
+    tokenizer_spec.json    {"spec", "vocab_size", "bos_id", "eos_id"}; train.data.tokenizer.get_tokenizer(spec)
     config.json            the full run config (TrainConfig.to_dict())
     manifest.json          {"files": {relative path: {"size", "sha256"}}} of every file above
     trainer.json           step, tokens seen, sampler state, schedule, the manifest's sha256; written last

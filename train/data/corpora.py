@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence, Union
 
+from posfreq.train.data.essays import cache_dir, pg_essays_dir
 from posfreq.train.data.formats import SUFFIXES, corpus_suffix, file_records
 from posfreq.train.data.records import (
     BadItem,
@@ -42,7 +43,6 @@ from posfreq.train.data.records import (
     ReadStats,
 )
 from posfreq.train.data.stream import StreamShard, stream_records, stream_shards
-from posfreq.train.data.essays import cache_dir, pg_essays_dir
 
 SLIMPAJAMA_ENV = "SLIMPAJAMA_DIR"
 SLIMPAJAMA_HF_ENV = "SLIMPAJAMA_HF"

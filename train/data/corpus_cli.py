@@ -17,6 +17,7 @@ from jsonargparse import ArgumentParser, Namespace
 
 from posfreq.train.command_line import parse_shard
 from posfreq.train.data.corpora import Corpus, resolve_corpus
+from posfreq.train.data.formats import SUFFIXES
 from posfreq.train.data.records import CorpusError
 
 SourceList = Union[list[str], str]
@@ -29,8 +30,7 @@ def add_corpus_arguments(parser: ArgumentParser, default_corpus: str, default_wo
         "--corpus",
         type=str,
         default=default_corpus,
-        help="slimpajama, pg-essays, or a local .jsonl/.jsonl.zst/.json/.parquet/.txt file or "
-        "a directory of them",
+        help=f"slimpajama, pg-essays, or a local {'/'.join(SUFFIXES)} file or a directory of them",
     )
     parser.add_argument(
         "--data-dir",

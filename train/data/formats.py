@@ -9,12 +9,9 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any, Callable, Iterable, Iterator
 
 from posfreq.train.data.records import BadItem, CorpusError
-
-SUFFIXES = (".jsonl.zst", ".jsonl", ".json", ".parquet", ".txt")
-
 
 READ_SIZE = 1 << 20
 
@@ -30,13 +27,9 @@ def corpus_suffix(path: Path) -> str:
 def file_records(path: Path, text_field: str) -> Iterator[tuple[str, object]]:
     """The raw records of a local file, by its type."""
     suffix = corpus_suffix(path)
-    if suffix == ".txt":
-        return _txt_records(path, text_field)
-    if suffix == ".parquet":
-        return _parquet_records(path, text_field)
-    if suffix in (".jsonl", ".jsonl.zst", ".json"):
-        return _json_records(path, suffix)
-    raise CorpusError(f"{path}: unsupported file type; expected one of {', '.join(SUFFIXES)}")
+    if not suffix:
+        raise CorpusError(f"{path}: unsupported file type; expected one of {', '.join(SUFFIXES)}")
+    return READERS[suffix](path, text_field)
 
 
 def _txt_records(path: Path, text_field: str) -> Iterator[tuple[str, object]]:
@@ -200,6 +193,18 @@ def _parquet_records(path: Path, text_field: str) -> Iterator[tuple[str, object]
         for record in batch.to_pylist():
             yield f"row {row}", record
             row += 1
+
+
+READERS: dict[str, Callable[[Path, str], Iterator[tuple[str, object]]]] = {
+    ".jsonl.zst": lambda path, text_field: _json_records(path, ".jsonl.zst"),
+    ".jsonl": lambda path, text_field: _json_records(path, ".jsonl"),
+    ".json": lambda path, text_field: _json_records(path, ".json"),
+    ".parquet": _parquet_records,
+    ".txt": _txt_records,
+}
+"""Each supported file suffix and its reader of (where, record) pairs: a new format is one entry here and its
+reader. Longer suffixes first (.jsonl.zst before .jsonl)."""
+SUFFIXES = tuple(READERS)
 
 
 def write_jsonl(path: str | Path, records: Iterable[dict]) -> Path:

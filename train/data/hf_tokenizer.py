@@ -89,7 +89,7 @@ def _tokenizer_config(
 
 
 def write_bytes_tokenizer(out_dir: str | Path) -> list[Path]:
-    """tokenizer.json + tokenizer_config.json equal to `train.tokenizer.ByteTokenizer`: byte b is id b, BOS 256, EOS 257.
+    """tokenizer.json + tokenizer_config.json equal to `train.data.tokenizer.ByteTokenizer`: byte b is id b, BOS 256, EOS 257.
 
     A byte-level BPE with no merges over GPT-2's printable byte alphabet, so every UTF-8 byte is its
     own token; no BOS is added (ours never adds one) and "<|end_of_text|>" in text stays bytes.

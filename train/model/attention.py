@@ -130,9 +130,9 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None
     strided views of a preallocated cache (packing them for `varlen_attention` would copy the
     whole cache at every decoding step). Returns (B, Lq, H, D). Up to GROUPED_QUERIES new
     queries (decoding), each KV head's G query heads and Lq queries form one (G * Lq, D) block
-    scored by two matmuls against the cache (scores in the inputs' dtype, softmax in float32);
-    on CPU the attention alone is 1.8-2.1x as fast as sdpa's grouped-query kernel for one
-    query over 8K-32K keys. Longer blocks take sdpa's kernel.
+    scored by two matmuls against the cache (scores in the inputs' dtype, softmax in float32),
+    which on CPU beats sdpa's grouped-query kernel for a few queries over a long cache
+    (benchmarks/attention.py; docs/performance.md). Longer blocks take sdpa's kernel.
     """
     batch, len_q, heads, dim = q.shape
     len_k, kv_heads = k.shape[1], k.shape[2]

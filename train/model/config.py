@@ -33,7 +33,7 @@ class ModelConfig:
     )
     tie_embeddings: bool = False
     # Hugging Face's rope_scaling dict for imported models (e.g. {"rope_type": "llama3", "factor": 8.0,
-    # ...}; see train.rotary.scaled_inv_freq); None for plain RoPE. Excluded from the hash (a dict).
+    # ...}; see train.positions.rotary.scaled_inv_freq); None for plain RoPE. Excluded from the hash (a dict).
     rope_scaling: dict | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:

@@ -193,7 +193,7 @@ class Transformer(nn.Module):
             self.init_weights()
 
     def set_positions(self, name: str, **options) -> None:
-        """Select the position scheme used at attention time (rope, string, ...; see train.positions).
+        """Select the position scheme used at attention time (rope, string, ...; see train.positions.schemes).
 
         The scheme is built on this model's own rotary base (a checkpoint's rope_scaling included)
         with the model's training length setting its defaults.

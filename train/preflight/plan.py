@@ -2,7 +2,7 @@
 
 Run ``posfreq plan --config configs/pretrain_2k.yaml --num-nodes 2 --devices 8 --gpu a100-80gb
 [--mfu 0.4] [--section.key value ...]``. The run config and
-flags are read by the trainer's own parser (train.run_config.build_parser), and the model is built on
+flags are read by the trainer's own parser (train.run.config.build_parser), and the model is built on
 the meta device, so a plan for a 1.3B model takes no memory and no GPU. Why: a job that does not fit, or that would take
 twice the expected days, should be known before it waits in a queue.
 
@@ -17,7 +17,7 @@ a = 2 under bf16-mixed, 4 under 32-true):
   step) + a x GATHERED_BLOCKS blocks (the block computing and the one FSDP2 prefetches; the last
   block also stays gathered from forward into backward); a P, the whole model, when a step has several
   micro-batches: the trainer keeps every block gathered from the first forward to the last backward
-  (train.parallel.reshard_for_micro_batch) so that a step all-gathers each block once;
+  (train.run.parallel.reshard_for_micro_batch) so that a step all-gathers each block once;
 - activations per micro-batch of T = micro_batch_rows x L tokens, from what autograd saves:
   per block (d model width, f FFN width, H heads, h head width, k = n_kv_heads x h):
       T d (8 + 6a)      two RMSNorms (fp32 copy of the input 4, normed a, output a each), rotated q,
@@ -29,14 +29,14 @@ a = 2 under bf16-mixed, 4 under 32-true):
   rotary cos and sin tables (2 a T h: computed once per forward, every block's q and k rotations
   share them), the final norm (4 T d + a T d + 4 T) and the token ids (8 T). With activation checkpointing each
   block keeps only its input (a T d) and one block's full activations are recomputed at a time.
-- loss (train.loss.linear_cross_entropy, its peak at the end of forward, when every activation is
+- loss (train.model.loss.linear_cross_entropy, its peak at the end of forward, when every activation is
   also held): one chunk of fp32 logits and its fp32 hidden rows (4 c V + 4 c d, c =
   default_chunk_tokens(V)), the fp32 weight gradient (4 V d), grad_hidden (a T d), and under bf16
   the fp32 copy of the weight (4 V d) and the gradient cast back to bf16 (a V d).
 The gradients of activations in backward (about one block's worth) and fragmentation are left to
 the margin (MARGIN of the GPU's memory, with the CUDA context).
 
-Time: FLOPs per optimizer step are the trainer's own (train.flops.step_flops, the formula its
+Time: FLOPs per optimizer step are the trainer's own (train.run.flops.step_flops, the formula its
 logged MFU uses): 6 N tokens + 6 n_layers d sum over segments s(s + 1), with N the matmul
 parameters (all but the input embedding; the head counts), evaluated for full rows of L tokens
 (one document per row, the upper bound of per-document attention), i.e. per token
@@ -170,7 +170,7 @@ def activation_bytes(config: ModelConfig, tokens: int, a: int, checkpointing: bo
 
 
 def loss_bytes(config: ModelConfig, tokens: int, a: int) -> int:
-    """Peak of train.loss.linear_cross_entropy's own buffers for `tokens` tokens (module docstring)."""
+    """Peak of train.model.loss.linear_cross_entropy's own buffers for `tokens` tokens (module docstring)."""
     v, d = config.vocab_size, config.d_model
     chunk = min(tokens, default_chunk_tokens(v))
     lean = 4 * chunk * (v + d) + 4 * v * d + a * tokens * d

@@ -209,7 +209,8 @@ class CheckpointSection:
     milestone_weights_only: bool = False
     """Milestones keep model weights only (smaller, not resumable)."""
     keep_full: Optional[int] = None
-    """The newest N milestones keep the full resumable state, older ones only weights (about 4x smaller); null keeps all."""
+    """The newest N milestones keep the full resumable state (weights, optimizer, sampler), older ones only the
+    weights, to save disk; null keeps all."""
     sharded: bool = True
     """Save with torch.distributed.checkpoint, one shard per rank; false: one full file."""
 

@@ -396,7 +396,7 @@ def replace(src, dst, *args, **kwargs):
 
 os.replace = replace
 from posfreq.scripts.commands import pretrain
-pretrain.main()
+raise SystemExit(pretrain.main())
 """
 
 
@@ -419,7 +419,9 @@ def test_sigkill_between_the_renames_of_a_save_then_resume(uninterrupted, data_d
     assert (
         not (root / "latest").exists() and ckpt.read_trainer_state(root / "latest.old")["step"] == 2
     )
-    third = run_trainer_process("from train import pretrain; pretrain.main()", config)
+    third = run_trainer_process(
+        "from posfreq.scripts.commands import pretrain; raise SystemExit(pretrain.main())", config
+    )
     assert third.returncode == 0, third.stderr[-3000:]
     assert f"resumed from {root / 'latest.old'} at step 2" in third.stdout
     assert "taking over a stale lock" in third.stderr  # the killed process could not release it

@@ -1,4 +1,4 @@
-"""The job plan (train.plan): its memory figures against a real model on CPU, and the paper's 2K run."""
+"""The job plan (train.preflight.plan): its memory figures against a real model on CPU, and the paper's 2K run."""
 
 from __future__ import annotations
 

@@ -107,7 +107,7 @@ def plan_init(self, *args, **kwargs):
 
 
 ResolvedRun.__init__ = plan_init
-pretrain.main()
+raise SystemExit(pretrain.main())
 """
 
 
