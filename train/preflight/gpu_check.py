@@ -171,9 +171,9 @@ def train_stage(
     """`preset` at L = `length` through the trainer with the pretraining config's micro-batch and checkpointing."""
     import yaml
 
-    from posfreq.scripts.commands.pretrain import train
     from posfreq.train.model.fused import use_fused
     from posfreq.train.run.config import config_from_dict
+    from posfreq.train.run.pretrain import train
 
     paper = yaml.safe_load(PRETRAIN_CONFIG.read_text())
     rows = paper["micro_batch_rows"]

@@ -79,7 +79,7 @@ def test_prepare_cli_takes_the_shared_corpus_options(tmp_path, capsys):
 def test_prepare_val_fraction_holds_out_documents_by_content(tmp_path) -> None:
     """--val-fraction: every document lands in exactly one of OUT and OUT/val, chosen by its text's hash (the same
     split whatever the file layout or worker count), near the asked fraction; a changed fraction redoes shards."""
-    from posfreq.scripts.commands import prepare as prep
+    from posfreq.train.data import prepare as prep
     from posfreq.train.data.shards import TokenDataset
     from posfreq.train.data.tokenizer import get_tokenizer
 

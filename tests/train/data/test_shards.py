@@ -105,7 +105,7 @@ def test_interrupted_writer_leaves_no_shard(tmp_path: Path) -> None:
 
 
 def test_prepare_data_matches_one_by_one_tokenization_and_restarts(tmp_path: Path) -> None:
-    from posfreq.scripts.commands import prepare as prep
+    from posfreq.train.data import prepare as prep
     from posfreq.train.data.corpora import resolve_corpus
 
     corpus_dir = tmp_path / "corpus"
@@ -226,7 +226,7 @@ def test_damaged_shards_are_refused_naming_the_file(tmp_path: Path) -> None:
 def test_a_rerun_compares_inputs_and_tokenizers_by_content(tmp_path: Path) -> None:
     """prepare's resume compared an input's size only (a same-size edit kept the old shard) and the tokenizer
     by name only (a replaced hf:T/tokenizer.json kept tokens of the old one)."""
-    from posfreq.scripts.commands import prepare as prep
+    from posfreq.train.data import prepare as prep
     from posfreq.train.data.corpora import resolve_corpus
     from posfreq.train.data.hf_tokenizer import write_bytes_tokenizer, write_llama3_tokenizer
 

@@ -112,7 +112,7 @@ def test_stream_env_var_and_prepare_data(tmp_path, monkeypatch):
     monkeypatch.setenv("SLIMPAJAMA_DIR", str(tmp_path / "missing"))
     monkeypatch.setenv("SLIMPAJAMA_HF", str(tmp_path / "sp"))
     corpus = resolve_corpus("slimpajama")
-    from posfreq.scripts.commands import prepare as prep
+    from posfreq.train.data import prepare as prep
 
     totals = prep.prepare(corpus, tmp_path / "tokens", "bytes", progress=False)
     assert totals["docs"] == len(written)

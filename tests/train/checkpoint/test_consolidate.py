@@ -11,8 +11,9 @@ from helpers.trainer import (
     tiny,
 )
 
-from posfreq.scripts.commands import checkpoint as consolidate
+from posfreq.scripts.commands import checkpoint as checkpoint_command
 from posfreq.train.checkpoint import layout as ckpt
+from posfreq.train.checkpoint.consolidate import consolidate
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 def test_consolidate_and_load_model(data_dir, tmp_path):
     run(tiny(data_dir, tmp_path, total_tokens=2048))
     src = tmp_path / "checkpoints" / ckpt.milestone_name(2048)
-    out = consolidate.consolidate(src, tmp_path / "model")
+    out = consolidate(src, tmp_path / "model")
     assert sorted(p.name for p in out.iterdir()) == [
         ".posfreq-output.json",
         "meta.json",
@@ -68,12 +69,12 @@ def test_consolidate_never_replaces_a_directory_it_did_not_write(data_dir, tmp_p
             match="error: --out.* holds files `posfreq checkpoint consolidate` did not "
             "write .*nothing was changed",
         ):
-            consolidate.main(["consolidate", "--checkpoint", str(src), "--out", str(out)])
+            checkpoint_command.main(["consolidate", "--checkpoint", str(src), "--out", str(out)])
         assert snapshot(tmp_path) == before
     (tmp_path / "model.old" / "notes.txt").unlink()
     (tmp_path / "model.old").rmdir()
-    first = consolidate.consolidate(src, tmp_path / "model")
-    again = consolidate.consolidate(src, tmp_path / "model")  # its own: replaced whole
+    first = consolidate(src, tmp_path / "model")
+    again = consolidate(src, tmp_path / "model")  # its own: replaced whole
     assert (
         first == again
         and (again / "model.safetensors").is_file()
@@ -83,7 +84,7 @@ def test_consolidate_never_replaces_a_directory_it_did_not_write(data_dir, tmp_p
         again / ".posfreq-output.json"
     ).unlink()  # as an older posfreq left it: its files, meta.json naming the source
     assert (
-        consolidate.main(
+        checkpoint_command.main(
             ["consolidate", "--checkpoint", str(src), "--out", str(again), "--dtype", "bf16"]
         )
         == 0
@@ -91,5 +92,5 @@ def test_consolidate_never_replaces_a_directory_it_did_not_write(data_dir, tmp_p
     with pytest.raises(
         FileNotFoundError
     ):  # a wrong --checkpoint writes nothing, not even the temporary
-        consolidate.consolidate(run_dir / "nope", tmp_path / "other")
+        consolidate(run_dir / "nope", tmp_path / "other")
     assert not (tmp_path / "other").exists() and not (tmp_path / "other.tmp").exists()

@@ -1,0 +1,142 @@
+"""The tree is the map: packages of at most 15 modules, each saying what it is for and what it may import,
+imports that flow one way, and tests that mirror the packages (docs/layout.md)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOPS = ("train", "analysis", "scripts")
+SCRIPT_PATHS = (  # the mission's documented script paths: two-line files that run a subcommand
+    "analysis/position_freq.py",
+    "analysis/probe.py",
+    "analysis/effective_length.py",
+    "analysis/compare.py",
+    "analysis/ruler.py",
+    "train/pretrain.py",
+    "scripts/prepare_data.py",
+    "scripts/export_hf.py",
+    "scripts/demo.py",
+)
+TESTED_WITH_THEIR_CALLER = {
+    # module: the test file that specifies it, through the command or package that uses it
+    "train/command_line.py": "tests/scripts/test_cli.py",
+    "train/fingerprint.py": "tests/analysis/test_keys.py",
+    "train/run_lock.py": "tests/train/run/test_control.py",
+    "train/preflight/doctor.py": "tests/train/preflight/test_doctor.py",
+    "train/preflight/pretrain_check.py": "tests/train/preflight/test_doctor.py",
+    "train/run/validation.py": "tests/train/run/test_trainer.py",
+    "train/model/hf_folder.py": "tests/test_bad_inputs.py",
+    "analysis/corpus/listed_outputs.py": "tests/scripts/commands/test_analyze.py",
+    "analysis/corpus/summary.py": "tests/scripts/commands/test_analyze.py",
+    "analysis/plots/effective_length.py": "tests/test_notebook.py",
+    "analysis/plots/frequency.py": "tests/scripts/commands/test_analyze.py",
+    "analysis/plots/niah.py": "tests/scripts/commands/test_probe.py",
+    "analysis/plots/positions.py": "tests/train/positions/test_schemes.py",
+    "analysis/tables/columns.py": "tests/analysis/niah/test_runner.py",
+    "analysis/tables/rederive.py": "tests/analysis/tables/test_pass_curve.py",
+    "analysis/verdicts/compare.py": "tests/analysis/verdicts/test_claims.py",
+    "analysis/lm_eval_task/scoring.py": "tests/analysis/lm_eval_task/test_make_tests.py",
+    "analysis/ruler_task/evaluate.py": "tests/analysis/ruler_task/test_runner.py",
+    "analysis/verdicts/probed_runs.py": "tests/analysis/verdicts/test_claims.py",
+    "scripts/commands/checkpoint.py": "tests/train/checkpoint/test_consolidate.py",
+    "scripts/commands/export_hf.py": "tests/train/model/test_hf.py",
+    "scripts/commands/ruler.py": "tests/analysis/ruler_task/test_runner.py",
+    "scripts/commands/compare.py": "tests/analysis/verdicts/test_claims.py",
+    "scripts/commands/doctor.py": "tests/train/preflight/test_doctor.py",
+    "scripts/commands/effective_length.py": "tests/analysis/tables/test_pass_curve.py",
+    "scripts/commands/plan.py": "tests/train/preflight/test_plan.py",
+    "scripts/commands/pretrain.py": "tests/train/run/test_trainer.py",
+    "scripts/miniature/agreement.py": "tests/scripts/commands/test_demo.py",
+    "scripts/miniature/packing_experiment.py": "tests/scripts/commands/test_demo.py",
+    "scripts/miniature/report.py": "tests/scripts/commands/test_demo.py",
+}
+
+
+def modules() -> list[Path]:
+    return [
+        p.relative_to(ROOT)
+        for top in TOPS
+        for p in sorted((ROOT / top).rglob("*.py"))
+        if p.name != "__init__.py" and "__pycache__" not in p.parts
+    ]
+
+
+def packages() -> list[Path]:
+    return sorted(
+        p.parent.relative_to(ROOT) for top in TOPS for p in (ROOT / top).rglob("__init__.py")
+    )
+
+
+def imported(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse((ROOT / path).read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return {n for n in names if n.startswith("posfreq.")}
+
+
+def names(test: Path, module: Path) -> bool:
+    """Whether a test file imports `module` or names its path."""
+    text = (ROOT / test).read_text()
+    dotted = "posfreq." + module.with_suffix("").as_posix().replace("/", ".")
+    parent, leaf = dotted.rsplit(".", 1)
+    return (
+        dotted in text
+        or str(module) in text
+        or any(f"from {parent} import {leaf}" in line for line in text.splitlines())
+    )
+
+
+@pytest.mark.parametrize("package", packages(), ids=str)
+def test_each_package_is_small_and_says_what_it_is_for(package):
+    direct = [p for p in (ROOT / package).glob("*.py") if p.name != "__init__.py"]
+    assert len(direct) <= 15, f"{package} holds {len(direct)} modules: split it"
+    doc = ast.get_docstring(ast.parse((ROOT / package / "__init__.py").read_text()))
+    assert doc and len(doc) > 40, f"{package}/__init__.py needs a docstring saying what it is for"
+    if package.parent != Path("."):  # the families: what they may import
+        assert "May import" in doc, package
+
+
+def test_imports_flow_one_way():
+    """train imports neither analysis nor scripts; analysis imports no scripts (its script paths aside)."""
+    for module in modules():
+        found = imported(module)
+        if module.parts[0] == "train" and str(module) not in SCRIPT_PATHS:
+            assert not {
+                n for n in found if n.startswith(("posfreq.analysis", "posfreq.scripts"))
+            }, module
+        if module.parts[0] == "analysis" and str(module) not in SCRIPT_PATHS:
+            assert not {n for n in found if n.startswith("posfreq.scripts")}, module
+
+
+def test_script_paths_only_run_their_subcommand():
+    for path in SCRIPT_PATHS:
+        found = imported(Path(path))
+        assert len(found) == 1 and next(iter(found)).startswith("posfreq.scripts.commands."), path
+
+
+def test_every_module_has_its_tests_where_the_tree_says():
+    """tests/<package>/ names each of the package's modules; the others are specified through their caller,
+    listed above with the test that does it."""
+    missing = []
+    for module in modules():
+        if str(module) in SCRIPT_PATHS:
+            continue
+        folder = ROOT / "tests" / module.parent
+        mirrored = folder.is_dir() and any(
+            names(t.relative_to(ROOT), module) for t in folder.glob("test_*.py")
+        )
+        caller = TESTED_WITH_THEIR_CALLER.get(str(module))
+        if mirrored:
+            assert caller is None, (
+                f"{module} is tested in tests/{module.parent}: drop it from the list"
+            )
+        elif caller is None or not (ROOT / caller).is_file():
+            missing.append(str(module))
+    assert not missing, missing
