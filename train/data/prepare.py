@@ -1,0 +1,350 @@
+"""Tokenizing a corpus into memory-mapped token shards, one shard per input file (`posfreq prepare`).
+
+The corpus options (--corpus, --data-dir, --sources, --exclude-sources, --tokenizer, --workers,
+--shard, --on-error, ...) are those of `posfreq analyze` (train/data/corpus_cli.py); `--config FILE.yaml`
+reads them from YAML and `--print-config` prints them.
+
+Each document becomes its tokens followed by EOS. A shard is named after its input file's
+path relative to the corpus's common root (``train/chunk1/example_train_0.jsonl.zst`` ->
+``train__chunk1__example_train_0``), or for a streamed dataset after its shard
+(``train__shard_00042_of_59166``), so names do not depend on --shard or --workers.
+Shards are written under temporary names and renamed when complete; a rerun skips the
+complete ones (same source bytes by size and sha256, or stream revision, and the same tokenizer by
+content) and redoes the rest, so the job is restartable
+file by file. ``--shard i/n`` takes files i, i+n, i+2n, ... (0-based), for a SLURM job array.
+
+Bad input stops the job with an ``error:`` line naming the file and line (exit status 1). With
+``--on-error skip`` bad records are counted instead: each shard's NAME.json records ``skipped_items``,
+the first messages (``skipped_errors``) and the input files cut short (``lost_files``: truncated or
+corrupt ``.zst``, empty files); the summary line repeats them, and a rerun redoes every shard that lost data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from posfreq.train.data.corpora import Corpus, CorpusFile
+from posfreq.train.data.formats import SUFFIXES
+from posfreq.train.data.records import ReadStats, lost_files_report
+from posfreq.train.data.shards import (
+    META_SUFFIX,
+    OFFSETS_SUFFIX,
+    TOKENS_SUFFIX,
+    ShardWriter,
+    shard_is_complete,
+)
+from posfreq.train.data.stream import StreamShard
+from posfreq.train.data.tokenizer import Tokenizer, get_tokenizer, hf_dir
+from posfreq.train.outdir import OutputDirError, claim_output_dir, is_owner_record, owner_of
+
+BATCH_CHARS = 4 << 20  # tokenize this many characters of text at a time
+
+
+VAL_DIR = "val"  # held-out documents' shards, under --out (the trainer's data.val_dir)
+
+
+PREPARE = "prepare"  # the command that owns --out (train/outdir.py)
+
+
+def shard_names(files: tuple[CorpusFile, ...]) -> dict[CorpusFile, str]:
+    """A stable, unique shard name per input file: its path under the common root, flattened."""
+    names: dict[CorpusFile, str] = {f: f.shard_name for f in files if isinstance(f, StreamShard)}
+    local = [f for f in files if not isinstance(f, StreamShard)]
+    paths = [f.resolve() for f in local]
+    root = (
+        Path(os.path.commonpath(paths))
+        if len(paths) > 1
+        else (paths[0].parent if paths else Path())
+    )
+    for file, path in zip(local, paths):
+        rel = str(path.relative_to(root))
+        suffix = next((s for s in SUFFIXES if rel.endswith(s)), "")
+        stem = rel[: len(rel) - len(suffix)] if suffix else rel
+        names[file] = (
+            re.sub(r"[^A-Za-z0-9._-]+", "_", stem.replace(os.sep, "__")).strip(".") or "shard"
+        )
+    seen: dict[str, CorpusFile] = {}
+    for file, name in names.items():
+        if name in seen:
+            raise ValueError(
+                f"input files {seen[name]} and {file} would both be written to shard {name!r}; "
+                "rename one of them or tokenize them into separate --out directories"
+            )
+        seen[name] = file
+    return names
+
+
+def file_sha256(path: Path) -> str:
+    """Content hash of an input file (recorded in the shard's metadata)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _init_worker(tokenizer_spec: str) -> None:
+    """Build the tokenizer once per worker process."""
+    global _worker_tokenizer
+    _worker_tokenizer = get_tokenizer(tokenizer_spec)
+
+
+def source_identity(file: CorpusFile, hash_content: bool = True) -> dict:
+    """What pins an input's content: path, size (and sha256) of a file; dataset shard and revision of a stream."""
+    if isinstance(file, StreamShard):
+        return {"source": str(file), "source_revision": file.revision}
+    identity = {"source": str(file.resolve()), "source_size": file.stat().st_size}
+    return identity | ({"source_sha256": file_sha256(file)} if hash_content else {})
+
+
+def held_out(text: str, fraction: float) -> bool:
+    """Whether a document goes to the validation shards: decided by a hash of its text, so the split is the same
+    for any --shard, --workers or file order, and a document is never in both."""
+    return (
+        fraction > 0
+        and int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") < fraction * 2**64
+    )
+
+
+def holds_only_shards(out: Path) -> bool:
+    """Whether `out` (unmarked: written before owners were recorded) holds only token shards, their temporaries and
+    a val folder of the same: an earlier `posfreq prepare`'s output, which a rerun resumes. A .json counts only
+    beside its shard's tokens."""
+
+    def is_shard_file(entry: Path) -> bool:
+        name = entry.name
+        if name.endswith((TOKENS_SUFFIX, OFFSETS_SUFFIX)) or (
+            name.startswith(".") and name.endswith(".tmp")
+        ):
+            return True
+        stem = name.removesuffix(META_SUFFIX)
+        return name.endswith(META_SUFFIX) and (entry.parent / f"{stem}{TOKENS_SUFFIX}").is_file()
+
+    return all(
+        (entry.is_file() and (is_shard_file(entry) or is_owner_record(entry.name)))
+        or (
+            entry.name == VAL_DIR
+            and entry.is_dir()
+            and (owner_of(entry) == PREPARE or holds_only_shards(entry))
+        )
+        for entry in out.iterdir()
+    )
+
+
+def remove_shard_leftovers(out: Path, name: str, val_fraction: float) -> None:
+    """Before shard `name` is (re)written: delete the temporaries an interrupted write of it left (atomic writes
+    use unique hidden names, which no rerun would overwrite), and, when no documents are held out now, its
+    validation shard from an earlier --val-fraction (else those documents would be in both splits)."""
+    for directory in (out, out / VAL_DIR):
+        for temporary in directory.glob(f".{name}.*.tmp"):
+            temporary.unlink(missing_ok=True)
+    if val_fraction == 0:
+        for suffix in (
+            META_SUFFIX,
+            TOKENS_SUFFIX,
+            OFFSETS_SUFFIX,
+        ):  # metadata first: never a complete-looking shard
+            (out / VAL_DIR / f"{name}{suffix}").unlink(missing_ok=True)
+
+
+def tokenize_file(
+    corpus: Corpus,
+    file: CorpusFile,
+    name: str,
+    out: Path,
+    tokenizer: Tokenizer,
+    on_error: str = "raise",
+    val_fraction: float = 0.0,
+) -> dict:
+    """Tokenize one input file into shard `name` under `out` (atomically), and its held-out documents into shard
+    `name` under `out/val` when val_fraction > 0; returns the training shard's metadata."""
+    stats = ReadStats()
+    extra = {
+        **source_identity(file),
+        "tokenizer_fingerprint": tokenizer.fingerprint,  # the tokenizer by content, for a resume to compare
+        "corpus": corpus.name,
+        "text_field": corpus.text_field,
+        "sources": list(corpus.sources),
+        "val_fraction": val_fraction,
+    }
+    eos = np.array([tokenizer.eos_id], dtype=np.int64)
+    spec = dict(
+        tokenizer=tokenizer.name,
+        vocab_size=tokenizer.vocab_size,
+        eos_id=tokenizer.eos_id,
+        extra=extra,
+    )
+    remove_shard_leftovers(out, name, val_fraction)
+    with ExitStack() as stack:
+        writers = [stack.enter_context(ShardWriter(out, name, **spec))]
+        if val_fraction > 0:
+            writers.append(stack.enter_context(ShardWriter(out / VAL_DIR, name, **spec)))
+        batches: list[list[str]] = [[] for _ in writers]
+        size = 0
+
+        def flush() -> None:
+            for writer, texts in zip(writers, batches):
+                writer.add_many(np.concatenate([ids, eos]) for ids in tokenizer.encode_batch(texts))
+                texts.clear()
+
+        for doc in corpus.iter_documents(file, on_error=on_error, stats=stats):
+            batches[held_out(doc.text, val_fraction)].append(doc.text)
+            size += len(doc.text)
+            if size >= BATCH_CHARS:
+                flush()
+                size = 0
+        flush()
+        for writer in writers:
+            writer.meta.update(
+                skipped_items=stats.skipped,
+                filtered_items=stats.filtered,
+                skipped_errors=stats.errors,
+                lost_files=stats.lost_files,
+            )
+    writers[0].meta["val_docs"] = writers[1].meta["num_docs"] if val_fraction > 0 else 0
+    return writers[0].meta
+
+
+def _tokenize_in_worker(
+    corpus: Corpus, file: CorpusFile, name: str, out: Path, on_error: str, val_fraction: float
+) -> dict:
+    """`tokenize_file` with this worker process's tokenizer (built once by `_init_worker`)."""
+    assert _worker_tokenizer is not None
+    return tokenize_file(corpus, file, name, out, _worker_tokenizer, on_error, val_fraction)
+
+
+def pending_files(
+    corpus: Corpus,
+    names: dict[CorpusFile, str],
+    out: Path,
+    tokenizer: Tokenizer,
+    val_fraction: float = 0.0,
+) -> list[CorpusFile]:
+    """Files whose shard (and validation shard) is not complete yet, was split with another --val-fraction, or lost
+    data to a bad input file (it may have been fetched again); refuses an --out tokenized with another tokenizer."""
+    todo = []
+    for file in corpus.files:
+        meta = shard_is_complete(out, names[file])
+        if meta is not None and (
+            meta.get("val_fraction", 0.0) != val_fraction
+            or (val_fraction > 0 and shard_is_complete(out / VAL_DIR, names[file]) is None)
+        ):
+            meta = None
+        recorded = meta.get("tokenizer_fingerprint") if meta is not None else None
+        if meta is not None and (
+            absolute_spec(str(meta.get("tokenizer"))) != tokenizer.name
+            or (recorded is not None and recorded != tokenizer.fingerprint)
+        ):
+            raise OutputDirError(
+                f"{out}/{names[file]} was tokenized with {meta.get('tokenizer')!r}"
+                + (
+                    " whose files have changed since"
+                    if meta.get("tokenizer") == tokenizer.name
+                    else ""
+                )
+                + f", not {tokenizer.name!r} as it is now. Fix: use a fresh --out directory per tokenizer."
+            )
+        if meta is None or meta.get("lost_files") or not same_source(meta, file):
+            todo.append(file)
+    return todo
+
+
+def absolute_spec(spec: str) -> str:
+    """A tokenizer spec with an hf:DIR made absolute (older shards recorded the folder as prepare was given it)."""
+    directory = hf_dir(spec)
+    return spec if directory is None else f"hf:{directory.resolve()}"
+
+
+def same_source(meta: dict, file: CorpusFile) -> bool:
+    """Whether a shard's recorded source is still `file`'s content: size first (cheap), then its sha256 where
+    the shard recorded one (a same-size edit is another input)."""
+    cheap = source_identity(file, hash_content=False)
+    if any(meta.get(key) != value for key, value in cheap.items() if key != "source"):
+        return False
+    return (
+        "source_sha256" not in meta
+        or source_identity(file)["source_sha256"] == meta["source_sha256"]
+    )
+
+
+def prepare(
+    corpus: Corpus,
+    out: Path,
+    tokenizer_spec: str = "llama3",
+    workers: int = 1,
+    shard: tuple[int, int] = (0, 1),
+    on_error: str = "raise",
+    progress: bool = True,
+    val_fraction: float = 0.0,
+) -> dict:
+    """Tokenize this shard's files of `corpus` into `out` (held-out documents into `out/val`); returns counts for
+    the summary line."""
+    names = shard_names(
+        corpus.files
+    )  # from the full file list, so names are independent of --shard
+    mine = corpus.shard(*shard)
+    tokenizer = get_tokenizer(tokenizer_spec)
+    claim_output_dir(out, PREPARE, written_before=holds_only_shards)
+    if val_fraction > 0:
+        claim_output_dir(
+            out / VAL_DIR, PREPARE, flag="--out's val", written_before=holds_only_shards
+        )
+    todo = pending_files(mine, names, out, tokenizer, val_fraction)
+    totals = {
+        "files": len(mine.files),
+        "skipped_complete": len(mine.files) - len(todo),
+        "docs": 0,
+        "tokens": 0,
+        "val_docs": 0,
+        "skipped_items": 0,
+        "lost_files": [],
+    }
+    bar = tqdm(
+        total=len(todo), unit="file", desc=f"tokenize {corpus.name} -> {out}", disable=not progress
+    )
+
+    def done(meta: dict) -> None:
+        """Add one finished shard's counts to the totals and the progress bar."""
+        totals["docs"] += meta["num_docs"]
+        totals["tokens"] += meta["num_tokens"]
+        totals["val_docs"] += meta["val_docs"]
+        totals["skipped_items"] += meta["skipped_items"]
+        totals["lost_files"] += meta["lost_files"]
+        bar.update(1)
+        bar.set_postfix(tokens=f"{totals['tokens']:,}")
+
+    if workers <= 1:
+        for file in todo:
+            done(tokenize_file(mine, file, names[file], out, tokenizer, on_error, val_fraction))
+    else:
+        with ProcessPoolExecutor(
+            workers, initializer=_init_worker, initargs=(tokenizer_spec,)
+        ) as pool:
+            futures = [
+                pool.submit(_tokenize_in_worker, mine, f, names[f], out, on_error, val_fraction)
+                for f in todo
+            ]
+            for future in as_completed(futures):
+                done(future.result())
+    bar.close()
+    return totals
+
+
+def skip_report(totals: dict, out: Path) -> list[str]:
+    """Lines saying how many bad records were skipped, which files were cut short, and where both are recorded."""
+    lines = []
+    if totals["skipped_items"]:
+        lines.append(
+            f"skipped {totals['skipped_items']:,} bad records (--on-error skip); recorded per shard as "
+            f"skipped_items and skipped_errors in {out}/NAME.json"
+        )
+    where = f"lost_files in {out}/NAME.json; a rerun redoes these shards"
+    return lines + lost_files_report(totals["lost_files"], where)
