@@ -13,6 +13,9 @@ A directory (a checkpoint, a consolidated model) is built under ``NAME.tmp`` and
 directory goes ``NAME -> NAME.old``, ``NAME.tmp -> NAME``, ``NAME.old -> NAME.old.tmp`` (then
 deleted), so ``NAME`` or ``NAME.old`` is complete at every instant, and a directory being deleted
 is always named ``*.tmp`` first.
+
+Every final name is recorded in the journal of the output folder it lands in (train/journal.py) before
+anything is written under it, so a rerun knows exactly which files its command wrote.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Callable
+
+from posfreq.train.journal import record_written
 
 
 def fsync_path(path: str | Path) -> None:
@@ -63,6 +68,7 @@ def discard_dir(path: Path) -> None:
 
 def publish_dir(tmp: Path, final: Path) -> None:
     """Make a complete `tmp` durable and rename it to `final`; `final` or `final.old` is whole at every instant."""
+    record_written(final)
     fsync_tree(tmp)
     fsync_path(tmp.parent)
     old = final.with_name(final.name + ".old")
@@ -116,6 +122,7 @@ class AtomicFile:
                 f"mode {mode!r}: an atomic write creates a new file (use 'w', 'wb' or 'wt')"
             )
         self.path = Path(path)
+        record_written(self.path)
         self.tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(6)}.tmp")
         fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         self.file: IO = os.fdopen(fd, mode, **open_kwargs)

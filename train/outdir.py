@@ -1,11 +1,13 @@
 """Output directories a command may write: new, empty, or already its own; never a user's.
 
 A command claims its output directory with `claim_output_dir`, which records the command in
-OWNER_FILE inside it. A directory that exists and holds anything without that record (a run, a
-model someone downloaded, a paper) is refused with a line naming it and the fix, and nothing in it
-is touched. A command replaces only what it wrote there. Two exceptions, both its own: folders a
-command names as its parts (`parts`, e.g. a sharded analysis's shard_<i> under the merged output)
-that it owns, and the owner record of another process claiming the same directory at once.
+OWNER_FILE inside it; what it then writes there is recorded in the folder's journal (train/journal.py).
+A directory that exists and holds anything without that record (a run, a model someone downloaded, a
+paper), or, once it has a journal, anything its journal does not name, is refused with a line naming
+it and the fix, and nothing in it is touched. A command replaces only what it wrote there. Two
+exceptions, both its own: folders a command names as its parts (`parts`, e.g. a sharded analysis's
+shard_<i> under the merged output) that it owns, and the records of another process claiming the
+same directory at once.
 """
 
 from __future__ import annotations
@@ -16,8 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from posfreq.train.atomic import write_json_atomic
-
-OWNER_FILE = ".posfreq-output.json"
+from posfreq.train.journal import JOURNAL_FILE, OWNER_FILE, is_record, record_written, unrecorded
 
 
 class OutputDirError(ValueError):
@@ -55,6 +56,8 @@ def check_output_dir(
         return path
     owner = owner_of(path)
     if owner == command:
+        if (path / JOURNAL_FILE).is_file():
+            _refuse_unrecorded(path, command, flag, parts)
         return path
     fix = "Fix: pass a new or empty directory (nothing was changed)"
     if owner is not None:
@@ -73,13 +76,32 @@ def check_output_dir(
     )
 
 
+def _refuse_unrecorded(path: Path, command: str, flag: str, parts: str | None) -> None:
+    """OutputDirError if `command`'s own folder holds entries its journal does not name (a user's files)."""
+    own_parts = {
+        entry.name
+        for entry in path.iterdir()
+        if parts is not None
+        and fnmatch.fnmatchcase(entry.name, parts)
+        and owner_of(entry) == command
+    }
+    found = unrecorded(path, own_parts)
+    if found:
+        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        raise OutputDirError(
+            f"{flag} {path} holds files `posfreq {command}` did not write ({shown}; its record "
+            f"{path / JOURNAL_FILE} lists what it wrote). Fix: move them out, or pass another directory "
+            "(nothing was changed)"
+        )
+
+
 def foreign_entries(path: Path, command: str, parts: str | None = None) -> list[str]:
     """The names in directory `path` that `command` did not write: all but owner records (whole or in progress) and
     folders named like `parts` that `command` owns."""
     return sorted(
         entry.name
         for entry in path.iterdir()
-        if not is_owner_record(entry.name)
+        if not is_record(entry.name)
         and not (
             parts is not None
             and fnmatch.fnmatchcase(entry.name, parts)
@@ -87,11 +109,6 @@ def foreign_entries(path: Path, command: str, parts: str | None = None) -> list[
             and owner_of(entry) == command
         )
     )
-
-
-def is_owner_record(name: str) -> bool:
-    """OWNER_FILE, or its temporary while a process writes it (train/atomic.py's naming)."""
-    return name == OWNER_FILE or (name.startswith(f".{OWNER_FILE}.") and name.endswith(".tmp"))
 
 
 def claim_output_dir(
@@ -104,6 +121,8 @@ def claim_output_dir(
     """Create (or reuse) `command`'s output directory `path`, recording the owner; OutputDirError for another's
     (`written_before` and `parts` as in `check_output_dir`)."""
     path = check_output_dir(path, command, flag, written_before, parts)
+    if not path.is_dir():
+        record_written(path)  # a new folder inside another claimed one is that one's to remove
     path.mkdir(parents=True, exist_ok=True)
     if owner_of(path) != command:
         _mark_owned(path, command)

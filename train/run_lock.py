@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from posfreq.train.journal import record_written
+
 LOCK_FILE = "run.lock"
 
 
@@ -56,6 +58,7 @@ def _read(lock: Path) -> dict | None:
 
 def _create(lock: Path, owner: dict) -> bool:
     """Create `lock` holding `owner` unless it exists (O_EXCL: of two jobs, one wins); False if it did."""
+    record_written(lock)
     try:
         fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:

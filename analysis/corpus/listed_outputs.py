@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from posfreq.train.atomic import write_json_atomic
-from posfreq.train.outdir import OutputDirError, claim_output_dir, is_owner_record, owner_of
+from posfreq.train.journal import JOURNAL_FILE, is_record, recorded
+from posfreq.train.outdir import OutputDirError, claim_output_dir, owner_of
 
 SUMMARY_FILE = "summary.json"
 
@@ -69,7 +70,13 @@ def replace_outputs(out: Path, command: str, parts: str | None = None) -> None:
     """Make `out` ready for a new run of `command`: claim it (refused if it holds what `command` did not write;
     `parts` as in `claim_output_dir`), and remove what the previous run there wrote."""
     claim_output_dir(out, command, written_before=earlier_run(command, parts), parts=parts)
-    remove_outputs(out, previous_outputs(out))
+    previous = previous_outputs(out)
+    if (
+        out / JOURNAL_FILE
+    ).is_file():  # summary.json says what the run wrote; the journal, what posfreq wrote
+        written = {out / name for name in recorded(out)}
+        previous = [file for file in previous if file in written]
+    remove_outputs(out, previous)
 
 
 def earlier_run(command: str, parts: str | None = None) -> Callable[[Path], bool]:
@@ -88,7 +95,7 @@ def earlier_run(command: str, parts: str | None = None) -> Callable[[Path], bool
         accounted = {Path(name).parts[0] for name in listed if Path(name).parts}
         return all(
             entry.name in accounted
-            or is_owner_record(entry.name)
+            or is_record(entry.name)
             or (
                 parts is not None
                 and fnmatch.fnmatchcase(entry.name, parts)

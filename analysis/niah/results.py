@@ -45,7 +45,8 @@ from posfreq.analysis.tables.run_table import (
     write_effective_length_csv,
 )
 from posfreq.train.atomic import write_json_atomic, write_text_atomic
-from posfreq.train.outdir import check_output_dir, claim_output_dir, is_owner_record, owner_of
+from posfreq.train.journal import is_record
+from posfreq.train.outdir import check_output_dir, claim_output_dir, owner_of
 
 KEY_FILE = "key.json"
 META_FILE = "probe.json"
@@ -208,7 +209,7 @@ def _is_model_results(path: Path) -> bool:
 
 def _own_entries(path: Path) -> set[str]:
     """The names in directory `path` other than owner records."""
-    return {entry.name for entry in path.iterdir() if not is_owner_record(entry.name)}
+    return {entry.name for entry in path.iterdir() if not is_record(entry.name)}
 
 
 def figure_names(stems: Sequence[str]) -> frozenset[str]:

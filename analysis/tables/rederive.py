@@ -9,7 +9,8 @@ from typing import Sequence
 
 from posfreq.analysis.niah import results
 from posfreq.analysis.tables.pass_curve import Analysis
-from posfreq.train.outdir import is_owner_record, owner_of
+from posfreq.train.journal import is_record
+from posfreq.train.outdir import owner_of
 
 COMMAND = "effective-length"
 FIGURES = (*results.RUN_FIGURES, "fig3_position_frequency")
@@ -90,7 +91,7 @@ def _check_destinations(plans: Sequence[Rederivation]) -> None:
 def earlier_figures(out: Path) -> bool:
     """Whether an older effective-length (before owner records) wrote `out`: Fig. 2a and 2b, and nothing but
     the figures it draws, by name. A folder holding any other file, figure or not, is a user's."""
-    names = {entry.name for entry in out.iterdir() if not is_owner_record(entry.name)}
+    names = {entry.name for entry in out.iterdir() if not is_record(entry.name)}
     always, drawn = results.figure_names(results.RUN_FIGURES), results.figure_names(FIGURES)
     regular = all((out / name).is_file() and not (out / name).is_symlink() for name in names)
     return regular and always <= names <= drawn

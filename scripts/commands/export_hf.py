@@ -12,9 +12,11 @@ ids, an hf:<dir> tokenizer's files are copied, others get none (a warning says s
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Literal, Optional, Sequence
 
 from posfreq.train.command_line import command_parser, parse
+from posfreq.train.journal import JOURNAL_FILE
 from posfreq.train.model.config import DTYPES
 from posfreq.train.model.hf import EXPORT_HF
 from posfreq.train.outdir import OutputDirError, check_output_dir
@@ -80,12 +82,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "pass the tokenizer the model was trained with (--tokenizer)"
             )
         bos, eos = tokenizer.bos_id, tokenizer.eos_id
-    out = export_hf(model, args.out, bos_token_id=bos, eos_token_id=eos)
+    older = [n for n in TOKENIZER_FILES if (Path(args.out) / n).exists()]
+    if spec == "none" and older and not (Path(args.out) / JOURNAL_FILE).is_file():
+        raise SystemExit(  # an earlier export's tokenizer must not pass for this one's, nor a user's be deleted
+            f"error: --out {args.out} holds tokenizer files ({', '.join(older)}) and no record of who wrote them. "
+            "Fix: remove them, or pass a new --out (nothing was changed)"
+        )
+    out = export_hf(
+        model, args.out, bos_token_id=bos, eos_token_id=eos
+    )  # removes the earlier export's files
     if spec != "none":
         write_tokenizer_files(spec, out)
-    else:  # an earlier export's tokenizer must not pass for this one's
-        for name in TOKENIZER_FILES:
-            (out / name).unlink(missing_ok=True)
     print(f"wrote {out}")
     return 0
 

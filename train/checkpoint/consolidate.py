@@ -21,6 +21,7 @@ from posfreq.train.checkpoint.layout import (
     model_state_dict,
 )
 from posfreq.train.checkpoint.save import write_weights
+from posfreq.train.journal import record_written
 from posfreq.train.outdir import check_output_dir, claim_output_dir, entry_names
 
 CONSOLIDATE = "checkpoint consolidate"
@@ -47,6 +48,7 @@ def consolidate(
     try:
         write_weights(state, tmp / CONSOLIDATED_WEIGHTS, dtype)
         for name in (MODEL_CONFIG_FILE, TOKENIZER_FILE, LENGTHS_FILE):
+            record_written(tmp / name)
             shutil.copyfile(src / name, tmp / name)
         meta = (
             json.loads((src / TRAINER_FILE).read_text()) if (src / TRAINER_FILE).is_file() else {}

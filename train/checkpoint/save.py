@@ -28,6 +28,7 @@ from posfreq.train.checkpoint.layout import (
 )
 from posfreq.train.checkpoint.rng_state import capture_rng
 from posfreq.train.fingerprint import file_sha256
+from posfreq.train.journal import record_written
 from posfreq.train.model.config import ModelConfig
 
 
@@ -117,6 +118,7 @@ def write_weights(
         k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous().clone()
         for k, v in state.items()
     }
+    record_written(file)
     save_file(tensors, str(file), metadata={"format": "pt"})
 
 

@@ -43,7 +43,8 @@ from posfreq.train.data.shards import (
 )
 from posfreq.train.data.stream import StreamShard
 from posfreq.train.data.tokenizer import Tokenizer, get_tokenizer, hf_dir
-from posfreq.train.outdir import OutputDirError, claim_output_dir, is_owner_record, owner_of
+from posfreq.train.journal import is_record
+from posfreq.train.outdir import OutputDirError, claim_output_dir, owner_of
 
 BATCH_CHARS = 4 << 20  # tokenize this many characters of text at a time
 
@@ -129,7 +130,7 @@ def holds_only_shards(out: Path) -> bool:
         return name.endswith(META_SUFFIX) and (entry.parent / f"{stem}{TOKENS_SUFFIX}").is_file()
 
     return all(
-        (entry.is_file() and (is_shard_file(entry) or is_owner_record(entry.name)))
+        (entry.is_file() and (is_shard_file(entry) or is_record(entry.name)))
         or (
             entry.name == VAL_DIR
             and entry.is_dir()

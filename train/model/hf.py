@@ -24,9 +24,10 @@ from torch import Tensor
 
 from posfreq.train.atomic import write_bytes_atomic, write_json_atomic
 from posfreq.train.checkpoint.safe_load import contained_file
+from posfreq.train.journal import JOURNAL_FILE, remove_recorded
 from posfreq.train.model.config import DTYPES, ModelConfig
 from posfreq.train.model.transformer import Transformer
-from posfreq.train.outdir import claim_output_dir
+from posfreq.train.outdir import OutputDirError, claim_output_dir
 from posfreq.train.positions.rotary import rope_scaling_type
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}
@@ -341,11 +342,19 @@ def export_hf(
             f"the model uses position scheme {model.positions.name!r}; transformers only runs 'rope'"
         )
     out = claim_output_dir(out_dir, EXPORT_HF)
-    for stale in [*out.glob("*.safetensors"), *out.glob("*.safetensors.index.json")]:
-        if (
-            stale.name != "model.safetensors"
-        ):  # an earlier export's other weight files would be loaded instead
-            stale.unlink()
+    if (out / JOURNAL_FILE).is_file():
+        remove_recorded(out)  # exactly the earlier export's files: weights, configs, tokenizer
+    else:  # an older export, without a record: other weight files there would be loaded instead of these
+        stale = [
+            p.name
+            for p in [*out.glob("*.safetensors"), *out.glob("*.safetensors.index.json")]
+            if p.name != "model.safetensors"
+        ]
+        if stale:
+            raise OutputDirError(
+                f"--out {out} holds weight files an older export may not have written ({', '.join(sorted(stale))}), "
+                "and it has no record of what it wrote. Fix: remove them, or pass a new --out (nothing was changed)"
+            )
     tied = model.config.tie_embeddings
     tensors = {}
     for name, tensor in model.state_dict().items():

@@ -31,8 +31,9 @@ from pathlib import Path
 
 import torch
 
+from posfreq.train.journal import JOURNAL_FILE, remove_recorded
 from posfreq.train.model import attention_kernels
-from posfreq.train.outdir import claim_output_dir
+from posfreq.train.outdir import OutputDirError, claim_output_dir, owner_of
 from posfreq.train.preflight.checks import (
     CheckResult,
     attention_check,
@@ -106,8 +107,20 @@ def claim_work_dir(out: str | None, command: str, parts: tuple[str, ...]) -> Pat
     removed (its report is rewritten); OutputDirError for another's directory, untouched."""
     path = Path(out) if out else Path(tempfile.mkdtemp(prefix=f"posfreq-{command}-"))
     claim_output_dir(path, command)
+    journal = (path / JOURNAL_FILE).is_file()
     for item in parts:
-        shutil.rmtree(path / item, ignore_errors=True)
+        part = path / item
+        if journal:
+            remove_recorded(path, under=item)
+        elif part.is_dir() and not part.is_symlink() and owner_of(part) is not None:
+            shutil.rmtree(
+                part
+            )  # an older doctor's run (no journal then), marked by the command that wrote it
+        if part.exists() or part.is_symlink():
+            raise OutputDirError(
+                f"{part} holds files `posfreq {command}` did not write. Fix: move them out, or pass another "
+                "--out (only files this command wrote before were removed)"
+            )
     return path
 
 

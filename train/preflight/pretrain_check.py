@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from posfreq.train.atomic import write_json_atomic, write_text_atomic
 from posfreq.train.run.parallel import local_launch_env
 
 L = 128  # the tiny run's training length
@@ -86,7 +87,7 @@ def _free_port() -> int:
 
 def run_pretrain(config: dict, path: Path, *extra: str) -> None:
     """`posfreq pretrain --config PATH` in a child process (Fabric starts the other local ranks from it)."""
-    path.write_text(json.dumps(config))
+    write_json_atomic(path, config)
     env = local_launch_env(os.environ)  # a local launch by Fabric, not srun's or torchrun's
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), PYTHONWARNINGS="ignore")
     proc = subprocess.run(
@@ -96,7 +97,7 @@ def run_pretrain(config: dict, path: Path, *extra: str) -> None:
         text=True,
         timeout=480,
     )
-    (path.parent / f"{path.stem}.log").write_text(proc.stdout + proc.stderr)
+    write_text_atomic(path.parent / f"{path.stem}.log", proc.stdout + proc.stderr)
     if proc.returncode != 0:
         lines = [x for x in (proc.stderr or proc.stdout).strip().splitlines() if x.strip()]
         raise RuntimeError(

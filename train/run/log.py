@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from posfreq.train.atomic import write_text_atomic
+from posfreq.train.journal import record_written
 
 LOG = logging.getLogger("posfreq.train")
 
@@ -156,6 +157,7 @@ class RunLog:
             keep, unreadable = split_metrics(path.read_text(errors="replace"), resumed_step)
             if unreadable:
                 aside = path.with_name(path.name + ".unreadable")
+                record_written(aside)
                 with open(aside, "a") as f:
                     f.write("".join(line + "\n" for line in unreadable))
                 LOG.warning(
@@ -166,6 +168,7 @@ class RunLog:
                     aside,
                 )
             write_text_atomic(path, "".join(line + "\n" for line in keep))
+        record_written(path)
         self.file = open(path, "a")
 
     def info(self, message: str) -> None:

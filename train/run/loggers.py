@@ -9,6 +9,7 @@ import secrets
 from pathlib import Path
 from urllib.parse import urlparse
 
+from posfreq.train.journal import record_written
 from posfreq.train.run.config import TrainConfig
 
 WANDB_ID_FILE = "wandb_run_id"  # in OUT: the wandb run every job of this run directory logs to
@@ -20,6 +21,7 @@ def wandb_run_id(out: Path) -> str:
     path = out / WANDB_ID_FILE
     if not path.is_file():
         out.mkdir(parents=True, exist_ok=True)
+        record_written(path)
         mine = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         mine.write_text(secrets.token_hex(4) + "\n")
         try:

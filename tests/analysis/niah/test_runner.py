@@ -19,6 +19,7 @@ from helpers.probe import (
     probe_fake_run,
     snapshot,
 )
+from helpers.records import as_older_posfreq
 
 from posfreq.analysis.niah import results
 from posfreq.analysis.niah import runner as probe_runner
@@ -28,6 +29,7 @@ from posfreq.analysis.niah.needles import NiahBuilder, PromptFormat
 from posfreq.analysis.tables.columns import RUN_COLUMNS
 from posfreq.analysis.tables.formats import read_csv
 from posfreq.analysis.tables.pass_curve import Analysis
+from posfreq.train.journal import JOURNAL_FILE
 from posfreq.train.outdir import OWNER_FILE, OutputDirError, owner_of
 
 REPO = Path(__file__).resolve().parents[3]
@@ -405,7 +407,7 @@ def test_an_older_probes_results_are_adopted_and_resumed(tmp_path, monkeypatch):
     assert owner_of(out) == "probe" and all(owner_of(out / name) == "probe" for name in names)
 
     def as_an_older_posfreq_left_it() -> None:
-        for record in out.rglob(OWNER_FILE):
+        for record in [*out.rglob(OWNER_FILE), *out.rglob(JOURNAL_FILE)]:
             record.unlink()
 
     as_an_older_posfreq_left_it()
@@ -425,6 +427,6 @@ def test_an_older_probes_results_are_adopted_and_resumed(tmp_path, monkeypatch):
     model = WindowModel(TOKENIZER)
     run_one(tmp_path / "one", model, [160])
     decoded = len(model.calls)
-    (tmp_path / "one" / OWNER_FILE).unlink()
+    as_older_posfreq(tmp_path / "one")
     run_one(tmp_path / "one", model, [160])
     assert len(model.calls) == decoded and owner_of(tmp_path / "one") == "probe"

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.corpus import SOURCES, write_slimpajama
+from helpers.records import as_older_posfreq
 
 from posfreq.scripts.commands import analyze as pf
-from posfreq.train.outdir import OWNER_FILE
+from posfreq.train.journal import is_record
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -102,8 +103,10 @@ def test_empty_corpus_is_an_error(slimpajama, tmp_path, monkeypatch):
 
 
 def listing(out: Path) -> set[str]:
-    """Every file under `out`, as a path relative to it, but the owner record (train/outdir.py)."""
-    return {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and p.name != OWNER_FILE}
+    """Every file under `out`, as a path relative to it, but the owner record and journal (train/journal.py)."""
+    return {
+        str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and not is_record(p.name)
+    }
 
 
 def summary_files(out: Path) -> list[str]:
@@ -221,7 +224,7 @@ def test_a_users_folder_is_refused_before_counting_and_an_older_output_is_rerun(
     monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
     older = tmp_path / "older"  # as a posfreq before owner records wrote it
     assert pf.main([*args, str(older), "--train-len", "32"]) == 0
-    (older / OWNER_FILE).unlink()
+    as_older_posfreq(older)
     assert pf.main([*args, str(older), "--train-len", "16"]) == 0
     assert "position_frequency_L32.csv" not in listing(older)
     assert listing(older) == set(summary_files(older))
@@ -229,16 +232,14 @@ def test_a_users_folder_is_refused_before_counting_and_an_older_output_is_rerun(
     sharded = tmp_path / "sharded"  # slurm/position_freq.sh's layout, as an older posfreq wrote it
     for i in range(2):
         assert pf.main([*args, str(sharded / f"shard_{i}"), "--shard", f"{i}/2"]) == 0
-        (sharded / f"shard_{i}" / OWNER_FILE).unlink()
+        as_older_posfreq(sharded / f"shard_{i}")
     parts = [str(sharded / f"shard_{i}") for i in range(2)]
     assert (
         pf.main(["--merge", *parts, "--no-figures", "--train-len", "16", "--out", str(sharded)])
         == 0
     )
     assert {"summary.json", "shard_0/histogram.npz", "shard_1/histogram.npz"} <= listing(sharded)
-    (
-        sharded / OWNER_FILE
-    ).unlink()  # an older merge, whose counts are then resubmitted by this version
+    as_older_posfreq(sharded)  # an older merge, whose counts are then resubmitted by this version
     assert pf.main([*args, str(sharded / "shard_0"), "--shard", "0/2"]) == 0
     assert (
         pf.main(["--merge", *parts, "--no-figures", "--train-len", "16", "--out", str(sharded)])
@@ -474,3 +475,33 @@ def test_a_replaced_tokenizer_file_is_counted_anew_not_read_from_the_cache(
     write_llama3_tokenizer(tok)  # another tokenizer at the same path
     rerun = tokens("llama3")
     assert rerun == tokens("llama3-no-cache", "--no-cache") and rerun < as_bytes
+
+
+def test_a_summary_listing_a_users_file_never_deletes_it(slimpajama, tmp_path, monkeypatch):
+    """A summary.json that lists thesis.tex made a rerun delete it: only what the folder's journal records as
+    written by posfreq is removed, and a folder holding an unrecorded file is refused untouched."""
+    root, _ = slimpajama
+    monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "pf"
+    args = [*analyze_args(root), "--no-figures", "--out", str(out), "--train-len", "16"]
+    assert pf.main(args) == 0
+    thesis = out / "thesis.tex"
+    thesis.write_text("two years of work")
+    summary = json.loads((out / "summary.json").read_text())
+    summary["files"].append("thesis.tex")
+    (out / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(SystemExit, match=r"did not write \(thesis.tex"):
+        pf.main(args)
+    assert thesis.read_text() == "two years of work"
+    (
+        out / ".posfreq-files"
+    ).write_text(  # even recorded by hand in summary and journal alike: a link is not
+        (out / ".posfreq-files").read_text() + "thesis.tex\n"
+    )
+    thesis.unlink()
+    outside = tmp_path / "thesis.tex"
+    outside.write_text("two years of work")
+    thesis.symlink_to(outside)  # followed, it would delete the user's file
+    with pytest.raises(SystemExit, match="outside"):
+        pf.main(args)
+    assert outside.read_text() == "two years of work" and thesis.is_symlink()

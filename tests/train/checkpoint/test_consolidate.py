@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.records import as_older_posfreq
 from helpers.trainer import (
     run,
     tiny,
@@ -23,6 +24,7 @@ def test_consolidate_and_load_model(data_dir, tmp_path):
     src = tmp_path / "checkpoints" / ckpt.milestone_name(2048)
     out = consolidate(src, tmp_path / "model")
     assert sorted(p.name for p in out.iterdir()) == [
+        ".posfreq-files",
         ".posfreq-output.json",
         "meta.json",
         "model.safetensors",
@@ -80,9 +82,7 @@ def test_consolidate_never_replaces_a_directory_it_did_not_write(data_dir, tmp_p
         and (again / "model.safetensors").is_file()
         and not (tmp_path / "model.old").exists()
     )
-    (
-        again / ".posfreq-output.json"
-    ).unlink()  # as an older posfreq left it: its files, meta.json naming the source
+    as_older_posfreq(again)  # as an older posfreq left it: its files, meta.json naming the source
     assert (
         checkpoint_command.main(
             ["consolidate", "--checkpoint", str(src), "--out", str(again), "--dtype", "bf16"]

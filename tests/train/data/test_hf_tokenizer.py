@@ -42,8 +42,9 @@ def test_bytes_model_export_loads_offline_with_our_ids(tmp_path: Path) -> None:
         "model.safetensors",
         "tokenizer.json",
         "tokenizer_config.json",
+        ".posfreq-files",
         ".posfreq-output.json",
-    }  # the last marks the export's own
+    }  # the last two: the export's owner record and what it wrote (train/journal.py)
     assert set(modes.values()) == {0o644}, modes
     hf = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
     assert (hf.bos_token_id, hf.eos_token_id, len(hf)) == (256, 257, 258)

@@ -19,9 +19,9 @@ from posfreq.analysis.corpus.frequency import position_frequency
 from posfreq.train.data.packing import IGNORE_INDEX, PackedBatch, PackedSampler
 from posfreq.train.data.packing_schedule import PackingSchedule, predict_trained_histogram
 from posfreq.train.data.packing_strategies import STRATEGIES, Documents, best_fit_decreasing
-from posfreq.train.run.config import ConfigError, DataSection, config_from_dict
 from posfreq.train.data.shards import TokenDataset
 from posfreq.train.data.upsample import LengthUpsample
+from posfreq.train.run.config import ConfigError, DataSection, config_from_dict
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -14,18 +14,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
+from helpers.records import as_older_posfreq
 from helpers.shards import LENGTHS, unique_dataset
 
-from posfreq.train.outdir import OutputDirError
 from posfreq.train.data.shards import ShardWriter, TokenDataset, concat_ranges
 from posfreq.train.data.tokenizer import get_tokenizer
+from posfreq.train.outdir import OutputDirError
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-
-
 
 
 @pytest.fixture
@@ -163,7 +159,6 @@ def test_prepare_writes_only_into_its_own_folder(tmp_path: Path) -> None:
     """A user's folder is refused untouched; an older prepare's shards (no owner record) are resumed."""
     from posfreq.scripts.commands import prepare as prep
     from posfreq.train.data.corpora import resolve_corpus
-    from posfreq.train.outdir import OWNER_FILE
 
     corpus_dir = tmp_path / "corpus"
     corpus_dir.mkdir()
@@ -185,12 +180,12 @@ def test_prepare_writes_only_into_its_own_folder(tmp_path: Path) -> None:
 
     older = tmp_path / "older"
     prep.prepare(corpus, older, "bytes", progress=False, val_fraction=0.5)
-    (older / OWNER_FILE).unlink()
-    (older / "val" / OWNER_FILE).unlink(missing_ok=True)
+    as_older_posfreq(older)
+    as_older_posfreq(older / "val")
     again = prep.prepare(corpus, older, "bytes", progress=False, val_fraction=0.5)
     assert again["skipped_complete"] == 1
     (older / "README").write_text("a user's note")
-    (older / OWNER_FILE).unlink()
+    as_older_posfreq(older)
     with pytest.raises(OutputDirError, match=r"did not write \(README, notes.json"):
         prep.prepare(corpus, older, "bytes", progress=False, val_fraction=0.5)
 

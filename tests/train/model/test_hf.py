@@ -364,6 +364,7 @@ def test_export_never_writes_into_another_model_and_drops_its_own_stale_weights(
     tmp_path: Path,
 ) -> None:
     from posfreq.scripts.commands import export_hf as export_script
+    from posfreq.train.journal import record_written
     from posfreq.train.outdir import OutputDirError
 
     sharded = tmp_path / "downloaded"
@@ -379,15 +380,21 @@ def test_export_never_writes_into_another_model_and_drops_its_own_stale_weights(
     assert {p.name: p.read_bytes() for p in sharded.iterdir()} == before
     out = tmp_path / "exported"
     export_hf(ours, out)
-    (out / "model-00001-of-00002.safetensors").write_bytes(
-        b"stale"
-    )  # as if an earlier export had been sharded
-    (out / "model.safetensors.index.json").write_text("{}")
+    stale = (
+        out / "model-00001-of-00002.safetensors"
+    )  # as an earlier, sharded export wrote it: in the journal
+    record_written(stale)
+    stale.write_bytes(b"stale")
     export_hf(ours, out)
-    assert (
-        not (out / "model.safetensors.index.json").exists()
-        and not (out / "model-00001-of-00002.safetensors").exists()
-    )
+    assert not stale.exists()  # an earlier export's weights would be loaded instead: gone
+    mine = (
+        out / "model-00002-of-00002.safetensors"
+    )  # not in the journal: a user's, refused and kept
+    mine.write_bytes(b"mine")
+    with pytest.raises(OutputDirError, match=r"did not write \(model-00002-of-00002.safetensors"):
+        export_hf(ours, out)
+    assert mine.read_bytes() == b"mine"
+    mine.unlink()
     _assert_same_logits(load_hf_model(out), LlamaForCausalLM.from_pretrained(sharded), _ids())
 
 

@@ -89,3 +89,23 @@ def test_on_a_gpu_node_every_check_passes_or_says_why_it_was_skipped(tmp_path):
     assert (
         status["attention-varlen"] == "PASS"
     )  # torch's own kernel: on every sm80+ GPU with a CUDA torch
+
+
+def test_a_rerun_removes_only_what_the_doctor_and_its_runs_wrote(tmp_path):
+    """`doctor --out` deleted data/, pretrain-bf16/ and pretrain-fp32/ whole: now only what its journal (and the
+    journals of the runs it started there) records goes, and a part holding a user's file is refused."""
+    from posfreq.train.atomic import write_text_atomic
+    from posfreq.train.outdir import OutputDirError, claim_output_dir
+    from posfreq.train.preflight.doctor import claim_work_dir
+
+    out = claim_work_dir(str(tmp_path / "doc"), "doctor", ("data", "pretrain-bf16"))
+    data = claim_output_dir(out / "data", "prepare")  # as the doctor's prepare stage claims it
+    write_text_atomic(data / "shard.bin", "tokens")
+    again = claim_work_dir(str(out), "doctor", ("data", "pretrain-bf16"))
+    assert again == out and not (out / "data").exists()  # the doctor's own run: removed whole
+    mine = out / "pretrain-bf16"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")  # never written by posfreq
+    with pytest.raises(OutputDirError, match="did not write"):
+        claim_work_dir(str(out), "doctor", ("data", "pretrain-bf16"))
+    assert (mine / "notes.txt").read_text() == "mine"

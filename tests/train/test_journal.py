@@ -1,0 +1,97 @@
+"""The journal of an output folder (train/journal.py): every posfreq write into a claimed folder is recorded before
+the file appears, and a rerun deletes exactly what is recorded, inside the folder, never through a link."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+
+from posfreq.train.atomic import AtomicFile, publish_dir, write_text_atomic
+from posfreq.train.journal import (
+    JOURNAL_FILE,
+    JournalError,
+    record_written,
+    recorded,
+    remove_recorded,
+    unrecorded,
+)
+from posfreq.train.outdir import OutputDirError, claim_output_dir
+
+
+def test_an_atomic_write_is_recorded_before_its_file_appears(tmp_path):
+    out = claim_output_dir(tmp_path / "out", "probe")
+    pending = (
+        AtomicFile(out / "tables" / "summary.csv") if (out / "tables").mkdir() is None else None
+    )
+    assert recorded(out) == ["tables/summary.csv"]  # a crash now leaves nothing unrecorded
+    assert not (out / "tables" / "summary.csv").exists() and unrecorded(out) == []
+    pending.discard()
+    write_text_atomic(out / "a.txt", "a")
+    write_text_atomic(out / "a.txt", "again")  # rewritten: one line
+    assert recorded(out) == ["tables/summary.csv", "a.txt"]
+
+
+def test_a_folder_built_under_a_temporary_name_is_recorded_by_its_final_name(tmp_path):
+    out = claim_output_dir(tmp_path / "run", "pretrain")
+    tmp = out / "checkpoints" / "tokens-1.tmp"
+    tmp.mkdir(parents=True)
+    write_text_atomic(tmp / "model.safetensors", "w")
+    publish_dir(tmp, out / "checkpoints" / "tokens-1")
+    assert recorded(out) == ["checkpoints/tokens-1"]
+
+
+def test_a_rerun_deletes_what_was_recorded_and_nothing_else(tmp_path):
+    out = claim_output_dir(tmp_path / "out", "doctor")
+    write_text_atomic(out / "report.json", "{}")
+    data = claim_output_dir(out / "data", "prepare")  # a nested claim: recorded in the parent
+    write_text_atomic(data / "shard.bin", "tokens")
+    (data / "mine.txt").write_text("a user's note")  # never recorded
+    outside = tmp_path / "thesis.tex"
+    outside.write_text("keep me")
+    link = out / "link"
+    record_written(link)
+    link.symlink_to(outside)  # a recorded name that is now a link: the link goes, never its target
+    removed = remove_recorded(out)
+    assert sorted(p.name for p in removed) == ["link", "report.json", "shard.bin"]
+    assert outside.read_text() == "keep me" and (data / "mine.txt").read_text() == "a user's note"
+    assert recorded(out) == []
+
+
+def test_a_journal_line_leading_out_of_the_folder_deletes_nothing(tmp_path):
+    out = claim_output_dir(tmp_path / "out", "analyze")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "file.txt").write_text("keep")
+    (out / "through").symlink_to(elsewhere)
+    for line in ("../victim.txt", str(victim), "through/file.txt"):
+        (out / JOURNAL_FILE).write_text(line + "\n")
+        with pytest.raises(JournalError, match="nothing was deleted"):
+            remove_recorded(out)
+    assert victim.read_text() == "keep" and (elsewhere / "file.txt").read_text() == "keep"
+
+
+def test_a_claimed_folder_holding_an_unrecorded_file_is_refused_untouched(tmp_path):
+    out = claim_output_dir(tmp_path / "out", "compare")
+    write_text_atomic(out / "checkpoints.csv", "a,b\n")
+    (out / "notes.md").write_text("mine")
+    with pytest.raises(OutputDirError, match=r"did not write \(notes.md"):
+        claim_output_dir(out, "compare")
+    assert (out / "notes.md").read_text() == "mine"
+
+
+def _append(args):
+    folder, tag = args
+    for i in range(300):
+        record_written(Path(folder) / f"{tag}-{i:03d}.json")
+
+
+def test_two_processes_recording_at_once_lose_and_tear_no_line(tmp_path):
+    out = claim_output_dir(tmp_path / "out", "probe")
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        pool.map(_append, [(str(out), "a"), (str(out), "b")])
+    lines = (out / JOURNAL_FILE).read_text().splitlines()
+    assert sorted(lines) == sorted(f"{tag}-{i:03d}.json" for tag in "ab" for i in range(300))

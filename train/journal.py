@@ -1,0 +1,160 @@
+"""The record of what a command wrote into its output folder: the one mechanism every command's rerun trusts.
+
+A claimed output folder (train/outdir.py) holds OWNER_FILE, naming the command, and JOURNAL_FILE, one line per
+file or folder a posfreq command wrote there, appended *before* the file appears under its name (train/atomic.py
+records every atomic write; a writer that appends records its file when it creates it). So a crash never leaves
+a written file unrecorded, and two processes writing one folder (array jobs) only append. A rerun deletes or
+replaces only what the journal names, inside the folder and never through a link; anything else there is a
+user's, and the folder is refused (train/outdir.py).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+
+OWNER_FILE = ".posfreq-output.json"
+JOURNAL_FILE = ".posfreq-files"
+RECORD_FILES = (OWNER_FILE, JOURNAL_FILE)
+MAX_LEVELS = 8
+"""How far up from a written file the owning folder is looked for."""
+
+
+class JournalError(ValueError):
+    """A journal line that names something outside its folder: nothing is deleted on its word."""
+
+
+def is_record(name: str) -> bool:
+    """OWNER_FILE or JOURNAL_FILE, or a temporary of either while a process writes it (train/atomic.py's naming)."""
+    return name in RECORD_FILES or any(
+        name.startswith(f".{record}.") and name.endswith(".tmp") for record in RECORD_FILES
+    )
+
+
+def owning_folder(path: Path) -> Path | None:
+    """The nearest folder above `path` that a posfreq command claimed (it holds OWNER_FILE), or None."""
+    folder = Path(os.path.abspath(path)).parent
+    for _ in range(MAX_LEVELS):
+        if (folder / OWNER_FILE).is_file():
+            return folder
+        if folder.parent == folder:
+            return None
+        folder = folder.parent
+    return None
+
+
+def record_written(path: str | Path) -> None:
+    """Append `path` (a file or folder about to be written) to the journal of the folder that owns it, if one does.
+    Called before the write, so the record is never behind the disk."""
+    path = Path(os.path.abspath(path))
+    folder = owning_folder(path)
+    if folder is None or is_record(path.name):  # the records themselves are never journaled
+        return
+    relative = path.relative_to(folder)
+    if any(part.endswith(".tmp") for part in relative.parts[:-1]):
+        return  # inside a folder being built: its final name is recorded when it is published
+    line = relative.as_posix() + "\n"
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(folder / JOURNAL_FILE, flags, 0o644)
+    try:
+        os.write(
+            fd, line.encode()
+        )  # one short O_APPEND write: concurrent writers never interleave within it
+    finally:
+        os.close(fd)
+
+
+def recorded(folder: Path) -> list[str]:
+    """The relative paths the journal of `folder` names, in order of first record, or [] without a journal.
+
+    JournalError for a line that leads out of the folder (absolute, `..`, or through a link inside it)."""
+    journal = folder / JOURNAL_FILE
+    if journal.is_symlink() or not journal.is_file():
+        return []
+    names = list(
+        dict.fromkeys(line for line in journal.read_text(errors="replace").splitlines() if line)
+    )
+    for name in names:
+        inside(folder, name)
+    return names
+
+
+def inside(folder: Path, name: str) -> Path:
+    """folder/name, if `name` is a relative path that stays in `folder` without following a link (JournalError)."""
+    pure = PurePosixPath(name)
+    if pure.is_absolute() or ".." in pure.parts or not pure.parts:
+        raise JournalError(
+            f"{folder / JOURNAL_FILE} names {name!r}, outside the folder. Fix: remove that line "
+            "(nothing was deleted)"
+        )
+    path = folder
+    for part in pure.parts[:-1]:
+        path = path / part
+        if path.is_symlink():
+            raise JournalError(
+                f"{folder / JOURNAL_FILE} names {name!r}, through the link {path}. Fix: remove that line "
+                "(nothing was deleted)"
+            )
+    return path / pure.parts[-1]
+
+
+def unrecorded(folder: Path, allowed: set[str] = frozenset()) -> list[str]:
+    """The entries directly in `folder` that neither its journal nor `allowed` accounts for: what a user put there.
+    Writes in progress are accounted for too (``*.tmp``, and the ``NAME.old`` of a directory being replaced):
+    tolerated, never deleted on that account."""
+    names = recorded(folder)
+    tops = {PurePosixPath(name).parts[0] for name in names} | set(allowed)
+    return sorted(
+        entry.name
+        for entry in folder.iterdir()
+        if not is_record(entry.name)
+        and entry.name not in tops
+        and not entry.name.endswith(".tmp")
+        and not (entry.name.endswith(".old") and entry.name[: -len(".old")] in tops)
+    )
+
+
+def remove_recorded(folder: Path, under: str | None = None) -> list[Path]:
+    """Delete what the journal of `folder` names (only under the relative folder `under`, if given): files and links
+    themselves (never what a link points to), recorded folders with only what their own journal or this one
+    names, then the folders left empty; the journal keeps the other lines. Returns what was deleted."""
+    names = recorded(folder)
+    chosen = [n for n in names if under is None or PurePosixPath(n).parts[0] == under]
+    removed: list[Path] = []
+    for name in sorted(chosen, key=lambda n: -len(PurePosixPath(n).parts)):
+        path = inside(folder, name)
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+            removed.append(path)
+        elif path.is_dir():
+            if (path / OWNER_FILE).is_file():  # another claimed folder: only what its journal names
+                removed += remove_recorded(path)
+                for record in RECORD_FILES:
+                    (path / record).unlink(missing_ok=True)
+            _remove_if_empty(path)
+    for path in sorted({p.parent for p in removed}, key=lambda p: -len(p.parts)):
+        while path != folder and folder in path.parents:
+            if not _remove_if_empty(path):
+                break
+            path = path.parent
+    keep = [n for n in names if n not in set(chosen)]
+    _rewrite(folder, keep)
+    return removed
+
+
+def _remove_if_empty(path: Path) -> bool:
+    try:
+        path.rmdir()
+        return True
+    except OSError:
+        return False
+
+
+def _rewrite(folder: Path, names: list[str]) -> None:
+    journal = folder / JOURNAL_FILE
+    if not names:
+        journal.unlink(missing_ok=True)
+        return
+    tmp = folder / f".{JOURNAL_FILE}.rewrite.tmp"
+    tmp.write_text("".join(f"{name}\n" for name in names))
+    os.replace(tmp, journal)
