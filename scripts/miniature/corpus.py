@@ -44,6 +44,7 @@ from posfreq.analysis.niah.needles import (
     clean_haystack,
     split_sentences,
 )
+from posfreq.train.journal import record_written
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"  # UNK is never produced: every byte has a piece
 CONTINUATION = (
@@ -97,6 +98,7 @@ def probe_haystack_dir(out_dir: str | Path, n_train: int = N_TRAIN_ESSAYS) -> Pa
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for i, text in enumerate(split_essays(n_train)[1]):
+        record_written(out / f"essay_{i:02d}.txt")
         (out / f"essay_{i:02d}.txt").write_text(text, encoding="utf-8")
     return out
 
@@ -169,7 +171,9 @@ def build_tokenizer(
     )
     tok.pre_tokenizer = pre
     tok.decoder = decoders.Sequence([decoders.Replace(CONTINUATION, ""), decoders.ByteLevel()])
+    record_written(out / "tokenizer.json")
     tok.save(str(out / "tokenizer.json"))
+    record_written(out / "tokenizer_config.json")
     (out / "tokenizer_config.json").write_text(json.dumps({"bos_token": BOS, "eos_token": EOS}))
     return f"hf:{out}"
 
@@ -287,6 +291,7 @@ def write_corpus(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.jsonl"
+    record_written(path)
     with path.open("w", encoding="utf-8") as f:
         for text in docs:
             f.write(json.dumps({"text": text}) + "\n")

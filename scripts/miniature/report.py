@@ -15,6 +15,7 @@ from posfreq.scripts.miniature.agreement import agreement_lines
 from posfreq.scripts.miniature.pipeline import REPO, DemoSettings, Pipeline
 from posfreq.train.atomic import write_text_atomic
 from posfreq.train.command_line import code_version
+from posfreq.train.journal import record_written
 
 
 def markdown(rows: list[dict], columns: list[str]) -> str:
@@ -200,14 +201,17 @@ def collect_figures(
         *(out / "position_freq" / "figures").glob("fig*.png"),
         *(out / "compare" / "figures").glob("*.png"),
     ]:
+        record_written(figures / png.name)
         shutil.copy2(png, figures / png.name)
     for prefix, directory in extra.items():
         for png in directory.glob("*.png"):
+            record_written(figures / f"{prefix}_{png.name}")
             shutil.copy2(png, figures / f"{prefix}_{png.name}")
     for name, run in runs.items():
         if name.endswith(f"-s{first_seed}"):
             last = sorted((run / "probe").glob("tokens-*"))[-1]
             for png in (last / "figures").glob("*.png"):
+                record_written(figures / f"{name}_{png.name}")
                 shutil.copy2(png, figures / f"{name}_{png.name}")
 
 
