@@ -22,6 +22,7 @@ from posfreq.analysis.keys import ruler_code, ruler_unit_key
 from posfreq.analysis.niah.settings import parse_lengths
 from posfreq.analysis.ruler_task.evaluate import TASK_DIR, Evaluator, RulerError
 from posfreq.train.atomic import atomic_open, write_json_atomic
+from posfreq.train.data.hf_tokenizer import render_in_sandbox
 from posfreq.train.data.tokenizer import hf_dir
 from posfreq.train.devices import resolve_device
 from posfreq.train.fingerprint import files_sha256
@@ -145,6 +146,9 @@ def run(args) -> Path:
             f"--model {path}: its tokenizer does not load ({first}). Fix: save it beside the model "
             "(tokenizer.save_pretrained(DIR) writes tokenizer.json)"
         ) from None
+    render_in_sandbox(
+        tokenizer
+    )  # lm-eval renders the chat template through it: never transformers' own Jinja
     if args.chat_template and not tokenizer.chat_template:
         raise RulerError(
             f"--chat-template true: {path} has no chat template (chat_template.jinja or "

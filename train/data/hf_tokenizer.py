@@ -187,3 +187,40 @@ def write_llama3_tokenizer(out_dir: str | Path) -> list[Path]:
     return _write_tokenizer(
         tokenizer, _tokenizer_config(bos, eos, 131072, split_special_tokens=False), out_dir
     )
+
+
+def render_in_sandbox(tokenizer) -> None:
+    """Make a transformers tokenizer render its chat template in posfreq's bounded sandbox
+    (`render_chat_template`: time, output and every growing operation bounded) instead of transformers' own
+    Jinja environment, which bounds none of them; for libraries that call `apply_chat_template` (lm-eval)."""
+    from posfreq.train.data.tokenizer import render_chat_template
+
+    def apply_chat_template(
+        conversation,
+        tokenize: bool = False,
+        add_generation_prompt: bool = False,
+        continue_final_message: bool = False,
+        chat_template: str | None = None,
+        **variables,
+    ) -> str:
+        if tokenize:
+            raise ValueError("posfreq renders chat templates to text only (tokenize=False)")
+        messages = list(conversation)
+        text = render_chat_template(
+            chat_template or tokenizer.chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=tokenizer.bos_token or "",
+            eos_token=tokenizer.eos_token or "",
+            **{k: v for k, v in variables.items() if isinstance(v, str)},
+        )
+        if (
+            continue_final_message
+        ):  # as transformers does: the text ends where the last message does
+            final = str(messages[-1]["content"]).strip()
+            if final not in text:
+                raise ValueError("the chat template does not render the final message")
+            text = text[: text.rindex(final) + len(final)]
+        return text
+
+    tokenizer.apply_chat_template = apply_chat_template

@@ -184,3 +184,91 @@ def test_a_checkpoints_tokenizer_is_checked_by_content_before_probing_or_exporti
         probe_sources.checkpoint_source(checkpoint, settings)
     with pytest.raises(SystemExit, match="not, by content, the one it trained with"):
         export_hf.main(["--checkpoint", str(checkpoint), "--out", str(tmp_path / "hf")])
+
+
+GROWING = [
+    ("{{ '%100000000d' % 1 }}", "%-format with a width"),
+    ("{{ '%*d' % (100000000, 1) }}", "width given at run time"),
+    ("{{ 'x'.center(100000000) }}", "str.center"),
+    ("{{ 'x'.ljust(100000000) }}", "str.ljust"),
+    ("{{ '{:>100000000}'.format(1) }}", "str.format with a width"),
+    ("{{ 'x' | center(100000000) }}", "center"),
+    ("{{ 'a\nb' | indent(100000000) }}", "indent"),
+    ("{{ '%100000000s' | format('x') }}", "format with a width"),
+    ("{{ range(100000) | join('x' * 999) }}", "a join"),
+    ("{{ ('x' * 999999).replace('x', 'yy') }}", "str.replace"),
+    (
+        "{% set ns = namespace(s='x' * 999) %}{% for i in range(30) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+        "`~`",
+    ),
+    (
+        "{% set ns = namespace(s='x' * 999) %}{% for i in range(30) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+        "`+`",
+    ),
+    ("{{ [1] | batch(100000000, 0) | list }}", "batch"),
+]
+
+
+@pytest.mark.parametrize("template,message", GROWING, ids=[t for t, _ in GROWING])
+def test_no_template_operation_builds_a_huge_value(template, message):
+    """'%100000000d' % 1, center, ljust, format, indent, join and `~` in a loop each built 100-512 MB in under 2 s:
+    each is refused before it runs, in one error, with little memory used."""
+    import time
+    import tracemalloc
+
+    from posfreq.train.data.tokenizer import render_chat_template
+
+    tracemalloc.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(ValueError, match=message.replace("`", ".").replace("(", r"\(")):
+            render_chat_template(template, [{"role": "user", "content": "hi"}])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert time.monotonic() - started < 2 and peak < 50 * 2**20, peak
+
+
+def test_ordinary_templates_still_render_in_the_bounded_sandbox():
+    from posfreq.train.data.tokenizer import render_chat_template
+
+    template = (
+        "{{ bos_token }}{% for m in messages %}{{ '<|' ~ m['role'] ~ '|>\\n' + m['content'] | trim }}"
+        "{{ '%s' % eos_token }}{% endfor %}{{ '{:>3}'.format(7) }}{{ ['a', 'b'] | join(', ') }}"
+        "{{ 'x' | center(5) }}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    text = render_chat_template(
+        template, [{"role": "user", "content": " hi "}], bos_token="<s>", eos_token="</s>"
+    )
+    assert text == "<s><|user|>\nhi</s>  7a, b  x  <|assistant|>"
+
+
+def test_ruler_renders_chat_templates_in_the_bounded_sandbox_not_transformers(tmp_path):
+    """`ruler --chat-template true` rendered through transformers' Jinja: nested range(100000) loops ran past
+    150 s. The tokenizer lm-eval is handed renders in posfreq's sandbox: bounded, and the same text otherwise."""
+    import time
+
+    from transformers import AutoTokenizer
+
+    from posfreq.train.data.hf_tokenizer import render_in_sandbox
+
+    directory = write_chat_tokenizer(tmp_path / "chat")
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    conversation = [{"role": "user", "content": "Where is the needle?"}]
+    expected = tokenizer.apply_chat_template(
+        conversation, tokenize=False, add_generation_prompt=True
+    )
+    render_in_sandbox(tokenizer)
+    assert (
+        tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+        == expected
+    )
+    continued = [*conversation, {"role": "assistant", "content": "The needle is"}]
+    assert tokenizer.apply_chat_template(
+        continued, tokenize=False, continue_final_message=True
+    ).endswith("<|im_start|>assistant\nThe needle is")
+    tokenizer.chat_template = "{{ '%100000000d' % 1 }}"
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="width"):
+        tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    assert time.monotonic() - started < 2
