@@ -13,6 +13,7 @@ import sys
 from typing import Sequence
 
 from posfreq.train.command_line import describe_error
+from posfreq.train.outdir import release_output_locks
 
 # subcommand -> (module with main(argv), one line for `posfreq --help`)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -100,24 +101,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     # sys.argv stays as it is: Lightning's launcher re-runs sys.argv[0] (this console script) for the other local
     # ranks, so it must remain a file that exists; each parser names itself `posfreq SUBCOMMAND`.
     try:
-        return int(module.main(rest) or 0)
-    except SystemExit as stop:  # a command's own message: one line that starts with "error:"
-        if isinstance(stop.code, str) and not stop.code.startswith("error:"):
-            raise SystemExit(f"error: {stop.code}") from None
-        raise
-    except KeyboardInterrupt:
-        print(f"posfreq {name}: interrupted", file=sys.stderr)
-        return 130
-    except (
-        Exception
-    ) as err:  # every failure a command did not word itself: one line, the traceback on request
-        if debug:
+        try:
+            return int(module.main(rest) or 0)
+        except SystemExit as stop:  # a command's own message: one line that starts with "error:"
+            if isinstance(stop.code, str) and not stop.code.startswith("error:"):
+                raise SystemExit(f"error: {stop.code}") from None
             raise
-        print(
-            f"error: {describe_error(err)}\n  (posfreq {name} --debug, or POSFREQ_DEBUG=1, shows the traceback)",
-            file=sys.stderr,
-        )
-        return 1
+        except KeyboardInterrupt:
+            print(f"posfreq {name}: interrupted", file=sys.stderr)
+            return 130
+        except (
+            Exception
+        ) as err:  # every failure a command did not word itself: one line, the traceback on request
+            if debug:
+                raise
+            print(
+                f"error: {describe_error(err)}\n  (posfreq {name} --debug, or POSFREQ_DEBUG=1, shows the traceback)",
+                file=sys.stderr,
+            )
+            return 1
+    finally:
+        release_output_locks()  # the command is done: its folders are free for others
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ from pathlib import Path, PurePosixPath
 
 OWNER_FILE = ".posfreq-output.json"
 JOURNAL_FILE = ".posfreq-files"
-RECORD_FILES = (OWNER_FILE, JOURNAL_FILE)
+LOCK_FILE = ".posfreq-lock"
+"""Held (flock) by the process writing the folder, when its command writes alone (train/outdir.py)."""
+RECORD_FILES = (OWNER_FILE, JOURNAL_FILE, LOCK_FILE)
 MAX_LEVELS = 8
 """How far up from a written file the owning folder is looked for."""
 
@@ -25,7 +27,8 @@ class JournalError(ValueError):
 
 
 def is_record(name: str) -> bool:
-    """OWNER_FILE or JOURNAL_FILE, or a temporary of either while a process writes it (train/atomic.py's naming)."""
+    """OWNER_FILE, JOURNAL_FILE or LOCK_FILE, or a temporary of one while a process writes it (train/atomic.py's
+    naming)."""
     return name in RECORD_FILES or any(
         name.startswith(f".{record}.") and name.endswith(".tmp") for record in RECORD_FILES
     )

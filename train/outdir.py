@@ -12,13 +12,23 @@ same directory at once.
 
 from __future__ import annotations
 
+import fcntl
 import fnmatch
 import json
+import os
+import socket
 from pathlib import Path
 from typing import Callable
 
 from posfreq.train.atomic import write_json_atomic
-from posfreq.train.journal import JOURNAL_FILE, OWNER_FILE, is_record, record_written, unrecorded
+from posfreq.train.journal import (
+    JOURNAL_FILE,
+    LOCK_FILE,
+    OWNER_FILE,
+    is_record,
+    record_written,
+    unrecorded,
+)
 
 
 class OutputDirError(ValueError):
@@ -117,16 +127,54 @@ def claim_output_dir(
     flag: str = "--out",
     written_before: Callable[[Path], bool] | None = None,
     parts: str | None = None,
+    shared: bool = False,
 ) -> Path:
     """Create (or reuse) `command`'s output directory `path`, recording the owner; OutputDirError for another's
-    (`written_before` and `parts` as in `check_output_dir`)."""
+    (`written_before` and `parts` as in `check_output_dir`). Unless `shared` (commands whose array jobs write one
+    folder at once, each its own files: prepare, probe, ruler), this process then writes it alone: a second
+    process claiming it is refused until this one ends (`release_output_locks`)."""
     path = check_output_dir(path, command, flag, written_before, parts)
     if not path.is_dir():
         record_written(path)  # a new folder inside another claimed one is that one's to remove
     path.mkdir(parents=True, exist_ok=True)
+    if not shared:
+        _lock(path, command, flag)
     if owner_of(path) != command:
         _mark_owned(path, command)
     return path
+
+
+_HELD: dict[Path, int] = {}
+"""The folders this process writes alone, and the descriptor holding each one's lock."""
+
+
+def _lock(path: Path, command: str, flag: str) -> None:
+    """flock `path`'s LOCK_FILE for this process (the kernel releases it when the process ends, however it ends);
+    OutputDirError naming the holder if another process holds it."""
+    key = path.resolve()
+    if key in _HELD:
+        return
+    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise OutputDirError(
+            f"{flag} {path} is being written by {holder}. Fix: wait for it to finish, or pass another "
+            "directory (nothing was changed)"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"posfreq {command} (pid {os.getpid()} on {socket.gethostname()})".encode())
+    _HELD[key] = fd
+
+
+def release_output_locks() -> None:
+    """Let other processes write the folders this one claimed (the `posfreq` dispatcher calls it when a command
+    returns; a process that ends releases them anyway)."""
+    for fd in _HELD.values():
+        os.close(fd)
+    _HELD.clear()
 
 
 def entry_names(path: Path) -> set[str]:

@@ -162,7 +162,7 @@ def check_results_dir(out: Path, run: bool = False) -> Path:
 def claim_results_dir(out: Path, run: bool = False) -> Path:
     """Create (or reuse) the probe's result directory `out`, recording the probe as its owner (`check_results_dir`
     says when it is refused)."""
-    return claim_output_dir(out, PROBE, written_before=_earlier_results(run))
+    return claim_output_dir(out, PROBE, written_before=_earlier_results(run), shared=True)
 
 
 def _earlier_results(run: bool) -> Callable[[Path], bool]:

@@ -154,7 +154,7 @@ def run(args) -> Path:
             f"--chat-template true: {path} has no chat template (chat_template.jinja or "
             "tokenizer_config.json's chat_template). Fix: drop the flag"
         )
-    claim_output_dir(out, COMMAND)
+    claim_output_dir(out, COMMAND, shared=True)
     (out / PARTS_DIR).mkdir(exist_ok=True)
     evaluator = Evaluator(path, tokenizer, args, device, dtype, max(lengths))
     parts = []

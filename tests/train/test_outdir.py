@@ -75,3 +75,37 @@ def test_a_file_is_not_a_folder(tmp_path: Path) -> None:
     (tmp_path / "out").write_text("")
     with pytest.raises(OutputDirError, match="is a file, not a directory"):
         check_output_dir(tmp_path / "out", "analyze")
+
+
+def test_a_second_process_writing_the_same_folder_is_refused_in_one_line(tmp_path):
+    """Two writers of one folder: the second is refused, naming the first, until the first process ends; a
+    command whose array jobs share a folder (shared=True) is not."""
+    import subprocess
+    import sys
+
+    from posfreq.train.outdir import claim_output_dir, release_output_locks
+
+    out = tmp_path / "cmp"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from posfreq.train.outdir import claim_output_dir; "
+            f"claim_output_dir({str(out)!r}, 'compare'); print('claimed', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "claimed"
+        with pytest.raises(OutputDirError, match=r"is being written by posfreq compare \(pid \d+"):
+            claim_output_dir(out, "compare")
+        claim_output_dir(
+            out, "compare", shared=True
+        )  # array jobs of one command: each its own files
+    finally:
+        holder.kill()
+        holder.wait()
+    assert claim_output_dir(out, "compare") == out  # the kernel released the dead process's lock
+    assert claim_output_dir(out, "compare") == out  # this process again: its own lock
+    release_output_locks()

@@ -293,10 +293,14 @@ def prepare(
     )  # from the full file list, so names are independent of --shard
     mine = corpus.shard(*shard)
     tokenizer = get_tokenizer(tokenizer_spec)
-    claim_output_dir(out, PREPARE, written_before=holds_only_shards)
+    claim_output_dir(out, PREPARE, written_before=holds_only_shards, shared=True)
     if val_fraction > 0:
         claim_output_dir(
-            out / VAL_DIR, PREPARE, flag="--out's val", written_before=holds_only_shards
+            out / VAL_DIR,
+            PREPARE,
+            flag="--out's val",
+            written_before=holds_only_shards,
+            shared=True,
         )
     todo = pending_files(mine, names, out, tokenizer, val_fraction)
     totals = {
