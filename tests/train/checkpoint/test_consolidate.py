@@ -25,6 +25,7 @@ def test_consolidate_and_load_model(data_dir, tmp_path):
     out = consolidate(src, tmp_path / "model")
     assert sorted(p.name for p in out.iterdir()) == [
         ".posfreq-files",
+        ".posfreq-lock",
         ".posfreq-output.json",
         "meta.json",
         "model.safetensors",

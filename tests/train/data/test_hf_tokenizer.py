@@ -43,8 +43,9 @@ def test_bytes_model_export_loads_offline_with_our_ids(tmp_path: Path) -> None:
         "tokenizer.json",
         "tokenizer_config.json",
         ".posfreq-files",
+        ".posfreq-lock",
         ".posfreq-output.json",
-    }  # the last two: the export's owner record and what it wrote (train/journal.py)
+    }  # the last three: what the export wrote, its lock and its owner (train/journal.py)
     assert set(modes.values()) == {0o644}, modes
     hf = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
     assert (hf.bos_token_id, hf.eos_token_id, len(hf)) == (256, 257, 258)
