@@ -11,6 +11,7 @@ user's, and the folder is refused (train/outdir.py).
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path, PurePosixPath
 
 OWNER_FILE = ".posfreq-output.json"
@@ -119,8 +120,9 @@ def unrecorded(folder: Path, allowed: set[str] = frozenset()) -> list[str]:
 
 def remove_recorded(folder: Path, under: str | None = None) -> list[Path]:
     """Delete what the journal of `folder` names (only under the relative folder `under`, if given): files and links
-    themselves (never what a link points to), recorded folders with only what their own journal or this one
-    names, then the folders left empty; the journal keeps the other lines. Returns what was deleted."""
+    themselves (never what a link points to), a claimed folder with only what its own journal names, a folder
+    posfreq published whole (a checkpoint) whole, then the folders left empty; the journal keeps the other lines.
+    Returns what was deleted."""
     names = recorded(folder)
     chosen = [n for n in names if under is None or PurePosixPath(n).parts[0] == under]
     removed: list[Path] = []
@@ -129,12 +131,14 @@ def remove_recorded(folder: Path, under: str | None = None) -> list[Path]:
         if path.is_symlink() or path.is_file():
             path.unlink()
             removed.append(path)
-        elif path.is_dir():
-            if (path / OWNER_FILE).is_file():  # another claimed folder: only what its journal names
-                removed += remove_recorded(path)
-                for record in RECORD_FILES:
-                    (path / record).unlink(missing_ok=True)
+        elif path.is_dir() and (path / OWNER_FILE).is_file():  # a claimed folder: what its journal names
+            removed += remove_recorded(path)
+            for record in RECORD_FILES:
+                (path / record).unlink(missing_ok=True)
             _remove_if_empty(path)
+        elif path.is_dir():  # a folder posfreq published whole (a checkpoint): its files were never listed
+            shutil.rmtree(path)  # removes links inside, never what they point to
+            removed.append(path)
     for path in sorted({p.parent for p in removed}, key=lambda p: -len(p.parts)):
         while path != folder and folder in path.parents:
             if not _remove_if_empty(path):

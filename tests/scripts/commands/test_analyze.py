@@ -132,6 +132,10 @@ def test_rerun_with_other_lengths_leaves_only_its_own_outputs(slimpajama, tmp_pa
         "figures/fig3_L32_vs_L64.png",
     } <= listing(out)
     (out / "notes.txt").write_text("not the job's: never deleted, never listed")
+    with pytest.raises(SystemExit, match=r"did not write \(notes.txt"):  # refused before any work
+        pf.main(common + ["--train-len", "16"])
+    assert (out / "notes.txt").read_text() == "not the job's: never deleted, never listed"
+    (out / "notes.txt").unlink()
 
     assert pf.main(common + ["--train-len", "16"]) == 0
     expected = {
@@ -147,18 +151,18 @@ def test_rerun_with_other_lengths_leaves_only_its_own_outputs(slimpajama, tmp_pa
         for ext in ("png", "pdf")
     }
     assert summary_files(out) == sorted(expected)
-    assert listing(out) == expected | {"notes.txt"}
+    assert listing(out) == expected
     assert list(json.loads((out / "summary.json").read_text())["all"]["by_train_len"]) == ["16"]
     assert {key.split("/")[0] for key in np.load(out / "position_frequency.npz").files} == {"L16"}
 
     assert pf.main(common + ["--train-len", "16", "--no-figures"]) == 0
     assert (
-        listing(out) == set(summary_files(out)) | {"notes.txt"} and not (out / "figures").exists()
+        listing(out) == set(summary_files(out)) and not (out / "figures").exists()
     )
     assert (
         pf.main(common + ["--shard", "0/2"]) == 0
     )  # a partial histogram replaces the full outputs too
-    assert listing(out) == {"histogram.npz", "summary.json", "notes.txt"}
+    assert listing(out) == {"histogram.npz", "summary.json"}
     assert summary_files(out) == ["histogram.npz", "summary.json"]
 
 
