@@ -168,7 +168,11 @@ def test_installed_analyze_runs_end_to_end(installed, tmp_path):
         for p in out.rglob("*")
         if p.is_file()
         and p.name
-        not in (".posfreq-output.json", ".posfreq-files", ".posfreq-lock")  # the records (train/journal.py)
+        not in (
+            ".posfreq-output.json",
+            ".posfreq-files",
+            ".posfreq-lock",
+        )  # the records (train/journal.py)
     )
     assert summary["all"]["documents"] == len(texts) and summary["all"]["tokens"] == sum(
         len(t) + 1 for t in texts

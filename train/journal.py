@@ -131,12 +131,16 @@ def remove_recorded(folder: Path, under: str | None = None) -> list[Path]:
         if path.is_symlink() or path.is_file():
             path.unlink()
             removed.append(path)
-        elif path.is_dir() and (path / OWNER_FILE).is_file():  # a claimed folder: what its journal names
+        elif (
+            path.is_dir() and (path / OWNER_FILE).is_file()
+        ):  # a claimed folder: what its journal names
             removed += remove_recorded(path)
             for record in RECORD_FILES:
                 (path / record).unlink(missing_ok=True)
             _remove_if_empty(path)
-        elif path.is_dir():  # a folder posfreq published whole (a checkpoint): its files were never listed
+        elif (
+            path.is_dir()
+        ):  # a folder posfreq published whole (a checkpoint): its files were never listed
             shutil.rmtree(path)  # removes links inside, never what they point to
             removed.append(path)
     for path in sorted({p.parent for p in removed}, key=lambda p: -len(p.parts)):

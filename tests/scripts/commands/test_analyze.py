@@ -156,9 +156,7 @@ def test_rerun_with_other_lengths_leaves_only_its_own_outputs(slimpajama, tmp_pa
     assert {key.split("/")[0] for key in np.load(out / "position_frequency.npz").files} == {"L16"}
 
     assert pf.main(common + ["--train-len", "16", "--no-figures"]) == 0
-    assert (
-        listing(out) == set(summary_files(out)) and not (out / "figures").exists()
-    )
+    assert listing(out) == set(summary_files(out)) and not (out / "figures").exists()
     assert (
         pf.main(common + ["--shard", "0/2"]) == 0
     )  # a partial histogram replaces the full outputs too
