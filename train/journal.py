@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path, PurePosixPath
+from typing import IO
 
 OWNER_FILE = ".posfreq-output.json"
 JOURNAL_FILE = ".posfreq-files"
@@ -66,6 +67,17 @@ def record_written(path: str | Path) -> None:
         )  # one short O_APPEND write: concurrent writers never interleave within it
     finally:
         os.close(fd)
+
+
+def open_recorded(path: str | Path, mode: str = "a") -> IO:
+    """Open `path` to append to ('a') or rewrite in place ('w'), for logs written as they go: recorded first, and
+    never through a link planted at its name (O_NOFOLLOW: the open fails instead)."""
+    if mode not in ("a", "w"):
+        raise ValueError(f"mode {mode!r}: 'a' or 'w'")
+    record_written(path)
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    flags |= os.O_APPEND if mode == "a" else os.O_TRUNC
+    return os.fdopen(os.open(path, flags, 0o644), mode)
 
 
 def recorded(folder: Path) -> list[str]:

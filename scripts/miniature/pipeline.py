@@ -15,7 +15,7 @@ from typing import Callable
 
 from posfreq.analysis.tables.formats import read_csv
 from posfreq.train.checkpoint.layout import MILESTONE_PREFIX, list_checkpoints
-from posfreq.train.journal import record_written
+from posfreq.train.journal import open_recorded
 from posfreq.train.run.parallel import local_launch_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,8 +105,7 @@ class Pipeline:
         log = self.logs / ("".join(c if c.isalnum() else "_" for c in stage).strip("_") + ".log")
         print(f"== {stage}: started (log: {log})\n   $ {shown}", flush=True)
         start = time.perf_counter()
-        record_written(log)
-        with log.open("w") as sink:
+        with open_recorded(log, "w") as sink:
             result = subprocess.run(
                 cmd, cwd=REPO, env=self.env, stdout=sink, stderr=subprocess.STDOUT
             )

@@ -95,3 +95,20 @@ def test_two_processes_recording_at_once_lose_and_tear_no_line(tmp_path):
         pool.map(_append, [(str(out), "a"), (str(out), "b")])
     lines = (out / JOURNAL_FILE).read_text().splitlines()
     assert sorted(lines) == sorted(f"{tag}-{i:03d}.json" for tag in "ab" for i in range(300))
+
+
+def test_a_log_is_never_written_through_a_link_planted_at_its_name(tmp_path):
+    from posfreq.train.journal import open_recorded
+
+    out = claim_output_dir(tmp_path / "run", "pretrain")
+    victim = tmp_path / "victim.txt"  # absent: a dangling link would have created it
+    (out / "metrics.jsonl").symlink_to(victim)
+    for mode in ("a", "w"):
+        with pytest.raises(OSError):
+            open_recorded(out / "metrics.jsonl", mode)
+    assert not victim.exists()
+    with open_recorded(out / "log.txt", "w") as f:
+        f.write("one\n")
+    with open_recorded(out / "log.txt", "a") as f:
+        f.write("two\n")
+    assert (out / "log.txt").read_text() == "one\ntwo\n" and "log.txt" in recorded(out)

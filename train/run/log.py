@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from posfreq.train.atomic import write_text_atomic
-from posfreq.train.journal import record_written
+from posfreq.train.journal import open_recorded
 
 LOG = logging.getLogger("posfreq.train")
 
@@ -157,8 +157,7 @@ class RunLog:
             keep, unreadable = split_metrics(path.read_text(errors="replace"), resumed_step)
             if unreadable:
                 aside = path.with_name(path.name + ".unreadable")
-                record_written(aside)
-                with open(aside, "a") as f:
+                with open_recorded(aside, "a") as f:
                     f.write("".join(line + "\n" for line in unreadable))
                 LOG.warning(
                     "%s: moved %d line(s) that are not JSON rows to %s (a run killed mid-write leaves a "
@@ -168,8 +167,7 @@ class RunLog:
                     aside,
                 )
             write_text_atomic(path, "".join(line + "\n" for line in keep))
-        record_written(path)
-        self.file = open(path, "a")
+        self.file = open_recorded(path, "a")
 
     def info(self, message: str) -> None:
         """A plain timestamped line (start-up facts, checkpoints, signals), above the bar on a terminal."""
