@@ -14,6 +14,7 @@ from posfreq.train.atomic import write_json_atomic
 from posfreq.train.checkpoint.layout import (
     CONSOLIDATED_WEIGHTS,
     LENGTHS_FILE,
+    MEASUREMENT_FILES,
     META_FILE,
     MODEL_CONFIG_FILE,
     TOKENIZER_FILE,
@@ -47,7 +48,8 @@ def consolidate(
     claim_output_dir(tmp, CONSOLIDATE)
     try:
         write_weights(state, tmp / CONSOLIDATED_WEIGHTS, dtype)
-        for name in (MODEL_CONFIG_FILE, TOKENIZER_FILE, LENGTHS_FILE):
+        kept = tuple(n for n in MEASUREMENT_FILES if (src / n).is_file())
+        for name in (MODEL_CONFIG_FILE, TOKENIZER_FILE, LENGTHS_FILE, *kept):
             record_written(tmp / name)
             shutil.copyfile(src / name, tmp / name)
         meta = (

@@ -7,6 +7,8 @@ tokens seen, and ``OUT/checkpoints/latest/`` for the rolling resume point):
     state.pt               or: one full state file {"model", "optimizer"} (checkpoint.sharded=false)
     rng/rank-00000.pt      python / numpy / torch (/ cuda) RNG states of each rank
     trained_lengths.npy    int64 bincount (length L + 1) of every segment length trained so far
+    loss_by_distance.json  the validation loss by distance at this step, when validation data is set
+                           (train/run/loss_by_distance.py: edges, tokens and loss sums per bucket)
     model_config.json      ModelConfig.to_dict()
     tokenizer_spec.json    {"spec", "vocab_size", "bos_id", "eos_id"}; train.data.tokenizer.get_tokenizer(spec)
     config.json            the full run config (TrainConfig.to_dict())
@@ -63,6 +65,7 @@ STATE_DIR = "state"
 STATE_FILE = "state.pt"
 RNG_DIR = "rng"
 LENGTHS_FILE = "trained_lengths.npy"
+LOSS_BY_DISTANCE_FILE = "loss_by_distance.json"
 MODEL_CONFIG_FILE = "model_config.json"
 TOKENIZER_FILE = "tokenizer_spec.json"
 CONFIG_FILE = "config.json"
@@ -71,6 +74,8 @@ TRAINER_FILE = "trainer.json"
 META_FILE = "meta.json"  # a consolidated model's trainer.json
 CONSOLIDATED_WEIGHTS = "model.safetensors"
 WEIGHTS_ONLY_FILES = (LENGTHS_FILE, MODEL_CONFIG_FILE, TOKENIZER_FILE, CONFIG_FILE)
+MEASUREMENT_FILES = (LOSS_BY_DISTANCE_FILE,)
+"""Kept wherever a checkpoint's weights go (reduced milestones, consolidated models), when the checkpoint has them."""
 FORMAT = "posfreq-pretrain-v1"
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from posfreq.train import atomic
 from posfreq.train.checkpoint.layout import (
     CONSOLIDATED_WEIGHTS,
+    MEASUREMENT_FILES,
     MILESTONE_PREFIX,
     WEIGHTS_ONLY_FILES,
     list_checkpoints,
@@ -39,7 +40,7 @@ def reduce_to_weights(path: Path) -> None:
         shutil.rmtree(tmp)
     tmp.mkdir()
     write_weights(model_state_dict(path), tmp / CONSOLIDATED_WEIGHTS)
-    for name in WEIGHTS_ONLY_FILES:
+    for name in WEIGHTS_ONLY_FILES + tuple(n for n in MEASUREMENT_FILES if (path / n).is_file()):
         shutil.copyfile(path / name, tmp / name)
     seal(tmp, {**meta, "resumable": False, "reduced_to_weights": True})
     atomic.publish_dir(tmp, path)

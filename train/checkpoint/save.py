@@ -17,6 +17,7 @@ from posfreq.train.checkpoint.layout import (
     CONFIG_FILE,
     FORMAT,
     LENGTHS_FILE,
+    LOSS_BY_DISTANCE_FILE,
     MANIFEST_FILE,
     MODEL_CONFIG_FILE,
     RNG_DIR,
@@ -71,6 +72,7 @@ def save_checkpoint(
     sharded: bool,
     *,
     trained_lengths: np.ndarray,
+    loss_by_distance: dict | None = None,
     model_config: ModelConfig,
     tokenizer_spec: dict,
     run_config: dict,
@@ -78,7 +80,8 @@ def save_checkpoint(
     """Write a checkpoint atomically; call on every rank.
 
     `objects` (model, optimizer) go through Fabric (sharded DCP or one full file); each rank
-    writes its RNG states; rank 0 writes the histogram and the three config files, the manifest
+    writes its RNG states; rank 0 writes the histogram (and the loss by distance of this step's validation, if it
+    ran), the three config files, the manifest
     of them all, then trainer.json (`trainer_state`) last, and publishes ``final.tmp`` as `final`.
     """
     tmp = atomic.temporary(final)
@@ -95,6 +98,7 @@ def save_checkpoint(
     if fabric.global_rank == 0:
         files = {
             LENGTHS_FILE: trained_lengths,
+            **({LOSS_BY_DISTANCE_FILE: loss_by_distance} if loss_by_distance is not None else {}),
             MODEL_CONFIG_FILE: model_config.to_dict(),
             TOKENIZER_FILE: tokenizer_spec,
             CONFIG_FILE: run_config,

@@ -246,23 +246,48 @@ def linear_cross_entropy(
     return ChunkedLinearCrossEntropy.apply(hidden, weight, targets, ignore_index, chunk)
 
 
+def token_losses(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    ignore_index: int = IGNORE_INDEX,
+    chunk_tokens: int | None = None,
+) -> Tensor:
+    """cross_entropy(hidden @ weight.T, target) of every target, float32 (T,), 0 where target == ignore_index.
+
+    For evaluation (no gradients): chunk by chunk of tokens like the summed loss, in the same matmul dtypes,
+    so the validation loss and the loss by distance come from one forward."""
+    hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    half = hidden.dtype in HALF and weight.dtype == hidden.dtype
+    w = weight if half else weight.float()
+    losses = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
+    kept = (targets != ignore_index).nonzero().squeeze(1)
+    for rows in kept.split(chunk_tokens or default_chunk_tokens(weight.shape[0])):
+        h = hidden[rows] if half else hidden[rows].float()
+        logits = _mm_fp32(h, w.T)
+        target = logits.gather(1, targets[rows][:, None]).squeeze(1)
+        losses[rows] = torch.logsumexp(logits, dim=1) - target
+    return losses
+
+
 @contextmanager
 def head_returns_loss(
     head: nn.Linear,
     targets: Tensor,
     ignore_index: int = IGNORE_INDEX,
     chunk_tokens: int | None = None,
+    per_token: bool = False,
 ) -> Iterator[None]:
-    """While open, `head(hidden)` returns `linear_cross_entropy(hidden, head.weight, targets)`, not logits.
+    """While open, `head(hidden)` returns `linear_cross_entropy(hidden, head.weight, targets)`, not logits
+    (`per_token`: `token_losses`, for evaluation).
 
-    A model whose forward ends in `head` then returns its summed loss; the head's weight is looked
+    A model whose forward ends in `head` then returns its loss; the head's weight is looked
     up at call time, so a wrapper that swaps it in during forward (FSDP2) is honoured.
     """
     if head.bias is not None:
         raise ValueError("head_returns_loss needs a head without bias")
-    head.forward = lambda hidden: linear_cross_entropy(
-        hidden, head.weight, targets, ignore_index, chunk_tokens
-    )
+    loss = token_losses if per_token else linear_cross_entropy
+    head.forward = lambda hidden: loss(hidden, head.weight, targets, ignore_index, chunk_tokens)
     try:
         yield
     finally:

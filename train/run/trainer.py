@@ -74,6 +74,9 @@ class Trainer:
             0  # EXIT_NOT_REQUEUED once a signal stopped the run and nothing requeued it
         )
         self.checkpoints_written: list[str] = []  # saved by this invocation, for the summary
+        self.loss_by_distance: dict | None = (
+            None  # this step's validation by distance, for the milestone
+        )
         self.last_latest_time = time.monotonic()
         # this rank's counts since start/resume
         self.trained_lengths = np.zeros(cfg.data.train_len + 1, dtype=np.int64)
@@ -149,6 +152,7 @@ class Trainer:
                 state,
                 cfg.checkpoint.sharded,
                 trained_lengths=self._global_lengths(),
+                loss_by_distance=self.loss_by_distance,
                 model_config=run.model_config,
                 tokenizer_spec=run.tokenizer_spec,
                 run_config=cfg.to_dict(),
@@ -340,11 +344,20 @@ class Trainer:
             history.append(self._row(update, agreed, elapsed))
             signalled, last = agreed.stop, self.step == stop_at
             log.step(history[-1], fabric, last=last or signalled)
-            if run.val_dataset is not None and validation_due(
-                cfg, self.run_tokens, self.step == run.total_steps
+            self.loss_by_distance = None
+            if run.val_dataset is not None and (
+                validation_due(cfg, self.run_tokens, self.step == run.total_steps)
+                or self._milestone_due()  # every milestone keeps its loss by distance
             ):
-                loss, targets = validation_loss(self.model, fabric, run.val_dataset, cfg)
+                loss, targets, by_distance = validation_loss(
+                    self.model, fabric, run.val_dataset, cfg
+                )
                 log.validation(self.step, self.run_tokens, loss, targets, fabric)
+                self.loss_by_distance = {
+                    "step": self.step,
+                    "tokens_trained": self.tokens_before + self.run_tokens,
+                    **by_distance.to_dict(),
+                }
             saved = self._maybe_save(signalled or last, agreed.time_due)
             if signalled:
                 self._stop_on_signal(saved, agreed.requeue)
@@ -360,11 +373,8 @@ class Trainer:
         """Save a milestone and/or `latest` if one is due; returns the resumable checkpoint written, if any."""
         c, step = self.cfg.checkpoint, self.step
         root = ckpt.checkpoint_root(self.out)
-        tokens, before = self.run_tokens, self.run_tokens - self.cfg.global_batch_tokens
-        milestone = (
-            tokens // c.every_tokens > before // c.every_tokens or step == self.run.total_steps
-        )
-        if milestone:
+        tokens = self.run_tokens
+        if self._milestone_due():
             saved = self.save(
                 root / ckpt.milestone_name(tokens), weights_only=c.milestone_weights_only
             )
@@ -376,6 +386,12 @@ class Trainer:
             self.last_latest_time = time.monotonic()
             return self.save(root / ckpt.LATEST)
         return None
+
+    def _milestone_due(self) -> bool:
+        """Whether this step ends at a milestone: every checkpoint.every_tokens tokens, and the run's last step."""
+        every, tokens = self.cfg.checkpoint.every_tokens, self.run_tokens
+        before = tokens - self.cfg.global_batch_tokens
+        return tokens // every > before // every or self.step == self.run.total_steps
 
     def _reduce_old_milestones(self) -> None:
         """Rank 0 reduces the milestones older than the newest `checkpoint.keep_full` to weights only (disk space)."""

@@ -1,4 +1,5 @@
-"""Validation loss on held-out shards: the same rows every time and for any world size, split over ranks."""
+"""Validation loss on held-out shards, in total and by distance: the same rows every time and for any world size,
+split over ranks."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ from posfreq.train.data.packing import IGNORE_INDEX, PackedSampler
 from posfreq.train.data.shards import TokenDataset
 from posfreq.train.model.loss import head_returns_loss
 from posfreq.train.run.config import TrainConfig
+from posfreq.train.run.loss_by_distance import LossByDistance, segment_offsets
 
 
-def validation_loss(model, fabric, dataset: TokenDataset, cfg: TrainConfig) -> tuple[float, int]:
-    """(mean token loss, targets) over the first data.val_rows rows of `dataset`, split over ranks.
+def validation_loss(
+    model, fabric, dataset: TokenDataset, cfg: TrainConfig
+) -> tuple[float, int, LossByDistance]:
+    """(mean token loss, targets, loss by distance) over the first data.val_rows rows of `dataset`, split over
+    ranks: one forward per batch gives both (train/run/loss_by_distance.py).
 
     No shuffle and its own sampler, so values compare across steps and runs; the training stream,
     the RNG and the model's mode are left as they were.
@@ -26,7 +31,7 @@ def validation_loss(model, fabric, dataset: TokenDataset, cfg: TrainConfig) -> t
         attention=cfg.data.attention,
         shuffle=False,
     )
-    totals = torch.zeros(2, dtype=torch.float64, device=fabric.device)
+    table = LossByDistance.empty(cfg.data.train_len - 1)
     model.eval()
     with torch.no_grad():
         # the same count on every rank (FSDP)
@@ -34,14 +39,16 @@ def validation_loss(model, fabric, dataset: TokenDataset, cfg: TrainConfig) -> t
             first = (step * fabric.world_size + fabric.global_rank) * micro
             rows = min(micro, total - first)
             batch = sampler.make_batch(first if rows > 0 else 0, max(rows, 1)).to(fabric.device)
-            with head_returns_loss(model.lm_head, batch.targets):
-                loss = model(batch.input_ids, batch.cu_seqlens, batch.max_seqlen).double()
+            with head_returns_loss(model.lm_head, batch.targets, per_token=True):
+                losses = model(batch.input_ids, batch.cu_seqlens, batch.max_seqlen)
             # a rank past the last row still runs the forward its peers' collectives need
             if rows > 0:
-                totals += torch.stack([loss, (batch.targets != IGNORE_INDEX).sum().double()])
+                distances = segment_offsets(batch.cu_seqlens, batch.input_ids.shape[0])
+                table.add(losses, distances, batch.targets != IGNORE_INDEX)
     model.train()
-    loss_sum, targets = fabric.all_reduce(totals, reduce_op="sum").tolist()
-    return loss_sum / max(targets, 1.0), int(targets)
+    table = table.with_totals(fabric.all_reduce(table.as_tensor(fabric.device), reduce_op="sum"))
+    targets = int(table.tokens.sum())
+    return float(table.loss_sum.sum()) / max(targets, 1), targets, table
 
 
 def validation_due(cfg: TrainConfig, run_tokens: int, last_step: bool) -> bool:

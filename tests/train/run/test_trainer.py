@@ -280,11 +280,17 @@ def test_two_gloo_processes_match_one_process(data_dir, tmp_path):
         if "val_loss" in x
     ]
     two_val = [x for x in logged if "val_loss" in x]
-    assert [x["step"] for x in two_val] == [8] and two_val[0]["val_targets"] == one_val[0][
-        "val_targets"
-    ]
-    assert two_val[0]["val_loss"] == pytest.approx(one_val[0]["val_loss"], rel=1e-5)
+    assert [x["step"] for x in two_val] == [x["step"] for x in one_val] == [4, 8]  # each milestone
+    for one, two in zip(one_val, two_val):
+        assert two["val_targets"] == one["val_targets"]
+        assert two["val_loss"] == pytest.approx(one["val_loss"], rel=1e-5)
     end = ckpt.milestone_name(8 * 1024)
+    by_distance = [  # summed over ranks: the same table as one process's
+        json.loads((tmp_path / r / "checkpoints" / end / ckpt.LOSS_BY_DISTANCE_FILE).read_text())
+        for r in ("one", "two")
+    ]
+    assert by_distance[0]["tokens"] == by_distance[1]["tokens"]
+    np.testing.assert_allclose(by_distance[0]["loss_sum"], by_distance[1]["loss_sum"], rtol=1e-5)
     assert (
         tmp_path / "two/checkpoints" / end / "state/__1_0.distcp"
     ).is_file()  # really sharded over 2 ranks

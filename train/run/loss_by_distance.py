@@ -1,0 +1,96 @@
+"""Loss by distance: the mean next-token loss at each position within its document, from evaluation forwards.
+
+A target predicted from the token at offset d of its attention segment (d tokens after the segment's first,
+so the prediction can reach back over d relative positions) counts at distance d. Distances below
+EXACT_DISTANCES have a bucket each; beyond, BUCKETS_PER_OCTAVE log-spaced buckets per doubling. Each bucket
+keeps its token count and loss sum (float64), so tables of several batches, ranks or runs add exactly.
+The validation forward of the trainer fills one (train/run/validation.py), and so does `posfreq
+loss-by-distance` on any model and token shards; analysis joins it with f(i) of the same distances.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+EXACT_DISTANCES = 64
+BUCKETS_PER_OCTAVE = 8
+
+
+def distance_edges(max_distance: int) -> np.ndarray:
+    """Bucket edges [e_0 = 0, e_1, ...] covering distances 0..max_distance: width 1 below EXACT_DISTANCES, then
+    BUCKETS_PER_OCTAVE geometric steps per doubling (rounded, strictly increasing); bucket k holds
+    e_k <= d < e_{k+1}."""
+    edges = list(range(min(EXACT_DISTANCES, max_distance + 1) + 1))
+    step = 2 ** (1 / BUCKETS_PER_OCTAVE)
+    while edges[-1] <= max_distance:
+        edges.append(max(edges[-1] + 1, int(round(edges[-1] * step))))
+    return np.array(edges, dtype=np.int64)
+
+
+def segment_offsets(cu_seqlens: Tensor, total: int) -> Tensor:
+    """The offset of each of `total` packed tokens within its segment of `cu_seqlens`."""
+    starts = cu_seqlens[:-1].long()
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    return torch.arange(total, device=cu_seqlens.device) - torch.repeat_interleave(starts, lengths)
+
+
+@dataclass
+class LossByDistance:
+    """Per-bucket token counts and loss sums over `edges` (distance_edges)."""
+
+    edges: np.ndarray
+    tokens: np.ndarray
+    loss_sum: np.ndarray
+
+    @classmethod
+    def empty(cls, max_distance: int) -> LossByDistance:
+        edges = distance_edges(max_distance)
+        return cls(edges, np.zeros(len(edges) - 1, np.int64), np.zeros(len(edges) - 1, np.float64))
+
+    def add(self, losses: Tensor, distances: Tensor, counted: Tensor) -> None:
+        """Add per-token `losses` at `distances` where `counted` (a target that is not ignored)."""
+        bucket = np.searchsorted(self.edges, distances[counted].cpu().numpy(), side="right") - 1
+        values = losses[counted].double().cpu().numpy()
+        self.tokens += np.bincount(bucket, minlength=len(self.tokens))[: len(self.tokens)]
+        self.loss_sum += np.bincount(bucket, weights=values, minlength=len(self.tokens))[
+            : len(self.tokens)
+        ]
+
+    def as_tensor(self, device: torch.device) -> Tensor:
+        """(2, buckets) float64: counts and sums, for an all-reduce across ranks."""
+        return torch.tensor(
+            np.stack([self.tokens.astype(np.float64), self.loss_sum]), device=device
+        )
+
+    def with_totals(self, totals: Tensor) -> LossByDistance:
+        """This table's edges with the counts and sums of `totals` (as_tensor's layout, after a reduction)."""
+        values = totals.cpu().numpy()
+        return LossByDistance(self.edges, values[0].round().astype(np.int64), values[1])
+
+    def mean(self) -> np.ndarray:
+        """Mean loss per bucket (NaN where a bucket holds no token)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.tokens > 0, self.loss_sum / np.maximum(self.tokens, 1), np.nan)
+
+    def to_dict(self) -> dict:
+        """The JSON a checkpoint and a results folder store: edges, tokens and loss sums per bucket."""
+        return {
+            "edges": self.edges.tolist(),
+            "tokens": self.tokens.tolist(),
+            "loss_sum": self.loss_sum.tolist(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> LossByDistance:
+        edges = np.asarray(data["edges"], dtype=np.int64)
+        tokens = np.asarray(data["tokens"], dtype=np.int64)
+        loss_sum = np.asarray(data["loss_sum"], dtype=np.float64)
+        if not (len(edges) == len(tokens) + 1 == len(loss_sum) + 1 and np.all(np.diff(edges) > 0)):
+            raise ValueError(
+                "a loss-by-distance table needs increasing edges and one count and sum per bucket"
+            )
+        return cls(edges, tokens, loss_sum)
