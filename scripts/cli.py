@@ -49,6 +49,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "posfreq.scripts.commands.compare",
         "effective length across runs and seeds, with intervals and verdicts",
     ),
+    "loss-by-distance": (
+        "posfreq.scripts.commands.loss_by_distance",
+        "mean next-token loss at every distance, for a checkpoint or HF model on token shards",
+    ),
     "ruler": (
         "posfreq.scripts.commands.ruler",
         "RULER's synthetic tasks, offline, on a Hugging Face model (rope or STRING)",

@@ -16,6 +16,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from posfreq.train.data.packing import IGNORE_INDEX, PackedSampler
+from posfreq.train.model.loss import head_returns_loss
+
 EXACT_DISTANCES = 64
 BUCKETS_PER_OCTAVE = 8
 
@@ -94,3 +97,32 @@ class LossByDistance:
                 "a loss-by-distance table needs increasing edges and one count and sum per bucket"
             )
         return cls(edges, tokens, loss_sum)
+
+
+def add_batch(table: LossByDistance, model, batch) -> None:
+    """One evaluation forward of a packed batch: its per-token losses added to `table` by distance."""
+    with head_returns_loss(model.lm_head, batch.targets, per_token=True):
+        losses = model(batch.input_ids, batch.cu_seqlens, batch.max_seqlen)
+    distances = segment_offsets(batch.cu_seqlens, batch.input_ids.shape[0])
+    table.add(losses, distances, batch.targets != IGNORE_INDEX)
+
+
+def measure(
+    model,
+    dataset,
+    train_len: int,
+    rows: int,
+    batch_rows: int = 4,
+    packing: str = "best_fit",
+    device: torch.device | str = "cpu",
+) -> LossByDistance:
+    """The loss by distance of `model` (eval mode) over the first `rows` packed rows of `train_len` tokens of a
+    token-shard `dataset`, in order (no shuffle), `batch_rows` rows per forward: any checkpoint, imported model or
+    corpus, with the rows and buckets the trainer's validation uses."""
+    sampler = PackedSampler(dataset, train_len, batch_rows, seed=0, packing=packing, shuffle=False)
+    table = LossByDistance.empty(train_len - 1)
+    with torch.no_grad():
+        for first in range(0, rows, batch_rows):
+            batch = sampler.make_batch(first, min(batch_rows, rows - first)).to(device)
+            add_batch(table, model, batch)
+    return table

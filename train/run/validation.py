@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from posfreq.train.data.packing import IGNORE_INDEX, PackedSampler
+from posfreq.train.data.packing import PackedSampler
 from posfreq.train.data.shards import TokenDataset
-from posfreq.train.model.loss import head_returns_loss
 from posfreq.train.run.config import TrainConfig
-from posfreq.train.run.loss_by_distance import LossByDistance, segment_offsets
+from posfreq.train.run.loss_by_distance import LossByDistance, add_batch
 
 
 def validation_loss(
@@ -39,12 +38,8 @@ def validation_loss(
             first = (step * fabric.world_size + fabric.global_rank) * micro
             rows = min(micro, total - first)
             batch = sampler.make_batch(first if rows > 0 else 0, max(rows, 1)).to(fabric.device)
-            with head_returns_loss(model.lm_head, batch.targets, per_token=True):
-                losses = model(batch.input_ids, batch.cu_seqlens, batch.max_seqlen)
             # a rank past the last row still runs the forward its peers' collectives need
-            if rows > 0:
-                distances = segment_offsets(batch.cu_seqlens, batch.input_ids.shape[0])
-                table.add(losses, distances, batch.targets != IGNORE_INDEX)
+            add_batch(table if rows > 0 else LossByDistance.empty(1), model, batch)
     model.train()
     table = table.with_totals(fabric.all_reduce(table.as_tensor(fabric.device), reduce_op="sum"))
     targets = int(table.tokens.sum())

@@ -1,0 +1,155 @@
+"""`posfreq loss-by-distance`: the mean next-token loss at every distance from the document's start, for one of
+our checkpoints or a Hugging Face Llama-family model, on any prepared token shards.
+
+    posfreq loss-by-distance --checkpoint RUN/checkpoints/tokens-... --data DIR [--rows 64] --out DIR
+    posfreq loss-by-distance --model hf:DIR --data DIR --train-len 2048 --out DIR
+
+The rows are the first --rows packed rows of --data, in order, as the trainer's validation packs them; the
+buckets are train/run/loss_by_distance.py's. Writes loss_by_distance.json (the table and what made it),
+loss_by_distance.csv (a row per bucket: distances, tokens, mean loss, and f at that distance when the
+checkpoint carries its trained-length histogram) and loss_by_distance.png/.pdf.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Literal, Optional, Sequence
+
+from posfreq.analysis.corpus.frequency import position_frequency
+from posfreq.analysis.plots.loss_by_distance import plot_loss_by_distance
+from posfreq.analysis.tables.columns import LOSS_BY_DISTANCE_COLUMNS
+from posfreq.analysis.tables.formats import write_csv
+from posfreq.train.atomic import write_json_atomic
+from posfreq.train.checkpoint.layout import load_model, read_checkpoint_info
+from posfreq.train.checkpoint.safe_load import CheckpointError
+from posfreq.train.command_line import command_parser, parse
+from posfreq.train.data.packing_strategies import STRATEGIES
+from posfreq.train.data.prepare import absolute_spec
+from posfreq.train.data.shards import TokenDataset
+from posfreq.train.data.tokenizer import get_tokenizer, hf_dir
+from posfreq.train.devices import resolve_device
+from posfreq.train.outdir import OutputDirError, claim_output_dir
+from posfreq.train.run.loss_by_distance import measure
+
+COMMAND = "loss-by-distance"
+
+
+def build_parser():
+    """The command line: one model, the token shards, how many rows of what length, and --out."""
+    parser = command_parser(f"posfreq {COMMAND}", __doc__.split("\n")[0])
+    parser.add_argument(
+        "--checkpoint",
+        type=Optional[str],
+        default=None,
+        help="one of our checkpoints (trainer milestone or consolidated directory)",
+    )
+    parser.add_argument(
+        "--model",
+        type=Optional[str],
+        default=None,
+        help="hf:DIR, a local Hugging Face Llama-family model (imported into posfreq's model)",
+    )
+    parser.add_argument(
+        "--data",
+        type=str,
+        required=True,
+        help="token shards (posfreq prepare), the model's tokenizer",
+    )
+    parser.add_argument(
+        "--train-len",
+        type=Optional[int],
+        default=None,
+        help="tokens per packed row (null: the model's training length)",
+    )
+    parser.add_argument(
+        "--rows", type=int, default=64, help="packed rows measured (from the first)"
+    )
+    parser.add_argument("--batch-rows", type=int, default=4, help="rows per forward pass")
+    parser.add_argument(
+        "--packing",
+        type=Literal[tuple(STRATEGIES)],
+        default="best_fit",
+        help="how documents fill the rows (as the trainer's data.packing)",
+    )
+    parser.add_argument("--device", type=str, default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--out", type=str, required=True, help="output directory")
+    return parser
+
+
+def load(args) -> tuple:
+    """(model, tokenizer spec, trained-length histogram or None, label) of --checkpoint or --model."""
+    if (args.checkpoint is None) == (args.model is None):
+        raise ValueError("pass exactly one of --checkpoint PATH and --model hf:DIR")
+    if args.checkpoint is not None:
+        info = read_checkpoint_info(args.checkpoint)
+        model, spec, _ = load_model(args.checkpoint)
+        return model, spec["spec"], info.trained_lengths, Path(args.checkpoint).name
+    from posfreq.train.model.hf import load_hf_model
+
+    directory = hf_dir(args.model)
+    if directory is None:
+        raise ValueError(f"--model {args.model}: give a local folder as hf:DIR")
+    return load_hf_model(directory).eval(), f"hf:{directory.resolve()}", None, directory.name
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse, measure, write the table, the CSV and the figure; `error:` lines for what cannot run."""
+    parser = build_parser()
+    args = parse(parser, argv)
+    for name in ("rows", "batch_rows"):
+        if args[name] < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {args[name]}")
+    try:
+        out = claim_output_dir(args.out, COMMAND)
+        device = resolve_device(args.device)
+        model, spec, trained, label = load(args)
+        dataset = TokenDataset(args.data)
+        tokenizer = get_tokenizer(spec)
+        recorded = dataset.shards[0].meta.get(
+            "tokenizer_fingerprint"
+        )  # by content, when prepare recorded it
+        same = (
+            recorded == tokenizer.fingerprint
+            if recorded is not None
+            else absolute_spec(dataset.tokenizer) == absolute_spec(spec)
+        )
+        if not same or dataset.vocab_size > model.config.vocab_size:
+            raise ValueError(
+                f"--data {args.data} was tokenized with {dataset.tokenizer!r}, not the model's tokenizer {spec!r}. "
+                "Fix: prepare the corpus with the model's tokenizer (posfreq prepare --tokenizer)"
+            )
+        train_len = args.train_len or model.config.train_len
+        table = measure(
+            model.to(device), dataset, train_len, args.rows, args.batch_rows, args.packing, device
+        )
+    except (ValueError, FileNotFoundError, OutputDirError, CheckpointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    mean = table.mean()
+    f = position_frequency(trained, len(trained) - 1) if trained is not None else None
+    rows = [
+        {
+            "distance_lo": int(lo),
+            "distance_hi": int(hi) - 1,
+            "tokens": int(n),
+            "mean_loss": "" if n == 0 else float(m),
+            "f_distance_lo": "" if f is None or lo >= len(f) else float(f[lo]),
+        }
+        for lo, hi, n, m in zip(table.edges[:-1], table.edges[1:], table.tokens, mean)
+    ]
+    write_csv(out / "loss_by_distance.csv", rows, LOSS_BY_DISTANCE_COLUMNS)
+    made_of = {"model": args.checkpoint or args.model, "data": args.data, "rows": args.rows}
+    made_of |= {"train_len": train_len, "packing": args.packing, "tokenizer": spec}
+    write_json_atomic(out / "loss_by_distance.json", {**made_of, **table.to_dict()}, indent=1)
+    plot_loss_by_distance({label: (table.edges, mean)}, out / "loss_by_distance", title=label)
+    held = mean[table.tokens > 0]
+    print(
+        f"{int(table.tokens.sum()):,} targets in {args.rows} rows of {train_len}: mean loss {held[0]:.3f} at "
+        f"distance 0, {held[-1]:.3f} at the farthest bucket; wrote {out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""`posfreq loss-by-distance` on one of our checkpoints and token shards: the table the trainer's validation would
+store, its CSV joined with f at each distance, a figure; a model of another tokenizer is refused in one line."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+from helpers.probe import tiny_model, write_checkpoint
+
+from posfreq.analysis.corpus.frequency import position_frequency
+from posfreq.scripts.commands import loss_by_distance as command
+from posfreq.train.checkpoint import layout as ckpt
+from posfreq.train.data.shards import TokenDataset
+from posfreq.train.run.loss_by_distance import measure
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+def test_a_checkpoint_on_token_shards(data_dir, tmp_path, capsys):
+    hist = np.bincount([3, 100, 100, 511, 7], minlength=513)
+    path = write_checkpoint(tmp_path / "run", 4096, tiny_model(), hist)
+    out = tmp_path / "lbd"
+    argv = ["--checkpoint", str(path), "--data", str(data_dir), "--rows", "6", "--train-len", "128"]
+    assert command.main([*argv, "--out", str(out)]) == 0
+    stored = json.loads((out / "loss_by_distance.json").read_text())
+    model, _, _ = ckpt.load_model(path)
+    again = measure(
+        model, TokenDataset(data_dir), 128, 6, batch_rows=4
+    )  # the library, called directly
+    assert stored["tokens"] == again.tokens.tolist() and np.allclose(
+        stored["loss_sum"], again.loss_sum
+    )
+    with open(out / "loss_by_distance.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    f = position_frequency(hist, 512)
+    assert [int(r["distance_lo"]) for r in rows] == stored["edges"][:-1]
+    assert all(float(r["f_distance_lo"]) == f[int(r["distance_lo"])] for r in rows)
+    assert sum(int(r["tokens"]) for r in rows) == sum(stored["tokens"]) > 0
+    assert (out / "loss_by_distance.png").stat().st_size > 0
+    assert "mean loss" in capsys.readouterr().out
+
+    llama = write_checkpoint(tmp_path / "other", 4096, tiny_model(), hist, spec="llama3")
+    code = command.main(
+        ["--checkpoint", str(llama), "--data", str(data_dir), "--out", str(tmp_path / "x")]
+    )
+    assert code == 1 and "not the model's tokenizer" in capsys.readouterr().err
