@@ -51,6 +51,7 @@ from posfreq.scripts.miniature.report import (
     collect_figures,
     publish_figures,
     validate,
+    verdicts,
     write_report,
 )
 from posfreq.train.atomic import write_json_atomic
@@ -220,6 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     elif args.out is None:
         publish_figures(out)
     print(f"\ndemo finished in {time.perf_counter() - start:.0f} s; report: {report}")
+    print(
+        "\nverdicts (the paper's criterion, 2 of 4 needles):\n"
+        + "\n".join(verdicts(conclusion, args.quick))
+    )
+    print(
+        f"\nunder {settings.strict_min_retrieved} of 4 needles:\n"
+        + "\n".join(verdicts(strict, args.quick))
+    )
     return 0
 
 

@@ -106,15 +106,24 @@ class Pipeline:
         print(f"== {stage}: started (log: {log})\n   $ {shown}", flush=True)
         start = time.perf_counter()
         with open_recorded(log, "w") as sink:
-            result = subprocess.run(
+            process = subprocess.Popen(
                 cmd, cwd=REPO, env=self.env, stdout=sink, stderr=subprocess.STDOUT
             )
+            while True:  # a line a minute while it runs: a long stage is never silent
+                try:
+                    returncode = process.wait(timeout=HEARTBEAT_SECONDS)
+                    break
+                except subprocess.TimeoutExpired:
+                    print(
+                        f"   {stage}: running, {time.perf_counter() - start:.0f} s; {last_line(log)}",
+                        flush=True,
+                    )
         seconds = time.perf_counter() - start
         self.commands.append((stage, shown, seconds))
-        if result.returncode != 0:
+        if returncode != 0:
             tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-25:])
             raise SystemExit(
-                f"{tail}\ndemo: stage '{stage}' failed (exit {result.returncode}); the command was:\n"
+                f"{tail}\ndemo: stage '{stage}' failed (exit {returncode}); the command was:\n"
                 f"  {shown}\nIts full output is in {log}. Fix the error and rerun `python scripts/demo.py` "
                 "(finished training and probing are reused)."
             )
@@ -125,6 +134,21 @@ class Pipeline:
         with ThreadPoolExecutor(max_workers=min(len(jobs), self.lanes)) as pool:
             futures = {key: pool.submit(job) for key, job in jobs.items()}
             return {key: future.result() for key, future in futures.items()}
+
+
+HEARTBEAT_SECONDS = 60.0
+
+
+def last_line(log: Path) -> str:
+    """The last non-empty line a stage's log holds so far (a progress bar's latest state), shortened."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - 4096))
+            tail = fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.replace("\r", "\n").splitlines() if line.strip()]
+    return lines[-1][:120] if lines else "no output yet"
 
 
 def probed_lengths(settings: DemoSettings, train_len: int) -> list[int]:

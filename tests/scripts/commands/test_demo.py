@@ -79,14 +79,25 @@ def test_the_demo_passes_flags_its_commands_accept(monkeypatch):
 @pytest.fixture(scope="module")
 def quick_demo(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("demo")
-    subprocess.run(
+    finished = subprocess.run(
         [sys.executable, "scripts/demo.py", "--quick", "--out", str(out)],
         cwd=REPO,
         env=dict(os.environ),
         check=True,
         timeout=900,
+        capture_output=True,
+        text=True,
     )
+    (out.parent / "demo-stdout.txt").write_text(finished.stdout)
     return out
+
+
+@pytest.mark.slow  # a subprocess or a training run
+def test_the_demo_ends_by_printing_its_verdicts(quick_demo: Path) -> None:
+    printed = (quick_demo.parent / "demo-stdout.txt").read_text()
+    tail = printed[printed.index("demo finished in") :]
+    assert "verdicts (the paper's criterion, 2 of 4 needles):" in tail and "of 4 needles:" in tail
+    assert tail.count("\n- ") >= 6  # three claims under each criterion
 
 
 @pytest.mark.slow  # a subprocess or a training run
