@@ -8,6 +8,7 @@ from typing import Sequence
 
 from posfreq.analysis.tables.columns import COLUMNS
 from posfreq.analysis.tables.formats import write_csv
+from posfreq.analysis.tables.run_table import find_run_results
 from posfreq.analysis.verdicts.claims import (
     baseline_variant,
     curves_coincide,
@@ -16,7 +17,7 @@ from posfreq.analysis.verdicts.claims import (
     shortfall,
     variant_comparisons,
 )
-from posfreq.analysis.verdicts.probed_runs import load_checkpoints
+from posfreq.analysis.verdicts.probed_runs import load_checkpoints, run_identity, run_metrics
 from posfreq.train.atomic import write_json_atomic
 from posfreq.train.outdir import claim_output_dir, entry_names
 
@@ -64,4 +65,14 @@ def compare(
             rows, out / "figures" / "fig2b_frequency_vs_effective_length"
         )
         plots_effective_length.plot_pass_rate_curves(rows, out / "figures" / "pass_rate_vs_length")
+        curves = {}
+        for path in paths:
+            directory = find_run_results(path)
+            train_len, seed, variant = run_identity(directory)
+            label = f"L={train_len} s{seed}" + ("" if variant == baseline else f" {variant}")
+            curves[label] = run_metrics(directory)
+        if any(curves.values()):
+            from posfreq.analysis.plots.losses import plot_loss_curves
+
+            plot_loss_curves(curves, out / "figures" / "loss_curves")
     return conclusion

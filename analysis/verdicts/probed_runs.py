@@ -37,11 +37,7 @@ def run_config(probe_dir: Path, checkpoint: str) -> dict:
     """The config.json of `checkpoint` of the run that `probe_dir` probed: at the run directory holding `probe_dir`
     (the default layout RUN/probe-*/, also after the run was moved), else at the run path probe.json records, a
     hint only (a re-derivation's folder sits elsewhere; a new run at the old path must not supply the seed)."""
-    meta = json.loads((probe_dir / "probe.json").read_text())
-    runs = [probe_dir.resolve().parent]
-    if meta.get("run"):
-        runs.append(Path(meta["run"]))
-    tried = [checkpoint_root(run) / checkpoint / CONFIG_FILE for run in runs]
+    tried = [checkpoint_root(run) / checkpoint / CONFIG_FILE for run in _candidate_runs(probe_dir)]
     for config_file in tried:
         if config_file.is_file():
             config = json.loads(config_file.read_text())
@@ -52,6 +48,31 @@ def run_config(probe_dir: Path, checkpoint: str) -> dict:
         "without it seeds could not be paired. Fix: pass the probe directory inside its run "
         "(RUN/probe-*), or re-probe the run where it now lives (posfreq probe --run RUN)"
     )
+
+
+def _candidate_runs(probe_dir: Path) -> list[Path]:
+    """Where the run `probe_dir` probed may be: the folder holding it, then the path probe.json records (a hint)."""
+    meta = json.loads((probe_dir / "probe.json").read_text())
+    return [probe_dir.resolve().parent, *([Path(meta["run"])] if meta.get("run") else [])]
+
+
+def run_metrics(probe_dir: Path) -> list[dict]:
+    """The metrics.jsonl rows of the run `probe_dir` probed (found as `run_config` finds its config), [] if none:
+    each readable line a row (a torn last line is left out)."""
+    rows = read_csv(probe_dir / "effective_length.csv")
+    for run in _candidate_runs(probe_dir):
+        if rows and (checkpoint_root(run) / str(rows[0]["checkpoint"])).is_dir():
+            path = run / "metrics.jsonl"
+            if not path.is_file():
+                return []
+            metrics = []
+            for line in path.read_text(errors="replace").splitlines():
+                try:
+                    metrics.append(json.loads(line))
+                except ValueError:
+                    continue
+            return [m for m in metrics if isinstance(m, dict)]
+    return []
 
 
 def run_identity(probe_dir: Path) -> tuple[int, int, str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal, Optional, Sequence
 
 from posfreq.analysis.corpus.frequency import position_frequency
-from posfreq.analysis.plots.loss_by_distance import plot_loss_by_distance
+from posfreq.analysis.plots.losses import plot_loss_by_distance
 from posfreq.analysis.tables.columns import LOSS_BY_DISTANCE_COLUMNS
 from posfreq.analysis.tables.formats import write_csv
 from posfreq.train.atomic import write_json_atomic

@@ -102,6 +102,9 @@ def test_the_demo_ends_by_printing_its_verdicts(quick_demo: Path) -> None:
 
 @pytest.mark.slow  # a subprocess or a training run
 def test_quick_demo_outputs(quick_demo: Path) -> None:
+    assert (
+        quick_demo / "compare" / "figures" / "loss_curves.png"
+    ).stat().st_size > 0  # every run's losses
     for train_len in QUICK.train_lens:
         run = quick_demo / f"L{train_len}-s{QUICK.seeds[0]}"
         assert len(list((run / "checkpoints").glob("tokens-*"))) >= 3
