@@ -40,6 +40,7 @@ from posfreq.scripts.miniature.agreement import agreement, agreement_lines, chec
 from posfreq.scripts.miniature.pipeline import (
     FULL,
     QUICK,
+    DemoError,
     Pipeline,
     prepare_inputs,
     strict_comparison,
@@ -134,8 +135,16 @@ def _earlier_demo(out: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run every stage, write OUT/REPORT.md, and (full mode) publish the figures to docs/figures."""
-    args = parse(build_parser(), argv)
+    """Run every stage, write OUT/REPORT.md, and (full mode) publish the figures to docs/figures; a failed stage
+    or check ends the command with its message."""
+    try:
+        return run_demo(parse(build_parser(), argv))
+    except DemoError as err:
+        raise SystemExit(str(err)) from None
+
+
+def run_demo(args) -> int:
+    """`main` once the arguments are parsed."""
     settings = QUICK if args.quick else FULL
     out = (
         args.out or Path("runs") / (args.experiment + ("-quick" if args.quick else ""))

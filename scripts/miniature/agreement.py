@@ -11,6 +11,7 @@ import statistics
 from pathlib import Path
 
 from posfreq.analysis.tables.formats import read_csv
+from posfreq.scripts.miniature.pipeline import DemoError
 
 VERDICTS = ("shortfall", "longer_reaches_further", "curves_coincide")
 
@@ -19,7 +20,7 @@ def checkpoints_of(compare: Path) -> dict[tuple, dict]:
     """A comparison's checkpoints.csv, keyed by (train_len, seed, variant, tokens_trained)."""
     path = compare / "checkpoints.csv"
     if not path.is_file():
-        raise SystemExit(
+        raise DemoError(
             f"demo: {path} is missing: the reference must be the output directory of a finished "
             "`python scripts/demo.py` of this version (its comparison stages write that table)"
         )

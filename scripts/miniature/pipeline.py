@@ -81,6 +81,10 @@ QUICK = DemoSettings(
 )
 
 
+class DemoError(RuntimeError):
+    """A demo stage or check that failed: the message says which, and where its log is (the command exits)."""
+
+
 class Pipeline:
     """Runs the project's commands, printing and recording each; each command's output goes to OUT/logs.
 
@@ -122,7 +126,7 @@ class Pipeline:
         self.commands.append((stage, shown, seconds))
         if returncode != 0:
             tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-25:])
-            raise SystemExit(
+            raise DemoError(
                 f"{tail}\ndemo: stage '{stage}' failed (exit {returncode}); the command was:\n"
                 f"  {shown}\nIts full output is in {log}. Fix the error and rerun `python scripts/demo.py` "
                 "(finished training and probing are reused)."

@@ -12,7 +12,7 @@ from pathlib import Path
 from posfreq.analysis.tables.columns import CHECKPOINT_COLUMNS
 from posfreq.analysis.tables.formats import markdown_table, read_csv
 from posfreq.scripts.miniature.agreement import agreement_lines
-from posfreq.scripts.miniature.pipeline import REPO, DemoSettings, Pipeline
+from posfreq.scripts.miniature.pipeline import REPO, DemoError, DemoSettings, Pipeline
 from posfreq.train.atomic import write_text_atomic
 from posfreq.train.command_line import code_version
 from posfreq.train.journal import record_written
@@ -240,4 +240,4 @@ def validate(out: Path, runs: dict[str, Path], settings: DemoSettings) -> None:
     if len(list((out / "figures").glob("*.png"))) < 4:
         problems.append(f"fewer than 4 figures in {out / 'figures'}")
     if problems:
-        raise SystemExit("demo: outputs incomplete:\n  " + "\n  ".join(problems))
+        raise DemoError("demo: outputs incomplete:\n  " + "\n  ".join(problems))

@@ -17,6 +17,7 @@ from posfreq.scripts.commands import prepare as prepare_data
 from posfreq.scripts.commands import probe
 from posfreq.scripts.miniature.pipeline import (
     QUICK,
+    DemoError,
     analyze_command,
     probe_command,
     probed_lengths,
@@ -294,7 +295,7 @@ def test_agreement_counts_values_inside_the_reference_intervals(tmp_path: Path) 
         (False, False),
         (True, True),
     ]
-    with pytest.raises(SystemExit, match="checkpoints.csv is missing"):
+    with pytest.raises(DemoError, match="checkpoints.csv is missing"):
         agreement(other, tmp_path / "nowhere", "paper", Path("compare"))
 
 

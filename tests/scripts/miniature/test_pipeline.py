@@ -17,6 +17,6 @@ def test_a_running_stage_reports_itself_and_its_latest_log_line(tmp_path, monkey
     assert "== a stage: started" in printed and "== a stage: done in" in printed
     beats = [line for line in printed.splitlines() if "a stage: running" in line]
     assert len(beats) >= 2 and any("step" in line for line in beats)
-    with pytest.raises(SystemExit, match=r"stage 'broken' failed \(exit 3\)") as failed:
+    with pytest.raises(pipeline.DemoError, match=r"stage 'broken' failed \(exit 3\)") as failed:
         p.run("broken", "-c", "raise SystemExit(3)")
     assert str(tmp_path / "demo" / "logs" / "broken.log") in str(failed.value)
