@@ -49,3 +49,22 @@ def plot_loss_curves(runs: dict[str, list[dict]], stem: str | Path) -> list[Path
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     return save_figure(fig, stem)
+
+
+def plot_loss_vs_frequency(
+    curves: dict[str, tuple[np.ndarray, np.ndarray]], stem: str | Path
+) -> list[Path]:
+    """Mean loss at distance i (y) against the number of times the run trained distance i, f(i) (x, log10): the
+    continuous analogue of Fig. 2b. If f alone decides how well a distance is used, the curves of different
+    training lengths coincide. `curves[label]` is (f at each bucket's first distance, mean loss per bucket)."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for label, (f, mean) in curves.items():
+        held = ~np.isnan(mean) & (np.asarray(f) > 0)
+        ax.plot(np.asarray(f)[held], np.asarray(mean)[held], marker=".", lw=0.8, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("f(i): times distance i was trained (Eq. 2)")
+    ax.set_ylabel("mean loss at distance i (nats)")
+    ax.set_title("Loss by distance against position frequency")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    return save_figure(fig, stem)

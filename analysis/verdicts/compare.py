@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
 from posfreq.analysis.tables.columns import COLUMNS
 from posfreq.analysis.tables.formats import write_csv
 from posfreq.analysis.tables.run_table import find_run_results
@@ -17,7 +19,12 @@ from posfreq.analysis.verdicts.claims import (
     shortfall,
     variant_comparisons,
 )
-from posfreq.analysis.verdicts.probed_runs import load_checkpoints, run_identity, run_metrics
+from posfreq.analysis.verdicts.probed_runs import (
+    load_checkpoints,
+    run_identity,
+    run_loss_by_distance,
+    run_metrics,
+)
 from posfreq.train.atomic import write_json_atomic
 from posfreq.train.outdir import claim_output_dir, entry_names
 
@@ -65,14 +72,38 @@ def compare(
             rows, out / "figures" / "fig2b_frequency_vs_effective_length"
         )
         plots_effective_length.plot_pass_rate_curves(rows, out / "figures" / "pass_rate_vs_length")
-        curves = {}
-        for path in paths:
-            directory = find_run_results(path)
-            train_len, seed, variant = run_identity(directory)
-            label = f"L={train_len} s{seed}" + ("" if variant == baseline else f" {variant}")
-            curves[label] = run_metrics(directory)
-        if any(curves.values()):
-            from posfreq.analysis.plots.losses import plot_loss_curves
-
-            plot_loss_curves(curves, out / "figures" / "loss_curves")
+        draw_loss_figures(paths, baseline, out / "figures")
     return conclusion
+
+
+def draw_loss_figures(paths: Sequence[Path], baseline: str, figures: Path) -> None:
+    """Every run's training and validation loss; where milestones stored their loss by distance, each run's by
+    milestone and every run's last against f(i). Runs without those files add nothing."""
+    from posfreq.analysis.corpus.frequency import position_frequency
+    from posfreq.analysis.plots.losses import (
+        plot_loss_by_distance,
+        plot_loss_curves,
+        plot_loss_vs_frequency,
+    )
+
+    curves, against_f = {}, {}
+    for path in paths:
+        directory = find_run_results(path)
+        train_len, seed, variant = run_identity(directory)
+        label = f"L={train_len} s{seed}" + ("" if variant == baseline else f" {variant}")
+        curves[label] = run_metrics(directory)
+        tables = run_loss_by_distance(directory)
+        if tables:
+            by_milestone = {f"{tokens:,} tokens": (t.edges, t.mean()) for tokens, t, _ in tables}
+            name = f"loss_by_distance_L{train_len}-s{seed}" + (
+                "" if variant == baseline else f"-{variant}"
+            )
+            plot_loss_by_distance(by_milestone, figures / name, title=label)
+            _, last, trained = tables[-1]
+            f = position_frequency(trained, len(trained) - 1)
+            lo = np.minimum(last.edges[:-1], len(f) - 1)
+            against_f[label] = (np.where(last.edges[:-1] < len(f), f[lo], 0.0), last.mean())
+    if any(curves.values()):
+        plot_loss_curves(curves, figures / "loss_curves")
+    if against_f:
+        plot_loss_vs_frequency(against_f, figures / "loss_vs_frequency")

@@ -8,10 +8,19 @@ import json
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from posfreq.analysis.tables.columns import COLUMNS, CRITERION_COLUMNS
 from posfreq.analysis.tables.formats import read_csv
 from posfreq.analysis.tables.run_table import find_run_results
-from posfreq.train.checkpoint.layout import CONFIG_FILE, checkpoint_root
+from posfreq.train.checkpoint.layout import (
+    CONFIG_FILE,
+    LENGTHS_FILE,
+    LOSS_BY_DISTANCE_FILE,
+    checkpoint_root,
+    load_trained_lengths,
+)
+from posfreq.train.run.loss_by_distance import LossByDistance
 
 
 def data_variant(config: Mapping) -> str:
@@ -56,23 +65,43 @@ def _candidate_runs(probe_dir: Path) -> list[Path]:
     return [probe_dir.resolve().parent, *([Path(meta["run"])] if meta.get("run") else [])]
 
 
-def run_metrics(probe_dir: Path) -> list[dict]:
-    """The metrics.jsonl rows of the run `probe_dir` probed (found as `run_config` finds its config), [] if none:
-    each readable line a row (a torn last line is left out)."""
+def run_directory(probe_dir: Path) -> Path | None:
+    """The run folder `probe_dir` probed: the first candidate (`_candidate_runs`) holding its first checkpoint."""
     rows = read_csv(probe_dir / "effective_length.csv")
     for run in _candidate_runs(probe_dir):
         if rows and (checkpoint_root(run) / str(rows[0]["checkpoint"])).is_dir():
-            path = run / "metrics.jsonl"
-            if not path.is_file():
-                return []
-            metrics = []
-            for line in path.read_text(errors="replace").splitlines():
-                try:
-                    metrics.append(json.loads(line))
-                except ValueError:
-                    continue
-            return [m for m in metrics if isinstance(m, dict)]
-    return []
+            return run
+    return None
+
+
+def run_loss_by_distance(probe_dir: Path) -> list[tuple[int, LossByDistance, np.ndarray]]:
+    """(tokens trained, loss by distance, trained-length histogram) of each probed milestone of the run that stored
+    its validation's loss by distance (train/run/loss_by_distance.py), oldest first; [] for a run without."""
+    run = run_directory(probe_dir)
+    found = []
+    for row in read_csv(probe_dir / "effective_length.csv") if run is not None else []:
+        checkpoint = checkpoint_root(run) / str(row["checkpoint"])
+        table = checkpoint / LOSS_BY_DISTANCE_FILE
+        if table.is_file() and (checkpoint / LENGTHS_FILE).is_file():
+            loss = LossByDistance.from_dict(json.loads(table.read_text()))
+            found.append((int(row["tokens_trained"]), loss, load_trained_lengths(checkpoint)))
+    return sorted(found, key=lambda item: item[0])
+
+
+def run_metrics(probe_dir: Path) -> list[dict]:
+    """The metrics.jsonl rows of the run `probe_dir` probed (found as `run_config` finds its config), [] if none:
+    each readable line a row (a torn last line is left out)."""
+    run = run_directory(probe_dir)
+    path = run / "metrics.jsonl" if run is not None else None
+    if path is None or not path.is_file():
+        return []
+    metrics = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            metrics.append(json.loads(line))
+        except ValueError:
+            continue
+    return [m for m in metrics if isinstance(m, dict)]
 
 
 def run_identity(probe_dir: Path) -> tuple[int, int, str]:
