@@ -107,7 +107,7 @@ class Pipeline:
         cmd = [sys.executable, *map(str, args)]
         shown = " ".join(shlex.quote(str(a)) for a in ["python", *cmd[1:]])
         log = self.logs / ("".join(c if c.isalnum() else "_" for c in stage).strip("_") + ".log")
-        print(f"== {stage}: started (log: {log})\n   $ {shown}", flush=True)
+        say(f"== {stage}: started (log: {log})\n   $ {shown}")
         start = time.perf_counter()
         with open_recorded(log, "w") as sink:
             process = subprocess.Popen(
@@ -118,9 +118,8 @@ class Pipeline:
                     returncode = process.wait(timeout=HEARTBEAT_SECONDS)
                     break
                 except subprocess.TimeoutExpired:
-                    print(
-                        f"   {stage}: running, {time.perf_counter() - start:.0f} s; {last_line(log)}",
-                        flush=True,
+                    say(
+                        f"   {stage}: running, {time.perf_counter() - start:.0f} s; {last_line(log)}"
                     )
         seconds = time.perf_counter() - start
         self.commands.append((stage, shown, seconds))
@@ -131,7 +130,7 @@ class Pipeline:
                 f"  {shown}\nIts full output is in {log}. Fix the error and rerun `python scripts/demo.py` "
                 "(finished training and probing are reused)."
             )
-        print(f"== {stage}: done in {seconds:.0f} s", flush=True)
+        say(f"== {stage}: done in {seconds:.0f} s")
 
     def parallel(self, jobs: dict[int, Callable[[], object]]) -> dict[int, object]:
         """Run independent jobs side by side; returns their results by key (re-raises the first failure)."""
@@ -141,6 +140,12 @@ class Pipeline:
 
 
 HEARTBEAT_SECONDS = 60.0
+
+
+def say(text: str) -> None:
+    """Print whole lines in one write: the lanes' threads never interleave within a line."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
 def last_line(log: Path) -> str:
