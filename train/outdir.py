@@ -164,6 +164,11 @@ def _lock(path: Path, command: str, flag: str) -> None:
             f"{flag} {path} is being written by {holder}. Fix: wait for it to finish, or pass another "
             "directory (nothing was changed)"
         ) from None
+    except (
+        OSError
+    ):  # a filesystem without locks (Lustre mounted without `flock`): write unlocked, as before
+        os.close(fd)
+        return
     os.ftruncate(fd, 0)
     os.write(fd, f"posfreq {command} (pid {os.getpid()} on {socket.gethostname()})".encode())
     _HELD[key] = fd

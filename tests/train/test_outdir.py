@@ -109,3 +109,18 @@ def test_a_second_process_writing_the_same_folder_is_refused_in_one_line(tmp_pat
     assert claim_output_dir(out, "compare") == out  # the kernel released the dead process's lock
     assert claim_output_dir(out, "compare") == out  # this process again: its own lock
     release_output_locks()
+
+
+def test_a_filesystem_without_locks_is_written_unlocked(tmp_path, monkeypatch):
+    """Lustre mounted without `flock` answers ENOSYS: the command goes on as it did before locks, not crash."""
+    import errno
+    import fcntl
+
+    from posfreq.train import outdir
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    assert outdir.claim_output_dir(tmp_path / "out", "compare") == tmp_path / "out"
+    assert (tmp_path / "out" / outdir.OWNER_FILE).is_file()
