@@ -30,8 +30,9 @@ def plot_loss_by_distance(
 
 
 def plot_loss_curves(runs: dict[str, list[dict]], stem: str | Path) -> list[Path]:
-    """Training loss (lines) and validation loss (dots) against the tokens each run trained, one colour per run;
-    `runs[label]` holds its metrics.jsonl rows (train/run/log.py)."""
+    """Training loss (lines: a running mean over 2% of each run's steps, so runs stay apart) and validation loss
+    (dots) against the tokens each run trained, one colour per run; `runs[label]` holds its metrics.jsonl rows
+    (train/run/log.py)."""
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for label, rows in runs.items():
         train = [
@@ -39,12 +40,14 @@ def plot_loss_curves(runs: dict[str, list[dict]], stem: str | Path) -> list[Path
         ]
         val = [(r["tokens"], r["val_loss"]) for r in rows if r.get("val_loss") is not None]
         if train:
-            (line,) = ax.plot(*zip(*train), lw=0.8, label=label)
+            tokens, loss = (np.asarray(v, dtype=float) for v in zip(*train))
+            window = max(1, len(loss) // 50)
+            mean = np.convolve(loss, np.ones(window) / window, mode="valid")
+            (line,) = ax.plot(tokens[window - 1 :], mean, lw=1.2, label=label)
             if val:
                 ax.plot(*zip(*val), "o", ms=4, color=line.get_color())
-    ax.set_yscale("log")
     ax.set_xlabel("tokens trained by the run")
-    ax.set_ylabel("loss (nats; dots: validation)")
+    ax.set_ylabel("loss (nats; line: running mean; dots: validation)")
     ax.set_title("Training and validation loss")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
