@@ -10,6 +10,7 @@ import numpy as np
 
 from posfreq.analysis.tables.columns import COLUMNS
 from posfreq.analysis.tables.formats import write_csv
+from posfreq.analysis.tables.pass_curve import frequency_at
 from posfreq.analysis.tables.run_table import find_run_results
 from posfreq.analysis.verdicts.claims import (
     baseline_variant,
@@ -19,13 +20,16 @@ from posfreq.analysis.verdicts.claims import (
     shortfall,
     variant_comparisons,
 )
+from posfreq.analysis.verdicts.prediction import prediction_verdict
 from posfreq.analysis.verdicts.probed_runs import (
     load_checkpoints,
+    run_directory,
     run_identity,
     run_loss_by_distance,
     run_metrics,
 )
 from posfreq.train.atomic import write_json_atomic
+from posfreq.train.checkpoint.layout import LENGTHS_FILE, checkpoint_root, load_trained_lengths
 from posfreq.train.outdir import claim_output_dir, entry_names
 
 
@@ -60,6 +64,7 @@ def compare(
         "emergence": emergence(rows),
         "baseline_variant": baseline,
         "variants": variant_comparisons(rows, baseline, n_boot, seed),
+        "prediction": predict_from_f(paths, same_data, n_boot, seed),
     }
     write_json_atomic(out / "conclusion.json", conclusion, indent=1)
     if figures:
@@ -107,3 +112,30 @@ def draw_loss_figures(paths: Sequence[Path], baseline: str, figures: Path) -> No
         plot_loss_curves(curves, figures / "loss_curves")
     if against_f:
         plot_loss_vs_frequency(against_f, figures / "loss_vs_frequency")
+
+
+def predict_from_f(paths: Sequence[Path], rows: Sequence[dict], n_boot: int, seed: int) -> dict:
+    """The prediction verdict (analysis/verdicts/prediction.py) on these runs, f(n) of each checkpoint from the
+    trained-length histogram it stored; not testable when a checkpoint's histogram cannot be read."""
+    runs = {}
+    for path in paths:
+        directory = find_run_results(path)
+        runs[run_identity(directory)] = run_directory(directory)
+    f_of: dict[tuple, dict[int, float]] = {}
+    for r in rows:
+        run = runs.get((r["train_len"], r["seed"], r["variant"]))
+        checkpoint = checkpoint_root(run) / str(r["checkpoint"]) if run is not None else None
+        if checkpoint is None or not (checkpoint / LENGTHS_FILE).is_file():
+            return {"holds": None, "reason": f"no trained-length histogram for {r['checkpoint']}"}
+        hist = load_trained_lengths(checkpoint)
+        probed = [
+            int(k.split("_")[-1])
+            for k, v in r.items()
+            if k.startswith("pass_rate_") and v not in ("", None)
+        ]
+        f_of[_row_key(r)] = {n: float(frequency_at(hist, r["train_len"], n)) for n in probed}
+    return prediction_verdict(rows, lambda r: f_of[_row_key(r)], n_boot, seed)
+
+
+def _row_key(row: dict) -> tuple:
+    return (row["train_len"], row["seed"], row["variant"], row["tokens_trained"])

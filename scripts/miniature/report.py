@@ -72,7 +72,35 @@ def verdicts(conclusion: dict, quick: bool) -> list[str]:
             )
         test = f" Test: {c['test']}." if "test" in c else ""
         lines.append(f"- {c['claim']}: {holds}.{detail}{test}")
+    if "prediction" in conclusion:
+        lines.append(prediction_line(conclusion["prediction"]))
     return lines
+
+
+def prediction_line(c: dict) -> str:
+    """The prediction verdict (analysis/verdicts/prediction.py): the held-out errors of f's threshold rule and of the
+    two baselines, per way of holding out."""
+    holds = {True: "**holds**", False: "**does not hold**", None: "**not testable**"}[
+        c.get("holds")
+    ]
+    if "reason" in c:
+        return f"- f(n) predicts held-out runs' effective length: {holds} ({c['reason']})."
+    parts = []
+    for key, name in (
+        ("by_seed", "each seed held out"),
+        ("by_train_len", "each training length held out"),
+    ):
+        v = c.get(key, {})
+        if "mean_abs_error" not in v:
+            parts.append(f"{name}: {v.get('reason', 'not run')}")
+            continue
+        e = v["mean_abs_error"]
+        parts.append(
+            f"{name} ({v['n']} checkpoints): mean absolute error {e['f_rule']:.0f} tokens by f, "
+            f"{e['tokens_alone']:.0f} by tokens alone, {e['previous_checkpoint']:.0f} by the previous checkpoint; "
+            f"f's gain over tokens {v['gain_over_tokens']:.0f} [{v['interval_95'][0]:.0f}, {v['interval_95'][1]:.0f}]"
+        )
+    return f"- {c['claim']}: {holds}. " + "; ".join(parts) + f". Test: {c['test']}."
 
 
 CPU_KERNEL_OVERRIDES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "DNNL_MAX_CPU_ISA")

@@ -1,0 +1,70 @@
+"""Predicting effective length from f (analysis/verdicts/prediction.py) on constructed checkpoints whose effective
+length follows the threshold rule exactly, and on ones where it follows tokens alone."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from posfreq.analysis.verdicts.prediction import (
+    fit_threshold,
+    prediction_verdict,
+    threshold_prediction,
+)
+
+LENGTHS = (64, 128, 192, 256, 384, 512)
+
+
+def runs(rule) -> tuple[list[dict], dict]:
+    """Two lengths x three seeds x four checkpoints; f(n) = tokens * (L - n) / L (more at short n, more with
+    training, spread over a longer L for L = 512); the effective length set by `rule`."""
+    rows, f_of = [], {}
+    for train_len in (256, 512):
+        for seed in range(3):
+            for k in range(1, 5):
+                tokens = 1000 * k
+                f = {
+                    n: tokens * (train_len - n) / train_len + seed
+                    for n in LENGTHS
+                    if n <= train_len
+                }
+                eff = rule(f, train_len, tokens)
+                row = {
+                    "train_len": train_len,
+                    "seed": seed,
+                    "variant": "concat",
+                    "tokens_trained": tokens,
+                    "effective_length": eff,
+                    "effective_length_status": "ok" if eff else "none_passed",
+                }
+                rows.append(row)
+                f_of[(train_len, seed, tokens)] = f
+    return rows, lambda r: f_of[(r["train_len"], r["seed"], r["tokens_trained"])]
+
+
+def test_the_threshold_rule_by_hand():
+    f = {64: 900.0, 128: 500.0, 256: 0.0}
+    assert threshold_prediction(f, 256, 500.0) == 128 and threshold_prediction(f, 256, 1e9) == 0
+    assert threshold_prediction(f, 256, 0.0) == 256 and threshold_prediction(f, 100, 0.0) == 64
+
+
+def test_effective_lengths_that_follow_f_are_fitted_exactly_and_predicted_better_than_by_tokens():
+    rows, f_at = runs(lambda f, L, tokens: threshold_prediction(f, L, 1500.0))
+    tau = fit_threshold(rows, f_at)
+    assert all(
+        threshold_prediction(f_at(r), r["train_len"], tau) == r["effective_length"] for r in rows
+    )
+    verdict = prediction_verdict(rows, f_at, n_boot=500, seed=0)
+    for key in ("by_seed", "by_train_len"):
+        errors = verdict[key]["mean_abs_error"]
+        assert (
+            errors["f_rule"] < errors["tokens_alone"]
+        )  # held out: tau is only bracketed by the data
+    assert verdict["by_train_len"]["holds"] and verdict["holds"] in (True, False)
+
+
+def test_effective_lengths_set_by_tokens_alone_are_not_credited_to_f():
+    rows, f_at = runs(lambda f, L, tokens: {1000: 64, 2000: 128, 3000: 192, 4000: 256}[tokens])
+    verdict = prediction_verdict(rows, f_at, n_boot=500, seed=0)
+    assert verdict["by_seed"]["mean_abs_error"]["tokens_alone"] == 0
+    assert not verdict["by_seed"]["holds"] and verdict["holds"] is False
+    assert np.isfinite(verdict["by_seed"]["interval_95"]).all()
