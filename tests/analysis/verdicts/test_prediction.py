@@ -56,10 +56,9 @@ def test_effective_lengths_that_follow_f_are_fitted_exactly_and_predicted_better
     verdict = prediction_verdict(rows, f_at, n_boot=500, seed=0)
     for key in ("by_seed", "by_train_len"):
         errors = verdict[key]["mean_abs_error"]
-        assert (
-            errors["f_rule"] < errors["tokens_alone"]
-        )  # held out: tau is only bracketed by the data
-    assert verdict["by_train_len"]["holds"] and verdict["holds"] in (True, False)
+        # held out, tau is only bracketed by the data, so f's error need not be 0
+        assert errors["f_rule"] < errors["tokens_alone"]
+    assert verdict["by_train_len"]["holds"]
 
 
 def test_effective_lengths_set_by_tokens_alone_are_not_credited_to_f():
