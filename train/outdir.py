@@ -88,14 +88,7 @@ def check_output_dir(
 
 def _refuse_unrecorded(path: Path, command: str, flag: str, parts: str | None) -> None:
     """OutputDirError if `command`'s own folder holds entries its journal does not name (a user's files)."""
-    own_parts = {
-        entry.name
-        for entry in path.iterdir()
-        if parts is not None
-        and fnmatch.fnmatchcase(entry.name, parts)
-        and owner_of(entry) == command
-    }
-    found = unrecorded(path, own_parts)
+    found = unrecorded(path, _own_parts(path, command, parts))
     if found:
         shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
         raise OutputDirError(
@@ -108,17 +101,19 @@ def _refuse_unrecorded(path: Path, command: str, flag: str, parts: str | None) -
 def foreign_entries(path: Path, command: str, parts: str | None = None) -> list[str]:
     """The names in directory `path` that `command` did not write: all but owner records (whole or in progress) and
     folders named like `parts` that `command` owns."""
-    return sorted(
-        entry.name
-        for entry in path.iterdir()
-        if not is_record(entry.name)
-        and not (
-            parts is not None
-            and fnmatch.fnmatchcase(entry.name, parts)
-            and entry.is_dir()
-            and owner_of(entry) == command
-        )
-    )
+    own = _own_parts(path, command, parts)
+    return sorted(e.name for e in path.iterdir() if not is_record(e.name) and e.name not in own)
+
+
+def _own_parts(path: Path, command: str, parts: str | None) -> set[str]:
+    """The folders in `path` named like `parts` that `command` owns (a sharded job's parts under its output)."""
+    if parts is None:
+        return set()
+    return {
+        e.name
+        for e in path.iterdir()
+        if fnmatch.fnmatchcase(e.name, parts) and e.is_dir() and owner_of(e) == command
+    }
 
 
 def claim_output_dir(

@@ -21,7 +21,7 @@ from posfreq.analysis.plots.losses import plot_loss_by_distance
 from posfreq.analysis.tables.columns import LOSS_BY_DISTANCE_COLUMNS
 from posfreq.analysis.tables.formats import write_csv
 from posfreq.train.atomic import write_json_atomic
-from posfreq.train.checkpoint.layout import load_model, read_checkpoint_info
+from posfreq.train.checkpoint.layout import check_tokenizer, load_model, read_checkpoint_info
 from posfreq.train.checkpoint.safe_load import CheckpointError
 from posfreq.train.command_line import command_parser, parse
 from posfreq.train.data.packing_strategies import STRATEGIES
@@ -83,6 +83,7 @@ def load(args) -> tuple:
         raise ValueError("pass exactly one of --checkpoint PATH and --model hf:DIR")
     if args.checkpoint is not None:
         info = read_checkpoint_info(args.checkpoint)
+        check_tokenizer(info, get_tokenizer(info.tokenizer_spec))  # the one it trained with, by content
         model, spec, _ = load_model(args.checkpoint)
         return model, spec["spec"], info.trained_lengths, Path(args.checkpoint).name
     from posfreq.train.model.hf import load_hf_model

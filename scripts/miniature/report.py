@@ -33,6 +33,10 @@ def _cell(value) -> str:
     return str(value)
 
 
+HOLDS = {True: "**holds**", False: "**does not hold**", None: "**not testable**"}
+"""How REPORT.md words a verdict's outcome."""
+
+
 def verdicts(conclusion: dict, quick: bool) -> list[str]:
     """REPORT.md's conclusion: each computed verdict with the numbers and the test behind it."""
     if quick:
@@ -43,9 +47,7 @@ def verdicts(conclusion: dict, quick: bool) -> list[str]:
     lines = []
     for name in ("shortfall", "longer_reaches_further", "curves_coincide"):
         c = conclusion[name]
-        holds = {True: "**holds**", False: "**does not hold**", None: "**not testable**"}[
-            c["holds"]
-        ]
+        holds = HOLDS[c["holds"]]
         detail = ""
         if "last_checkpoints" in c:
             detail = (
@@ -80,9 +82,7 @@ def verdicts(conclusion: dict, quick: bool) -> list[str]:
 def prediction_line(c: dict) -> str:
     """The prediction verdict (analysis/verdicts/prediction.py): the held-out errors of f's threshold rule and of the
     two baselines, per way of holding out."""
-    holds = {True: "**holds**", False: "**does not hold**", None: "**not testable**"}[
-        c.get("holds")
-    ]
+    holds = HOLDS[c.get("holds")]
     if "reason" in c:
         return f"- f(n) predicts held-out runs' effective length: {holds} ({c['reason']})."
     parts = []

@@ -272,9 +272,8 @@ _FORMAT_WIDTHS = re.compile(
     r"%[-#0 +]*(\d+|\*)?(?:\.(\d+|\*))?|\{[^{}]*:[^{}]*?(\d+)[^{}]*\}|\{[^{}]*\{"
 )
 """Widths and precisions in a %-format or a str.format string (a nested `{` is a width given at run time)."""
-_GROWING_METHODS = frozenset(
-    {"center", "ljust", "rjust", "zfill", "expandtabs", "format", "format_map", "join", "replace"}
-)
+_GROWING_METHODS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "join", "replace"})
+"""String methods checked before they run (str.format is checked where jinja wraps it, `wrap_str_format`)."""
 
 
 def _check_size(size: int, what: str) -> None:
@@ -311,8 +310,6 @@ def _check_growth(obj, name: str, args: tuple, kwargs: dict) -> None:
             len(obj) + obj.count("\t") * int(args[0] if args else kwargs.get("tabsize", 8)),
             "expandtabs",
         )
-    elif name in ("format", "format_map"):
-        _check_format(obj, "str.format")
     elif (
         name == "replace"
         and len(args) >= 2

@@ -47,3 +47,19 @@ def test_a_checkpoint_on_token_shards(data_dir, tmp_path, capsys):
         ["--checkpoint", str(llama), "--data", str(data_dir), "--out", str(tmp_path / "x")]
     )
     assert code == 1 and "not the model's tokenizer" in capsys.readouterr().err
+
+
+def test_a_checkpoint_whose_tokenizer_changed_since_training_is_refused(data_dir, tmp_path, capsys):
+    """As the probe and export-hf do: the tokenizer its spec names now must be, by content, the one it trained with."""
+    hist = np.bincount([3, 100], minlength=513)
+    path = write_checkpoint(tmp_path / "run", 4096, tiny_model(), hist)
+    spec = json.loads((path / ckpt.TOKENIZER_FILE).read_text())
+    (path / ckpt.TOKENIZER_FILE).write_text(json.dumps({**spec, "fingerprint": "0" * 16}))
+    out = tmp_path / "lbd"
+    argv = ["--checkpoint", str(path), "--data", str(data_dir), "--out", str(out)]
+    assert command.main(argv) == 1
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("error: ") and "not the ones the run trained with" in err and "Fix:" in err
+    )
+    assert not (out / "loss_by_distance.json").exists()
