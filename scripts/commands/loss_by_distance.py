@@ -83,7 +83,9 @@ def load(args) -> tuple:
         raise ValueError("pass exactly one of --checkpoint PATH and --model hf:DIR")
     if args.checkpoint is not None:
         info = read_checkpoint_info(args.checkpoint)
-        check_tokenizer(info, get_tokenizer(info.tokenizer_spec))  # the one it trained with, by content
+        check_tokenizer(
+            info, get_tokenizer(info.tokenizer_spec)
+        )  # the one it trained with, by content
         model, spec, _ = load_model(args.checkpoint)
         return model, spec["spec"], info.trained_lengths, Path(args.checkpoint).name
     from posfreq.train.model.hf import load_hf_model
