@@ -38,6 +38,7 @@ from jsonargparse import ArgumentParser
 
 from posfreq.scripts.miniature.agreement import agreement, agreement_lines, checkpoints_of
 from posfreq.scripts.miniature.pipeline import (
+    EXPERIMENT_SETTINGS,
     FULL,
     QUICK,
     DemoError,
@@ -77,10 +78,12 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument(
         "--experiment",
-        type=Literal["demo", "packing"],
+        type=Literal["demo", "packing", "lengths"],
         default="demo",
         help="demo: the paper's probing experiment at L = 256 and 512; packing: at L = 512, concat vs "
-        "best_fit vs length upsampling, same budget and seeds (scripts/miniature/packing_experiment.py).",
+        "best_fit vs length upsampling, same budget and seeds (scripts/miniature/packing_experiment.py); "
+        "lengths: the demo's stages at L = 512 and 1024 with 1.5x the tokens (pipeline.LENGTHS), where "
+        "a shortfall can show under the paper's criterion.",
     )
     parser.add_argument(
         "--out",
@@ -145,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_demo(args) -> int:
     """`main` once the arguments are parsed."""
-    settings = QUICK if args.quick else FULL
+    full, quick = EXPERIMENT_SETTINGS.get(args.experiment, (FULL, QUICK))
+    settings = quick if args.quick else full
     out = (
         args.out or Path("runs") / (args.experiment + ("-quick" if args.quick else ""))
     ).resolve()
@@ -224,12 +228,14 @@ def run_demo(args) -> int:
         ]
         write_json_atomic(out / "agreement.json", references, indent=1)
         print("\n".join(line for reference in references for line in agreement_lines(reference)))
-    report = write_report(out, settings, args.quick, p, runs, table, conclusion, strict, references)
+    report = write_report(
+        out, settings, args.quick, p, runs, table, conclusion, strict, references, args.experiment
+    )
     if args.quick:
         validate(out, runs, settings)
-    elif args.out is None:
+    elif args.out is None and args.experiment == "demo":
         publish_figures(out)
-    print(f"\ndemo finished in {time.perf_counter() - start:.0f} s; report: {report}")
+    print(f"\n{args.experiment} finished in {time.perf_counter() - start:.0f} s; report: {report}")
     if args.quick:
         print("\n" + verdicts(conclusion, quick=True)[0])  # what these numbers are worth
     print(

@@ -311,11 +311,17 @@ def main(argv: list[str] | None = None) -> int:
         "--out",
         type=Path,
         required=True,
-        help="directory for tokenizer/, warmup/, main/, probe_haystack/",
+        help="directory for tokenizer/, warmup/, main/, validation/, probe_haystack/",
     )
     parser.add_argument("--docs", type=int, required=True, help="documents in the main corpus")
     parser.add_argument(
         "--warmup-docs", type=int, required=True, help="documents in the warm-up corpus"
+    )
+    parser.add_argument(
+        "--val-docs",
+        type=int,
+        default=0,
+        help="documents in the held-out validation corpus (the main corpus's mix, its own numbers)",
     )
     parser.add_argument("--seed", type=int, default=1234, help="corpus seed (never a probe seed)")
     parser.add_argument(
@@ -340,10 +346,22 @@ def main(argv: list[str] | None = None) -> int:
     main_corpus = write_corpus(
         args.out / "main", args.docs, seed=args.seed + 1, exclude_numbers=exclude
     )
+    # validation: a third stream (seed + 2), so the warm-up and main corpora are the same with or without it
+    validation = (
+        write_corpus(
+            args.out / "validation",
+            args.val_docs,
+            seed=args.seed + 2,
+            exclude_numbers=exclude,
+            name="validation",
+        )
+        if args.val_docs
+        else None
+    )
     haystack = probe_haystack_dir(args.out / "probe_haystack")
     print(
         f"tokenizer {spec}\nwarm-up corpus {warmup}\nmain corpus {main_corpus} ({len(exclude)} probe needles "
-        f"excluded)\nprobe haystack {haystack}"
+        f"excluded)\nvalidation corpus {validation or 'none'}\nprobe haystack {haystack}"
     )
     return 0
 

@@ -39,6 +39,7 @@ from posfreq.scripts.miniature.pipeline import (
     probe,
     probed_lengths,
     train,
+    validation_flags,
     warm_ups,
 )
 from posfreq.scripts.miniature.report import markdown
@@ -78,6 +79,7 @@ def train_and_probe_variant(
         "--model.init-from",
         warm.result(),
         *VARIANTS[variant],
+        *validation_flags(p, settings, TRAIN_LEN),
     )
     probe(
         p,

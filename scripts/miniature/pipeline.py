@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -45,6 +45,12 @@ class DemoSettings:
     strict_min_retrieved: int = (
         3  # the second pass criterion the verdicts are recomputed under (the paper's: 2 of 4)
     )
+    val_docs: int = (
+        2_000  # held-out documents (their own stream: the training corpora are unchanged)
+    )
+    val_tokens: int = (
+        65_536  # validated at every milestone: val_tokens // L rows, the same tokens at every L
+    )
 
 
 FULL = DemoSettings(
@@ -78,7 +84,25 @@ QUICK = DemoSettings(
     tests_per_length=4,
     table1_tests=4,
     table1_schemes=("rope", "string"),
+    val_docs=200,
+    val_tokens=8_192,
 )
+
+
+LENGTHS = replace(
+    FULL,
+    train_lens=(512, 1024),
+    total_tokens=3_686_400,
+    checkpoint_every_tokens=460_800,
+    test_lengths=(144, 208, 256, 384, 512, 640, 768, 896, 1024),
+)
+"""The longer pair (`--experiment lengths`): the demo's design at L = 512 and 1024, where the corpus's f falls
+off before L (few documents are that long), with 1.5x the demo's tokens so the longer runs can learn retrieval."""
+
+LENGTHS_QUICK = replace(QUICK, train_lens=(512, 1024), test_lengths=(144, 512, 1024))
+
+EXPERIMENT_SETTINGS = {"demo": (FULL, QUICK), "lengths": (LENGTHS, LENGTHS_QUICK)}
+"""(full, quick) settings of each experiment that runs the demo's stages (the packing experiment has its own)."""
 
 
 class DemoError(RuntimeError):
@@ -212,7 +236,10 @@ def train_command(
     seed: int,
     *extra: str | Path,
 ) -> list[str | Path]:
-    """The train/pretrain.py command line of one run of the demo config."""
+    """The train/pretrain.py command line of one run of the demo config (one row per micro-batch where the
+    config's two rows would exceed the global batch)."""
+    rows = settings.global_batch_tokens // train_len
+    micro = ("--micro-batch-rows", str(max(1, rows))) if rows < 2 else ()
     return [
         "train/pretrain.py",
         "--config",
@@ -231,8 +258,16 @@ def train_command(
         str(min(tokens, settings.checkpoint_every_tokens)),
         "--seed",
         str(seed),
+        *micro,
         *extra,
     ]
+
+
+def validation_flags(p: Pipeline, settings: DemoSettings, train_len: int) -> tuple[str, ...]:
+    """The trainer flags that validate a run on the held-out corpus's shards at every milestone (the loss by
+    distance that analysis/compare.py draws and tests against f)."""
+    rows = max(1, settings.val_tokens // train_len)
+    return ("--data.val-dir", str(p.out / "data" / "validation"), "--data.val-rows", str(rows))
 
 
 def train(
@@ -330,6 +365,7 @@ def train_and_probe(
         seed,
         "--model.init-from",
         warm.result(),
+        *validation_flags(p, settings, train_len),
     )
     for scheme in ("rope", "string") if seed in settings.string_seeds else ("rope",):
         out = run / ("probe" if scheme == "rope" else f"probe-{scheme}")
@@ -351,8 +387,8 @@ def train_and_probe(
 
 
 def prepare_inputs(p: Pipeline, settings: DemoSettings) -> Path:
-    """Stages 1-3: the demo tokenizer and corpora, the main corpus's f(i), and token shards of both corpora under
-    OUT/data/{warmup,main}; returns the corpus directory (its tokenizer, corpora and probe haystack)."""
+    """Stages 1-3: the demo tokenizer and corpora, the main corpus's f(i), and token shards of the three corpora
+    under OUT/data/{warmup,main,validation}; returns the corpus directory (its tokenizer, corpora and probe haystack)."""
     corpus = p.out / "corpus"
     lengths = sorted(
         {n for L in settings.train_lens for n in probed_lengths(settings, L)}
@@ -374,6 +410,8 @@ def prepare_inputs(p: Pipeline, settings: DemoSettings) -> Path:
         "--probe-seeds",
         "0",
         "1",
+        "--val-docs",
+        str(settings.val_docs),
     )
     tokenizer = f"hf:{corpus / 'tokenizer'}"
     main_corpus = corpus / "main" / "demo_corpus.jsonl"
@@ -381,7 +419,11 @@ def prepare_inputs(p: Pipeline, settings: DemoSettings) -> Path:
         "length histogram and f(i)",
         *analyze_command(settings, main_corpus, tokenizer, p.out / "position_freq"),
     )
-    for name, path in (("warmup", corpus / "warmup" / "warmup.jsonl"), ("main", main_corpus)):
+    for name, path in (
+        ("warmup", corpus / "warmup" / "warmup.jsonl"),
+        ("main", main_corpus),
+        ("validation", corpus / "validation" / "validation.jsonl"),
+    ):
         p.run(f"token shards ({name})", *shards_command(path, tokenizer, p.out / "data" / name))
     return corpus
 

@@ -139,10 +139,11 @@ def write_report(
     conclusion: dict,
     strict: dict,
     references: list[dict] | None = None,
+    experiment: str = "demo",
 ) -> Path:
     """REPORT.md: what ran, what came out (computed verdicts with their numbers), every command."""
     lines = [
-        f"# posfreq demo report{' (quick mode: toy scale, not a result)' if quick else ''}",
+        f"# posfreq {experiment} report{' (quick mode: toy scale, not a result)' if quick else ''}",
         "",
         f"Code version `{code_version()}`; settings: `{json.dumps(asdict(settings))}`; {pipeline.lanes} lane(s) of "
         f"{pipeline.threads} torch thread(s) (OMP_NUM_THREADS={pipeline.threads}); machine: {machine_description()}.",
@@ -222,7 +223,7 @@ def collect_figures(
     out: Path, runs: dict[str, Path], first_seed: int, extra: dict[str, Path]
 ) -> None:
     """Gather the figures the report shows into OUT/figures: f(i), the comparison, the first seed's heatmaps, and
-    those of each `extra` directory, prefixed with its name."""
+    those of each `extra` directory, prefixed with its name (but its loss figures: no pass criterion changes them)."""
     figures = out / "figures"
     figures.mkdir(parents=True, exist_ok=True)
     for png in [
@@ -233,6 +234,8 @@ def collect_figures(
         shutil.copy2(png, figures / png.name)
     for prefix, directory in extra.items():
         for png in directory.glob("*.png"):
+            if png.name.startswith("loss_"):
+                continue
             record_written(figures / f"{prefix}_{png.name}")
             shutil.copy2(png, figures / f"{prefix}_{png.name}")
     for name, run in runs.items():
