@@ -12,7 +12,8 @@ import numpy as np
 from posfreq.analysis.tables.pass_curve import STATUS_ALL_PASSED, STATUS_NONE_PASSED, STATUS_OK
 
 
-def _percentile(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+def percentile_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """The central `level` percentile interval of bootstrap replicates."""
     tail = (1 - level) / 2
     lo, hi = np.quantile(np.asarray(values, dtype=float), [tail, 1 - tail])
     return float(lo), float(hi)
@@ -81,7 +82,7 @@ def longer_reaches_further(rows: Sequence[Mapping], n_boot: int, seed: int) -> d
     diffs = np.array([last[(lengths[1], s)] - last[(lengths[0], s)] for s in seeds], dtype=float)
     rng = np.random.default_rng(seed)
     boots = diffs[rng.integers(0, len(diffs), size=(n_boot, len(diffs)))].mean(axis=1)
-    lo, hi = _percentile(boots)
+    lo, hi = percentile_interval(boots)
     return {
         "claim": f"at the last checkpoint (equal tokens), L = {lengths[1]} reaches a larger effective length "
         f"than L = {lengths[0]} (paired by seed)",
@@ -106,7 +107,7 @@ D rests on one or two checkpoints, and two seeds give the seed bootstrap 3 disti
 "95% interval" is the spread of a handful of values."""
 
 
-def _residual_shift(
+def residual_shift(
     points: Sequence[tuple[object, float, float]], short: object, long: object
 ) -> float | None:
     """D for (group, effective length, log10 f) points: mean residual (long) - mean residual (short) in the overlap."""
@@ -159,7 +160,7 @@ def curves_coincide(
     n_seeds = {L: sum(1 for LL, _ in points if LL == L) for L in lengths}
     enough = all(n_points[L] >= C2_MIN_POINTS and n_seeds[L] >= C2_MIN_SEEDS for L in lengths)
     observed = (
-        _residual_shift([p for v in points.values() for p in v], short, long) if enough else None
+        residual_shift([p for v in points.values() for p in v], short, long) if enough else None
     )
     if observed is None:
         return {
@@ -180,10 +181,10 @@ def curves_coincide(
             for i in rng.integers(0, len(seeds[L]), size=len(seeds[L]))
             for p in points[(L, seeds[L][i])]
         ]
-        d = _residual_shift(chosen, short, long)
+        d = residual_shift(chosen, short, long)
         if d is not None:
             boots.append(d)
-    lo, hi = _percentile(boots)
+    lo, hi = percentile_interval(boots)
     return {
         "claim": claim,
         "D_log10_f": observed,
@@ -238,7 +239,7 @@ def variant_effect(
         last.append(diffs[-1])
     rng = np.random.default_rng(seed)
     boots = [float(np.mean(rng.choice(means, size=len(means)))) for _ in range(n_boot)]
-    lo, hi = _percentile(boots)
+    lo, hi = percentile_interval(boots)
     return {
         "claim": claim,
         "seeds": seeds,

@@ -6,8 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
-
 from posfreq.analysis.tables.columns import COLUMNS
 from posfreq.analysis.tables.formats import write_csv
 from posfreq.analysis.tables.pass_curve import frequency_at
@@ -20,6 +18,7 @@ from posfreq.analysis.verdicts.claims import (
     shortfall,
     variant_comparisons,
 )
+from posfreq.analysis.verdicts.loss_frequency import LossCurve, loss_curves_coincide
 from posfreq.analysis.verdicts.prediction import prediction_verdict
 from posfreq.analysis.verdicts.probed_runs import (
     load_checkpoints,
@@ -66,6 +65,13 @@ def compare(
         "variants": variant_comparisons(rows, baseline, n_boot, seed),
         "prediction": predict_from_f(paths, same_data, n_boot, seed),
     }
+    losses = {run_identity(d): run_loss_by_distance(d) for d in map(find_run_results, paths)}
+    last = [
+        LossCurve.of(L, s, *tables[-1])
+        for (L, s, variant), tables in losses.items()
+        if variant == baseline and tables
+    ]
+    conclusion["loss_curves_coincide"] = loss_curves_coincide(last, n_boot, seed)
     write_json_atomic(out / "conclusion.json", conclusion, indent=1)
     if figures:
         from posfreq.analysis.plots import effective_length as plots_effective_length
@@ -77,14 +83,15 @@ def compare(
             rows, out / "figures" / "fig2b_frequency_vs_effective_length"
         )
         plots_effective_length.plot_pass_rate_curves(rows, out / "figures" / "pass_rate_vs_length")
-        draw_loss_figures(paths, baseline, out / "figures")
+        draw_loss_figures(paths, losses, baseline, out / "figures")
     return conclusion
 
 
-def draw_loss_figures(paths: Sequence[Path], baseline: str, figures: Path) -> None:
-    """Every run's training and validation loss; where milestones stored their loss by distance, each run's by
-    milestone and every run's last against f(i). Runs without those files add nothing."""
-    from posfreq.analysis.corpus.frequency import position_frequency
+def draw_loss_figures(
+    paths: Sequence[Path], losses: dict[tuple, list], baseline: str, figures: Path
+) -> None:
+    """Every run's training and validation loss; where milestones stored their loss by distance (`losses`, by run
+    identity), each run's by milestone and every run's last against f(i). Runs without those files add nothing."""
     from posfreq.analysis.plots.losses import (
         plot_loss_by_distance,
         plot_loss_curves,
@@ -97,17 +104,15 @@ def draw_loss_figures(paths: Sequence[Path], baseline: str, figures: Path) -> No
         train_len, seed, variant = run_identity(directory)
         label = f"L={train_len} s{seed}" + ("" if variant == baseline else f" {variant}")
         curves[label] = run_metrics(directory)
-        tables = run_loss_by_distance(directory)
+        tables = losses.get((train_len, seed, variant))
         if tables:
             by_milestone = {f"{tokens:,} tokens": (t.edges, t.mean()) for tokens, t, _ in tables}
             name = f"loss_by_distance_L{train_len}-s{seed}" + (
                 "" if variant == baseline else f"-{variant}"
             )
             plot_loss_by_distance(by_milestone, figures / name, title=label)
-            _, last, trained = tables[-1]
-            f = position_frequency(trained, len(trained) - 1)
-            lo = np.minimum(last.edges[:-1], len(f) - 1)
-            against_f[label] = (np.where(last.edges[:-1] < len(f), f[lo], 0.0), last.mean())
+            last = LossCurve.of(train_len, seed, *tables[-1])
+            against_f[label] = (last.f, last.loss)
     if any(curves.values()):
         plot_loss_curves(curves, figures / "loss_curves")
     if against_f:

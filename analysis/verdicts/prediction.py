@@ -17,6 +17,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from posfreq.analysis.tables.pass_curve import STATUS_NONE_PASSED
+from posfreq.analysis.verdicts.claims import percentile_interval
 
 
 def observed(row: Mapping) -> float:
@@ -116,7 +117,7 @@ def prediction_verdict(
         gain = errors["tokens_alone"] - errors["f_rule"]
         rng = np.random.default_rng(seed)
         boots = [gain[rng.integers(0, len(gain), len(gain))].mean() for _ in range(n_boot)]
-        lo, hi = (float(v) for v in np.quantile(boots, [0.025, 0.975]))
+        lo, hi = percentile_interval(boots)
         result[f"by_{key}"] = {
             "n": len(predictions),
             "mean_abs_error": {name: float(e.mean()) for name, e in errors.items()},

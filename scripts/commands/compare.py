@@ -73,8 +73,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except (CompareError, FileNotFoundError, OutputDirError) as err:
         sys.exit(f"error: {err}")
-    for name in ("shortfall", "longer_reaches_further", "curves_coincide"):
-        c = conclusion[name]
+    loss = conclusion["loss_curves_coincide"]
+    named = [(n, conclusion[n]) for n in ("shortfall", "longer_reaches_further", "curves_coincide")]
+    named += [("loss_curves_coincide", loss)]
+    named += (
+        [("loss_at_equal_distance", loss["at_equal_distance"])]
+        if "at_equal_distance" in loss
+        else []
+    )
+    for name, c in named:
         caveat = "".join(f"; {c[k]}" for k in ("reason", "caveat") if c.get(k))
         print(f"{name}: holds={c['holds']}  {c.get('interval_95', '')}  ({c['claim']}{caveat})")
     print(f"outputs in {args.out}/")

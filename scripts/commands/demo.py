@@ -244,7 +244,7 @@ def run_demo(args) -> int:
     )
     print(
         f"\nunder {settings.strict_min_retrieved} of 4 needles:\n"
-        + "\n".join(verdicts(strict, quick=False))
+        + "\n".join(verdicts(strict, quick=False, with_loss=False))
     )
     return 0
 

@@ -37,8 +37,9 @@ HOLDS = {True: "**holds**", False: "**does not hold**", None: "**not testable**"
 """How REPORT.md words a verdict's outcome."""
 
 
-def verdicts(conclusion: dict, quick: bool) -> list[str]:
-    """REPORT.md's conclusion: each computed verdict with the numbers and the test behind it."""
+def verdicts(conclusion: dict, quick: bool, with_loss: bool = True) -> list[str]:
+    """REPORT.md's conclusion: each computed verdict with the numbers and the test behind it; with_loss=False
+    leaves out the loss-by-distance verdict (no pass criterion changes it: a second criterion's list omits it)."""
     if quick:
         return [
             "Quick mode trains for seconds: it checks that every stage runs and writes its outputs. "
@@ -74,9 +75,32 @@ def verdicts(conclusion: dict, quick: bool) -> list[str]:
             )
         test = f" Test: {c['test']}." if "test" in c else ""
         lines.append(f"- {c['claim']}: {holds}.{detail}{test}")
+    if with_loss and "loss_curves_coincide" in conclusion:
+        lines.append(loss_line(conclusion["loss_curves_coincide"]))
     if "prediction" in conclusion:
         lines.append(prediction_line(conclusion["prediction"]))
     return lines
+
+
+def loss_line(c: dict) -> str:
+    """C2 on the validation loss by distance (analysis/verdicts/loss_frequency.py): D at equal loss, and the
+    difference at equal distance where the shorter length trained the distance rarely."""
+    if "reason" in c:
+        return f"- {c['claim']}: {HOLDS[None]} ({c['reason']})."
+    lo, hi = c["interval_95"]
+    line = (
+        f"- {c['claim']}: {HOLDS[c['holds']]}. D = {c['D_log10_f']:+.3f} decades of f, 95% interval "
+        f"[{lo:+.3f}, {hi:+.3f}] (distance buckets per length: {c['n_points']}). Test: {c['test']}."
+    )
+    e = c["at_equal_distance"]
+    if "reason" in e:
+        return line + f" At equal distance: {HOLDS[None]} ({e['reason']})."
+    lo, hi = e["interval_95"]
+    return line + (
+        f" {e['claim'][0].upper()}{e['claim'][1:]}: {HOLDS[e['holds']]}. Distances {e['distances'][0]}-"
+        f"{e['distances'][1]} ({e['buckets']} buckets, f ratio {e['f_ratio'][0]:.2f}-{e['f_ratio'][1]:.2f}): "
+        f"loss difference {e['mean_loss_difference']:+.3f} nats, 95% interval [{lo:+.3f}, {hi:+.3f}]."
+    )
 
 
 def prediction_line(c: dict) -> str:
@@ -164,7 +188,7 @@ def write_report(
         "conclusion.json). The k-th nearest needle sets how far a test must reach, so a stricter k measures "
         "retrieval farther from the question.",
         "",
-        *verdicts(strict, quick),
+        *verdicts(strict, quick, with_loss=False),
         "",
         *[line for reference in references or [] for line in agreement_lines(reference)],
         "## When each run learnt retrieval",

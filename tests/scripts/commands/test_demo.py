@@ -99,6 +99,8 @@ def test_the_demo_ends_by_printing_its_verdicts(quick_demo: Path) -> None:
     tail = printed[printed.index("demo finished in") :]
     assert "verdicts (the paper's criterion, 2 of 4 needles):" in tail and "of 4 needles:" in tail
     assert tail.count("\n- ") >= 6  # three claims under each criterion
+    # the loss verdict once, in the paper-criterion list only (no pass criterion changes it)
+    assert tail.count("loss at distance i vs f(i)") == 1
 
 
 @pytest.mark.slow  # a subprocess or a training run
@@ -132,15 +134,26 @@ def test_quick_demo_outputs(quick_demo: Path) -> None:
                 for d in distance
             )
         assert (run / "table1" / "string" / "summary.csv").is_file()
+        # validated at every milestone on the held-out stream, whose rows add up to the same tokens at each L
+        for milestone in (run / "checkpoints").glob("tokens-*"):
+            table = json.loads((milestone / "loss_by_distance.json").read_text())
+            assert 0.9 * QUICK.val_tokens <= sum(table["tokens"]) < QUICK.val_tokens
+    assert {"loss_by_distance_L256-s0.png", "loss_vs_frequency.png"} <= {
+        p.name for p in (quick_demo / "figures").glob("*.png")
+    }
     checkpoints = read_csv(quick_demo / "compare" / "checkpoints.csv")
     assert {(r["train_len"], r["seed"]) for r in checkpoints} == {
         (L, s) for L in QUICK.train_lens for s in QUICK.seeds
     }
     assert all(isinstance(r["effective_length_lo"], int) for r in checkpoints)
     conclusion = json.loads((quick_demo / "compare" / "conclusion.json").read_text())
-    assert {"shortfall", "longer_reaches_further", "curves_coincide", "emergence"} <= set(
-        conclusion
-    )
+    assert {
+        "shortfall",
+        "longer_reaches_further",
+        "curves_coincide",
+        "emergence",
+        "loss_curves_coincide",
+    } <= set(conclusion)
     strict = quick_demo / f"strict-{QUICK.strict_min_retrieved}of4"
     assert {"shortfall", "curves_coincide"} <= set(
         json.loads((strict / "compare" / "conclusion.json").read_text())
