@@ -8,10 +8,12 @@ fails.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers.probe import make_fake_run, probe_fake_run
 
@@ -55,14 +57,37 @@ def outputs(notebook: nbformat.NotebookNode) -> tuple[str, list[bytes]]:
     return text, images
 
 
-def assert_every_figure_shown(figures: Path, images: list[bytes]) -> None:
-    """Each expected figure was saved by matplotlib and displayed as that very PNG."""
-    for stem in FIGURES:
+def assert_every_figure_shown(figures: Path, images: list[bytes], extra: tuple = ()) -> None:
+    """Each expected figure (FIGURES and `extra`) was saved by matplotlib and displayed as that very PNG, and no
+    other was displayed."""
+    for stem in (*FIGURES, *extra):
         png = figures / f"{stem}.png"
         assert png.is_file(), stem
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", stem
         assert png.read_bytes() in images, f"{stem} was saved but not displayed"
-    assert len(images) == len(FIGURES)
+    assert len(images) == len(FIGURES) + len(extra)
+
+
+def add_losses(run: Path) -> None:
+    """Give a fake run what a validated training run has: metrics.jsonl, and a loss by distance in every
+    milestone (a loss that falls with distance)."""
+    from posfreq.train.checkpoint.layout import (
+        LOSS_BY_DISTANCE_FILE,
+        checkpoint_root,
+        list_checkpoints,
+    )
+    from posfreq.train.run.loss_by_distance import LossByDistance
+
+    rows = [{"step": 1, "tokens": 1024, "loss": 5.0}, {"step": 2, "tokens": 2048, "loss": 4.5}]
+    rows.append({"step": 2, "tokens": 2048, "val_loss": 4.7})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for milestone, _ in list_checkpoints(run):
+        table = LossByDistance.empty(511)
+        table.tokens[:] = 50
+        table.loss_sum[:] = 50 * (5.0 - 0.1 * np.log1p(table.edges[:-1]))
+        (checkpoint_root(run) / milestone.name / LOSS_BY_DISTANCE_FILE).write_text(
+            json.dumps(table.to_dict())
+        )
 
 
 def write_fixture_runs(root: Path, monkeypatch) -> list[Path]:
@@ -94,14 +119,16 @@ def test_fresh_probe_outputs_and_relative_runs_are_drawn(tmp_path: Path, monkeyp
     repository root (the kernel runs in notebooks/) are both read, and every figure is shown."""
     fresh = write_fixture_runs(tmp_path / "runs", monkeypatch)
     assert (fresh[0] / "probe" / "figures" / "fig2a_effective_length_vs_tokens.png").is_file()
+    add_losses(fresh[1])
     runs = os.pathsep.join([str(FIXTURES / "L256-s0" / "probe"), str(fresh[1])])
     notebook = execute(
         REPO, monkeypatch, POSFREQ_RUNS=runs, POSFREQ_FIGURES=str(tmp_path / "figures")
     )
     text, images = outputs(notebook)
     assert "L256-s0 (L = 256): 8 checkpoints" in text and "L512 (L = 512)" in text
-    assert "skipping" not in text
-    assert_every_figure_shown(tmp_path / "figures", images)
+    assert "skipping" not in text and "no loss by distance" not in text
+    losses = ("loss_curves", "loss_by_distance_L512", "loss_vs_frequency")
+    assert_every_figure_shown(tmp_path / "figures", images, losses)
 
 
 @pytest.mark.slow  # a child process, a notebook kernel or a deliberate timeout
@@ -113,6 +140,6 @@ def test_fixture_runs_are_drawn_when_there_is_no_demo(tmp_path: Path, monkeypatc
     shutil.copytree(REPO / FIXTURES, repo / FIXTURES)
     notebook = execute(repo, monkeypatch)
     text, images = outputs(notebook)
-    assert "drawing the committed fixture runs" in text
+    assert "drawing the committed fixture runs" in text and "no loss by distance" in text
     assert "L256-s0 (L = 256): 8 checkpoints" in text and "L512-s0 (L = 512): 8 checkpoints" in text
     assert_every_figure_shown(repo / "runs" / "notebook_figures", images)
