@@ -1,8 +1,13 @@
 """`posfreq loss-by-distance`: the mean next-token loss at every distance from the document's start, for one of
-our checkpoints or a Hugging Face Llama-family model, on any prepared token shards.
+our checkpoints or a Hugging Face model, on any prepared token shards.
 
     posfreq loss-by-distance --checkpoint RUN/checkpoints/tokens-... --data DIR [--rows 64] --out DIR
     posfreq loss-by-distance --model hf:DIR --data DIR --train-len 2048 --out DIR
+    posfreq loss-by-distance --model hf:DIR --engine transformers --data DIR --train-len 4096 --out DIR
+
+A Hugging Face model runs imported into posfreq's model (Llama and Mistral: packed rows, one forward per batch)
+or, with --engine transformers, as transformers loads it (any causal LM, Qwen2 too: a forward per document
+piece, from position 0, which is what attention within documents computes).
 
 The rows are the first --rows packed rows of --data, in order, as the trainer's validation packs them; the
 buckets are train/run/loss_by_distance.py's. Writes loss_by_distance.json (the table and what made it),
@@ -51,6 +56,12 @@ def build_parser():
         help="hf:DIR, a local Hugging Face Llama-family model (imported into posfreq's model)",
     )
     parser.add_argument(
+        "--engine",
+        type=Literal["posfreq", "transformers"],
+        default="posfreq",
+        help="for --model: posfreq imports a Llama-family model; transformers runs any causal LM as loaded",
+    )
+    parser.add_argument(
         "--data",
         type=str,
         required=True,
@@ -79,8 +90,6 @@ def build_parser():
 
 def load(args) -> tuple:
     """(model, tokenizer spec, trained-length histogram or None, label) of --checkpoint or --model."""
-    if (args.checkpoint is None) == (args.model is None):
-        raise ValueError("pass exactly one of --checkpoint PATH and --model hf:DIR")
     if args.checkpoint is not None:
         info = read_checkpoint_info(args.checkpoint)
         check_tokenizer(
@@ -88,12 +97,18 @@ def load(args) -> tuple:
         )  # the one it trained with, by content
         model, spec, _ = load_model(args.checkpoint)
         return model, spec["spec"], info.trained_lengths, Path(args.checkpoint).name
-    from posfreq.train.model.hf import load_hf_model
-
     directory = hf_dir(args.model)
     if directory is None:
         raise ValueError(f"--model {args.model}: give a local folder as hf:DIR")
-    return load_hf_model(directory).eval(), f"hf:{directory.resolve()}", None, directory.name
+    if args.engine == "transformers":
+        from posfreq.train.positions.string_hf import load_causal_lm
+
+        model = load_causal_lm(directory)
+    else:
+        from posfreq.train.model.hf import load_hf_model
+
+        model = load_hf_model(directory).eval()
+    return model, f"hf:{directory.resolve()}", None, directory.name
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -103,6 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("rows", "batch_rows"):
         if args[name] < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {args[name]}")
+    if (args.checkpoint is None) == (args.model is None):
+        parser.error("pass exactly one of --checkpoint PATH and --model hf:DIR")
+    if args.engine == "transformers" and args.model is None:
+        parser.error("--engine transformers runs a Hugging Face model: pass --model hf:DIR")
     try:
         out = claim_output_dir(args.out, COMMAND)
         device = resolve_device(args.device)
@@ -122,11 +141,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"--data {args.data} was tokenized with {dataset.tokenizer!r}, not the model's tokenizer {spec!r}. "
                 "Fix: prepare the corpus with the model's tokenizer (posfreq prepare --tokenizer)"
             )
-        train_len = args.train_len or model.config.train_len
-        table = measure(
-            model.to(device), dataset, train_len, args.rows, args.batch_rows, args.packing, device
+        per_segment = args.engine == "transformers"
+        train_len = args.train_len or (
+            model.config.max_position_embeddings if per_segment else model.config.train_len
         )
-    except (ValueError, FileNotFoundError, OutputDirError, CheckpointError) as err:
+        table = measure(
+            model.to(device),
+            dataset,
+            train_len,
+            args.rows,
+            args.batch_rows,
+            args.packing,
+            device,
+            per_segment,
+        )
+    except (ValueError, OSError, OutputDirError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     mean = table.mean()
@@ -144,6 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_csv(out / "loss_by_distance.csv", rows, LOSS_BY_DISTANCE_COLUMNS)
     made_of = {"model": args.checkpoint or args.model, "data": args.data, "rows": args.rows}
     made_of |= {"train_len": train_len, "packing": args.packing, "tokenizer": spec}
+    made_of |= {"engine": args.engine}
     write_json_atomic(out / "loss_by_distance.json", {**made_of, **table.to_dict()}, indent=1)
     plot_loss_by_distance({label: (table.edges, mean)}, out / "loss_by_distance", title=label)
     held = mean[table.tokens > 0]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from posfreq.train.data.packing import IGNORE_INDEX, PackedSampler
@@ -107,6 +108,21 @@ def add_batch(table: LossByDistance, model, batch) -> None:
     table.add(losses, distances, batch.targets != IGNORE_INDEX)
 
 
+def add_segments(table: LossByDistance, causal_lm, batch) -> None:
+    """What `add_batch` adds, for a model that cannot attend within packed documents (any transformers causal
+    LM): each segment of the packed batch is its own forward from position 0, which is what within-document
+    attention computes."""
+    bounds = batch.cu_seqlens.tolist()
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        targets = batch.targets[start:end]
+        if not bool((targets != IGNORE_INDEX).any()):  # a padding segment
+            continue
+        logits = causal_lm(input_ids=batch.input_ids[None, start:end]).logits[0].float()
+        losses = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="none")
+        distances = torch.arange(end - start, device=targets.device)
+        table.add(losses, distances, targets != IGNORE_INDEX)
+
+
 def measure(
     model,
     dataset,
@@ -115,14 +131,17 @@ def measure(
     batch_rows: int = 4,
     packing: str = "best_fit",
     device: torch.device | str = "cpu",
+    per_segment: bool = False,
 ) -> LossByDistance:
     """The loss by distance of `model` (eval mode) over the first `rows` packed rows of `train_len` tokens of a
     token-shard `dataset`, in order (no shuffle), `batch_rows` rows per forward: any checkpoint, imported model or
-    corpus, with the rows and buckets the trainer's validation uses."""
+    corpus, with the rows and buckets the trainer's validation uses. per_segment=True: `model` is a transformers
+    causal LM, run a segment at a time (`add_segments`)."""
     sampler = PackedSampler(dataset, train_len, batch_rows, seed=0, packing=packing, shuffle=False)
     table = LossByDistance.empty(train_len - 1)
+    add = add_segments if per_segment else add_batch
     with torch.no_grad():
         for first in range(0, rows, batch_rows):
             batch = sampler.make_batch(first, min(batch_rows, rows - first)).to(device)
-            add_batch(table, model, batch)
+            add(table, model, batch)
     return table

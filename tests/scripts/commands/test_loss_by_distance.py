@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from helpers.probe import tiny_model, write_checkpoint
 
 from posfreq.analysis.corpus.frequency import position_frequency
@@ -63,3 +64,50 @@ def test_a_checkpoint_whose_tokenizer_changed_since_training_is_refused(data_dir
         err.startswith("error: ") and "not the ones the run trained with" in err and "Fix:" in err
     )
     assert not (out / "loss_by_distance.json").exists()
+
+
+def test_a_qwen2_model_through_transformers_on_shards_of_its_tokenizer(tmp_path, capsys):
+    """--model hf:DIR --engine transformers: a model posfreq cannot import (Qwen2, q/k/v biases) is measured as
+    transformers loads it, on shards prepared with the folder's tokenizer; the table is the library's."""
+    transformers = pytest.importorskip("transformers")
+    from posfreq.scripts.commands import prepare
+    from posfreq.train.data.hf_tokenizer import write_tokenizer_files
+    from posfreq.train.positions.string_hf import load_causal_lm
+
+    model_dir = tmp_path / "qwen2"
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(
+        vocab_size=258,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    transformers.Qwen2ForCausalLM(config).save_pretrained(model_dir)
+    write_tokenizer_files("bytes", model_dir)
+    corpus = tmp_path / "corpus.jsonl"
+    words = "the quick brown fox jumps over the lazy dog".split()
+    corpus.write_text(
+        "".join(
+            json.dumps({"text": " ".join(words[: 3 + i % 7] * (1 + i))}) + "\n" for i in range(12)
+        )
+    )
+    data = tmp_path / "shards"
+    spec = f"hf:{model_dir}"
+    assert prepare.main(["--corpus", str(corpus), "--tokenizer", spec, "--out", str(data)]) == 0
+    out = tmp_path / "lbd"
+    argv = ["--model", spec, "--engine", "transformers", "--data", str(data), "--rows", "4"]
+    assert command.main([*argv, "--train-len", "128", "--out", str(out)]) == 0
+    stored = json.loads((out / "loss_by_distance.json").read_text())
+    assert stored["engine"] == "transformers" and sum(stored["tokens"]) > 300
+    again = measure(load_causal_lm(model_dir), TokenDataset(data), 128, 4, per_segment=True)
+    assert stored["tokens"] == again.tokens.tolist()
+    assert np.allclose(stored["loss_sum"], again.loss_sum)
+    assert "mean loss" in capsys.readouterr().out
+
+    argv = ["--checkpoint", str(model_dir), "--engine", "transformers", "--data", str(data)]
+    with pytest.raises(SystemExit):
+        command.main([*argv, "--out", str(tmp_path / "x")])
+    assert "pass --model hf:DIR" in capsys.readouterr().err and not (tmp_path / "x").exists()

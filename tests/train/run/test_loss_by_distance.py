@@ -129,3 +129,33 @@ def test_every_milestone_stores_the_validation_loss_by_distance_and_a_resume_giv
     table = LossByDistance.from_dict(stored[0])
     assert last["val_targets"] == int(table.tokens.sum())
     assert last["val_loss"] == pytest.approx(table.loss_sum.sum() / table.tokens.sum(), rel=1e-12)
+
+
+def test_a_transformers_model_a_segment_at_a_time_equals_packed_rows_of_the_imported_model(
+    data_dir, tmp_path
+):
+    """`add_segments` (any causal LM, one forward per document piece) against posfreq's packed forward with
+    within-document attention, on the same Llama weights: the same tokens in every bucket, the same losses."""
+    transformers = pytest.importorskip("transformers")
+    from posfreq.train.data.shards import TokenDataset
+    from posfreq.train.model.hf import load_hf_model
+    from posfreq.train.run.loss_by_distance import measure
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=258,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    dataset = TokenDataset(data_dir)
+    packed = measure(load_hf_model(tmp_path).eval(), dataset, 128, 6, batch_rows=3)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
+    one_by_one = measure(hf.eval(), dataset, 128, 6, batch_rows=3, per_segment=True)
+    assert one_by_one.tokens.tolist() == packed.tokens.tolist() and packed.tokens.sum() > 500
+    assert np.allclose(one_by_one.loss_sum, packed.loss_sum, rtol=1e-5, atol=1e-5)
