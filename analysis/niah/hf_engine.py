@@ -87,18 +87,17 @@ class TransformersGenerator(Generator):
 def load_transformers_model(
     path: Path, settings: ProbeSettings, device: torch.device, train_len: int
 ) -> TransformersGenerator:
-    """The model in float32, eval mode, with sdpa attention (rope) or STRING (string: S and W from
-    --position-options, defaults from `train_len`)."""
-    from posfreq.train.positions.string_hf import load_causal_lm
+    """The model in float32, eval mode, with its position scheme and --position-options (defaults from
+    `train_len`) through train/positions/hf_schemes.py."""
+    from posfreq.train.positions.hf_schemes import load_causal_lm
 
-    options = dict(settings.position_options)
-    unknown = set(options) - {"shift", "window"} if settings.positions == "string" else set(options)
-    if unknown:
-        raise ProbeError(
-            f"--engine transformers: position options {sorted(unknown)} are not available there; "
-            "string takes shift and window. Fix: drop them or use --engine posfreq"
+    try:
+        model = load_causal_lm(
+            path, settings.positions, train_len, **dict(settings.position_options)
         )
-    model = load_causal_lm(
-        path, settings.positions, options.get("shift"), options.get("window"), train_len
-    )
+    except ValueError as err:
+        raise ProbeError(
+            f"--engine transformers --positions {settings.positions}: {err}. Fix: change the position "
+            "options, or use --engine posfreq"
+        ) from err
     return TransformersGenerator(model.to(device))

@@ -12,7 +12,7 @@ from typing import Literal, Optional, Union, get_args
 import torch
 
 from posfreq.analysis.niah.needles import ANSWER_BUDGET
-from posfreq.train.positions.schemes import ENGINE_SCHEMES, SCHEMES
+from posfreq.train.positions.schemes import SCHEMES
 
 Precision = Literal["auto", "float32", "bfloat16", "bfloat16-prefill"]
 BosPolicy = Literal["auto", "always", "never"]
@@ -23,7 +23,6 @@ PRECISIONS: tuple[str, ...] = get_args(Precision)
 BOS_POLICIES: tuple[str, ...] = get_args(BosPolicy)
 ANSWER_ORDERS: tuple[str, ...] = get_args(AnswerOrder)
 ENGINES: tuple[str, ...] = get_args(Engine)
-TRANSFORMERS_SCHEMES = ENGINE_SCHEMES["transformers"]
 
 
 CPU_BATCH_TOKENS = 8192
@@ -90,17 +89,11 @@ class ProbeSettings:
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.engine == "transformers":
-            if self.positions not in TRANSFORMERS_SCHEMES:
-                raise ValueError(
-                    f"--engine transformers runs positions {' or '.join(TRANSFORMERS_SCHEMES)}, not "
-                    f"{self.positions!r}. Fix: use --engine posfreq for the other schemes"
-                )
-            if self.precision == "bfloat16-prefill":
-                raise ValueError(
-                    "--engine transformers keeps one dtype from prefill to decoding; "
-                    "Fix: use --precision float32 or bfloat16"
-                )
+        if self.engine == "transformers" and self.precision == "bfloat16-prefill":
+            raise ValueError(
+                "--engine transformers keeps one dtype from prefill to decoding; "
+                "Fix: use --precision float32 or bfloat16"
+            )
 
     def decoding(self) -> dict:
         """The settings that change answers given the prompts (names of files excluded: content is keyed apart)."""

@@ -19,29 +19,28 @@ class Evaluator:
     """The model, loaded on first use (a rerun whose parts are all done loads nothing), and one lm-eval call per
     (task, length)."""
 
-    def __init__(self, path: Path, tokenizer, args, device, dtype, longest: int) -> None:
-        self.path, self.tokenizer, self.args = path, tokenizer, args
+    def __init__(
+        self, path: Path, tokenizer, args, options: dict, device, dtype, longest: int
+    ) -> None:
+        self.path, self.tokenizer, self.args, self.options = path, tokenizer, args, options
         self.device, self.dtype, self.longest = device, dtype, longest
         self.lm = None
-        self.string: dict = {}
 
     def load(self) -> None:
         from lm_eval.models.huggingface import HFLM
 
-        from posfreq.train.positions.string_hf import load_causal_lm
+        from posfreq.train.positions.hf_schemes import load_causal_lm
 
         args = self.args
         try:
             model = load_causal_lm(
-                self.path, args.positions, args.shift, args.window, args.train_len, dtype=self.dtype
+                self.path, args.positions, args.train_len, self.dtype, **self.options
             ).to(self.device)
         except Exception as err:  # transformers' and safetensors' errors share no base class
             raise RulerError(
                 f"--model {self.path}: transformers could not load it ({type(err).__name__}: {err}). "
                 "Fix: check that AutoModelForCausalLM.from_pretrained(DIR) loads it"
             ) from err
-        string = getattr(model.config, "posfreq_string", None) or {}
-        self.string = {"shift": string.get("shift"), "window": string.get("window")}
         # RULER sizes each prompt to its length; a chat template adds its own tokens, which lm-eval would cut
         # from the prompt's start (the instructions) at max_length: leave it room instead.
         self.lm = HFLM(
@@ -82,7 +81,6 @@ class Evaluator:
         return {
             "task": task,
             "length": length,
-            "string": self.string,
             "scores": scores,
             "results": evaluation["results"][name],
             "version": (evaluation.get("versions") or {}).get(name),

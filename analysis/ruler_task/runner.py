@@ -1,8 +1,8 @@
-"""Running RULER's eleven synthetic tasks on a Hugging Face model, offline, with rope or STRING (`posfreq ruler`).
+"""Running RULER's eleven synthetic tasks on a Hugging Face model, offline, with any position scheme (`posfreq ruler`).
 
 The tasks are analysis/ruler_task's (lm-eval's own RULER generators; the essay haystack and the
 sentence model from what posfreq ships), run by lm-evaluation-harness on the model loaded by
-transformers, with STRING applied through `train.positions.string_hf` when asked. Nothing touches the
+transformers, with its position scheme applied through `train.positions.hf_schemes`. Nothing touches the
 network: the hub and datasets libraries are put offline before they load. Writes scores.csv (one
 row per task and length, and the mean over tasks), results.json (lm-eval's results and the
 settings) and, with --log-samples, each task's prompts and answers. Each (task, length) is one
@@ -28,7 +28,6 @@ from posfreq.train.devices import resolve_device
 from posfreq.train.fingerprint import files_sha256
 from posfreq.train.model.hf_folder import ModelFolderError, refuse_custom_code
 from posfreq.train.outdir import check_output_dir, claim_output_dir
-from posfreq.train.positions.string import string_shift_window
 
 COMMAND = "ruler"
 
@@ -107,11 +106,8 @@ def run(args) -> Path:
         raise RulerError(
             f"{path / 'config.json'} has no max_position_embeddings. Fix: pass --train-len"
         )
-    if args.positions == "string":  # checked before any load: STRING's settings are the user's
-        try:
-            string_shift_window(train_len, args.shift, args.window)
-        except ValueError as err:
-            raise RulerError(f"{err} (--shift, --window, --train-len {train_len})") from None
+    options = position_options(args)
+    resolved = resolved_options(path, args.positions, train_len, options)
     try:
         lengths = parse_lengths(args.lengths) if args.lengths else [train_len]
     except ArgumentTypeError as err:
@@ -125,8 +121,8 @@ def run(args) -> Path:
     request = {
         "model": model_fingerprint(path),
         "positions": args.positions,
-        "shift": args.shift,
-        "window": args.window,
+        "position_options": options,
+        "engine": "transformers",
         "train_len": train_len,
         "samples": args.samples,
         "chat_template": args.chat_template,
@@ -156,7 +152,7 @@ def run(args) -> Path:
         )
     claim_output_dir(out, COMMAND, shared=True)
     (out / PARTS_DIR).mkdir(exist_ok=True)
-    evaluator = Evaluator(path, tokenizer, args, device, dtype, max(lengths))
+    evaluator = Evaluator(path, tokenizer, args, options, device, dtype, max(lengths))
     parts = []
     for task in tasks:
         for length in lengths:
@@ -171,7 +167,7 @@ def run(args) -> Path:
     settings = {
         "model": str(path.resolve()),
         **{key: request[key] for key in ("positions", "train_len", "samples", "chat_template")},
-        **parts[0]["string"],
+        "position_options": resolved,
         "lengths": lengths,
         "dtype": request["dtype"],
     }
@@ -180,6 +176,30 @@ def run(args) -> Path:
     print_table(rows, lengths)
     print(f"wrote {out}")
     return out
+
+
+def position_options(args) -> dict:
+    """The scheme's options as given: --position-options, with --shift and --window (STRING's) when set."""
+    options = dict(args.position_options or {})
+    options |= {k: args[k] for k in ("shift", "window") if args[k] is not None}
+    return options
+
+
+def resolved_options(path: Path, positions: str, train_len: int, options: dict) -> dict:
+    """Every option the scheme will run with (defaults from the training length), from the model's config alone:
+    a bad option stops the command before any tokenizer, data or weights load."""
+    from transformers import AutoConfig
+
+    from posfreq.train.positions.hf_schemes import scheme_options
+
+    refuse_custom_code(path, "the model folder")
+    config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    try:
+        return scheme_options(config, positions, train_len, **options)
+    except ValueError as err:
+        raise RulerError(
+            f"--positions {positions} {json.dumps(options)}: {err} (--train-len {train_len})"
+        ) from None
 
 
 def model_fingerprint(path: Path) -> str:
@@ -255,7 +275,10 @@ def score_rows(
                 "samples": sum(row["samples"] for row in at),
             }
         )
-    keep = {key: settings[key] for key in ("positions", "shift", "window")}
+    keep = {
+        "positions": settings["positions"],
+        "position_options": json.dumps(settings["position_options"], sort_keys=True),
+    }
     return [{**row, **keep} for row in rows]
 
 

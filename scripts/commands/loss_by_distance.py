@@ -101,7 +101,7 @@ def load(args) -> tuple:
     if directory is None:
         raise ValueError(f"--model {args.model}: give a local folder as hf:DIR")
     if args.engine == "transformers":
-        from posfreq.train.positions.string_hf import load_causal_lm
+        from posfreq.train.positions.hf_schemes import load_causal_lm
 
         model = load_causal_lm(directory)
     else:

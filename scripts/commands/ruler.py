@@ -1,6 +1,7 @@
-"""`posfreq ruler`: RULER's eleven synthetic tasks on a Hugging Face model, offline, with rope or STRING.
+"""`posfreq ruler`: RULER's eleven synthetic tasks on a Hugging Face model, offline, with any position scheme.
 
     posfreq ruler --model hf:DIR [--positions string] [--lengths 4096,8192] [--samples 500] [--out DIR]
+    posfreq ruler --model hf:DIR --positions self_extend --position-options '{"group": 4}' ...
 
 What runs and what is written: analysis/ruler_task/runner.py and docs/ruler.md.
 """
@@ -8,13 +9,13 @@ What runs and what is written: analysis/ruler_task/runner.py and docs/ruler.md.
 from __future__ import annotations
 
 import sys
-from typing import Literal, Optional, Sequence
+from typing import Literal, Optional, Sequence, Union
 
 from posfreq.analysis.ruler_task.evaluate import RulerError
 from posfreq.analysis.ruler_task.runner import TASKS, run
 from posfreq.train.command_line import command_parser, parse
 from posfreq.train.outdir import OutputDirError
-from posfreq.train.positions.schemes import ENGINE_SCHEMES
+from posfreq.train.positions.schemes import SCHEMES
 
 
 def build_parser():
@@ -25,15 +26,24 @@ def build_parser():
     )
     parser.add_argument(
         "--positions",
-        type=Literal[ENGINE_SCHEMES["transformers"]],
+        type=Literal[SCHEMES],
         default="rope",
-        help="the position scheme: " + ", ".join(ENGINE_SCHEMES["transformers"]),
+        help="the position scheme: " + ", ".join(SCHEMES),
+    )
+    parser.add_argument(
+        "--position-options",
+        type=dict[str, Union[bool, int, float, str, None]],
+        default={},
+        help='the scheme\'s options as JSON, e.g. \'{"window": 512, "protocol": "paper"}\' (docs/string.md)',
     )
     parser.add_argument(
         "--shift", type=Optional[int], default=None, help="STRING's S; default L // 3"
     )
     parser.add_argument(
-        "--window", type=Optional[int], default=None, help="STRING's W; default min(128, S // 2)"
+        "--window",
+        type=Optional[int],
+        default=None,
+        help="STRING's W (default min(128, S // 2)), or the window of rerope and self_extend",
     )
     parser.add_argument(
         "--train-len",

@@ -197,9 +197,7 @@ _BUILDERS = {
 }
 
 SCHEMES = tuple(_BUILDERS)
-ENGINE_SCHEMES = {"posfreq": SCHEMES, "transformers": ("rope", "string")}
-"""The schemes each engine runs: posfreq's own model every one; a transformers model those its attention
-adapter implements (train/positions/string_hf.py). The probe, ruler and the adapter read this, nothing else."""
+"""Every scheme, in posfreq's own model and in any transformers model (train/positions/hf_schemes.py)."""
 SINGLE_PASS_SCHEMES = ("rope", "ntk", "yarn")
 """Schemes whose attention is one causal pass; the others merge passes by their log-sum-exp."""
 

@@ -11,17 +11,20 @@ log-sum-exp, in one compute dtype (autocast's while it is on).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from posfreq.train.model.attention import LayoutMemo
-from posfreq.train.model.hf_folder import refuse_custom_code
-from posfreq.train.positions.merge import AttentionInputs, cu_seqlens_of
+from posfreq.train.positions.hf_rows import (
+    compute_dtype,
+    layout_of,
+    pack_rows,
+    rope_inv_freq,
+    unpack_queries,
+)
+from posfreq.train.positions.merge import AttentionInputs
 from posfreq.train.positions.rotary import Rotary
-from posfreq.train.positions.schemes import ENGINE_SCHEMES
 from posfreq.train.positions.string import StringScheme, string_shift_window
 
 STRING_ATTENTION = "posfreq_string"
@@ -47,23 +50,6 @@ def settings_of(config: Any) -> StringSettings:
     return StringSettings(shift, window)
 
 
-def rope_inv_freq(config: Any) -> Tensor:
-    """The model's rotary inverse frequencies, as its rotary embedding computes them (rope scaling included)."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    params = getattr(config, "rope_parameters", None) or {}
-    rope_type = params.get("rope_type", "default")
-    if rope_type == "dynamic":
-        raise ValueError(
-            "posfreq_string: dynamic rope scaling changes the frequencies with the input length; "
-            "STRING needs fixed ones. Fix: load the model with static rope scaling (linear, yarn, llama3)"
-        )
-    if rope_type == "default":
-        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        return 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-    return ROPE_INIT_FUNCTIONS[rope_type](config)[0].float()
-
-
 def _scheme(module: torch.nn.Module, settings: StringSettings) -> StringScheme:
     """posfreq's STRING with this module's frequencies, made once per module and settings."""
     cached = getattr(module, "_posfreq_string_scheme", None)
@@ -76,79 +62,6 @@ def _scheme(module: torch.nn.Module, settings: StringSettings) -> StringScheme:
         cached = (settings, scheme)
         module._posfreq_string_scheme = cached
     return cached[1]
-
-
-def compute_dtype(value: Tensor) -> torch.dtype:
-    """The dtype attention runs in: autocast's on this device while it is on, else the values' own."""
-    device = value.device.type
-    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else value.dtype
-
-
-def real_key_block(attention_mask: Tensor | None, batch: int, len_k: int) -> tuple[Tensor, Tensor]:
-    """(first, end) of each row's real keys: the keys the last query may see. transformers pads left
-    for generation and right for scoring; either leaves one contiguous block, anything else is refused."""
-    if attention_mask is None:
-        return torch.zeros(batch, dtype=torch.long), torch.full((batch,), len_k, dtype=torch.long)
-    seen = attention_mask[:, 0, -1].bool().cpu()  # (B, Lk)
-    first = seen.int().argmax(-1)
-    end = first + seen.sum(-1)
-    block = torch.arange(len_k)[None]
-    if not torch.equal(seen, (block >= first[:, None]) & (block < end[:, None])):
-        raise ValueError(
-            "posfreq_string: each row's keys must be one contiguous block (left or right padding); "
-            "Fix: pad on one side, or pass no attention mask"
-        )
-    return first, end
-
-
-@dataclass(frozen=True)
-class PackedLayout:
-    """Where each row's real queries and keys are and how they pack: the same for every layer of a forward."""
-
-    first: Tensor  # (B,) each row's first real key (host)
-    q_from: Tensor  # (B,) each row's first real query, in cache positions (host)
-    rows_q: Tensor  # (B,) real queries per row (host)
-    rows_k: Tensor  # (B,) real keys per row (host)
-    starts: list[int]  # each row's first packed query
-    cu_q: Tensor  # on the device, as every tensor below
-    cu_k: Tensor
-    pos_q: Tensor  # zeros: the queries arrive rotated
-    pos_k: Tensor
-    max_q: int
-    max_k: int
-
-
-def _packed_layout(
-    attention_mask: Tensor | None, batch: int, len_q: int, len_k: int, device: torch.device
-) -> PackedLayout:
-    first, end = real_key_block(attention_mask, batch, len_k)
-    q_from = torch.clamp(
-        first, min=len_k - len_q
-    )  # each row's first real query, in cache positions
-    rows_q, rows_k = (end - q_from).clamp(min=0), end - first
-    return PackedLayout(
-        first=first,
-        q_from=q_from,
-        rows_q=rows_q,
-        rows_k=rows_k,
-        starts=cu_seqlens_of(rows_q).tolist(),
-        cu_q=cu_seqlens_of(rows_q).to(device),
-        cu_k=cu_seqlens_of(rows_k).to(device),
-        pos_q=torch.zeros(int(rows_q.sum()), dtype=torch.long, device=device),
-        pos_k=torch.zeros(int(rows_k.sum()), dtype=torch.long, device=device),
-        max_q=int(rows_q.max()),
-        max_k=int(rows_k.max()),
-    )
-
-
-_LAYOUT = LayoutMemo()
-"""transformers hands every layer of a forward the same mask tensor: its packing is worked out once."""
-
-
-def _pack(x: Tensor, starts: Tensor, counts: Tensor) -> Tensor:
-    """Rows [start, start + count) of each (H, L, D) sequence of x (B, H, L, D), packed as (T, H, D)."""
-    parts = [x[b, :, int(a) : int(a + n)] for b, (a, n) in enumerate(zip(starts, counts))]
-    return (parts[0] if len(parts) == 1 else torch.cat(parts, 1)).transpose(0, 1)
 
 
 def decode_step(
@@ -207,35 +120,28 @@ def string_attention(
     # comes from an autocast projection: one compute dtype for all three, so the backend is chosen for it
     # (FlashAttention in bf16, not a dense float32 path) and no kernel meets mixed dtypes.
     query, key, value = (x.to(compute_dtype(value)) for x in (query, key, value))
-    layout = _LAYOUT.get(
-        (attention_mask,),
-        (batch, len_q, len_k, query.device),
-        lambda: _packed_layout(attention_mask, batch, len_q, len_k, query.device),
+    layout = layout_of(attention_mask, query, len_k)
+    q = pack_rows(query, layout.q_from - (len_k - len_q), layout.rows_q)
+    k, v = (
+        pack_rows(key, layout.first, layout.rows_k),
+        pack_rows(value, layout.first, layout.rows_k),
     )
-    q = _pack(query, layout.q_from - (len_k - len_q), layout.rows_q)
-    k, v = _pack(key, layout.first, layout.rows_k), _pack(value, layout.first, layout.rows_k)
     # posfreq's own STRING over the packed rows. Its queries are rotated from their positions; these
-    # arrive rotated, so they sit at position 0: the near pass turns them by 0, the far pass by -(S - W).
+    # arrive rotated, so they sit at position 0: the near pass turns them by 0, the far pass by -(S - W)
+    # (STRING depends on distances only; the keys' positions are not read either).
     inputs = AttentionInputs(
         q=q,
         keys=k,
         values=v,
-        pos_q=layout.pos_q,
-        pos_k=layout.pos_k,
+        pos_q=layout.zeros_q,
+        pos_k=layout.zeros_k,
         cu_seqlens_q=layout.cu_q,
         cu_seqlens_k=layout.cu_k,
         max_seqlen_q=layout.max_q,
         max_seqlen_k=layout.max_k,
         backend=backend,
     )
-    out = _scheme(module, settings).attend(inputs)
-    if batch == 1 and int(layout.rows_q[0]) == len_q:  # one row, no padding: the output as it is
-        return out.unsqueeze(0), None
-    result = query.new_zeros(batch, len_q, heads, dim)
-    for b in range(batch):
-        at = int(layout.q_from[b]) - (len_k - len_q)
-        result[b, at : at + int(layout.rows_q[b])] = out[layout.starts[b] : layout.starts[b + 1]]
-    return result, None
+    return unpack_queries(_scheme(module, settings).attend(inputs), layout, query, len_k), None
 
 
 def register() -> None:
@@ -261,31 +167,6 @@ def apply_string(
     model.config.posfreq_string = {"shift": shift, "window": window}
     model.set_attn_implementation(STRING_ATTENTION)
     return model
-
-
-def load_causal_lm(
-    path: str | Path,
-    positions: str = "rope",
-    shift: int | None = None,
-    window: int | None = None,
-    train_len: int | None = None,
-    dtype: torch.dtype = torch.float32,
-) -> Any:
-    """A local transformers model in eval mode, with sdpa attention (`rope`) or STRING (`string`,
-    as `apply_string`); the loader the probe's transformers engine and `posfreq ruler` share."""
-    from transformers import AutoModelForCausalLM
-
-    if positions not in ENGINE_SCHEMES["transformers"]:
-        raise ValueError(
-            f"positions {positions!r}: transformers models run {' or '.join(ENGINE_SCHEMES['transformers'])}"
-        )
-    refuse_custom_code(Path(path), "the model folder")
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, attn_implementation="sdpa", trust_remote_code=False
-    )
-    if positions == "string":
-        apply_string(model, shift, window, train_len)
-    return model.eval()
 
 
 register()

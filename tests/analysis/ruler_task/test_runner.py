@@ -194,7 +194,8 @@ def test_all_eleven_tasks_run_offline_and_score(llama3_model: Path, tmp_path: Pa
     for row in rows:
         assert row["length"] == str(LENGTH)
         assert 0.0 <= float(row["score"]) <= 1.0
-        assert (row["positions"], row["shift"], row["window"]) == ("string", "341", "128")
+        assert row["positions"] == "string"
+        assert json.loads(row["position_options"]) == {"shift": 341, "window": 128}
     assert [row["samples"] for row in rows] == ["1"] * len(ruler.TASKS) + [str(len(ruler.TASKS))]
     results = json.loads((out / "results.json").read_text())["results"]
     for task in ruler.TASKS:
@@ -215,6 +216,9 @@ def test_refusals_name_the_input_and_the_fix(tmp_path: Path, llama3_model: Path,
     string = ["--positions", "string", "--shift", "100", "--window", "100"]
     assert ruler_command.main(["--model", f"hf:{llama3_model}", *string]) == 1
     assert "need 0 <= window < shift" in capsys.readouterr().err
+    dca = ["--positions", "dca", "--position-options", '{"group": 2}']
+    assert ruler_command.main(["--model", f"hf:{llama3_model}", *dca]) == 1
+    assert "dca does not take ['group']" in capsys.readouterr().err
     assert ruler_command.main(["--model", f"hf:{llama3_model}", "--lengths", "4k"]) == 1
     assert "Fix: e.g. --lengths 4096,8192" in capsys.readouterr().err
     if not torch.cuda.is_available():
@@ -381,7 +385,7 @@ def test_a_model_folder_that_names_its_own_code_is_refused_before_anything_loads
     """lm-eval's RULER loader trusts remote code: an auto_map folder would run its evil.py (issue 30)."""
     from posfreq.scripts.commands import ruler as ruler_command
     from posfreq.train.model.hf_folder import ModelFolderError
-    from posfreq.train.positions.string_hf import load_causal_lm
+    from posfreq.train.positions.hf_schemes import load_causal_lm
 
     marker = tmp_path / "marker"
     model = plant_code(llama3_model, tmp_path / "evil-model", marker)

@@ -72,7 +72,7 @@ def test_a_qwen2_model_through_transformers_on_shards_of_its_tokenizer(tmp_path,
     transformers = pytest.importorskip("transformers")
     from posfreq.scripts.commands import prepare
     from posfreq.train.data.hf_tokenizer import write_tokenizer_files
-    from posfreq.train.positions.string_hf import load_causal_lm
+    from posfreq.train.positions.hf_schemes import load_causal_lm
 
     model_dir = tmp_path / "qwen2"
     torch.manual_seed(0)

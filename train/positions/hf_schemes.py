@@ -1,0 +1,194 @@
+"""Every position scheme in a transformers model, through one call: `apply_scheme(model, name, **options)`.
+
+STRING has its own attention function (train/positions/string_hf.py). Every other scheme (rerope, self_extend,
+dca, ntk, yarn) runs through the attention function "posfreq_scheme", which calls posfreq's own scheme object
+(`scheme.attend`, train/positions/schemes.py) inside any transformers decoder (Llama, Mistral, Qwen2, ...).
+
+transformers rotates q and k at their positions with the model's rotary before it calls the attention function.
+Rotations compose, so the function turns the queries back (R(-p) R(p) = 1) and hands the scheme each token's
+position in its row, with the keys as cached: rotated with the model's frequencies, which is what the scheme's
+`rotate_keys` gives for every scheme but ntk and yarn. For those two the keys are turned back and rotated with
+the scheme's own frequencies. The scheme then rotates its queries as it does in posfreq's own model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posfreq.train.model.hf_folder import refuse_custom_code
+from posfreq.train.positions.hf_rows import (
+    compute_dtype,
+    head_dim,
+    layout_of,
+    pack_rows,
+    rope_inv_freq,
+    rope_parameters,
+    unpack_queries,
+)
+from posfreq.train.positions.merge import AttentionInputs
+from posfreq.train.positions.rotary import ROPE_SCALING_TYPES, Rotary, RotaryBase
+from posfreq.train.positions.scheme import PositionScheme
+from posfreq.train.positions.schemes import SCHEMES, build_scheme
+from posfreq.train.positions.string import string_shift_window
+from posfreq.train.positions.string_hf import apply_string
+
+SCHEME_ATTENTION = "posfreq_scheme"
+CONFIG_KEY = (
+    "posfreq_scheme"  # {"name": ..., "train_len": L, "options": {...}}, set by apply_scheme
+)
+
+
+def rotary_base(config: Any) -> RotaryBase:
+    """posfreq's RotaryBase for a transformers config: its head size, theta and static rope scaling."""
+    params = rope_parameters(config)
+    rope_type = params.get("rope_type", "default")
+    if rope_type not in ROPE_SCALING_TYPES:
+        raise ValueError(
+            f"posfreq_scheme: this model's rope type {rope_type!r} is not one posfreq's schemes are built on "
+            f"({', '.join(ROPE_SCALING_TYPES)}). Fix: use rope or string with this model"
+        )
+    return RotaryBase(
+        head_dim(config), float(params["rope_theta"]), params if rope_type != "default" else None
+    )
+
+
+def _scheme(module: torch.nn.Module) -> tuple[PositionScheme, Rotary, bool]:
+    """(posfreq's scheme for this module's config, the model's own rotary, whether the cached keys are already
+    rotated as the scheme rotates keys), made once per module and settings."""
+    stored = getattr(module.config, CONFIG_KEY)
+    key = json.dumps(stored, sort_keys=True)
+    cached = getattr(module, "_posfreq_scheme", None)
+    if cached is None or cached[0] != key:
+        scheme = build_scheme(
+            stored["name"], rotary_base(module.config), stored["train_len"], **stored["options"]
+        )
+        model = Rotary(rope_inv_freq(module.config))
+        same = scheme.rotary.scale == 1.0 and torch.allclose(
+            scheme.rotary.inv_freq.float(), model.inv_freq, rtol=1e-6, atol=0
+        )
+        cached = (key, scheme, model, same)
+        module._posfreq_scheme = cached
+    return cached[1], cached[2], cached[3]
+
+
+def _turn_back(rotary: Rotary, x: Tensor, positions: Tensor) -> Tensor:
+    """Vectors (T, H, D) rotated at `positions` by `rotary`, un-rotated (in float32)."""
+    return rotary.rotate(x.float(), -positions).to(x.dtype)
+
+
+def scheme_attention(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """transformers' attention-function contract: q (B, H, Lq, D), cached k/v (B, Hkv, Lk, D), a boolean mask
+    (B, 1, Lq, Lk) or None; returns (B, Lq, H, D), zeros for padding queries. Each row's real tokens are packed
+    and attended by posfreq's scheme, at their positions in the row."""
+    dim = query.shape[-1]
+    if scaling is not None and abs(scaling * dim**0.5 - 1) > 1e-6:
+        raise ValueError(
+            f"posfreq_scheme: this model scales attention logits by {scaling}, not 1/sqrt(head size); "
+            "posfreq's schemes use 1/sqrt(head size). Fix: use rope with this model"
+        )
+    if kwargs.get("sliding_window"):
+        raise ValueError(
+            "posfreq_scheme: this layer attends within a sliding window, which the position schemes do not "
+            "model. Fix: load the model with sliding_window=None, or use rope"
+        )
+    scheme, model_rotary, keys_as_cached = _scheme(module)
+    len_q, len_k = query.shape[2], key.shape[2]
+    query, key, value = (x.to(compute_dtype(value)) for x in (query, key, value))
+    layout = layout_of(attention_mask, query, len_k)
+    q = pack_rows(query, layout.q_from - (len_k - len_q), layout.rows_q)
+    k, v = (
+        pack_rows(key, layout.first, layout.rows_k),
+        pack_rows(value, layout.first, layout.rows_k),
+    )
+    q = _turn_back(model_rotary, q, layout.pos_q)
+    if not keys_as_cached:  # ntk, yarn: the scheme's own frequencies
+        k = scheme.rotate_keys(_turn_back(model_rotary, k, layout.pos_k), layout.pos_k)
+    backend = (getattr(module.config, CONFIG_KEY, None) or {}).get("backend", "auto")
+    inputs = AttentionInputs(
+        q=q,
+        keys=k,
+        values=v,
+        pos_q=layout.pos_q,
+        pos_k=layout.pos_k,
+        cu_seqlens_q=layout.cu_q,
+        cu_seqlens_k=layout.cu_k,
+        max_seqlen_q=layout.max_q,
+        max_seqlen_k=layout.max_k,
+        backend=backend,
+    )
+    return unpack_queries(scheme.attend(inputs), layout, query, len_k), None
+
+
+def register() -> None:
+    """Make `attn_implementation="posfreq_scheme"` known to transformers (a boolean mask, as for sdpa)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(SCHEME_ATTENTION, scheme_attention)
+    AttentionMaskInterface.register(SCHEME_ATTENTION, sdpa_mask)
+
+
+def scheme_options(config: Any, name: str, train_len: int, **options: Any) -> dict:
+    """The options scheme `name` runs with on a model of this transformers config (the given ones and every
+    default, as build_scheme resolves them); ValueError names a bad one. Needs no weights: the check a command
+    makes before it loads a model."""
+    if name not in SCHEMES:
+        raise ValueError(f"unknown position scheme {name!r}; choose one of {SCHEMES}")
+    if name == "string":  # string_hf's function: S and W (no temperature)
+        unknown = sorted(set(options) - {"shift", "window"})
+        if unknown:
+            raise ValueError(f"string through transformers takes shift and window, not {unknown}")
+        shift, window = string_shift_window(train_len, options.get("shift"), options.get("window"))
+        return {"shift": shift, "window": window}
+    return dict(build_scheme(name, rotary_base(config), train_len, **options).options)
+
+
+def apply_scheme(model: Any, name: str, train_len: int | None = None, **options: Any) -> Any:
+    """Run a loaded transformers model with position scheme `name` and its options (build_scheme's), defaults
+    from `train_len` (default: the config's max_position_embeddings). rope is transformers' own sdpa attention;
+    string is string_hf's function (shift and window). Bad options are refused here, before any forward."""
+    length = train_len or model.config.max_position_embeddings
+    resolved = scheme_options(model.config, name, length, **options)
+    if name == "string":
+        return apply_string(model, resolved["shift"], resolved["window"], length)
+    if name == "rope":
+        model.set_attn_implementation("sdpa")
+        return model
+    register()
+    setattr(model.config, CONFIG_KEY, {"name": name, "train_len": length, "options": options})
+    model.set_attn_implementation(SCHEME_ATTENTION)
+    return model
+
+
+def load_causal_lm(
+    path: str | Path,
+    positions: str = "rope",
+    train_len: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    **options: Any,
+) -> Any:
+    """A local transformers model in eval mode with position scheme `positions` (`apply_scheme`); the loader the
+    probe's transformers engine, `posfreq ruler` and `posfreq loss-by-distance` share. Folder code is refused."""
+    from transformers import AutoModelForCausalLM
+
+    if positions not in SCHEMES:
+        raise ValueError(f"unknown position scheme {positions!r}; choose one of {SCHEMES}")
+    refuse_custom_code(Path(path), "the model folder")
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation="sdpa", trust_remote_code=False
+    )
+    return apply_scheme(model, positions, train_len, **options).eval()
