@@ -26,6 +26,7 @@ import torch
 from _timing import extra_peak_bytes, interleaved, median, spread
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
+from posfreq.analysis.niah.hf_engine import cache_keyword
 from posfreq.train.positions.string_hf import STRING_ATTENTION, settings_of
 
 IMPLEMENTATIONS = ("sdpa", STRING_ATTENTION)
@@ -65,7 +66,8 @@ def decode_seconds(model: LlamaForCausalLM, ids: torch.Tensor, steps: int, repea
     length = ids.shape[1]
     model.set_attn_implementation("sdpa")
     cache = DynamicCache(config=model.config)
-    model.model(input_ids=ids, past_key_values=cache, use_cache=True)
+    keyword = cache_keyword(model.model)
+    model.model(input_ids=ids, use_cache=True, **{keyword: cache})
     new = torch.randint(0, model.config.vocab_size, (1, steps))
 
     def run(name: str) -> float:
@@ -78,7 +80,7 @@ def decode_seconds(model: LlamaForCausalLM, ids: torch.Tensor, steps: int, repea
             position = torch.tensor([[length + step]])
             model.model(
                 input_ids=new[:, step : step + 1],
-                past_key_values=cache,
+                **{keyword: cache},
                 use_cache=True,
                 position_ids=position,
                 cache_position=position[0],

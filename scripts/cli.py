@@ -53,6 +53,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "posfreq.scripts.commands.loss_by_distance",
         "mean next-token loss at every distance, for a checkpoint or HF model on token shards",
     ),
+    "table": (
+        "posfreq.scripts.commands.table",
+        "the paper's Table 1 (NIAH) and Table 2 (RULER) for any model, every scheme, with intervals",
+    ),
     "ruler": (
         "posfreq.scripts.commands.ruler",
         "RULER's synthetic tasks, offline, on a Hugging Face model (rope or STRING)",

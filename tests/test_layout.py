@@ -40,6 +40,7 @@ TESTED_WITH_THEIR_CALLER = {
     "analysis/plots/positions.py": "tests/train/positions/test_schemes.py",
     "analysis/tables/columns.py": "tests/analysis/niah/test_runner.py",
     "analysis/tables/rederive.py": "tests/analysis/tables/test_pass_curve.py",
+    "analysis/tables/paper_tables.py": "tests/scripts/commands/test_table.py",
     "analysis/ruler_task/evaluate.py": "tests/analysis/ruler_task/test_runner.py",
     "scripts/commands/checkpoint.py": "tests/train/checkpoint/test_consolidate.py",
     "scripts/commands/export_hf.py": "tests/train/model/test_hf.py",

@@ -215,6 +215,52 @@ def test_probe_submits_a_gpu_array_and_a_cpu_merge(tmp_path):
     assert "--gpus" not in (ROOT / "slurm/probe_merge.sh").read_text()
 
 
+def test_table_submits_one_gpu_task_per_share_of_schemes_and_the_tables_after_them(tmp_path):
+    model = tmp_path / "smol"
+    model.mkdir()
+    script = str(ROOT / "slurm/table.sh")  # as submitted: "$0"
+    array, tables = dry_run_process(
+        ROOT / "slurm/table.sh", f"hf:{model}", "--tests", "500", TABLE_SHARDS="3"
+    ).stdout.splitlines()
+    assert shlex.split(array) == [
+        "sbatch",
+        "--parsable",
+        "--array=0-2",
+        "--export=ALL,TABLE_STEP=task,TABLE_SHARDS=3",
+        script,
+        f"hf:{model}",
+        "--tests",
+        "500",
+    ]
+    assert shlex.split(tables)[2:6] == [
+        "--dependency=afterany:ARRAY_JOB_ID",
+        "--output=logs/%x_%j.out",
+        "--export=ALL,TABLE_STEP=tables",
+        script,
+    ]
+    task = dry_run(
+        ROOT / "slurm/table.sh",
+        f"hf:{model}",
+        TABLE_STEP="task",
+        TABLE_SHARDS="3",
+        SLURM_ARRAY_TASK_ID="2",
+        PYTHON="py",
+        OUT_DIR="runs/t",
+    )
+    assert task == [
+        "py",
+        "-m",
+        "posfreq.scripts.cli",
+        "table",
+        "--model",
+        f"hf:{model}",
+        "--shard",
+        "2/3",
+        "--out",
+        "runs/t",
+    ]
+
+
 def test_ruler_submits_one_gpu_task_per_ruler_task_and_a_table_after_them(tmp_path):
     model = tmp_path / "smol"
     model.mkdir()
@@ -345,6 +391,9 @@ STEPS = {
     "ruler-submit": ("ruler.sh", ["{tmp}/model"], {}),
     "ruler-task": ("ruler.sh", ["{tmp}/model"], {**ARRAY_TASK, "RULER_STEP": "task"}),
     "ruler-table": ("ruler.sh", ["{tmp}/model"], {"SLURM_JOB_ID": "8", "RULER_STEP": "table"}),
+    "table-submit": ("table.sh", ["hf:{tmp}/model"], {}),
+    "table-task": ("table.sh", ["hf:{tmp}/model"], {**ARRAY_TASK, "TABLE_STEP": "task"}),
+    "table-tables": ("table.sh", ["hf:{tmp}/model"], {"SLURM_JOB_ID": "9", "TABLE_STEP": "tables"}),
 }
 
 

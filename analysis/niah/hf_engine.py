@@ -3,6 +3,7 @@ with RoPE or with STRING as its attention function (train/positions/string_hf.py
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any, Callable
 
@@ -52,10 +53,8 @@ class TransformersGenerator(Generator):
     ) -> list[list[int]]:
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=self.model.config)
-        step = self.model(
-            input_ids=prompt_ids, past_key_values=cache, use_cache=True, logits_to_keep=1
-        )
+        cache = {cache_keyword(self.model): DynamicCache(config=self.model.config)}
+        step = self.model(input_ids=prompt_ids, use_cache=True, logits_to_keep=1, **cache)
         rows: list[list[int]] = [[] for _ in range(prompt_ids.shape[0])]
         done = [False] * len(rows)
         for produced in range(1, max_new_tokens + 1):
@@ -66,7 +65,7 @@ class TransformersGenerator(Generator):
                     done[row] = stop is not None and stop(row, tokens)
             if all(done) or produced == max_new_tokens:
                 break
-            step = self.model(input_ids=token[:, None], past_key_values=cache, use_cache=True)
+            step = self.model(input_ids=token[:, None], use_cache=True, **cache)
         return rows
 
     @torch.no_grad()
@@ -82,6 +81,12 @@ class TransformersGenerator(Generator):
             logprobs.append(logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0])
             hits.append(logits.argmax(-1) == targets)
         return torch.cat(logprobs), torch.cat(hits)
+
+
+def cache_keyword(model) -> str:
+    """The name a transformers model's forward takes its KV cache by: `cache` in newer releases (which warn on the
+    old name), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def load_transformers_model(

@@ -69,3 +69,22 @@ def plot_failure_by_thirds(
     ax.set_title(f"Failures by document depth{': ' + title if title else ''}")
     ax.legend()
     return save_figure(fig, stem)
+
+
+def plot_scheme_pass_rates(rows: Sequence[Mapping], stem: str | Path) -> list[Path]:
+    """Table 1 as a figure: pass rate vs length, a line per position scheme, with its 95% interval as bars."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    schemes = list(dict.fromkeys(r["scheme"] for r in rows))
+    for k, scheme in enumerate(schemes):
+        mine = sorted((r for r in rows if r["scheme"] == scheme), key=lambda r: r["length"])
+        x = np.array([r["length"] for r in mine], dtype=float) * (1 + 0.01 * (k - len(schemes) / 2))
+        y = np.array([r["pass_rate"] for r in mine])
+        err = np.abs(np.array([[r["pass_lo"], r["pass_hi"]] for r in mine]).T - y)
+        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=scheme)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("test length (tokens)")
+    ax.set_ylabel("pass rate (95% interval over tests)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("4-needle NIAH by position scheme")
+    ax.legend()
+    return save_figure(fig, stem)

@@ -21,6 +21,13 @@ STATUS_NONE_PASSED = "none_passed"
 STATUS_ALL_PASSED = "all_passed"
 
 
+def percentile_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """The central `level` percentile interval of bootstrap replicates."""
+    tail = (1 - level) / 2
+    lo, hi = np.quantile(np.asarray(values, dtype=float), [tail, 1 - tail])
+    return float(lo), float(hi)
+
+
 @dataclass(frozen=True)
 class Analysis:
     """How stored per-test records become pass rates and intervals (no decoding involved)."""

@@ -9,14 +9,12 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from posfreq.analysis.tables.pass_curve import STATUS_ALL_PASSED, STATUS_NONE_PASSED, STATUS_OK
-
-
-def percentile_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
-    """The central `level` percentile interval of bootstrap replicates."""
-    tail = (1 - level) / 2
-    lo, hi = np.quantile(np.asarray(values, dtype=float), [tail, 1 - tail])
-    return float(lo), float(hi)
+from posfreq.analysis.tables.pass_curve import (
+    STATUS_ALL_PASSED,
+    STATUS_NONE_PASSED,
+    STATUS_OK,
+    percentile_interval,
+)
 
 
 def shortfall(rows: Sequence[Mapping]) -> dict:

@@ -15,7 +15,8 @@ from typing import Sequence
 import numpy as np
 
 from posfreq.analysis.corpus.frequency import position_frequency
-from posfreq.analysis.verdicts.claims import C2_MIN_SEEDS, percentile_interval
+from posfreq.analysis.tables.pass_curve import percentile_interval
+from posfreq.analysis.verdicts.claims import C2_MIN_SEEDS
 from posfreq.train.run.loss_by_distance import LossByDistance
 
 MIN_BUCKET_TOKENS = 32

@@ -16,8 +16,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from posfreq.analysis.tables.pass_curve import STATUS_NONE_PASSED
-from posfreq.analysis.verdicts.claims import percentile_interval
+from posfreq.analysis.tables.pass_curve import STATUS_NONE_PASSED, percentile_interval
 
 
 def observed(row: Mapping) -> float:

@@ -1,0 +1,296 @@
+"""`posfreq table`: the paper's Table 1 (4-needle NIAH per position scheme and length) and Table 2 (RULER per task
+and scheme) for one model, with 95% intervals and each scheme's paired difference from rope.
+
+    posfreq table --model hf:DIR --niah-lengths 4096,8192 --tests 500 [--ruler-lengths 8192] --out DIR
+    posfreq table --model RUN/checkpoints/tokens-... --schemes rope,string --tests 100 --out DIR
+    posfreq table ... --shard 0/7          # one share of the schemes (slurm/table.sh runs them as an array)
+
+Every scheme is probed with the same tests (`posfreq probe`, one seed) into OUT/niah/<scheme>, and RULER runs into
+OUT/ruler/<scheme> (`posfreq ruler`); both keep what they finished, so a rerun resumes. Then it writes
+table1.csv, table1.md (a row per scheme, a column per length), table2.csv/.md, table1.png/.pdf and settings.json
+(every scheme's options as it ran, defaults included). The baselines follow the paper's protocol unless their
+options say otherwise: they assume a training length of 2/3 of the true one and a scale of 3/2
+(train/positions/schemes.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Literal, Optional, Sequence, Union
+
+from posfreq.analysis.niah import results
+from posfreq.analysis.niah.settings import parse_lengths
+from posfreq.analysis.tables.formats import markdown_table, read_csv, write_csv
+from posfreq.analysis.tables.paper_tables import (
+    MEASURES,
+    TABLE1_COLUMNS,
+    outcomes_by_test,
+    table1,
+    table1_markdown,
+    table2,
+)
+from posfreq.train.atomic import write_json_atomic, write_text_atomic
+from posfreq.train.command_line import command_parser, parse
+from posfreq.train.outdir import OutputDirError, claim_output_dir
+from posfreq.train.positions.schemes import SCHEMES
+
+COMMAND = "table"
+PAPER_ORDER = ("rope", "rerope", "ntk", "self_extend", "yarn", "dca", "string")
+"""Table 1's rows in the paper's order."""
+
+Options = dict[str, dict[str, Union[bool, int, float, str, None]]]
+
+
+def build_parser():
+    """The command line: the model, the schemes and their options, the tests, RULER, sharding, outputs."""
+    parser = command_parser(f"posfreq {COMMAND}", __doc__.split("\n")[0])
+    parser.add_argument(
+        "--model", type=str, required=True, help="hf:DIR (a transformers model) or a checkpoint"
+    )
+    parser.add_argument(
+        "--schemes",
+        type=str,
+        default=",".join(PAPER_ORDER),
+        help=f"comma list of {', '.join(SCHEMES)}; rope must be one (the differences are from it)",
+    )
+    parser.add_argument(
+        "--position-options",
+        type=Options,
+        default={},
+        help="each scheme's options as JSON, e.g. '{\"string\": {\"shift\": 2000}}'; defaults: the paper's",
+    )
+    parser.add_argument(
+        "--engine",
+        type=Literal["auto", "posfreq", "transformers"],
+        default="auto",
+        help="auto: transformers for hf:DIR (any architecture), posfreq for a checkpoint",
+    )
+    parser.add_argument(
+        "--niah-lengths", type=Optional[str], default=None, help="NIAH lengths (default: L)"
+    )
+    parser.add_argument("--tests", type=int, default=100, help="NIAH tests per length (paper: 500)")
+    parser.add_argument(
+        "--measure",
+        type=Literal[MEASURES],
+        default="greedy",
+        help="greedy: the answer holds 2 of 4 needles (the paper's); teacher_forced: 2 of 4 needles have every "
+        "token as the argmax under teacher forcing (no decoding; paired and cheap on a CPU)",
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=Optional[int], default=None, help="the probe's answer budget"
+    )
+    parser.add_argument(
+        "--haystack", type=Optional[str], default=None, help="the probe's (default: PG essays)"
+    )
+    parser.add_argument(
+        "--tokenizer", type=Optional[str], default=None, help="the probe's (default: the model's)"
+    )
+    parser.add_argument(
+        "--ruler-lengths",
+        type=Optional[str],
+        default=None,
+        help="RULER lengths for Table 2 (none: no Table 2)",
+    )
+    parser.add_argument("--ruler-samples", type=int, default=500, help="RULER samples per task")
+    parser.add_argument("--ruler-tasks", type=str, default="all", help="RULER tasks")
+    parser.add_argument("--chat-template", type=bool, default=False, help="frame prompts as a chat")
+    parser.add_argument("--device", type=str, default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
+    parser.add_argument(
+        "--shard",
+        type=Optional[str],
+        default=None,
+        help="I/N: run only schemes I, I+N, ... (a SLURM array task); a run without it writes the tables",
+    )
+    parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples")
+    parser.add_argument(
+        "--out", type=Optional[str], default=None, help="default runs/table/<model>"
+    )
+    return parser
+
+
+class TableError(ValueError):
+    """A setting the tables cannot be made with, or a stage that failed; the message says which."""
+
+
+def chosen_schemes(spec: str) -> list[str]:
+    """The comma list, checked: known schemes, rope among them, each once."""
+    schemes = [s.strip() for s in spec.split(",") if s.strip()]
+    unknown = sorted(set(schemes) - set(SCHEMES))
+    if unknown or "rope" not in schemes or len(set(schemes)) != len(schemes):
+        raise TableError(
+            f"--schemes {spec}: need distinct names among {', '.join(SCHEMES)}, rope included"
+            + (f" (unknown: {unknown})" if unknown else "")
+        )
+    return schemes
+
+
+def my_share(schemes: list[str], shard: str | None) -> list[str]:
+    """The schemes shard I/N runs (all of them without --shard)."""
+    if shard is None:
+        return schemes
+    try:
+        index, count = (int(x) for x in shard.split("/"))
+    except ValueError:
+        index, count = -1, 0
+    if not 0 <= index < count:
+        raise TableError(f"--shard {shard}: give I/N with 0 <= I < N, e.g. --shard 0/7")
+    return schemes[index::count]
+
+
+def source_flags(args) -> list[str]:
+    """The probe's model flags and engine for --model."""
+    hf = args.model.startswith("hf:")
+    engine = args.engine if args.engine != "auto" else ("transformers" if hf else "posfreq")
+    return ["--model" if hf else "--checkpoint", args.model, "--engine", engine]
+
+
+def resolved_options(args, schemes: list[str]) -> dict[str, dict]:
+    """Every scheme's options as it runs them (defaults included), from the model's config; refuses a bad option
+    before anything is probed."""
+    if args.model.startswith("hf:"):
+        from transformers import AutoConfig
+
+        from posfreq.train.model.hf_folder import refuse_custom_code
+        from posfreq.train.positions.hf_schemes import scheme_options
+
+        folder = Path(args.model.removeprefix("hf:"))
+        refuse_custom_code(folder, "the model folder")
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+        train_len = config.max_position_embeddings
+
+        def resolve(name: str, options: dict) -> dict:
+            return scheme_options(config, name, train_len, **options)
+    else:
+        from posfreq.train.checkpoint.layout import load_model_config
+        from posfreq.train.positions.rotary import RotaryBase
+        from posfreq.train.positions.schemes import build_scheme
+
+        config = load_model_config(args.model)
+        rope = RotaryBase(config.head_dim, config.rope_base, config.rope_scaling)
+
+        def resolve(name: str, options: dict) -> dict:
+            return dict(build_scheme(name, rope, config.train_len, **options).options)
+
+    unknown = sorted(set(args.position_options) - set(schemes))
+    if unknown:
+        raise TableError(f"--position-options names schemes not in --schemes: {unknown}")
+    try:
+        return {s: resolve(s, dict(args.position_options.get(s, {}))) for s in schemes}
+    except ValueError as err:
+        raise TableError(f"--position-options: {err}") from None
+
+
+def run_probe(args, scheme: str, out: Path) -> None:
+    """`posfreq probe` of one scheme, with the tests every scheme shares (seed 0)."""
+    from posfreq.scripts.commands import probe
+
+    argv = [*source_flags(args), "--positions", scheme, "--tests-per-length", str(args.tests)]
+    argv += ["--position-options", json.dumps(args.position_options.get(scheme, {}))]
+    argv += ["--out", str(out), "--seed", "0", "--no-figures", "--device", args.device]
+    argv += ["--chat-template", str(args.chat_template).lower(), "--threads", str(args.threads)]
+    if args.niah_lengths:
+        argv += ["--lengths", args.niah_lengths]
+    for flag in ("max_new_tokens", "haystack", "tokenizer"):
+        if args[flag] is not None:
+            argv += [f"--{flag.replace('_', '-')}", str(args[flag])]
+    if probe.main(argv) != 0:
+        raise TableError(f"the probe of {scheme} failed: posfreq probe {' '.join(argv)}")
+
+
+def run_ruler(args, scheme: str, out: Path) -> None:
+    """`posfreq ruler` of one scheme (hf:DIR models only)."""
+    from posfreq.scripts.commands import ruler
+
+    argv = ["--model", args.model, "--positions", scheme, "--lengths", args.ruler_lengths]
+    argv += ["--position-options", json.dumps(args.position_options.get(scheme, {}))]
+    argv += ["--samples", str(args.ruler_samples), "--tasks", args.ruler_tasks]
+    argv += ["--chat-template", str(args.chat_template).lower(), "--device", args.device]
+    argv += ["--threads", str(args.threads), "--out", str(out)]
+    if ruler.main(argv) != 0:
+        raise TableError(f"RULER of {scheme} failed: posfreq ruler {' '.join(argv)}")
+
+
+def probed_lengths(out: Path) -> list[int]:
+    """The lengths a finished probe directory holds (its summary.csv)."""
+    return [int(row["length"]) for row in read_csv(out / "summary.csv")]
+
+
+def write_tables(args, out: Path, schemes: list[str], options: dict[str, dict]) -> str:
+    """Table 1 (and Table 2 when RULER ran) from the finished probe and RULER outputs; returns Table 1's Markdown."""
+    from posfreq.analysis.plots.niah import plot_scheme_pass_rates
+
+    outcomes = {}
+    for scheme in schemes:
+        probe_dir = out / "niah" / scheme
+        outcomes[scheme] = outcomes_by_test(
+            results.read_records(probe_dir, probed_lengths(probe_dir)), args.measure
+        )
+    rows = table1(outcomes, args.bootstrap)
+    write_csv(out / "table1.csv", rows, list(TABLE1_COLUMNS))
+    settings = {
+        "model": args.model,
+        "tests_per_length": args.tests,
+        "measure": args.measure,
+        "position_options": options,
+        "bootstrap": args.bootstrap,
+    }
+    write_json_atomic(out / "settings.json", settings, indent=1)
+    header = (
+        f"# Table 1: 4-needle NIAH pass rate (%) by position scheme and length\n\n"
+        f"Model `{args.model}`, {args.tests} tests per length, the same tests for every scheme; measure: "
+        f"{args.measure}. Each cell: the pass rate with its 95% bootstrap interval over tests, then (every scheme "
+        "but rope) the mean paired difference from rope over the same tests with its interval.\n\n"
+    )
+    options_lines = "\n".join(f"- {s}: `{json.dumps(o)}`" for s, o in options.items())
+    text = (
+        header + table1_markdown(rows) + "\nOptions as run (defaults included):\n\n" + options_lines
+    )
+    write_text_atomic(out / "table1.md", text + "\n")
+    plot_scheme_pass_rates(rows, out / "table1")
+    if args.ruler_lengths:
+        scores = {s: read_csv(out / "ruler" / s / "scores.csv") for s in schemes}
+        joined = table2(scores)
+        write_csv(out / "table2.csv", joined, ["task", "length", *schemes])
+        title = "# Table 2: RULER score by task and position scheme\n\n"
+        write_text_atomic(
+            out / "table2.md", title + markdown_table(joined, ["task", "length", *schemes])
+        )
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Probe (and run RULER on) every scheme of this share, then, unsharded, write the tables."""
+    args = parse(build_parser(), argv)
+    try:
+        schemes = chosen_schemes(args.schemes)
+        mine = my_share(schemes, args.shard)
+        if args.niah_lengths:
+            parse_lengths(args.niah_lengths)
+        if args.ruler_lengths and not args.model.startswith("hf:"):
+            raise TableError(
+                "--ruler-lengths: RULER runs a transformers model; pass --model hf:DIR"
+            )
+        options = resolved_options(args, schemes)
+        name = Path(args.model.removeprefix("hf:")).resolve().name
+        out = claim_output_dir(args.out or f"runs/table/{name}", COMMAND, shared=True)
+        for scheme in mine:
+            print(f"table: {scheme} ({mine.index(scheme) + 1} of {len(mine)})", flush=True)
+            run_probe(args, scheme, out / "niah" / scheme)
+            if args.ruler_lengths:
+                run_ruler(args, scheme, out / "ruler" / scheme)
+        if args.shard is not None:
+            print(f"table: shard {args.shard} done; rerun without --shard to write the tables")
+            return 0
+        print(write_tables(args, out, schemes, options))
+        print(f"wrote {out}")
+    except (TableError, OutputDirError, ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

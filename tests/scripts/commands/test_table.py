@@ -1,0 +1,127 @@
+"""`posfreq table`: Table 1's pass rates and paired differences against hand counts, Table 2's join, and a tiny
+model's run end to end (sharded, resumed, refused before anything runs when a setting is wrong)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from posfreq.analysis.tables.paper_tables import outcomes_by_test, table1, table1_markdown, table2
+from posfreq.scripts.commands import table as command
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+def outcomes_of(passing: set[int], length: int = 100, tests: int = 10) -> dict:
+    return {(length, i): float(i in passing) for i in range(tests)}
+
+
+def test_pass_rates_and_paired_differences_against_hand_counts() -> None:
+    rope = outcomes_of({0, 1, 2, 3, 4})
+    string = outcomes_of({0, 1, 2, 3, 4, 5, 6, 7})  # passes every test rope passes, and 3 more
+    same = dict(rope)
+    rows = {r["scheme"]: r for r in table1({"rope": rope, "string": string, "same": same}, 500)}
+    assert rows["rope"]["pass_rate"] == 0.5 and rows["string"]["pass_rate"] == 0.8
+    assert rows["rope"]["difference_from_rope"] == ""
+    assert rows["string"]["difference_from_rope"] == pytest.approx(0.3)
+    # paired: every per-test difference is 0 or +1, so no resample can go below 0
+    assert 0.0 <= rows["string"]["difference_lo"] <= 0.3 <= rows["string"]["difference_hi"] <= 0.7
+    assert rows["same"]["difference_lo"] == rows["same"]["difference_hi"] == 0.0
+    assert rows["rope"]["pass_lo"] < 0.5 < rows["rope"]["pass_hi"]
+    text = table1_markdown(list(rows.values()))
+    assert "| string | 80.0 [" in text and "<br>+30.0 [" in text
+
+
+def test_a_test_passes_on_two_needles_greedy_or_teacher_forced() -> None:
+    records = [
+        {"length": 100, "index": 0, "hits_anywhere": [True, True, False, False]},
+        {"length": 100, "index": 1, "hits_anywhere": [True, False, False, False]},
+    ]
+    records[0]["tf_token_accuracy"] = [1.0, 0.5, 0.5, 0.0]
+    records[1]["tf_token_accuracy"] = [1.0, 1.0, 0.0, 0.0]
+    assert outcomes_by_test(records, "greedy") == {(100, 0): 1.0, (100, 1): 0.0}
+    assert outcomes_by_test(records, "teacher_forced") == {(100, 0): 0.0, (100, 1): 1.0}
+    with pytest.raises(ValueError, match="no teacher-forced score"):
+        outcomes_by_test([{**records[0], "tf_token_accuracy": None}], "teacher_forced")
+
+
+def test_table2_joins_each_schemes_scores_by_task_and_length() -> None:
+    scores = {
+        "rope": [{"task": "vt", "length": "1024", "score": "0.5"}],
+        "string": [{"task": "vt", "length": "1024", "score": "0.75"}],
+    }
+    assert table2(scores) == [{"task": "vt", "length": 1024, "rope": 0.5, "string": 0.75}]
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory) -> Path:
+    """A random 1-layer Llama with the bytes tokenizer, trained length 768."""
+    import transformers
+
+    from posfreq.train.data.hf_tokenizer import write_tokenizer_files
+
+    directory = tmp_path_factory.mktemp("hf")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=258,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=768,
+        bos_token_id=256,
+        eos_token_id=257,
+        tie_word_embeddings=False,
+    )
+    transformers.LlamaForCausalLM(config).save_pretrained(directory)
+    write_tokenizer_files("bytes", directory)
+    return directory
+
+
+def test_a_tiny_model_end_to_end_sharded_then_collected(tiny_hf: Path, tmp_path: Path, capsys):
+    pytest.importorskip("transformers")
+    out = tmp_path / "table"
+    argv = ["--model", f"hf:{tiny_hf}", "--schemes", "rope,dca", "--niah-lengths", "448,768"]
+    argv += ["--tests", "3", "--haystack", "noise", "--max-new-tokens", "40", "--out", str(out)]
+    argv += ["--position-options", '{"dca": {"chunk_size": 300}}']
+    assert command.main([*argv, "--shard", "1/2"]) == 0  # the second share: dca only
+    assert (out / "niah" / "dca" / "summary.csv").is_file() and not (out / "niah" / "rope").exists()
+    assert not (out / "table1.csv").exists() and "rerun without --shard" in capsys.readouterr().out
+    records = sorted((out / "niah" / "dca").rglob("*.jsonl"))
+    stamps = [p.stat().st_mtime_ns for p in records]
+    assert command.main(argv) == 0  # rope now; dca's results are reused, not probed again
+    assert [p.stat().st_mtime_ns for p in records] == stamps
+    rows = list(csv.DictReader(open(out / "table1.csv")))
+    assert [(r["scheme"], r["length"], r["tests"]) for r in rows] == [
+        ("rope", "448", "3"),
+        ("rope", "768", "3"),
+        ("dca", "448", "3"),
+        ("dca", "768", "3"),
+    ]
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["position_options"]["dca"] == {
+        "chunk_size": 300,
+        "local_window": 32,  # the paper's protocol: L' = 2/3 of 768, local window L' // 16
+        "protocol": "paper",
+    }
+    assert (out / "table1.png").stat().st_size > 0 and "| dca |" in (out / "table1.md").read_text()
+    assert "Table 1" in capsys.readouterr().out
+
+
+def test_settings_that_cannot_make_a_table_stop_before_anything_runs(
+    tiny_hf: Path, tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "never"
+    base = ["--model", f"hf:{tiny_hf}", "--out", str(out)]
+    assert command.main([*base, "--schemes", "string,dca"]) == 1
+    assert "rope included" in capsys.readouterr().err
+    assert command.main([*base, "--position-options", '{"dca": {"group": 2}}']) == 1
+    assert "dca does not take ['group']" in capsys.readouterr().err
+    assert command.main([*base, "--shard", "2/2"]) == 1
+    assert "0 <= I < N" in capsys.readouterr().err
+    assert not out.exists()
