@@ -6,9 +6,35 @@ scores; the command line, the keys and the tables live there.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from pathlib import Path
+from typing import Iterator
 
 TASK_DIR = Path(__file__).resolve().parent
+LIBRARY_LOGGERS = ("lm_eval", "lm-eval", "transformers", "datasets", "accelerate")
+"""Loggers whose notices go to the run's log file, not the terminal."""
+
+
+@contextlib.contextmanager
+def into_log(path: Path) -> Iterator[None]:
+    """Everything the libraries say meanwhile (their loggers, prints and progress bars) appended to `path`, a file
+    the output folder records, instead of the terminal; restored afterwards, also on an error."""
+    from posfreq.train.journal import open_recorded
+
+    loggers = [logging.getLogger(name) for name in LIBRARY_LOGGERS]
+    saved = [(logger, logger.handlers[:], logger.propagate) for logger in loggers]
+    with open_recorded(path, "a") as sink:
+        handler = logging.StreamHandler(sink)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        for logger in loggers:
+            logger.handlers, logger.propagate = [handler], False
+        try:
+            with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+                yield
+        finally:
+            for logger, handlers, propagate in saved:
+                logger.handlers, logger.propagate = handlers, propagate
 
 
 class RulerError(ValueError):
@@ -20,10 +46,10 @@ class Evaluator:
     (task, length)."""
 
     def __init__(
-        self, path: Path, tokenizer, args, options: dict, device, dtype, longest: int
+        self, path: Path, tokenizer, args, options: dict, device, dtype, longest: int, log: Path
     ) -> None:
         self.path, self.tokenizer, self.args, self.options = path, tokenizer, args, options
-        self.device, self.dtype, self.longest = device, dtype, longest
+        self.device, self.dtype, self.longest, self.log = device, dtype, longest, log
         self.lm = None
 
     def load(self) -> None:
@@ -51,7 +77,12 @@ class Evaluator:
         )
 
     def evaluate(self, task: str, length: int) -> dict:
-        """One task at one length: its per-sample scores, lm-eval's results and (if asked) its samples."""
+        """One task at one length: its per-sample scores, lm-eval's results and (if asked) its samples; what the
+        libraries print goes to the log file."""
+        with into_log(self.log):
+            return self._evaluate(task, length)
+
+    def _evaluate(self, task: str, length: int) -> dict:
         from lm_eval import simple_evaluate
         from lm_eval.tasks import TaskManager
 

@@ -57,6 +57,7 @@ def task_yamls() -> list[str]:
 
 
 PARTS_DIR = "parts"
+LOG_FILE = "ruler.log"
 """One JSON file per finished (task, length) and content key: a rerun evaluates only what is missing."""
 
 
@@ -150,9 +151,19 @@ def run(args) -> Path:
             f"--chat-template true: {path} has no chat template (chat_template.jinja or "
             "tokenizer_config.json's chat_template). Fix: drop the flag"
         )
+    from posfreq.analysis.ruler_task.tasks import misfits
+
+    problems = misfits(tokenizer, tasks, lengths)
+    if problems:
+        raise RulerError(
+            f"{len(problems)} task(s) cannot run at the lengths asked for; nothing was evaluated:\n  "
+            + "\n  ".join(problems)
+        )
     claim_output_dir(out, COMMAND, shared=True)
     (out / PARTS_DIR).mkdir(exist_ok=True)
-    evaluator = Evaluator(path, tokenizer, args, options, device, dtype, max(lengths))
+    log = out / LOG_FILE
+    evaluator = Evaluator(path, tokenizer, args, options, device, dtype, max(lengths), log)
+    print(f"ruler: lm-eval's and transformers' notices go to {log}", flush=True)
     parts = []
     for task in tasks:
         for length in lengths:

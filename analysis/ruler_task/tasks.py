@@ -97,7 +97,9 @@ def require_fit(task: str, smallest: list[int], reserved: int, length: int) -> N
         )
 
 
-def _variable_tracking(tokenizer: Any, length: int, samples: int) -> list[dict]:
+def _vt_example(tokenizer: Any, length: int) -> dict:
+    """vt's in-context example, once it and vt's smallest prompt are known to fit (ValueError if not)."""
+
     def smallest() -> list[int]:
         with seeded("vt smallest"):  # off the samples' random stream
             text, answer = vt_utils.generate_input_output(5, 1, 4, is_icl=True)
@@ -109,15 +111,24 @@ def _variable_tracking(tokenizer: Any, length: int, samples: int) -> list[dict]:
     )[0]
     shown = f"{example['input']} {' '.join(example['outputs'])}\n\n"
     require_fit("vt", smallest() + tokenizer(shown).input_ids, 30, length)
+    return example
+
+
+def _variable_tracking(tokenizer: Any, length: int, samples: int) -> list[dict]:
+    example = _vt_example(tokenizer, length)
     return vt_utils.sys_vartrack_w_noise_random(
         tokenizer=tokenizer, num_samples=samples, max_seq_length=length, icl_example=example
     )
 
 
-def _common_words(tokenizer: Any, length: int, samples: int) -> list[dict]:
+def _cwe_fit(tokenizer: Any, length: int) -> None:
     with seeded("cwe smallest"):  # off the samples' random stream
         example, text, _ = cwe_utils.generate_input_output(10, length)
     require_fit("cwe", tokenizer(f"{example}\n{text}").input_ids, 120, length)
+
+
+def _common_words(tokenizer: Any, length: int, samples: int) -> list[dict]:
+    _cwe_fit(tokenizer, length)
     return cwe_utils.sys_word_pair_random(
         num_samples=samples, max_seq_length=length, tokenizer=tokenizer
     )
@@ -134,6 +145,33 @@ BUILDERS: dict[str, Callable[[Any, int, int], list[dict]]] = {
     "fwe": _frequent_words,
 }
 """The eleven synthetic tasks: (tokenizer, length, samples per length) -> lm-eval's sample records."""
+
+
+def _fits(task: str, tokenizer: Any, length: int) -> None:
+    """ValueError when `task` cannot make a prompt of `length` tokens with this tokenizer (what its builder checks
+    first), without making its samples."""
+    if task == "vt":
+        _vt_example(tokenizer, length)
+    elif task == "cwe":
+        _cwe_fit(tokenizer, length)
+    elif NIAH_TASKS.get(task, {}).get("type_haystack") == "essay":
+        require_haystack(tokenizer, length)
+
+
+def misfits(tokenizer: Any, tasks: list[str], lengths: list[int]) -> list[str]:
+    """Every (task, length) that cannot run, each as its reason: checked before any evaluation, so a run stops at
+    once instead of after the tasks that fit."""
+    problems = []
+    for task in tasks:
+        for length in lengths:
+            try:
+                with seeded(
+                    f"fit {task}:{length}"
+                ):  # samples_for reseeds: the samples are unchanged
+                    _fits(task, tokenizer, length)
+            except ValueError as err:
+                problems.append(f"{task} at {length}: {err}")
+    return problems
 
 
 @contextlib.contextmanager

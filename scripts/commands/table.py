@@ -183,6 +183,31 @@ def resolved_options(args, schemes: list[str]) -> dict[str, dict]:
         raise TableError(f"--position-options: {err}") from None
 
 
+def check_ruler_fits(args) -> None:
+    """Every RULER task fits every --ruler-lengths length with the model's tokenizer, checked before anything
+    is probed (RULER runs after the probes)."""
+    import os
+
+    from posfreq.analysis.niah.settings import parse_lengths
+    from posfreq.analysis.ruler_task.runner import OFFLINE_ENV, chosen_tasks
+
+    os.environ.update(
+        OFFLINE_ENV
+    )  # before transformers, datasets and lm-eval import the hub client
+    from transformers import AutoTokenizer
+
+    from posfreq.analysis.ruler_task.tasks import misfits
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        args.model.removeprefix("hf:"), trust_remote_code=False
+    )
+    problems = misfits(tokenizer, chosen_tasks(args.ruler_tasks), parse_lengths(args.ruler_lengths))
+    if problems:
+        raise TableError(
+            "RULER cannot run at --ruler-lengths; nothing was probed:\n  " + "\n  ".join(problems)
+        )
+
+
 def run_probe(args, scheme: str, out: Path) -> None:
     """`posfreq probe` of one scheme, with the tests every scheme shares (seed 0)."""
     from posfreq.scripts.commands import probe
@@ -274,6 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "--ruler-lengths: RULER runs a transformers model; pass --model hf:DIR"
             )
         options = resolved_options(args, schemes)
+        if args.ruler_lengths:
+            check_ruler_fits(args)
         name = Path(args.model.removeprefix("hf:")).resolve().name
         out = claim_output_dir(args.out or f"runs/table/{name}", COMMAND, shared=True)
         for scheme in mine:

@@ -4,6 +4,7 @@ within each node; optional activation checkpointing), and FSDP2's resharding acr
 
 from __future__ import annotations
 
+import logging
 from typing import Mapping
 
 import torch
@@ -181,3 +182,19 @@ def build_fabric(cfg: TrainConfig):
         precision="32-true",
         loggers=fabric_loggers(cfg),
     )
+
+
+def launch(fabric) -> None:
+    """fabric.launch(), without Lightning's distributed banner on a one-process run (a CPU run, one GPU), where it
+    says nothing; a multi-process run keeps it."""
+    # Lightning logs under both names (its rank-zero helpers log as lightning.pytorch once that is imported)
+    loggers = [logging.getLogger(name) for name in ("lightning.fabric", "lightning.pytorch")]
+    levels = [logger.level for logger in loggers]
+    if fabric.world_size == 1:
+        for logger in loggers:
+            logger.setLevel(logging.WARNING)
+    try:
+        fabric.launch()
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)

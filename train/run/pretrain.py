@@ -18,7 +18,7 @@ from posfreq.train.run.config import ConfigError, TrainConfig
 from posfreq.train.run.control import StopSignals, lock_run_dir, overwrite_run
 from posfreq.train.run.log import LOG, start_console
 from posfreq.train.run.loggers import wandb_report
-from posfreq.train.run.parallel import attention_choice, build_fabric, resolved_accelerator
+from posfreq.train.run.parallel import attention_choice, build_fabric, launch, resolved_accelerator
 from posfreq.train.run.resolved import ResolvedRun, agree_on_resume
 from posfreq.train.run.trainer import Trainer
 
@@ -66,7 +66,7 @@ def train(cfg: TrainConfig) -> list[dict]:
         # Every check before any process or compute starts; a resume checkpoint's checksums after launch, by rank 0.
         run = ResolvedRun(cfg, fabric.world_size, hashes=False)
         attention = attention_choice(cfg)
-        fabric.launch()
+        launch(fabric)
         start_console(fabric.global_rank == 0)
         # The lock first: another job's retention must not delete the checkpoint rank 0 reads next.
         lock = lock_run_dir(cfg, fabric)

@@ -189,6 +189,10 @@ def test_all_eleven_tasks_run_offline_and_score(llama3_model: Path, tmp_path: Pa
     )
     assert "NETWORK ATTEMPT" not in done.stderr
     assert done.returncode == 0, done.stderr[-3000:]
+    # lm-eval's notices, progress bars and generators' prints go to the log, not the terminal
+    printed = done.stdout + done.stderr
+    assert "Custom kwargs" not in printed and "Running generate_until" not in printed
+    assert "Custom kwargs" in (out / "ruler.log").read_text()
     rows = list(csv.DictReader(open(out / "scores.csv")))
     assert [row["task"] for row in rows] == [*ruler.TASKS, "mean"]
     for row in rows:
@@ -216,6 +220,11 @@ def test_refusals_name_the_input_and_the_fix(tmp_path: Path, llama3_model: Path,
     string = ["--positions", "string", "--shift", "100", "--window", "100"]
     assert ruler_command.main(["--model", f"hf:{llama3_model}", *string]) == 1
     assert "need 0 <= window < shift" in capsys.readouterr().err
+    short = ["--tasks", "niah_single_1,cwe", "--lengths", "300,2048", "--out", str(tmp_path / "s")]
+    assert ruler_command.main(["--model", f"hf:{llama3_model}", *short]) == 1
+    err = capsys.readouterr().err  # every misfit at once, before any task is evaluated
+    assert "nothing was evaluated" in err and "cwe at 300: RULER's cwe does not fit" in err
+    assert "niah_single_1 at" not in err and not (tmp_path / "s").exists()
     dca = ["--positions", "dca", "--position-options", '{"group": 2}']
     assert ruler_command.main(["--model", f"hf:{llama3_model}", *dca]) == 1
     assert "dca does not take ['group']" in capsys.readouterr().err

@@ -228,6 +228,9 @@ def test_nonfinite_loss_error_names_a_command_that_continues(data_dir, tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"resumed from {latest} at step 2" in proc.stdout
+    # one process: no Lightning distributed banner
+    assert "distributed_backend" not in proc.stdout + proc.stderr
+    assert "Initializing distributed" not in proc.stdout + proc.stderr
     assert (
         "resume_override: optim.lr: 0.003 -> 0.0003; schedule from step 2: next LR 0.003 -> 0.0003"
         in proc.stdout
