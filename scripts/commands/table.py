@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Literal, Optional, Sequence, Union
+from typing import Callable, Literal, Optional, Sequence, Union
 
 from posfreq.analysis.niah import results
 from posfreq.analysis.niah.settings import parse_lengths
@@ -35,8 +35,11 @@ from posfreq.train.atomic import write_json_atomic, write_text_atomic
 from posfreq.train.command_line import command_parser, parse
 from posfreq.train.outdir import OutputDirError, claim_output_dir
 from posfreq.train.positions.schemes import SCHEMES
+from posfreq.train.positions.string import shift_from_effective_length
 
 COMMAND = "table"
+AUTO = "string_auto"
+"""Table 1's row of STRING with the shift derived from the model's measured effective length."""
 PAPER_ORDER = ("rope", "rerope", "ntk", "self_extend", "yarn", "dca", "string")
 """Table 1's rows in the paper's order."""
 
@@ -66,6 +69,13 @@ def build_parser():
         type=Literal["auto", "posfreq", "transformers"],
         default="auto",
         help="auto: transformers for hf:DIR (any architecture), posfreq for a checkpoint",
+    )
+    parser.add_argument(
+        "--string-shift",
+        type=Literal["paper", "auto"],
+        default="paper",
+        help="auto: also run STRING with S from rope's measured effective length E, S = min(L - E, E) "
+        "(docs/string.md), as the row string_auto beside the paper's S = L / 3",
     )
     parser.add_argument(
         "--niah-lengths", type=Optional[str], default=None, help="NIAH lengths (default: L)"
@@ -147,9 +157,9 @@ def source_flags(args) -> list[str]:
     return ["--model" if hf else "--checkpoint", args.model, "--engine", engine]
 
 
-def resolved_options(args, schemes: list[str]) -> dict[str, dict]:
-    """Every scheme's options as it runs them (defaults included), from the model's config; refuses a bad option
-    before anything is probed."""
+def resolved_options(args, schemes: list[str]) -> tuple[int, dict[str, dict], Callable]:
+    """(the model's training length L, every scheme's options as it runs them (defaults included), the resolver),
+    from the model's config; refuses a bad option before anything is probed."""
     if args.model.startswith("hf:"):
         from transformers import AutoConfig
 
@@ -177,10 +187,23 @@ def resolved_options(args, schemes: list[str]) -> dict[str, dict]:
     unknown = sorted(set(args.position_options) - set(schemes))
     if unknown:
         raise TableError(f"--position-options names schemes not in --schemes: {unknown}")
+    train_len = config.max_position_embeddings if args.model.startswith("hf:") else config.train_len
     try:
-        return {s: resolve(s, dict(args.position_options.get(s, {}))) for s in schemes}
+        options = {s: resolve(s, dict(args.position_options.get(s, {}))) for s in schemes}
     except ValueError as err:
         raise TableError(f"--position-options: {err}") from None
+    return train_len, options, resolve
+
+
+def auto_shift(args, out: Path, train_len: int) -> tuple[int | None, str]:
+    """(STRING's S from rope's measured effective length, how it was found): train/positions/string.py's
+    shift_from_effective_length on the rope probe's effective length under --measure (None: no S to derive)."""
+    rows = read_csv(out / "niah" / "rope" / "effective_length.csv")
+    column = "effective_length" if args.measure == "greedy" else "tf_effective_length"
+    effective = int(rows[-1][column] or 0)
+    shift = shift_from_effective_length(train_len, effective)
+    how = f"rope's effective length {effective} at L = {train_len} ({args.measure})"
+    return shift, how + (f": S = {shift}" if shift else ": nothing to derive S from")
 
 
 def check_ruler_fits(args) -> None:
@@ -208,11 +231,13 @@ def check_ruler_fits(args) -> None:
         )
 
 
-def run_probe(args, scheme: str, out: Path) -> None:
-    """`posfreq probe` of one scheme, with the tests every scheme shares (seed 0)."""
+def run_probe(args, scheme: str, out: Path, positions: str | None = None) -> None:
+    """`posfreq probe` of one scheme (run as `positions`, default the scheme itself), with the tests every scheme
+    shares (seed 0)."""
     from posfreq.scripts.commands import probe
 
-    argv = [*source_flags(args), "--positions", scheme, "--tests-per-length", str(args.tests)]
+    argv = [*source_flags(args), "--positions", positions or scheme]
+    argv += ["--tests-per-length", str(args.tests)]
     argv += ["--position-options", json.dumps(args.position_options.get(scheme, {}))]
     argv += ["--out", str(out), "--seed", "0", "--no-figures", "--device", args.device]
     argv += ["--chat-template", str(args.chat_template).lower(), "--threads", str(args.threads)]
@@ -298,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise TableError(
                 "--ruler-lengths: RULER runs a transformers model; pass --model hf:DIR"
             )
-        options = resolved_options(args, schemes)
+        train_len, options, resolve = resolved_options(args, schemes)
         if args.ruler_lengths:
             check_ruler_fits(args)
         name = Path(args.model.removeprefix("hf:")).resolve().name
@@ -311,6 +336,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.shard is not None:
             print(f"table: shard {args.shard} done; rerun without --shard to write the tables")
             return 0
+        if args.string_shift == "auto":
+            shift, how = auto_shift(args, out, train_len)
+            print(f"table: string with the measured shift: {how}", flush=True)
+            if shift is not None:
+                given = {**args.position_options.get("string", {}), "shift": shift}
+                args.position_options[AUTO] = given
+                options[AUTO] = resolve("string", given)
+                run_probe(args, AUTO, out / "niah" / AUTO, positions="string")
+                schemes = [*schemes, AUTO]
         print(write_tables(args, out, schemes, options))
         print(f"wrote {out}")
     except (TableError, OutputDirError, ValueError, OSError) as err:

@@ -29,6 +29,20 @@ def string_shift_window(
     return shift, window
 
 
+def shift_from_effective_length(train_len: int, effective: int) -> int | None:
+    """STRING's S from the model's own effective length E, measured at its training length L: S = min(L - E, E).
+
+    Why: STRING sees a distance d >= S as d - S + W. With S = L - E the largest distance of an L-token input,
+    L - 1, is seen as E - 1 + W, so every shifted distance lands among the E the probe found the model to use
+    (plus the window W), and when E >= L / 2 every kept distance (below S <= E) is one of them too. When E < L / 2
+    no S does both; S = E keeps every distance the model uses and shifts the rest as far as they go. E = 2L/3
+    gives the paper's S = L / 3. None when E says nothing to base S on: 0 (no length passed) or L and above (the
+    probe found no shortfall; its value is a lower bound)."""
+    if effective <= 0 or effective >= train_len:
+        return None
+    return max(2, min(train_len - effective, effective))
+
+
 @dataclass
 class StringScheme(SplitScheme):
     """STRING: m - n below the shift S, m - n - S + W from S on (Eq. 4); split = S.

@@ -83,7 +83,18 @@ def tiny_hf(tmp_path_factory) -> Path:
     return directory
 
 
-def test_a_tiny_model_end_to_end_sharded_then_collected(tiny_hf: Path, tmp_path: Path, capsys):
+def test_the_measured_shift_is_the_papers_at_two_thirds_and_keeps_what_the_model_uses() -> None:
+    from posfreq.train.positions.string import shift_from_effective_length as shift
+
+    assert shift(3000, 2000) == 1000  # E = 2L/3: the paper's S = L/3
+    assert shift(4096, 3072) == 1024  # the largest distance 4095 is seen as 3071 + W
+    assert shift(4096, 1000) == 1000  # E < L/2: every distance below E is kept
+    assert shift(4096, 0) is None and shift(4096, 4096) is None  # nothing measured, or no shortfall
+
+
+def test_a_tiny_model_end_to_end_sharded_then_collected(
+    tiny_hf: Path, tmp_path: Path, capsys, monkeypatch
+):
     pytest.importorskip("transformers")
     out = tmp_path / "table"
     argv = ["--model", f"hf:{tiny_hf}", "--schemes", "rope,dca", "--niah-lengths", "448,768"]
@@ -94,7 +105,12 @@ def test_a_tiny_model_end_to_end_sharded_then_collected(tiny_hf: Path, tmp_path:
     assert not (out / "table1.csv").exists() and "rerun without --shard" in capsys.readouterr().out
     records = sorted((out / "niah" / "dca").rglob("*.jsonl"))
     stamps = [p.stat().st_mtime_ns for p in records]
-    assert command.main(argv) == 0  # rope now; dca's results are reused, not probed again
+    # rope now; dca's results are reused, not probed again. A random model passes nothing (E = 0), so the
+    # measured shift is stood in for: STRING then runs with it beside the others
+    monkeypatch.setattr(
+        command, "shift_from_effective_length", lambda L, e: 300 if e == 0 else None
+    )
+    assert command.main([*argv, "--string-shift", "auto"]) == 0
     assert [p.stat().st_mtime_ns for p in records] == stamps
     rows = list(csv.DictReader(open(out / "table1.csv")))
     assert [(r["scheme"], r["length"], r["tests"]) for r in rows] == [
@@ -102,15 +118,20 @@ def test_a_tiny_model_end_to_end_sharded_then_collected(tiny_hf: Path, tmp_path:
         ("rope", "768", "3"),
         ("dca", "448", "3"),
         ("dca", "768", "3"),
+        ("string_auto", "448", "3"),
+        ("string_auto", "768", "3"),
     ]
+    auto = json.loads((out / "niah" / "string_auto" / "probe.json").read_text())["settings"]
+    assert auto["positions"] == "string" and auto["position_options"] == {"shift": 300}
+    assert "rope's effective length 0 at L = 768 (greedy): S = 300" in capsys.readouterr().out
     settings = json.loads((out / "settings.json").read_text())
+    assert settings["position_options"]["string_auto"] == {"shift": 300, "window": 128}
     assert settings["position_options"]["dca"] == {
         "chunk_size": 300,
         "local_window": 32,  # the paper's protocol: L' = 2/3 of 768, local window L' // 16
         "protocol": "paper",
     }
     assert (out / "table1.png").stat().st_size > 0 and "| dca |" in (out / "table1.md").read_text()
-    assert "Table 1" in capsys.readouterr().out
 
 
 def test_settings_that_cannot_make_a_table_stop_before_anything_runs(
