@@ -161,13 +161,14 @@ def _pooled(curves: Sequence[LossCurve], buckets: int) -> tuple[np.ndarray, np.n
 
 
 def _rare_buckets(short: Sequence[LossCurve], long: Sequence[LossCurve]) -> np.ndarray:
-    """The buckets both lengths scored (every run at least MIN_BUCKET_TOKENS) where the shorter length's mean f is
-    below RARE_RATIO of the longer's: fixed from all seeds, so every bootstrap replicate averages the same ones."""
+    """The buckets both lengths scored (every run at least MIN_BUCKET_TOKENS) where the shorter length trained the
+    distance (f > 0: never-trained distances are extrapolation, another question) but less than RARE_RATIO as often
+    as the longer: fixed from all seeds, so every bootstrap replicate averages the same ones."""
     buckets = min(len(short[0].tokens), len(long[0].tokens))
     enough = np.all([c.tokens[:buckets] >= MIN_BUCKET_TOKENS for c in (*short, *long)], axis=0)
     f_short, f_long = _pooled(short, buckets)[2], _pooled(long, buckets)[2]
     with np.errstate(invalid="ignore", divide="ignore"):
-        return enough & (f_long > 0) & (f_short < RARE_RATIO * f_long)
+        return enough & (f_short > 0) & (f_short < RARE_RATIO * f_long)
 
 
 def _loss_difference(

@@ -79,7 +79,7 @@ def train_and_probe_variant(
         "--model.init-from",
         warm.result(),
         *VARIANTS[variant],
-        *validation_flags(p, settings, TRAIN_LEN),
+        *validation_flags(p, settings),
     )
     probe(
         p,

@@ -263,11 +263,14 @@ def train_command(
     ]
 
 
-def validation_flags(p: Pipeline, settings: DemoSettings, train_len: int) -> tuple[str, ...]:
+def validation_flags(p: Pipeline, settings: DemoSettings) -> tuple[str, ...]:
     """The trainer flags that validate a run on the held-out corpus's shards at every milestone (the loss by
-    distance that analysis/compare.py draws and tests against f)."""
-    rows = max(1, settings.val_tokens // train_len)
-    return ("--data.val-dir", str(p.out / "data" / "validation"), "--data.val-rows", str(rows))
+    distance that analysis/compare.py draws and tests against f): rows of the longest training length for every
+    run, so all runs score the same tokens at each distance."""
+    length = max(settings.train_lens)
+    rows = max(1, settings.val_tokens // length)
+    flags = ("--data.val-dir", str(p.out / "data" / "validation"), "--data.val-rows", str(rows))
+    return (*flags, "--data.val-len", str(length))
 
 
 def train(
@@ -365,7 +368,7 @@ def train_and_probe(
         seed,
         "--model.init-from",
         warm.result(),
-        *validation_flags(p, settings, train_len),
+        *validation_flags(p, settings),
     )
     for scheme in ("rope", "string") if seed in settings.string_seeds else ("rope",):
         out = run / ("probe" if scheme == "rope" else f"probe-{scheme}")

@@ -137,11 +137,16 @@ class DataSection:
     val_every_tokens: int = 0
     """Compute the validation loss every this many training tokens and at the end; 0: only at the end."""
     val_rows: int = 64
-    """Rows of train_len tokens per validation: the same rows every time, so the values compare across steps."""
+    """Rows per validation: the same rows every time, so the values compare across steps."""
+    val_len: Optional[int] = None
+    """Tokens per validation row; null: train_len. Runs of several training lengths validated at one val_len score
+    the same tokens at every distance, so their loss by distance compares at equal distance (distances from
+    train_len on are ones the run never trained)."""
 
     def __post_init__(self) -> None:
         _at_least("data.", self, 2, "train_len")  # a 1-token row has no target
         _at_least("data.", self, 1, "shuffle_block", "val_rows")
+        _at_least("data.", self, 2, "val_len")
         _at_least("data.", self, 0, "val_every_tokens")
         if self.attention == "row" and self.packing != "concat":
             raise ConfigError(
@@ -364,6 +369,7 @@ RESUMABLE_CHANGES = (
     "data.val_dir",
     "data.val_every_tokens",
     "data.val_rows",
+    "data.val_len",
     "model.attention_backend",
     "model.activation_checkpointing",
     "model.compile",

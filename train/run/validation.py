@@ -14,23 +14,24 @@ from posfreq.train.run.loss_by_distance import LossByDistance, add_batch
 def validation_loss(
     model, fabric, dataset: TokenDataset, cfg: TrainConfig
 ) -> tuple[float, int, LossByDistance]:
-    """(mean token loss, targets, loss by distance) over the first data.val_rows rows of `dataset`, split over
-    ranks: one forward per batch gives both (train/run/loss_by_distance.py).
+    """(mean token loss, targets, loss by distance) over the first data.val_rows rows of data.val_len tokens (default
+    train_len) of `dataset`, split over ranks: one forward per batch gives both (train/run/loss_by_distance.py).
 
     No shuffle and its own sampler, so values compare across steps and runs; the training stream,
     the RNG and the model's mode are left as they were.
     """
     micro, total = cfg.micro_batch_rows, cfg.data.val_rows
+    length = cfg.data.val_len or cfg.data.train_len
     sampler = PackedSampler(
         dataset,
-        cfg.data.train_len,
+        length,
         micro,
         seed=0,
         packing=cfg.data.packing,
         attention=cfg.data.attention,
         shuffle=False,
     )
-    table = LossByDistance.empty(cfg.data.train_len - 1)
+    table = LossByDistance.empty(length - 1)
     model.eval()
     with torch.no_grad():
         # the same count on every rank (FSDP)

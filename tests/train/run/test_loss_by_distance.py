@@ -159,3 +159,33 @@ def test_a_transformers_model_a_segment_at_a_time_equals_packed_rows_of_the_impo
     one_by_one = measure(hf.eval(), dataset, 128, 6, batch_rows=3, per_segment=True)
     assert one_by_one.tokens.tolist() == packed.tokens.tolist() and packed.tokens.sum() > 500
     assert np.allclose(one_by_one.loss_sum, packed.loss_sum, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow  # a training run
+def test_validation_rows_of_another_length_score_the_same_tokens_as_measure(data_dir, tmp_path):
+    """data.val_len: a run validates on rows of that length, distances past its training length included, and the
+    stored table is `measure` of the milestone's model on the same rows."""
+    from posfreq.train.data.shards import TokenDataset
+    from posfreq.train.run.loss_by_distance import measure
+
+    cfg = tiny(data_dir, tmp_path / "run", **{"data.val_dir": str(data_dir), "data.val_rows": 4})
+    train_len = cfg["data"]["train_len"]
+    cfg["data"]["val_len"] = 2 * train_len
+    run(cfg)
+    milestone = sorted((tmp_path / "run" / "checkpoints").glob("tokens-*"))[-1]
+    stored = LossByDistance.from_dict(
+        json.loads((milestone / ckpt.LOSS_BY_DISTANCE_FILE).read_text())
+    )
+    assert stored.edges[-2] <= 2 * train_len - 1 < stored.edges[-1]
+    assert stored.tokens[stored.edges[:-1] >= train_len].sum() > 0  # distances it never trained
+    model, _, _ = ckpt.load_model(milestone)
+    again = measure(
+        model.eval(),
+        TokenDataset(data_dir),
+        2 * train_len,
+        4,
+        batch_rows=cfg["micro_batch_rows"],
+        packing=cfg["data"].get("packing", "concat"),
+    )
+    assert stored.tokens.tolist() == again.tokens.tolist()
+    assert np.allclose(stored.loss_sum, again.loss_sum, rtol=1e-6)
