@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from posfreq.analysis.tables.columns import COLUMNS
 from posfreq.analysis.tables.formats import write_csv
@@ -37,6 +37,9 @@ def compare(
 ) -> dict:
     """Load the runs, write checkpoints.csv, conclusion.json and the figures; return the conclusion."""
     rows = load_checkpoints(paths)
+    # each run's probe folder and identity, resolved once for everything below
+    runs = {path: find_run_results(path) for path in paths}
+    identities = {path: run_identity(directory) for path, directory in runs.items()}
     claim_output_dir(
         out,
         "compare",
@@ -63,9 +66,9 @@ def compare(
         "emergence": emergence(rows),
         "baseline_variant": baseline,
         "variants": variant_comparisons(rows, baseline, n_boot, seed),
-        "prediction": predict_from_f(paths, same_data, n_boot, seed),
+        "prediction": predict_from_f(runs, identities, same_data, n_boot, seed),
     }
-    losses = {run_identity(d): run_loss_by_distance(d) for d in map(find_run_results, paths)}
+    losses = {identities[path]: run_loss_by_distance(d) for path, d in runs.items()}
     last = [
         LossCurve.of(L, s, *tables[-1])
         for (L, s, variant), tables in losses.items()
@@ -83,15 +86,20 @@ def compare(
             rows, out / "figures" / "fig2b_frequency_vs_effective_length"
         )
         plots_effective_length.plot_pass_rate_curves(rows, out / "figures" / "pass_rate_vs_length")
-        draw_loss_figures(paths, losses, baseline, out / "figures")
+        draw_loss_figures(runs, identities, losses, baseline, out / "figures")
     return conclusion
 
 
 def draw_loss_figures(
-    paths: Sequence[Path], losses: dict[tuple, list], baseline: str, figures: Path
+    runs: Mapping[Path, Path],
+    identities: Mapping[Path, tuple],
+    losses: dict[tuple, list],
+    baseline: str,
+    figures: Path,
 ) -> None:
-    """Every run's training and validation loss; where milestones stored their loss by distance (`losses`, by run
-    identity), each run's by milestone and every run's last against f(i). Runs without those files add nothing."""
+    """Every run's training and validation loss (`runs`: each path's probe folder, `identities` its run identity);
+    where milestones stored their loss by distance (`losses`, by identity), each run's by milestone and every run's
+    last against f(i). Runs without those files add nothing."""
     from posfreq.analysis.plots.losses import (
         plot_loss_by_distance,
         plot_loss_curves,
@@ -99,9 +107,8 @@ def draw_loss_figures(
     )
 
     curves, against_f = {}, {}
-    for path in paths:
-        directory = find_run_results(path)
-        train_len, seed, variant = run_identity(directory)
+    for path, directory in runs.items():
+        train_len, seed, variant = identities[path]
         label = f"L={train_len} s{seed}" + ("" if variant == baseline else f" {variant}")
         curves[label] = run_metrics(directory)
         tables = losses.get((train_len, seed, variant))
@@ -119,13 +126,17 @@ def draw_loss_figures(
         plot_loss_vs_frequency(against_f, figures / "loss_vs_frequency")
 
 
-def predict_from_f(paths: Sequence[Path], rows: Sequence[dict], n_boot: int, seed: int) -> dict:
-    """The prediction verdict (analysis/verdicts/prediction.py) on these runs, f(n) of each checkpoint from the
-    trained-length histogram it stored; not testable when a checkpoint's histogram cannot be read."""
-    runs = {}
-    for path in paths:
-        directory = find_run_results(path)
-        runs[run_identity(directory)] = run_directory(directory)
+def predict_from_f(
+    found: Mapping[Path, Path],
+    identities: Mapping[Path, tuple],
+    rows: Sequence[dict],
+    n_boot: int,
+    seed: int,
+) -> dict:
+    """The prediction verdict (analysis/verdicts/prediction.py) on these runs (`found`: each path's probe folder),
+    f(n) of each checkpoint from the trained-length histogram it stored; not testable when a checkpoint's histogram
+    cannot be read."""
+    runs = {identities[path]: run_directory(directory) for path, directory in found.items()}
     f_of: dict[tuple, dict[int, float]] = {}
     for r in rows:
         run = runs.get((r["train_len"], r["seed"], r["variant"]))

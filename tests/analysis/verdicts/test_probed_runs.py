@@ -49,6 +49,9 @@ def test_milestones_loss_by_distance_is_read_and_drawn_against_f(tmp_path, monke
     found = run_loss_by_distance(out)
     assert [tokens for tokens, _, _ in found] == [40_960, 81_920]
     assert np.allclose(found[-1][1].mean(), 4.0) and found[-1][2].sum() > 0
-    draw_loss_figures([out], {(512, 0, "concat"): found}, "concat", tmp_path / "figures")
+    identity = {out: (512, 0, "concat")}
+    draw_loss_figures(
+        {out: out}, identity, {(512, 0, "concat"): found}, "concat", tmp_path / "figures"
+    )
     drawn = sorted(p.name for p in (tmp_path / "figures").glob("*.png"))
     assert drawn == ["loss_by_distance_L512-s0.png", "loss_vs_frequency.png"]
