@@ -90,6 +90,14 @@ _KNOWN_KEYS = {
     "partial_rotary_factor",
     "quantization_config",
 }
+
+
+def _metadata(key: str) -> bool:
+    """Config keys that only name things: special-token ids and where the model came from (a model converted by
+    transformers, e.g. from GGUF, writes `_model_name_or_path` and `unk_token_id`). They never change the model."""
+    return key.endswith("_token_id") or key.endswith("_name_or_path")
+
+
 # Weights HF checkpoints may carry that we recompute (old Llama files saved the rotary buffer).
 _IGNORED_WEIGHT_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -141,7 +149,7 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
         raise ValueError(
             f"{source}: cannot import this {model_type} model exactly: " + "; ".join(problems)
         )
-    unknown = sorted(set(hf) - _KNOWN_KEYS)
+    unknown = sorted(k for k in set(hf) - _KNOWN_KEYS if not _metadata(k))
     if unknown:
         warnings.warn(
             f"{source}: ignoring config keys {unknown}; check that they do not change the model",

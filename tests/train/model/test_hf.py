@@ -317,6 +317,21 @@ def test_unsupported_field_is_refused(tmp_path: Path, changes: dict, named: str)
         load_hf_model(tmp_path)
 
 
+def test_metadata_keys_pass_silently_and_unknown_ones_are_named(tmp_path: Path) -> None:
+    """What a GGUF conversion writes (`_model_name_or_path`, `unk_token_id`) names things only: no warning; a key
+    posfreq does not know might change the model, so it is named."""
+    import warnings
+
+    _save_llama(tmp_path)
+    _edit_config(tmp_path, _model_name_or_path="smol", unk_token_id=0, sep_token_id=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_hf_model(tmp_path)
+    _edit_config(tmp_path, attn_logit_softcapping=30.0)
+    with pytest.warns(UserWarning, match=r"ignoring config keys \['attn_logit_softcapping'\]"):
+        load_hf_model(tmp_path)
+
+
 def test_pickled_weights_are_refused(tmp_path: Path) -> None:
     _save_llama(tmp_path)
     (tmp_path / "model.safetensors").rename(tmp_path / "pytorch_model.bin")
