@@ -49,10 +49,13 @@ class LossCurve:
         table: LossByDistance,
         trained: np.ndarray,
     ) -> LossCurve:
-        """Join a milestone's table with f(i) of its trained-length histogram (0 beyond the longest trained)."""
+        """Join a milestone's table with f(i) of its trained-length histogram: f at each bucket's first distance,
+        0 for a bucket that reaches past the longest trained distance."""
         f = position_frequency(trained, len(trained) - 1)
-        first = table.edges[:-1]
-        at = np.where(first < len(f), f[np.minimum(first, len(f) - 1)], 0.0)
+        first, last = table.edges[:-1], table.edges[1:] - 1
+        # a bucket reaching a distance the run never trained (validation rows longer than its training rows)
+        # counts as untrained: its loss mixes in extrapolation
+        at = np.where(last < len(f), f[np.minimum(first, len(f) - 1)], 0.0)
         return cls(train_len, seed, tokens_trained, first, table.tokens, table.mean(), at)
 
     def points(self) -> list[tuple[int, float, float]]:
@@ -164,7 +167,7 @@ def _rare_buckets(short: Sequence[LossCurve], long: Sequence[LossCurve]) -> np.n
     """The buckets both lengths scored (every run at least MIN_BUCKET_TOKENS) where the shorter length trained the
     distance (f > 0: never-trained distances are extrapolation, another question) but less than RARE_RATIO as often
     as the longer: fixed from all seeds, so every bootstrap replicate averages the same ones."""
-    buckets = min(len(short[0].tokens), len(long[0].tokens))
+    buckets = min(len(c.tokens) for c in (*short, *long))
     enough = np.all([c.tokens[:buckets] >= MIN_BUCKET_TOKENS for c in (*short, *long)], axis=0)
     f_short, f_long = _pooled(short, buckets)[2], _pooled(long, buckets)[2]
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -201,8 +201,13 @@ def auto_shift(args, out: Path, train_len: int) -> tuple[int | None, str]:
     rows = read_csv(out / "niah" / "rope" / "effective_length.csv")
     column = "effective_length" if args.measure == "greedy" else "tf_effective_length"
     effective = int(rows[-1][column] or 0)
+    status = rows[-1]["effective_length_status"] if args.measure == "greedy" else "ok"
+    how = f"rope's effective length {effective} at L = {train_len} ({args.measure}, {status})"
+    if (
+        status != "ok"
+    ):  # none passed, or every probed length passed: a lower bound, not a measurement
+        return None, how + ": nothing to derive S from"
     shift = shift_from_effective_length(train_len, effective)
-    how = f"rope's effective length {effective} at L = {train_len} ({args.measure})"
     return shift, how + (f": S = {shift}" if shift else ": nothing to derive S from")
 
 
@@ -300,13 +305,14 @@ def write_tables(args, out: Path, schemes: list[str], options: dict[str, dict]) 
     )
     write_text_atomic(out / "table1.md", text + "\n")
     plot_scheme_pass_rates(rows, out / "table1")
-    if args.ruler_lengths:
-        scores = {s: read_csv(out / "ruler" / s / "scores.csv") for s in schemes}
+    if args.ruler_lengths:  # the measured-shift row is a NIAH row only
+        ruled = [s for s in schemes if s != AUTO]
+        scores = {s: read_csv(out / "ruler" / s / "scores.csv") for s in ruled}
         joined = table2(scores)
-        write_csv(out / "table2.csv", joined, ["task", "length", *schemes])
+        write_csv(out / "table2.csv", joined, ["task", "length", *ruled])
         title = "# Table 2: RULER score by task and position scheme\n\n"
         write_text_atomic(
-            out / "table2.md", title + markdown_table(joined, ["task", "length", *schemes])
+            out / "table2.md", title + markdown_table(joined, ["task", "length", *ruled])
         )
     return text
 

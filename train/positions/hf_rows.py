@@ -25,6 +25,12 @@ def rope_inv_freq(config: Any) -> Tensor:
 
     params = rope_parameters(config)
     rope_type = params.get("rope_type", "default")
+    partial = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):
+        raise ValueError(
+            f"posfreq attention: this model rotates only part of each head (partial_rotary_factor={partial}); "
+            "position schemes rotate whole heads. Fix: use transformers' own sdpa attention (rope)"
+        )
     if rope_type == "dynamic":
         raise ValueError(
             "posfreq attention: dynamic rope scaling changes the frequencies with the input length; "
@@ -39,6 +45,20 @@ def rope_inv_freq(config: Any) -> Tensor:
 def head_dim(config: Any) -> int:
     """The attention head size of a transformers config."""
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def refuse_unsupported(kwargs: dict) -> None:
+    """ValueError for what the attention functions do not model: a sliding window, logit soft-capping."""
+    if kwargs.get("sliding_window"):
+        raise ValueError(
+            "posfreq attention: this layer attends within a sliding window, which the position schemes do not "
+            "model. Fix: load the model with sliding_window=None, or use rope"
+        )
+    if kwargs.get("softcap"):
+        raise ValueError(
+            "posfreq attention: this model soft-caps its attention logits, which the position schemes do not. "
+            "Fix: use rope (transformers' own attention)"
+        )
 
 
 def compute_dtype(value: Tensor) -> torch.dtype:
@@ -91,6 +111,11 @@ def packed_layout(
 ) -> PackedLayout:
     """The layout of a forward's rows: the queries are the last len_q of the len_k cache positions."""
     first, end = real_key_block(attention_mask, batch, len_k)
+    if len_q < len_k and bool((end < len_k).any()):
+        raise ValueError(
+            "posfreq attention: the cache holds slots after the newest query (a static cache?); the queries must "
+            "be the last cache positions. Fix: generate with the default DynamicCache"
+        )
     q_from = torch.clamp(
         first, min=len_k - len_q
     )  # each row's first real query, in cache positions

@@ -26,6 +26,7 @@ from posfreq.train.positions.hf_rows import (
     head_dim,
     layout_of,
     pack_rows,
+    refuse_unsupported,
     rope_inv_freq,
     rope_parameters,
     unpack_queries,
@@ -100,11 +101,7 @@ def scheme_attention(
             f"posfreq_scheme: this model scales attention logits by {scaling}, not 1/sqrt(head size); "
             "posfreq's schemes use 1/sqrt(head size). Fix: use rope with this model"
         )
-    if kwargs.get("sliding_window"):
-        raise ValueError(
-            "posfreq_scheme: this layer attends within a sliding window, which the position schemes do not "
-            "model. Fix: load the model with sliding_window=None, or use rope"
-        )
+    refuse_unsupported(kwargs)
     scheme, model_rotary, keys_as_cached = _scheme(module)
     len_q, len_k = query.shape[2], key.shape[2]
     query, key, value = (x.to(compute_dtype(value)) for x in (query, key, value))
@@ -148,6 +145,10 @@ def scheme_options(config: Any, name: str, train_len: int, **options: Any) -> di
     makes before it loads a model."""
     if name not in SCHEMES:
         raise ValueError(f"unknown position scheme {name!r}; choose one of {SCHEMES}")
+    if name != "rope":
+        rope_inv_freq(
+            config
+        )  # refuses rotary embeddings the schemes cannot turn back (partial, dynamic)
     if name == "string":  # string_hf's function: S and W (no temperature)
         unknown = sorted(set(options) - {"shift", "window"})
         if unknown:

@@ -20,6 +20,7 @@ from posfreq.train.positions.hf_rows import (
     compute_dtype,
     layout_of,
     pack_rows,
+    refuse_unsupported,
     rope_inv_freq,
     unpack_queries,
 )
@@ -107,6 +108,7 @@ def string_attention(
     last Lq of the Lk positions. One query per row is scored on the cache in place (`decode_step`);
     longer inputs are packed and attended by posfreq's own StringScheme (its windowed near pass and
     shifted far pass, merged by their log-sum-exp)."""
+    refuse_unsupported(kwargs)
     settings = settings_of(module.config)
     backend = (getattr(module.config, CONFIG_KEY, None) or {}).get("backend", "auto")
     batch, heads, len_q, dim = query.shape

@@ -140,8 +140,8 @@ class DataSection:
     """Rows per validation: the same rows every time, so the values compare across steps."""
     val_len: Optional[int] = None
     """Tokens per validation row; null: train_len. Runs of several training lengths validated at one val_len score
-    the same tokens at every distance, so their loss by distance compares at equal distance (distances from
-    train_len on are ones the run never trained)."""
+    the same tokens at every distance, so their loss by distance compares at equal distance. Distances from
+    train_len on are ones the run never trained; they count in its val_loss too."""
 
     def __post_init__(self) -> None:
         _at_least("data.", self, 2, "train_len")  # a 1-token row has no target

@@ -106,6 +106,10 @@ def test_a_milestone_table_joins_f_of_eq_2_at_each_bucket_first_distance() -> No
     table.tokens[:] = 1
     table.loss_sum[:] = 2.0
     joined = LossCurve.of(128, 0, 1234, table, trained)
-    for first, f in zip(joined.first_distance, joined.f):
-        assert f == sum(max(n - int(first), 0) for n in lengths)  # Eq. 2 by hand
+    for first, last, f in zip(table.edges[:-1], table.edges[1:] - 1, joined.f):
+        if last < max(lengths):
+            assert f == sum(max(n - int(first), 0) for n in lengths)  # Eq. 2 by hand
+        else:  # the bucket reaches a distance no trained segment had: untrained, left out
+            assert f == 0
+    assert (joined.f == 0).sum() >= 1 and (joined.f > 0).sum() > 60
     assert np.all(joined.loss == 2.0)

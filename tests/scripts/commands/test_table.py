@@ -92,6 +92,24 @@ def test_the_measured_shift_is_the_papers_at_two_thirds_and_keeps_what_the_model
     assert shift(4096, 0) is None and shift(4096, 4096) is None  # nothing measured, or no shortfall
 
 
+@pytest.mark.parametrize(
+    "status, effective, expected",
+    [("ok", 512, 256), ("all_passed", 512, None), ("none_passed", 0, None), ("ok", 700, 68)],
+)
+def test_the_auto_shift_comes_only_from_a_measured_effective_length(
+    tmp_path: Path, status: str, effective: int, expected
+) -> None:
+    rows = [{"effective_length": effective, "effective_length_status": status}]
+    rows[0]["tf_effective_length"] = 0
+    (tmp_path / "niah" / "rope").mkdir(parents=True)
+    with open(tmp_path / "niah" / "rope" / "effective_length.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    args = command.parse(command.build_parser(), ["--model", "hf:x"])
+    assert command.auto_shift(args, tmp_path, 768)[0] == expected
+
+
 def test_a_tiny_model_end_to_end_sharded_then_collected(
     tiny_hf: Path, tmp_path: Path, capsys, monkeypatch
 ):
@@ -107,9 +125,8 @@ def test_a_tiny_model_end_to_end_sharded_then_collected(
     stamps = [p.stat().st_mtime_ns for p in records]
     # rope now; dca's results are reused, not probed again. A random model passes nothing (E = 0), so the
     # measured shift is stood in for: STRING then runs with it beside the others
-    monkeypatch.setattr(
-        command, "shift_from_effective_length", lambda L, e: 300 if e == 0 else None
-    )
+    real_auto_shift = command.auto_shift
+    monkeypatch.setattr(command, "auto_shift", lambda args, out, L: (300, "stand-in: S = 300"))
     assert command.main([*argv, "--string-shift", "auto"]) == 0
     assert [p.stat().st_mtime_ns for p in records] == stamps
     rows = list(csv.DictReader(open(out / "table1.csv")))
@@ -123,7 +140,12 @@ def test_a_tiny_model_end_to_end_sharded_then_collected(
     ]
     auto = json.loads((out / "niah" / "string_auto" / "probe.json").read_text())["settings"]
     assert auto["positions"] == "string" and auto["position_options"] == {"shift": 300}
-    assert "rope's effective length 0 at L = 768 (greedy): S = 300" in capsys.readouterr().out
+    assert "table: string with the measured shift: stand-in: S = 300" in capsys.readouterr().out
+    real = real_auto_shift(command.parse(command.build_parser(), argv), out, 768)
+    assert real == (
+        None,
+        "rope's effective length 0 at L = 768 (greedy, none_passed): nothing to derive S from",
+    )
     settings = json.loads((out / "settings.json").read_text())
     assert settings["position_options"]["string_auto"] == {"shift": 300, "window": 128}
     assert settings["position_options"]["dca"] == {

@@ -233,3 +233,23 @@ def test_options_are_resolved_and_bad_ones_refused_before_any_forward(llama_dir)
         scheme_options(config, "string", TRAIN_LEN, group=3)
     model = hf_with(llama_dir, "rerope", window=5)
     assert getattr(model.config, CONFIG_KEY)["options"] == {"window": 5}
+
+
+def test_what_the_schemes_do_not_model_is_refused(llama_dir) -> None:
+    """A partial rotary embedding is refused when the scheme is applied; a static cache (slots after the newest
+    query) at the first forward, never computed wrongly."""
+    config = transformers.AutoConfig.from_pretrained(llama_dir)
+    config.partial_rotary_factor = 0.5
+    with pytest.raises(ValueError, match="partial_rotary_factor=0.5"):
+        scheme_options(config, "dca", TRAIN_LEN)
+    hf = hf_with(llama_dir, "self_extend")
+    ids, mask = prompts(SMALL["vocab_size"])
+    with pytest.raises(ValueError, match="static cache"), torch.no_grad():
+        hf.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=2,
+            do_sample=False,
+            pad_token_id=0,
+            cache_implementation="static",
+        )
