@@ -10,10 +10,12 @@ user's, and the folder is refused (train/outdir.py).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 from pathlib import Path, PurePosixPath
-from typing import IO
+from typing import IO, Iterator
 
 OWNER_FILE = ".posfreq-output.json"
 JOURNAL_FILE = ".posfreq-files"
@@ -62,11 +64,24 @@ def record_written(path: str | Path) -> None:
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(folder / JOURNAL_FILE, flags, 0o644)
     try:
-        os.write(
-            fd, line.encode()
-        )  # one short O_APPEND write: concurrent writers never interleave within it
+        with _locked(fd):  # never between a rewrite's read and its write (`_drop`)
+            os.write(fd, line.encode())  # one short O_APPEND write: appends never interleave
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def _locked(fd: int) -> Iterator[None]:
+    """flock the journal for the block; a filesystem without locks (Lustre without `flock`) runs it unlocked."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def open_recorded(path: str | Path, mode: str = "a") -> IO:
@@ -160,8 +175,7 @@ def remove_recorded(folder: Path, under: str | None = None) -> list[Path]:
             if not _remove_if_empty(path):
                 break
             path = path.parent
-    keep = [n for n in names if n not in set(chosen)]
-    _rewrite(folder, keep)
+    _drop(folder, set(chosen))
     return removed
 
 
@@ -173,11 +187,20 @@ def _remove_if_empty(path: Path) -> bool:
         return False
 
 
-def _rewrite(folder: Path, names: list[str]) -> None:
+def _drop(folder: Path, names: set[str]) -> None:
+    """Remove `names` from the journal in place, under its lock: a line another process appended since the
+    journal was read (an array job writing the same folder) is kept."""
     journal = folder / JOURNAL_FILE
-    if not names:
-        journal.unlink(missing_ok=True)
+    try:
+        fd = os.open(journal, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
         return
-    tmp = folder / f".{JOURNAL_FILE}.rewrite.tmp"
-    tmp.write_text("".join(f"{name}\n" for name in names))
-    os.replace(tmp, journal)
+    try:
+        with _locked(fd):
+            lines = os.read(fd, os.fstat(fd).st_size).decode(errors="replace").splitlines()
+            keep = list(dict.fromkeys(line for line in lines if line and line not in names))
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.ftruncate(fd, 0)
+            os.write(fd, "".join(f"{name}\n" for name in keep).encode())
+    finally:
+        os.close(fd)

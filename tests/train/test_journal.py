@@ -59,6 +59,30 @@ def test_a_rerun_deletes_what_was_recorded_and_nothing_else(tmp_path):
     assert recorded(out) == []
 
 
+def test_a_record_appended_while_a_rerun_deletes_is_kept(tmp_path, monkeypatch):
+    """remove_recorded reads the journal, deletes, then drops what it deleted: a line another process (an array
+    job writing the same folder) appends in between must survive, or its file would later be refused as a user's."""
+    from posfreq.train import journal
+
+    out = claim_output_dir(tmp_path / "out", "probe", shared=True)
+    write_text_atomic(out / "old.json", "{}")
+    write_text_atomic(out / "keep.json", "{}")
+    real_inside = journal.inside
+
+    def inside_while_another_writes(folder, name):
+        if name == "old.json" and not (out / "new.json").exists():
+            write_text_atomic(
+                out / "new.json", "{}"
+            )  # the other process, mid-way through the rerun's deletions
+        return real_inside(folder, name)
+
+    monkeypatch.setattr(journal, "inside", inside_while_another_writes)
+    removed = [p.name for p in journal.remove_recorded(out, under="old.json")]
+    assert removed == ["old.json"]
+    assert [n for n in recorded(out) if n.endswith(".json")] == ["keep.json", "new.json"]
+    assert unrecorded(out) == []
+
+
 def test_a_journal_line_leading_out_of_the_folder_deletes_nothing(tmp_path):
     out = claim_output_dir(tmp_path / "out", "analyze")
     victim = tmp_path / "victim.txt"
