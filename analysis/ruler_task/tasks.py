@@ -86,14 +86,21 @@ VT_EXAMPLE_LENGTH = 500
 """RULER's budget for variable tracking's in-context example, in tokens."""
 
 
-def require_fit(task: str, smallest: list[int], reserved: int, length: int) -> None:
+LONGER = (
+    "ask for longer lengths (posfreq ruler --lengths; max_seq_lengths in lm-eval's metadata), or leave this "
+    "task out"
+)
+
+
+def require_fit(
+    task: str, smallest: list[int], reserved: int, length: int, fix: str = LONGER
+) -> None:
     """Refuse a length that cannot hold `task`'s smallest prompt (its token ids) and `reserved` tokens (lm-eval's
     generators would search for a smaller one forever)."""
     if len(smallest) + reserved > length:
         raise ValueError(
             f"RULER's {task} does not fit in {length} tokens: its smallest prompt takes {len(smallest)} "
-            f"tokens of this tokenizer and {reserved} more are reserved. Fix: ask for longer lengths "
-            "(posfreq ruler --lengths; max_seq_lengths in lm-eval's metadata), or leave this task out"
+            f"tokens of this tokenizer and {reserved} more are reserved. Fix: {fix}"
         )
 
 
@@ -105,7 +112,8 @@ def _vt_example(tokenizer: Any, length: int) -> dict:
             text, answer = vt_utils.generate_input_output(5, 1, 4, is_icl=True)
         return tokenizer(f"{text} {answer}").input_ids
 
-    require_fit("vt (its in-context example)", smallest(), 30, VT_EXAMPLE_LENGTH)
+    fixed = "RULER gives vt's example a fixed budget whatever the length: leave vt out (--tasks)"
+    require_fit("vt (its in-context example)", smallest(), 30, VT_EXAMPLE_LENGTH, fixed)
     example = vt_utils.sys_vartrack_w_noise_random(
         tokenizer=tokenizer, num_samples=1, max_seq_length=VT_EXAMPLE_LENGTH, incremental=5
     )[0]

@@ -168,8 +168,9 @@ def test_settings_that_cannot_make_a_table_stop_before_anything_runs(
     assert command.main([*base, "--shard", "2/2"]) == 1
     assert "0 <= I < N" in capsys.readouterr().err
     pytest.importorskip("lm_eval")
-    ruler = ["--ruler-lengths", "300", "--ruler-tasks", "niah_single_1,cwe"]
+    ruler = ["--ruler-lengths", "300", "--ruler-tasks", "niah_single_1,cwe,vt"]
     assert command.main([*base, *ruler]) == 1
     err = capsys.readouterr().err  # the byte tokenizer's cwe needs far more than 300 tokens
     assert "nothing was probed" in err and "cwe at 300" in err
+    assert "vt's example a fixed budget whatever the length: leave vt out (--tasks)" in err
     assert not out.exists()
