@@ -66,7 +66,7 @@ def compare(
         "emergence": emergence(rows),
         "baseline_variant": baseline,
         "variants": variant_comparisons(rows, baseline, n_boot, seed),
-        "prediction": predict_from_f(runs, identities, same_data, n_boot, seed),
+        "prediction": predict_from_f(runs, identities, rows, n_boot, seed),
     }
     losses = {identities[path]: run_loss_by_distance(d) for path, d in runs.items()}
     last = [

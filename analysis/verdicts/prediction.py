@@ -3,8 +3,9 @@ held-out ones, against two baselines.
 
 The rule: a checkpoint's predicted effective length is the longest probed length n (n <= L) whose f(n), from the
 checkpoint's own trained-length histogram, is at least a threshold tau; 0 when none is. tau is fitted to the
-training runs by least absolute error. Held out: each seed in turn (its runs of every length), and each training
-length in turn (fitted on the other). Baselines: tokens trained alone (the mean effective length of the training
+training runs by least absolute error. Held out: each seed in turn (its runs of every length), each training
+length in turn (fitted on the other), and each data variant in turn when there are several (the packing
+experiment's). Baselines: tokens trained alone (the mean effective length of the training
 runs' checkpoints at the same tokens, whatever their L) and the run's previous checkpoint's effective length. The
 verdict is a paired percentile bootstrap over held-out checkpoints of the absolute error of the baseline minus
 that of f: f predicts better when the interval lies above 0.
@@ -62,10 +63,15 @@ def _previous_baseline(rows: Sequence[Mapping], row: Mapping) -> float:
     return observed(max(same, key=lambda r: r["tokens_trained"])) if same else 0.0
 
 
+HELD_OUT = ("seed", "train_len", "variant")
+"""What is held out in turn: each seed (all its runs), each training length, and each data variant (the packing
+experiment's runs: fitted on the other variants)."""
+
+
 def predict_held_out(
     rows: Sequence[Mapping], f_at: Callable[[Mapping], Mapping[int, float]], key: str
 ) -> list[dict]:
-    """For each value of `key` ("seed" or "train_len") in turn: fit tau on the other rows, predict these; a row per
+    """For each value of `key` (one of HELD_OUT) in turn: fit tau on the other rows, predict these; a row per
     held-out checkpoint with its observed value and the three predictions."""
     out = []
     for held in sorted({r[key] for r in rows}):
@@ -80,6 +86,7 @@ def predict_held_out(
                     "held_out": f"{key}={held}",
                     "train_len": r["train_len"],
                     "seed": r["seed"],
+                    "variant": r["variant"],
                     "tokens_trained": r["tokens_trained"],
                     "tau": tau,
                     "observed": observed(r),
@@ -101,7 +108,9 @@ def prediction_verdict(
     checkpoint: mean absolute errors, and whether f beats tokens alone (paired bootstrap over checkpoints)."""
     claim = "f(n) predicts held-out runs' effective length better than tokens trained alone"
     result: dict = {"claim": claim, "test": "paired percentile bootstrap over held-out checkpoints"}
-    for key in ("seed", "train_len"):
+    for key in HELD_OUT:
+        if key == "variant" and len({r["variant"] for r in rows}) < 2:
+            continue  # one data variant: nothing to hold out
         predictions = predict_held_out(rows, f_at, key)
         if len(predictions) < 2:
             result[f"by_{key}"] = {

@@ -42,7 +42,7 @@ from posfreq.scripts.miniature.pipeline import (
     validation_flags,
     warm_ups,
 )
-from posfreq.scripts.miniature.report import markdown
+from posfreq.scripts.miniature.report import markdown, prediction_line
 from posfreq.train.atomic import write_text_atomic
 from posfreq.train.checkpoint.layout import load_trained_lengths, read_trainer_state
 from posfreq.train.command_line import code_version
@@ -196,6 +196,10 @@ def write_report(
         "## Measured effect (analysis/compare.py; numbers in compare/conclusion.json)",
         "",
         *verdict_lines(conclusion, quick),
+        "",
+        "## Predicting effective length from f before probing (compare's prediction verdict)",
+        "",
+        prediction_line(conclusion["prediction"]),
         "",
         "## Trained position frequency at the last milestone (mean over seeds)",
         "",

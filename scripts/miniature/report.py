@@ -113,8 +113,11 @@ def prediction_line(c: dict) -> str:
     for key, name in (
         ("by_seed", "each seed held out"),
         ("by_train_len", "each training length held out"),
+        ("by_variant", "each data variant held out"),
     ):
-        v = c.get(key, {})
+        if key not in c:
+            continue
+        v = c[key]
         if "mean_abs_error" not in v:
             parts.append(f"{name}: {v.get('reason', 'not run')}")
             continue

@@ -67,3 +67,39 @@ def test_effective_lengths_set_by_tokens_alone_are_not_credited_to_f():
     assert verdict["by_seed"]["mean_abs_error"]["tokens_alone"] == 0
     assert not verdict["by_seed"]["holds"] and verdict["holds"] is False
     assert np.isfinite(verdict["by_seed"]["interval_95"]).all()
+
+
+def test_a_data_variant_is_held_out_when_there_are_several():
+    """The packing experiment's runs: one L, two variants whose f differ at long n (best_fit trains long distances
+    twice as often); effective lengths follow the threshold rule, so holding a variant out, f predicts it and
+    tokens alone (the same tokens for both variants) cannot."""
+    rows, f_of = [], {}
+    for variant, boost in (("concat", 1.0), ("best_fit", 2.0)):
+        for seed in range(3):
+            for k in range(1, 5):
+                tokens = 1000 * k
+                f = {n: boost * tokens * (512 - n) / 512 + seed for n in LENGTHS}
+                eff = threshold_prediction(f, 512, 1500.0)
+                rows.append(
+                    {
+                        "train_len": 512,
+                        "seed": seed,
+                        "variant": variant,
+                        "tokens_trained": tokens,
+                        "effective_length": eff,
+                        "effective_length_status": "ok" if eff else "none_passed",
+                    }
+                )
+                f_of[(variant, seed, tokens)] = f
+    verdict = prediction_verdict(
+        rows, lambda r: f_of[(r["variant"], r["seed"], r["tokens_trained"])], 500, 0
+    )
+    by_variant = verdict["by_variant"]
+    assert by_variant["n"] == len(rows)
+    errors = by_variant["mean_abs_error"]
+    assert errors["f_rule"] < errors["tokens_alone"] and by_variant["holds"]
+    one = [r for r in rows if r["variant"] == "concat"]
+    alone = prediction_verdict(
+        one, lambda r: f_of[("concat", r["seed"], r["tokens_trained"])], 50, 0
+    )
+    assert "by_variant" not in alone

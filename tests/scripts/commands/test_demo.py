@@ -233,6 +233,9 @@ def test_quick_packing_experiment_trains_each_variant_and_reports_the_effect(
     }
     assert float(rows["best_fit"][2]) > float(rows["concat"][2])  # f(3L/4)
     assert float(rows["concat"][3]) == 0.0
+    # the prediction verdict holds each packing variant out in turn
+    assert "## Predicting effective length from f" in report
+    assert "each data variant held out (" in report
 
 
 def _demo_output(
