@@ -1,14 +1,16 @@
 """Every position scheme in a transformers model, through one call: `apply_scheme(model, name, **options)`.
 
-STRING has its own attention function (train/positions/string_hf.py). Every other scheme (rerope, self_extend,
-dca, ntk, yarn) runs through the attention function "posfreq_scheme", which calls posfreq's own scheme object
-(`scheme.attend`, train/positions/schemes.py) inside any transformers decoder (Llama, Mistral, Qwen2, ...).
+STRING has its own attention function (train/positions/string_hf.py). ntk and yarn are RoPE with frequencies of
+their own: the model's rotary embedding takes the scheme's Rotary and attention stays transformers' sdpa. The
+two-pass schemes (rerope, self_extend, dca) run through the attention function "posfreq_scheme", which calls
+posfreq's own scheme object (`scheme.attend`, train/positions/schemes.py) inside any transformers decoder (Llama,
+Mistral, Qwen2, ...).
 
 transformers rotates q and k at their positions with the model's rotary before it calls the attention function.
 Rotations compose, so the function turns the queries back (R(-p) R(p) = 1) and hands the scheme each token's
-position in its row, with the keys as cached: rotated with the model's frequencies, which is what the scheme's
-`rotate_keys` gives for every scheme but ntk and yarn. For those two the keys are turned back and rotated with
-the scheme's own frequencies. The scheme then rotates its queries as it does in posfreq's own model.
+position in its row, with the keys as cached: rotated with the model's frequencies, which is what those schemes'
+`rotate_keys` gives (a scheme with frequencies of its own set by hand as the attention implementation gets its
+keys turned back and rotated again). The scheme then rotates its queries as it does in posfreq's own model.
 """
 
 from __future__ import annotations
@@ -158,15 +160,42 @@ def scheme_options(config: Any, name: str, train_len: int, **options: Any) -> di
     return dict(build_scheme(name, rotary_base(config), train_len, **options).options)
 
 
+OWN_FREQUENCIES = ("ntk", "yarn")
+"""Schemes that are RoPE with frequencies (and a cos/sin scale) of their own: the model's rotary embedding takes the
+scheme's Rotary, so keys are cached rotated as the scheme rotates them and attention is transformers' sdpa
+(equal to the scheme's one-pass `attend`), with no key re-rotated at each step."""
+
+
+def _set_rotary(model: Any, rotary: Rotary | None) -> None:
+    """Give every rotary embedding of `model` the scheme's inverse frequencies and scale, or (None) its own back."""
+    for module in model.modules():
+        if not (hasattr(module, "inv_freq") and hasattr(module, "attention_scaling")):
+            continue
+        own = getattr(module, "_posfreq_own_rotary", None)
+        if own is None:
+            own = (module.inv_freq.detach().clone(), module.attention_scaling)
+            module._posfreq_own_rotary = own
+        inv_freq, scale = own if rotary is None else (rotary.inv_freq, rotary.scale)
+        module.inv_freq = inv_freq.to(device=module.inv_freq.device, dtype=module.inv_freq.dtype)
+        module.original_inv_freq = module.inv_freq.clone()
+        module.attention_scaling = float(scale)
+
+
 def apply_scheme(model: Any, name: str, train_len: int | None = None, **options: Any) -> Any:
     """Run a loaded transformers model with position scheme `name` and its options (build_scheme's), defaults
     from `train_len` (default: the config's max_position_embeddings). rope is transformers' own sdpa attention;
     string is string_hf's function (shift and window). Bad options are refused here, before any forward."""
     length = train_len or model.config.max_position_embeddings
     resolved = scheme_options(model.config, name, length, **options)
+    frequencies = None
+    if (
+        name in OWN_FREQUENCIES
+    ):  # one causal pass with the scheme's frequencies: in the model's rotary embedding
+        frequencies = build_scheme(name, rotary_base(model.config), length, **options).rotary
+    _set_rotary(model, frequencies)
     if name == "string":
         return apply_string(model, resolved["shift"], resolved["window"], length)
-    if name == "rope":
+    if name == "rope" or frequencies is not None:
         model.set_attn_implementation("sdpa")
         return model
     register()

@@ -253,3 +253,20 @@ def test_what_the_schemes_do_not_model_is_refused(llama_dir) -> None:
             pad_token_id=0,
             cache_implementation="static",
         )
+
+
+def test_ntk_and_yarn_set_the_rotary_embedding_and_another_scheme_restores_it(llama_dir) -> None:
+    """ntk and yarn run as the model's own rotary embedding with the scheme's frequencies (transformers' sdpa
+    attention); applying any other scheme afterwards gives the model's own frequencies back."""
+    ids, mask = prompts(SMALL["vocab_size"])
+    plain = hf_with(llama_dir, "rope")
+    model = hf_with(llama_dir, "yarn")
+    assert model.config._attn_implementation == "sdpa"
+    with torch.no_grad():
+        reference = plain(input_ids=ids, attention_mask=mask).logits
+        scaled = model(input_ids=ids, attention_mask=mask).logits
+        apply_scheme(model, "ntk")
+        apply_scheme(model, "rope")
+        restored = model(input_ids=ids, attention_mask=mask).logits
+    assert not torch.allclose(scaled, reference, atol=1e-3)
+    assert torch.equal(restored, reference)
