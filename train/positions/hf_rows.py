@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from posfreq.train.model.attention import LayoutMemo
-from posfreq.train.positions.merge import cu_seqlens_of
+from posfreq.train.positions.merge import AttentionInputs, cu_seqlens_of
 
 
 def rope_parameters(config: Any) -> dict:
@@ -164,8 +164,51 @@ def unpack_queries(out: Tensor, layout: PackedLayout, query: Tensor, len_k: int)
     batch, heads, len_q, dim = query.shape
     if batch == 1 and int(layout.rows_q[0]) == len_q:  # one row, no padding: the output as it is
         return out.unsqueeze(0)
-    result = query.new_zeros(batch, len_q, heads, dim)
+    result = out.new_zeros(batch, len_q, heads, dim)  # the compute dtype `packed` chose
     for b in range(batch):
         at = int(layout.q_from[b]) - (len_k - len_q)
         result[b, at : at + int(layout.rows_q[b])] = out[layout.starts[b] : layout.starts[b + 1]]
     return result
+
+
+def packed(
+    query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None
+) -> tuple[PackedLayout, Tensor, Tensor, Tensor]:
+    """(layout, q, k, v): each row's real queries and keys packed (T, H, D), all three in one compute dtype.
+
+    Under autocast over float32 weights (the probe on a GPU) transformers rotates q and k in float32 while v
+    comes from an autocast projection: one dtype for all three, so the backend is chosen for it (FlashAttention
+    in bf16, not a dense float32 path) and no kernel meets mixed dtypes."""
+    len_q, len_k = query.shape[2], key.shape[2]
+    query, key, value = (x.to(compute_dtype(value)) for x in (query, key, value))
+    layout = layout_of(attention_mask, query, len_k)
+    q = pack_rows(query, layout.q_from - (len_k - len_q), layout.rows_q)
+    k, v = (
+        pack_rows(key, layout.first, layout.rows_k),
+        pack_rows(value, layout.first, layout.rows_k),
+    )
+    return layout, q, k, v
+
+
+def attention_inputs(
+    layout: PackedLayout,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    pos_q: Tensor,
+    pos_k: Tensor,
+    backend: str,
+) -> AttentionInputs:
+    """A scheme's inputs over the packed rows of `layout`, the queries and keys at `pos_q` and `pos_k`."""
+    return AttentionInputs(
+        q=q,
+        keys=k,
+        values=v,
+        pos_q=pos_q,
+        pos_k=pos_k,
+        cu_seqlens_q=layout.cu_q,
+        cu_seqlens_k=layout.cu_k,
+        max_seqlen_q=layout.max_q,
+        max_seqlen_k=layout.max_k,
+        backend=backend,
+    )

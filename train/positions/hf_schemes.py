@@ -24,16 +24,14 @@ from torch import Tensor
 
 from posfreq.train.model.hf_folder import refuse_custom_code
 from posfreq.train.positions.hf_rows import (
-    compute_dtype,
+    attention_inputs,
     head_dim,
-    layout_of,
-    pack_rows,
+    packed,
     refuse_unsupported,
     rope_inv_freq,
     rope_parameters,
     unpack_queries,
 )
-from posfreq.train.positions.merge import AttentionInputs
 from posfreq.train.positions.rotary import ROPE_SCALING_TYPES, Rotary, RotaryBase
 from posfreq.train.positions.scheme import PositionScheme
 from posfreq.train.positions.schemes import SCHEMES, build_scheme
@@ -105,31 +103,13 @@ def scheme_attention(
         )
     refuse_unsupported(kwargs)
     scheme, model_rotary, keys_as_cached = _scheme(module)
-    len_q, len_k = query.shape[2], key.shape[2]
-    query, key, value = (x.to(compute_dtype(value)) for x in (query, key, value))
-    layout = layout_of(attention_mask, query, len_k)
-    q = pack_rows(query, layout.q_from - (len_k - len_q), layout.rows_q)
-    k, v = (
-        pack_rows(key, layout.first, layout.rows_k),
-        pack_rows(value, layout.first, layout.rows_k),
-    )
+    layout, q, k, v = packed(query, key, value, attention_mask)
     q = _turn_back(model_rotary, q, layout.pos_q)
-    if not keys_as_cached:  # ntk, yarn: the scheme's own frequencies
+    if not keys_as_cached:  # ntk, yarn set as the attention implementation by hand
         k = scheme.rotate_keys(_turn_back(model_rotary, k, layout.pos_k), layout.pos_k)
     backend = (getattr(module.config, CONFIG_KEY, None) or {}).get("backend", "auto")
-    inputs = AttentionInputs(
-        q=q,
-        keys=k,
-        values=v,
-        pos_q=layout.pos_q,
-        pos_k=layout.pos_k,
-        cu_seqlens_q=layout.cu_q,
-        cu_seqlens_k=layout.cu_k,
-        max_seqlen_q=layout.max_q,
-        max_seqlen_k=layout.max_k,
-        backend=backend,
-    )
-    return unpack_queries(scheme.attend(inputs), layout, query, len_k), None
+    inputs = attention_inputs(layout, q, k, v, layout.pos_q, layout.pos_k, backend)
+    return unpack_queries(scheme.attend(inputs), layout, query, key.shape[2]), None
 
 
 def register() -> None:

@@ -17,14 +17,12 @@ import torch
 from torch import Tensor
 
 from posfreq.train.positions.hf_rows import (
-    compute_dtype,
-    layout_of,
-    pack_rows,
+    attention_inputs,
+    packed,
     refuse_unsupported,
     rope_inv_freq,
     unpack_queries,
 )
-from posfreq.train.positions.merge import AttentionInputs
 from posfreq.train.positions.rotary import Rotary
 from posfreq.train.positions.string import StringScheme, string_shift_window
 
@@ -111,38 +109,18 @@ def string_attention(
     refuse_unsupported(kwargs)
     settings = settings_of(module.config)
     backend = (getattr(module.config, CONFIG_KEY, None) or {}).get("backend", "auto")
-    batch, heads, len_q, dim = query.shape
+    len_q, dim = query.shape[2], query.shape[3]
     len_k = key.shape[2]
     if len_q == 1:  # cached decoding: scores of one query are as small as the cache
         scale = dim**-0.5 if scaling is None else scaling
         return decode_step(
             query, key, value, attention_mask, _scheme(module, settings), scale
         ), None
-    # Under autocast over float32 weights (the probe on a GPU) transformers rotates q and k in float32 while v
-    # comes from an autocast projection: one compute dtype for all three, so the backend is chosen for it
-    # (FlashAttention in bf16, not a dense float32 path) and no kernel meets mixed dtypes.
-    query, key, value = (x.to(compute_dtype(value)) for x in (query, key, value))
-    layout = layout_of(attention_mask, query, len_k)
-    q = pack_rows(query, layout.q_from - (len_k - len_q), layout.rows_q)
-    k, v = (
-        pack_rows(key, layout.first, layout.rows_k),
-        pack_rows(value, layout.first, layout.rows_k),
-    )
+    layout, q, k, v = packed(query, key, value, attention_mask)
     # posfreq's own STRING over the packed rows. Its queries are rotated from their positions; these
     # arrive rotated, so they sit at position 0: the near pass turns them by 0, the far pass by -(S - W)
     # (STRING depends on distances only; the keys' positions are not read either).
-    inputs = AttentionInputs(
-        q=q,
-        keys=k,
-        values=v,
-        pos_q=layout.zeros_q,
-        pos_k=layout.zeros_k,
-        cu_seqlens_q=layout.cu_q,
-        cu_seqlens_k=layout.cu_k,
-        max_seqlen_q=layout.max_q,
-        max_seqlen_k=layout.max_k,
-        backend=backend,
-    )
+    inputs = attention_inputs(layout, q, k, v, layout.zeros_q, layout.zeros_k, backend)
     return unpack_queries(_scheme(module, settings).attend(inputs), layout, query, len_k), None
 
 
