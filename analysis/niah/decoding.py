@@ -161,16 +161,17 @@ def teacher_forced(
 
 
 def score_tests(
-    tests: Sequence[NiahTest], answers: Sequence[str], tf: Sequence[dict] | None, key: str
+    tests: Sequence[NiahTest],
+    answers: Sequence[str] | None,
+    tf: Sequence[dict] | None,
+    key: str,
 ) -> list[dict]:
-    """Per-test JSONL records: test metadata, the generated text, both scores, the teacher-forced score, the key."""
+    """Per-test JSONL records: test metadata, the generated text and both its scores (answers None: not decoded),
+    the teacher-forced score, the key."""
     records = []
-    for i, (test, text) in enumerate(zip(tests, answers)):
-        record = {
-            **test.record(),
-            **score_answer(test, text).record(),
-            "generated": text,
-            "key": key,
-        }
+    for i, test in enumerate(tests):
+        record = {**test.record(), "key": key}
+        if answers is not None:
+            record |= {**score_answer(test, answers[i]).record(), "generated": answers[i]}
         records.append({**record, **(tf[i] if tf is not None else {})})
     return records

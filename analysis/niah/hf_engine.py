@@ -73,10 +73,13 @@ class TransformersGenerator(Generator):
         self, input_ids: torch.Tensor, first_target: int, prefill_tokens: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """log p(input_ids[:, j] | input_ids[:, :j]) for j >= first_target, and whether it is the argmax;
-        rows in groups of at most `prefill_tokens` tokens, as `generate`."""
+        rows in groups of at most `prefill_tokens` tokens, as `generate`. Logits are computed for the scored
+        positions only (`logits_to_keep`), never for the whole (B, T, vocab) batch."""
         logprobs, hits = [], []
+        kept = input_ids.shape[1] - first_target + 1
         for group in row_groups(input_ids.shape[0], input_ids.shape[1], prefill_tokens):
-            logits = self.model(input_ids=input_ids[group]).logits[:, first_target - 1 : -1].float()
+            logits = self.model(input_ids=input_ids[group], logits_to_keep=kept).logits
+            logits = logits[:, :-1].float()
             targets = input_ids[group, first_target:]
             logprobs.append(logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0])
             hits.append(logits.argmax(-1) == targets)

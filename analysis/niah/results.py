@@ -306,11 +306,11 @@ def read_records(out: Path, lengths: Sequence[int]) -> list[dict]:
 HIT_FIELDS = ("hits_anywhere", "hits_first_line")
 
 
-def checked_records(out: Path, length: int, marker: dict) -> list[dict]:
+def checked_records(out: Path, length: int, marker: dict, greedy: bool = True) -> list[dict]:
     """The records of one probed length, refused (StaleResults naming the file and line) unless they are exactly
     what the probe wrote: as many as the marker's n_tests, each under the marker's key and length, with a distinct
-    test index and hit lists of JSON booleans. A re-derivation must never turn a damaged or mixed file into a
-    number."""
+    test index and hit lists of JSON booleans (a probe with greedy off: teacher-forced accuracies in [0, 1]). A
+    re-derivation must never turn a damaged or mixed file into a number."""
     path = length_files(out, length)[0]
     records = read_records(out, [length])
     fix = "Fix: restore the file, or delete it and its .json marker to probe that length again"
@@ -330,12 +330,22 @@ def checked_records(out: Path, length: int, marker: dict) -> list[dict]:
                 f"{where}: made under another key or length than its marker "
                 f"({str(marker.get('key'))[:12]}, L = {length}). {fix}"
             )
-        for name in HIT_FIELDS:
+        for name in HIT_FIELDS if greedy else ():
             hits = record.get(name)
             if not isinstance(hits, list) or not all(isinstance(h, bool) for h in hits):
                 raise StaleResults(
                     f"{where}: {name} must be a list of true/false, got {hits!r:.60}. {fix}"
                 )
+        accuracy = record.get("tf_token_accuracy")
+        if not greedy and not (
+            isinstance(accuracy, list)
+            and len(accuracy) == len(record.get("needles", ()))
+            and all(isinstance(a, (int, float)) and 0 <= a <= 1 for a in accuracy)
+        ):
+            raise StaleResults(
+                f"{where}: tf_token_accuracy must be a number in [0, 1] per needle, got "
+                f"{accuracy!r:.60}. {fix}"
+            )
         if record.get("index") in seen:
             raise StaleResults(f"{where}: test index {record.get('index')} appears twice. {fix}")
         seen.add(record.get("index"))
@@ -360,7 +370,13 @@ def derive_model(
         raise StaleResults(
             f"{out}: no length is probed under its key yet; run scripts/commands/probe.py first"
         )
-    by_length = {n: checked_records(out, n, done[n]) for n in lengths}
+    greedy = meta["settings"].get("greedy", True)  # probes before the setting decoded
+    if not greedy and analysis.scoring != "teacher_forced":
+        raise StaleResults(
+            f"{out} was probed with greedy false: no answer was decoded for scoring {analysis.scoring}. "
+            "Fix: --scoring teacher_forced"
+        )
+    by_length = {n: checked_records(out, n, done[n], greedy) for n in lengths}
     summary = [summarize_length(by_length[n], done[n]["seconds"], analysis) for n in lengths]
     write_csv(dest / "summary.csv", summary)
     hist = np.load(out / HIST_FILE, allow_pickle=False) if (out / HIST_FILE).is_file() else None

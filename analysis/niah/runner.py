@@ -66,6 +66,11 @@ class Job:
         for name in ("batch_tokens", "prefill_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 or null, got {getattr(self, name)}")
+        if not self.settings.greedy and self.analysis.scoring != "teacher_forced":
+            raise ValueError(
+                f"--greedy false decodes no answer for scoring {self.analysis.scoring} to read; "
+                "Fix: add --scoring teacher_forced"
+            )
         self.settings = replace(
             self.settings, precision=resolve_precision(self.settings.precision, self.device)
         )
@@ -178,7 +183,8 @@ def execute(tasks: Sequence[ModelTask], job: Job) -> None:
 
 
 def probe_length(model: Generator, task: ModelTask, length: int, job: Job, bar: Any = None) -> None:
-    """Decode, teacher-force and score one length's tests in batches; write its records and marker."""
+    """Decode (unless greedy is off), teacher-force and score one length's tests in batches; write its records
+    and marker."""
     s = job.settings
     tests = task.builder.make_tests(length, s.tests_per_length, s.seed)
     tokenizer = task.builder.tokenizer
@@ -187,8 +193,18 @@ def probe_length(model: Generator, task: ModelTask, length: int, job: Job, bar: 
     size = job.batch_for(length)
     for start in range(0, len(tests), size):
         batch = tests[start : start + size]
-        answers = generate_answers(
-            model, tokenizer, batch, job.device, s.precision, s.max_new_tokens, job.prefill_tokens
+        answers = (
+            generate_answers(
+                model,
+                tokenizer,
+                batch,
+                job.device,
+                s.precision,
+                s.max_new_tokens,
+                job.prefill_tokens,
+            )
+            if s.greedy
+            else None
         )
         tf = (
             teacher_forced(

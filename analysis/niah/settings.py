@@ -68,6 +68,9 @@ class ProbeSettings:
     teacher_forced: bool = True
     """Also score each needle under teacher forcing (its log-probability and token accuracy, one extra forward
     pass per batch)."""
+    greedy: bool = True
+    """Decode each answer greedily (the paper's score). False: teacher-forced scores only, one forward per test
+    and no decoding, for a cheap paired measure (its tables then score with Analysis.scoring teacher_forced)."""
     answer_order: AnswerOrder = "document"
     """Needle order of the teacher-forced reference answer: as in the document, or nearest the question first."""
     engine: Engine = "posfreq"
@@ -89,6 +92,11 @@ class ProbeSettings:
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not (self.greedy or self.teacher_forced):
+            raise ValueError(
+                "greedy false and teacher_forced false leave nothing to measure; "
+                "Fix: keep --teacher-forced true with --greedy false"
+            )
         if self.engine == "transformers" and self.precision == "bfloat16-prefill":
             raise ValueError(
                 "--engine transformers keeps one dtype from prefill to decoding; "
@@ -110,6 +118,8 @@ class ProbeSettings:
         decoding = {k: v for k, v in asdict(self).items() if k in keep}
         if self.engine != "posfreq":  # keys of the default engine stay as they were
             decoding["engine"] = self.engine
+        if not self.greedy:  # likewise the keys of probes that decode
+            decoding["greedy"] = False
         return decoding
 
 

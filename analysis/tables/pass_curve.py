@@ -9,12 +9,17 @@ trained-length histogram (`frequency_at`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Literal, Mapping, Sequence, get_args
 
 import numpy as np
 
 from posfreq.analysis.corpus.frequency import position_frequency
-from posfreq.analysis.niah.scoring import SCORING_RULES, ScoringRule
+from posfreq.analysis.niah.scoring import SCORING_RULES
+
+AnalysisScoring = Literal[(*SCORING_RULES, "teacher_forced")]
+ANALYSIS_SCORINGS: tuple[str, ...] = get_args(AnalysisScoring)
+"""The answer-text rules (niah/scoring.py) and teacher_forced: a needle counts when every one of its tokens is
+the model's argmax under teacher forcing (the only rule for a probe run with greedy false)."""
 
 STATUS_OK = "ok"
 STATUS_NONE_PASSED = "none_passed"
@@ -36,8 +41,9 @@ class Analysis:
     """A length fails when its pass rate is below this."""
     min_retrieved: int = 2
     """Needles (of 4) a passing answer must contain."""
-    scoring: ScoringRule = "anywhere"
-    """Where needles count: anywhere in the answer (the official script) or on its first line only."""
+    scoring: AnalysisScoring = "anywhere"
+    """Where needles count: anywhere in the answer (the official script), on its first line only, or
+    teacher_forced (every token of the needle is the argmax under teacher forcing)."""
     bootstrap: int = 1000
     """Bootstrap resamples of the tests for the effective length's interval (0: no interval)."""
     bootstrap_seed: int = 0
@@ -46,8 +52,8 @@ class Analysis:
     """Coverage of the bootstrap interval, in (0, 1)."""
 
     def __post_init__(self) -> None:
-        if self.scoring not in SCORING_RULES:
-            raise ValueError(f"scoring must be one of {SCORING_RULES}, got {self.scoring!r}")
+        if self.scoring not in ANALYSIS_SCORINGS:
+            raise ValueError(f"scoring must be one of {ANALYSIS_SCORINGS}, got {self.scoring!r}")
         if not 1 <= self.min_retrieved <= 4:
             raise ValueError(f"min_retrieved must be in 1..4, got {self.min_retrieved}")
         if not 0 < self.threshold <= 1:  # at <= 0 every length "passes", with no test passed
@@ -59,6 +65,8 @@ class Analysis:
 
     def hits(self, record: Mapping) -> list[bool]:
         """The record's per-needle hits under this scoring rule."""
+        if self.scoring == "teacher_forced":
+            return tf_hits(record)
         return [bool(h) for h in record[f"hits_{self.scoring}"]]
 
     def passed(self, record: Mapping) -> bool:
@@ -66,8 +74,14 @@ class Analysis:
 
     def tf_passed(self, record: Mapping) -> bool | None:
         """Teacher-forced pass: >= min_retrieved needles whose every token is the model's argmax (None: not measured)."""
-        acc = record.get("tf_token_accuracy")
-        return None if acc is None else sum(a == 1.0 for a in acc) >= self.min_retrieved
+        if record.get("tf_token_accuracy") is None:
+            return None
+        return sum(tf_hits(record)) >= self.min_retrieved
+
+
+def tf_hits(record: Mapping) -> list[bool]:
+    """Per needle: is every one of its tokens the model's argmax under teacher forcing."""
+    return [a == 1.0 for a in record["tf_token_accuracy"]]
 
 
 @dataclass(frozen=True)

@@ -198,10 +198,11 @@ def resolved_options(args, schemes: list[str]) -> tuple[int, dict[str, dict], Ca
 def auto_shift(args, out: Path, train_len: int) -> tuple[int | None, str]:
     """(STRING's S from rope's measured effective length, how it was found): train/positions/string.py's
     shift_from_effective_length on the rope probe's effective length under --measure (None: no S to derive)."""
-    rows = read_csv(out / "niah" / "rope" / "effective_length.csv")
-    column = "effective_length" if args.measure == "greedy" else "tf_effective_length"
-    effective = int(rows[-1][column] or 0)
-    status = rows[-1]["effective_length_status"] if args.measure == "greedy" else "ok"
+    rows = read_csv(
+        out / "niah" / "rope" / "effective_length.csv"
+    )  # scored under --measure (run_probe)
+    effective = int(rows[-1]["effective_length"] or 0)
+    status = rows[-1]["effective_length_status"]
     how = f"rope's effective length {effective} at L = {train_len} ({args.measure}, {status})"
     if (
         status != "ok"
@@ -246,6 +247,8 @@ def run_probe(args, scheme: str, out: Path, positions: str | None = None) -> Non
     argv += ["--position-options", json.dumps(args.position_options.get(scheme, {}))]
     argv += ["--out", str(out), "--seed", "0", "--no-figures", "--device", args.device]
     argv += ["--chat-template", str(args.chat_template).lower(), "--threads", str(args.threads)]
+    if args.measure == "teacher_forced":  # one forward per test, nothing decoded
+        argv += ["--greedy", "false", "--scoring", "teacher_forced"]
     if args.niah_lengths:
         argv += ["--lengths", args.niah_lengths]
     for flag in ("max_new_tokens", "haystack", "tokenizer"):

@@ -197,7 +197,10 @@ def load_causal_lm(
 
     if positions not in SCHEMES:
         raise ValueError(f"unknown position scheme {positions!r}; choose one of {SCHEMES}")
+    from transformers.utils import logging as hf_logging
+
     refuse_custom_code(Path(path), "the model folder")
+    hf_logging.disable_progress_bar()  # the weights' loading bar would break the callers' own progress bars
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=dtype, attn_implementation="sdpa", trust_remote_code=False
     )

@@ -103,3 +103,26 @@ def test_the_transformers_engine_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="one dtype from prefill to decoding"):
         ProbeSettings(engine="transformers", precision="bfloat16-prefill")
     assert "engine" not in ProbeSettings().decoding()  # keys of the default engine are unchanged
+
+
+def test_teacher_forcing_scores_only_the_answer_positions_as_a_full_forward_would():
+    from posfreq.analysis.niah.hf_engine import TransformersGenerator
+
+    config = transformers.LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 50, (3, 40))
+    with torch.no_grad():
+        full = model(input_ids=ids).logits.log_softmax(-1)  # every position's logits, the plain way
+    reference = full[:, 29:-1].gather(-1, ids[:, 30:, None])[..., 0]
+    logprobs, hits = TransformersGenerator(model).target_logprobs(ids, 30, prefill_tokens=80)
+    torch.testing.assert_close(logprobs, reference, rtol=0, atol=1e-5)
+    assert torch.equal(hits, full[:, 29:-1].argmax(-1) == ids[:, 30:])

@@ -28,6 +28,7 @@ def test_every_setting_and_the_weights_change_the_key(tmp_path):
                 ("position_options", {"shift": 100}),
                 ("precision", "bfloat16"),
                 ("teacher_forced", False),
+                ("greedy", False),
                 ("answer_order", "nearest_first"),
                 ("bos", "always"),
                 ("haystack", "pg"),
@@ -62,3 +63,23 @@ def test_a_runs_key_is_the_result_key_without_the_model(tmp_path):
     run_key, run_parts = probe_result_key(source, builder, settings, model=False)
     assert len(key) == len(run_key) == 16 and key != run_key
     assert parts == {**run_parts, "model": source.fingerprint}
+
+
+def test_a_probe_without_decoding_scores_only_under_teacher_forcing():
+    import pytest
+
+    from posfreq.analysis.niah.runner import Job
+    from posfreq.analysis.tables.pass_curve import Analysis
+
+    with pytest.raises(ValueError, match="leave nothing to measure"):
+        probe_settings.ProbeSettings(greedy=False, teacher_forced=False)
+    settings = probe_settings.ProbeSettings(greedy=False)
+    assert probe_settings.ProbeSettings().decoding().get("greedy") is None  # older keys unchanged
+    assert settings.decoding()["greedy"] is False
+    with pytest.raises(ValueError, match="Fix: add --scoring teacher_forced"):
+        Job(settings, [256], 1, torch.device("cpu"), Analysis())
+    Job(settings, [256], 1, torch.device("cpu"), Analysis(scoring="teacher_forced"))
+    record = {"tf_token_accuracy": [1.0, 0.75, 1.0, 0.0], "hits_anywhere": [False] * 4}
+    tf = Analysis(scoring="teacher_forced")
+    assert tf.hits(record) == [True, False, True, False] and tf.passed(record)
+    assert not Analysis().passed(record) and Analysis(min_retrieved=3).tf_passed(record) is False

@@ -174,3 +174,35 @@ def test_settings_that_cannot_make_a_table_stop_before_anything_runs(
     assert "nothing was probed" in err and "cwe at 300" in err
     assert "vt's example a fixed budget whatever the length: leave vt out (--tasks)" in err
     assert not out.exists()
+
+
+def test_the_teacher_forced_table_decodes_nothing_and_counts_the_argmax_needles(
+    tiny_hf: Path, tmp_path: Path
+) -> None:
+    from posfreq.analysis.niah import results
+    from posfreq.analysis.tables.pass_curve import Analysis
+
+    out = tmp_path / "table"
+    argv = ["--model", f"hf:{tiny_hf}", "--schemes", "rope", "--niah-lengths", "448"]
+    argv += ["--tests", "4", "--haystack", "noise", "--max-new-tokens", "40", "--out", str(out)]
+    assert command.main([*argv, "--measure", "teacher_forced"]) == 0
+    probe_dir = out / "niah" / "rope"
+    records = results.read_records(probe_dir, [448])
+    assert len(records) == 4 and not any("generated" in r or "hits_anywhere" in r for r in records)
+    decoding = json.loads((probe_dir / "key.json").read_text())["parts"]["decoding"]
+    assert decoding["greedy"] is False and decoding["teacher_forced"] is True
+    by_hand = sum(sum(a == 1.0 for a in r["tf_token_accuracy"]) >= 2 for r in records) / 4
+    (row,) = list(csv.DictReader(open(out / "table1.csv")))
+    assert float(row["pass_rate"]) == by_hand
+    (summary,) = list(csv.DictReader(open(probe_dir / "summary.csv")))
+    assert float(summary["pass_rate"]) == float(summary["tf_pass_rate"]) == by_hand
+    with pytest.raises(results.StaleResults, match="greedy false.*Fix: --scoring teacher_forced"):
+        results.derive_model(probe_dir, Analysis(), figures=False, dest=tmp_path / "anywhere")
+    jsonl = results.length_files(probe_dir, 448)[0]
+    damaged = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    damaged[1]["tf_token_accuracy"] = [1.0, 2.0, 0.0, 0.0]
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in damaged))
+    with pytest.raises(results.StaleResults, match="record 2: tf_token_accuracy must be a number"):
+        results.derive_model(
+            probe_dir, Analysis(scoring="teacher_forced"), figures=False, dest=tmp_path / "tf"
+        )
