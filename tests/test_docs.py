@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+from helpers.hf import save_tiny_hf
 
 from posfreq.train.checkpoint.layout import milestone_name
 
@@ -60,25 +60,7 @@ BLOCKS = block_params()
 
 def write_hf_llama(directory: Path) -> None:
     """A random 1-layer LlamaForCausalLM saved by transformers, with the bytes tokenizer's files."""
-    import transformers
-
-    from posfreq.train.data.hf_tokenizer import write_tokenizer_files
-
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=258,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        bos_token_id=256,
-        eos_token_id=257,
-        tie_word_embeddings=False,
-    )
-    transformers.LlamaForCausalLM(config).save_pretrained(directory)
-    write_tokenizer_files("bytes", directory)
+    save_tiny_hf(directory, max_position_embeddings=2048)
 
 
 @pytest.fixture(scope="module")

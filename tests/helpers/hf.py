@@ -43,3 +43,39 @@ def consolidated_bytes_model(
         json.dumps({"spec": "bytes", "vocab_size": 258, "bos_id": 256, "eos_id": 257})
     )
     return ours
+
+
+TINY_HF = dict(
+    vocab_size=258,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=768,
+    bos_token_id=256,
+    eos_token_id=257,
+    tie_word_embeddings=False,
+)
+"""A tiny transformers decoder's config over the bytes tokenizer's 258 ids (overridable per test)."""
+
+
+def save_tiny_hf(
+    directory: Path, family: str = "llama", tokenizer: bool = True, **overrides
+) -> Path:
+    """A random (seed 0) tiny transformers model of `family` (llama, qwen2, mistral) saved in `directory` with
+    TINY_HF's config and `overrides`, and the bytes tokenizer's files unless `tokenizer` is False."""
+    import transformers
+
+    from posfreq.train.data.hf_tokenizer import write_tokenizer_files
+
+    config_class, model_class = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    }[family]
+    torch.manual_seed(0)
+    model_class(config_class(**{**TINY_HF, **overrides})).save_pretrained(directory)
+    if tokenizer:
+        write_tokenizer_files("bytes", directory)
+    return Path(directory)

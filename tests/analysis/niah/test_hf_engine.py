@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.hf import consolidated_bytes_model
+from helpers.hf import TINY_HF, consolidated_bytes_model, save_tiny_hf
 
 transformers = pytest.importorskip("transformers")
 
@@ -66,17 +66,15 @@ def test_both_engines_give_the_same_answers_on_a_llama_model(tmp_path, positions
 
 @pytest.mark.slow  # a probe end to end
 def test_a_qwen2_model_is_probed_end_to_end(tmp_path):
-    config = transformers.Qwen2Config(
-        vocab_size=258,
+    save_tiny_hf(
+        tmp_path / "qwen2",
+        "qwen2",
+        tokenizer=False,  # --tokenizer bytes
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=1,
         num_attention_heads=2,
         num_key_value_heads=1,
-        max_position_embeddings=768,
     )
-    torch.manual_seed(0)
-    transformers.Qwen2ForCausalLM(config).save_pretrained(tmp_path / "qwen2")
     model = f"hf:{tmp_path / 'qwen2'}"
     with pytest.raises(
         SystemExit, match="Fix: --engine transformers"
@@ -108,18 +106,9 @@ def test_the_transformers_engine_refuses_what_it_cannot_run():
 def test_teacher_forcing_scores_only_the_answer_positions_as_a_full_forward_would():
     from posfreq.analysis.niah.hf_engine import TransformersGenerator
 
-    config = transformers.LlamaConfig(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    ids = torch.randint(0, 50, (3, 40))
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY_HF)).eval()
+    ids = torch.randint(0, 258, (3, 40))
     with torch.no_grad():
         full = model(input_ids=ids).logits.log_softmax(-1)  # every position's logits, the plain way
     reference = full[:, 29:-1].gather(-1, ids[:, 30:, None])[..., 0]

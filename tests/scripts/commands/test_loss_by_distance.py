@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-import torch
+from helpers.hf import save_tiny_hf
 from helpers.probe import tiny_model, write_checkpoint
 
 from posfreq.analysis.corpus.frequency import position_frequency
@@ -69,24 +69,17 @@ def test_a_checkpoint_whose_tokenizer_changed_since_training_is_refused(data_dir
 def test_a_qwen2_model_through_transformers_on_shards_of_its_tokenizer(tmp_path, capsys):
     """--model hf:DIR --engine transformers: a model posfreq cannot import (Qwen2, q/k/v biases) is measured as
     transformers loads it, on shards prepared with the folder's tokenizer; the table is the library's."""
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from posfreq.scripts.commands import prepare
-    from posfreq.train.data.hf_tokenizer import write_tokenizer_files
     from posfreq.train.positions.hf_schemes import load_causal_lm
 
-    model_dir = tmp_path / "qwen2"
-    torch.manual_seed(0)
-    config = transformers.Qwen2Config(
-        vocab_size=258,
+    model_dir = save_tiny_hf(
+        tmp_path / "qwen2",
+        "qwen2",
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=256,
     )
-    transformers.Qwen2ForCausalLM(config).save_pretrained(model_dir)
-    write_tokenizer_files("bytes", model_dir)
     corpus = tmp_path / "corpus.jsonl"
     words = "the quick brown fox jumps over the lazy dog".split()
     corpus.write_text(

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
+from helpers.hf import save_tiny_hf
 
 from posfreq.analysis.tables.paper_tables import outcomes_by_test, table1, table1_markdown, table2
 from posfreq.scripts.commands import table as command
@@ -60,27 +60,7 @@ def test_table2_joins_each_schemes_scores_by_task_and_length() -> None:
 @pytest.fixture(scope="module")
 def tiny_hf(tmp_path_factory) -> Path:
     """A random 1-layer Llama with the bytes tokenizer, trained length 768."""
-    import transformers
-
-    from posfreq.train.data.hf_tokenizer import write_tokenizer_files
-
-    directory = tmp_path_factory.mktemp("hf")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=258,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=768,
-        bos_token_id=256,
-        eos_token_id=257,
-        tie_word_embeddings=False,
-    )
-    transformers.LlamaForCausalLM(config).save_pretrained(directory)
-    write_tokenizer_files("bytes", directory)
-    return directory
+    return save_tiny_hf(tmp_path_factory.mktemp("hf"))
 
 
 def test_the_measured_shift_is_the_papers_at_two_thirds_and_keeps_what_the_model_uses() -> None:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.hf import save_tiny_hf
 from helpers.trainer import run, tiny
 
 from posfreq.train.checkpoint import layout as ckpt
@@ -141,18 +142,14 @@ def test_a_transformers_model_a_segment_at_a_time_equals_packed_rows_of_the_impo
     from posfreq.train.model.hf import load_hf_model
     from posfreq.train.run.loss_by_distance import measure
 
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=258,
+    save_tiny_hf(
+        tmp_path,
+        tokenizer=False,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=256,
-        tie_word_embeddings=False,
     )
-    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
     dataset = TokenDataset(data_dir)
     packed = measure(load_hf_model(tmp_path).eval(), dataset, 128, 6, batch_rows=3)
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
