@@ -7,6 +7,8 @@ Layout of a model's result directory (written by scripts/commands/probe.py):
     trained_lengths.npy     the checkpoint's trained-length histogram (a copy: results outlive checkpoints)
     tests/L000128.jsonl     one record per test: metadata, generated text, both scores, teacher-forced score
     tests/L000128.json      the length's completion marker (key, seconds, batch size, device)
+    tests/L000128.partial.json  while a length is probed: its key, seconds and the records of the tests done so
+                            far, rewritten after each batch, so a killed probe resumes at the batch it was in
 
 and, derived from those under an `Analysis` (re-derivable at any time, nothing decoded again):
 summary.csv, distance.csv, effective_length.csv, failure_by_thirds.csv/.md, figures/. A run's result directory
@@ -51,8 +53,10 @@ from posfreq.train.outdir import check_output_dir, claim_output_dir, owner_of
 KEY_FILE = "key.json"
 META_FILE = "probe.json"
 HIST_FILE = "trained_lengths.npy"
-RECORD_FILE = re.compile(r"L\d{6}\.jsonl?")
-"""A length's per-test records or completion marker in OUT/tests (`length_files`)."""
+RECORD_FILE = re.compile(r"L\d{6}(\.jsonl?|\.partial\.json)")
+"""A length's per-test records, completion marker or partial records in OUT/tests (`length_files`,
+`partial_file`)."""
+MARKER_FILE = re.compile(r"L\d{6}\.json")
 DERIVED_FROM = "derived_from"
 """probe.json's field naming the result directory whose records a re-derivation elsewhere read."""
 PROBE = "probe"
@@ -265,6 +269,8 @@ def done_lengths(out: Path, key: str) -> dict[int, dict]:
     """Lengths already probed in `out` under `key`: length -> completion marker."""
     done = {}
     for marker in sorted((out / "tests").glob("L*.json")):
+        if not MARKER_FILE.fullmatch(marker.name):
+            continue  # a partial length's records
         try:
             meta = json.loads(marker.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -284,6 +290,57 @@ def write_length(out: Path, length: int, records: Sequence[dict], marker: dict) 
     jsonl.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(jsonl, "".join(json.dumps(r) + "\n" for r in records))
     write_json(marker_path, {"length": length, "n_tests": len(records), **marker})
+
+
+def partial_file(out: Path, length: int) -> Path:
+    """The records of a length being probed (`save_partial`), until `write_length` completes it."""
+    return out / "tests" / f"L{length:06d}.partial.json"
+
+
+def save_partial(out: Path, length: int, key: str, records: Sequence[dict], seconds: float) -> None:
+    """The tests of `length` done so far under `key`, replaced atomically (a kill leaves the previous batch's)."""
+    path = partial_file(out, length)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(
+        path, {"key": key, "length": length, "seconds": seconds, "records": list(records)}
+    )
+
+
+def load_partial(
+    out: Path, length: int, key: str, indices: Sequence[int]
+) -> tuple[list[dict], float]:
+    """(records, seconds) of the tests of `length` a killed probe finished under `key`: the records that are, in
+    order, those of the tests `indices` begin with. Nothing (and the file is left for `discard_partial`) when
+    the file is missing, damaged or from another key."""
+    path = partial_file(out, length)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return [], 0.0
+    if not (
+        isinstance(data, dict)
+        and data.get("key") == key
+        and data.get("length") == length
+        and isinstance(data.get("records"), list)
+        and isinstance(data.get("seconds"), (int, float))
+    ):
+        return [], 0.0
+    records = []
+    for record, index in zip(data["records"], indices):
+        if not (
+            isinstance(record, dict)
+            and record.get("key") == key
+            and record.get("length") == length
+            and record.get("index") == index
+        ):
+            break
+        records.append(record)
+    return records, float(data["seconds"]) if records else 0.0
+
+
+def discard_partial(out: Path, length: int) -> None:
+    """Delete the partial records of `length` (the probe's own file: `RECORD_FILE`)."""
+    partial_file(out, length).unlink(missing_ok=True)
 
 
 def read_records(out: Path, lengths: Sequence[int]) -> list[dict]:

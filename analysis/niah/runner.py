@@ -183,15 +183,17 @@ def execute(tasks: Sequence[ModelTask], job: Job) -> None:
 
 
 def probe_length(model: Generator, task: ModelTask, length: int, job: Job, bar: Any = None) -> None:
-    """Decode (unless greedy is off), teacher-force and score one length's tests in batches; write its records
-    and marker."""
+    """Decode (unless greedy is off), teacher-force and score one length's tests in batches, from where a killed
+    probe stopped (its partial records); write its records and marker."""
     s = job.settings
     tests = task.builder.make_tests(length, s.tests_per_length, s.seed)
     tokenizer = task.builder.tokenizer
+    records, earlier = results.load_partial(task.out, length, task.key, [t.index for t in tests])
+    if records and bar is not None:
+        bar.update(len(records))  # resumed: what a killed probe finished is not probed again
     started = time.perf_counter()
-    records: list[dict] = []
     size = job.batch_for(length)
-    for start in range(0, len(tests), size):
+    for start in range(len(records), len(tests), size):
         batch = tests[start : start + size]
         answers = (
             generate_answers(
@@ -214,6 +216,9 @@ def probe_length(model: Generator, task: ModelTask, length: int, job: Job, bar: 
             else None
         )
         records += score_tests(batch, answers, tf, task.key)
+        if len(records) < len(tests):
+            seconds = earlier + time.perf_counter() - started
+            results.save_partial(task.out, length, task.key, records, seconds)
         if bar is not None:
             bar.update(len(batch))
     results.write_length(
@@ -222,13 +227,14 @@ def probe_length(model: Generator, task: ModelTask, length: int, job: Job, bar: 
         records,
         {
             "key": task.key,
-            "seconds": time.perf_counter() - started,
+            "seconds": earlier + time.perf_counter() - started,
             "batch_size": size,
             "prefill_tokens": job.prefill_tokens,
             "device": str(job.device),
             "threads": torch.get_num_threads(),
         },
     )
+    results.discard_partial(task.out, length)
 
 
 def _write_meta(task: ModelTask, job: Job) -> None:

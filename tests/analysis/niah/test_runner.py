@@ -430,3 +430,57 @@ def test_an_older_probes_results_are_adopted_and_resumed(tmp_path, monkeypatch):
     as_older_posfreq(tmp_path / "one")
     run_one(tmp_path / "one", model, [160])
     assert len(model.calls) == decoded and owner_of(tmp_path / "one") == "probe"
+
+
+# ------------------------------------------------------------------ a killed probe resumes at its batch
+
+
+class KilledAfter(WindowModel):
+    """A WindowModel whose process is killed (KeyboardInterrupt) at its `calls_left + 1`-th batch."""
+
+    def __init__(self, calls_left: int) -> None:
+        super().__init__(TOKENIZER, 120)
+        self.calls_left = calls_left
+
+    def generate(self, prompt_ids, *args, **kwargs):
+        if self.calls_left == 0:
+            raise KeyboardInterrupt
+        self.calls_left -= 1
+        return super().generate(prompt_ids, *args, **kwargs)
+
+
+def test_a_killed_probe_resumes_at_the_batch_it_was_in(tmp_path):
+    _, clean = run_one(tmp_path / "clean", WindowModel(TOKENIZER, 120), [256], tests=7, batch=2)
+    out = tmp_path / "killed"
+    with pytest.raises(KeyboardInterrupt):
+        run_one(out, KilledAfter(2), [256], tests=7, batch=2)
+    assert not results.done_lengths(out, json.loads((out / "key.json").read_text())["key"])
+    partial = json.loads(results.partial_file(out, 256).read_text())
+    assert [r["index"] for r in partial["records"]] == [0, 1, 2, 3] and partial["seconds"] > 0
+    resumed = WindowModel(TOKENIZER, 120)
+    row, records = run_one(out, resumed, [256], tests=7, batch=2)
+    assert len(resumed.calls) == 2  # tests 4-5 and 6, nothing before
+    assert records == clean and not results.partial_file(out, 256).exists()
+    assert (
+        row["effective_length"]
+        == run_one(tmp_path / "again", WindowModel(TOKENIZER, 120), [256], tests=7, batch=2)[0][
+            "effective_length"
+        ]
+    )
+
+
+def test_partial_records_of_another_key_or_other_tests_are_not_resumed(tmp_path):
+    out = tmp_path / "p"
+    with pytest.raises(KeyboardInterrupt):
+        run_one(out, KilledAfter(2), [256], tests=7, batch=2)
+    path = results.partial_file(out, 256)
+    data = json.loads(path.read_text())
+    key = data["key"]
+    assert results.load_partial(out, 256, key, range(7))[0] == data["records"]
+    assert results.load_partial(out, 256, "another", range(7)) == ([], 0.0)
+    assert [r["index"] for r in results.load_partial(out, 256, key, [0, 1, 5, 6])[0]] == [0, 1]
+    path.write_text(path.read_text()[:-40])  # cut mid-write
+    assert results.load_partial(out, 256, key, range(7)) == ([], 0.0)
+    resumed = WindowModel(TOKENIZER, 120)
+    run_one(out, resumed, [256], tests=7, batch=2)
+    assert len(resumed.calls) == 4 and not path.exists()  # probed from the first test
