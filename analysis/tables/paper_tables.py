@@ -48,14 +48,37 @@ def outcomes_by_test(
     return outcomes
 
 
+def token_accuracy_by_test(records: Sequence[Mapping]) -> dict[tuple[int, int], float]:
+    """Each test's mean teacher-forced needle token accuracy (the share of its needles' tokens that are the model's
+    argmax), by (length, test index): a continuous score paired across schemes like the pass, which it smooths."""
+    scores = {}
+    for record in records:
+        accuracy = record.get("tf_token_accuracy")
+        if accuracy is None:
+            raise ValueError(
+                f"test {record.get('index')} at {record.get('length')} has no teacher-forced score; "
+                "Fix: probe with --teacher-forced true"
+            )
+        scores[(int(record["length"]), int(record["index"]))] = float(np.mean(accuracy))
+    return scores
+
+
+TOKEN_ACCURACY_COLUMNS = {"pass_rate": "token_accuracy"} | {
+    f"pass_{end}": f"token_accuracy_{end}" for end in ("lo", "hi")
+}
+"""table1's value columns as table1_token_accuracy.csv names them (the rows of `table1` over
+`token_accuracy_by_test`)."""
+
+
 def table1(
     outcomes: Mapping[str, Mapping[tuple[int, int], float]],
     n_boot: int = 2000,
     seed: int = 0,
     baseline: str = "rope",
 ) -> list[dict]:
-    """A row per scheme and length: the pass rate with its interval, and the mean paired difference from
-    `baseline` over the tests both ran, with its interval (empty for the baseline itself)."""
+    """A row per scheme and length: the pass rate (the mean of any per-test score in `outcomes`) with its
+    interval, and the mean paired difference from `baseline` over the tests both ran, with its interval (empty
+    for the baseline itself)."""
     rng = np.random.default_rng(seed)
     rows = []
     for scheme, by_test in outcomes.items():

@@ -26,10 +26,12 @@ from posfreq.analysis.tables.formats import markdown_table, read_csv, write_csv
 from posfreq.analysis.tables.paper_tables import (
     MEASURES,
     TABLE1_COLUMNS,
+    TOKEN_ACCURACY_COLUMNS,
     outcomes_by_test,
     table1,
     table1_markdown,
     table2,
+    token_accuracy_by_test,
 )
 from posfreq.train.atomic import write_json_atomic, write_text_atomic
 from posfreq.train.command_line import command_parser, parse
@@ -280,14 +282,23 @@ def write_tables(args, out: Path, schemes: list[str], options: dict[str, dict]) 
     """Table 1 (and Table 2 when RULER ran) from the finished probe and RULER outputs; returns Table 1's Markdown."""
     from posfreq.analysis.plots.niah import plot_scheme_pass_rates
 
-    outcomes = {}
-    for scheme in schemes:
-        probe_dir = out / "niah" / scheme
-        outcomes[scheme] = outcomes_by_test(
-            results.read_records(probe_dir, probed_lengths(probe_dir)), args.measure
-        )
+    records = {
+        scheme: results.read_records(out / "niah" / scheme, probed_lengths(out / "niah" / scheme))
+        for scheme in schemes
+    }
+    outcomes = {scheme: outcomes_by_test(records[scheme], args.measure) for scheme in schemes}
     rows = table1(outcomes, args.bootstrap)
     write_csv(out / "table1.csv", rows, list(TABLE1_COLUMNS))
+    scored = all(r.get("tf_token_accuracy") is not None for s in schemes for r in records[s])
+    accuracy = (
+        table1({s: token_accuracy_by_test(records[s]) for s in schemes}, args.bootstrap)
+        if scored
+        else []
+    )
+    if accuracy:
+        renamed = [{TOKEN_ACCURACY_COLUMNS.get(k, k): v for k, v in r.items()} for r in accuracy]
+        columns = [TOKEN_ACCURACY_COLUMNS.get(c, c) for c in TABLE1_COLUMNS]
+        write_csv(out / "table1_token_accuracy.csv", renamed, columns)
     settings = {
         "model": args.model,
         "tests_per_length": args.tests,
@@ -303,8 +314,20 @@ def write_tables(args, out: Path, schemes: list[str], options: dict[str, dict]) 
         "but rope) the mean paired difference from rope over the same tests with its interval.\n\n"
     )
     options_lines = "\n".join(f"- {s}: `{json.dumps(o)}`" for s, o in options.items())
+    companion = (
+        "\n## Teacher-forced needle token accuracy (%)\n\nThe same tests and layout, each test scored by the share "
+        "of its needles' tokens that are the model's argmax under teacher forcing: a continuous, paired score "
+        "that moves where pass rates sit at 0 or 100 (`table1_token_accuracy.csv`).\n\n"
+        + table1_markdown(accuracy)
+        if accuracy
+        else ""
+    )
     text = (
-        header + table1_markdown(rows) + "\nOptions as run (defaults included):\n\n" + options_lines
+        header
+        + table1_markdown(rows)
+        + companion
+        + "\nOptions as run (defaults included):\n\n"
+        + options_lines
     )
     write_text_atomic(out / "table1.md", text + "\n")
     plot_scheme_pass_rates(rows, out / "table1")

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 from helpers.hf import save_tiny_hf
 
-from posfreq.analysis.tables.paper_tables import outcomes_by_test, table1, table1_markdown, table2
+from posfreq.analysis.tables.paper_tables import (
+    outcomes_by_test,
+    table1,
+    table1_markdown,
+    table2,
+    token_accuracy_by_test,
+)
 from posfreq.scripts.commands import table as command
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -47,6 +53,22 @@ def test_a_test_passes_on_two_needles_greedy_or_teacher_forced() -> None:
     assert outcomes_by_test(records, "teacher_forced") == {(100, 0): 0.0, (100, 1): 1.0}
     with pytest.raises(ValueError, match="no teacher-forced score"):
         outcomes_by_test([{**records[0], "tf_token_accuracy": None}], "teacher_forced")
+
+
+def test_the_token_accuracy_of_a_test_is_the_mean_over_its_needles_and_pairs_like_a_pass() -> None:
+    def record(index: int, accuracy: list[float]) -> dict:
+        return {"length": 100, "index": index, "tf_token_accuracy": accuracy}
+
+    rope = token_accuracy_by_test([record(0, [0.5, 0.5, 0, 0]), record(1, [1, 1, 0, 0])])
+    string = token_accuracy_by_test([record(0, [1, 0.5, 0.5, 0]), record(1, [1, 1, 1, 1])])
+    assert rope == {(100, 0): 0.25, (100, 1): 0.5} and string == {(100, 0): 0.5, (100, 1): 1.0}
+    row = table1({"rope": rope, "string": string}, n_boot=200)[1]
+    assert row["pass_rate"] == 0.75 and row["difference_from_rope"] == 0.375  # (0.25 + 0.5) / 2
+    assert (
+        row["difference_lo"] == 0.25 and row["difference_hi"] == 0.5
+    )  # the two pairs' differences
+    with pytest.raises(ValueError, match="no teacher-forced score"):
+        token_accuracy_by_test([record(0, None)])
 
 
 def test_table2_joins_each_schemes_scores_by_task_and_length() -> None:
@@ -174,6 +196,10 @@ def test_the_teacher_forced_table_decodes_nothing_and_counts_the_argmax_needles(
     by_hand = sum(sum(a == 1.0 for a in r["tf_token_accuracy"]) >= 2 for r in records) / 4
     (row,) = list(csv.DictReader(open(out / "table1.csv")))
     assert float(row["pass_rate"]) == by_hand
+    (accuracy,) = list(csv.DictReader(open(out / "table1_token_accuracy.csv")))
+    mean_accuracy = sum(sum(r["tf_token_accuracy"]) / 4 for r in records) / 4
+    assert float(accuracy["token_accuracy"]) == pytest.approx(mean_accuracy, abs=1e-12)
+    assert "## Teacher-forced needle token accuracy" in (out / "table1.md").read_text()
     (summary,) = list(csv.DictReader(open(probe_dir / "summary.csv")))
     assert float(summary["pass_rate"]) == float(summary["tf_pass_rate"]) == by_hand
     with pytest.raises(results.StaleResults, match="greedy false.*Fix: --scoring teacher_forced"):
