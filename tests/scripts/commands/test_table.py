@@ -212,3 +212,36 @@ def test_the_teacher_forced_table_decodes_nothing_and_counts_the_argmax_needles(
         results.derive_model(
             probe_dir, Analysis(scoring="teacher_forced"), figures=False, dest=tmp_path / "tf"
         )
+
+
+def test_the_real_model_page_quotes_the_tables_its_command_wrote() -> None:
+    """docs/real_model.md's Table 1 is the command's own table1.md (kept in docs/real_model/), whose tables are
+    table1_markdown of the CSVs the same run wrote beside it."""
+    root = Path(__file__).resolve().parents[3]
+    written = root / "docs" / "real_model"
+    page = (root / "docs" / "real_model.md").read_text()
+    table_md = (written / "table1.md").read_text()
+    lines = [line for line in table_md.splitlines() if line.startswith("|")]
+    assert lines and all(line in page.splitlines() for line in lines)
+    for name in ("table1.csv", "table1_token_accuracy.csv"):
+        rows = []
+        for row in csv.DictReader(open(written / name)):
+            values = list(row.values())
+            rows.append(
+                {"scheme": row["scheme"], "length": int(row["length"]), "tests": int(row["tests"])}
+                | {
+                    key: (float(v) if v != "" else "")
+                    for key, v in zip(
+                        (
+                            "pass_rate",
+                            "pass_lo",
+                            "pass_hi",
+                            "difference_from_rope",
+                            "difference_lo",
+                            "difference_hi",
+                        ),
+                        values[3:],
+                    )
+                }
+            )
+        assert table1_markdown(rows) in table_md, name
