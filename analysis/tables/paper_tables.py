@@ -63,8 +63,10 @@ def token_accuracy_by_test(records: Sequence[Mapping]) -> dict[tuple[int, int], 
     return scores
 
 
-TOKEN_ACCURACY_COLUMNS = {"pass_rate": "token_accuracy"} | {
-    f"pass_{end}": f"token_accuracy_{end}" for end in ("lo", "hi")
+TOKEN_ACCURACY_COLUMNS = {
+    "pass_rate": "token_accuracy",
+    "pass_lo": "token_accuracy_lo",
+    "pass_hi": "token_accuracy_hi",
 }
 """table1's value columns as table1_token_accuracy.csv names them (the rows of `table1` over
 `token_accuracy_by_test`)."""

@@ -200,9 +200,8 @@ def resolved_options(args, schemes: list[str]) -> tuple[int, dict[str, dict], Ca
 def auto_shift(args, out: Path, train_len: int) -> tuple[int | None, str]:
     """(STRING's S from rope's measured effective length, how it was found): train/positions/string.py's
     shift_from_effective_length on the rope probe's effective length under --measure (None: no S to derive)."""
-    rows = read_csv(
-        out / "niah" / "rope" / "effective_length.csv"
-    )  # scored under --measure (run_probe)
+    # rope's probe scored its tests under --measure (run_probe), so its effective length is that measure's
+    rows = read_csv(out / "niah" / "rope" / "effective_length.csv")
     effective = int(rows[-1]["effective_length"] or 0)
     status = rows[-1]["effective_length_status"]
     how = f"rope's effective length {effective} at L = {train_len} ({args.measure}, {status})"
@@ -289,13 +288,9 @@ def write_tables(args, out: Path, schemes: list[str], options: dict[str, dict]) 
     outcomes = {scheme: outcomes_by_test(records[scheme], args.measure) for scheme in schemes}
     rows = table1(outcomes, args.bootstrap)
     write_csv(out / "table1.csv", rows, list(TABLE1_COLUMNS))
-    scored = all(r.get("tf_token_accuracy") is not None for s in schemes for r in records[s])
-    accuracy = (
-        table1({s: token_accuracy_by_test(records[s]) for s in schemes}, args.bootstrap)
-        if scored
-        else []
-    )
-    if accuracy:
+    accuracy = []
+    if all(r.get("tf_token_accuracy") is not None for s in schemes for r in records[s]):
+        accuracy = table1({s: token_accuracy_by_test(records[s]) for s in schemes}, args.bootstrap)
         renamed = [{TOKEN_ACCURACY_COLUMNS.get(k, k): v for k, v in r.items()} for r in accuracy]
         columns = [TOKEN_ACCURACY_COLUMNS.get(c, c) for c in TABLE1_COLUMNS]
         write_csv(out / "table1_token_accuracy.csv", renamed, columns)
