@@ -265,8 +265,10 @@ def length_files(out: Path, length: int) -> tuple[Path, Path]:
     return out / "tests" / f"L{length:06d}.jsonl", out / "tests" / f"L{length:06d}.json"
 
 
-def done_lengths(out: Path, key: str) -> dict[int, dict]:
-    """Lengths already probed in `out` under `key`: length -> completion marker."""
+def done_lengths(out: Path, key: str, tests: int | None = None) -> dict[int, dict]:
+    """Lengths already probed in `out` under `key` with at least `tests` tests (None: any number): length ->
+    completion marker. Tests extend by prefix (test i depends only on seed, length and i), so a length
+    probed with more tests than asked holds the asked ones."""
     done = {}
     for marker in sorted((out / "tests").glob("L*.json")):
         if not MARKER_FILE.fullmatch(marker.name):
@@ -278,6 +280,8 @@ def done_lengths(out: Path, key: str) -> dict[int, dict]:
         if (
             isinstance(meta, dict)
             and meta.get("key") == key
+            and isinstance(meta.get("n_tests"), int)
+            and meta["n_tests"] >= (tests or 0)
             and marker.with_suffix(".jsonl").is_file()
         ):
             done[int(meta["length"])] = meta
@@ -285,9 +289,11 @@ def done_lengths(out: Path, key: str) -> dict[int, dict]:
 
 
 def write_length(out: Path, length: int, records: Sequence[dict], marker: dict) -> None:
-    """One length's records, then its completion marker (so a marker always means a whole file)."""
+    """One length's records, then its completion marker (so a marker always means a whole file: the marker of
+    fewer tests that these extend goes first)."""
     jsonl, marker_path = length_files(out, length)
     jsonl.parent.mkdir(parents=True, exist_ok=True)
+    marker_path.unlink(missing_ok=True)
     write_text_atomic(jsonl, "".join(json.dumps(r) + "\n" for r in records))
     write_json(marker_path, {"length": length, "n_tests": len(records), **marker})
 
@@ -325,8 +331,34 @@ def load_partial(
         and isinstance(data.get("seconds"), (int, float))
     ):
         return [], 0.0
-    records = []
-    for record, index in zip(data["records"], indices):
+    records = _matching_prefix(data["records"], key, length, indices)
+    return records, float(data["seconds"]) if records else 0.0
+
+
+def load_started(
+    out: Path, length: int, key: str, indices: Sequence[int]
+) -> tuple[list[dict], float]:
+    """(records, seconds) a probe of `length` under `key` goes on from: a killed probe's partial records, or
+    the tests of a finished probe of that length with fewer tests (more tests extend it by prefix),
+    whichever holds more."""
+    started = load_partial(out, length, key, indices)
+    marker = done_lengths(out, key).get(length)
+    if marker is not None and isinstance(marker.get("seconds"), (int, float)):
+        try:
+            finished = _matching_prefix(read_records(out, [length]), key, length, indices)
+        except StaleResults:
+            finished = []  # a damaged file: its tests are probed again
+        if len(finished) == marker["n_tests"] and len(finished) > len(started[0]):
+            started = finished, float(marker["seconds"])
+    return started
+
+
+def _matching_prefix(
+    records: Sequence, key: str, length: int, indices: Sequence[int]
+) -> list[dict]:
+    """The records that are, in order, those of the tests `indices` begin with, under `key` and `length`."""
+    matched = []
+    for record, index in zip(records, indices):
         if not (
             isinstance(record, dict)
             and record.get("key") == key
@@ -334,8 +366,8 @@ def load_partial(
             and record.get("index") == index
         ):
             break
-        records.append(record)
-    return records, float(data["seconds"]) if records else 0.0
+        matched.append(record)
+    return matched
 
 
 def discard_partial(out: Path, length: int) -> None:
@@ -363,11 +395,13 @@ def read_records(out: Path, lengths: Sequence[int]) -> list[dict]:
 HIT_FIELDS = ("hits_anywhere", "hits_first_line")
 
 
-def checked_records(out: Path, length: int, marker: dict, greedy: bool = True) -> list[dict]:
-    """The records of one probed length, refused (StaleResults naming the file and line) unless they are exactly
-    what the probe wrote: as many as the marker's n_tests, each under the marker's key and length, with a distinct
-    test index and hit lists of JSON booleans (a probe with greedy off: teacher-forced accuracies in [0, 1]). A
-    re-derivation must never turn a damaged or mixed file into a number."""
+def checked_records(
+    out: Path, length: int, marker: dict, greedy: bool = True, tests: int | None = None
+) -> list[dict]:
+    """The first `tests` records (None: all) of one probed length, refused (StaleResults naming the file and line)
+    unless the file is exactly what the probe wrote: as many records as the marker's n_tests, each under the
+    marker's key and length, test i at line i + 1, with hit lists of JSON booleans (a probe with greedy off:
+    teacher-forced accuracies in [0, 1]). A re-derivation must never turn a damaged or mixed file into a number."""
     path = length_files(out, length)[0]
     records = read_records(out, [length])
     fix = "Fix: restore the file, or delete it and its .json marker to probe that length again"
@@ -375,7 +409,6 @@ def checked_records(out: Path, length: int, marker: dict, greedy: bool = True) -
         raise StaleResults(
             f"{path}: {len(records)} records, but its marker says {marker.get('n_tests')} tests. {fix}"
         )
-    seen = set()
     for number, record in enumerate(records, 1):
         where = f"{path}, record {number}"
         if (
@@ -403,10 +436,25 @@ def checked_records(out: Path, length: int, marker: dict, greedy: bool = True) -
                 f"{where}: tf_token_accuracy must be a number in [0, 1] per needle, got "
                 f"{accuracy!r:.60}. {fix}"
             )
-        if record.get("index") in seen:
-            raise StaleResults(f"{where}: test index {record.get('index')} appears twice. {fix}")
-        seen.add(record.get("index"))
-    return records
+        if record.get("index") != number - 1:
+            raise StaleResults(
+                f"{where}: test index {record.get('index')!r:.20}, where the probe writes test {number - 1}. {fix}"
+            )
+    return records[:tests]
+
+
+def finished_records(out: Path, meta: dict) -> dict[int, tuple[dict, list[dict]]]:
+    """Length -> (marker, checked records) of every length of a probe directory (with its probe.json `meta`) that
+    is finished under its key: the first tests_per_length tests of each, as the probe.json asked."""
+    key = read_json(out / KEY_FILE)["key"]
+    tests = int(meta["settings"]["tests_per_length"])
+    greedy = meta["settings"].get("greedy", True)  # probes before the setting decoded
+    done = done_lengths(out, key, tests)
+    return {
+        n: (done[n], checked_records(out, n, done[n], greedy, tests))
+        for n in meta["lengths"]
+        if n in done
+    }
 
 
 def derive_model(
@@ -420,21 +468,25 @@ def derive_model(
     """
     dest = _destination(out, dest)
     meta = read_json(out / META_FILE)
-    key = read_json(out / KEY_FILE)["key"]
-    done = done_lengths(out, key)
-    lengths = [n for n in meta["lengths"] if n in done]
-    if not lengths:
-        raise StaleResults(
-            f"{out}: no length is probed under its key yet; run scripts/commands/probe.py first"
-        )
-    greedy = meta["settings"].get("greedy", True)  # probes before the setting decoded
-    if not greedy and analysis.scoring != "teacher_forced":
+    if not meta["settings"].get("greedy", True) and analysis.scoring != "teacher_forced":
         raise StaleResults(
             f"{out} was probed with greedy false: no answer was decoded for scoring {analysis.scoring}. "
             "Fix: --scoring teacher_forced"
         )
-    by_length = {n: checked_records(out, n, done[n], greedy) for n in lengths}
-    summary = [summarize_length(by_length[n], done[n]["seconds"], analysis) for n in lengths]
+    finished = finished_records(out, meta)
+    if not finished:
+        raise StaleResults(
+            f"{out}: no length is probed under its key yet; run scripts/commands/probe.py first"
+        )
+    lengths = list(finished)
+    by_length = {n: records for n, (_, records) in finished.items()}
+    # the marker's time is that of all its tests, of which these are a prefix
+    summary = [
+        summarize_length(
+            by_length[n], marker["seconds"] * len(by_length[n]) / marker["n_tests"], analysis
+        )
+        for n, (marker, _) in finished.items()
+    ]
     write_csv(dest / "summary.csv", summary)
     hist = np.load(out / HIST_FILE, allow_pickle=False) if (out / HIST_FILE).is_file() else None
     train_len = int(meta["train_len"])
@@ -515,7 +567,7 @@ def derive_run(
         sub = out / name
         sub_meta = read_json(sub / META_FILE) if (sub / META_FILE).is_file() else {}
         if sub_meta.get("key") != key or set(sub_meta.get("lengths", [None])) - set(
-            done_lengths(sub, key)
+            done_lengths(sub, key, sub_meta["settings"]["tests_per_length"])
         ):
             missing.append(name)  # not (fully) probed under the key the checkpoint has now
             continue

@@ -152,7 +152,7 @@ def plan_model(source: ModelSource, out: Path, job: Job, builders: Builders) -> 
         results.claim(out, key, parts, job.replace_stale)
     except results.StaleResults as err:
         raise ProbeError(str(err)) from None
-    done = results.done_lengths(out, key)
+    done = results.done_lengths(out, key, job.settings.tests_per_length)
     return ModelTask(
         source, out, key, parts, builder, lengths, [n for n in lengths if n not in done]
     )
@@ -184,13 +184,15 @@ def execute(tasks: Sequence[ModelTask], job: Job) -> None:
 
 def probe_length(model: Generator, task: ModelTask, length: int, job: Job, bar: Any = None) -> None:
     """Decode (unless greedy is off), teacher-force and score one length's tests in batches, from where a killed
-    probe stopped (its partial records); write its records and marker."""
+    probe stopped (its partial records) or an earlier probe with fewer tests ended; write its records and marker."""
     s = job.settings
     tests = task.builder.make_tests(length, s.tests_per_length, s.seed)
     tokenizer = task.builder.tokenizer
-    records, earlier = results.load_partial(task.out, length, task.key, [t.index for t in tests])
+    records, earlier = results.load_started(task.out, length, task.key, [t.index for t in tests])
     if records and bar is not None:
-        bar.update(len(records))  # resumed: what a killed probe finished is not probed again
+        bar.update(
+            len(records)
+        )  # resumed: what a killed or shorter probe finished is not probed again
     started = time.perf_counter()
     size = job.batch_for(length)
     for start in range(len(records), len(tests), size):

@@ -40,7 +40,8 @@ class ProbeSettings:
     """What decides the probe's answers (hashed into the result key, with the model and the prompts)."""
 
     tests_per_length: int = 500
-    """NIAH tests per length (the paper: 500)."""
+    """NIAH tests per length (the paper: 500). Tests 0..n-1, the same in a probe of any size: asking for more
+    than a directory holds probes only the rest, and asking for fewer reads the first ones."""
     seed: int = 0
     """Test seed: the same seed builds the same tests (needles, depths, haystack windows) anywhere."""
     haystack: str = "pg"
@@ -104,9 +105,9 @@ class ProbeSettings:
             )
 
     def decoding(self) -> dict:
-        """The settings that change answers given the prompts (names of files excluded: content is keyed apart)."""
+        """The settings that change answers given the prompts (names of files excluded: content is keyed apart).
+        Not the number of tests: test i is the same in a probe of any size, so more tests extend fewer."""
         keep = (
-            "tests_per_length",
             "seed",
             "max_new_tokens",
             "positions",

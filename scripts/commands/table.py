@@ -272,19 +272,17 @@ def run_ruler(args, scheme: str, out: Path) -> None:
         raise TableError(f"RULER of {scheme} failed: posfreq ruler {' '.join(argv)}")
 
 
-def probed_lengths(out: Path) -> list[int]:
-    """The lengths a finished probe directory holds (its summary.csv)."""
-    return [int(row["length"]) for row in read_csv(out / "summary.csv")]
+def scheme_records(out: Path) -> list[dict]:
+    """The checked records of a scheme's finished probe directory, every length, the tests it asked for."""
+    finished = results.finished_records(out, results.read_json(out / results.META_FILE))
+    return [r for _, records in finished.values() for r in records]
 
 
 def write_tables(args, out: Path, schemes: list[str], options: dict[str, dict]) -> str:
     """Table 1 (and Table 2 when RULER ran) from the finished probe and RULER outputs; returns Table 1's Markdown."""
     from posfreq.analysis.plots.niah import plot_scheme_pass_rates
 
-    records = {
-        scheme: results.read_records(out / "niah" / scheme, probed_lengths(out / "niah" / scheme))
-        for scheme in schemes
-    }
+    records = {scheme: scheme_records(out / "niah" / scheme) for scheme in schemes}
     outcomes = {scheme: outcomes_by_test(records[scheme], args.measure) for scheme in schemes}
     rows = table1(outcomes, args.bootstrap)
     write_csv(out / "table1.csv", rows, list(TABLE1_COLUMNS))

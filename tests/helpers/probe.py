@@ -192,6 +192,7 @@ def probe_fake_run(
     tests=4,
     figures=False,
     replace_stale=False,
+    budget=32,
     **kw,
 ):
     def fake_load(self, settings, device, attention_backend="auto"):
@@ -199,6 +200,6 @@ def probe_fake_run(
         return WindowModel(TOKENIZER, names[self.name])
 
     monkeypatch.setattr(probe_sources.ModelSource, "load", fake_load)
-    j = job(lengths, tests)
+    j = job(lengths, tests, budget=budget)
     j.figures, j.replace_stale = figures, replace_stale
     return probe_runner.probe_run(run, out, j, **kw)[1]

@@ -196,11 +196,15 @@ def test_run_table_f_matches_naive_eq2_and_resumes(tmp_path, monkeypatch):
     (out / sorted(names)[1] / "tests" / "L000384.json").unlink()
     probe_fake_run(run, out, names, lengths, calls, monkeypatch)
     assert calls == [sorted(names)[1]]
-    # New settings (more tests) are another key: refused in the same directory, redone everywhere when asked.
+    # More tests extend every checkpoint's results under the same key (each loads its model for test 4 only).
+    calls.clear()
+    probe_fake_run(run, out, names, lengths, calls, monkeypatch, tests=5)
+    assert calls == sorted(names) and len(jsonl.read_text().splitlines()) == 5
+    # New settings (another answer budget) are another key: refused in the same directory, redone when asked.
     calls.clear()
     with pytest.raises(probe_settings.ProbeError, match="another key"):
-        probe_fake_run(run, out, names, lengths, calls, monkeypatch, tests=5)
-    probe_fake_run(run, out, names, lengths, calls, monkeypatch, tests=5, replace_stale=True)
+        probe_fake_run(run, out, names, lengths, calls, monkeypatch, budget=24)
+    probe_fake_run(run, out, names, lengths, calls, monkeypatch, budget=24, replace_stale=True)
     assert calls == sorted(names)
 
 
@@ -484,3 +488,62 @@ def test_partial_records_of_another_key_or_other_tests_are_not_resumed(tmp_path)
     resumed = WindowModel(TOKENIZER, 120)
     run_one(out, resumed, [256], tests=7, batch=2)
     assert len(resumed.calls) == 4 and not path.exists()  # probed from the first test
+
+
+# ------------------------------------------------------------------ more tests extend fewer, fewer read a prefix
+
+
+def test_more_tests_extend_a_finished_probe_and_fewer_read_its_first_tests(tmp_path):
+    """Test i is the same in a probe of any size: asking a finished directory for more tests probes only the
+    rest (records equal to a fresh probe of that many), asking for fewer probes nothing and reads the first."""
+    _, fresh = run_one(tmp_path / "fresh", WindowModel(TOKENIZER, 120), [160, 256], tests=7)
+    out = tmp_path / "grown"
+    run_one(out, WindowModel(TOKENIZER, 120), [160, 256], tests=3)
+    key = json.loads((out / "key.json").read_text())["key"]
+    more = WindowModel(TOKENIZER, 120)
+    row, records = run_one(out, more, [160, 256], tests=7, batch=2)
+    assert len(more.calls) == 4  # tests 3-4 and 5-6 of each length
+    assert records == fresh and json.loads((out / "key.json").read_text())["key"] == key
+    assert [s["n_tests"] for s in read_csv(out / "summary.csv")] == [7, 7]
+    fewer = WindowModel(TOKENIZER, 120)
+    row, _ = run_one(out, fewer, [160, 256], tests=2)
+    assert fewer.calls == [] and len(results.read_records(out, [160])) == 7  # nothing probed or cut
+    assert [s["n_tests"] for s in read_csv(out / "summary.csv")] == [2, 2]
+    assert row["tests_per_length"] == 2
+    assert (
+        results.finished_records(out, json.loads((out / "probe.json").read_text()))[256][1]
+        == [r for r in fresh if r["length"] == 256][:2]
+    )
+
+
+def test_extending_a_probe_resumes_from_whichever_of_its_partial_and_finished_tests_is_longer(
+    tmp_path,
+):
+    out = tmp_path / "p"
+    run_one(out, WindowModel(TOKENIZER, 120), [256], tests=3)
+    key = json.loads((out / "key.json").read_text())["key"]
+    finished = results.read_records(out, [256])
+    assert results.load_started(out, 256, key, range(9)) == (
+        finished,
+        results.done_lengths(out, key)[256]["seconds"],
+    )
+    with pytest.raises(KeyboardInterrupt):
+        run_one(out, KilledAfter(2), [256], tests=9, batch=2)  # tests 3-4 and 5-6, then killed
+    assert not results.done_lengths(out, key, 9) and results.done_lengths(out, key, 3)
+    started, _ = results.load_started(out, 256, key, range(9))
+    assert [r["index"] for r in started] == list(range(7)) and started[:3] == finished
+    resumed = WindowModel(TOKENIZER, 120)
+    _, records = run_one(out, resumed, [256], tests=9, batch=2)
+    assert len(resumed.calls) == 1 and [r["index"] for r in records] == list(range(9))
+
+
+def test_a_finished_length_with_its_tests_out_of_order_is_refused(tmp_path):
+    out = tmp_path / "p"
+    run_one(out, WindowModel(TOKENIZER, 120), [256], tests=3)
+    jsonl = results.length_files(out, 256)[0]
+    lines = jsonl.read_text().splitlines()
+    jsonl.write_text("\n".join([lines[1], lines[0], lines[2]]) + "\n")
+    with pytest.raises(
+        results.StaleResults, match="record 1: test index 1, where the probe writes test 0"
+    ):
+        results.derive_model(out, Analysis(), figures=False)
