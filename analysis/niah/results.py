@@ -312,12 +312,10 @@ def save_partial(out: Path, length: int, key: str, records: Sequence[dict], seco
     )
 
 
-def load_partial(
-    out: Path, length: int, key: str, indices: Sequence[int]
-) -> tuple[list[dict], float]:
-    """(records, seconds) of the tests of `length` a killed probe finished under `key`: the records that are, in
-    order, those of the tests `indices` begin with. Nothing (and the file is left for `discard_partial`) when
-    the file is missing, damaged or from another key."""
+def load_partial(out: Path, length: int, key: str) -> tuple[list[dict], float]:
+    """(records, seconds) of the tests of `length` a killed probe finished under `key`: its records of tests
+    0, 1, 2, ... up to the first that is not (seconds in proportion). Nothing (and the file is left for
+    `discard_partial`) when the file is missing, damaged or from another key."""
     path = partial_file(out, length)
     try:
         data = json.loads(path.read_text())
@@ -331,21 +329,19 @@ def load_partial(
         and isinstance(data.get("seconds"), (int, float))
     ):
         return [], 0.0
-    records = _matching_prefix(data["records"], key, length, indices)
-    return records, float(data["seconds"]) if records else 0.0
+    records = _leading_tests(data["records"], key, length)
+    return records, float(data["seconds"]) * len(records) / max(1, len(data["records"]))
 
 
-def load_started(
-    out: Path, length: int, key: str, indices: Sequence[int]
-) -> tuple[list[dict], float]:
+def load_started(out: Path, length: int, key: str) -> tuple[list[dict], float]:
     """(records, seconds) a probe of `length` under `key` goes on from: a killed probe's partial records, or
-    the tests of a finished probe of that length with fewer tests (more tests extend it by prefix),
-    whichever holds more."""
-    started = load_partial(out, length, key, indices)
+    the tests of a finished probe of that length (more tests extend it by prefix), whichever holds more. They
+    may hold more tests than asked: all are kept, and readers take the first ones."""
+    started = load_partial(out, length, key)
     marker = done_lengths(out, key).get(length)
     if marker is not None and isinstance(marker.get("seconds"), (int, float)):
         try:
-            finished = _matching_prefix(read_records(out, [length]), key, length, indices)
+            finished = _leading_tests(read_records(out, [length]), key, length)
         except StaleResults:
             finished = []  # a damaged file: its tests are probed again
         if len(finished) == marker["n_tests"] and len(finished) > len(started[0]):
@@ -353,12 +349,10 @@ def load_started(
     return started
 
 
-def _matching_prefix(
-    records: Sequence, key: str, length: int, indices: Sequence[int]
-) -> list[dict]:
-    """The records that are, in order, those of the tests `indices` begin with, under `key` and `length`."""
+def _leading_tests(records: Sequence, key: str, length: int) -> list[dict]:
+    """The records that are, in order, those of tests 0, 1, 2, ... of `length` under `key`."""
     matched = []
-    for record, index in zip(records, indices):
+    for index, record in enumerate(records):
         if not (
             isinstance(record, dict)
             and record.get("key") == key
@@ -443,11 +437,13 @@ def checked_records(
     return records[:tests]
 
 
-def finished_records(out: Path, meta: dict) -> dict[int, tuple[dict, list[dict]]]:
+def finished_records(
+    out: Path, meta: dict, tests: int | None = None
+) -> dict[int, tuple[dict, list[dict]]]:
     """Length -> (marker, checked records) of every length of a probe directory (with its probe.json `meta`) that
-    is finished under its key: the first tests_per_length tests of each, as the probe.json asked."""
+    is finished under its key: the first `tests` tests of each (None: as many as the probe.json asked)."""
     key = read_json(out / KEY_FILE)["key"]
-    tests = int(meta["settings"]["tests_per_length"])
+    tests = int(tests or meta["settings"]["tests_per_length"])
     greedy = meta["settings"].get("greedy", True)  # probes before the setting decoded
     done = done_lengths(out, key, tests)
     return {
@@ -458,9 +454,14 @@ def finished_records(out: Path, meta: dict) -> dict[int, tuple[dict, list[dict]]
 
 
 def derive_model(
-    out: Path, analysis: Analysis = Analysis(), figures: bool = True, dest: Path | None = None
+    out: Path,
+    analysis: Analysis = Analysis(),
+    figures: bool = True,
+    dest: Path | None = None,
+    tests: int | None = None,
 ) -> dict:
-    """summary.csv, distance.csv, effective_length.csv, failure_by_thirds and figures of one result directory.
+    """summary.csv, distance.csv, effective_length.csv, failure_by_thirds and figures of one result directory,
+    from the first `tests` tests of each length (None: its probe.json's tests_per_length).
 
     Reads only the directory's own files (records, probe.json, trained_lengths.npy) and writes the tables, the
     figures and probe.json (with the analysis) into `dest` (None: `out` itself; another directory leaves `out`
@@ -473,7 +474,8 @@ def derive_model(
             f"{out} was probed with greedy false: no answer was decoded for scoring {analysis.scoring}. "
             "Fix: --scoring teacher_forced"
         )
-    finished = finished_records(out, meta)
+    tests = int(tests or meta["settings"]["tests_per_length"])
+    finished = finished_records(out, meta, tests)
     if not finished:
         raise StaleResults(
             f"{out}: no length is probed under its key yet; run scripts/commands/probe.py first"
@@ -504,7 +506,7 @@ def derive_model(
         passed,
         hist,
         analysis,
-        meta["settings"]["tests_per_length"],
+        tests,
         tokens.get("tokens_trained"),
         tokens.get("run_tokens"),
     )
@@ -557,6 +559,7 @@ def derive_run(
     """
     dest = _destination(out, dest)
     meta = read_json(out / META_FILE)
+    tests = int(meta["settings"]["tests_per_length"])  # every checkpoint's, as the run asked
     rows, distances, missing = [], [], []
     for name, key in meta["checkpoints"].items():
         if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
@@ -567,11 +570,11 @@ def derive_run(
         sub = out / name
         sub_meta = read_json(sub / META_FILE) if (sub / META_FILE).is_file() else {}
         if sub_meta.get("key") != key or set(sub_meta.get("lengths", [None])) - set(
-            done_lengths(sub, key, sub_meta["settings"]["tests_per_length"])
+            done_lengths(sub, key, tests)
         ):
             missing.append(name)  # not (fully) probed under the key the checkpoint has now
             continue
-        row = derive_model(sub, analysis, figures, dest / name)
+        row = derive_model(sub, analysis, figures, dest / name, tests)
         rows.append(row)
         for d in read_csv(dest / name / "distance.csv"):
             distances.append({"checkpoint": name, "tokens_trained": row["tokens_trained"], **d})

@@ -188,11 +188,10 @@ def probe_length(model: Generator, task: ModelTask, length: int, job: Job, bar: 
     s = job.settings
     tests = task.builder.make_tests(length, s.tests_per_length, s.seed)
     tokenizer = task.builder.tokenizer
-    records, earlier = results.load_started(task.out, length, task.key, [t.index for t in tests])
+    records, earlier = results.load_started(task.out, length, task.key)
     if records and bar is not None:
-        bar.update(
-            len(records)
-        )  # resumed: what a killed or shorter probe finished is not probed again
+        # resumed: what a killed or shorter probe finished is not probed again
+        bar.update(min(len(records), len(tests)))
     started = time.perf_counter()
     size = job.batch_for(length)
     for start in range(len(records), len(tests), size):
@@ -218,9 +217,9 @@ def probe_length(model: Generator, task: ModelTask, length: int, job: Job, bar: 
             else None
         )
         records += score_tests(batch, answers, tf, task.key)
-        if len(records) < len(tests):
-            seconds = earlier + time.perf_counter() - started
-            results.save_partial(task.out, length, task.key, records, seconds)
+        # kept through write_length too: it removes the marker of the fewer tests these may extend
+        seconds = earlier + time.perf_counter() - started
+        results.save_partial(task.out, length, task.key, records, seconds)
         if bar is not None:
             bar.update(len(batch))
     results.write_length(

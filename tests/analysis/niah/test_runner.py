@@ -480,11 +480,13 @@ def test_partial_records_of_another_key_or_other_tests_are_not_resumed(tmp_path)
     path = results.partial_file(out, 256)
     data = json.loads(path.read_text())
     key = data["key"]
-    assert results.load_partial(out, 256, key, range(7))[0] == data["records"]
-    assert results.load_partial(out, 256, "another", range(7)) == ([], 0.0)
-    assert [r["index"] for r in results.load_partial(out, 256, key, [0, 1, 5, 6])[0]] == [0, 1]
-    path.write_text(path.read_text()[:-40])  # cut mid-write
-    assert results.load_partial(out, 256, key, range(7)) == ([], 0.0)
+    assert results.load_partial(out, 256, key) == (data["records"], data["seconds"])
+    assert results.load_partial(out, 256, "another") == ([], 0.0)
+    gap = {**data, "records": [*data["records"][:2], *data["records"][3:]]}  # test 2 missing
+    path.write_text(json.dumps(gap))
+    assert results.load_partial(out, 256, key) == (data["records"][:2], data["seconds"] * 2 / 3)
+    path.write_text(json.dumps(data)[:-40])  # cut mid-write
+    assert results.load_partial(out, 256, key) == ([], 0.0)
     resumed = WindowModel(TOKENIZER, 120)
     run_one(out, resumed, [256], tests=7, batch=2)
     assert len(resumed.calls) == 4 and not path.exists()  # probed from the first test
@@ -523,14 +525,14 @@ def test_extending_a_probe_resumes_from_whichever_of_its_partial_and_finished_te
     run_one(out, WindowModel(TOKENIZER, 120), [256], tests=3)
     key = json.loads((out / "key.json").read_text())["key"]
     finished = results.read_records(out, [256])
-    assert results.load_started(out, 256, key, range(9)) == (
+    assert results.load_started(out, 256, key) == (
         finished,
         results.done_lengths(out, key)[256]["seconds"],
     )
     with pytest.raises(KeyboardInterrupt):
         run_one(out, KilledAfter(2), [256], tests=9, batch=2)  # tests 3-4 and 5-6, then killed
     assert not results.done_lengths(out, key, 9) and results.done_lengths(out, key, 3)
-    started, _ = results.load_started(out, 256, key, range(9))
+    started, _ = results.load_started(out, 256, key)
     assert [r["index"] for r in started] == list(range(7)) and started[:3] == finished
     resumed = WindowModel(TOKENIZER, 120)
     _, records = run_one(out, resumed, [256], tests=9, batch=2)
@@ -547,3 +549,59 @@ def test_a_finished_length_with_its_tests_out_of_order_is_refused(tmp_path):
         results.StaleResults, match="record 1: test index 1, where the probe writes test 0"
     ):
         results.derive_model(out, Analysis(), figures=False)
+
+
+def test_a_partial_probe_of_more_tests_than_asked_is_kept_whole(tmp_path):
+    """A 9-test probe killed after 6, then asked for 4: nothing is probed, all 6 tests are kept (a later --tests 9
+    probes 3), and the tables read the first 4, at the time per test the 6 took."""
+    out = tmp_path / "p"
+    with pytest.raises(KeyboardInterrupt):
+        run_one(out, KilledAfter(3), [256], tests=9, batch=2)
+    key = json.loads((out / "key.json").read_text())["key"]
+    seconds = json.loads(results.partial_file(out, 256).read_text())["seconds"]
+    fewer = WindowModel(TOKENIZER, 120)
+    row, records = run_one(out, fewer, [256], tests=4, batch=2)
+    assert fewer.calls == [] and [r["index"] for r in records] == list(range(6))
+    assert results.done_lengths(out, key)[256]["n_tests"] == 6
+    assert not results.partial_file(out, 256).exists() and row["tests_per_length"] == 4
+    summary = read_csv(out / "summary.csv")[0]
+    assert summary["n_tests"] == 4 and summary["seconds"] == pytest.approx(
+        seconds * 4 / 6, abs=1e-3
+    )
+    more = WindowModel(TOKENIZER, 120)
+    run_one(out, more, [256], tests=9, batch=2)
+    assert len(more.calls) == 2 and results.done_lengths(out, key, 9)
+
+
+def test_a_run_merged_with_more_tests_than_its_checkpoints_hold_lists_them_as_missing(
+    tmp_path, monkeypatch
+):
+    run, out = tmp_path / "run", tmp_path / "run" / "probe"
+    names = make_fake_run(run, 512, {40_960: 60, 81_920: 110})
+    calls: list[str] = []
+    probe_fake_run(run, out, names, [160, 256], calls, monkeypatch, tests=4)
+    with pytest.raises(results.StaleResults, match="no checkpoint of the run is fully probed"):
+        probe_fake_run(run, out, names, [160, 256], calls, monkeypatch, tests=6, merge_only=True)
+    rows = probe_fake_run(run, out, names, [160, 256], calls, monkeypatch, tests=3, merge_only=True)
+    assert [r["tests_per_length"] for r in rows] == [3, 3]
+    assert all(s["n_tests"] == 3 for name in names for s in read_csv(out / name / "summary.csv"))
+
+
+def test_a_probe_killed_while_writing_an_extended_length_loses_no_test(tmp_path, monkeypatch):
+    out = tmp_path / "p"
+    run_one(out, WindowModel(TOKENIZER, 120), [256], tests=3)
+    key = json.loads((out / "key.json").read_text())["key"]
+    write_length = results.write_length
+
+    def killed_after_the_old_marker_went(out_, length, *args):
+        results.length_files(out_, length)[1].unlink()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(results, "write_length", killed_after_the_old_marker_went)
+    with pytest.raises(KeyboardInterrupt):
+        run_one(out, WindowModel(TOKENIZER, 120), [256], tests=4)  # one batch: tests 3
+    assert not results.done_lengths(out, key)
+    monkeypatch.setattr(results, "write_length", write_length)
+    resumed = WindowModel(TOKENIZER, 120)
+    _, records = run_one(out, resumed, [256], tests=4)
+    assert resumed.calls == [] and [r["index"] for r in records] == [0, 1, 2, 3]
