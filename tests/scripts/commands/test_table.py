@@ -215,11 +215,12 @@ def test_the_teacher_forced_table_decodes_nothing_and_counts_the_argmax_needles(
         )
 
 
-def test_the_real_model_page_quotes_the_tables_its_command_wrote() -> None:
-    """docs/real_model.md's Table 1 is the command's own table1.md (kept in docs/real_model/), whose tables are
-    table1_markdown of the CSVs the same run wrote beside it."""
+@pytest.mark.parametrize("run", [""])
+def test_the_real_model_page_quotes_the_tables_its_command_wrote(run: str) -> None:
+    """docs/real_model.md's Tables 1 are the commands' own table1.md (kept in docs/real_model/ and its
+    schemes_8k/), whose tables are table1_markdown of the CSVs the same run wrote beside it."""
     root = Path(__file__).resolve().parents[3]
-    written = root / "docs" / "real_model"
+    written = root / "docs" / "real_model" / run
     page = (root / "docs" / "real_model.md").read_text()
     table_md = (written / "table1.md").read_text()
     lines = [line for line in table_md.splitlines() if line.startswith("|")]
