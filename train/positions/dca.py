@@ -31,7 +31,8 @@ class DualChunkScheme(PositionScheme):
     Intra-chunk pass: causal varlen attention with each chunk as its own sequence (queries and
     keys at true positions). Cross-chunk pass (successive + inter): every query sees its whole
     previous chunk and all older ones, which is not causal, and `varlen_attention` is causal
-    only; so this pass is computed densely in float32, in query blocks of DENSE_BLOCK, then
+    only; so this pass is computed densely in float32, in query blocks of DENSE_BLOCK, each over
+    the keys its distances can reach (the previous chunk; the older ones, when there are any), then
     merged by log-sum-exp like the other passes.
     """
 
@@ -93,15 +94,30 @@ class DualChunkScheme(PositionScheme):
             k_mod = self.rotary.rerotate(x.k[k0:k1], pos_k % c - pos_k)  # keys at n mod c
             for b0 in range(0, q1 - q0, DENSE_BLOCK):
                 pos = pos_q[b0 : b0 + DENSE_BLOCK]
-                reach = int(pos.max()) // c * c  # keys before the last query's chunk
-                if reach == 0:
+                last = int(pos.max()) // c  # the block's last query chunk
+                if last == 0:
                     continue
                 rows = slice(q0 + b0, q0 + b0 + pos.numel())
-                k, v = k_mod[:reach], x.v[k0 : k0 + reach]
-                q_chunk, k_chunk = (pos // c)[:, None], (pos_k[:reach] // c)[None, :]
+                q_chunk = (pos // c)[:, None]
+                # successive: only the chunks before the block's own (from the one before its first query's)
+                near = slice(max(int(pos.min()) // c - 1, 0) * c, last * c)
                 succ = self.rotary.rotate(x.q[rows], torch.clamp(pos % c + c, max=size))
-                inter = self.rotary.rotate(x.q[rows], torch.full_like(pos, min(2 * c - 1, size)))
-                o_s, l_s = dense_attention(succ, k, v, k_chunk == q_chunk - 1)
-                o_i, l_i = dense_attention(inter, k, v, k_chunk < q_chunk - 1)
-                merge_into(o_s, l_s, slice(None), o_i, l_i)
-                merge_into(out, lse, rows, o_s, l_s)
+                o, s = dense_attention(
+                    succ,
+                    k_mod[near],
+                    x.v[k0 + near.start : k0 + near.stop],
+                    (pos_k[near] // c)[None, :] == q_chunk - 1,
+                )
+                older = (last - 1) * c  # inter: the chunks before the last query's previous one
+                if older > 0:
+                    inter = self.rotary.rotate(
+                        x.q[rows], torch.full_like(pos, min(2 * c - 1, size))
+                    )
+                    o_i, s_i = dense_attention(
+                        inter,
+                        k_mod[:older],
+                        x.v[k0 : k0 + older],
+                        (pos_k[:older] // c)[None, :] < q_chunk - 1,
+                    )
+                    merge_into(o, s, slice(None), o_i, s_i)
+                merge_into(out, lse, rows, o, s)
