@@ -142,7 +142,7 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None
             len_q == len_k
         )  # a dense mask only where the kernel's own causal flag cannot say it
         mask = None if causal else causal_mask(len_q, len_k, None, q.device)
-        out, _ = _attend_dense(
+        out, _ = attend_dense(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, causal, False, scale
         )
         return out.transpose(1, 2)
@@ -203,7 +203,7 @@ def _gather(x: Tensor, starts: list[int], length: int) -> Tensor:
     return x.index_select(0, index).view(len(starts), length, *x.shape[1:]).transpose(1, 2)
 
 
-def _attend_dense(
+def attend_dense(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, want_lse: bool, scale: float
 ):
     """(n, H, Lq, D) attention for one shape group; returns (out, lse or None)."""
@@ -253,7 +253,7 @@ def _sdpa(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
         causal = plain and len_q == len_k and len_q > 1
         needs_mask = not causal and not (plain and len_q == 1)
         mask = causal_mask(len_q, len_k, window, q.device) if needs_mask else None
-        o, s = _attend_dense(qs, ks, vs, mask, causal, return_lse, scale)
+        o, s = attend_dense(qs, ks, vs, mask, causal, return_lse, scale)
         index = (
             torch.tensor([starts_q[i] for i in seqs], device=q.device)[:, None]
             + torch.arange(len_q, device=q.device)

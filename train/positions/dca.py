@@ -11,14 +11,15 @@ from torch import Tensor
 from posfreq.train.positions.merge import (
     AttentionInputs,
     Segments,
-    dense_attention,
+    full_attention,
     merge_into,
     seq_lengths,
 )
 from posfreq.train.positions.scheme import PositionScheme
 
 DENSE_BLOCK = 256
-"""Query block of DCA's cross-chunk pass, computed densely (see `DualChunkScheme`)."""
+"""Queries per call of DCA's cross-chunk passes (see `DualChunkScheme`): bounds the scores a
+non-fused kernel holds at once."""
 
 
 @dataclass
@@ -29,11 +30,10 @@ class DualChunkScheme(PositionScheme):
     chunk_size) - n mod c. Older chunks: min(2c - 1, chunk_size) - n mod c.
 
     Intra-chunk pass: causal varlen attention with each chunk as its own sequence (queries and
-    keys at true positions). Cross-chunk pass (successive + inter): every query sees its whole
+    keys at true positions). Cross-chunk passes (successive, inter): every query sees its whole
     previous chunk and all older ones, which is not causal, and `varlen_attention` is causal
-    only; so this pass is computed densely in float32, in query blocks of DENSE_BLOCK, each over
-    the keys its distances can reach (the previous chunk; the older ones, when there are any), then
-    merged by log-sum-exp like the other passes.
+    only; so these are full attentions (`full_attention`) of each chunk's queries over one slice
+    of keys, merged by log-sum-exp like the intra-chunk pass.
     """
 
     chunk_size: int = 1
@@ -79,7 +79,12 @@ class DualChunkScheme(PositionScheme):
         return out
 
     def _cross_chunks(self, x: AttentionInputs, out: Tensor, lse: Tensor) -> None:
-        """Successive- and inter-chunk attention, folded into (out, lse) in place."""
+        """Successive- and inter-chunk attention, folded into (out, lse) in place.
+
+        Queries (the last ones of each sequence, keys from position 0) go chunk by chunk, in
+        blocks of DENSE_BLOCK: a query in chunk j sees every key of chunk j - 1 (successive) and
+        every key before it (inter), so each pass is a full attention over one slice of keys.
+        """
         c, size = self.chunk_len, self.chunk_size
         bounds = zip(
             x.cu_seqlens_q[:-1].tolist(),
@@ -88,36 +93,24 @@ class DualChunkScheme(PositionScheme):
             x.cu_seqlens_k[1:].tolist(),
         )
         for q0, q1, k0, k1 in bounds:
-            pos_q, pos_k = x.pos_q[q0:q1], x.pos_k[k0:k1]
-            if q1 == q0 or int(pos_q.max()) < c:
+            first, end = k1 - k0 - (q1 - q0), k1 - k0  # the queries' positions: [first, end)
+            if q1 == q0 or end <= c:
                 continue
+            pos_k = x.pos_k[k0:k1]
             k_mod = self.rotary.rerotate(x.k[k0:k1], pos_k % c - pos_k)  # keys at n mod c
-            for b0 in range(0, q1 - q0, DENSE_BLOCK):
-                pos = pos_q[b0 : b0 + DENSE_BLOCK]
-                last = int(pos.max()) // c  # the block's last query chunk
-                if last == 0:
-                    continue
-                rows = slice(q0 + b0, q0 + b0 + pos.numel())
-                q_chunk = (pos // c)[:, None]
-                # successive: only the chunks before the block's own (from the one before its first query's)
-                near = slice(max(int(pos.min()) // c - 1, 0) * c, last * c)
-                succ = self.rotary.rotate(x.q[rows], torch.clamp(pos % c + c, max=size))
-                o, s = dense_attention(
-                    succ,
-                    k_mod[near],
-                    x.v[k0 + near.start : k0 + near.stop],
-                    (pos_k[near] // c)[None, :] == q_chunk - 1,
-                )
-                older = (last - 1) * c  # inter: the chunks before the last query's previous one
-                if older > 0:
-                    inter = self.rotary.rotate(
-                        x.q[rows], torch.full_like(pos, min(2 * c - 1, size))
-                    )
-                    o_i, s_i = dense_attention(
-                        inter,
-                        k_mod[:older],
-                        x.v[k0 : k0 + older],
-                        (pos_k[:older] // c)[None, :] < q_chunk - 1,
-                    )
-                    merge_into(o, s, slice(None), o_i, s_i)
-                merge_into(out, lse, rows, o, s)
+            v = x.v[k0:k1]
+            for chunk in range(max(first // c, 1), (end - 1) // c + 1):
+                prev = slice((chunk - 1) * c, chunk * c)
+                for b0 in range(max(chunk * c, first), min(chunk * c + c, end), DENSE_BLOCK):
+                    b1 = min(b0 + DENSE_BLOCK, chunk * c + c, end)
+                    rows = slice(q0 + b0 - first, q0 + b1 - first)
+                    pos = x.pos_q[rows]
+                    succ = self.rotary.rotate(x.q[rows], torch.clamp(pos % c + c, max=size))
+                    o, s = full_attention(succ, k_mod[prev], v[prev])
+                    if chunk > 1:
+                        inter = self.rotary.rotate(
+                            x.q[rows], torch.full_like(pos, min(2 * c - 1, size))
+                        )
+                        o_i, s_i = full_attention(inter, k_mod[: prev.start], v[: prev.start])
+                        merge_into(o, s, slice(None), o_i, s_i)
+                    merge_into(out, lse, rows, o, s)

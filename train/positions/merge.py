@@ -7,13 +7,12 @@ queries and keys; these helpers cut those rows, run a pass, and fold one pass in
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from posfreq.train.model.attention import LayoutMemo, varlen_attention
+from posfreq.train.model.attention import LayoutMemo, attend_dense, varlen_attention
 from posfreq.train.model.attention_kernels import needs_backward, resolve_backend
 
 
@@ -237,16 +236,12 @@ def windowed_attention(q: Tensor, x: AttentionInputs, window: int) -> tuple[Tens
     return out, lse
 
 
-def dense_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
-    """Non-causal float32 attention of q (Lq, H, D) over k, v (Lk, Hkv, D) with a boolean (Lq, Lk) mask; returns (out, lse)."""
-    hkv, groups = k.shape[1], q.shape[1] // k.shape[1]
-    with torch.autocast(
-        q.device.type, enabled=False
-    ):  # float32 means float32 under the probe's bf16 autocast too
-        qg = q.float().view(q.shape[0], hkv, groups, q.shape[2])
-        scores = torch.einsum("qhgd,khd->qhgk", qg, k.float()) / math.sqrt(q.shape[-1])
-        scores = scores.masked_fill(~allowed[:, None, None, :], -math.inf)
-        lse = torch.logsumexp(scores, dim=-1)
-        probs = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(0.0)
-        out = torch.einsum("qhgk,khd->qhgd", probs, v.float())
-    return out.reshape(q.shape).to(q.dtype), lse.reshape(q.shape[:2])
+def full_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Attention of every query in q (Lq, H, D) over every key in k, v (Lk, Hkv, D), no mask; returns (out, lse).
+
+    The sdpa backend's dense attention: the fused CPU kernel at inference, float32 scores otherwise.
+    """
+    out, lse = attend_dense(
+        *(t.transpose(0, 1)[None] for t in (q, k, v)), None, False, True, q.shape[-1] ** -0.5
+    )
+    return out[0].transpose(0, 1), lse[0].transpose(0, 1)

@@ -253,35 +253,33 @@ def test_distance_picture(tmp_path):
 
 def test_float32_passes_stay_float32_under_bf16_autocast():
     """The probe runs under bf16 autocast on a GPU: the dense passes documented as float32 must not be cast back."""
-    from posfreq.train.model.attention import _attend_dense
-    from posfreq.train.positions.merge import dense_attention
+    from posfreq.train.model.attention import attend_dense
+    from posfreq.train.positions.merge import full_attention
 
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(6, 4, 16, generator=g) for _ in range(3))
-    allowed = torch.rand(6, 6, generator=g) > 0.3
-    allowed[:, 0] = True
-    want = dense_attention(q.double(), k.double(), v.double(), allowed)
+    q = torch.randn(6, 4, 16, generator=g)
+    k, v = (torch.randn(9, 2, 16, generator=g) for _ in range(2))
+    # plain softmax in float64, query head h reading key head h // 2
+    scores = torch.einsum("qhd,khd->hqk", q.double(), k.double().repeat_interleave(2, 1)) / 4
+    want_lse = torch.logsumexp(scores, -1).T
+    want = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.double().repeat_interleave(2, 1))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = dense_attention(q, k, v, allowed)
-        out, lse = _attend_dense(
+        got, got_lse = full_attention(q, k, v)
+        out, lse = attend_dense(
             q.transpose(0, 1)[None],
-            k.transpose(0, 1)[None],
-            v.transpose(0, 1)[None],
+            k[:6].transpose(0, 1)[None],
+            v[:6].transpose(0, 1)[None],
             None,
             True,
             True,
             0.25,
         )
-    torch.testing.assert_close(got[1].double(), want[1].double(), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(got[0].double(), want[0].double(), atol=1e-5, rtol=1e-5)
-    with torch.no_grad():
-        plain = _attend_dense(
-            q.transpose(0, 1)[None].double(),
-            k.transpose(0, 1)[None].double(),
-            v.transpose(0, 1)[None].double(),
-            None,
-            True,
-            True,
-            0.25,
-        )
-    torch.testing.assert_close(lse.double(), plain[1].double(), atol=1e-5, rtol=1e-5)
+    assert got.dtype == got_lse.dtype == torch.float32
+    torch.testing.assert_close(got_lse.double(), want_lse, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    causal = scores[:, :, :6].masked_fill(torch.ones(6, 6).triu(1).bool(), -torch.inf)
+    torch.testing.assert_close(lse[0].double(), torch.logsumexp(causal, -1), atol=1e-5, rtol=1e-5)
+    with torch.no_grad():  # the fused CPU kernel
+        fused, fused_lse = full_attention(q, k, v)
+    torch.testing.assert_close(fused_lse.double(), want_lse, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused.double(), want, atol=1e-5, rtol=1e-5)
