@@ -53,3 +53,16 @@ def test_a_users_file_named_by_json_is_never_overwritten(tmp_path, capsys):
     earlier = {"date": "d", "device": "cpu", "torch": "t", "seconds": 1.0, "stages": []}
     mine.write_text(json.dumps(earlier))
     assert gpu_check.is_report_or_new(mine) and gpu_check.is_report_or_new(tmp_path / "new.json")
+
+
+@pytest.mark.slow  # two 135M models
+def test_the_prefill_stage_runs_end_to_end_at_a_small_length_on_cpu(tmp_path):
+    """The 32K prefill stage only runs where a GPU is lent: its code runs here at 64 tokens, profile included,
+    so a GPU's few minutes are not lost to a Python error."""
+    import torch
+
+    line = gpu_check.prefill_stage(torch.device("cpu"), length=64, profile=tmp_path / "p.txt")
+    for row in ("posfreq rope", "string", "rope on sdpa", "transformers sdpa", "STRING"):
+        assert f"{row} " in line
+    assert line.count("ms") == 5 and line.count("x)") == 2
+    assert "posfreq string" in (tmp_path / "p.txt").read_text()
