@@ -177,6 +177,33 @@ def test_the_probe_refuses_a_model_folder_that_names_its_own_code(tmp_path, caps
     assert not (tmp_path / "marker").exists() and not out.exists()
 
 
+def test_an_auto_map_key_spelled_with_escapes_is_found_and_files_without_the_key_are_not_parsed(
+    tmp_path, monkeypatch
+):
+    """The check reads a JSON file's bytes and parses only those that could spell "auto_map" (literally or
+    with \\u escapes, which json decodes to the same key); a top-level key is refused however it is spelled."""
+    import json
+
+    from posfreq.train.model import hf_folder
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    # json.dumps writes the control character as \u0001, as in Llama 3's tokenizer.json
+    (folder / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"\x01": 0, "b": 1}}}))
+    (folder / "nested.json").write_text(json.dumps({"x": {"auto_map": {"A": "e.M"}}}))
+    parsed = []
+    real_loads = json.loads
+    monkeypatch.setattr(hf_folder.json, "loads", lambda s: parsed.append(s) or real_loads(s))
+    assert hf_folder.custom_code_declaration(folder) is None
+    assert parsed == [(folder / "nested.json").read_text()]  # tokenizer.json was never parsed
+    (folder / "config.json").write_text(
+        '{"model_type": "llama", "\\u0061uto_map": {"A": "evil.M"}}'
+    )
+    found = hf_folder.custom_code_declaration(folder)
+    assert found is not None and found.startswith(f"{folder / 'config.json'}: auto_map")
+    assert "evil.M" in found
+
+
 def test_make_tests_names_a_length_too_short_in_one_line(tmp_path):
     """`make_tests.py --lengths 256:...` with the bytes tokenizer ended in a traceback; the fix names the minimum."""
     from posfreq.analysis.lm_eval_task import make_tests

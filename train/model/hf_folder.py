@@ -8,6 +8,7 @@ code from a model folder, so such a folder is refused before anything loads, in 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 
@@ -15,12 +16,29 @@ class ModelFolderError(ValueError):
     """A model folder posfreq will not load; the message names the file and the fix."""
 
 
+_SPELLED_WITH_ESCAPES = re.compile(rb'"(?:[A-Za-z_]|\\u[0-9A-Fa-f]{4}){8}"')
+"""A JSON string of 8 characters, each a letter, an underscore or a \\u escape: every spelling of "auto_map"."""
+
+
+def _may_spell_auto_map(raw: bytes) -> bool:
+    """Whether JSON bytes can hold the key "auto_map": literally, or with \\u escapes, which json decodes alike."""
+    return b"auto_map" in raw or any(
+        json.loads(m.group()) == "auto_map"
+        for m in _SPELLED_WITH_ESCAPES.finditer(raw)
+        if b"\\u" in m.group()
+    )
+
+
 def custom_code_declaration(folder: Path) -> str | None:
     """The first JSON file in `folder` whose top level has an ``auto_map`` (classes from the folder's own code),
     as "FILE: auto_map {...}", else None. Unreadable JSON is left to the loaders, which name it."""
     for file in sorted(folder.glob("*.json")):
         try:
-            data = json.loads(file.read_text(encoding="utf-8"))
+            raw = file.read_bytes()
+            # only a file that can hold the key is parsed: a large vocabulary's tokenizer.json is slow to parse
+            if not _may_spell_auto_map(raw):
+                continue
+            data = json.loads(raw.decode("utf-8"))
         except (OSError, UnicodeDecodeError, ValueError, RecursionError):
             continue
         if isinstance(data, dict) and data.get("auto_map"):
