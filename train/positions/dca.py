@@ -96,9 +96,11 @@ class DualChunkScheme(PositionScheme):
             first, end = k1 - k0 - (q1 - q0), k1 - k0  # the queries' positions: [first, end)
             if q1 == q0 or end <= c:
                 continue
-            pos_k = x.pos_k[k0:k1]
-            k_mod = self.rotary.rerotate(x.k[k0:k1], pos_k % c - pos_k)  # keys at n mod c
-            v = x.v[k0:k1]
+            # the passes read keys before the last query's chunk only, rotated to n mod c
+            read = k0 + (end - 1) // c * c
+            pos_k = x.pos_k[k0:read]
+            k_mod = self.rotary.rerotate(x.k[k0:read], pos_k % c - pos_k)
+            v = x.v[k0:read]
             for chunk in range(max(first // c, 1), (end - 1) // c + 1):
                 prev = slice((chunk - 1) * c, chunk * c)
                 for b0 in range(max(chunk * c, first), min(chunk * c + c, end), DENSE_BLOCK):
