@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posfreq.train.data.packing import IGNORE_INDEX, PackedSampler
-from posfreq.train.model.loss import head_returns_loss
+from posfreq.train.model.loss import default_chunk_tokens, head_returns_loss
 
 EXACT_DISTANCES = 64
 BUCKETS_PER_OCTAVE = 8
@@ -117,8 +117,15 @@ def add_segments(table: LossByDistance, causal_lm, batch) -> None:
         targets = batch.targets[start:end]
         if not bool((targets != IGNORE_INDEX).any()):  # a padding segment
             continue
-        logits = causal_lm(input_ids=batch.input_ids[None, start:end]).logits[0].float()
-        losses = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="none")
+        logits = causal_lm(input_ids=batch.input_ids[None, start:end]).logits[0]
+        # float32 cross-entropy a chunk of rows at a time: no second (L, V) tensor beside the logits
+        rows = default_chunk_tokens(logits.shape[-1])
+        losses = torch.cat(
+            [
+                F.cross_entropy(part.float(), t, ignore_index=IGNORE_INDEX, reduction="none")
+                for part, t in zip(logits.split(rows), targets.split(rows))
+            ]
+        )
         distances = torch.arange(end - start, device=targets.device)
         table.add(losses, distances, targets != IGNORE_INDEX)
 

@@ -133,14 +133,18 @@ def test_every_milestone_stores_the_validation_loss_by_distance_and_a_resume_giv
 
 
 def test_a_transformers_model_a_segment_at_a_time_equals_packed_rows_of_the_imported_model(
-    data_dir, tmp_path
+    data_dir, tmp_path, monkeypatch
 ):
     """`add_segments` (any causal LM, one forward per document piece) against posfreq's packed forward with
-    within-document attention, on the same Llama weights: the same tokens in every bucket, the same losses."""
+    within-document attention, on the same Llama weights: the same tokens in every bucket, the same losses.
+    The segments' cross-entropy runs 7 rows at a time, so chunk edges fall inside segments."""
     transformers = pytest.importorskip("transformers")
     from posfreq.train.data.shards import TokenDataset
     from posfreq.train.model.hf import load_hf_model
+    from posfreq.train.run import loss_by_distance
     from posfreq.train.run.loss_by_distance import measure
+
+    monkeypatch.setattr(loss_by_distance, "default_chunk_tokens", lambda vocab_size: 7)
 
     save_tiny_hf(
         tmp_path,
