@@ -365,27 +365,35 @@ def prefill_stage(device: torch.device, length: int = 32_768, profile: Path | No
                 lambda: hf.model(input_ids=ids[None], use_cache=False), device
             )
     if profile is not None:
+
+        def posfreq_call(scheme: str, backend: str) -> Callable[[], object]:
+            def call() -> object:
+                ours.set_positions(scheme)
+                ours.attention_backend = backend
+                return ours.hidden_states(ids, cu, length)
+
+            return call
+
+        def transformers_call(attention: str) -> Callable[[], object]:
+            return lambda: (
+                hf.set_attn_implementation(attention)
+                or hf.model(input_ids=ids[None], use_cache=False)
+            )
+
+        # the RoPE rows on sdpa name the kernel sdpa picks on this GPU (flash, cuDNN, efficient)
+        calls = {
+            "posfreq string": posfreq_call("string", "auto"),
+            "posfreq rope": posfreq_call("rope", "auto"),
+            "posfreq rope on sdpa": posfreq_call("rope", "sdpa"),
+            "transformers sdpa": transformers_call("sdpa"),
+            "transformers STRING": transformers_call(STRING_ATTENTION),
+        }
         with torch.inference_mode():
-            ours.set_positions("string")
             write_text_atomic(
                 profile,
-                kernel_profile(
-                    lambda: ours.hidden_states(ids, cu, length), device, "posfreq string"
-                )
-                + kernel_profile(
-                    lambda: ours.set_positions("rope") or ours.hidden_states(ids, cu, length),
-                    device,
-                    "posfreq rope",
-                )
-                + kernel_profile(
-                    lambda: (
-                        hf.set_attn_implementation(STRING_ATTENTION)
-                        or hf.model(input_ids=ids[None], use_cache=False)
-                    ),
-                    device,
-                    "transformers STRING",
-                ),
+                "".join(kernel_profile(call, device, title) for title, call in calls.items()),
             )
+        ours.attention_backend = "auto"
     ours_ratio = times["posfreq string"] / times["posfreq rope"]
     hf_ratio = times[f"transformers {STRING_ATTENTION}"] / times["transformers sdpa"]
     return (
