@@ -5,6 +5,8 @@ within each node; optional activation checkpointing), and FSDP2's resharding acr
 from __future__ import annotations
 
 import logging
+import os
+import warnings
 from typing import Mapping
 
 import torch
@@ -149,6 +151,25 @@ def attention_choice(cfg: TrainConfig) -> str:
     return f"attention: {why}"
 
 
+SRUN_TASK = "POSFREQ_SRUN_TASK"
+"""Set to 1 by slurm/pretrain_common.sh's srun line (--export) in each task it starts."""
+
+
+def cluster_plugins() -> list:
+    """SLURM's cluster environment, named explicitly in a task our srun line started; else Lightning's detection.
+
+    Why: Lightning takes an allocation whose job name is bash or interactive (an salloc shell) for a local
+    run, and each srun task would then start devices - 1 more processes of its own."""
+    if os.environ.get(SRUN_TASK) != "1":
+        return []
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+    from lightning.fabric.utilities.warnings import PossibleUserWarning
+
+    with warnings.catch_warnings():  # "srun ... is not used": it is, under an allocation named bash
+        warnings.simplefilter("ignore", PossibleUserWarning)
+        return [SLURMEnvironment(auto_requeue=False)]
+
+
 def build_fabric(cfg: TrainConfig):
     """Fabric with ModelParallelStrategy(FSDP2) for this config (not yet launched)."""
     from lightning.fabric import Fabric
@@ -180,6 +201,7 @@ def build_fabric(cfg: TrainConfig):
         num_nodes=cfg.num_nodes,
         strategy=strategy,
         precision="32-true",
+        plugins=cluster_plugins(),
         loggers=fabric_loggers(cfg),
     )
 
