@@ -102,6 +102,26 @@ def make_parallelize(
     return parallelize
 
 
+def synchronize_replicas(model: nn.Module) -> None:
+    """Under HSDP, copy the first replica's parameter shards into the others, as DDP broadcasts rank 0's weights.
+
+    Why: every process initialises the model itself and FSDP2 broadcasts nothing; nodes whose CPUs draw the
+    initial weights differently would hold different replicas, which the gradient all-reduce never reconciles
+    and a checkpoint would save mixed (each replicated shard written by one rank)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    with torch.no_grad():
+        for param in model.parameters():
+            if not isinstance(param, DTensor) or "replicate" not in (
+                param.device_mesh.mesh_dim_names or ()
+            ):
+                continue
+            group = param.device_mesh.get_group("replicate")
+            if dist.get_world_size(group) > 1:
+                dist.broadcast(param.to_local(), src=dist.get_global_rank(group, 0), group=group)
+
+
 def set_resharding(model: nn.Module, after_forward: bool, after_backward: bool) -> None:
     """Set when FSDP2 frees the gathered parameters of `model` (the parallelized Transformer): `after_forward` for
     every block but the last (which, like the root, always keeps them from forward into its backward) and

@@ -39,7 +39,11 @@ from posfreq.train.run.control import EXIT_NOT_REQUEUED, StopSignals, requeue, w
 from posfreq.train.run.flops import peak_flops, step_flops
 from posfreq.train.run.log import LOG, RunLog
 from posfreq.train.run.optim import build_optimizer, clip_grad_norm, lr_at
-from posfreq.train.run.parallel import default_resharding, reshard_for_micro_batch
+from posfreq.train.run.parallel import (
+    default_resharding,
+    reshard_for_micro_batch,
+    synchronize_replicas,
+)
 from posfreq.train.run.resolved import ResolvedRun
 from posfreq.train.run.validation import validation_due, validation_loss
 
@@ -88,6 +92,7 @@ class Trainer:
         if cfg.model.init_from and run.resume_from is None:
             self._init_from(Path(cfg.model.init_from), model)
         self.model = fabric.setup_module(model)
+        synchronize_replicas(self.model)
         self.params = list(self.model.parameters())
         self.optimizer = fabric.setup_optimizers(build_optimizer(self.model, cfg))
         d = cfg.data

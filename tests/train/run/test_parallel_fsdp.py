@@ -41,6 +41,11 @@ def counted(*args, **kwargs):
     return real_gather(*args, **kwargs)
 param_group.foreach_all_gather = counted
 
+if os.environ.get("NODE_RANK", "0") in os.environ.get("OTHER_INIT_ON_NODES", "").split(","):
+    import torch  # this node draws other initial weights, as a node with another CPU might
+    real_seed = torch.manual_seed
+    torch.manual_seed = lambda seed: real_seed(seed + 1)
+
 if os.environ.get("RESHARD_EVERY_MICRO_BATCH") == "1":
     trainer.reshard_for_micro_batch = lambda model, index, count: parallel.default_resharding(model)
 
@@ -211,11 +216,12 @@ def test_one_all_gather_per_module_and_step_however_many_micro_batches(data_dir,
 def test_hybrid_sharding_over_two_nodes_trains_as_one_process_and_resumes_there(data_dir, tmp_path):
     """2 nodes x 2 ranks on one machine (NODE_RANK and a shared rendezvous): `fsdp: auto` shards within each node
     and replicates across the two, accumulating 2 micro-batches per step with one all-gather per module; the
-    losses and the final weights are one process's, and one process resumes its sharded checkpoint exactly."""
+    losses and the final weights are one process's, and one process resumes its sharded checkpoint exactly.
+    Node 1 draws other initial weights: the first replica's are copied to it before training."""
     geometry = {"micro_batch_rows": 1, "total_tokens": 6 * 1024}
     single = run(tiny(data_dir, tmp_path / "one", micro_batch_rows=2, total_tokens=6 * 1024))
     cfg = tiny(data_dir, tmp_path / "hsdp", devices=2, num_nodes=2, stop_at_step=4, **geometry)
-    gathers = counted_run(tmp_path, "hsdp", cfg, nodes=2)
+    gathers = counted_run(tmp_path, "hsdp", cfg, nodes=2, OTHER_INIT_ON_NODES="1")
     steps = records(gathers)
     assert len(steps) == 4 and all(len(rank) == 4 for rank in steps), steps
     assert {json.dumps(row["mesh"]) for rank in steps for row in rank} == {
