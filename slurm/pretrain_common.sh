@@ -25,7 +25,9 @@ fi
 # --gpu-bind=none: every task sees the node's GPUs and Lightning takes cuda:SLURM_LOCALID (a site default that
 # binds one GPU per task would leave cuda:1-7 out of reach). POSFREQ_SRUN_TASK=1 tells the trainer it runs in
 # a task of this srun, which Lightning would not see in an allocation named bash or interactive (salloc).
-cmd=(srun --kill-on-bad-exit=1 --ntasks-per-node="$GPUS_PER_NODE" --gpu-bind=none
+# --distribution=block: ranks numbered node by node (whatever a site's SLURM_DISTRIBUTION says), which hybrid
+# sharding's groups of consecutive ranks take for one node each.
+cmd=(srun --kill-on-bad-exit=1 --ntasks-per-node="$GPUS_PER_NODE" --distribution=block --gpu-bind=none
      "--export=ALL,POSFREQ_SRUN_TASK=1" ${cpus[@]+"${cpus[@]}"}
      "$PYTHON" train/pretrain.py --config "$CONFIG" --data.dir "$DATA_DIR" --out "$OUT_DIR"
      --num-nodes "$NODES" --devices "$GPUS_PER_NODE" --resume auto "$@")

@@ -94,6 +94,7 @@ def test_dry_run_prints_the_srun_command(script, length):
         "srun",
         "--kill-on-bad-exit=1",
         "--ntasks-per-node=8",
+        "--distribution=block",
         "--gpu-bind=none",
         "--export=ALL,POSFREQ_SRUN_TASK=1",
         "--cpus-per-task=12",
