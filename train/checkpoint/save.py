@@ -5,6 +5,7 @@ atomically; weights as safetensors; leftovers of interrupted writes removed.
 from __future__ import annotations
 
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from posfreq.train.atomic import atomic_open, fsync_path, write_json_atomic
 from posfreq.train.checkpoint.layout import (
     CONFIG_FILE,
     FORMAT,
+    HASH_THREADS,
     LENGTHS_FILE,
     LOSS_BY_DISTANCE_FILE,
     MANIFEST_FILE,
@@ -33,16 +35,47 @@ from posfreq.train.journal import record_written
 from posfreq.train.model.config import ModelConfig
 
 
-def write_manifest(directory: Path) -> str:
-    """Record every file's relative path, size and sha256 in manifest.json; returns the manifest's sha256."""
-    files = sorted(p for p in directory.rglob("*") if p.is_file())
-    entries = {}
-    for path in files:
-        name = path.relative_to(directory).as_posix()
-        if name not in (MANIFEST_FILE, TRAINER_FILE):
-            entries[name] = {"size": path.stat().st_size, "sha256": file_sha256(path)}
-    _write_file(directory / MANIFEST_FILE, {"files": entries})
+def file_entries(directory: Path, paths: list[Path]) -> dict[str, dict]:
+    """{path relative to `directory`: {size, sha256}} of `paths`, HASH_THREADS files at a time (hashlib releases
+    the GIL, so a multi-GB checkpoint hashes at the disk's speed rather than one core's)."""
+    with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
+        digests = list(pool.map(file_sha256, paths))
+    return {
+        path.relative_to(directory).as_posix(): {"size": path.stat().st_size, "sha256": digest}
+        for path, digest in zip(paths, digests)
+    }
+
+
+def own_files(directory: Path, rank: int) -> list[Path]:
+    """The files of a checkpoint being written that `rank` wrote itself: its DCP shards (torch's FileSystemWriter
+    names them __RANK_N.distcp) and its RNG states. Each rank hashes these, on the node whose page cache holds
+    them, so rank 0 does not read the whole checkpoint back alone while the others wait."""
+    shards = sorted(state_path(directory, True).glob(f"__{rank}_*.distcp"))
+    rng = rng_file(directory, rank)
+    return shards + ([rng] if rng.is_file() else [])
+
+
+def write_manifest(directory: Path, known: dict[str, dict] | None = None) -> str:
+    """Record every file's relative path, size and sha256 in manifest.json, taking the entries in `known` as they
+    are (hashed by the ranks that wrote them) and hashing the rest; returns the manifest's sha256."""
+    known = known or {}
+    names = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
+    names = [n for n in names if n not in (MANIFEST_FILE, TRAINER_FILE)]
+    entries = file_entries(directory, [directory / n for n in names if n not in known])
+    entries |= {n: known[n] for n in names if n in known}
+    _write_file(directory / MANIFEST_FILE, {"files": entries})  # written with sorted keys
     return file_sha256(directory / MANIFEST_FILE)
+
+
+def _gathered_entries(fabric: Any, entries: dict[str, dict]) -> dict[str, dict]:
+    """Every rank's `entries`, merged (on every rank)."""
+    if fabric.world_size == 1:
+        return entries
+    import torch.distributed as dist
+
+    parts: list = [None] * fabric.world_size
+    dist.all_gather_object(parts, entries)
+    return {name: entry for part in parts for name, entry in part.items()}
 
 
 def _write_file(path: Path, content: Any) -> None:
@@ -54,10 +87,10 @@ def _write_file(path: Path, content: Any) -> None:
         write_json_atomic(path, content, indent=1, sort_keys=True, default=int)
 
 
-def seal(directory: Path, trainer_state: dict) -> None:
-    """Write the manifest of every file in `directory`, then trainer.json recording it: last, as it marks the
-    checkpoint complete."""
-    manifest = write_manifest(directory)
+def seal(directory: Path, trainer_state: dict, known: dict[str, dict] | None = None) -> None:
+    """Write the manifest of every file in `directory` (`known`: entries hashed already), then trainer.json
+    recording it: last, as it marks the checkpoint complete."""
+    manifest = write_manifest(directory, known)
     _write_file(
         directory / TRAINER_FILE,
         {**trainer_state, "format": FORMAT, "manifest_sha256": manifest},
@@ -95,6 +128,7 @@ def save_checkpoint(
     # on its own node: rank 0's fsync reaches only its own writes
     fsync_path(rng_file(tmp, fabric.global_rank))
     fabric.barrier()
+    hashed = _gathered_entries(fabric, file_entries(tmp, own_files(tmp, fabric.global_rank)))
     if fabric.global_rank == 0:
         files = {
             LENGTHS_FILE: trained_lengths,
@@ -105,7 +139,7 @@ def save_checkpoint(
         }
         for name, content in files.items():
             _write_file(tmp / name, content)
-        seal(tmp, trainer_state)
+        seal(tmp, trainer_state, hashed)
         atomic.publish_dir(tmp, final)
     fabric.barrier()
     return final
