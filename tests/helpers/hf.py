@@ -45,6 +45,16 @@ def consolidated_bytes_model(
     return ours
 
 
+SMALL_DECODER = dict(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
+"""The position-scheme tests' tiny random decoder (any transformers config takes these keys)."""
+
 TINY_HF = dict(
     vocab_size=258,
     hidden_size=64,

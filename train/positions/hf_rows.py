@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posfreq.train.model.attention import LayoutMemo
+from posfreq.train.model.attention import LayoutMemo, varlen_attention
 from posfreq.train.positions.merge import AttentionInputs, cu_seqlens_of
 
 
@@ -19,11 +19,60 @@ def rope_parameters(config: Any) -> dict:
     return dict(getattr(config, "rope_parameters", None) or {})
 
 
+VERIFIED_MODEL_TYPES = (
+    "gemma",
+    "granite",
+    "granitemoe",
+    "llama",
+    "mistral",
+    "mixtral",
+    "olmo2",
+    "olmoe",
+    "phi3",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "smollm3",
+    "starcoder2",
+)
+"""transformers model types the position schemes are checked on, pair by pair, against each model's own rotary
+function (tests/train/positions/test_hf_architectures.py). Other decoders differ in ways the schemes' extra
+rotation cannot see from a config: interleaved or reversed rotary layouts (Cohere, ERNIE 4.5, Helium, NanoChat),
+learned norms after the rotation (HunYuan), complex-valued rotary (Llama 4), latent attention (DeepSeek-V3).
+A type joins the list when that test passes with it."""
+
+
+def check_architecture(config: Any) -> None:
+    """ValueError, before any forward, for a model whose attention the position schemes are not checked on."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in VERIFIED_MODEL_TYPES:
+        raise ValueError(
+            f"posfreq attention: position schemes are checked on the model types {', '.join(VERIFIED_MODEL_TYPES)}, "
+            f"not {model_type!r} (its rotary layout or attention may differ in ways a scheme would get silently "
+            "wrong). Fix: use rope (transformers' own attention), or add the type to VERIFIED_MODEL_TYPES in "
+            "train/positions/hf_rows.py once tests/train/positions/test_hf_architectures.py passes with it"
+        )
+
+
 def rope_inv_freq(config: Any) -> Tensor:
-    """The model's rotary inverse frequencies, as its rotary embedding computes them (rope scaling included)."""
+    """The model's rotary inverse frequencies, as its rotary embedding computes them (rope scaling included);
+    ValueError for a model the schemes cannot run on (`check_architecture`, rotary embeddings they cannot turn)."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+    check_architecture(config)
     params = rope_parameters(config)
+    if any(isinstance(value, dict) for value in params.values()):
+        raise ValueError(
+            "posfreq attention: this model has rope parameters per layer type "
+            f"({', '.join(k for k, v in params.items() if isinstance(v, dict))}); position schemes need one "
+            "rotary embedding. Fix: use rope"
+        )
+    if "rope_theta" not in params:
+        raise ValueError(
+            "posfreq attention: the model's config names no rope_theta (rope_parameters), so its rotary "
+            "frequencies are unknown. Fix: use rope"
+        )
     rope_type = params.get("rope_type", "default")
     partial = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
     if partial not in (None, 1, 1.0):
@@ -31,9 +80,9 @@ def rope_inv_freq(config: Any) -> Tensor:
             f"posfreq attention: this model rotates only part of each head (partial_rotary_factor={partial}); "
             "position schemes rotate whole heads. Fix: use transformers' own sdpa attention (rope)"
         )
-    if rope_type == "dynamic":
+    if rope_type in ("dynamic", "longrope"):
         raise ValueError(
-            "posfreq attention: dynamic rope scaling changes the frequencies with the input length; "
+            f"posfreq attention: {rope_type} rope scaling changes the frequencies with the input length; "
             "position schemes need fixed ones. Fix: load the model with static rope scaling (linear, yarn, llama3)"
         )
     if rope_type == "default":
@@ -48,7 +97,13 @@ def head_dim(config: Any) -> int:
 
 
 def refuse_unsupported(kwargs: dict) -> None:
-    """ValueError for what the attention functions do not model: a sliding window, logit soft-capping."""
+    """ValueError for what the attention functions do not model: a sliding window, logit soft-capping, attention
+    sinks."""
+    if kwargs.get("s_aux") is not None:
+        raise ValueError(
+            "posfreq attention: this model adds attention sinks to its softmax, which the position schemes do "
+            "not. Fix: use rope (transformers' own attention)"
+        )
     if kwargs.get("sliding_window"):
         raise ValueError(
             "posfreq attention: this layer attends within a sliding window, which the position schemes do not "
@@ -84,6 +139,24 @@ def real_key_block(attention_mask: Tensor | None, batch: int, len_k: int) -> tup
     return first, end
 
 
+def check_causal_rows(
+    attention_mask: Tensor | None, first: Tensor, end: Tensor, len_q: int, len_k: int
+) -> None:
+    """ValueError unless each real query sees every real key up to its own position: a sliding window or chunked
+    attention that a model expresses only through its mask (not the sliding_window argument) would be lost."""
+    if attention_mask is None:
+        return
+    seen = attention_mask[:, 0].bool().sum(-1).cpu()  # (B, Lq) keys each query sees
+    at = torch.arange(len_k - len_q, len_k)[None]  # each query's cache position
+    real = (at >= first[:, None]) & (at < end[:, None])
+    if not torch.equal(seen[real], (at + 1 - first[:, None]).expand_as(real)[real]):
+        raise ValueError(
+            "posfreq attention: the attention mask hides keys a causal query would see (a sliding window or "
+            "chunked attention), which the position schemes do not model. Fix: load the model without its "
+            "window (sliding_window=None, or use_sliding_window=False), or use rope"
+        )
+
+
 @dataclass(frozen=True)
 class PackedLayout:
     """Where each row's real queries and keys are and how they pack: the same for every layer of a forward.
@@ -116,6 +189,7 @@ def packed_layout(
             "posfreq attention: the cache holds slots after the newest query (a static cache?); the queries must "
             "be the last cache positions. Fix: generate with the default DynamicCache"
         )
+    check_causal_rows(attention_mask, first, end, len_q, len_k)
     q_from = torch.clamp(
         first, min=len_k - len_q
     )  # each row's first real query, in cache positions
@@ -212,3 +286,40 @@ def attention_inputs(
         max_seqlen_k=layout.max_k,
         backend=backend,
     )
+
+
+def scaled_queries(q: Tensor, scaling: float | None) -> Tensor:
+    """q with the model's attention scaling folded in (Granite's attention_multiplier, Gemma's query_pre_attn_scalar),
+    for the schemes, which score with 1/sqrt(head size): scores are linear in q, and so is a rotation."""
+    factor = 1.0 if scaling is None else scaling * q.shape[-1] ** 0.5
+    return q if abs(factor - 1.0) <= 1e-6 else q * factor
+
+
+def uses_rope(module: torch.nn.Module) -> bool:
+    """Whether this attention layer rotates q and k: not in a NoPE layer (every few of SmolLM3's, `use_rope`)."""
+    return bool(getattr(module, "use_rope", True))
+
+
+def plain_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None,
+    backend: str,
+) -> Tensor:
+    """Causal attention over each row's real tokens, for a layer without positions (a NoPE layer), where no
+    scheme changes anything; returns (B, Lq, H, D) as the attention functions do."""
+    layout, q, k, v = packed(query, key, value, attention_mask)
+    out = varlen_attention(
+        q,
+        k,
+        v,
+        layout.cu_q,
+        layout.cu_k,
+        layout.max_q,
+        layout.max_k,
+        backend=backend,
+        scale=scaling,
+    )
+    return unpack_queries(out, layout, query, key.shape[2])

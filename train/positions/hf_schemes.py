@@ -27,10 +27,13 @@ from posfreq.train.positions.hf_rows import (
     attention_inputs,
     head_dim,
     packed,
+    plain_attention,
     refuse_unsupported,
     rope_inv_freq,
     rope_parameters,
+    scaled_queries,
     unpack_queries,
+    uses_rope,
 )
 from posfreq.train.positions.rotary import ROPE_SCALING_TYPES, Rotary, RotaryBase
 from posfreq.train.positions.scheme import PositionScheme
@@ -95,19 +98,15 @@ def scheme_attention(
     """transformers' attention-function contract: q (B, H, Lq, D), cached k/v (B, Hkv, Lk, D), a boolean mask
     (B, 1, Lq, Lk) or None; returns (B, Lq, H, D), zeros for padding queries. Each row's real tokens are packed
     and attended by posfreq's scheme, at their positions in the row."""
-    dim = query.shape[-1]
-    if scaling is not None and abs(scaling * dim**0.5 - 1) > 1e-6:
-        raise ValueError(
-            f"posfreq_scheme: this model scales attention logits by {scaling}, not 1/sqrt(head size); "
-            "posfreq's schemes use 1/sqrt(head size). Fix: use rope with this model"
-        )
     refuse_unsupported(kwargs)
+    backend = (getattr(module.config, CONFIG_KEY, None) or {}).get("backend", "auto")
+    if not uses_rope(module):
+        return plain_attention(query, key, value, attention_mask, scaling, backend), None
     scheme, model_rotary, keys_as_cached = _scheme(module)
     layout, q, k, v = packed(query, key, value, attention_mask)
-    q = _turn_back(model_rotary, q, layout.pos_q)
+    q = scaled_queries(_turn_back(model_rotary, q, layout.pos_q), scaling)
     if not keys_as_cached:  # ntk, yarn set as the attention implementation by hand
         k = scheme.rotate_keys(_turn_back(model_rotary, k, layout.pos_k), layout.pos_k)
-    backend = (getattr(module.config, CONFIG_KEY, None) or {}).get("backend", "auto")
     inputs = attention_inputs(layout, q, k, v, layout.pos_q, layout.pos_k, backend)
     return unpack_queries(scheme.attend(inputs), layout, query, key.shape[2]), None
 

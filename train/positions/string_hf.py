@@ -19,9 +19,12 @@ from torch import Tensor
 from posfreq.train.positions.hf_rows import (
     attention_inputs,
     packed,
+    plain_attention,
     refuse_unsupported,
     rope_inv_freq,
+    scaled_queries,
     unpack_queries,
+    uses_rope,
 )
 from posfreq.train.positions.rotary import Rotary
 from posfreq.train.positions.string import StringScheme, string_shift_window
@@ -109,6 +112,8 @@ def string_attention(
     refuse_unsupported(kwargs)
     settings = settings_of(module.config)
     backend = (getattr(module.config, CONFIG_KEY, None) or {}).get("backend", "auto")
+    if not uses_rope(module):
+        return plain_attention(query, key, value, attention_mask, scaling, backend), None
     len_q, dim = query.shape[2], query.shape[3]
     len_k = key.shape[2]
     if len_q == 1:  # cached decoding: scores of one query are as small as the cache
@@ -117,6 +122,7 @@ def string_attention(
             query, key, value, attention_mask, _scheme(module, settings), scale
         ), None
     layout, q, k, v = packed(query, key, value, attention_mask)
+    q = scaled_queries(q, scaling)
     # posfreq's own STRING over the packed rows. Its queries are rotated from their positions; these
     # arrive rotated, so they sit at position 0: the near pass turns them by 0, the far pass by -(S - W)
     # (STRING depends on distances only; the keys' positions are not read either).
@@ -142,6 +148,7 @@ def apply_string(
     """Run a loaded transformers model with STRING: S = L // 3 of `train_len` (default: the config's
     max_position_embeddings) and W = min(128, S // 2) unless given. Returns the model."""
     register()
+    rope_inv_freq(model.config)  # refuses, before any forward, a model STRING cannot run on
     length = train_len or model.config.max_position_embeddings
     shift, window = string_shift_window(length, shift, window)
     model.config.posfreq_string = {"shift": shift, "window": window}

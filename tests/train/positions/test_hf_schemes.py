@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers.hf import SMALL_DECODER
 
 transformers = pytest.importorskip("transformers")
 
@@ -34,15 +35,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 TRAIN_LEN = 48  # paper protocol: L' = 32, so every baseline rewrites distances from 8 to 24 on
 PROMPTS = (40, 29)  # the second is left-padded by 11
 STEPS = 32
-SMALL = dict(
-    vocab_size=97,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=TRAIN_LEN,
-)
+SMALL = {**SMALL_DECODER, "max_position_embeddings": TRAIN_LEN}
 BASELINES = ("rerope", "self_extend", "dca", "ntk", "yarn", "string")
 REFERENCE = "posfreq_pair_reference"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.hf import SMALL_DECODER
 
 transformers = pytest.importorskip("transformers")
 
@@ -21,15 +22,7 @@ from posfreq.train.positions.string_hf import (  # noqa: E402
 REFERENCE = "posfreq_string_reference"
 TRAIN_LEN = 48  # S = 16, W = 8: prompts of 40 tokens reach far into the shifted distances
 PROMPTS = (40, 29)  # the second is left-padded by 11
-SMALL = dict(
-    vocab_size=97,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=TRAIN_LEN,
-)
+SMALL = {**SMALL_DECODER, "max_position_embeddings": TRAIN_LEN}
 
 
 def llama():
