@@ -28,7 +28,7 @@ from posfreq.train.journal import JOURNAL_FILE, remove_recorded
 from posfreq.train.model.config import DTYPES, ModelConfig
 from posfreq.train.model.transformer import Transformer
 from posfreq.train.outdir import OutputDirError, claim_output_dir
-from posfreq.train.positions.rotary import rope_scaling_type
+from posfreq.train.positions.rotary import rope_scaling_type, rope_type_of
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}
 
@@ -89,6 +89,7 @@ _KNOWN_KEYS = {
     "problem_type",
     "partial_rotary_factor",
     "quantization_config",
+    "original_max_position_embeddings",
 }
 
 
@@ -123,24 +124,32 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
         )
     defaults = _DEFAULTS[model_type]
     problems = []
-    for key, expected in (("attention_bias", False), ("mlp_bias", False), ("hidden_act", "silu")):
+    for key, expected in (("attention_bias", False), ("mlp_bias", False)):
         if hf.get(key, expected) != expected:
             problems.append(f"{key}={hf[key]!r} (only {expected!r} is supported)")
+    if hf.get("hidden_act", "silu") not in (
+        "silu",
+        "swish",
+    ):  # two names of one function in transformers
+        problems.append(f"hidden_act={hf['hidden_act']!r} (only 'silu' is supported)")
     if hf.get("quantization_config"):
         problems.append(
             "quantization_config (quantized weights are not supported; use a bf16/fp16/fp32 checkpoint)"
         )
-    if hf.get("partial_rotary_factor", 1.0) != 1.0:
-        problems.append(
-            f"partial_rotary_factor={hf['partial_rotary_factor']} (only 1.0 is supported)"
-        )
+    partial = (hf.get("rope_parameters") or {}).get(
+        "partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)
+    )
+    if partial not in (None, 1, 1.0):
+        problems.append(f"partial_rotary_factor={partial} (only 1.0 is supported)")
     max_len = int(hf.get("max_position_embeddings", defaults["max_position_embeddings"]))
     window = hf.get("sliding_window", defaults["sliding_window"])
-    if window is not None and window < max_len:
+    # transformers' Llama ignores the key; its Mistral attends within the window once a sequence is longer
+    if model_type == "mistral" and window is not None:
         problems.append(
-            f"sliding_window={window} < max_position_embeddings={max_len} (sliding-window attention is not supported)"
+            f"sliding_window={window} (Mistral attends within it on any longer sequence, which our model "
+            "does not; set it to null only if the model was trained without a window)"
         )
-    rope_theta, rope_scaling = _rope_from_hf(hf, defaults)
+    rope_theta, rope_scaling = _rope_from_hf(hf, defaults, problems)
     try:
         rope_scaling_type(rope_scaling)
     except ValueError as err:
@@ -190,13 +199,34 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
     )
 
 
-def _rope_from_hf(hf: dict, defaults: dict) -> tuple[float, dict | None]:
-    """(rope_theta, rope_scaling) from either transformers 4's keys or transformers 5's rope_parameters."""
+def _rope_from_hf(hf: dict, defaults: dict, problems: list[str]) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling) from either transformers 4's keys or transformers 5's rope_parameters, as
+    transformers reads them; a conflict it would resolve silently goes to `problems`."""
     params = hf.get("rope_parameters")
+    old = {k: v for k, v in (hf.get("rope_scaling") or {}).items() if k != "rope_theta"}
     if params:
-        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-        return params.get("rope_theta", hf.get("rope_theta", defaults["rope_theta"])), scaling
-    return hf.get("rope_theta", defaults["rope_theta"]), hf.get("rope_scaling")
+        theta = params.get("rope_theta", hf.get("rope_theta", defaults["rope_theta"]))
+        scaling = {
+            k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")
+        }
+        if old and rope_type_of(old) != "default" and old != scaling:
+            problems.append(
+                f"rope_scaling={old} and rope_parameters={params} disagree (transformers 4 reads the first, "
+                "transformers 5 lets it win too, unless a tool wrote both); keep one of them"
+            )
+    else:
+        theta, scaling = hf.get("rope_theta", defaults["rope_theta"]), (old or None)
+    outer = hf.get("original_max_position_embeddings")
+    if outer is not None and scaling and rope_type_of(scaling) != "default":
+        inner = scaling.get("original_max_position_embeddings")
+        if inner is None:  # transformers fills the rope dict from the top-level key
+            scaling = {**scaling, "original_max_position_embeddings": outer}
+        elif int(inner) != int(outer):
+            problems.append(
+                f"original_max_position_embeddings={outer} at the top level and {inner} in the rope scaling "
+                "(transformers takes the top-level one); keep one value"
+            )
+    return theta, scaling
 
 
 def _weight_files(directory: Path) -> list[Path]:
@@ -246,10 +276,15 @@ def load_hf_model(
         _read_json(directory / "config.json"), source=str(directory / "config.json")
     )
     weights = _read_hf_weights(directory, dtype, device)
-    if config.tie_embeddings:
-        weights.pop(
-            "lm_head.weight", None
-        )  # transformers ignores a stored head when embeddings are tied
+    if config.tie_embeddings and "lm_head.weight" in weights:
+        # transformers 5 keeps a stored head that differs from the embeddings (and unties them), older releases
+        # drop it: a folder whose two differ computes different numbers under each, so it is refused
+        if not torch.equal(weights.pop("lm_head.weight"), weights["embed_tokens.weight"]):
+            raise ValueError(
+                f"{directory}: config.json ties the output head to the embeddings (tie_word_embeddings), but "
+                "model.safetensors stores a different lm_head.weight. Fix: set tie_word_embeddings to false if "
+                "the stored head is the trained one, or remove lm_head.weight from the weights"
+            )
     with torch.device("meta"):
         model = Transformer(config, attention_backend=attention_backend)
     shapes = {
@@ -316,7 +351,8 @@ def config_to_hf(
         "max_position_embeddings": config.train_len,
         "rms_norm_eps": config.norm_eps,
         "rope_theta": config.rope_base,
-        "rope_scaling": config.rope_scaling,
+        # a copy: transformers writes rope_theta into the dict it is given, which must not be our config's
+        "rope_scaling": dict(config.rope_scaling) if config.rope_scaling else None,
         "tie_word_embeddings": config.tie_embeddings,
         "attention_bias": False,
         "attention_dropout": 0.0,

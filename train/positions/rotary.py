@@ -103,11 +103,14 @@ class RotaryBase:
 # ----------------------------------------------------------------------------- Hugging Face rope_scaling
 
 
+def rope_type_of(rope_scaling: dict | None) -> str:
+    """The scaling type a rope_scaling dict names (HF spells it rope_type, older files type), whatever it is."""
+    return (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type", "default"))
+
+
 def rope_scaling_type(rope_scaling: dict | None) -> str:
-    """The scaling type of a rope_scaling dict (HF spells it rope_type, older files type); refuses unknown types."""
-    if not rope_scaling:
-        return "default"
-    rope_type = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+    """The scaling type of a rope_scaling dict (`rope_type_of`); refuses types posfreq does not compute."""
+    rope_type = rope_type_of(rope_scaling)
     if rope_type not in ROPE_SCALING_TYPES:
         raise ValueError(
             f"unsupported rope_scaling type {rope_type!r} (rope_scaling={rope_scaling}); supported: {ROPE_SCALING_TYPES}"

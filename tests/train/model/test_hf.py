@@ -49,7 +49,9 @@ def _save_llama(directory: Path, seed: int = 0, **overrides) -> LlamaForCausalLM
     """A tiny random LlamaForCausalLM saved to `directory` (fp32, weights large enough for clear argmaxes)."""
     shard = overrides.pop("shard", False)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**{**TINY, **overrides})).eval()
+    # copies: transformers writes rope_theta into a rope dict it is given (the module's LLAMA3_SCALING)
+    settings = {k: dict(v) if isinstance(v, dict) else v for k, v in {**TINY, **overrides}.items()}
+    model = LlamaForCausalLM(LlamaConfig(**settings)).eval()
     model.save_pretrained(directory, **({"max_shard_size": "40KB"} if shard else {}))
     return model
 
@@ -308,6 +310,38 @@ def test_non_llama_architecture_is_refused(tmp_path: Path) -> None:
             },
             "sliding_window",
         ),
+        # a window as long as the training length still applies to every longer probe length and answer token
+        (
+            {
+                "model_type": "mistral",
+                "architectures": ["MistralForCausalLM"],
+                "sliding_window": TINY["max_position_embeddings"],
+            },
+            "sliding_window",
+        ),
+        # transformers 5 lets a hand-added rope_scaling win over the rope_parameters it saved
+        (
+            {"rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+            r"rope_scaling=.* and rope_parameters=.* disagree",
+        ),
+        # transformers takes the top-level original length over the rope dict's
+        (
+            {
+                "rope_parameters": {**LLAMA3_SCALING, "rope_theta": 1e4},
+                "original_max_position_embeddings": 128,
+            },
+            "original_max_position_embeddings=128 at the top level and 256",
+        ),
+        (
+            {
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": 1e4,
+                    "partial_rotary_factor": 0.5,
+                }
+            },
+            "partial_rotary_factor=0.5",
+        ),
     ],
 )
 def test_unsupported_field_is_refused(tmp_path: Path, changes: dict, named: str) -> None:
@@ -315,6 +349,51 @@ def test_unsupported_field_is_refused(tmp_path: Path, changes: dict, named: str)
     _edit_config(tmp_path, **changes)
     with pytest.raises(ValueError, match=named):
         load_hf_model(tmp_path)
+
+
+def test_a_tied_head_stored_with_other_weights_is_refused(tmp_path: Path) -> None:
+    """tie_word_embeddings with a stored lm_head.weight that differs: transformers 5 keeps the stored head, older
+    releases the embeddings; refused rather than picking one. A stored head equal to the embeddings loads."""
+    from safetensors.torch import load_file, save_file
+
+    hf = _save_llama(tmp_path, tie_word_embeddings=True)
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    embeddings = weights["model.embed_tokens.weight"]
+    save_file(
+        {**weights, "lm_head.weight": embeddings.clone()}, str(tmp_path / "model.safetensors")
+    )
+    _assert_same_logits(load_hf_model(tmp_path), hf, _ids())
+    save_file({**weights, "lm_head.weight": embeddings * 2}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="stores a different lm_head.weight"):
+        load_hf_model(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"hidden_act": "swish"},  # transformers' other name for silu
+        # the llama3 scaling's original length given only at the top level, as transformers reads it
+        {
+            "rope_parameters": {
+                **{
+                    k: v
+                    for k, v in LLAMA3_SCALING.items()
+                    if k != "original_max_position_embeddings"
+                },
+                "rope_theta": 1e4,
+            },
+            "original_max_position_embeddings": 128,
+        },
+    ],
+    ids=["swish", "top-level-original-length"],
+)
+def test_config_spellings_transformers_reads_alike_load_alike(
+    tmp_path: Path, changes: dict
+) -> None:
+    _save_llama(tmp_path)
+    _edit_config(tmp_path, **changes)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    _assert_same_logits(load_hf_model(tmp_path), hf, _ids(length=300))
 
 
 def test_metadata_keys_pass_silently_and_unknown_ones_are_named(tmp_path: Path) -> None:
