@@ -30,7 +30,6 @@ TESTED_WITH_THEIR_CALLER = {
     "train/preflight/pretrain_check.py": "tests/train/preflight/test_doctor.py",
     "train/run/validation.py": "tests/train/run/test_trainer.py",
     "train/model/hf_folder.py": "tests/test_bad_inputs.py",
-    "train/positions/hf_rows.py": "tests/train/positions/test_hf_schemes.py",
     "analysis/corpus/listed_outputs.py": "tests/scripts/commands/test_analyze.py",
     "analysis/corpus/summary.py": "tests/scripts/commands/test_analyze.py",
     "analysis/plots/effective_length.py": "tests/test_notebook.py",
