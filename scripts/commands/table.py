@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Literal, Optional, Sequence, Union
 
 from posfreq.analysis.niah import results
-from posfreq.analysis.niah.settings import parse_lengths
+from posfreq.analysis.niah.settings import ANSWER_ORDERS, parse_lengths
 from posfreq.analysis.tables.formats import markdown_table, read_csv, write_csv
 from posfreq.analysis.tables.paper_tables import (
     MEASURES,
@@ -89,6 +89,13 @@ def build_parser():
         default="greedy",
         help="greedy: the answer holds 2 of 4 needles (the paper's); teacher_forced: 2 of 4 needles have every "
         "token as the argmax under teacher forcing (no decoding; paired and cheap on a CPU)",
+    )
+    parser.add_argument(
+        "--answer-order",
+        type=Literal[ANSWER_ORDERS],
+        default="document",
+        help="needle order of the teacher-forced reference answer: as in the document, or nearest the question "
+        "first (the teacher-forced measure also scores which needle the model names first)",
     )
     parser.add_argument(
         "--max-new-tokens", type=Optional[int], default=None, help="the probe's answer budget"
@@ -248,6 +255,7 @@ def run_probe(args, scheme: str, out: Path, positions: str | None = None) -> Non
     argv += ["--position-options", json.dumps(args.position_options.get(scheme, {}))]
     argv += ["--out", str(out), "--seed", "0", "--no-figures", "--device", args.device]
     argv += ["--chat-template", str(args.chat_template).lower(), "--threads", str(args.threads)]
+    argv += ["--answer-order", args.answer_order]
     if args.measure == "teacher_forced":  # one forward per test, nothing decoded
         argv += ["--greedy", "false", "--scoring", "teacher_forced"]
     if args.niah_lengths:
@@ -296,6 +304,7 @@ def write_tables(args, out: Path, schemes: list[str], options: dict[str, dict]) 
         "model": args.model,
         "tests_per_length": args.tests,
         "measure": args.measure,
+        "answer_order": args.answer_order,
         "position_options": options,
         "bootstrap": args.bootstrap,
     }
@@ -303,7 +312,7 @@ def write_tables(args, out: Path, schemes: list[str], options: dict[str, dict]) 
     header = (
         f"# Table 1: 4-needle NIAH pass rate (%) by position scheme and length\n\n"
         f"Model `{args.model}`, {args.tests} tests per length, the same tests for every scheme; measure: "
-        f"{args.measure}. Each cell: the pass rate with its 95% bootstrap interval over tests, then (every scheme "
+        f"{args.measure} (teacher-forced answer order: {args.answer_order}). Each cell: the pass rate with its 95% bootstrap interval over tests, then (every scheme "
         "but rope) the mean paired difference from rope over the same tests with its interval.\n\n"
     )
     options_lines = "\n".join(f"- {s}: `{json.dumps(o)}`" for s, o in options.items())

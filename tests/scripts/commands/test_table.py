@@ -188,10 +188,14 @@ def test_the_teacher_forced_table_decodes_nothing_and_counts_the_argmax_needles(
     out = tmp_path / "table"
     argv = ["--model", f"hf:{tiny_hf}", "--schemes", "rope", "--niah-lengths", "448"]
     argv += ["--tests", "4", "--haystack", "noise", "--max-new-tokens", "40", "--out", str(out)]
-    assert command.main([*argv, "--measure", "teacher_forced"]) == 0
+    assert (
+        command.main([*argv, "--measure", "teacher_forced", "--answer-order", "nearest_first"]) == 0
+    )
     probe_dir = out / "niah" / "rope"
     records = results.read_records(probe_dir, [448])
     assert len(records) == 4 and not any("generated" in r or "hits_anywhere" in r for r in records)
+    assert {r["tf_answer_order"] for r in records} == {"nearest_first"}
+    assert json.loads((out / "settings.json").read_text())["answer_order"] == "nearest_first"
     decoding = json.loads((probe_dir / "key.json").read_text())["parts"]["decoding"]
     assert decoding["greedy"] is False and decoding["teacher_forced"] is True
     by_hand = sum(sum(a == 1.0 for a in r["tf_token_accuracy"]) >= 2 for r in records) / 4
