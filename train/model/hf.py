@@ -136,12 +136,11 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
         problems.append(
             "quantization_config (quantized weights are not supported; use a bf16/fp16/fp32 checkpoint)"
         )
-    partial = (hf.get("rope_parameters") or {}).get(
-        "partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)
-    )
+    max_len = int(hf.get("max_position_embeddings", defaults["max_position_embeddings"]))
+    rope_theta, rope_scaling = _rope_from_hf(hf, defaults, max_len)
+    partial = rope_scaling.pop("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     if partial not in (None, 1, 1.0):
         problems.append(f"partial_rotary_factor={partial} (only 1.0 is supported)")
-    max_len = int(hf.get("max_position_embeddings", defaults["max_position_embeddings"]))
     window = hf.get("sliding_window", defaults["sliding_window"])
     # transformers' Llama ignores the key; its Mistral attends within the window once a sequence is longer
     if model_type == "mistral" and window is not None:
@@ -149,7 +148,6 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
             f"sliding_window={window} (Mistral attends within it on any longer sequence, which our model "
             "does not; set it to null only if the model was trained without a window)"
         )
-    rope_theta, rope_scaling = _rope_from_hf(hf, defaults, problems)
     try:
         rope_scaling_type(rope_scaling)
     except ValueError as err:
@@ -199,34 +197,20 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
     )
 
 
-def _rope_from_hf(hf: dict, defaults: dict, problems: list[str]) -> tuple[float, dict | None]:
-    """(rope_theta, rope_scaling) from either transformers 4's keys or transformers 5's rope_parameters, as
-    transformers reads them; a conflict it would resolve silently goes to `problems`."""
-    params = hf.get("rope_parameters")
-    old = {k: v for k, v in (hf.get("rope_scaling") or {}).items() if k != "rope_theta"}
-    if params:
-        theta = params.get("rope_theta", hf.get("rope_theta", defaults["rope_theta"]))
-        scaling = {
-            k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")
-        }
-        if old and rope_type_of(old) != "default" and old != scaling:
-            problems.append(
-                f"rope_scaling={old} and rope_parameters={params} disagree (transformers 4 reads the first, "
-                "transformers 5 lets it win too, unless a tool wrote both); keep one of them"
-            )
-    else:
-        theta, scaling = hf.get("rope_theta", defaults["rope_theta"]), (old or None)
-    outer = hf.get("original_max_position_embeddings")
-    if outer is not None and scaling and rope_type_of(scaling) != "default":
-        inner = scaling.get("original_max_position_embeddings")
-        if inner is None:  # transformers fills the rope dict from the top-level key
-            scaling = {**scaling, "original_max_position_embeddings": outer}
-        elif int(inner) != int(outer):
-            problems.append(
-                f"original_max_position_embeddings={outer} at the top level and {inner} in the rope scaling "
-                "(transformers takes the top-level one); keep one value"
-            )
-    return theta, scaling
+def _rope_from_hf(hf: dict, defaults: dict, max_len: int) -> tuple[float, dict]:
+    """(rope_theta, the rope dict without theta) as transformers 5 reads config.json (modeling_rope_utils'
+    convert_rope_params_to_dict and standardize_rope_params): a rope_scaling dict, if any, wins over
+    rope_parameters; theta comes from the chosen dict, else the top level; for llama3, yarn and longrope a
+    top-level original_max_position_embeddings overrides the dict's, which defaults to max_position_embeddings.
+    transformers 4 read rope_scaling and the top-level theta, the same for every file it wrote."""
+    chosen = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
+    theta = chosen.pop("rope_theta", hf.get("rope_theta", defaults["rope_theta"]))
+    if rope_type_of(chosen) in ("llama3", "yarn", "longrope"):
+        outer = hf.get("original_max_position_embeddings")
+        chosen["original_max_position_embeddings"] = (
+            outer if outer is not None else chosen.get("original_max_position_embeddings", max_len)
+        )
+    return theta, chosen
 
 
 def _weight_files(directory: Path) -> list[Path]:
@@ -277,9 +261,11 @@ def load_hf_model(
     )
     weights = _read_hf_weights(directory, dtype, device)
     if config.tie_embeddings and "lm_head.weight" in weights:
-        # transformers 5 keeps a stored head that differs from the embeddings (and unties them), older releases
-        # drop it: a folder whose two differ computes different numbers under each, so it is refused
-        if not torch.equal(weights.pop("lm_head.weight"), weights["embed_tokens.weight"]):
+        head = weights.pop("lm_head.weight")
+        # transformers ties to whichever of the two a folder stores; one that stores both, different, keeps
+        # them apart in transformers 5 and not in older releases, so it is refused
+        weights.setdefault("embed_tokens.weight", head)
+        if not torch.equal(head, weights["embed_tokens.weight"]):
             raise ValueError(
                 f"{directory}: config.json ties the output head to the embeddings (tie_word_embeddings), but "
                 "model.safetensors stores a different lm_head.weight. Fix: set tie_word_embeddings to false if "

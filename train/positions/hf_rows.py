@@ -46,6 +46,15 @@ A type joins the list when that test passes with it."""
 def check_architecture(config: Any) -> None:
     """ValueError, before any forward, for a model whose attention the position schemes are not checked on."""
     model_type = getattr(config, "model_type", None)
+    layer_types = set(getattr(config, "layer_types", None) or ()) - {"full_attention"}
+    if getattr(config, "use_sliding_window", False) or layer_types:
+        # a window the mask alone expresses passes for left padding in cached decoding: refused from the config
+        raise ValueError(
+            "posfreq attention: this model's config declares sliding-window or chunked layers "
+            f"({', '.join(sorted(layer_types)) or 'use_sliding_window'}), which the position schemes do not "
+            "model. Fix: load the model without them (use_sliding_window=False, layer_types all "
+            "full_attention) only if it was trained that way, or use rope"
+        )
     if model_type not in VERIFIED_MODEL_TYPES:
         raise ValueError(
             f"posfreq attention: position schemes are checked on the model types {', '.join(VERIFIED_MODEL_TYPES)}, "
@@ -127,7 +136,12 @@ def real_key_block(attention_mask: Tensor | None, batch: int, len_k: int) -> tup
     for generation and right for scoring; either leaves one contiguous block, anything else is refused."""
     if attention_mask is None:
         return torch.zeros(batch, dtype=torch.long), torch.full((batch,), len_k, dtype=torch.long)
-    seen = attention_mask[:, 0, -1].bool().cpu()  # (B, Lk)
+    if attention_mask.dtype != torch.bool:
+        raise ValueError(
+            f"posfreq attention: a {attention_mask.dtype} attention mask (additive?) where a boolean one is "
+            "expected (True: the key is seen). Fix: pass a 2-D 0/1 attention_mask and let transformers build it"
+        )
+    seen = attention_mask[:, 0, -1].cpu()  # (B, Lk)
     first = seen.int().argmax(-1)
     end = first + seen.sum(-1)
     block = torch.arange(len_k)[None]
@@ -146,7 +160,7 @@ def check_causal_rows(
     attention that a model expresses only through its mask (not the sliding_window argument) would be lost."""
     if attention_mask is None:
         return
-    seen = attention_mask[:, 0].bool().sum(-1).cpu()  # (B, Lq) keys each query sees
+    seen = attention_mask[:, 0].sum(-1).cpu()  # (B, Lq) keys each query sees
     at = torch.arange(len_k - len_q, len_k)[None]  # each query's cache position
     real = (at >= first[:, None]) & (at < end[:, None])
     if not torch.equal(seen[real], (at + 1 - first[:, None]).expand_as(real)[real]):

@@ -31,6 +31,7 @@ LAUNCHER_VARIABLES = (
     "GROUP_RANK",
     "MASTER_ADDR",
     "MASTER_PORT",
+    "POSFREQ_SRUN_TASK",
 )
 
 
@@ -118,7 +119,8 @@ def synchronize_replicas(model: nn.Module) -> None:
             ):
                 continue
             group = param.device_mesh.get_group("replicate")
-            if dist.get_world_size(group) > 1:
+            # ranks of one replicate group hold the same shard index, so they agree on an empty shard
+            if dist.get_world_size(group) > 1 and param.to_local().numel() > 0:
                 dist.broadcast(param.to_local(), src=dist.get_global_rank(group, 0), group=group)
 
 
@@ -175,13 +177,19 @@ SRUN_TASK = "POSFREQ_SRUN_TASK"
 """Set to 1 by slurm/pretrain_common.sh's srun line (--export) in each task it starts."""
 
 
-def cluster_plugins() -> list:
+def cluster_plugins(world: int) -> list:
     """SLURM's cluster environment, named explicitly in a task our srun line started; else Lightning's detection.
 
     Why: Lightning takes an allocation whose job name is bash or interactive (an salloc shell) for a local
     run, and each srun task would then start devices - 1 more processes of its own."""
     if os.environ.get(SRUN_TASK) != "1":
         return []
+    tasks = int(os.environ.get("SLURM_NTASKS", world))
+    if tasks != world:  # Lightning checks this only outside an salloc shell, and then later
+        raise ConfigError(
+            f"srun started {tasks} tasks, but the run asks for {world} (devices x num_nodes). Fix: allocate "
+            "--ntasks-per-node equal to the GPUs per node (sbatch/salloc --ntasks-per-node=8 --gpus-per-node=8)"
+        )
     from lightning.fabric.plugins.environments import SLURMEnvironment
     from lightning.fabric.utilities.warnings import PossibleUserWarning
 
@@ -221,7 +229,7 @@ def build_fabric(cfg: TrainConfig):
         num_nodes=cfg.num_nodes,
         strategy=strategy,
         precision="32-true",
-        plugins=cluster_plugins(),
+        plugins=cluster_plugins(world),
         loggers=fabric_loggers(cfg),
     )
 

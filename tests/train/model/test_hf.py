@@ -319,19 +319,6 @@ def test_non_llama_architecture_is_refused(tmp_path: Path) -> None:
             },
             "sliding_window",
         ),
-        # transformers 5 lets a hand-added rope_scaling win over the rope_parameters it saved
-        (
-            {"rope_scaling": {"rope_type": "linear", "factor": 4.0}},
-            r"rope_scaling=.* and rope_parameters=.* disagree",
-        ),
-        # transformers takes the top-level original length over the rope dict's
-        (
-            {
-                "rope_parameters": {**LLAMA3_SCALING, "rope_theta": 1e4},
-                "original_max_position_embeddings": 128,
-            },
-            "original_max_position_embeddings=128 at the top level and 256",
-        ),
         (
             {
                 "rope_parameters": {
@@ -366,6 +353,15 @@ def test_a_tied_head_stored_with_other_weights_is_refused(tmp_path: Path) -> Non
     save_file({**weights, "lm_head.weight": embeddings * 2}, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match="stores a different lm_head.weight"):
         load_hf_model(tmp_path)
+    # only the head stored: transformers ties the embeddings to it
+    only_head = {k: v for k, v in weights.items() if k != "model.embed_tokens.weight"}
+    save_file({**only_head, "lm_head.weight": embeddings}, str(tmp_path / "model.safetensors"))
+    _assert_same_logits(load_hf_model(tmp_path), hf, _ids())
+
+
+LLAMA3_WITHOUT_LENGTH = {
+    k: v for k, v in LLAMA3_SCALING.items() if k != "original_max_position_embeddings"
+}
 
 
 @pytest.mark.parametrize(
@@ -374,22 +370,40 @@ def test_a_tied_head_stored_with_other_weights_is_refused(tmp_path: Path) -> Non
         {"hidden_act": "swish"},  # transformers' other name for silu
         # the llama3 scaling's original length given only at the top level, as transformers reads it
         {
-            "rope_parameters": {
-                **{
-                    k: v
-                    for k, v in LLAMA3_SCALING.items()
-                    if k != "original_max_position_embeddings"
-                },
-                "rope_theta": 1e4,
-            },
+            "rope_parameters": {**LLAMA3_WITHOUT_LENGTH, "rope_theta": 1e4},
             "original_max_position_embeddings": 128,
         },
+        # ... or nowhere: transformers takes max_position_embeddings
+        {"rope_parameters": {**LLAMA3_WITHOUT_LENGTH, "rope_theta": 1e4}},
+        # the top-level original length overrides the rope dict's
+        {
+            "rope_parameters": {**LLAMA3_SCALING, "rope_theta": 1e4},
+            "original_max_position_embeddings": 128,
+        },
+        # a rope_scaling added by hand wins over the rope_parameters transformers 5 saved, its theta too
+        {"rope_scaling": {"type": "linear", "factor": 4.0}, "rope_theta": 5e5},
+        {
+            "rope_parameters": {**LLAMA3_SCALING, "rope_theta": 5e5},
+            "rope_scaling": {"rope_type": "default"},
+        },
+        {"rope_parameters": {**LLAMA3_SCALING, "rope_theta": 5e5}, "rope_scaling": LLAMA3_SCALING},
     ],
-    ids=["swish", "top-level-original-length"],
+    ids=[
+        "swish",
+        "top-level-original-length",
+        "no-original-length",
+        "top-level-original-length-wins",
+        "rope-scaling-wins",
+        "default-rope-scaling-wins",
+        "rope-scaling-theta-from-top-level",
+    ],
 )
 def test_config_spellings_transformers_reads_alike_load_alike(
     tmp_path: Path, changes: dict
 ) -> None:
+    """Each config.json as transformers 5 reads it (modeling_rope_utils: rope_scaling wins over rope_parameters,
+    theta from the chosen dict or the top level, the original length from the top level first): the same
+    logits from posfreq's import, past the original length."""
     _save_llama(tmp_path)
     _edit_config(tmp_path, **changes)
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()

@@ -231,6 +231,18 @@ def test_a_window_only_the_mask_shows_is_refused():
         packed_layout(
             torch.stack((causal, windowed))[:, None], 2, length, length, torch.device("cpu")
         )
+    additive = torch.zeros(length, length).masked_fill(~causal, -torch.inf)  # 0 where a key is seen
+    with pytest.raises(ValueError, match="a torch.float32 attention mask"):
+        packed_layout(additive[None, None], 1, length, length, torch.device("cpu"))
+
+
+def test_windows_a_config_declares_are_refused_before_a_forward():
+    """In cached decoding a window that only the mask shows looks like left padding, so a config that declares
+    windowed layers is refused when the scheme is applied."""
+    model = tiny("qwen2_moe", use_sliding_window=True, sliding_window=32, max_window_layers=2)
+    for name in ("string", "self_extend"):
+        with pytest.raises(ValueError, match="declares sliding-window or chunked layers"):
+            apply_scheme(model, name, train_len=96)
 
 
 def test_attention_sinks_are_refused():

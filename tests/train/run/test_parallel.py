@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from helpers.trainer import (
     run,
@@ -9,7 +11,12 @@ from helpers.trainer import (
 )
 
 from posfreq.train.run.config import ConfigError, config_from_dict
-from posfreq.train.run.parallel import SRUN_TASK, attention_choice, build_fabric
+from posfreq.train.run.parallel import (
+    SRUN_TASK,
+    attention_choice,
+    build_fabric,
+    local_launch_env,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -78,3 +85,9 @@ def test_a_task_of_our_srun_line_is_a_slurm_rank_even_in_an_allocation_named_bas
     fabric = build_fabric(cfg)
     assert (fabric.global_rank, fabric.local_rank, fabric.world_size) == (1, 1, 2)
     assert fabric.strategy.cluster_environment.creates_processes_externally
+    # a child run (the doctor's, the demo's) starts a rendezvous of its own: the marker stays behind
+    assert SRUN_TASK not in local_launch_env(dict(os.environ))
+    # an allocation of other task counts, which Lightning does not check in an salloc shell
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    with pytest.raises(ConfigError, match="srun started 4 tasks, but the run asks for 2"):
+        build_fabric(cfg)
