@@ -219,10 +219,10 @@ def test_the_teacher_forced_table_decodes_nothing_and_counts_the_argmax_needles(
         )
 
 
-@pytest.mark.parametrize("run", ["", "schemes_8k"])
+@pytest.mark.parametrize("run", ["", "schemes_8k", "nearest_8k"])
 def test_the_real_model_page_quotes_the_tables_its_command_wrote(run: str) -> None:
-    """docs/real_model.md's Tables 1 are the commands' own table1.md (kept in docs/real_model/ and its
-    schemes_8k/), whose tables are table1_markdown of the CSVs the same run wrote beside it."""
+    """docs/real_model.md's Tables 1 are the commands' own table1.md (kept in docs/real_model/, its schemes_8k/
+    and nearest_8k/), whose tables are table1_markdown of the CSVs the same run wrote beside it."""
     root = Path(__file__).resolve().parents[3]
     written = root / "docs" / "real_model" / run
     page = (root / "docs" / "real_model.md").read_text()
