@@ -97,15 +97,24 @@ def load_transformers_model(
 ) -> TransformersGenerator:
     """The model in float32, eval mode, with its position scheme and --position-options (defaults from
     `train_len`) through train/positions/hf_schemes.py."""
-    from posfreq.train.positions.hf_schemes import load_causal_lm
+    from transformers import AutoConfig
 
+    from posfreq.train.model.hf_folder import refuse_custom_code
+    from posfreq.train.positions.hf_schemes import load_causal_lm, scheme_options
+
+    options = dict(settings.position_options)
     try:
-        model = load_causal_lm(
-            path, settings.positions, train_len, **dict(settings.position_options)
-        )
+        # the options and the architecture are checked on the config, before gigabytes of weights are read
+        refuse_custom_code(Path(path), "the model folder")
+        scheme_options(AutoConfig.from_pretrained(path), settings.positions, train_len, **options)
+        model = load_causal_lm(path, settings.positions, train_len, **options)
     except ValueError as err:
+        fix = (
+            ""
+            if "Fix:" in str(err)
+            else ". Fix: change the position options, or use --engine posfreq"
+        )
         raise ProbeError(
-            f"--engine transformers --positions {settings.positions}: {err}. Fix: change the position "
-            "options, or use --engine posfreq"
+            f"--engine transformers --positions {settings.positions}: {err}{fix}"
         ) from err
     return TransformersGenerator(model.to(device))

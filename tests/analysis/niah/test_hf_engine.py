@@ -115,3 +115,22 @@ def test_teacher_forcing_scores_only_the_answer_positions_as_a_full_forward_woul
     logprobs, hits = TransformersGenerator(model).target_logprobs(ids, 30, prefill_tokens=80)
     torch.testing.assert_close(logprobs, reference, rtol=0, atol=1e-5)
     assert torch.equal(hits, full[:, 29:-1].argmax(-1) == ids[:, 30:])
+
+
+def test_an_architecture_the_schemes_are_not_checked_on_is_refused_before_its_weights_load(
+    tmp_path, monkeypatch
+):
+    """A Cohere model (interleaved rotary pairs, on which STRING's extra rotation would be silently wrong) is
+    refused from its config alone, before any weight is read, naming the type and one fix."""
+    from posfreq.analysis.niah import hf_engine
+    from posfreq.analysis.niah.settings import ProbeError
+    from posfreq.train.positions import hf_schemes
+
+    config = transformers.CohereConfig(**{**TINY_HF, "num_hidden_layers": 1})
+    transformers.CohereForCausalLM(config).save_pretrained(tmp_path)
+    loaded = []
+    monkeypatch.setattr(hf_schemes, "load_causal_lm", lambda *a, **k: loaded.append(a))
+    settings = ProbeSettings(engine="transformers", positions="string")
+    with pytest.raises(ProbeError, match="not 'cohere'") as refused:
+        hf_engine.load_transformers_model(tmp_path, settings, torch.device("cpu"), 768)
+    assert str(refused.value).count("Fix:") == 1 and not loaded
