@@ -259,6 +259,9 @@ class Trainer:
                 loss_sum += loss.detach()
         finally:
             default_resharding(self.model.module)
+            # Lightning's no-sync context leaves gradient sync off after a step's last micro-batch (its __exit__
+            # sets sync to its `enabled`): on again, so no later backward outside the loop skips the reduction
+            self.model.module.set_requires_gradient_sync(True)
         return loss_sum, clip_grad_norm(self.params, self.cfg.optim.grad_clip)
 
     def _optimize(self, batches: list[PackedBatch], n_targets: float) -> dict:

@@ -29,6 +29,7 @@ COUNTING = """
 import json, os, sys
 from pathlib import Path
 from torch.distributed.fsdp._fully_shard import _fsdp_param_group as param_group
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from posfreq.train.run import parallel
 from posfreq.scripts.commands import pretrain
@@ -58,6 +59,13 @@ def step(self, batches, n_targets):
         "micro_batches": len(batches),
         "gathers": len(calls) - before,
         "sharded_after": all(isinstance(p, DTensor) for p in self.model.module.parameters()),
+        "sync_after": all(
+            group.reduce_grads
+            for module in self.model.module.modules()
+            if isinstance(module, FSDPModule)
+            for group in [module._get_fsdp_state()._fsdp_param_group]
+            if group is not None
+        ),
         "mesh": [list(mesh.shape), list(mesh.mesh_dim_names or ())],
     }
     with open(Path(os.environ["GATHERS_DIR"]) / f"rank{self.fabric.global_rank}.jsonl", "a") as f:
@@ -208,6 +216,7 @@ def test_one_all_gather_per_module_and_step_however_many_micro_batches(data_dir,
         assert {row["micro_batches"] for rank in steps for row in rank} == {micro_batches}
         assert gathers_per_step(gathered[name]) == {gathers}, (name, steps)
         assert all(row["sharded_after"] for rank in steps for row in rank), (name, steps)
+        assert all(row["sync_after"] for rank in steps for row in rank), (name, steps)
     assert losses(tmp_path / "kept") == losses(tmp_path / "resharded")
     np.testing.assert_allclose(losses(tmp_path / "rows2"), losses(tmp_path / "rows4"), rtol=1e-5)
 
