@@ -201,7 +201,9 @@ def _rope_from_hf(hf: dict, defaults: dict, max_len: int) -> tuple[float, dict]:
     """(rope_theta, the rope dict without theta) as transformers 5 reads config.json (modeling_rope_utils'
     convert_rope_params_to_dict and standardize_rope_params): a rope_scaling dict, if any, wins over
     rope_parameters; theta comes from the chosen dict, else the top level; for llama3, yarn and longrope a
-    top-level original_max_position_embeddings overrides the dict's, which defaults to max_position_embeddings.
+    top-level original_max_position_embeddings overrides the dict's, which defaults to max_position_embeddings
+    (transformers applies that override when it computes the frequencies, not when it reads the config, so
+    config.rope_parameters after from_pretrained can still show the dict's value).
     transformers 4 read rope_scaling and the top-level theta, the same for every file it wrote."""
     chosen = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
     theta = chosen.pop("rope_theta", hf.get("rope_theta", defaults["rope_theta"]))

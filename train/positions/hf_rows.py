@@ -46,14 +46,22 @@ A type joins the list when that test passes with it."""
 def check_architecture(config: Any) -> None:
     """ValueError, before any forward, for a model whose attention the position schemes are not checked on."""
     model_type = getattr(config, "model_type", None)
-    layer_types = set(getattr(config, "layer_types", None) or ()) - {"full_attention"}
-    if getattr(config, "use_sliding_window", False) or layer_types:
-        # a window the mask alone expresses passes for left padding in cached decoding: refused from the config
+    # a window the mask alone expresses passes for left padding in cached decoding, and a window the layers
+    # name would be refused only at the first forward, after the weights loaded: both refused from the config.
+    # Where a config lists layer_types, they alone decide (transformers' Qwen2 and SmolLM3 derive them)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        windowed = sorted(set(layer_types) - {"full_attention"})
+    elif getattr(config, "use_sliding_window", False) or getattr(config, "sliding_window", None):
+        windowed = [f"sliding_window={getattr(config, 'sliding_window', None)}"]
+    else:
+        windowed = []
+    if windowed:
         raise ValueError(
             "posfreq attention: this model's config declares sliding-window or chunked layers "
-            f"({', '.join(sorted(layer_types)) or 'use_sliding_window'}), which the position schemes do not "
-            "model. Fix: load the model without them (use_sliding_window=False, layer_types all "
-            "full_attention) only if it was trained that way, or use rope"
+            f"({', '.join(windowed)}), which the position schemes do not model. Fix: load the model without "
+            "them (sliding_window=None, use_sliding_window=False, layer_types all full_attention) only if it "
+            "was trained that way, or use rope"
         )
     if model_type not in VERIFIED_MODEL_TYPES:
         raise ValueError(

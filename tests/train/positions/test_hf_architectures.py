@@ -131,7 +131,7 @@ def reference_registered():
 
 def tiny(model_type: str, **extra):
     config = transformers.AutoConfig.for_model(
-        model_type, **SMALL, **EXTRA.get(model_type, {}), **extra
+        model_type, **{**SMALL, **EXTRA.get(model_type, {}), **extra}
     )
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(config).eval()
@@ -239,10 +239,23 @@ def test_a_window_only_the_mask_shows_is_refused():
 def test_windows_a_config_declares_are_refused_before_a_forward():
     """In cached decoding a window that only the mask shows looks like left padding, so a config that declares
     windowed layers is refused when the scheme is applied."""
-    model = tiny("qwen2_moe", use_sliding_window=True, sliding_window=32, max_window_layers=2)
-    for name in ("string", "self_extend"):
-        with pytest.raises(ValueError, match="declares sliding-window or chunked layers"):
-            apply_scheme(model, name, train_len=96)
+    for model_type, window in (
+        ("qwen2_moe", dict(use_sliding_window=True, sliding_window=32, max_window_layers=2)),
+        (
+            "mistral",
+            dict(sliding_window=32),
+        ),  # a window the layers name, refused before the weights load
+    ):
+        model = tiny(model_type, **window)
+        for name in ("string", "self_extend"):
+            with pytest.raises(ValueError, match="declares sliding-window or chunked layers"):
+                apply_scheme(model, name, train_len=96)
+    # layer_types decide where a config lists them: Qwen2-MoE windows no layer from max_window_layers on
+    apply_scheme(
+        tiny("qwen2_moe", use_sliding_window=True, sliding_window=32, max_window_layers=0),
+        "string",
+        train_len=96,
+    )
 
 
 def test_attention_sinks_are_refused():
