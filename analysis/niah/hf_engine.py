@@ -97,17 +97,12 @@ def load_transformers_model(
 ) -> TransformersGenerator:
     """The model in float32, eval mode, with its position scheme and --position-options (defaults from
     `train_len`) through train/positions/hf_schemes.py."""
-    from transformers import AutoConfig
+    from posfreq.train.positions.hf_schemes import load_causal_lm
 
-    from posfreq.train.model.hf_folder import refuse_custom_code
-    from posfreq.train.positions.hf_schemes import load_causal_lm, scheme_options
-
-    options = dict(settings.position_options)
     try:
-        # the options and the architecture are checked on the config, before gigabytes of weights are read
-        refuse_custom_code(Path(path), "the model folder")
-        scheme_options(AutoConfig.from_pretrained(path), settings.positions, train_len, **options)
-        model = load_causal_lm(path, settings.positions, train_len, **options)
+        model = load_causal_lm(
+            path, settings.positions, train_len, **dict(settings.position_options)
+        )
     except ValueError as err:
         fix = (
             ""

@@ -127,10 +127,8 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
     for key, expected in (("attention_bias", False), ("mlp_bias", False)):
         if hf.get(key, expected) != expected:
             problems.append(f"{key}={hf[key]!r} (only {expected!r} is supported)")
-    if hf.get("hidden_act", "silu") not in (
-        "silu",
-        "swish",
-    ):  # two names of one function in transformers
+    # transformers' two names of one function
+    if hf.get("hidden_act", "silu") not in ("silu", "swish"):
         problems.append(f"hidden_act={hf['hidden_act']!r} (only 'silu' is supported)")
     if hf.get("quantization_config"):
         problems.append(
@@ -339,8 +337,7 @@ def config_to_hf(
         "max_position_embeddings": config.train_len,
         "rms_norm_eps": config.norm_eps,
         "rope_theta": config.rope_base,
-        # a copy: transformers writes rope_theta into the dict it is given, which must not be our config's
-        "rope_scaling": dict(config.rope_scaling) if config.rope_scaling else None,
+        "rope_scaling": config.rope_scaling,
         "tie_word_embeddings": config.tie_embeddings,
         "attention_bias": False,
         "attention_dropout": 0.0,

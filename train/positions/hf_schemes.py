@@ -191,16 +191,19 @@ def load_causal_lm(
     **options: Any,
 ) -> Any:
     """A local transformers model in eval mode with position scheme `positions` (`apply_scheme`); the loader the
-    probe's transformers engine, `posfreq ruler` and `posfreq loss-by-distance` share. Folder code is refused."""
-    from transformers import AutoModelForCausalLM
+    probe's transformers engine, `posfreq ruler` and `posfreq loss-by-distance` share. Folder code is refused, and
+    the scheme's options and the architecture are checked on the config before any weight is read."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     if positions not in SCHEMES:
         raise ValueError(f"unknown position scheme {positions!r}; choose one of {SCHEMES}")
     from transformers.utils import logging as hf_logging
 
     refuse_custom_code(Path(path), "the model folder")
+    config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    scheme_options(config, positions, train_len or config.max_position_embeddings, **options)
     hf_logging.disable_progress_bar()  # the weights' loading bar would break the callers' own progress bars
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, attn_implementation="sdpa", trust_remote_code=False
+        path, config=config, dtype=dtype, attn_implementation="sdpa", trust_remote_code=False
     )
     return apply_scheme(model, positions, train_len, **options).eval()

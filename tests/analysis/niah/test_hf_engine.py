@@ -124,12 +124,13 @@ def test_an_architecture_the_schemes_are_not_checked_on_is_refused_before_its_we
     refused from its config alone, before any weight is read, naming the type and one fix."""
     from posfreq.analysis.niah import hf_engine
     from posfreq.analysis.niah.settings import ProbeError
-    from posfreq.train.positions import hf_schemes
 
     config = transformers.CohereConfig(**{**TINY_HF, "num_hidden_layers": 1})
     transformers.CohereForCausalLM(config).save_pretrained(tmp_path)
     loaded = []
-    monkeypatch.setattr(hf_schemes, "load_causal_lm", lambda *a, **k: loaded.append(a))
+    monkeypatch.setattr(
+        transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: loaded.append(a)
+    )
     settings = ProbeSettings(engine="transformers", positions="string")
     with pytest.raises(ProbeError, match="not 'cohere'") as refused:
         hf_engine.load_transformers_model(tmp_path, settings, torch.device("cpu"), 768)
