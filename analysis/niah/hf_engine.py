@@ -1,5 +1,5 @@
 """The probe's model through transformers (`--engine transformers`): any architecture transformers loads,
-with RoPE or with STRING as its attention function (train/positions/string_hf.py)."""
+with RoPE or, on the model types they are checked on, any other position scheme (train/positions/hf_schemes.py)."""
 
 from __future__ import annotations
 

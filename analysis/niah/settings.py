@@ -76,7 +76,8 @@ class ProbeSettings:
     """Needle order of the teacher-forced reference answer: as in the document, or nearest the question first."""
     engine: Engine = "posfreq"
     """What runs the model: posfreq (its own model; our checkpoints and Llama-family HF models) or
-    transformers (any architecture transformers loads, --model hf:DIR only; rope or string)."""
+    transformers (any architecture transformers loads, --model hf:DIR only; rope, or another scheme on
+    the model types it is checked on: train/positions/hf_rows.py)."""
 
     def __post_init__(self) -> None:
         if min(self.tests_per_length, self.max_new_tokens) < 1:

@@ -1,4 +1,4 @@
-"""One RULER task at one length through lm-evaluation-harness, on a transformers model with rope or STRING.
+"""One RULER task at one length through lm-evaluation-harness, on a transformers model under any position scheme.
 
 `posfreq ruler` (scripts/commands/ruler.py) keys each result by this module's import closure: the code here decides
 scores; the command line, the keys and the tables live there.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import asdict
+from typing import Literal
 
 from posfreq.train.atomic import write_json_atomic
 from posfreq.train.command_line import command_parser, parse
@@ -30,9 +31,8 @@ def build_parser():
     )
     parser.add_argument(
         "--device",
-        type=str,
+        type=Literal["auto", "cpu", "cuda"],
         default="auto",
-        choices=["auto", "cpu", "cuda"],
         help="Where to run the checks: auto is cuda when a GPU is visible.",
     )
     return parser

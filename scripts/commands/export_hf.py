@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Literal, Optional, Sequence
 
-from posfreq.train.command_line import command_parser, parse
+from posfreq.train.command_line import command_parser, parse, summary
 from posfreq.train.journal import JOURNAL_FILE
 from posfreq.train.model.config import DTYPES
 from posfreq.train.model.hf import EXPORT_HF
@@ -24,7 +24,7 @@ from posfreq.train.outdir import OutputDirError, check_output_dir
 
 def build_parser():
     """The command line: a checkpoint, --out, and the tokenizer and dtype to export with."""
-    parser = command_parser("posfreq export-hf", __doc__.split("\n")[0])
+    parser = command_parser("posfreq export-hf", summary(__doc__))
     parser.add_argument(
         "--checkpoint",
         type=str,

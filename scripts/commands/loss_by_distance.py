@@ -26,15 +26,21 @@ from posfreq.analysis.plots.losses import plot_loss_by_distance
 from posfreq.analysis.tables.columns import LOSS_BY_DISTANCE_COLUMNS
 from posfreq.analysis.tables.formats import write_csv
 from posfreq.train.atomic import write_json_atomic
-from posfreq.train.checkpoint.layout import check_tokenizer, load_model, read_checkpoint_info
+from posfreq.train.checkpoint.layout import (
+    check_tokenizer,
+    load_model,
+    read_checkpoint_info,
+    read_trainer_state,
+)
 from posfreq.train.checkpoint.safe_load import CheckpointError
-from posfreq.train.command_line import command_parser, parse
+from posfreq.train.command_line import command_parser, parse, summary
 from posfreq.train.data.packing_strategies import STRATEGIES
 from posfreq.train.data.prepare import absolute_spec
 from posfreq.train.data.shards import TokenDataset
 from posfreq.train.data.tokenizer import get_tokenizer, hf_dir
 from posfreq.train.devices import resolve_device
 from posfreq.train.outdir import OutputDirError, claim_output_dir
+from posfreq.train.run.config import DataSection
 from posfreq.train.run.loss_by_distance import measure
 
 COMMAND = "loss-by-distance"
@@ -42,7 +48,7 @@ COMMAND = "loss-by-distance"
 
 def build_parser():
     """The command line: one model, the token shards, how many rows of what length, and --out."""
-    parser = command_parser(f"posfreq {COMMAND}", __doc__.split("\n")[0])
+    parser = command_parser(f"posfreq {COMMAND}", summary(__doc__))
     parser.add_argument(
         "--checkpoint",
         type=Optional[str],
@@ -79,9 +85,10 @@ def build_parser():
     parser.add_argument("--batch-rows", type=int, default=4, help="rows per forward pass")
     parser.add_argument(
         "--packing",
-        type=Literal[tuple(STRATEGIES)],
-        default="best_fit",
-        help="how documents fill the rows (as the trainer's data.packing)",
+        type=Optional[Literal[tuple(STRATEGIES)]],
+        default=None,
+        help="how documents fill the rows, as the trainer's data.packing (null: the checkpoint's run's, "
+        "as its validation packed them; concat for --model)",
     )
     parser.add_argument("--device", type=str, default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--out", type=str, required=True, help="output directory")
@@ -109,6 +116,20 @@ def load(args) -> tuple:
 
         model = load_hf_model(directory).eval()
     return model, f"hf:{directory.resolve()}", None, directory.name
+
+
+def run_packing(checkpoint: str | None) -> str:
+    """The data.packing a checkpoint's run trained and validated with (its trainer.json), else the trainer's default."""
+    default = DataSection.__dataclass_fields__["packing"].default
+    meta = read_trainer_state(checkpoint) if checkpoint is not None else None
+    data = (meta or {}).get("config", {}).get("data", {})
+    packing = data.get("packing", default) if isinstance(data, dict) else default
+    if packing not in STRATEGIES:
+        raise ValueError(
+            f"{checkpoint}/trainer.json: data.packing {packing!r} is not one of {sorted(STRATEGIES)}. "
+            "Fix: pass --packing"
+        )
+    return packing
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -142,6 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "Fix: prepare the corpus with the model's tokenizer (posfreq prepare --tokenizer)"
             )
         per_segment = args.engine == "transformers"
+        packing = args.packing or run_packing(args.checkpoint)
         train_len = args.train_len or (
             model.config.max_position_embeddings if per_segment else model.config.train_len
         )
@@ -151,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             train_len,
             args.rows,
             args.batch_rows,
-            args.packing,
+            packing,
             device,
             per_segment,
         )
@@ -172,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     write_csv(out / "loss_by_distance.csv", rows, LOSS_BY_DISTANCE_COLUMNS)
     made_of = {"model": args.checkpoint or args.model, "data": args.data, "rows": args.rows}
-    made_of |= {"train_len": train_len, "packing": args.packing, "tokenizer": spec}
+    made_of |= {"train_len": train_len, "packing": packing, "tokenizer": spec}
     made_of |= {"engine": args.engine}
     write_json_atomic(out / "loss_by_distance.json", {**made_of, **table.to_dict()}, indent=1)
     plot_loss_by_distance({label: (table.edges, mean)}, out / "loss_by_distance", title=label)

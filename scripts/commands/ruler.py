@@ -13,14 +13,14 @@ from typing import Literal, Optional, Sequence, Union
 
 from posfreq.analysis.ruler_task.evaluate import RulerError
 from posfreq.analysis.ruler_task.runner import TASKS, run
-from posfreq.train.command_line import command_parser, parse
+from posfreq.train.command_line import command_parser, parse, summary
 from posfreq.train.outdir import OutputDirError
 from posfreq.train.positions.schemes import SCHEMES
 
 
 def build_parser():
     """The command line: the model, the position scheme, lengths, tasks, samples and outputs."""
-    parser = command_parser("posfreq ruler", __doc__.split("\n")[0])
+    parser = command_parser("posfreq ruler", summary(__doc__))
     parser.add_argument(
         "--model", type=str, required=True, help="hf:DIR, a local transformers model"
     )

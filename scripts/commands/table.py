@@ -34,7 +34,7 @@ from posfreq.analysis.tables.paper_tables import (
     token_accuracy_by_test,
 )
 from posfreq.train.atomic import write_json_atomic, write_text_atomic
-from posfreq.train.command_line import command_parser, parse
+from posfreq.train.command_line import command_parser, parse, summary
 from posfreq.train.outdir import OutputDirError, claim_output_dir
 from posfreq.train.positions.schemes import SCHEMES
 from posfreq.train.positions.string import shift_from_effective_length
@@ -50,7 +50,7 @@ Options = dict[str, dict[str, Union[bool, int, float, str, None]]]
 
 def build_parser():
     """The command line: the model, the schemes and their options, the tests, RULER, sharding, outputs."""
-    parser = command_parser(f"posfreq {COMMAND}", __doc__.split("\n")[0])
+    parser = command_parser(f"posfreq {COMMAND}", summary(__doc__))
     parser.add_argument(
         "--model", type=str, required=True, help="hf:DIR (a transformers model) or a checkpoint"
     )

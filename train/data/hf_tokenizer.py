@@ -36,8 +36,8 @@ def write_tokenizer_files(spec: str, out_dir: str | Path) -> list[Path]:
     """Hugging Face tokenizer files for the tokenizer `spec` names, in `out_dir`; [] when we cannot make any.
 
     `llama3` and `bytes` are rebuilt offline with the `tokenizers` library (same ids as ours);
-    `hf:<dir>` copies that directory's tokenizer files. Other tokenizers (e.g. a registered demo
-    vocabulary) have no Hugging Face form yet: a warning says so and nothing is written.
+    `hf:<dir>` copies that directory's tokenizer files. A tokenizer registered in Python
+    (`register_tokenizer`) has no Hugging Face form: a warning says so and nothing is written.
     """
     if spec == "llama3":
         return write_llama3_tokenizer(out_dir)

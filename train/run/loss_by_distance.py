@@ -136,7 +136,7 @@ def measure(
     train_len: int,
     rows: int,
     batch_rows: int = 4,
-    packing: str = "best_fit",
+    packing: str = "concat",
     device: torch.device | str = "cpu",
     per_segment: bool = False,
 ) -> LossByDistance:

@@ -104,3 +104,33 @@ def test_a_qwen2_model_through_transformers_on_shards_of_its_tokenizer(tmp_path,
     with pytest.raises(SystemExit):
         command.main([*argv, "--out", str(tmp_path / "x")])
     assert "pass --model hf:DIR" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_rows_are_packed_as_the_checkpoints_run_validated_them(data_dir, tmp_path, capsys):
+    """--packing left out: the checkpoint's own data.packing (its trainer.json), else the trainer's default, concat;
+    a value that is none of the strategies is refused naming the file."""
+    hist = np.bincount([3, 100], minlength=513)
+    path = write_checkpoint(tmp_path / "run", 4096, tiny_model(), hist)
+    argv = ["--checkpoint", str(path), "--data", str(data_dir), "--rows", "3", "--train-len", "128"]
+    model, _, _ = ckpt.load_model(path)
+
+    def stored(out):
+        assert command.main([*argv, "--out", str(tmp_path / out)]) == 0
+        return json.loads((tmp_path / out / "loss_by_distance.json").read_text())
+
+    plain = stored("plain")
+    concat = measure(model, TokenDataset(data_dir), 128, 3, batch_rows=4, packing="concat")
+    assert plain["packing"] == "concat" and plain["tokens"] == concat.tokens.tolist()
+    state = json.loads((path / "trainer.json").read_text())
+    (path / "trainer.json").write_text(
+        json.dumps({**state, "config": {"data": {"packing": "padded"}}})
+    )
+    padded = measure(model, TokenDataset(data_dir), 128, 3, batch_rows=4, packing="padded")
+    assert padded.tokens.tolist() != concat.tokens.tolist()  # the two packings differ on these rows
+    recorded = stored("recorded")
+    assert recorded["packing"] == "padded" and recorded["tokens"] == padded.tokens.tolist()
+    (path / "trainer.json").write_text(
+        json.dumps({**state, "config": {"data": {"packing": "zip"}}})
+    )
+    assert command.main([*argv, "--out", str(tmp_path / "bad")]) == 1
+    assert "trainer.json: data.packing 'zip'" in capsys.readouterr().err
