@@ -76,7 +76,7 @@ def check_output_dir(
     if not found:
         return path
     if written_before is not None and written_before(path):
-        _mark_owned(path, command)
+        _adopt(path, command)
         return path
     if owner_of(path) == command:  # another process claimed it since the first look
         return path
@@ -184,3 +184,12 @@ def entry_names(path: Path) -> set[str]:
 
 def _mark_owned(path: Path, command: str) -> None:
     write_json_atomic(path / OWNER_FILE, {"command": command})
+
+
+def _adopt(path: Path, command: str) -> None:
+    """Mark a folder an older posfreq's `command` wrote (before owners were recorded) as its own and journal what is
+    in it: all of it is the command's, and a journal that a later write starts must not leave it out."""
+    _mark_owned(path, command)
+    for entry in sorted(path.iterdir()):
+        if not is_record(entry.name) and not entry.name.endswith(".tmp"):
+            record_written(entry)

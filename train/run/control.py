@@ -9,7 +9,6 @@ the run starts up is not fatal; the step after it ends with a save. After SIGUSR
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,9 +16,12 @@ from pathlib import Path
 
 from posfreq.train.atomic import write_text_atomic
 from posfreq.train.checkpoint import layout as ckpt
+from posfreq.train.journal import is_record, record_written, remove_recorded
+from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir, owner_of
 from posfreq.train.run.config import TrainConfig
 from posfreq.train.run.log import LOG
 from posfreq.train.run.loggers import WANDB_ID_FILE
+from posfreq.train.run_lock import LOCK_FILE as RUN_LOCK_FILE
 from posfreq.train.run_lock import RunLock, RunLockError
 
 EXIT_NOT_REQUEUED = 3  # a signal stopped the run after a save, and no SLURM requeue will restart it
@@ -88,13 +90,68 @@ def lock_run_dir(cfg: TrainConfig, fabric) -> RunLock | None:
     lock, refusal = None, None
     if fabric.global_rank == 0:
         try:
+            claim_run_dir(cfg)
             lock = RunLock.acquire(cfg.out)
-        except RunLockError as err:
+        except (RunLockError, OutputDirError) as err:
             refusal = str(err)
     refusal = fabric.broadcast(refusal, src=0)
     if refusal:
         raise RunLockError(refusal)
     return lock
+
+
+PRETRAIN = "pretrain"
+"""The command a run directory's owner record names (train/outdir.py)."""
+
+RUN_ENTRIES = (
+    ckpt.CHECKPOINTS,
+    "metrics.jsonl",
+    "metrics.jsonl.unreadable",
+    "csv",
+    "wandb",
+    WANDB_ID_FILE,
+    RUN_LOCK_FILE,
+)
+"""Every name a pretraining run writes directly in its OUT."""
+
+
+def earlier_run(out: Path) -> bool:
+    """Whether an unmarked OUT is a run an older posfreq wrote: only the names a run writes (and folders other posfreq
+    commands claimed in it, such as a probe's), with checkpoints/ holding only checkpoints and csv/ only Lightning's
+    version folders, so that a user's folder that merely has a `csv` or `checkpoints` is never taken for one."""
+    for entry in out.iterdir():
+        claimed = entry.is_dir() and not entry.is_symlink() and owner_of(entry) is not None
+        if not (
+            is_record(entry.name)
+            or entry.name.endswith(".tmp")
+            or claimed
+            or entry.name in RUN_ENTRIES
+        ):
+            return False
+    inside = {
+        ckpt.CHECKPOINTS: lambda name: (
+            name.startswith(ckpt.MILESTONE_PREFIX) or name.split(".")[0] == ckpt.LATEST
+        ),
+        "csv": lambda name: name.startswith("version_"),
+    }
+    for folder, expected in inside.items():
+        if (out / folder).is_dir() and not all(expected(e.name) for e in (out / folder).iterdir()):
+            return False
+    return True
+
+
+def check_run_dir(cfg: TrainConfig) -> None:
+    """OutputDirError unless OUT is new, empty or a run's (a user's files are never mixed with a run's, nor deleted by
+    --overwrite); changes nothing except marking an older posfreq's run as the run it is."""
+    check_output_dir(cfg.out, PRETRAIN, written_before=earlier_run)
+
+
+def claim_run_dir(cfg: TrainConfig) -> None:
+    """Rank 0, before the run lock: mark OUT as a run's and journal the logger folder the run will write (Lightning
+    creates it without telling the journal), so a rerun finds every entry of OUT accounted for."""
+    out = claim_output_dir(cfg.out, PRETRAIN, written_before=earlier_run, shared=True)
+    if cfg.logging.logger != "none":
+        record_written(out / cfg.logging.logger)
 
 
 def run_files(out: Path) -> list[Path]:
@@ -113,11 +170,8 @@ def overwrite_run(out: Path, fabric) -> None:
     for external in fabric.loggers:
         if type(external).__name__ == "WandbLogger":
             write_text_atomic(out / WANDB_ID_FILE, f"{external.version}\n")
-    for path in run_files(out):
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
-        else:
-            continue
-        LOG.info(f"--overwrite: deleted {path}")
+    for path in run_files(
+        out
+    ):  # what the run's journal names: never a user's file, never through a link
+        for removed in remove_recorded(out, under=path.name):
+            LOG.info(f"--overwrite: deleted {removed}")

@@ -18,13 +18,14 @@ from posfreq.train.data.packing_schedule import some_document_has_weight
 from posfreq.train.data.shards import TokenDataset
 from posfreq.train.data.tokenizer import get_tokenizer
 from posfreq.train.data.upsample import LengthUpsample
+from posfreq.train.outdir import OutputDirError
 from posfreq.train.run.config import (
     ConfigError,
     TrainConfig,
     config_differences,
     overridden_changes,
 )
-from posfreq.train.run.control import run_files
+from posfreq.train.run.control import check_run_dir, run_files
 from posfreq.train.run.geometry import batch_geometry, resolve_model_config
 from posfreq.train.run.optim import lr_at
 
@@ -45,6 +46,10 @@ class ResolvedRun:
         self.world_size = world_size
         self.hashes = hashes
         self.chosen = chosen
+        try:
+            check_run_dir(cfg)
+        except OutputDirError as err:
+            raise ConfigError(str(err)) from err
         if not cfg.data.dir:
             raise ConfigError(
                 "data.dir is empty. Fix: set --data.dir to a directory written by posfreq prepare"

@@ -402,9 +402,11 @@ raise SystemExit(pretrain.main())
 
 @pytest.mark.slow  # a child process, a notebook kernel or a deliberate timeout
 def test_sigkill_between_the_renames_of_a_save_then_resume(uninterrupted, data_dir, tmp_path):
-    root = tmp_path / "checkpoints"
+    root = tmp_path / "run" / "checkpoints"
     config = tmp_path / "config.json"
-    config.write_text(json.dumps(tiny(data_dir, tmp_path, **{"checkpoint.every_tokens": 10**9})))
+    config.write_text(
+        json.dumps(tiny(data_dir, tmp_path / "run", **{"checkpoint.every_tokens": 10**9}))
+    )
     # Killed inside the second save of `latest` (step 4), just after `latest -> latest.old`.
     first = run_trainer_process(KILL_DURING_RENAME, config, KILL_AT="after:latest.old")
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]

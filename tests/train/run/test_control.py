@@ -113,20 +113,19 @@ raise SystemExit(pretrain.main())
 
 @pytest.mark.slow  # a child process, a notebook kernel or a deliberate timeout
 def test_signal_during_startup_saves_and_exits_not_requeued(data_dir, tmp_path):
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps(tiny(data_dir, tmp_path)))
+    config, out = tmp_path / "config.json", tmp_path / "run"
+    config.write_text(json.dumps(tiny(data_dir, out)))
     proc = run_trainer_process(SIGNAL_DURING_STARTUP, config)
     assert proc.returncode == EXIT_NOT_REQUEUED == 3, proc.stderr[-3000:]
-    latest = tmp_path / "checkpoints" / ckpt.LATEST
+    latest = out / "checkpoints" / ckpt.LATEST
     assert (
         f"signal received: saved {latest} at step 1; the job was NOT requeued (no SLURM job (SLURM_JOB_ID "
         "unset)): exiting with code 3. Continue with --resume auto."
     ) in proc.stdout
     assert (
-        ckpt.find_resume_checkpoint(tmp_path) == latest
-        and ckpt.read_trainer_state(latest)["step"] == 1
+        ckpt.find_resume_checkpoint(out) == latest and ckpt.read_trainer_state(latest)["step"] == 1
     )
-    assert not (tmp_path / "run.lock").exists()
+    assert not (out / "run.lock").exists()
 
 
 def test_a_fresh_start_into_a_run_directory_is_refused_and_changes_nothing(data_dir, tmp_path):
@@ -168,15 +167,57 @@ def test_ctrl_c_saves_latest_like_sigterm_and_a_second_one_stops_at_once(
 
 def test_overwrite_starts_afresh_deleting_only_the_runs_own_files(data_dir, tmp_path):
     run(tiny(data_dir, tmp_path, stop_at_step=2))
-    (tmp_path / "notes.md").write_text("mine")
     with pytest.raises(ConfigError, match="--overwrite starts afresh, --resume auto continues"):
         run(tiny(data_dir, tmp_path, overwrite=True))
+    (tmp_path / "checkpoints" / "mine.txt").write_text(
+        "mine"
+    )  # a user's file in the run's own folder
     history = run(tiny(data_dir, tmp_path, resume=None, overwrite=True, stop_at_step=1))
     assert [r["step"] for r in history] == [1]
     logged = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert logged == [1] and (tmp_path / "notes.md").read_text() == "mine"
-    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["latest"]
+    assert logged == [1] and (tmp_path / "checkpoints" / "mine.txt").read_text() == "mine"
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "mine.txt"]
     assert ckpt.read_trainer_state(tmp_path / "checkpoints/latest")["step"] == 1
+
+
+def test_a_users_folder_is_never_taken_for_a_run(data_dir, tmp_path):
+    """A folder that is not a run's, even one with a `csv` and a `checkpoints` of its own, is refused before
+    anything is written; --overwrite deletes nothing in it."""
+    user = tmp_path / "mine"
+    for name, text in (("csv/results.csv", "x"), ("checkpoints/model.pt", "w"), ("notes.md", "n")):
+        (user / name).parent.mkdir(parents=True, exist_ok=True)
+        (user / name).write_text(text)
+    before = sorted(str(p.relative_to(user)) for p in user.rglob("*"))
+    for overwrite in (False, True):
+        with pytest.raises(ConfigError, match="did not write"):
+            run(tiny(data_dir, user, resume=None, overwrite=overwrite))
+    (user / "notes.md").unlink()  # left: only names a run also writes, holding the user's files
+    with pytest.raises(ConfigError, match="did not write"):
+        run(tiny(data_dir, user, resume=None, overwrite=True))
+    assert sorted(str(p.relative_to(user)) for p in user.rglob("*")) == [
+        n for n in before if n != "notes.md"
+    ]
+    assert (user / "csv/results.csv").read_text() == "x"
+
+
+def test_a_run_an_older_posfreq_wrote_continues_and_becomes_the_runs(data_dir, tmp_path):
+    """A run directory from before runs recorded their owner (and a probe's folder in it) is resumed, marked as
+    the run's and journaled whole, so the next invocation finds nothing unaccounted for."""
+    from posfreq.train.journal import JOURNAL_FILE, OWNER_FILE
+    from posfreq.train.outdir import claim_output_dir, owner_of
+
+    run(tiny(data_dir, tmp_path, stop_at_step=1, **{"logging.logger": "csv"}))
+    for record in (OWNER_FILE, JOURNAL_FILE):
+        (tmp_path / record).unlink()
+    (tmp_path / "probe-rope").mkdir()
+    (tmp_path / "probe-rope" / OWNER_FILE).write_text('{"command": "probe"}')
+    run(tiny(data_dir, tmp_path, stop_at_step=2, **{"logging.logger": "csv"}))
+    assert owner_of(tmp_path) == "pretrain"
+    journaled = {line.split("/")[0] for line in (tmp_path / JOURNAL_FILE).read_text().split()}
+    assert {"checkpoints", "metrics.jsonl", "csv", "probe-rope"} <= journaled
+    claim_output_dir(tmp_path / "probe-string", "probe", shared=True)  # a later probe of the run
+    history = run(tiny(data_dir, tmp_path, **{"logging.logger": "csv"}))
+    assert history[-1]["step"] == 8
 
 
 def test_overwrite_never_requeues_and_never_deletes_its_own_starting_weights(

@@ -83,47 +83,48 @@ def test_schedule_changes_on_resume_need_resume_override(data_dir, tmp_path, cap
 
 
 def test_bad_configs_fail_before_compute(data_dir, tmp_path):
+    out = tmp_path / "run"
     cases = [
         (
-            tiny(data_dir, tmp_path, optim={"lrr": 1.0}),
+            tiny(data_dir, out, optim={"lrr": 1.0}),
             "Group 'optim' does not accept option 'lrr'",
         ),
         (
-            tiny(data_dir, tmp_path, data={"dir": str(tmp_path / "missing"), "train_len": 128}),
+            tiny(data_dir, out, data={"dir": str(tmp_path / "missing"), "train_len": 128}),
             "does not exist",
         ),
-        (tiny(data_dir, tmp_path, data={"dir": "", "train_len": 128}), "data.dir is empty"),
-        (tiny(data_dir, tmp_path, global_batch_tokens=1000), "not a whole number of micro-batches"),
-        (tiny(data_dir, tmp_path, micro_batch_rows=3), "not a whole number of micro-batches"),
+        (tiny(data_dir, out, data={"dir": "", "train_len": 128}), "data.dir is empty"),
+        (tiny(data_dir, out, global_batch_tokens=1000), "not a whole number of micro-batches"),
+        (tiny(data_dir, out, micro_batch_rows=3), "not a whole number of micro-batches"),
         (
-            tiny(data_dir, tmp_path, **{"model.overrides.train_len": 4096}),
+            tiny(data_dir, out, **{"model.overrides.train_len": 4096}),
             "the training length has one name",
         ),
         (
-            tiny(data_dir, tmp_path, **{"data.length_upsample": {"0-100000": 0.0}}),
+            tiny(data_dir, out, **{"data.length_upsample": {"0-100000": 0.0}}),
             "gives every document of data.dir",
         ),
         (
-            tiny(data_dir, tmp_path, seed="x"),
+            tiny(data_dir, out, seed="x"),
             "Parser key \"seed\":\n  Expected a <class 'int'>. Got value: x",
         ),
     ]
     (tmp_path / "empty").mkdir()
     cases.append(
         (
-            tiny(data_dir, tmp_path, data={"dir": str(tmp_path / "empty"), "train_len": 128}),
+            tiny(data_dir, out, data={"dir": str(tmp_path / "empty"), "train_len": 128}),
             "no token shards",
         )
     )
     cases.append(
         (
-            tiny(data_dir, tmp_path, **{"data.val_dir": str(tmp_path / "empty")}),
+            tiny(data_dir, out, **{"data.val_dir": str(tmp_path / "empty")}),
             "data.val_dir: .*no token shards",
         )
     )
     cases.append(
         (
-            tiny(data_dir, tmp_path, **{"data.val_dir": str(tmp_path / "missing")}),
+            tiny(data_dir, out, **{"data.val_dir": str(tmp_path / "missing")}),
             "data.val_dir: .*does not exist",
         )
     )
