@@ -96,7 +96,8 @@ class EffectiveLength:
 def effective_length(
     lengths: Sequence[int], pass_rates: Sequence[float], threshold: float = 0.5
 ) -> EffectiveLength:
-    """The largest length before the first one whose pass rate is below `threshold` (0 if the first fails)."""
+    """The largest length before the first one whose pass rate is below `threshold` (0 if the first fails).
+    A NaN pass rate (a length without tests) is refused: it would compare as passing."""
     lengths = [int(n) for n in lengths]
     if not lengths or len(lengths) != len(pass_rates):
         raise ValueError(
@@ -104,6 +105,9 @@ def effective_length(
         )
     if any(b <= a for a, b in zip(lengths, lengths[1:])):
         raise ValueError(f"lengths must be strictly increasing, got {lengths}")
+    for length, rate in zip(lengths, pass_rates):
+        if np.isnan(rate):
+            raise ValueError(f"the pass rate at length {length} is NaN (no tests?)")
     for i, (length, rate) in enumerate(zip(lengths, pass_rates)):
         if rate < threshold:
             if i == 0:
@@ -130,10 +134,18 @@ def bootstrap_interval(
 
     Every replicate redraws each length's tests with replacement, recomputes the pass rates and
     applies `effective_length`; the interval holds the replicates' central `level` mass and is
-    made of probed lengths (0 for none passed). Deterministic for `analysis.bootstrap_seed`.
+    made of probed lengths (0 for none passed). Deterministic for `analysis.bootstrap_seed`. A length
+    without tests is refused (its resampled rates would be NaN, which compares as passing).
     """
     if analysis.bootstrap == 0 or not lengths:
         return None
+    if len(passed) != len(lengths):
+        raise ValueError(
+            f"need the tests of each length, got {len(passed)} for {len(lengths)} lengths"
+        )
+    for length, tests in zip(lengths, passed):
+        if len(tests) == 0:
+            raise ValueError(f"length {length} has no tests to resample")
     rng = np.random.default_rng(analysis.bootstrap_seed)
     rates = np.stack(
         [

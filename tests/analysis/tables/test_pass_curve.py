@@ -138,6 +138,14 @@ def test_run_table_round_trip_and_figures(tmp_path):
         )
 
 
+def test_a_length_without_tests_is_refused_not_passed():
+    """A NaN pass rate compares as passing (NaN < 0.5 is False): [1, nan, 0] read as 200 'ok'."""
+    with pytest.raises(ValueError, match="length 200 is NaN"):
+        effective_length([100, 200, 300], [1.0, float("nan"), 0.0])
+    with pytest.raises(ValueError, match="length 200 has no tests"):
+        bootstrap_interval([100, 200, 300], [[True] * 4, [], [False] * 4], Analysis(bootstrap=50))
+
+
 def naive_bootstrap(lengths, passed, threshold, n_boot, seed, level):
     """The same percentile bootstrap, one replicate at a time with plain loops."""
     rng = np.random.default_rng(seed)
