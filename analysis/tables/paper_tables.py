@@ -1,17 +1,22 @@
 """The paper's Table 1 and Table 2 for one model: NIAH pass rate per position scheme and length, with 95% intervals
-and each scheme's paired difference from rope over the same tests; RULER's score per task and scheme.
+and each scheme's paired difference from a baseline (rope) over the same tests; RULER's score per task and scheme.
 
 Every scheme is probed with the same tests (one probe seed), so a test's outcome under a scheme and under rope form
-a pair. Intervals are percentile bootstraps over tests: of the pass rate, and of the mean paired difference.
+a pair. Every cell of one length uses the tests that every scheme probed at that length has (a scheme's others
+are counted as left out). A pass rate's interval is the Wilson score interval (a proportion of independent tests;
+it keeps a width at 0 and 100%); a continuous score's mean and every paired difference get a percentile bootstrap
+over the tests, each cell resampled by its own generator (from the seed, the scheme and the length), so a cell's
+interval does not depend on which other schemes are listed, or in what order.
 """
 
 from __future__ import annotations
 
+import zlib
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from posfreq.analysis.tables.pass_curve import Analysis, percentile_interval
+from posfreq.analysis.tables.pass_curve import Analysis, percentile_interval, wilson_interval
 
 MEASURES = ("greedy", "teacher_forced")
 """What makes a test pass: its greedy answer holds enough needles (the paper's), or, under teacher forcing, enough
@@ -21,13 +26,18 @@ TABLE1_COLUMNS = (
     "scheme",
     "length",
     "tests",
+    "tests_left_out",
     "pass_rate",
     "pass_lo",
     "pass_hi",
-    "difference_from_rope",
+    "baseline",
+    "difference",
     "difference_lo",
     "difference_hi",
 )
+"""`tests`: the tests every scheme probed at the length has, which every cell of the length uses;
+`tests_left_out`: this scheme's other tests there. `difference` is the mean paired difference from `baseline`
+(empty, as is `baseline`, for the baseline's own row)."""
 
 
 def outcomes_by_test(
@@ -72,47 +82,84 @@ TOKEN_ACCURACY_COLUMNS = {
 `token_accuracy_by_test`)."""
 
 
+def cell_rng(seed: int, scheme: str, length: int) -> np.random.Generator:
+    """The generator of one Table 1 cell: from the seed, the scheme's name (crc32, stable across runs, unlike
+    Python's hash) and the length, so no cell's draws depend on another's."""
+    return np.random.default_rng(
+        np.random.SeedSequence([seed, zlib.crc32(scheme.encode()), length])
+    )
+
+
+def shared_tests(outcomes: Mapping[str, Mapping[tuple[int, int], float]]) -> dict[int, list[int]]:
+    """Length -> the test indices that every scheme with any test at that length has."""
+    shared = {}
+    for length in sorted({n for by_test in outcomes.values() for n, _ in by_test}):
+        held = [{i for n, i in by_test if n == length} for by_test in outcomes.values()]
+        shared[length] = sorted(set.intersection(*(h for h in held if h)))
+        if not shared[length]:
+            raise ValueError(
+                f"at length {length} the schemes share no test. Fix: probe every scheme with the same seed"
+            )
+    return shared
+
+
 def table1(
     outcomes: Mapping[str, Mapping[tuple[int, int], float]],
     n_boot: int = 2000,
     seed: int = 0,
     baseline: str = "rope",
+    binary: bool = True,
 ) -> list[dict]:
-    """A row per scheme and length: the pass rate (the mean of any per-test score in `outcomes`) with its
-    interval, and the mean paired difference from `baseline` over the tests both ran, with its interval (empty
-    for the baseline itself)."""
-    rng = np.random.default_rng(seed)
+    """A row per scheme and length, over the tests every scheme at that length has: the mean score with its 95%
+    interval (binary: a pass rate, with the Wilson score interval; otherwise a continuous score's mean, with a
+    percentile bootstrap) and the mean paired difference from `baseline`, with a paired percentile bootstrap
+    interval (the same resampled tests for both; empty for the baseline itself and where it lacks the length)."""
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    shared = shared_tests(outcomes)
+    base = outcomes.get(baseline, {})
     rows = []
     for scheme, by_test in outcomes.items():
         for length in sorted({n for n, _ in by_test}):
-            tests = sorted(i for n, i in by_test if n == length)
-            passed = np.array([by_test[(length, i)] for i in tests])
-            draws = rng.integers(0, len(tests), size=(n_boot, len(tests)))
+            tests = shared[length]
+            scores = np.array([by_test[(length, i)] for i in tests])
+            held = sum(n == length for n, _ in by_test)
             row = {"scheme": scheme, "length": length, "tests": len(tests)}
-            row["pass_rate"] = float(passed.mean())
-            row["pass_lo"], row["pass_hi"] = percentile_interval(passed[draws].mean(1))
-            shared = [i for i in tests if (length, i) in outcomes.get(baseline, {})]
-            if scheme != baseline and shared:
-                diff = np.array(
-                    [by_test[(length, i)] - outcomes[baseline][(length, i)] for i in shared]
-                )
-                resampled = diff[rng.integers(0, len(shared), size=(n_boot, len(shared)))]
-                row["difference_from_rope"] = float(diff.mean())
-                row["difference_lo"], row["difference_hi"] = percentile_interval(resampled.mean(1))
+            row |= {"tests_left_out": held - len(tests), "pass_rate": float(scores.mean())}
+            draws = cell_rng(seed, scheme, length).integers(
+                0, len(tests), size=(n_boot, len(tests))
+            )
+            if binary:
+                if not np.isin(scores, (0.0, 1.0)).all():
+                    raise ValueError(
+                        f"{scheme} at {length}: scores other than 0 and 1 are no pass rate. "
+                        "Fix: binary=False for a continuous score"
+                    )
+                row["pass_lo"], row["pass_hi"] = wilson_interval(int(scores.sum()), len(tests))
             else:
-                row |= {"difference_from_rope": "", "difference_lo": "", "difference_hi": ""}
+                row["pass_lo"], row["pass_hi"] = percentile_interval(scores[draws].mean(1))
+            if scheme != baseline and (length, tests[0]) in base:
+                diff = scores - np.array([base[(length, i)] for i in tests])
+                row |= {"baseline": baseline, "difference": float(diff.mean())}
+                row["difference_lo"], row["difference_hi"] = percentile_interval(
+                    diff[draws].mean(1)
+                )
+            else:
+                row |= {"baseline": "", "difference": "", "difference_lo": "", "difference_hi": ""}
             rows.append(row)
     return rows
 
 
 def table1_markdown(rows: Sequence[Mapping]) -> str:
-    """Table 1 as the paper lays it out: a row per scheme, a column per length, each cell the pass rate in percent
-    with its 95% interval and, below rope, the paired difference from rope with its interval."""
+    """Table 1 as the paper lays it out: a row per scheme, a column per length headed by its number of tests n,
+    each cell the pass rate in percent with its 95% interval and, below it, the paired difference from the
+    baseline with its interval."""
     lengths = sorted({r["length"] for r in rows})
     schemes = list(dict.fromkeys(r["scheme"] for r in rows))
     cell = {(r["scheme"], r["length"]): r for r in rows}
+    tests = {r["length"]: r["tests"] for r in rows}
     lines = [
-        "| scheme | " + " | ".join(f"{n:,}" for n in lengths) + " |",
+        "| scheme | " + " | ".join(f"{n:,} (n = {tests[n]})" for n in lengths) + " |",
         "|---|" + "---|" * len(lengths),
     ]
     for scheme in schemes:
@@ -125,14 +172,28 @@ def table1_markdown(rows: Sequence[Mapping]) -> str:
             text = (
                 f"{100 * r['pass_rate']:.1f} [{100 * r['pass_lo']:.1f}, {100 * r['pass_hi']:.1f}]"
             )
-            if r["difference_from_rope"] != "":
+            if r["difference"] != "":
                 text += (
-                    f"<br>{100 * r['difference_from_rope']:+.1f} "
+                    f"<br>{100 * r['difference']:+.1f} "
                     f"[{100 * r['difference_lo']:+.1f}, {100 * r['difference_hi']:+.1f}]"
                 )
             parts.append(text)
         lines.append(f"| {scheme} | " + " | ".join(parts) + " |")
     return "\n".join(lines) + "\n"
+
+
+def left_out_note(rows: Sequence[Mapping]) -> str:
+    """A line per length where some scheme had tests beyond those every scheme has (empty when none had)."""
+    lines = []
+    for length in sorted({r["length"] for r in rows}):
+        mine = [r for r in rows if r["length"] == length]
+        extra = [f"{r['scheme']} {r['tests_left_out']}" for r in mine if r["tests_left_out"]]
+        if extra:
+            lines.append(
+                f"- At {length:,} every cell uses the {mine[0]['tests']} tests all its schemes have; "
+                f"tests left out: {', '.join(extra)}.\n"
+            )
+    return "".join(lines)
 
 
 def table2(scores: Mapping[str, Sequence[Mapping]]) -> list[dict]:

@@ -27,6 +27,7 @@ from posfreq.analysis.tables.paper_tables import (
     MEASURES,
     TABLE1_COLUMNS,
     TOKEN_ACCURACY_COLUMNS,
+    left_out_note,
     outcomes_by_test,
     table1,
     table1_markdown,
@@ -123,7 +124,12 @@ def build_parser():
         default=None,
         help="I/N: run only schemes I, I+N, ... (a SLURM array task); a run without it writes the tables",
     )
-    parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples")
+    parser.add_argument(
+        "--bootstrap",
+        type=int,
+        default=2000,
+        help="bootstrap resamples (>= 1) of the paired differences and of the token accuracy",
+    )
     parser.add_argument(
         "--out", type=Optional[str], default=None, help="default runs/table/<model>"
     )
@@ -292,11 +298,12 @@ def write_tables(args, out: Path, schemes: list[str], options: dict[str, dict]) 
 
     records = {scheme: scheme_records(out / "niah" / scheme) for scheme in schemes}
     outcomes = {scheme: outcomes_by_test(records[scheme], args.measure) for scheme in schemes}
-    rows = table1(outcomes, args.bootstrap)
+    rows = table1(outcomes, args.bootstrap)  # rope is the baseline (chosen_schemes)
     write_csv(out / "table1.csv", rows, list(TABLE1_COLUMNS))
     accuracy = []
     if all(r.get("tf_token_accuracy") is not None for s in schemes for r in records[s]):
-        accuracy = table1({s: token_accuracy_by_test(records[s]) for s in schemes}, args.bootstrap)
+        scores = {s: token_accuracy_by_test(records[s]) for s in schemes}
+        accuracy = table1(scores, args.bootstrap, binary=False)
         renamed = [{TOKEN_ACCURACY_COLUMNS.get(k, k): v for k, v in r.items()} for r in accuracy]
         columns = [TOKEN_ACCURACY_COLUMNS.get(c, c) for c in TABLE1_COLUMNS]
         write_csv(out / "table1_token_accuracy.csv", renamed, columns)
@@ -311,15 +318,19 @@ def write_tables(args, out: Path, schemes: list[str], options: dict[str, dict]) 
     write_json_atomic(out / "settings.json", settings, indent=1)
     header = (
         f"# Table 1: 4-needle NIAH pass rate (%) by position scheme and length\n\n"
-        f"Model `{args.model}`, {args.tests} tests per length, the same tests for every scheme; measure: "
-        f"{args.measure} (teacher-forced answer order: {args.answer_order}). Each cell: the pass rate with its 95% bootstrap interval over tests, then (every scheme "
-        "but rope) the mean paired difference from rope over the same tests with its interval.\n\n"
+        f"Model `{args.model}`, {args.tests} tests per length asked; every cell of a length uses the same tests, "
+        f"those every scheme has there (n in the column's head); measure: {args.measure} (teacher-forced answer "
+        f"order: {args.answer_order}). Each cell: the pass rate with its 95% Wilson score interval, then (every "
+        "scheme but rope) the mean paired difference from rope over the same tests with its 95% paired percentile "
+        f"bootstrap interval ({args.bootstrap} resamples).\n\n"
     )
+    note = left_out_note(rows)  # said whenever some scheme had tests the others lack
     options_lines = "\n".join(f"- {s}: `{json.dumps(o)}`" for s, o in options.items())
     companion = (
         "\n## Teacher-forced needle token accuracy (%)\n\nThe same tests and layout, each test scored by the share "
         "of its needles' tokens that are the model's argmax under teacher forcing: a continuous, paired score "
-        "that moves where pass rates sit at 0 or 100 (`table1_token_accuracy.csv`).\n\n"
+        "that moves where pass rates sit at 0 or 100 (`table1_token_accuracy.csv`). Its intervals, of a mean "
+        "rather than a proportion, are percentile bootstraps over the tests.\n\n"
         + table1_markdown(accuracy)
         if accuracy
         else ""
@@ -327,6 +338,7 @@ def write_tables(args, out: Path, schemes: list[str], options: dict[str, dict]) 
     text = (
         header
         + table1_markdown(rows)
+        + (f"\n{note}" if note else "")
         + companion
         + "\nOptions as run (defaults included):\n\n"
         + options_lines
@@ -349,6 +361,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Probe (and run RULER on) every scheme of this share, then, unsharded, write the tables."""
     args = parse(build_parser(), argv)
     try:
+        if args.bootstrap < 1:
+            raise TableError(
+                f"--bootstrap {args.bootstrap}: the paired differences need at least one resample. "
+                "Fix: --bootstrap 2000 (the default), or any number >= 1"
+            )
         schemes = chosen_schemes(args.schemes)
         mine = my_share(schemes, args.shard)
         if args.niah_lengths:

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import csv
 import json
+import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers.hf import save_tiny_hf
 
 from posfreq.analysis.tables.paper_tables import (
     TABLE1_COLUMNS,
+    left_out_note,
     outcomes_by_test,
     table1,
     table1_markdown,
@@ -27,20 +30,79 @@ def outcomes_of(passing: set[int], length: int = 100, tests: int = 10) -> dict:
     return {(length, i): float(i in passing) for i in range(tests)}
 
 
+def textbook_wilson(passed: int, tests: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """The Wilson score interval as the set of p with |p_hat - p| <= z sqrt(p (1 - p) / n): the roots of
+    (1 + z^2/n) p^2 - (2 p_hat + z^2/n) p + p_hat^2 = 0."""
+    rate, k = passed / tests, z * z / tests
+    roots = np.sort(np.roots([1 + k, -(2 * rate + k), rate * rate]).real)
+    return float(roots[0]), float(roots[-1])
+
+
 def test_pass_rates_and_paired_differences_against_hand_counts() -> None:
     rope = outcomes_of({0, 1, 2, 3, 4})
     string = outcomes_of({0, 1, 2, 3, 4, 5, 6, 7})  # passes every test rope passes, and 3 more
     same = dict(rope)
     rows = {r["scheme"]: r for r in table1({"rope": rope, "string": string, "same": same}, 500)}
     assert rows["rope"]["pass_rate"] == 0.5 and rows["string"]["pass_rate"] == 0.8
-    assert rows["rope"]["difference_from_rope"] == ""
-    assert rows["string"]["difference_from_rope"] == pytest.approx(0.3)
+    assert rows["rope"]["difference"] == rows["rope"]["baseline"] == ""
+    assert rows["string"]["baseline"] == "rope"
+    assert rows["string"]["difference"] == pytest.approx(0.3)
     # paired: every per-test difference is 0 or +1, so no resample can go below 0
     assert 0.0 <= rows["string"]["difference_lo"] <= 0.3 <= rows["string"]["difference_hi"] <= 0.7
     assert rows["same"]["difference_lo"] == rows["same"]["difference_hi"] == 0.0
-    assert rows["rope"]["pass_lo"] < 0.5 < rows["rope"]["pass_hi"]
+    for scheme, passed in (("rope", 5), ("string", 8)):
+        interval = (rows[scheme]["pass_lo"], rows[scheme]["pass_hi"])
+        assert interval == pytest.approx(textbook_wilson(passed, 10), abs=1e-12)
     text = table1_markdown(list(rows.values()))
+    assert "| scheme | 100 (n = 10) |" in text
     assert "| string | 80.0 [" in text and "<br>+30.0 [" in text
+
+
+def test_a_pass_rate_of_0_or_100_keeps_a_wilson_interval() -> None:
+    """A percentile bootstrap gave 100 of 100 as 1.0 [1.0, 1.0]."""
+    every = outcomes_of(set(range(100)), tests=100)
+    rows = table1({"rope": outcomes_of(set(), tests=100), "string": every}, 200)
+    assert (rows[0]["pass_lo"], rows[0]["pass_hi"]) == pytest.approx(textbook_wilson(0, 100))
+    assert (rows[1]["pass_lo"], rows[1]["pass_hi"]) == pytest.approx(textbook_wilson(100, 100))
+    assert rows[1]["pass_lo"] == pytest.approx(0.9630, abs=1e-4) and rows[1]["pass_hi"] == 1.0
+    assert textbook_wilson(0, 10)[1] == pytest.approx(
+        0.2775, abs=1e-4
+    )  # the formula's published value
+    with pytest.raises(ValueError, match="scores other than 0 and 1"):
+        table1({"rope": {(100, 0): 0.5}})
+
+
+def test_each_cell_resamples_on_its_own_and_pairs_the_baseline() -> None:
+    """A scheme's interval is the same whichever other schemes are listed and in what order; its paired
+    difference matches a naive loop over draws from SeedSequence(seed, crc32(scheme), length)."""
+    rng = np.random.default_rng(1)
+    rope, string, ntk = (
+        {(100, i): float(rng.random() < p) for i in range(30)} for p in (0.3, 0.6, 0.5)
+    )
+    alone = table1({"rope": rope, "string": string}, 300, seed=5)
+    listed = table1({"ntk": ntk, "string": string, "rope": rope}, 300, seed=5)
+    assert [r for r in listed if r["scheme"] == "string"] == alone[1:]
+    draws = np.random.default_rng(np.random.SeedSequence([5, zlib.crc32(b"string"), 100]))
+    draws = draws.integers(0, 30, size=(300, 30))
+    means = sorted(np.mean([string[(100, i)] - rope[(100, i)] for i in row]) for row in draws)
+    assert alone[1]["difference_lo"] == pytest.approx(np.quantile(means, 0.025))
+    assert alone[1]["difference_hi"] == pytest.approx(np.quantile(means, 0.975))
+    with pytest.raises(ValueError, match="n_boot must be >= 1"):
+        table1({"rope": rope}, 0)
+
+
+def test_every_cell_of_a_length_uses_the_tests_every_scheme_has() -> None:
+    rope = outcomes_of({0, 1, 2, 3, 4})
+    string = outcomes_of(
+        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, tests=12
+    )  # tests 10 and 11 rope lacks
+    rows = table1({"rope": rope, "string": string}, 100)
+    assert [(r["tests"], r["tests_left_out"]) for r in rows] == [(10, 0), (10, 2)]
+    assert rows[1]["pass_rate"] == 1.0 and rows[1]["difference"] == 0.5  # over tests 0-9 only
+    assert left_out_note(rows) == (
+        "- At 100 every cell uses the 10 tests all its schemes have; tests left out: string 2.\n"
+    )
+    assert left_out_note(table1({"rope": rope}, 10)) == ""
 
 
 def test_a_test_passes_on_two_needles_greedy_or_teacher_forced() -> None:
@@ -63,8 +125,8 @@ def test_the_token_accuracy_of_a_test_is_the_mean_over_its_needles_and_pairs_lik
     rope = token_accuracy_by_test([record(0, [0.5, 0.5, 0, 0]), record(1, [1, 1, 0, 0])])
     string = token_accuracy_by_test([record(0, [1, 0.5, 0.5, 0]), record(1, [1, 1, 1, 1])])
     assert rope == {(100, 0): 0.25, (100, 1): 0.5} and string == {(100, 0): 0.5, (100, 1): 1.0}
-    row = table1({"rope": rope, "string": string}, n_boot=200)[1]
-    assert row["pass_rate"] == 0.75 and row["difference_from_rope"] == 0.375  # (0.25 + 0.5) / 2
+    row = table1({"rope": rope, "string": string}, n_boot=200, binary=False)[1]
+    assert row["pass_rate"] == 0.75 and row["difference"] == 0.375  # (0.25 + 0.5) / 2
     assert (
         row["difference_lo"] == 0.25 and row["difference_hi"] == 0.5
     )  # the two pairs' differences
@@ -170,6 +232,9 @@ def test_settings_that_cannot_make_a_table_stop_before_anything_runs(
     assert "dca does not take ['group']" in capsys.readouterr().err
     assert command.main([*base, "--shard", "2/2"]) == 1
     assert "0 <= I < N" in capsys.readouterr().err
+    assert command.main([*base, "--bootstrap", "0"]) == 1  # was an IndexError after every probe
+    err = capsys.readouterr().err
+    assert err.startswith("error: --bootstrap 0:") and "Fix: " in err and err.count("\n") == 1
     pytest.importorskip("lm_eval")
     ruler = ["--ruler-lengths", "300", "--ruler-tasks", "niah_single_1,cwe,vt"]
     assert command.main([*base, *ruler]) == 1
@@ -232,12 +297,15 @@ def test_the_real_model_page_quotes_the_tables_its_command_wrote(run: str) -> No
     for name in ("table1.csv", "table1_token_accuracy.csv"):
         rows = []
         for row in csv.DictReader(open(written / name)):
-            values = list(row.values())
+            values = dict(zip(TABLE1_COLUMNS, row.values()))  # the same places, either CSV
             rows.append(
-                {"scheme": row["scheme"], "length": int(row["length"]), "tests": int(row["tests"])}
-                | {
-                    key: (float(v) if v != "" else "")
-                    for key, v in zip(TABLE1_COLUMNS[3:], values[3:])  # the same places, either CSV
+                {
+                    key: v
+                    if key in ("scheme", "baseline")
+                    else int(v)
+                    if key in ("length", "tests", "tests_left_out")
+                    else (float(v) if v != "" else "")
+                    for key, v in values.items()
                 }
             )
         assert table1_markdown(rows) in table_md, name
