@@ -72,7 +72,7 @@ def plot_failure_by_thirds(
 
 
 def plot_scheme_pass_rates(rows: Sequence[Mapping], stem: str | Path) -> list[Path]:
-    """Table 1 as a figure: pass rate vs length, a line per position scheme, with its 95% interval as bars."""
+    """Table 1 as a figure: pass rate vs length, a line per position scheme, with its 95% (Wilson) interval as bars."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     schemes = list(dict.fromkeys(r["scheme"] for r in rows))
     for k, scheme in enumerate(schemes):
@@ -83,7 +83,7 @@ def plot_scheme_pass_rates(rows: Sequence[Mapping], stem: str | Path) -> list[Pa
         ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=scheme)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("test length (tokens)")
-    ax.set_ylabel("pass rate (95% interval over tests)")
+    ax.set_ylabel("pass rate (95% Wilson interval)")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title("4-needle NIAH by position scheme")
     ax.legend()
