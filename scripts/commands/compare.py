@@ -53,7 +53,7 @@ def build_parser() -> ArgumentParser:
         help="Directory for checkpoints.csv, conclusion.json and figures/.",
     )
     parser.add_argument(
-        "--bootstrap", type=int, default=2000, help="Bootstrap replicates over seeds."
+        "--bootstrap", type=int, default=2000, help="Bootstrap replicates over seeds (at least 1)."
     )
     parser.add_argument(
         "--bootstrap-seed", type=int, default=0, help="Seed of the bootstrap resampling."
@@ -67,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parse(parser, argv)
     runs = runs_of(args, parser)
+    if args.bootstrap < 1:  # an interval needs replicates: 0 left nothing to take percentiles of
+        parser.error(f"--bootstrap must be >= 1, got {args.bootstrap}")
     try:
         conclusion = compare(
             runs, args.out, args.bootstrap, args.bootstrap_seed, not args.no_figures

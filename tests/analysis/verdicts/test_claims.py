@@ -324,3 +324,15 @@ def test_runs_scored_under_different_criteria_are_refused_by_name(tmp_path):
     with pytest.raises(SystemExit, match="error: the runs were scored under different pass"):
         compare.main([*map(str, runs), "--out", str(tmp_path / "out"), "--no-figures"])
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("replicates", ["0", "-5"])
+def test_compare_refuses_a_bootstrap_without_replicates(tmp_path, capsys, replicates):
+    """--bootstrap 0 crashed with an IndexError in the first interval; it is a usage error before any work."""
+    dirs = [probed_run(tmp_path / "r", 0, "")]
+    with pytest.raises(SystemExit) as exit:
+        compare.main([*map(str, dirs), "--out", str(tmp_path / "out"), "--bootstrap", replicates])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --bootstrap must be >= 1, got {replicates}\n")
+    assert not (tmp_path / "out").exists()
