@@ -117,12 +117,26 @@ def run_identity(probe_dir: Path) -> tuple[int, int, str]:
 
 def load_checkpoints(paths: Sequence[Path]) -> list[dict]:
     """Every probed checkpoint of the given runs, with its run's training length, seed and data variant;
-    CompareError when the runs were scored under different pass criteria (their verdicts would mix them)."""
-    rows, criteria = [], {}
+    CompareError when two paths are probes of one run (their checkpoints would merge, and which row a verdict
+    used would depend on the order given) or when the runs were scored under different pass criteria (their
+    verdicts would mix them)."""
+    rows, criteria, probes = [], {}, {}
     for path in paths:
         directory = find_run_results(path)
-        train_len, seed, variant = run_identity(directory)
-        for row in read_csv(directory / "effective_length.csv"):
+        identity = run_identity(directory)
+        table = read_csv(directory / "effective_length.csv")
+        positions = table[0].get("positions")  # run_identity refused an empty table
+        if identity in probes:
+            first, first_positions = probes[identity]
+            raise CompareError(
+                f"{first} and {directory} are probes of one run (L = {identity[0]}, seed {identity[1]}, "
+                f"{identity[2]}; positions {first_positions} and {positions}): compare would merge their "
+                "checkpoints, and its verdicts would depend on the order they are given in. Fix: pass one "
+                "probe per run (compare the probes of other positions in a call of their own)"
+            )
+        probes[identity] = directory, positions
+        train_len, seed, variant = identity
+        for row in table:
             criterion = tuple(row.get(c) for c in CRITERION_COLUMNS)
             criteria.setdefault(criterion, []).append(str(directory))
             rows.append(

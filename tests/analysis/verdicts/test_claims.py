@@ -233,6 +233,7 @@ def probed_run(run, seed: int, recorded_run: str, status: str = "ok"):
     rows = [
         {
             "checkpoint": f"tokens-{k}",
+            "positions": "rope",
             "train_len": 128,
             "tokens_trained": 1000 * k,
             "effective_length": 0 if status != "ok" else 32 * k,
@@ -336,3 +337,34 @@ def test_compare_refuses_a_bootstrap_without_replicates(tmp_path, capsys, replic
     err = capsys.readouterr().err
     assert err.startswith(f"error: --bootstrap must be >= 1, got {replicates}\n")
     assert not (tmp_path / "out").exists()
+
+
+def test_two_probes_of_one_run_are_refused_naming_both(tmp_path):
+    """A rope and a string probe of one run (or one path given twice) were merged into one run's rows, so which
+    checkpoint row a verdict used depended on the order of the arguments."""
+    import shutil
+
+    from posfreq.analysis.tables.formats import read_csv, write_csv
+
+    rope = probed_run(tmp_path / "s0", 0, recorded_run="unused")
+    string = rope.parent / "probe-string"
+    shutil.copytree(rope, string)
+    rows = read_csv(string / "effective_length.csv")
+    for row in rows:
+        row["positions"] = "string"
+    write_csv(string / "effective_length.csv", rows, list(rows[0]))
+    other = probed_run(tmp_path / "s1", 1, recorded_run="unused")
+    for paths in ([rope, other, string], [string, rope], [rope, rope]):
+        with pytest.raises(probed_runs.CompareError, match="are probes of one run") as err:
+            probed_runs.load_checkpoints(paths)
+        message = str(err.value)
+        assert f"{paths[0]} and {paths[-1]} are probes of one run (L = 128, seed 0, " in message
+        assert "Fix: pass one probe per run" in message and "\n" not in message
+    with pytest.raises(
+        SystemExit, match=r"^error: .* are probes of one run .* Fix: pass one probe"
+    ):
+        compare.main([str(rope), str(string), "--out", str(tmp_path / "out"), "--no-figures"])
+    assert not (tmp_path / "out").exists()
+    assert (
+        len(probed_runs.load_checkpoints([rope, other])) == 4
+    )  # one probe per run is compared as before
