@@ -60,37 +60,52 @@ def shortfall(rows: Sequence[Mapping]) -> dict:
 
 
 def longer_reaches_further(rows: Sequence[Mapping], n_boot: int, seed: int) -> dict:
-    """Fig. 2a: paired (same seed) difference of last-checkpoint effective lengths, longer minus shorter L."""
+    """Fig. 2a: paired (same seed) difference of effective lengths, longer minus shorter L, at each seed's largest
+    tokens_trained both runs reached (`shared_milestones`: a run's own last checkpoint may be further on than the
+    other's); not testable with fewer than C2_MIN_SEEDS such seeds."""
     lengths = sorted({r["train_len"] for r in rows})
     if len(lengths) != 2:
         return {"claim": "needs exactly two training lengths", "holds": None}
-    last: dict[tuple, int] = {}
-    tokens: dict[tuple, int] = {}
-    censored: dict[tuple, bool] = {}
-    for r in rows:
-        key = (r["train_len"], r["seed"])
-        if key not in tokens or r["tokens_trained"] > tokens[key]:
-            tokens[key], last[key] = r["tokens_trained"], int(r["effective_length"])
-            censored[key] = r["effective_length_status"] == STATUS_ALL_PASSED
-    seeds = sorted(
-        {s for L, s in last if (lengths[0], s) in last and (lengths[1], s) in last}, key=str
+    short, long = lengths
+    claim = (
+        f"at equal tokens (each seed's last milestone both lengths reached), L = {long} reaches a larger "
+        f"effective length than L = {short} (paired by seed)"
     )
-    if not seeds:
-        return {"claim": "needs the same seeds at both lengths", "holds": None}
-    diffs = np.array([last[(lengths[1], s)] - last[(lengths[0], s)] for s in seeds], dtype=float)
+    shared = shared_milestones(rows, "train_len", short, long)
+    seeds = sorted((s for s, tokens in shared.items() if tokens), key=str)
+    if len(seeds) < C2_MIN_SEEDS:
+        return {
+            "claim": claim,
+            "holds": None,
+            "seeds": seeds,
+            "reason": f"{len(seeds)} seeds have checkpoints of both lengths at equal tokens; the paired "
+            f"bootstrap needs at least {C2_MIN_SEEDS}",
+        }
+    at = {(r["train_len"], r["seed"], int(r["tokens_trained"])): r for r in rows}
+    compared = {L: [at[(L, s, shared[s][-1])] for s in seeds] for L in lengths}
+    diffs = np.array(
+        [
+            int(longer["effective_length"]) - int(shorter["effective_length"])
+            for longer, shorter in zip(compared[long], compared[short])
+        ],
+        dtype=float,
+    )
     rng = np.random.default_rng(seed)
     boots = diffs[rng.integers(0, len(diffs), size=(n_boot, len(diffs)))].mean(axis=1)
     lo, hi = percentile_interval(boots)
     return {
-        "claim": f"at the last checkpoint (equal tokens), L = {lengths[1]} reaches a larger effective length "
-        f"than L = {lengths[0]} (paired by seed)",
+        "claim": claim,
         "seeds": seeds,
+        "tokens_compared": [shared[s][-1] for s in seeds],
         "differences": diffs.tolist(),
         "mean_difference": float(diffs.mean()),
         "interval_95": [lo, hi],
         "holds": bool(lo > 0),
         "test": "percentile bootstrap over seeds",
-        "censored": {str(L): sum(censored[(L, s)] for s in seeds) for L in lengths},
+        "censored": {
+            str(L): sum(r["effective_length_status"] == STATUS_ALL_PASSED for r in compared[L])
+            for L in lengths
+        },
         "note": "a run whose every probed length passed (all_passed) has an effective length that is only a "
         "lower bound: its training length caps it",
     }
@@ -102,7 +117,8 @@ C2_MIN_POINTS = 3
 C2_MIN_SEEDS = 3
 """C2 is tested only with at least this many uncensored points, from this many seeds, per length: with fewer points
 D rests on one or two checkpoints, and two seeds give the seed bootstrap 3 distinct resamples per length, so its
-"95% interval" is the spread of a handful of values."""
+"95% interval" is the spread of a handful of values. Fig. 2a's paired test (`longer_reaches_further`) needs this
+many paired seeds, for the same reason."""
 
 
 def residual_shift(
@@ -197,6 +213,20 @@ def curves_coincide(
     }
 
 
+def shared_milestones(
+    rows: Sequence[Mapping], group: str, a: object, b: object
+) -> dict[object, list[int]]:
+    """Per seed, the tokens_trained at which both its `group == a` run and its `group == b` run have a checkpoint,
+    ascending; [] for a seed whose two runs share none (or that lacks one of them)."""
+    tokens: dict[object, dict[object, set[int]]] = {}
+    for r in rows:
+        if r[group] in (a, b):
+            tokens.setdefault(r["seed"], {a: set(), b: set()})[r[group]].add(
+                int(r["tokens_trained"])
+            )
+    return {s: sorted(t[a] & t[b]) for s, t in tokens.items()}
+
+
 def variant_effect(
     rows: Sequence[Mapping], baseline: str, other: str, n_boot: int, seed: int
 ) -> dict:
@@ -216,13 +246,7 @@ def variant_effect(
         for r in rows
     }
     claim = f"at equal tokens, {other} reaches a larger effective length than {baseline} (paired by seed)"
-    shared = {
-        s: sorted(
-            {t for v, ss, t in el if ss == s and v == baseline}
-            & {t for v, ss, t in el if ss == s and v == other}
-        )
-        for s in {s for _, s, _ in el}
-    }
+    shared = shared_milestones(rows, "variant", baseline, other)
     seeds = sorted((s for s, tokens in shared.items() if tokens), key=str)
     if not seeds:
         return {

@@ -69,10 +69,9 @@ def verdicts(conclusion: dict, quick: bool, with_loss: bool = True) -> list[str]
                 f"length: {c['censored']}."
             )
         if "reason" in c:
-            detail = (
-                f" Not testable because there are {c['reason']}: {c.get('n_points')} points with a defined, "
-                "uncensored effective length per training length."
-            )
+            detail = f" Not testable: {c['reason']}."
+            if "n_points" in c:
+                detail += f" Points with a defined, uncensored effective length per training length: {c['n_points']}."
         test = f" Test: {c['test']}." if "test" in c else ""
         lines.append(f"- {c['claim']}: {holds}.{detail}{test}")
     if with_loss and "loss_curves_coincide" in conclusion:

@@ -368,3 +368,45 @@ def test_two_probes_of_one_run_are_refused_naming_both(tmp_path):
     assert (
         len(probed_runs.load_checkpoints([rope, other])) == 4
     )  # one probe per run is compared as before
+
+
+def test_longer_length_is_compared_at_the_last_tokens_both_runs_of_a_seed_reached():
+    """L = 256 runs on past L = 128's last milestone for two seeds: the pair is taken where both are (4000 tokens),
+    not at each run's own last checkpoint; with fewer than C2_MIN_SEEDS paired seeds nothing is tested."""
+    rows = rows_on_lines(0.0)  # at 4000 tokens: L = 256 at 112, L = 128 at 80, for every seed
+    for r in rows:
+        if (r["train_len"], r["seed"], r["tokens_trained"]) == (256, 1, 4000):
+            r["effective_length_status"] = "all_passed"  # censored where compared
+    for seed in (0, 2):  # further on, L = 256 passes every probed length
+        rows.append(
+            {
+                **rows[-1],
+                "seed": seed,
+                "tokens_trained": 9000,
+                "effective_length": 256,
+                "effective_length_status": "all_passed",
+            }
+        )
+    rows.append(
+        {**rows[0], "seed": 1, "tokens_trained": 7000, "effective_length": 128}
+    )  # L = 128 alone
+    further = claims.longer_reaches_further(rows, n_boot=200, seed=0)
+    # by hand: per seed, the largest tokens both lengths have, and the difference there
+    by_run = {}
+    for r in rows:
+        by_run.setdefault((r["train_len"], r["seed"]), {})[r["tokens_trained"]] = r[
+            "effective_length"
+        ]
+    expected = []
+    for seed in (0, 1, 2):
+        t = max(set(by_run[(128, seed)]) & set(by_run[(256, seed)]))
+        expected.append((t, by_run[(256, seed)][t] - by_run[(128, seed)][t]))
+    assert expected == [(4000, 32)] * 3
+    assert further["tokens_compared"] == [t for t, _ in expected]
+    assert further["differences"] == [d for _, d in expected] and further["holds"] is True
+    assert further["censored"] == {"128": 0, "256": 1}
+    two_seeds = claims.longer_reaches_further(
+        [r for r in rows if r["seed"] != 2], n_boot=200, seed=0
+    )
+    assert two_seeds["holds"] is None and two_seeds["seeds"] == [0, 1]
+    assert f"needs at least {claims.C2_MIN_SEEDS}" in two_seeds["reason"]
