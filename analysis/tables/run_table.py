@@ -30,6 +30,15 @@ def pass_rate_column(length: int) -> str:
     return f"pass_rate_{length}"
 
 
+def probed_lengths(row: Mapping) -> list[int]:
+    """The lengths a checkpoint's row was probed at: its filled `pass_rate_<length>` cells, ascending."""
+    return sorted(
+        int(k.removeprefix("pass_rate_"))
+        for k, v in row.items()
+        if k.startswith("pass_rate_") and v not in ("", None)
+    )
+
+
 def checkpoint_row(
     name: str,
     train_len: int,

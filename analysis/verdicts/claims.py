@@ -15,10 +15,20 @@ from posfreq.analysis.tables.pass_curve import (
     STATUS_OK,
     percentile_interval,
 )
+from posfreq.analysis.tables.run_table import probed_lengths
 
 
 def shortfall(rows: Sequence[Mapping]) -> dict:
-    """C1: each run's last checkpoint, its effective length interval against its training length."""
+    """C1: each run's last checkpoint, its effective length interval against its training length L.
+
+    A run passed by none of its probed lengths has no effective length: it is left out, with a caveat. Of the
+    others, a run is short when its status is ok and its interval's upper end lies below both L and its longest
+    probed length P (an end at P may be the probe's ceiling, not the model's). It is not short when it is not
+    shown short although probed up to L or beyond (P >= L). It is untestable when its interval has no upper end
+    (probed with bootstrap 0) or when, probed only below L, it is not shown short: its lengths from P to L were
+    never tried. The claim is about every run, so one run that is not short decides it (does not hold) whatever
+    the untestable runs would show; otherwise any untestable run leaves it not testable, naming those runs.
+    """
     runs = {}
     for r in rows:
         key = (r["train_len"], r["variant"], r["seed"])
@@ -32,6 +42,7 @@ def shortfall(rows: Sequence[Mapping]) -> dict:
             "effective_length": r["effective_length"],
             "effective_length_hi": r["effective_length_hi"],
             "status": r["effective_length_status"],
+            "longest_probed": max(probed_lengths(r), default=None),
         }
         for (L, v, s), r in sorted(runs.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2])))
     ]
@@ -50,13 +61,38 @@ def shortfall(rows: Sequence[Mapping]) -> dict:
             "holds": None,
             "reason": "no run has a defined effective length at its last checkpoint",
         }
-    holds = all(
-        x["status"] == STATUS_OK
-        and x["effective_length_hi"] is not None
-        and x["effective_length_hi"] < x["train_len"]
-        for x in tested
-    )
-    return {**verdict, "holds": holds}
+    judged = [(x, *_judge(x)) for x in tested]
+    untestable = [
+        f"L = {x['train_len']} seed {x['seed']} {x['variant']} ({why})"
+        for x, short, why in judged
+        if short is None
+    ]
+    if untestable:
+        verdict["untestable"] = untestable
+    if any(short is False for _, short, _ in judged):
+        return {**verdict, "holds": False}
+    if untestable:
+        return {
+            **verdict,
+            "holds": None,
+            "reason": f"{len(untestable)} of {len(tested)} runs cannot be judged: {'; '.join(untestable)}",
+        }
+    return {**verdict, "holds": True}
+
+
+def _judge(run: Mapping) -> tuple[bool | None, str]:
+    """Is a run's last checkpoint short of its training length, by `shortfall`'s rule (None: it cannot be told),
+    and why."""
+    hi, L, longest = run["effective_length_hi"], run["train_len"], run["longest_probed"]
+    if hi in (None, ""):
+        return None, "no upper interval end: probed with bootstrap 0"
+    if longest is None:
+        return None, "its probed lengths are not recorded"
+    if run["status"] == STATUS_OK and hi < min(L, longest):
+        return True, f"interval up to {hi}"
+    if longest < L:
+        return None, f"probed only up to {longest}, below L, and not shown short there"
+    return False, f"interval up to {hi}, status {run['status']}"
 
 
 def longer_reaches_further(rows: Sequence[Mapping], n_boot: int, seed: int) -> dict:

@@ -9,7 +9,7 @@ from typing import Mapping, Sequence
 from posfreq.analysis.tables.columns import COLUMNS
 from posfreq.analysis.tables.formats import write_csv
 from posfreq.analysis.tables.pass_curve import frequency_at
-from posfreq.analysis.tables.run_table import find_run_results
+from posfreq.analysis.tables.run_table import find_run_results, probed_lengths
 from posfreq.analysis.verdicts.claims import (
     baseline_variant,
     curves_coincide,
@@ -144,12 +144,9 @@ def predict_from_f(
         if checkpoint is None or not (checkpoint / LENGTHS_FILE).is_file():
             return {"holds": None, "reason": f"no trained-length histogram for {r['checkpoint']}"}
         hist = load_trained_lengths(checkpoint)
-        probed = [
-            int(k.split("_")[-1])
-            for k, v in r.items()
-            if k.startswith("pass_rate_") and v not in ("", None)
-        ]
-        f_of[_row_key(r)] = {n: float(frequency_at(hist, r["train_len"], n)) for n in probed}
+        f_of[_row_key(r)] = {
+            n: float(frequency_at(hist, r["train_len"], n)) for n in probed_lengths(r)
+        }
     return prediction_verdict(rows, lambda r: f_of[_row_key(r)], n_boot, seed)
 
 

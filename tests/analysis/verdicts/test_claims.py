@@ -36,6 +36,7 @@ def rows_on_lines(shift_decades: float, seeds=(0, 1, 2), noise: float = 0.0) -> 
                         "f_effective_length": 10**log_f,
                         "pass_rate_32": 1.0,
                         "pass_rate_64": 0.5,
+                        f"pass_rate_{train_len}": 0.0,  # probed up to L
                     }
                 )
     return rows
@@ -241,6 +242,7 @@ def probed_run(run, seed: int, recorded_run: str, status: str = "ok"):
             "effective_length_hi": "" if status != "ok" else 32 * k + 16,
             "effective_length_status": status,
             "f_effective_length": "",
+            **{f"pass_rate_{n}": float(status == "ok" and n <= 32 * k) for n in (32, 64, 96, 128)},
         }
         for k in (1, 2)
     ]
@@ -410,3 +412,59 @@ def test_longer_length_is_compared_at_the_last_tokens_both_runs_of_a_seed_reache
     )
     assert two_seeds["holds"] is None and two_seeds["seeds"] == [0, 1]
     assert f"needs at least {claims.C2_MIN_SEEDS}" in two_seeds["reason"]
+
+
+def last_checkpoint(seed, train_len, longest, el, hi, status="ok"):
+    """One run's only checkpoint, probed at 32, 64, ... up to `longest`."""
+    return {
+        "train_len": train_len,
+        "seed": seed,
+        "variant": "concat",
+        "tokens_trained": 1000,
+        "effective_length": el,
+        "effective_length_hi": hi,
+        "effective_length_status": status,
+        **{f"pass_rate_{n}": float(n <= el) for n in range(32, longest + 1, 32)},
+    }
+
+
+def test_a_run_without_an_interval_end_or_probed_below_l_cannot_decide_the_shortfall():
+    """Each run's outcome by hand: short (interval end below L and below its longest probed length), not short
+    (probed to L, not shown short) or untestable (no interval end; probed only below L and not shown short there).
+    One run that is not short decides 'does not hold'; otherwise an untestable run leaves it not testable."""
+    short = last_checkpoint(0, 128, 128, 64, 96)
+    short_below_ceiling = last_checkpoint(
+        1, 256, 128, 32, 64
+    )  # fails at 64 of 128 probed: short of 256
+    no_interval = last_checkpoint(2, 128, 128, 64, None)  # probed with bootstrap 0
+    capped = last_checkpoint(
+        3, 256, 128, 128, 128, "all_passed"
+    )  # passed all it was asked, up to 128 < 256
+    at_ceiling = last_checkpoint(
+        4, 256, 128, 96, 128
+    )  # its interval reaches the probe's last length
+    reaches_l = last_checkpoint(5, 128, 128, 128, 128, "all_passed")
+    cases = [
+        ([short, short_below_ceiling], True, []),
+        ([short, at_ceiling], None, [4]),
+        ([short, capped], None, [3]),
+        ([short, no_interval], None, [2]),
+        ([short, no_interval, capped, reaches_l], False, [2, 3]),  # seed 5 reaches L: decided
+    ]
+    for runs, holds, untestable in cases:
+        verdict = claims.shortfall(runs)
+        assert verdict["holds"] is holds, (runs, verdict)
+        named = [int(u.split(" seed ")[1].split()[0]) for u in verdict.get("untestable", [])]
+        assert named == untestable
+        if holds is None:
+            assert all(f"seed {s} " in verdict["reason"] for s in untestable)
+    no_interval_why = claims.shortfall([no_interval])["reason"]
+    assert "bootstrap 0" in no_interval_why
+    assert "probed only up to 128, below L" in claims.shortfall([capped])["reason"]
+    assert {
+        x["seed"]: x["longest_probed"]
+        for x in claims.shortfall([short, capped])["last_checkpoints"]
+    } == {
+        0: 128,
+        3: 128,
+    }
