@@ -157,6 +157,34 @@ D rests on one or two checkpoints, and two seeds give the seed bootstrap 3 disti
 many paired seeds, for the same reason."""
 
 
+C2_MARGIN_DECADES = float(np.log10(2))
+"""C2's equivalence margin on D, in decades of f (a factor of 2 in f). The curves coincide only when D's whole 95%
+interval covers 0 and lies within +-this margin: an interval that covers 0 because it is wide (few or noisy
+points) shows no coincidence, and is inconclusive rather than a confirmation."""
+
+
+def coincidence(lo: float, hi: float) -> dict:
+    """C2's rule on D's 95% interval [lo, hi]: does not hold when the interval excludes 0 (a shift is shown, however
+    small), holds when it lies within +-C2_MARGIN_DECADES, else inconclusive (holds None, with the text saying so)."""
+    if lo > 0 or hi < 0:
+        return {"holds": False}
+    if -C2_MARGIN_DECADES <= lo and hi <= C2_MARGIN_DECADES:
+        return {"holds": True}
+    return {
+        "holds": None,
+        "inconclusive": f"inconclusive: the interval covers 0 but reaches past ±{C2_MARGIN_DECADES:.3f} decades "
+        "(a factor of 2 in f)",
+    }
+
+
+def outcome(verdict: Mapping) -> str:
+    """A verdict's outcome in words: holds, does not hold, inconclusive (tested, but its interval decides nothing),
+    or not testable (too little to test)."""
+    if verdict.get("holds") is None:
+        return "inconclusive" if "inconclusive" in verdict else "not testable"
+    return "holds" if verdict["holds"] else "does not hold"
+
+
 def residual_shift(
     points: Sequence[tuple[object, float, float]], short: object, long: object
 ) -> float | None:
@@ -203,8 +231,8 @@ def curves_coincide(
             )
     names = f"L = {short} and L = {long}" if group == "train_len" else f"{short} and {long}"
     claim = (
-        f"f(effective length) vs effective length of {names} coincide (the paper's C2): "
-        "the interval of D, the shift in log10 f at equal effective length, holds 0"
+        f"f(effective length) vs effective length of {names} coincide (the paper's C2): the 95% interval of D, "
+        f"the shift in log10 f at equal effective length, covers 0 and lies within ±{C2_MARGIN_DECADES:.3f}"
     )
     n_points = {L: sum(len(v) for (LL, _), v in points.items() if LL == L) for L in lengths}
     n_seeds = {L: sum(1 for LL, _ in points if LL == L) for L in lengths}
@@ -239,7 +267,8 @@ def curves_coincide(
         "claim": claim,
         "D_log10_f": observed,
         "interval_95": [lo, hi],
-        "holds": bool(lo <= 0 <= hi),
+        **coincidence(lo, hi),
+        "margin_decades": C2_MARGIN_DECADES,
         "n_points": {str(L): sum(len(points[(L, s)]) for s in seeds[L]) for L in lengths},
         "seeds": {str(L): seeds[L] for L in lengths},
         "bootstrap_replicates_used": len(boots),

@@ -16,7 +16,7 @@ import numpy as np
 
 from posfreq.analysis.corpus.frequency import position_frequency
 from posfreq.analysis.tables.pass_curve import percentile_interval
-from posfreq.analysis.verdicts.claims import C2_MIN_SEEDS
+from posfreq.analysis.verdicts.claims import C2_MARGIN_DECADES, C2_MIN_SEEDS, coincidence
 from posfreq.train.run.loss_by_distance import LossByDistance
 
 MIN_BUCKET_TOKENS = 32
@@ -102,7 +102,8 @@ def loss_curves_coincide(curves: Sequence[LossCurve], n_boot: int, seed: int) ->
     short, long = lengths
     claim = (
         f"loss at distance i vs f(i) of L = {short} and L = {long} coincide (the paper's C2 on the validation "
-        "loss): the interval of D, the shift in log10 f at equal loss, holds 0"
+        "loss): the 95% interval of D, the shift in log10 f at equal loss, covers 0 and lies within "
+        f"±{C2_MARGIN_DECADES:.3f}"
     )
     by_length = {
         L: sorted((c for c in curves if c.train_len == L), key=lambda c: str(c.seed))
@@ -137,7 +138,8 @@ def loss_curves_coincide(curves: Sequence[LossCurve], n_boot: int, seed: int) ->
         "claim": claim,
         "D_log10_f": observed,
         "interval_95": [lo, hi],
-        "holds": bool(lo <= 0 <= hi),
+        **coincidence(lo, hi),
+        "margin_decades": C2_MARGIN_DECADES,
         "n_points": {str(L): sum(len(c.points()) for c in v) for L, v in by_length.items()},
         "seeds": {str(L): [c.seed for c in v] for L, v in by_length.items()},
         "tokens_trained": {str(L): [c.tokens_trained for c in v] for L, v in by_length.items()},

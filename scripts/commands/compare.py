@@ -19,8 +19,10 @@ The claims (analysis/verdicts/claims.py), tested on checkpoints whose effective 
 - C2 (curves coincide against f): points (effective length, log10 f) of both lengths are fitted
   by one line; D = mean residual of the longer length minus that of the shorter, over the range
   of effective lengths both reach. Seeds are resampled with replacement within each length
-  (bootstrap); the curves coincide when the interval of D holds 0. D is the shift in decades
-  of f at equal effective length between the two lengths.
+  (bootstrap). D is the shift in decades of f at equal effective length between the two
+  lengths. The curves coincide when D's 95% interval covers 0 and lies within +-log10(2) = 0.301
+  decades (a factor of 2 in f, `C2_MARGIN_DECADES`); they do not when it excludes 0; an interval
+  that covers 0 but reaches past the margin is inconclusive (holds null, not "not testable").
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Sequence
 
 from jsonargparse import ArgumentParser
 
+from posfreq.analysis.verdicts.claims import outcome
 from posfreq.analysis.verdicts.compare import compare
 from posfreq.analysis.verdicts.probed_runs import CompareError
 from posfreq.train.command_line import add_runs_argument, command_parser, parse, runs_of
@@ -84,8 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else []
     )
     for name, c in named:
-        caveat = "".join(f"; {c[k]}" for k in ("reason", "caveat") if c.get(k))
-        print(f"{name}: holds={c['holds']}  {c.get('interval_95', '')}  ({c['claim']}{caveat})")
+        caveat = "".join(f"; {c[k]}" for k in ("reason", "caveat", "inconclusive") if c.get(k))
+        print(f"{name}: {outcome(c)}  {c.get('interval_95', '')}  ({c['claim']}{caveat})")
     print(f"outputs in {args.out}/")
     return 0
 

@@ -11,6 +11,7 @@ import statistics
 from pathlib import Path
 
 from posfreq.analysis.tables.formats import read_csv
+from posfreq.analysis.verdicts.claims import outcome
 from posfreq.scripts.miniature.pipeline import DemoError
 
 VERDICTS = ("shortfall", "longer_reaches_further", "curves_coincide")
@@ -96,8 +97,8 @@ def agreement(out: Path, reference: Path, criterion: str, compare: Path) -> dict
     ]
     verdicts = {
         name: {
-            "this_run": conclusions[0][name]["holds"],
-            "reference": conclusions[1][name]["holds"],
+            "this_run": outcome(conclusions[0][name]),
+            "reference": outcome(conclusions[1][name]),
         }
         for name in VERDICTS
     }

@@ -29,6 +29,7 @@ import numpy as np
 from posfreq.analysis.corpus.frequency import position_frequency
 from posfreq.analysis.tables.columns import CHECKPOINT_COLUMNS
 from posfreq.analysis.tables.formats import read_csv
+from posfreq.analysis.verdicts.claims import outcome
 from posfreq.scripts.miniature.pipeline import (
     FULL,
     QUICK,
@@ -147,17 +148,22 @@ def verdict_lines(conclusion: dict, quick: bool) -> list[str]:
             f"(per seed {', '.join(f'{d:+.1f}' for d in tokens['mean_difference_per_seed'])}; at the last "
             f"milestone {tokens['last_milestone_differences']})."
         )
-        if against_f.get("holds") is None:
+        if outcome(against_f) == "not testable":
             lines.append(
                 f"- {variant} vs concat, against f: not testable ({against_f.get('reason', 'no points')})."
             )
         else:
             lo, hi = against_f["interval_95"]
+            word = {
+                "holds": "coincide",
+                "does not hold": "do not coincide",
+                "inconclusive": "are not shown to coincide or differ",
+            }[outcome(against_f)]
+            why = f"; {against_f['inconclusive']}" if "inconclusive" in against_f else ""
             lines.append(
-                f"- **{variant} vs concat, against f**: the curves "
-                f"{'coincide' if against_f['holds'] else 'do not coincide'} (D = "
+                f"- **{variant} vs concat, against f**: the curves {word} (D = "
                 f"{against_f['D_log10_f']:+.3f} decades of f at equal effective length, 95% interval "
-                f"[{lo:+.3f}, {hi:+.3f}])."
+                f"[{lo:+.3f}, {hi:+.3f}]{why})."
             )
     return lines
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from posfreq.analysis.tables.columns import CHECKPOINT_COLUMNS
 from posfreq.analysis.tables.formats import markdown_table, read_csv
+from posfreq.analysis.verdicts.claims import outcome
 from posfreq.scripts.miniature.agreement import agreement_lines
 from posfreq.scripts.miniature.pipeline import REPO, DemoError, DemoSettings, Pipeline
 from posfreq.train.atomic import write_text_atomic
@@ -33,8 +34,18 @@ def _cell(value) -> str:
     return str(value)
 
 
-HOLDS = {True: "**holds**", False: "**does not hold**", None: "**not testable**"}
-"""How REPORT.md words a verdict's outcome."""
+HOLDS = {
+    "holds": "**holds**",
+    "does not hold": "**does not hold**",
+    "inconclusive": "**inconclusive**",
+    "not testable": "**not testable**",
+}
+"""How REPORT.md words a verdict's outcome (`claims.outcome`)."""
+
+
+def sentence(text: str) -> str:
+    """`text` with its first letter capitalised, to open a sentence."""
+    return text[:1].upper() + text[1:]
 
 
 def verdicts(conclusion: dict, quick: bool, with_loss: bool = True) -> list[str]:
@@ -48,7 +59,7 @@ def verdicts(conclusion: dict, quick: bool, with_loss: bool = True) -> list[str]
     lines = []
     for name in ("shortfall", "longer_reaches_further", "curves_coincide"):
         c = conclusion[name]
-        holds = HOLDS[c["holds"]]
+        holds = HOLDS[outcome(c)]
         detail = ""
         if "last_checkpoints" in c:
             detail = (
@@ -63,6 +74,8 @@ def verdicts(conclusion: dict, quick: bool, with_loss: bool = True) -> list[str]
         if "interval_95" in c:
             value = c.get("D_log10_f", c.get("mean_difference"))
             detail = f" Estimate {value:.3f}, 95% interval [{c['interval_95'][0]:.3f}, {c['interval_95'][1]:.3f}]."
+        if "inconclusive" in c:
+            detail += f" {sentence(c['inconclusive'])}."
         if c.get("censored") and any(c["censored"].values()):
             detail += (
                 f" Censored runs (every probed length passed, so the value is a lower bound capped by L) per "
@@ -85,18 +98,19 @@ def loss_line(c: dict) -> str:
     """C2 on the validation loss by distance (analysis/verdicts/loss_frequency.py): D at equal loss, and the
     difference at equal distance where the shorter length trained the distance rarely."""
     if "reason" in c:
-        return f"- {c['claim']}: {HOLDS[None]} ({c['reason']})."
+        return f"- {c['claim']}: {HOLDS[outcome(c)]} ({c['reason']})."
     lo, hi = c["interval_95"]
+    inconclusive = f" {sentence(c['inconclusive'])}." if "inconclusive" in c else ""
     line = (
-        f"- {c['claim']}: {HOLDS[c['holds']]}. D = {c['D_log10_f']:+.3f} decades of f, 95% interval "
-        f"[{lo:+.3f}, {hi:+.3f}] (distance buckets per length: {c['n_points']}). Test: {c['test']}."
+        f"- {c['claim']}: {HOLDS[outcome(c)]}. D = {c['D_log10_f']:+.3f} decades of f, 95% interval "
+        f"[{lo:+.3f}, {hi:+.3f}] (distance buckets per length: {c['n_points']}).{inconclusive} Test: {c['test']}."
     )
     e = c["at_equal_distance"]
     if "reason" in e:
-        return line + f" At equal distance: {HOLDS[None]} ({e['reason']})."
+        return line + f" At equal distance: {HOLDS[outcome(e)]} ({e['reason']})."
     lo, hi = e["interval_95"]
     return line + (
-        f" {e['claim'][0].upper()}{e['claim'][1:]}: {HOLDS[e['holds']]}. Distances {e['distances'][0]}-"
+        f" {sentence(e['claim'])}: {HOLDS[outcome(e)]}. Distances {e['distances'][0]}-"
         f"{e['distances'][1]} ({e['buckets']} buckets, f ratio {e['f_ratio'][0]:.2f}-{e['f_ratio'][1]:.2f}): "
         f"loss difference {e['mean_loss_difference']:+.3f} nats, 95% interval [{lo:+.3f}, {hi:+.3f}]."
     )
@@ -105,7 +119,7 @@ def loss_line(c: dict) -> str:
 def prediction_line(c: dict) -> str:
     """The prediction verdict (analysis/verdicts/prediction.py): the held-out errors of f's threshold rule and of the
     two baselines, per way of holding out."""
-    holds = HOLDS[c.get("holds")]
+    holds = HOLDS[outcome(c)]
     if "reason" in c:
         return f"- f(n) predicts held-out runs' effective length: {holds} ({c['reason']})."
     parts = []

@@ -278,7 +278,7 @@ def test_a_run_that_passed_nothing_is_a_stated_caveat_not_a_verdict(tmp_path, ca
     dirs = [probed_run(tmp_path / "none", 0, "", status="none_passed")]
     assert compare.main([*map(str, dirs), "--out", str(tmp_path / "out"), "--no-figures"]) == 0
     printed = capsys.readouterr().out
-    assert "shortfall: holds=None" in printed and "passed no probed length" in printed
+    assert "shortfall: not testable" in printed and "passed no probed length" in printed
     dirs.append(probed_run(tmp_path / "ok", 1, ""))
     verdict = compare.compare(dirs, tmp_path / "out2", figures=False)["shortfall"]
     assert verdict["holds"] is True and "1 of 2 runs passed no probed length" in verdict["caveat"]
@@ -468,3 +468,97 @@ def test_a_run_without_an_interval_end_or_probed_below_l_cannot_decide_the_short
         0: 128,
         3: 128,
     }
+
+
+def test_c2_holds_only_for_an_interval_covering_0_within_a_factor_of_2_in_f():
+    """The rule on D's 95% interval, with the margin log10(2) written out here: an interval excluding 0 does not
+    hold (the demo's known D = +0.57 [0.40, 0.73], -0.078 [-0.086, -0.068] and +0.28 [+0.03, +0.59] among them),
+    one covering 0 within +-log10(2) holds, and one covering 0 but reaching past it is inconclusive."""
+    margin = np.log10(2)
+    assert claims.C2_MARGIN_DECADES == pytest.approx(0.30103, abs=1e-5) == pytest.approx(margin)
+    cases = {
+        (0.40, 0.73): False,
+        (-0.086, -0.068): False,
+        (0.03, 0.59): False,
+        (0.47, 0.64): False,
+        (-0.1, 0.2): True,
+        (-margin, margin): True,
+        (-0.2, 0.31): None,
+        (-0.53, 1.22): None,
+    }
+    for (lo, hi), holds in cases.items():
+        rule = claims.coincidence(lo, hi)
+        assert rule["holds"] is holds, (lo, hi)
+        assert ("inconclusive" in rule) == (holds is None)
+        assert (
+            claims.outcome(rule)
+            == {True: "holds", False: "does not hold", None: "inconclusive"}[holds]
+        )
+    assert claims.outcome({"holds": None, "reason": "too few points"}) == "not testable"
+
+
+def test_a_wide_interval_around_a_real_shift_is_inconclusive_not_a_coincidence(
+    capsys, tmp_path, monkeypatch
+):
+    """A true shift of 0.8 decades under noise of 2 decades per point: the interval covers 0 only because it is wide.
+    The old rule said the curves coincide; now it is inconclusive, and every rendering says so apart from 'not
+    testable'."""
+    from posfreq.scripts.miniature.report import verdicts
+
+    noisy = claims.curves_coincide(rows_on_lines(0.8, noise=2.0), n_boot=300, seed=0)
+    lo, hi = noisy["interval_95"]
+    assert lo < 0 < hi and hi > np.log10(2)  # the case under test
+    assert noisy["holds"] is None and "reason" not in noisy
+    assert "covers 0 but reaches past ±0.301 decades" in noisy["inconclusive"]
+    precise = claims.curves_coincide(rows_on_lines(0.0, noise=0.3), n_boot=300, seed=0)
+    assert -np.log10(2) <= precise["interval_95"][0] < 0 < precise["interval_95"][1] <= np.log10(2)
+    assert precise["holds"] is True
+    untestable = claims.curves_coincide(rows_on_lines(0.8, seeds=(0, 1)), n_boot=10, seed=0)
+    conclusion = {
+        "shortfall": {"claim": "c1", "holds": True},
+        "longer_reaches_further": {"claim": "fig2a", "holds": True},
+        "curves_coincide": noisy,
+    }
+    report = "\n".join(verdicts(conclusion, quick=False))
+    assert "coincide (the paper's C2)" in report and ": **inconclusive**. Estimate" in report
+    assert "Inconclusive: the interval covers 0" in report and "not testable" not in report
+    conclusion["curves_coincide"] = untestable
+    assert ": **not testable**. Not testable: fewer than 3" in "\n".join(
+        verdicts(conclusion, quick=False)
+    )
+    loss = {
+        "claim": "loss c2",
+        "holds": None,
+        "reason": "needs runs of exactly two training lengths",
+    }
+    printed = {
+        **conclusion,
+        "curves_coincide": noisy,
+        "loss_curves_coincide": loss,
+        "variants": [
+            {
+                "variant": "best_fit",
+                "equal_tokens": {
+                    "holds": False,
+                    "interval_95": [-1.0, 2.0],
+                    "mean_difference": 0.5,
+                    "mean_difference_per_seed": [0.0, 0.5, 1.0],
+                    "last_milestone_differences": [0, 0, 1],
+                },
+                "against_f": noisy,
+            }
+        ],
+    }
+    from posfreq.scripts.miniature.packing_experiment import verdict_lines
+
+    assert "the curves are not shown to coincide or differ" in "\n".join(
+        verdict_lines(printed, False)
+    )
+    monkeypatch.setattr(compare, "compare", lambda *args: printed)
+    assert compare.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert (
+        lines[2].startswith("curves_coincide: inconclusive  [")
+        and "covers 0 but reaches" in lines[2]
+    )
+    assert lines[3].startswith("loss_curves_coincide: not testable")

@@ -50,7 +50,9 @@ def test_loss_that_is_a_function_of_f_alone_coincides() -> None:
     assert verdict["interval_95"][0] <= 0 <= verdict["interval_95"][1]
 
 
-@pytest.mark.parametrize("shift", [0.5, -0.3])
+@pytest.mark.parametrize(
+    "shift", [0.5, -0.3, -0.078]
+)  # -0.078: inside the margin, but shown: no coincidence
 def test_the_shift_in_decades_of_f_at_equal_loss_is_recovered_with_its_sign(shift: float) -> None:
     # the longer length needs 10**shift times the f for the same loss: loss = 9 - (log10 f - shift)
     def loss_of(L, d, log_f):
@@ -59,6 +61,30 @@ def test_the_shift_in_decades_of_f_at_equal_loss_is_recovered_with_its_sign(shif
     verdict = loss_curves_coincide(runs(loss_of, noise=0.0), n_boot=50, seed=0)
     assert verdict["D_log10_f"] == pytest.approx(shift, abs=1e-9)
     assert verdict["holds"] is False
+
+
+def test_a_shift_whose_interval_covers_0_and_reaches_past_the_margin_is_inconclusive() -> None:
+    """The L = 128 seeds are shifted by -0.6, +0.8 and +2.2 decades of f (mean +0.8): the seed bootstrap's interval
+    holds 0 because it is wide, which the old rule reported as 'the curves coincide'."""
+    offsets = {0: -0.6, 1: 0.8, 2: 2.2}
+    curves = [
+        curve(
+            L,
+            s,
+            lambda L, d, log_f, s=s: 9.0 - log_f + (offsets[s] if L == LONG else 0.0),
+            f_linear,
+        )
+        for L in (SHORT, LONG)
+        for s in offsets
+    ]
+    verdict = loss_curves_coincide(curves, n_boot=200, seed=0)
+    assert verdict["D_log10_f"] == pytest.approx(np.mean(list(offsets.values())), abs=0.1)
+    lo, hi = verdict["interval_95"]
+    assert lo < 0 < hi and max(-lo, hi) > np.log10(2)
+    assert verdict["holds"] is None and "reason" not in verdict
+    assert verdict["inconclusive"].startswith(
+        "inconclusive: the interval covers 0 but reaches past ±0.301"
+    )
 
 
 def test_equal_distance_difference_is_the_constructed_excess_where_the_short_length_trained_rarely() -> (
