@@ -10,15 +10,23 @@ read from its checkpoints' config.json. Writes
     DIR/conclusion.json     the tests below with their numbers
     DIR/figures/            Fig. 2a and 2b with seed bands; pass rate vs length of every milestone
 
-The claims (analysis/verdicts/claims.py), tested on checkpoints whose effective length is defined (status ok):
+The claims (analysis/verdicts/claims.py); each holds, does not hold, is inconclusive (C2 only) or
+is not testable (with the reason):
 
-- C1 (effective length falls short): for every run, the last checkpoint's upper interval end is
-  below its training length.
-- Fig. 2a: at the last checkpoint, the longer training length reaches a larger effective length;
-  the paired difference (same seed) with a percentile bootstrap interval over seeds.
-- C2 (curves coincide against f): points (effective length, log10 f) of both lengths are fitted
-  by one line; D = mean residual of the longer length minus that of the shorter, over the range
-  of effective lengths both reach. Seeds are resampled with replacement within each length
+- C1 (effective length falls short), on every run's last checkpoint, whatever its status: a run
+  that passed no probed length is left out (a caveat says so); a run is short when its status is
+  ok and its upper interval end is below its training length L and its longest probed length,
+  and not short when, probed up to L, it is not shown short (every length passed included). A run
+  without an interval end (probed with bootstrap 0), or probed only below L and not shown short,
+  cannot be judged: then the verdict is not testable, unless another run is not short.
+- Fig. 2a: the longer training length reaches a larger effective length, compared per seed at the
+  largest tokens both runs of the seed reached, on checkpoints of any status (all passed: a lower
+  bound, counted as censored); the paired difference with a percentile bootstrap interval over
+  seeds, from at least 3 seeds.
+- C2 (curves coincide against f), on the checkpoints whose effective length is defined and
+  uncensored (status ok), at least 3 from 3 seeds per length: points (effective length, log10 f)
+  of both lengths are fitted by one line; D = mean residual of the longer length minus that of
+  the shorter, over the range of effective lengths both reach. Seeds are resampled with replacement within each length
   (bootstrap). D is the shift in decades of f at equal effective length between the two
   lengths. The curves coincide when D's 95% interval covers 0 and lies within +-log10(2) = 0.301
   decades (a factor of 2 in f, `C2_MARGIN_DECADES`); they do not when it excludes 0; an interval
