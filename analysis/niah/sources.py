@@ -76,9 +76,10 @@ def checkpoint_source(path: Path, settings: ProbeSettings) -> ModelSource:
 
     try:
         info = read_checkpoint_info(path)
-    except CheckpointError:
+    except CheckpointError as err:
+        # a checkpoint, damaged or unreadable: the error names the file
         if (path / MODEL_CONFIG_FILE).is_file():
-            raise
+            raise ProbeError(str(err)) from None
         what = (
             "does not exist" if not path.exists() else "is not a checkpoint (no model_config.json)"
         )

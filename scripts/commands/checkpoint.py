@@ -20,6 +20,7 @@ from posfreq.train.checkpoint.layout import (
     checkpoint_root,
     list_checkpoints,
 )
+from posfreq.train.checkpoint.safe_load import CheckpointError
 from posfreq.train.command_line import command_parser, parse
 from posfreq.train.model.config import DTYPE_ALIASES, DTYPES
 from posfreq.train.outdir import OutputDirError
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                     cmd.checkpoint, cmd.out, DTYPES.get(DTYPE_ALIASES.get(cmd.dtype, cmd.dtype))
                 )
             )
-        except OutputDirError as err:
+        except (OutputDirError, CheckpointError) as err:
             sys.exit(f"error: {err}")
     else:
         run = args.list.run

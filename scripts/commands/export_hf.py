@@ -53,6 +53,7 @@ def build_parser():
 def main(argv: Sequence[str] | None = None) -> int:
     """Load the checkpoint and write the Hugging Face directory (weights, configs, tokenizer files)."""
     from posfreq.train.checkpoint.layout import load_model
+    from posfreq.train.checkpoint.safe_load import CheckpointError
     from posfreq.train.data.hf_tokenizer import TOKENIZER_FILES, write_tokenizer_files
     from posfreq.train.data.tokenizer import get_tokenizer
     from posfreq.train.model.hf import export_hf
@@ -62,9 +63,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_output_dir(args.out, EXPORT_HF)  # before the (slow) load
     except OutputDirError as err:
         sys.exit(f"error: {err}")
-    model, tokenizer_info, _ = load_model(
-        args.checkpoint, dtype=DTYPES[args.dtype] if args.dtype else None
-    )
+    try:
+        model, tokenizer_info, _ = load_model(
+            args.checkpoint, dtype=DTYPES[args.dtype] if args.dtype else None
+        )
+    except CheckpointError as err:
+        sys.exit(f"error: {err}")
     spec = args.tokenizer or tokenizer_info["spec"]
     bos = eos = None
     if spec != "none":

@@ -285,20 +285,52 @@ def load_model_config(checkpoint_dir: str | Path) -> ModelConfig:
     )
 
 
+_VERIFIED: set[tuple[str, str]] = set()
+"""(checkpoint, manifest sha256) pairs this process has verified: a probe reads a checkpoint's weights twice."""
+
+
+def verify_before_reading(path: Path) -> None:
+    """Check a trainer checkpoint's files against its manifest (sizes, then sha256) before its weights are read,
+    once per process: a file damaged on disk fails the probe, an export or a consolidation instead of feeding
+    them. A consolidated directory (no trainer.json) and a checkpoint from before manifests have none to check."""
+    meta = read_trainer_state(path)
+    if meta is None or "manifest_sha256" not in meta:
+        return
+    key = (str(path.resolve()), str(meta["manifest_sha256"]))
+    if key not in _VERIFIED:
+        try:
+            verify_checkpoint(path, meta, hashes=True)
+        except CheckpointError as err:
+            raise CheckpointError(f"{err}. {DAMAGED_FIX}") from None
+        _VERIFIED.add(key)
+
+
+DAMAGED_FIX = "Fix: use another checkpoint of the run (posfreq checkpoint list RUN) or restore this one from a copy"
+
+
 def model_state_dict(
     checkpoint_dir: str | Path, config: ModelConfig | None = None
 ) -> dict[str, torch.Tensor]:
-    """Plain (CPU, full) model state_dict from a consolidated dir or a full/sharded trainer checkpoint."""
+    """Plain (CPU, full) model state_dict from a consolidated dir or a full/sharded trainer checkpoint, its files
+    verified against the checkpoint's manifest first."""
     path = Path(checkpoint_dir)
     config = config or load_model_config(path)
+    verify_before_reading(path)
     if (path / CONSOLIDATED_WEIGHTS).is_file():
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        return load_file(str(path / CONSOLIDATED_WEIGHTS))
+        try:
+            return load_file(str(path / CONSOLIDATED_WEIGHTS))
+        except SafetensorError as err:
+            raise CheckpointError(
+                f"{path / CONSOLIDATED_WEIGHTS}: not a readable safetensors file ({err}). {DAMAGED_FIX}"
+            ) from None
     if (path / STATE_FILE).is_file():
         return load_pickled(path / STATE_FILE, mmap=True)["model"]
     if (path / STATE_DIR / ".metadata").is_file():
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
 
         with torch.device("meta"):
             shapes = {k: (v.shape, v.dtype) for k, v in Transformer(config).state_dict().items()}
@@ -309,7 +341,13 @@ def model_state_dict(
             warnings.catch_warnings()
         ):  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, storage_reader=safe_dcp_reader(path / STATE_DIR), no_dist=True)
+            try:
+                dcp.load(state, storage_reader=safe_dcp_reader(path / STATE_DIR), no_dist=True)
+            except CheckpointException as err:  # a BaseException: `except Exception` never sees it
+                reason = str(err).strip().splitlines()[-1][:300]
+                raise CheckpointError(
+                    f"{path / STATE_DIR}: cannot be read ({reason}). {DAMAGED_FIX}"
+                ) from None
         return state["model"]
     raise FileNotFoundError(
         f"{path}: no {CONSOLIDATED_WEIGHTS}, {STATE_FILE} or {STATE_DIR}/.metadata. Pass a checkpoint "

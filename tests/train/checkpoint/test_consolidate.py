@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,48 @@ def test_consolidate_never_replaces_a_directory_it_did_not_write(data_dir, tmp_p
     ):  # a wrong --checkpoint writes nothing, not even the temporary
         consolidate(run_dir / "nope", tmp_path / "other")
     assert not (tmp_path / "other").exists() and not (tmp_path / "other.tmp").exists()
+
+
+def test_damaged_weights_are_refused_before_they_are_read(data_dir, tmp_path, capsys):
+    """Reading a checkpoint's weights (consolidation, export, the probe, init_from) checks its files against its
+    manifest first: a flipped byte or a truncated shard is one error naming the file, never weights silently used
+    nor DCP's traceback. A checkpoint from before manifests that fails to read says so in one line too."""
+    import re
+    import shutil
+
+    from posfreq.scripts.commands import export_hf
+    from posfreq.train.checkpoint.safe_load import CheckpointError
+
+    run(tiny(data_dir, tmp_path / "run", total_tokens=2048))
+    src = tmp_path / "run" / "checkpoints" / ckpt.milestone_name(2048)
+    for damage in ("flip", "truncate", "truncate, no manifest"):
+        copy = tmp_path / damage
+        shutil.copytree(src, copy)
+        shard = max((copy / ckpt.STATE_DIR).glob("*.distcp"), key=lambda p: p.stat().st_size)
+        data = shard.read_bytes()
+        if damage == "flip":
+            middle = len(data) // 2
+            data = data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1 :]
+        else:
+            data = data[: len(data) // 10]
+        shard.write_bytes(data)
+        named = re.escape(str(shard))
+        if damage.endswith("no manifest"):
+            state = json.loads((copy / ckpt.TRAINER_FILE).read_text())
+            del state["manifest_sha256"]
+            (copy / ckpt.TRAINER_FILE).write_text(json.dumps(state))
+            named = re.escape(str(copy / ckpt.STATE_DIR)) + ": cannot be read"
+        with pytest.raises(CheckpointError, match=named):
+            ckpt.model_state_dict(copy)
+        for command, argv in (
+            (
+                checkpoint_command,
+                ["consolidate", "--checkpoint", str(copy), "--out", str(tmp_path / "c")],
+            ),
+            (export_hf, ["--checkpoint", str(copy), "--out", str(tmp_path / "e")]),
+        ):
+            with pytest.raises(SystemExit) as refused:
+                command.main(argv)
+            assert re.match(f"error: .*{named}.*Fix: ", str(refused.value.code)), refused.value.code
+        assert not (tmp_path / "c").exists() and not (tmp_path / "e").exists()
+    assert consolidate(src, tmp_path / "intact").is_dir()  # the undamaged checkpoint still reads
