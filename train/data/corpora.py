@@ -274,7 +274,8 @@ def iter_documents(
 ) -> Iterator[Document]:
     """Stream one file's (or stream shard's) documents, keeping those whose source passes the filter.
 
-    Bad items (undecodable data, malformed JSON, a missing or non-string text field) raise
+    Bad items (undecodable data, malformed JSON, a missing or non-string text field, a text with a lone
+    surrogate) raise
     `CorpusError` naming the file and line (or row); with ``on_error="skip"`` they are counted in
     `stats.skipped` instead. An empty JSON file, a truncated or corrupt compressed stream, or a failing
     dataset stream ends the file: counted once when skipping, and listed in `stats.lost_files`.
@@ -315,7 +316,26 @@ def _to_document(record: object, text_field: str, default_source: str) -> Docume
         found = "missing" if text_field not in record else f"a {type(text).__name__}"
         keys = ", ".join(sorted(record)[:8])
         return BadItem(f"text field {text_field!r} is {found} (keys: {keys}); set --text-field")
+    surrogate = _lone_surrogate(text)
+    if surrogate is not None:
+        return BadItem(
+            f"text is not valid Unicode (lone surrogate {ascii(text[surrogate])[1:-1]} at character "
+            f"{surrogate}: a JSON \\u escape without its pair, which UTF-8 cannot encode). "
+            "Fix: repair or remove this record, or pass --on-error skip"
+        )
     meta = record.get("meta")
     source = meta.get("redpajama_set_name") if isinstance(meta, dict) else None
     source = source or record.get("source") or default_source
     return Document(text=text, source=str(source))
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """Where a text holds a lone UTF-16 surrogate (JSON lets a \\udXXX escape stand alone; UTF-8 cannot encode it),
+    or None for valid Unicode."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return err.start
+    return None

@@ -65,6 +65,14 @@ def missing_text(path: Path) -> Path:
     return path
 
 
+def lone_surrogate(path: Path) -> Path:
+    """A JSON line whose text escapes half of a UTF-16 pair: valid JSON, a str that UTF-8 cannot encode."""
+    path.write_bytes(
+        jsonl_bytes(RECORDS[:5]) + b'{"text": "bad \\ud800 x"}\n' + jsonl_bytes(RECORDS[5:10])
+    )
+    return path
+
+
 # (make the file, what the error says after "FILE:WHERE: ", whether the rest of the file is lost)
 FAULTS = {
     "truncated-zst": (
@@ -76,6 +84,11 @@ FAULTS = {
     "empty-file": (empty, r"byte 0: empty file \(0 bytes\)", True),
     "non-utf8": (not_utf8, r"line 6: not UTF-8 text", False),
     "missing-text-field": (missing_text, r"line 6: text field 'text' is missing", False),
+    "lone-surrogate": (
+        lone_surrogate,
+        r"line 6: text is not valid Unicode \(lone surrogate \\ud800 at character 4",
+        False,
+    ),
 }
 
 
@@ -257,3 +270,33 @@ def test_a_line_nested_too_deeply_is_one_bad_line_named_and_skippable(tmp_path):
     stats = ReadStats()
     texts = [d.text for d in iter_documents(path, on_error="skip", stats=stats)]
     assert texts == ["fine", "fine"] and stats.skipped == 1
+
+
+@pytest.mark.parametrize("tokenizer", ["bytes", "llama3"])
+def test_a_lone_surrogate_is_one_bad_record_for_every_tokenizer(tmp_path, tokenizer, capsys):
+    """A JSON \\ud800 escape without its pair crashed both commands inside the tokenizer, even with --on-error skip:
+    a UnicodeEncodeError (bytes) or a TypeError from encode_batch (llama3), naming no file or line."""
+    bad = lone_surrogate(tmp_path / "s.jsonl")
+    with pytest.raises(
+        SystemExit, match=rf"^error: {re.escape(str(bad))}:line 6: text is not valid Unicode"
+    ):
+        prepare_data.main(
+            ["--corpus", str(bad), "--tokenizer", tokenizer, "--out", str(tmp_path / "t")]
+        )
+    out = tmp_path / "skip"
+    prepare_data.main(
+        [
+            "--corpus",
+            str(bad),
+            "--tokenizer",
+            tokenizer,
+            "--out",
+            str(out),
+            "--on-error",
+            "skip",
+            "--quiet",
+        ]
+    )
+    meta = json.loads((out / "s.json").read_text())
+    assert meta["num_docs"] == 10 and meta["skipped_items"] == 1
+    assert "skipped 1 bad records" in capsys.readouterr().out
