@@ -19,7 +19,8 @@ Corpora:
 The source of a record is ``meta.redpajama_set_name``, else a top-level ``source`` field, else the
 corpus's default source. Bad input raises `CorpusError` naming the file and line; with
 ``on_error="skip"`` bad items are counted in `ReadStats` instead, and files whose rest could not be
-read (truncated or corrupt ``.zst``, empty, unreadable) are listed in `ReadStats.lost_files`.
+read (truncated or corrupt ``.zst``, a corrupt Parquet row group, empty, unreadable) are listed in
+`ReadStats.lost_files`.
 
 The file formats live in `corpus_formats`, streamed datasets in `corpus_stream`, the essays in
 `essays`.

@@ -188,11 +188,34 @@ def _parquet_records(path: Path, text_field: str) -> Iterator[tuple[str, object]
         )
         return
     columns = [c for c in (text_field, "meta", "source") if c in names]
-    row = 0
-    for batch in parquet.iter_batches(batch_size=4096, columns=columns):
-        for record in batch.to_pylist():
-            yield f"row {row}", record
-            row += 1
+    row, groups = 0, parquet.num_row_groups
+    for group in range(
+        groups
+    ):  # group by group, so a corrupt one (snappy data, page headers, ...) is named
+        batches = parquet.iter_batches(batch_size=4096, row_groups=[group], columns=columns)
+        while True:
+            try:
+                batch = next(batches, None)
+                records = [] if batch is None else batch.to_pylist()
+            except (pyarrow.ArrowException, OSError) as err:
+                first = sum(parquet.metadata.row_group(g).num_rows for g in range(group))
+                size = parquet.metadata.row_group(group).num_rows
+                reason = " ".join(f"{type(err).__name__}: {err}".split()).rstrip(".")
+                yield (
+                    f"row {row}",
+                    BadItem(
+                        f"corrupt Parquet data in row group {group} (0-based, of {groups}; rows "
+                        f"{first}..{first + size - 1}): {reason}; the rest of the file is unreadable. "
+                        f"{REFETCH}",
+                        True,
+                    ),
+                )
+                return
+            if batch is None:
+                break
+            for record in records:
+                yield f"row {row}", record
+                row += 1
 
 
 READERS: dict[str, Callable[[Path, str], Iterator[tuple[str, object]]]] = {

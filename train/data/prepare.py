@@ -16,7 +16,8 @@ file by file. ``--shard i/n`` takes files i, i+n, i+2n, ... (0-based), for a SLU
 Bad input stops the job with an ``error:`` line naming the file and line (exit status 1). With
 ``--on-error skip`` bad records are counted instead: each shard's NAME.json records ``skipped_items``,
 the first messages (``skipped_errors``) and the input files cut short (``lost_files``: truncated or
-corrupt ``.zst``, empty files); the summary line repeats them, and a rerun redoes every shard that lost data.
+corrupt ``.zst``, corrupt Parquet row groups, empty files); the summary line repeats them, and a rerun
+redoes every shard that lost data.
 """
 
 from __future__ import annotations

@@ -73,6 +73,24 @@ def lone_surrogate(path: Path) -> Path:
     return path
 
 
+def corrupt_parquet(path: Path) -> Path:
+    """A snappy Parquet file (row groups of 500 rows) with 2,000 bytes of 0xff over its middle."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    target = path.with_name(path.name.replace(".jsonl", ".parquet"))
+    pq.write_table(
+        pa.table({"text": [r["text"] for r in RECORDS]}),
+        target,
+        row_group_size=500,
+        compression="snappy",
+    )
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 2000] = b"\xff" * 2000
+    target.write_bytes(bytes(data))
+    return target
+
+
 # (make the file, what the error says after "FILE:WHERE: ", whether the rest of the file is lost)
 FAULTS = {
     "truncated-zst": (
@@ -84,6 +102,11 @@ FAULTS = {
     "empty-file": (empty, r"byte 0: empty file \(0 bytes\)", True),
     "non-utf8": (not_utf8, r"line 6: not UTF-8 text", False),
     "missing-text-field": (missing_text, r"line 6: text field 'text' is missing", False),
+    "corrupt-parquet": (
+        corrupt_parquet,
+        r"row (\d+): corrupt Parquet data in row group \d+ \(0-based, of 6; rows \1\.\.\d+\): ",
+        True,
+    ),
     "lone-surrogate": (
         lone_surrogate,
         r"line 6: text is not valid Unicode \(lone surrogate \\ud800 at character 4",
