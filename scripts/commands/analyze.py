@@ -47,7 +47,7 @@ from posfreq.analysis.corpus.outputs import ANALYZE, SHARD_PARTS, write_outputs,
 from posfreq.analysis.corpus.packing_prediction import PackingSettings
 from posfreq.analysis.corpus.summary import format_summary
 from posfreq.train.command_line import command_parser, parse
-from posfreq.train.data.corpora import Corpus
+from posfreq.train.data.corpora import Corpus, check_out_apart
 from posfreq.train.data.corpus_cli import add_corpus_arguments, corpus_from_args, shard_from_args
 from posfreq.train.data.packing_strategies import STRATEGIES, Strategy
 from posfreq.train.data.records import CorpusError, lost_files_report
@@ -193,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         corpus = None if args.merge else corpus_from_args(args)  # resolved once: listing it is I/O
         out = None if corpus is None else Path(args.out or _default_out(args, corpus))
         if out is not None:  # before counting (hours on a full corpus), not only when writing
+            check_out_apart(corpus, out)
             check_output_dir(
                 out,
                 ANALYZE,

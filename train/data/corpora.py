@@ -149,6 +149,36 @@ class Corpus:
         return out
 
 
+def corpus_folders(corpus: Corpus) -> list[Path]:
+    """The folders whose files a corpus reads, resolved: a directory given as the corpus (searched recursively), or
+    the folder holding a named corpus's local files; none for one file given alone (nothing beside it is read)."""
+    local = [f for f in corpus.files if not isinstance(f, StreamShard)]
+    if not local:
+        return []
+    if corpus.name not in ("slimpajama", "pg-essays"):
+        path = Path(corpus.name).expanduser()
+        return [path.resolve()] if path.is_dir() else []
+    return [Path(os.path.commonpath([f.resolve().parent for f in local]))]
+
+
+def check_out_apart(corpus: Corpus, out: str | Path, flag: str = "--out") -> None:
+    """Refuse an output folder inside a corpus folder, or one holding a corpus folder: a rerun would read the
+    command's own outputs (its records, shards, summary.json) as corpus files. Checked before anything is written."""
+    target = Path(out).expanduser().resolve()
+    for folder in corpus_folders(corpus):
+        if target == folder or folder in target.parents:
+            where = f"{flag} {out} lies inside the corpus folder {folder}"
+        elif target in folder.parents:
+            where = f"the corpus folder {folder} lies inside {flag} {out}"
+        else:
+            continue
+        raise CorpusError(
+            f"{where}: a rerun would read this command's own outputs (its .posfreq-output.json, token "
+            f"shards, .json files) as corpus files. Fix: choose an {flag} that neither lies inside nor "
+            f"holds {folder}"
+        )
+
+
 def resolve_corpus(
     name_or_path: str | Path,
     data_dir: str | Path | None = None,

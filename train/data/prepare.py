@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from posfreq.train.data.corpora import Corpus, CorpusFile
+from posfreq.train.data.corpora import Corpus, CorpusFile, check_out_apart
 from posfreq.train.data.formats import SUFFIXES
 from posfreq.train.data.records import ReadStats, lost_files_report
 from posfreq.train.data.shards import (
@@ -293,6 +293,7 @@ def prepare(
         corpus.files
     )  # from the full file list, so names are independent of --shard
     mine = corpus.shard(*shard)
+    check_out_apart(corpus, out)
     tokenizer = get_tokenizer(tokenizer_spec)
     claim_output_dir(out, PREPARE, written_before=holds_only_shards, shared=True)
     if val_fraction > 0:

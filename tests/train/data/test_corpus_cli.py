@@ -166,3 +166,48 @@ def test_prepare_refuses_a_val_fraction_outside_0_1(tmp_path, fraction, message,
         )
     assert refused.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("command", ["prepare", "analyze"])
+def test_an_out_inside_the_corpus_folder_or_holding_it_is_refused_untouched(
+    tmp_path, command, monkeypatch, capsys
+):
+    """prepare --out inside its --corpus folder: the first run worked, a rerun read its own .posfreq-output.json
+    and shards as corpus files. Both directions are refused before anything is written."""
+    from posfreq.scripts.cli import main as posfreq
+
+    monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    corpus = tmp_path / "top" / "corpus"
+    corpus.mkdir(parents=True)
+    (corpus / "data.jsonl").write_text('{"text": "hello"}\n{"text": "world"}\n')
+    extra = ["--no-figures", "--train-len", "8", "--workers", "1"] if command == "analyze" else []
+    base = [command, "--corpus", "top/corpus", "--tokenizer", "bytes", "--quiet", *extra]
+    for out, message in (
+        ("top/corpus/tokens", f"--out top/corpus/tokens lies inside the corpus folder {corpus}: "),
+        ("top", f"the corpus folder {corpus} lies inside --out top: "),
+    ):
+        with pytest.raises(SystemExit) as refused:  # the one `error:` line a command words itself
+            posfreq([*base, "--out", out])
+        err = str(refused.value.code)
+        assert (
+            err.startswith(f"error: {message}a rerun would read") and "Fix: choose an --out" in err
+        )
+        assert sorted(p.name for p in (tmp_path / "top").rglob("*")) == ["corpus", "data.jsonl"]
+    assert posfreq([*base, "--out", "elsewhere"]) == 0  # beside it is fine
+    assert (
+        posfreq(
+            [
+                command,
+                "--corpus",
+                "top/corpus/data.jsonl",
+                "--tokenizer",
+                "bytes",
+                "--quiet",
+                *extra,
+                "--out",
+                "top/corpus/out",
+            ]
+        )
+        == 0
+    )  # one file given alone: its folder is not read
