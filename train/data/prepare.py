@@ -11,7 +11,7 @@ path relative to the corpus's common root (``train/chunk1/example_train_0.jsonl.
 Shards are written under temporary names and renamed when complete; a rerun skips the
 complete ones (same source bytes by size and sha256, or stream revision, and the same tokenizer by
 content) and redoes the rest, so the job is restartable
-file by file. ``--shard i/n`` takes files i, i+n, i+2n, ... (0-based), for a SLURM job array.
+file by file. A complete shard made from another input (another path and other bytes) is refused, never replaced. ``--shard i/n`` takes files i, i+n, i+2n, ... (0-based), for a SLURM job array.
 
 Bad input stops the job with an ``error:`` line naming the file and line (exit status 1). With
 ``--on-error skip`` bad records are counted instead: each shard's NAME.json records ``skipped_items``,
@@ -235,6 +235,14 @@ def pending_files(
     todo = []
     for file in corpus.files:
         meta = shard_is_complete(out, names[file])
+        recorded = other_source(meta, file) if meta is not None else None
+        if recorded is not None:
+            raise OutputDirError(
+                f"{out}/{names[file]} holds the tokens of {recorded}, not of {source_identity(file, False)['source']}, "
+                f"which would replace them: both inputs take the shard name {names[file]!r}. Fix: tokenize each "
+                f"corpus into its own --out, or delete {out}/{names[file]}.* (and {out}/{VAL_DIR}/{names[file]}.*) "
+                "to replace that shard"
+            )
         if meta is not None and (
             meta.get("val_fraction", 0.0) != val_fraction
             or (val_fraction > 0 and shard_is_complete(out / VAL_DIR, names[file]) is None)
@@ -263,6 +271,18 @@ def absolute_spec(spec: str) -> str:
     """A tokenizer spec with an hf:DIR made absolute (older shards recorded the folder as prepare was given it)."""
     directory = hf_dir(spec)
     return spec if directory is None else f"hf:{directory.resolve()}"
+
+
+def other_source(meta: dict, file: CorpusFile) -> str | None:
+    """The input a complete shard was made from when that is another input than `file`: another path (or stream
+    shard) and, for a file, other bytes. None when it is `file` (its content may have changed since: redone), the
+    same bytes moved or copied (sha256 equal), or the shard recorded no source."""
+    recorded = meta.get("source")
+    if recorded is None or recorded == source_identity(file, hash_content=False)["source"]:
+        return None
+    if not isinstance(file, StreamShard) and "source_sha256" in meta and same_source(meta, file):
+        return None
+    return str(recorded)
 
 
 def same_source(meta: dict, file: CorpusFile) -> bool:

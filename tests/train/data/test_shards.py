@@ -245,3 +245,47 @@ def test_a_rerun_compares_inputs_and_tokenizers_by_content(tmp_path: Path) -> No
     write_llama3_tokenizer(tok)  # another tokenizer at the same path
     with pytest.raises(OutputDirError, match="whose files have changed since"):
         prep.prepare(resolve_corpus(corpus_dir), hf_out, f"hf:{tok}", progress=False)
+
+
+def test_a_shard_of_another_input_with_the_same_name_is_refused_not_replaced(
+    tmp_path: Path,
+) -> None:
+    """A/data.jsonl then B/data.jsonl into one --out: both make shard 'data', and same_source compared sizes and
+    hashes only, so B's tokens silently replaced A's. Another input is refused naming both; a rerun of A, and A's
+    bytes copied elsewhere, still count as complete."""
+    from posfreq.scripts.commands import prepare as prepare_cli
+    from posfreq.train.data import prepare as prep
+    from posfreq.train.data.corpora import resolve_corpus
+
+    for name, text in (("A", "from A"), ("B", "from B, longer")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "data.jsonl").write_text(json.dumps({"text": text}) + "\n")
+    out = tmp_path / "tokens"
+    prep.prepare(resolve_corpus(tmp_path / "A"), out, "bytes", progress=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    with pytest.raises(SystemExit) as refused:
+        prepare_cli.main(
+            ["--corpus", str(tmp_path / "B"), "--tokenizer", "bytes", "--out", str(out), "--quiet"]
+        )
+    assert str(refused.value.code) == (
+        f"error: {out}/data holds the tokens of {tmp_path / 'A' / 'data.jsonl'}, not of "
+        f"{tmp_path / 'B' / 'data.jsonl'}, which would replace them: both inputs take the shard name 'data'. "
+        f"Fix: tokenize each corpus into its own --out, or delete {out}/data.* (and {out}/val/data.*) to "
+        "replace that shard"
+    )
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert (
+        prep.prepare(resolve_corpus(tmp_path / "A"), out, "bytes", progress=False)[
+            "skipped_complete"
+        ]
+        == 1
+    )
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "data.jsonl").write_bytes((tmp_path / "A" / "data.jsonl").read_bytes())
+    assert (
+        prep.prepare(resolve_corpus(tmp_path / "copy"), out, "bytes", progress=False)[
+            "skipped_complete"
+        ]
+        == 1
+    )
+    assert TokenDataset(out).document(0).tolist()[:-1] == list(b"from A")
