@@ -47,7 +47,7 @@ from posfreq.analysis.corpus.outputs import ANALYZE, SHARD_PARTS, write_outputs,
 from posfreq.analysis.corpus.packing_prediction import PackingSettings
 from posfreq.analysis.corpus.summary import format_summary
 from posfreq.train.command_line import command_parser, parse
-from posfreq.train.data.corpora import Corpus, check_out_apart
+from posfreq.train.data.corpora import Corpus, check_out_apart, unmatched_sources_warning
 from posfreq.train.data.corpus_cli import add_corpus_arguments, corpus_from_args, shard_from_args
 from posfreq.train.data.packing_strategies import STRATEGIES, Strategy
 from posfreq.train.data.records import CorpusError, lost_files_report
@@ -203,9 +203,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         histogram, meta = (
             merge_partials(map(Path, args.merge)) if corpus is None else _count(args, corpus)
         )
+        warning = unmatched_sources_warning(
+            meta["settings"].get("sources") or [], meta.get("read", {}).get("sources") or {}
+        )
+        if "sources" not in meta.get("read", {}):  # an older cache did not count them
+            warning = None
         if meta.get("shard"):
             index, count = meta["shard"]
             path = write_partial(out, histogram, meta)
+            if warning:
+                print(warning, file=sys.stderr)
             print(
                 f"shard {index}/{count}: {meta['read']['documents']:,} documents from {meta['files']} files "
                 f"({meta['read']['skipped']:,} bad items skipped) -> {path}"
@@ -221,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"corpus {meta['corpus']}: no documents ({meta['files']} files; {read.get('filtered', 0)} "
                 f"filtered by source, {read.get('skipped', 0)} bad items skipped). Check --sources/--split."
             )
+        if warning:  # after the refusal above, whose error line comes first
+            print(warning, file=sys.stderr)
         if out is None:  # a merge: named by the merged corpus
             out = Path(args.out or DEFAULT_OUT / Path(meta["corpus"]).name)
         packing = PackingSettings(

@@ -17,6 +17,7 @@ from typing import Sequence
 from jsonargparse import ArgumentParser
 
 from posfreq.train.command_line import command_parser, parse
+from posfreq.train.data.corpora import unmatched_sources_warning
 from posfreq.train.data.corpus_cli import add_corpus_arguments, corpus_from_args, shard_from_args
 from posfreq.train.data.prepare import (
     VAL_DIR,
@@ -62,8 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         shard = shard_from_args(args) or (0, 1)
         out = Path(args.out)
+        corpus = corpus_from_args(args)
         totals = prepare(
-            corpus_from_args(args),
+            corpus,
             out,
             args.tokenizer,
             args.workers,
@@ -86,6 +88,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for line in skip_report(totals, out):
         print(line)
+    if totals["docs_in_out"] == 0:  # a --shard task of a corpus whose other tasks may have some
+        print(
+            f"warning: shard {shard[0]}/{shard[1]} has no documents ({totals['filtered_items']:,} removed by the "
+            "source filter, "
+            f"{totals['skipped_items']:,} bad records skipped)",
+            file=sys.stderr,
+        )
+    warning = (
+        None
+        if totals["source_counts"] is None
+        else unmatched_sources_warning(corpus.sources, totals["source_counts"])
+    )
+    if warning:
+        print(warning, file=sys.stderr)
     return 0
 
 

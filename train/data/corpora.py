@@ -32,7 +32,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence, Union
+from typing import Iterable, Iterator, Sequence, Union
 
 from posfreq.train.data.essays import cache_dir, pg_essays_dir
 from posfreq.train.data.formats import SUFFIXES, corpus_suffix, file_records
@@ -73,6 +73,46 @@ class SourceFilter:
 
     def __bool__(self) -> bool:
         return bool(self.include or self.exclude)
+
+    def unmatched(self, seen: Iterable[str]) -> dict[str, list[str]]:
+        """The names given that match none of the sources `seen`, by option: {"--sources": [...],
+        "--exclude-sources": [...]} (a typo in either is otherwise a silent no-op)."""
+        keys = {_source_key(source) for source in seen}
+        found: dict[str, list[str]] = {}
+        for item in self.spec:
+            excluded = item.startswith(("-", "!"))
+            name = item[1:] if excluded else item
+            if _source_key(name) not in keys:
+                found.setdefault("--exclude-sources" if excluded else "--sources", []).append(name)
+        return found
+
+    def flags(self) -> str:
+        """The filter as the command line gives it, e.g. '--sources arxiv,book --exclude-sources github'."""
+        parts = [
+            f"{flag} {','.join(names)}"
+            for flag, names in (
+                ("--sources", [s for s in self.spec if not s.startswith(("-", "!"))]),
+                ("--exclude-sources", [s[1:] for s in self.spec if s.startswith(("-", "!"))]),
+            )
+            if names
+        ]
+        return " ".join(parts) or "no source filter"
+
+
+def unmatched_sources_warning(spec: Sequence[str], seen: dict[str, int]) -> str | None:
+    """One warning line when a --sources or --exclude-sources name matches no document read, naming the sources
+    found; None when every name matched (or no filter was set). A warning, not a refusal: one --shard task's files
+    may lack a source the corpus has."""
+    keep = SourceFilter(spec)
+    unmatched = keep.unmatched(seen) if keep else {}
+    if not unmatched:
+        return None
+    names = "; ".join(f"{flag} {', '.join(names)}" for flag, names in unmatched.items())
+    found = ", ".join(f"{s} ({n:,})" for s, n in sorted(seen.items())) or "none"
+    return (
+        f"warning: {names}: matched no document read (documents by source: "
+        f"{found}); check the spelling"
+    )
 
 
 def _source_key(name: str) -> str:
@@ -331,9 +371,11 @@ def iter_documents(
                 raise CorpusError(f"{path}:{where}: {doc.message}")
             stats.skip(f"{path}:{where}: {doc.message}")
             continue
-        if keep and not keep(doc.source):
-            stats.filtered += 1
-            continue
+        if keep:
+            stats.sources[doc.source] = stats.sources.get(doc.source, 0) + 1
+            if not keep(doc.source):
+                stats.filtered += 1
+                continue
         stats.documents += 1
         yield doc
 

@@ -13,6 +13,12 @@ complete ones (same source bytes by size and sha256, or stream revision, and the
 content) and redoes the rest, so the job is restartable
 file by file. A complete shard made from another input (another path and other bytes) is refused, never replaced. ``--shard i/n`` takes files i, i+n, i+2n, ... (0-based), for a SLURM job array.
 
+A job that would write no document at all (every record filtered out, blank files) is refused, naming what was
+read and what removed it, and keeps no empty shard; one ``--shard i/n`` task of several only warns, as its partners
+may have documents. A ``--sources``/``--exclude-sources`` name that matches no document read is warned about (not
+refused: one task's files may lack a source the corpus has), and a shard made under another filter or
+``--text-field`` is redone.
+
 Bad input stops the job with an ``error:`` line naming the file and line (exit status 1). With
 ``--on-error skip`` bad records are counted instead: each shard's NAME.json records ``skipped_items``,
 the first messages (``skipped_errors``) and the input files cut short (``lost_files``: truncated or
@@ -32,9 +38,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from posfreq.train.data.corpora import Corpus, CorpusFile, check_out_apart
+from posfreq.train.data.corpora import Corpus, CorpusFile, SourceFilter, check_out_apart
 from posfreq.train.data.formats import SUFFIXES
-from posfreq.train.data.records import ReadStats, lost_files_report
+from posfreq.train.data.records import CorpusError, ReadStats, lost_files_report
 from posfreq.train.data.shards import (
     META_SUFFIX,
     OFFSETS_SUFFIX,
@@ -210,6 +216,7 @@ def tokenize_file(
                 filtered_items=stats.filtered,
                 skipped_errors=stats.errors,
                 lost_files=stats.lost_files,
+                source_counts=stats.sources,  # documents per source before the filter (when one is set)
             )
     writers[0].meta["val_docs"] = writers[1].meta["num_docs"] if val_fraction > 0 else 0
     return writers[0].meta
@@ -245,6 +252,9 @@ def pending_files(
             )
         if meta is not None and (
             meta.get("val_fraction", 0.0) != val_fraction
+            or list(meta.get("sources", []))
+            != list(corpus.sources)  # another filter: other documents
+            or meta.get("text_field", "text") != corpus.text_field
             or (val_fraction > 0 and shard_is_complete(out / VAL_DIR, names[file]) is None)
         ):
             meta = None
@@ -333,7 +343,30 @@ def prepare(
         "val_docs": 0,
         "skipped_items": 0,
         "lost_files": [],
+        "filtered_items": 0,  # these and the next: over every file of this task, complete ones included
+        "docs_in_out": 0,
+        "source_counts": {},  # None when a complete shard did not record its own
     }
+    pending = set(todo)
+
+    def count_read(meta: dict) -> None:
+        """Add one shard's documents (kept and filtered) and its sources to the task's totals."""
+        totals["docs_in_out"] += meta["num_docs"] + meta.get("val_docs", 0)
+        totals["filtered_items"] += meta.get("filtered_items", 0)
+        counts = meta.get("source_counts")
+        if counts is None or totals["source_counts"] is None:
+            totals["source_counts"] = None
+            return
+        for source, n in counts.items():
+            totals["source_counts"][source] = totals["source_counts"].get(source, 0) + n
+
+    for file in mine.files:
+        if (
+            file not in pending
+        ):  # complete: its NAME.json has the counts, its val shard the held-out documents
+            meta = dict(shard_is_complete(out, names[file]) or {"num_docs": 0})
+            val = shard_is_complete(out / VAL_DIR, names[file]) if val_fraction > 0 else None
+            count_read(meta | {"val_docs": val["num_docs"] if val else 0})
     bar = tqdm(
         total=len(todo), unit="file", desc=f"tokenize {corpus.name} -> {out}", disable=not progress
     )
@@ -345,6 +378,7 @@ def prepare(
         totals["val_docs"] += meta["val_docs"]
         totals["skipped_items"] += meta["skipped_items"]
         totals["lost_files"] += meta["lost_files"]
+        count_read(meta)
         bar.update(1)
         bar.set_postfix(tokens=f"{totals['tokens']:,}")
 
@@ -362,7 +396,36 @@ def prepare(
             for future in as_completed(futures):
                 done(future.result())
     bar.close()
+    if totals["docs_in_out"] == 0 and shard[1] == 1:
+        for file in todo:  # every shard this run wrote is empty: none is kept to look complete
+            for directory in (out, out / VAL_DIR):
+                for suffix in (META_SUFFIX, TOKENS_SUFFIX, OFFSETS_SUFFIX):
+                    (directory / f"{names[file]}{suffix}").unlink(missing_ok=True)
+        raise CorpusError(no_documents(mine, totals))
     return totals
+
+
+def no_documents(corpus: Corpus, totals: dict) -> str:
+    """Why a prepare job has no document to write: what was read and what removed it."""
+    read = totals["docs_in_out"] + totals["filtered_items"] + totals["skipped_items"]
+    seen = totals["source_counts"]
+    by_source = (
+        f" (documents by source: {', '.join(f'{s} ({n:,})' for s, n in sorted(seen.items()))})"
+        if seen
+        else ""
+    )
+    keep = SourceFilter(corpus.sources)
+    parts = [f"{totals['files']} files, {read:,} records read"]
+    if keep:
+        parts.append(
+            f"{totals['filtered_items']:,} removed by the source filter ({keep.flags()}){by_source}"
+        )
+    parts.append(f"{totals['skipped_items']:,} bad records skipped")
+    return (
+        f"corpus {corpus.name}: no documents to write ({', '.join(parts)}). Fix: check "
+        "--sources/--exclude-sources, --text-field and --split, or that the files hold records; no shard "
+        "was kept"
+    )
 
 
 def skip_report(totals: dict, out: Path) -> list[str]:

@@ -29,14 +29,16 @@ class CorpusError(ValueError):
 
 @dataclass
 class ReadStats:
-    """What reading yielded and dropped: documents, source-filtered, skipped bad items, and every file
-    whose rest could not be read (each message names the file and where it stopped)."""
+    """What reading yielded and dropped: documents, source-filtered, skipped bad items, every file whose rest
+    could not be read (each message names the file and where it stopped) and, when a source filter is set, the
+    documents read per source before it (so a filter name that matches nothing can be reported)."""
 
     documents: int = 0
     filtered: int = 0
     skipped: int = 0
     errors: list[str] = field(default_factory=list)
     lost_files: list[str] = field(default_factory=list)
+    sources: dict[str, int] = field(default_factory=dict)
 
     def skip(self, message: str, rest_lost: bool = False) -> None:
         """Count one skipped bad item, keeping the first few messages and every file cut short."""
@@ -53,6 +55,8 @@ class ReadStats:
         self.skipped += other.skipped
         self.errors.extend(other.errors[: max(0, MAX_ERRORS_KEPT - len(self.errors))])
         self.lost_files.extend(other.lost_files)
+        for source, count in other.sources.items():
+            self.sources[source] = self.sources.get(source, 0) + count
 
 
 def lost_files_report(lost: Sequence[str], where: str, shown: int = 10) -> list[str]:

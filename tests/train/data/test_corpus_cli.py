@@ -211,3 +211,76 @@ def test_an_out_inside_the_corpus_folder_or_holding_it_is_refused_untouched(
         )
         == 0
     )  # one file given alone: its folder is not read
+
+
+def test_prepare_refuses_to_write_no_documents_and_reports_a_filter_name_that_matches_none(
+    tmp_path, capsys, monkeypatch
+):
+    """prepare exited 0 after writing 0 documents (--sources nosuch, a file of blank lines) where analyze refused,
+    and a misspelt --exclude-sources kept what it meant to drop without a word."""
+    from posfreq.scripts.commands import analyze
+    from posfreq.scripts.commands import prepare as prepare_cli
+    from posfreq.train.data.shards import TokenDataset
+
+    make_slimpajama(tmp_path / "sp")  # 18 documents, 12 RedPajamaC4 and 6 RedPajamaGithub
+    out = tmp_path / "tokens"
+    base = ["--corpus", "slimpajama", "--data-dir", str(tmp_path / "sp"), "--tokenizer", "bytes"]
+    base += ["--out", str(out), "--quiet"]
+    with pytest.raises(SystemExit) as refused:
+        prepare_cli.main([*base, "--sources", "nosuch"])
+    assert str(refused.value.code) == (
+        "error: corpus slimpajama: no documents to write (6 files, 18 records read, 18 removed by the source "
+        "filter (--sources nosuch) (documents by source: RedPajamaC4 (12), RedPajamaGithub (6)), 0 bad records "
+        "skipped). Fix: check --sources/--exclude-sources, --text-field and --split, or that the files hold "
+        "records; no shard was kept"
+    )
+    assert not list(out.glob("[!.]*"))  # no empty shard left to look complete
+    assert prepare_cli.main([*base, "--sources", "c4"]) == 0  # the typo fixed, into the same --out
+    assert TokenDataset(out).num_docs == 12
+    capsys.readouterr()
+    assert (
+        prepare_cli.main([*base, "--exclude-sources", "githb"]) == 0
+    )  # another filter: every shard redone
+    captured = capsys.readouterr()
+    assert "6 files in shard 0/1 (0 already complete); wrote 18 documents" in captured.out
+    assert captured.err == (
+        "warning: --exclude-sources githb: matched no document read (documents by source: RedPajamaC4 (12), "
+        "RedPajamaGithub (6)); check the spelling\n"
+    )
+    assert TokenDataset(out).num_docs == 18
+    assert (
+        prepare_cli.main([*base, "--exclude-sources", "githb"]) == 0
+    )  # complete shards keep their counts
+    assert "check the spelling" in capsys.readouterr().err
+
+    blank = tmp_path / "blank"
+    blank.mkdir()
+    (blank / "x.jsonl").write_text("\n\n\n")
+    with pytest.raises(SystemExit) as refused:
+        prepare_cli.main(
+            ["--corpus", str(blank), "--tokenizer", "bytes", "--out", str(tmp_path / "b")]
+        )
+    assert str(refused.value.code).startswith(
+        f"error: corpus {blank}: no documents to write (1 files, 0 records read, 0 bad records skipped). Fix:"
+    )
+    part = tmp_path / "part"  # one --shard task without documents: its partners may have some
+    assert (
+        prepare_cli.main([*base[:-3], "--out", str(part), "--sources", "nosuch", "--shard", "0/2"])
+        == 0
+    )
+    assert "warning: shard 0/2 has no documents (9 removed" in capsys.readouterr().err
+
+    monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
+    analyzed = [
+        "--corpus",
+        "slimpajama",
+        "--data-dir",
+        str(tmp_path / "sp"),
+        "--tokenizer",
+        "bytes",
+    ]
+    analyzed += ["--quiet", "--no-figures", "--train-len", "8", "--workers", "1"]
+    assert (
+        analyze.main([*analyzed, "--out", str(tmp_path / "pf"), "--exclude-sources", "githb"]) == 0
+    )
+    assert "warning: --exclude-sources githb: matched no document read" in capsys.readouterr().err
