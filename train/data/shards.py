@@ -110,18 +110,11 @@ class ShardWriter:
 
 
 def shard_is_complete(directory: str | Path, name: str) -> dict | None:
-    """The metadata of shard `name` if all three of its files exist, else None."""
-    base = Path(directory)
-    meta = base / f"{name}{META_SUFFIX}"
-    if not (
-        meta.is_file()
-        and (base / f"{name}{TOKENS_SUFFIX}").is_file()
-        and (base / f"{name}{OFFSETS_SUFFIX}").is_file()
-    ):
-        return None
+    """The metadata of shard `name` if all three of its files exist and agree (`_check_shard`: a damaged one is
+    redone by a rerun, as its error says), else None."""
     try:
-        return json.loads(meta.read_text())
-    except json.JSONDecodeError:
+        return _check_shard(Path(directory), name).meta
+    except (ValueError, OSError):
         return None
 
 
@@ -140,8 +133,8 @@ def _check_shard(base: Path, name: str) -> _Shard:
     shard = _Shard(name, {}, base / f"{name}{TOKENS_SUFFIX}", base / f"{name}{OFFSETS_SUFFIX}")
     meta_path = base / f"{name}{META_SUFFIX}"
     rerun = (
-        "Fix: rerun scripts/prepare_data.py (posfreq prepare) with the same --out; it redoes incomplete shards "
-        "(or delete this shard's files)."
+        "Fix: rerun scripts/prepare_data.py (posfreq prepare) with the same --out; it redoes incomplete and "
+        "damaged shards (or delete this shard's files)."
     )
     for path in (shard.tokens_path, shard.offsets_path, meta_path):
         if not path.is_file():
@@ -157,12 +150,19 @@ def _check_shard(base: Path, name: str) -> _Shard:
         raise ValueError(
             f"{meta_path}: format {found!r}, expected {FORMAT!r}; is this a token shard? {rerun}"
         )
+    _check_meta(meta, meta_path, rerun)
     size = shard.tokens_path.stat().st_size
     if size % 4:
         raise ValueError(
             f"{shard.tokens_path}: {size} bytes is not a whole number of uint32 tokens. {rerun}"
         )
-    offsets = np.load(shard.offsets_path, mmap_mode="r")
+    try:
+        offsets = np.load(shard.offsets_path, mmap_mode="r")
+    except (ValueError, OSError, EOFError) as err:  # not an .npy file, a cut one, a pickle
+        reason = " ".join(f"{type(err).__name__}: {err}".split())
+        raise DamagedShard(
+            f"{shard.offsets_path}: not a readable .npy array of document offsets ({reason}). {rerun}"
+        ) from None
     n_tokens = size // 4
     if (
         offsets.dtype != np.int64
@@ -185,6 +185,25 @@ def _check_shard(base: Path, name: str) -> _Shard:
             f"{offsets[i + 1]}): the shard is damaged. {rerun}"
         )
     return replace(shard, meta=meta)
+
+
+def _check_meta(meta: dict, meta_path: Path, rerun: str) -> None:
+    """Refuse a shard's metadata whose counts or token ids are missing, not integers, or impossible."""
+    problems = (
+        [] if isinstance(meta.get("tokenizer"), str) else ["tokenizer is missing or not a string"]
+    )
+    for key, low in (("vocab_size", 1), ("eos_id", 0), ("num_docs", 0), ("num_tokens", 0)):
+        value = meta.get(key)
+        if key not in meta:
+            problems.append(f"{key} is missing")
+        elif not isinstance(value, int) or isinstance(value, bool):
+            problems.append(f"{key} is {value!r}, not an integer")
+        elif value < low:
+            problems.append(f"{key} is {value}, below {low}")
+    if not problems and meta["vocab_size"] > 2**32:
+        problems.append(f"vocab_size {meta['vocab_size']} does not fit the uint32 token format")
+    if problems:
+        raise DamagedShard(f"{meta_path}: damaged shard metadata: {'; '.join(problems)}. {rerun}")
 
 
 def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

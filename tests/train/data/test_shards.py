@@ -289,3 +289,49 @@ def test_a_shard_of_another_input_with_the_same_name_is_refused_not_replaced(
         == 1
     )
     assert TokenDataset(out).document(0).tolist()[:-1] == list(b"from A")
+
+
+def _drop(key: str):
+    return lambda meta: {k: v for k, v in meta.items() if k != key}
+
+
+@pytest.mark.parametrize(
+    "file, damage, message",
+    [
+        ("json", _drop("num_docs"), "damaged shard metadata: num_docs is missing"),
+        ("json", _drop("vocab_size"), "damaged shard metadata: vocab_size is missing"),
+        ("json", lambda m: m | {"num_docs": str(m["num_docs"])}, "num_docs is '3', not an integer"),
+        ("npy", lambda data: b"garbage" * 10, "not a readable .npy array of document offsets"),
+        ("npy", lambda data: data[:-16], "not a readable .npy array of document offsets"),
+    ],
+    ids=["no-num_docs", "no-vocab_size", "str-num_docs", "garbage-npy", "cut-npy"],
+)
+def test_damaged_shard_metadata_names_the_file_and_a_rerun_redoes_it(
+    tmp_path, file, damage, message
+):
+    """A shard .json without num_docs or vocab_size (KeyError), with "num_docs": "3" (TypeError), a garbage or cut
+    offsets .npy (numpy's message) named no file. Each names the file and the fix, and that fix (a rerun of prepare
+    into the same --out) redoes the shard."""
+    from posfreq.train.data import prepare as prep
+    from posfreq.train.data.corpora import resolve_corpus
+    from posfreq.train.data.shards import DamagedShard
+
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.jsonl").write_text(
+        "".join(json.dumps({"text": t}) + "\n" for t in ("one", "two", "three"))
+    )
+    corpus, out = resolve_corpus(tmp_path / "corpus"), tmp_path / "tokens"
+    prep.prepare(corpus, out, "bytes", progress=False)
+    path = out / ("a.json" if file == "json" else "a.offsets.npy")
+    if file == "json":
+        path.write_text(json.dumps(damage(json.loads(path.read_text()))))
+    else:
+        path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(DamagedShard) as refused:
+        TokenDataset(out)
+    assert str(refused.value).startswith(f"{path}: ") and message in str(refused.value)
+    assert "Fix: rerun scripts/prepare_data.py (posfreq prepare) with the same --out" in str(
+        refused.value
+    )
+    assert prep.prepare(corpus, out, "bytes", progress=False)["skipped_complete"] == 0
+    assert TokenDataset(out).num_docs == 3
