@@ -188,7 +188,8 @@ def _check_shard(base: Path, name: str) -> _Shard:
 
 
 def _check_meta(meta: dict, meta_path: Path, rerun: str) -> None:
-    """Refuse a shard's metadata whose counts or token ids are missing, not integers, or impossible."""
+    """Refuse a shard's metadata whose counts or token ids are missing, not integers, or impossible (an EOS
+    outside the vocabulary is only found mid-training otherwise: an IndexError, a device-side assert on a GPU)."""
     problems = (
         [] if isinstance(meta.get("tokenizer"), str) else ["tokenizer is missing or not a string"]
     )
@@ -202,6 +203,10 @@ def _check_meta(meta: dict, meta_path: Path, rerun: str) -> None:
             problems.append(f"{key} is {value}, below {low}")
     if not problems and meta["vocab_size"] > 2**32:
         problems.append(f"vocab_size {meta['vocab_size']} does not fit the uint32 token format")
+    if not problems and meta["eos_id"] >= meta["vocab_size"]:
+        problems.append(
+            f"eos_id {meta['eos_id']} is outside the vocabulary [0, {meta['vocab_size']})"
+        )
     if problems:
         raise DamagedShard(f"{meta_path}: damaged shard metadata: {'; '.join(problems)}. {rerun}")
 

@@ -301,17 +301,19 @@ def _drop(key: str):
         ("json", _drop("num_docs"), "damaged shard metadata: num_docs is missing"),
         ("json", _drop("vocab_size"), "damaged shard metadata: vocab_size is missing"),
         ("json", lambda m: m | {"num_docs": str(m["num_docs"])}, "num_docs is '3', not an integer"),
+        ("json", lambda m: m | {"eos_id": 300}, "eos_id 300 is outside the vocabulary [0, 258)"),
         ("npy", lambda data: b"garbage" * 10, "not a readable .npy array of document offsets"),
         ("npy", lambda data: data[:-16], "not a readable .npy array of document offsets"),
     ],
-    ids=["no-num_docs", "no-vocab_size", "str-num_docs", "garbage-npy", "cut-npy"],
+    ids=["no-num_docs", "no-vocab_size", "str-num_docs", "eos-outside", "garbage-npy", "cut-npy"],
 )
 def test_damaged_shard_metadata_names_the_file_and_a_rerun_redoes_it(
     tmp_path, file, damage, message
 ):
     """A shard .json without num_docs or vocab_size (KeyError), with "num_docs": "3" (TypeError), a garbage or cut
-    offsets .npy (numpy's message) named no file. Each names the file and the fix, and that fix (a rerun of prepare
-    into the same --out) redoes the shard."""
+    offsets .npy (numpy's message) named no file; an eos_id outside the vocabulary was accepted, then crashed
+    padded packing (IndexError; a device-side assert on a GPU). Each names the file and the fix, and that fix (a
+    rerun of prepare into the same --out) redoes the shard."""
     from posfreq.train.data import prepare as prep
     from posfreq.train.data.corpora import resolve_corpus
     from posfreq.train.data.shards import DamagedShard
