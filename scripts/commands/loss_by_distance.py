@@ -77,10 +77,13 @@ def build_parser():
         "--train-len",
         type=Optional[int],
         default=None,
-        help="tokens per packed row (null: the model's training length)",
+        help="tokens per packed row, >= 1 (null: the model's training length)",
     )
     parser.add_argument(
-        "--rows", type=int, default=64, help="packed rows measured (from the first)"
+        "--rows",
+        type=int,
+        default=64,
+        help="packed rows measured (from the first); at most the rows the data fills once at --train-len",
     )
     parser.add_argument("--batch-rows", type=int, default=4, help="rows per forward pass")
     parser.add_argument(
@@ -136,8 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse, measure, write the table, the CSV and the figure; `error:` lines for what cannot run."""
     parser = build_parser()
     args = parse(parser, argv)
-    for name in ("rows", "batch_rows"):
-        if args[name] < 1:
+    for name in ("rows", "batch_rows", "train_len"):
+        if args[name] is not None and args[name] < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {args[name]}")
     if (args.checkpoint is None) == (args.model is None):
         parser.error("pass exactly one of --checkpoint PATH and --model hf:DIR")
@@ -164,9 +167,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         per_segment = args.engine == "transformers"
         packing = args.packing or run_packing(args.checkpoint)
-        train_len = args.train_len or (
-            model.config.max_position_embeddings if per_segment else model.config.train_len
-        )
+        train_len = args.train_len
+        if train_len is None:  # the model's own length (0 is refused above, not taken for "unset")
+            train_len = (
+                model.config.max_position_embeddings if per_segment else model.config.train_len
+            )
         table = measure(
             model.to(device),
             dataset,

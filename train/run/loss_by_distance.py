@@ -24,6 +24,10 @@ EXACT_DISTANCES = 64
 BUCKETS_PER_OCTAVE = 8
 
 
+class RowsBeyondData(ValueError):
+    """More rows asked for than the token shards hold once at that length: the rest would re-read the same tokens."""
+
+
 def distance_edges(max_distance: int) -> np.ndarray:
     """Bucket edges [e_0 = 0, e_1, ...] covering distances 0..max_distance: width 1 below EXACT_DISTANCES, then
     BUCKETS_PER_OCTAVE geometric steps per doubling (rounded, strictly increasing); bucket k holds
@@ -130,6 +134,16 @@ def add_segments(table: LossByDistance, causal_lm, batch) -> None:
         table.add(losses, distances, targets != IGNORE_INDEX)
 
 
+def rows_in_one_pass(schedule, rows: int) -> int:
+    """`rows` if the first `rows` rows of `schedule` (train/data/packing_schedule.py) lie within its first epoch,
+    else how many do: the rows a single pass over the data fills, wholly (no row wrapping into the next epoch)."""
+    upr = schedule.units_per_row
+    cursor, _ = schedule.locate(rows * upr - 1)  # walks only as far as the rows asked for
+    if cursor.epoch == 0:
+        return rows
+    return schedule.epoch_start(1) // upr
+
+
 def measure(
     model,
     dataset,
@@ -143,8 +157,22 @@ def measure(
     """The loss by distance of `model` (eval mode) over the first `rows` packed rows of `train_len` tokens of a
     token-shard `dataset`, in order (no shuffle), `batch_rows` rows per forward: any checkpoint, imported model or
     corpus, with the rows and buckets the trainer's validation uses. per_segment=True: `model` is a transformers
-    causal LM, run a segment at a time (`add_segments`)."""
+    causal LM, run a segment at a time (`add_segments`). Rows beyond one pass over the data (the sampler's first
+    epoch) are refused with RowsBeyondData: they would count the same tokens again."""
+    if train_len < 1 or rows < 1:
+        raise ValueError(f"need train_len >= 1 and rows >= 1; got {train_len} and {rows}")
     sampler = PackedSampler(dataset, train_len, batch_rows, seed=0, packing=packing, shuffle=False)
+    held = rows_in_one_pass(sampler.schedule, rows)
+    if held < rows:
+        fix = (
+            f"ask for at most {held} rows (--rows), or shorter rows (--train-len)"
+            if held
+            else f"ask for rows shorter than its {dataset.num_tokens} tokens (--train-len)"
+        )
+        raise RowsBeyondData(
+            f"{dataset.directory} holds {held} rows of {train_len} tokens ({packing} packing), not the "
+            f"{rows} asked for: more would read the same tokens again. Fix: {fix}, or prepare more data"
+        )
     table = LossByDistance.empty(train_len - 1)
     add = add_segments if per_segment else add_batch
     with torch.no_grad():

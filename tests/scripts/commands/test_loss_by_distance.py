@@ -134,3 +134,25 @@ def test_rows_are_packed_as_the_checkpoints_run_validated_them(data_dir, tmp_pat
     )
     assert command.main([*argv, "--out", str(tmp_path / "bad")]) == 1
     assert "trainer.json: data.packing 'zip'" in capsys.readouterr().err
+
+
+def test_rows_beyond_the_data_and_a_zero_length_are_refused(data_dir, tmp_path, capsys):
+    """More rows than the shards fill once at --train-len re-read the same tokens (the audit counted 99,045 targets
+    from 47,728 tokens); they are refused saying how many rows the data holds. --train-len 0 is no length (it was
+    taken for 'the model's own')."""
+    hist = np.bincount([3, 100], minlength=513)
+    path = write_checkpoint(tmp_path / "run", 4096, tiny_model(), hist)
+    held = TokenDataset(data_dir).num_tokens // 512  # concat: whole rows of one pass
+    argv = ["--checkpoint", str(path), "--data", str(data_dir), "--train-len", "512"]
+    code = command.main([*argv, "--rows", str(held + 1), "--out", str(tmp_path / "over")])
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith(f"error: {data_dir} holds {held} rows of 512 tokens")
+    assert f"Fix: ask for at most {held} rows" in err
+    assert not (tmp_path / "over" / "loss_by_distance.json").exists()
+    huge = ["--checkpoint", str(path), "--data", str(data_dir), "--train-len", "10000000"]
+    assert command.main([*huge, "--rows", "1", "--out", str(tmp_path / "huge")]) == 1
+    assert "holds 0 rows of 10000000 tokens" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        command.main([*argv[:4], "--train-len", "0", "--out", str(tmp_path / "zero")])
+    assert "--train-len must be >= 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "zero").exists()
