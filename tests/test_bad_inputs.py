@@ -215,3 +215,60 @@ def test_make_tests_names_a_length_too_short_in_one_line(tmp_path):
         "error: NIAH length 256 is too short for tokenizer 'bytes'"
     )
     assert "Fix: ask for a length of at least" in str(refused.value)
+
+
+@pytest.fixture(scope="module")
+def damaged_hf_folders(tmp_path_factory) -> dict[str, tuple[Path, str]]:
+    """A tiny Llama folder damaged four ways: {what: (folder, the file the error must name)}."""
+    import json
+    import shutil
+
+    pytest.importorskip("transformers")
+    from helpers.hf import save_tiny_hf
+
+    root = tmp_path_factory.mktemp("hf")
+    good = save_tiny_hf(root / "good")
+    config = json.loads((good / "config.json").read_text())
+    rope = {**config.get("rope_parameters", {}), "rope_theta": "big"}
+    damages = {
+        "a list": ("config.json", b"[1]"),
+        "a 0xff byte": ("config.json", (good / "config.json").read_bytes()[:-2] + b"\xff}"),
+        "rope_theta 'big'": (
+            "config.json",
+            json.dumps({**config, "rope_theta": "big", "rope_parameters": rope}).encode(),
+        ),
+        "a truncated model.safetensors": (
+            "model.safetensors",
+            (good / "model.safetensors").read_bytes()[:5000],
+        ),
+    }
+    folders = {}
+    for i, (what, (name, data)) in enumerate(damages.items()):
+        folder = shutil.copytree(good, root / f"damaged{i}")
+        (folder / name).write_bytes(data)
+        folders[what] = (folder, name)
+    return folders
+
+
+@pytest.mark.parametrize(
+    "what", ["a list", "a 0xff byte", "rope_theta 'big'", "a truncated model.safetensors"]
+)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["probe", "--engine", "posfreq"],
+        ["probe", "--engine", "transformers"],
+        ["ruler", "--tasks", "niah_single_1", "--samples", "1"],
+    ],
+    ids=" ".join,
+)
+def test_a_damaged_hf_model_folder_is_one_line_naming_the_file(
+    what, command, damaged_hf_folders, tmp_path, capsys
+):
+    """config.json `[1]`, a 0xff byte in it, "rope_theta": "big", a truncated model.safetensors: each was a bare
+    AttributeError, UnicodeDecodeError, float conversion or SafetensorError; one reader (hf_folder) names the file."""
+    folder, name = damaged_hf_folders[what]
+    code, err = outcome([*command, "--model", f"hf:{folder}", "--out", str(tmp_path / "o")], capsys)
+    first = err.splitlines()[0]
+    assert code != 0 and first.startswith(f"error: {folder / name}"), err
+    assert "Fix:" in first and "Traceback" not in err

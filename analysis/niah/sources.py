@@ -4,7 +4,6 @@ and the builders of their prompts (tokenizer, BOS policy and chat template resol
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +14,12 @@ from posfreq.analysis.niah.decoding import Generator
 from posfreq.analysis.niah.needles import NiahBuilder, PromptFormat, load_haystack
 from posfreq.analysis.niah.settings import ProbeError, ProbeSettings
 from posfreq.train.data.tokenizer import Tokenizer, get_tokenizer
-from posfreq.train.model.hf_folder import ModelFolderError, refuse_custom_code
+from posfreq.train.model.hf_folder import (
+    ModelFolderError,
+    check_weight_files,
+    read_model_config,
+    refuse_custom_code,
+)
 
 
 @dataclass
@@ -125,6 +129,10 @@ def hf_source(directory: Path, settings: ProbeSettings) -> ModelSource:
         )
     try:  # the transformers engine loads the folder through transformers
         refuse_custom_code(directory, "--model")
+        raw = read_model_config(directory)
+        check_weight_files(
+            directory
+        )  # a truncated download is named now, not after the prompts are built
     except ModelFolderError as err:
         raise ProbeError(str(err)) from None
     spec = settings.tokenizer or tokenizer_spec(directory)
@@ -132,7 +140,6 @@ def hf_source(directory: Path, settings: ProbeSettings) -> ModelSource:
         raise ProbeError(
             f"--model hf:{directory}: no tokenizer.json there; pass --tokenizer SPEC (e.g. llama3)"
         )
-    raw = json.loads((directory / "config.json").read_text())
     if (
         settings.engine == "transformers"
     ):  # any architecture: only its length and vocabulary are read

@@ -55,6 +55,7 @@ class Evaluator:
     def load(self) -> None:
         from lm_eval.models.huggingface import HFLM
 
+        from posfreq.train.model.hf_folder import ModelFolderError
         from posfreq.train.positions.hf_schemes import load_causal_lm
 
         args = self.args
@@ -62,6 +63,8 @@ class Evaluator:
             model = load_causal_lm(
                 self.path, args.positions, args.train_len, self.dtype, **self.options
             ).to(self.device)
+        except ModelFolderError as err:  # a damaged file of the folder, named with its fix
+            raise RulerError(str(err)) from None
         except Exception as err:  # transformers' and safetensors' errors share no base class
             raise RulerError(
                 f"--model {self.path}: transformers could not load it ({type(err).__name__}: {err}). "

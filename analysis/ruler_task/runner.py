@@ -26,7 +26,12 @@ from posfreq.train.data.hf_tokenizer import render_in_sandbox
 from posfreq.train.data.tokenizer import hf_dir
 from posfreq.train.devices import resolve_device
 from posfreq.train.fingerprint import files_sha256
-from posfreq.train.model.hf_folder import ModelFolderError, refuse_custom_code
+from posfreq.train.model.hf_folder import (
+    ModelFolderError,
+    check_weight_files,
+    read_model_config,
+    refuse_custom_code,
+)
 from posfreq.train.outdir import check_output_dir, claim_output_dir
 
 COMMAND = "ruler"
@@ -64,8 +69,9 @@ LOG_FILE = "ruler.log"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-def model_dir(spec: str) -> Path:
-    """The directory of `--model hf:DIR` (or a bare DIR), which must hold a config.json."""
+def model_dir(spec: str) -> tuple[Path, dict]:
+    """The directory of `--model hf:DIR` (or a bare DIR) and its config.json, checked (a readable config, weights
+    whose headers read, no code of its own) before any task is built."""
     path = hf_dir(spec) or Path(spec)
     if not (path / "config.json").is_file():
         raise RulerError(
@@ -74,9 +80,11 @@ def model_dir(spec: str) -> Path:
         )
     try:  # lm-eval's RULER tasks load the tokenizer by this path with trust_remote_code
         refuse_custom_code(path, "--model")
+        config = read_model_config(path)
+        check_weight_files(path)
     except ModelFolderError as err:
         raise RulerError(str(err)) from None
-    return path
+    return path, config
 
 
 def chosen_tasks(spec: str) -> list[str]:
@@ -99,9 +107,8 @@ def run(args) -> Path:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    path = model_dir(args.model)
+    path, config = model_dir(args.model)
     tasks = chosen_tasks(args.tasks)
-    config = json.loads((path / "config.json").read_text())
     train_len = args.train_len or config.get("max_position_embeddings")
     if not train_len:
         raise RulerError(

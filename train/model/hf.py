@@ -26,6 +26,7 @@ from posfreq.train.atomic import write_bytes_atomic, write_json_atomic
 from posfreq.train.checkpoint.safe_load import contained_file
 from posfreq.train.journal import JOURNAL_FILE, remove_recorded
 from posfreq.train.model.config import DTYPES, ModelConfig
+from posfreq.train.model.hf_folder import damaged_weights, read_model_config
 from posfreq.train.model.transformer import Transformer
 from posfreq.train.outdir import OutputDirError, claim_output_dir
 from posfreq.train.positions.rotary import rope_scaling_type, rope_type_of
@@ -236,7 +237,13 @@ def _read_hf_weights(directory: Path, dtype: torch.dtype | None, device: str) ->
 
     weights: dict[str, Tensor] = {}
     for file in _weight_files(directory):
-        for name, tensor in load_file(str(file), device=device).items():
+        try:
+            tensors = load_file(str(file), device=device)
+        except (
+            Exception
+        ) as err:  # SafetensorError, OSError: safetensors' errors share no base class
+            raise damaged_weights(file, err) from None
+        for name, tensor in tensors.items():
             if name.endswith(_IGNORED_WEIGHT_SUFFIXES):
                 continue
             key = name.removeprefix("model.")
@@ -256,9 +263,7 @@ def load_hf_model(
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
         dtype = DTYPES[dtype]
-    config = config_from_hf(
-        _read_json(directory / "config.json"), source=str(directory / "config.json")
-    )
+    config = config_from_hf(read_model_config(directory), source=str(directory / "config.json"))
     weights = _read_hf_weights(directory, dtype, device)
     if config.tie_embeddings and "lm_head.weight" in weights:
         head = weights.pop("lm_head.weight")

@@ -56,3 +56,108 @@ def refuse_custom_code(folder: Path, flag: str) -> None:
             "model and tokenizer of a standard transformers architecture (without auto_map), converted "
             "and saved with save_pretrained"
         )
+
+
+CONFIG_FILE = "config.json"
+
+NUMERIC_KEYS = frozenset(
+    {
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "original_max_position_embeddings",
+        "rope_theta",
+        "rms_norm_eps",
+        "sliding_window",
+        "partial_rotary_factor",
+        "factor",
+        "low_freq_factor",
+        "high_freq_factor",
+        "beta_fast",
+        "beta_slow",
+        "attention_factor",
+    }
+)
+"""config.json keys (top level, or inside rope_parameters / rope_scaling) that hold a number or null."""
+
+_ROPE_KEYS = ("rope_parameters", "rope_scaling")
+
+
+def _wrong_number(data: dict, where: str = "") -> str | None:
+    """The first NUMERIC_KEYS entry of `data` (and of its rope dicts, nested per layer type too) that is neither a
+    number nor null, as 'key=value', else None."""
+    for key, value in data.items():
+        dotted = f"{where}{key}"
+        if key in NUMERIC_KEYS and value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                return f"{dotted}={value!r}"
+        if (key in _ROPE_KEYS or where) and isinstance(value, dict):
+            found = _wrong_number(value, f"{dotted}.")
+            if found:
+                return found
+    return None
+
+
+def read_model_config(folder: str | Path) -> dict:
+    """A Hugging Face model folder's config.json as a dict: the one reader every loader (probe, ruler,
+    loss-by-distance, the import into posfreq's model) goes through, so a damaged file is one ModelFolderError that
+    names it and the fix, whichever command reads it. Refused: a missing or unreadable file, bytes that are not
+    UTF-8, text that is not JSON, JSON that is not an object, and a size or rope key that is not a number."""
+    file = Path(folder) / CONFIG_FILE
+    fix = (
+        "Fix: restore the folder's config.json (download or save_pretrained the model again), "
+        "or pass another folder"
+    )
+    if not file.is_file():
+        raise ModelFolderError(
+            f"{Path(folder)} holds no {CONFIG_FILE}: it is not a Hugging Face model folder. "
+            "Fix: pass a folder holding config.json and *.safetensors weights"
+        )
+    try:
+        data = json.loads(file.read_bytes().decode("utf-8"))
+    except OSError as err:
+        raise ModelFolderError(f"{file} cannot be read ({err.strerror or err}). {fix}") from None
+    except UnicodeDecodeError as err:
+        raise ModelFolderError(
+            f"{file} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}). {fix}"
+        ) from None
+    except (ValueError, RecursionError) as err:
+        raise ModelFolderError(f"{file} is not valid JSON ({err}). {fix}") from None
+    if not isinstance(data, dict):
+        raise ModelFolderError(
+            f"{file} holds a JSON {type(data).__name__}, not an object of config keys. {fix}"
+        )
+    wrong = _wrong_number(data)
+    if wrong:
+        raise ModelFolderError(f"{file}: {wrong} is not a number. {fix}")
+    return data
+
+
+def check_weight_files(folder: str | Path) -> None:
+    """ModelFolderError naming the first *.safetensors file of `folder` whose header cannot be read or does not
+    cover the file (a truncated download, a damaged disk); only headers are read, so this is quick before a long
+    job."""
+    from safetensors import safe_open
+
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except (
+            Exception
+        ) as err:  # SafetensorError, OSError: safetensors' errors share no base class
+            raise damaged_weights(file, err) from None
+
+
+def damaged_weights(file: Path, err: Exception) -> ModelFolderError:
+    """The ModelFolderError for a safetensors `file` that safetensors could not read (`err`)."""
+    text = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+    return ModelFolderError(
+        f"{file} is not a readable safetensors file ({text}): truncated or damaged. "
+        "Fix: download or save_pretrained the model again"
+    )

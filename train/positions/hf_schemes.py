@@ -22,7 +22,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posfreq.train.model.hf_folder import refuse_custom_code
+from posfreq.train.model.hf_folder import (
+    check_weight_files,
+    read_model_config,
+    refuse_custom_code,
+)
 from posfreq.train.positions.hf_rows import (
     attention_inputs,
     head_dim,
@@ -200,6 +204,10 @@ def load_causal_lm(
     from transformers.utils import logging as hf_logging
 
     refuse_custom_code(Path(path), "the model folder")
+    read_model_config(
+        path
+    )  # a damaged config.json or weight file named, before transformers reads them
+    check_weight_files(path)
     config = AutoConfig.from_pretrained(path, trust_remote_code=False)
     scheme_options(config, positions, train_len or config.max_position_embeddings, **options)
     hf_logging.disable_progress_bar()  # the weights' loading bar would break the callers' own progress bars
