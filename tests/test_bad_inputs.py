@@ -272,3 +272,35 @@ def test_a_damaged_hf_model_folder_is_one_line_naming_the_file(
     first = err.splitlines()[0]
     assert code != 0 and first.startswith(f"error: {folder / name}"), err
     assert "Fix:" in first and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "damage,named",
+    [
+        ("trainer.json {bad", "trainer.json"),
+        ("no tokenizer_spec.json", "tokenizer_spec.json"),
+        ("model_config.json [1]", "model_config.json"),
+    ],
+)
+@pytest.mark.parametrize(
+    "command", [["checkpoint", "consolidate"], ["export-hf"], ["probe"]], ids=" ".join
+)
+def test_a_checkpoint_json_file_that_is_damaged_or_missing_is_one_line_naming_it(
+    damage, named, command, tmp_path, capsys
+):
+    """trainer.json `{bad` was a bare JSONDecodeError and a missing tokenizer_spec.json consolidate's bare 'No such
+    file or directory'; layout.read_checkpoint_json reads every checkpoint JSON file and names it with the fix."""
+    import numpy as np
+    from helpers.probe import tiny_model, write_checkpoint
+
+    path = write_checkpoint(tmp_path / "run", 4096, tiny_model(), np.bincount([3], minlength=65))
+    if damage.startswith("no "):
+        (path / named).unlink()
+    else:
+        (path / named).write_text(damage.split(" ", 1)[1])
+    out = tmp_path / "out"
+    code, err = outcome([*command, "--checkpoint", str(path), "--out", str(out)], capsys)
+    first = err.splitlines()[0]
+    assert code != 0 and first.startswith("error: ") and str(path) in first, err
+    assert named in first and "Fix:" in first and "Traceback" not in err
+    assert not (out / "model.safetensors").exists()

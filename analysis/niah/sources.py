@@ -93,7 +93,7 @@ def checkpoint_source(path: Path, settings: ProbeSettings) -> ModelSource:
         ) from None
     if settings.tokenizer is None and info.tokenizer_spec is None:
         raise ProbeError(
-            f"{path}: no tokenizer_spec.json; pass --tokenizer SPEC (llama3, bytes, hf:DIR)"
+            f"{path}: no tokenizer_spec.json. Fix: pass --tokenizer SPEC (llama3, bytes, hf:DIR)"
         )
     if settings.tokenizer is None and info.tokenizer_fingerprint is not None:
         from posfreq.train.checkpoint.layout import check_tokenizer

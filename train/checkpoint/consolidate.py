@@ -13,6 +13,7 @@ from posfreq.train import atomic
 from posfreq.train.atomic import write_json_atomic
 from posfreq.train.checkpoint.layout import (
     CONSOLIDATED_WEIGHTS,
+    DAMAGED_FIX,
     LENGTHS_FILE,
     MEASUREMENT_FILES,
     META_FILE,
@@ -20,7 +21,9 @@ from posfreq.train.checkpoint.layout import (
     TOKENIZER_FILE,
     TRAINER_FILE,
     model_state_dict,
+    read_checkpoint_json,
 )
+from posfreq.train.checkpoint.safe_load import CheckpointError
 from posfreq.train.checkpoint.save import write_weights
 from posfreq.train.journal import record_written
 from posfreq.train.outdir import check_output_dir, claim_output_dir, entry_names
@@ -41,8 +44,18 @@ def consolidate(
     # publish_dir() replaces them: only an interrupted consolidation's own may go
     for sibling in (tmp, old):
         check_output_dir(sibling, CONSOLIDATE, flag="--out's temporary")
-    # before anything is written: a wrong --checkpoint leaves nothing behind
+    # before anything is written: a wrong --checkpoint, or one missing a file it must carry, leaves nothing behind
     state = model_state_dict(src)
+    read_checkpoint_json(src / TOKENIZER_FILE, "tokenizer spec")
+    meta = (
+        read_checkpoint_json(src / TRAINER_FILE, "run state")
+        if (src / TRAINER_FILE).is_file()
+        else {}
+    )
+    if not (src / LENGTHS_FILE).is_file():
+        raise CheckpointError(
+            f"{src}: no {LENGTHS_FILE} (the trained-length histogram): not a complete checkpoint. {DAMAGED_FIX}"
+        )
     if tmp.exists():
         shutil.rmtree(tmp)
     claim_output_dir(tmp, CONSOLIDATE)
@@ -52,9 +65,6 @@ def consolidate(
         for name in (MODEL_CONFIG_FILE, TOKENIZER_FILE, LENGTHS_FILE, *kept):
             record_written(tmp / name)
             shutil.copyfile(src / name, tmp / name)
-        meta = (
-            json.loads((src / TRAINER_FILE).read_text()) if (src / TRAINER_FILE).is_file() else {}
-        )
         meta["consolidated_from"] = str(src.resolve())
         write_json_atomic(tmp / META_FILE, meta, indent=1, sort_keys=True)
     except BaseException:

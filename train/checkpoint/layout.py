@@ -269,13 +269,35 @@ def verify_resume_files(path: Path) -> None:
     load_trained_lengths(path)
 
 
-def _read_json(path: Path, what: str) -> dict:
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path.parent}: no {path.name} ({what}). Is this a posfreq checkpoint or "
-            "consolidated model directory?"
+def read_checkpoint_json(path: Path, what: str) -> dict:
+    """A checkpoint's JSON file (model_config.json, tokenizer_spec.json, trainer.json, meta.json) as a dict: the
+    one reader of them, so a missing, unreadable or damaged file is one CheckpointError naming it and the fix."""
+    if not path.parent.is_dir():
+        raise CheckpointError(
+            f"{path.parent} is not a directory. Fix: pass RUN/{CHECKPOINTS}/{MILESTONE_PREFIX}*/ (or {LATEST}/) "
+            "or a consolidated model directory"
         )
-    return json.loads(path.read_text())
+    if not path.is_file():
+        raise CheckpointError(
+            f"{path.parent}: no {path.name} ({what}): not a complete posfreq checkpoint or consolidated "
+            f"model directory. {DAMAGED_FIX}"
+        )
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as err:
+        raise CheckpointError(
+            f"{path} ({what}) cannot be read ({err.strerror or err}). {DAMAGED_FIX}"
+        ) from None
+    except (ValueError, RecursionError) as err:  # not UTF-8, not JSON
+        raise CheckpointError(f"{path} ({what}) is damaged: {err}. {DAMAGED_FIX}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(
+            f"{path} ({what}) holds a JSON {type(data).__name__}, not an object. {DAMAGED_FIX}"
+        )
+    return data
+
+
+_read_json = read_checkpoint_json
 
 
 def load_model_config(checkpoint_dir: str | Path) -> ModelConfig:
@@ -370,7 +392,7 @@ def load_model(
     config = load_model_config(path)
     tokenizer = _read_json(path / TOKENIZER_FILE, "tokenizer spec")
     meta_file = path / (META_FILE if (path / META_FILE).is_file() else TRAINER_FILE)
-    meta = with_token_names(json.loads(meta_file.read_text())) if meta_file.is_file() else {}
+    meta = with_token_names(_read_json(meta_file, "run state")) if meta_file.is_file() else {}
     state = model_state_dict(path, config)
     with torch.device("meta"):
         model = Transformer(config, attention_backend=attention_backend)
@@ -442,7 +464,7 @@ def _token_counts(path: Path) -> tuple[int | None, int | None]:
     """(run_tokens, tokens_trained) from trainer.json, else meta.json; (None, None) if neither says."""
     for name in (TRAINER_FILE, META_FILE):
         if (path / name).is_file():
-            meta = with_token_names(json.loads((path / name).read_text()))
+            meta = with_token_names(_read_json(path / name, "run state"))
             if meta.get("run_tokens") is not None:
                 run_tokens = int(meta["run_tokens"])
                 return run_tokens, int(meta.get("tokens_trained", run_tokens))
@@ -464,7 +486,7 @@ def read_checkpoint_info(path: str | Path) -> CheckpointInfo:
             "consolidated model directory"
         )
     spec_file = path / TOKENIZER_FILE
-    spec = json.loads(spec_file.read_text()) if spec_file.is_file() else {}
+    spec = _read_json(spec_file, "tokenizer spec") if spec_file.is_file() else {}
     hist_file = path / LENGTHS_FILE
     run_tokens, tokens_trained = _token_counts(path)
     return CheckpointInfo(

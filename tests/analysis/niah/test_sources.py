@@ -143,7 +143,9 @@ def test_a_missing_or_unreadable_source_is_a_probe_error_the_cli_prints_as_one_l
         probe_sources.milestones(tmp_path)
     ckpt = write_checkpoint(tmp_path / "run", 1024, tiny_model(), np.bincount([512], minlength=513))
     (ckpt / "tokenizer_spec.json").unlink()
-    with pytest.raises(probe_settings.ProbeError, match="no tokenizer_spec.json; pass --tokenizer"):
+    with pytest.raises(
+        probe_settings.ProbeError, match="no tokenizer_spec.json. Fix: pass --tokenizer"
+    ):
         probe_sources.checkpoint_source(ckpt, settings)
     source = probe_sources.checkpoint_source(ckpt, replace(settings, tokenizer="bytes"))
     assert source.tokenizer_spec == "bytes" and source.tokens_trained == source.run_tokens == 1024

@@ -16,6 +16,7 @@ from helpers.trainer import (
 from posfreq.scripts.commands import checkpoint as checkpoint_command
 from posfreq.train.checkpoint import layout as ckpt
 from posfreq.train.checkpoint.consolidate import consolidate
+from posfreq.train.checkpoint.safe_load import CheckpointError
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -92,7 +93,7 @@ def test_consolidate_never_replaces_a_directory_it_did_not_write(data_dir, tmp_p
         == 0
     )
     with pytest.raises(
-        FileNotFoundError
+        CheckpointError, match="nope is not a directory"
     ):  # a wrong --checkpoint writes nothing, not even the temporary
         consolidate(run_dir / "nope", tmp_path / "other")
     assert not (tmp_path / "other").exists() and not (tmp_path / "other.tmp").exists()
@@ -106,7 +107,6 @@ def test_damaged_weights_are_refused_before_they_are_read(data_dir, tmp_path, ca
     import shutil
 
     from posfreq.scripts.commands import export_hf
-    from posfreq.train.checkpoint.safe_load import CheckpointError
 
     run(tiny(data_dir, tmp_path / "run", total_tokens=2048))
     src = tmp_path / "run" / "checkpoints" / ckpt.milestone_name(2048)
