@@ -304,3 +304,65 @@ def test_a_checkpoint_json_file_that_is_damaged_or_missing_is_one_line_naming_it
     assert code != 0 and first.startswith("error: ") and str(path) in first, err
     assert named in first and "Fix:" in first and "Traceback" not in err
     assert not (out / "model.safetensors").exists()
+
+
+@pytest.fixture(scope="module")
+def probed_run(tmp_path_factory) -> Path:
+    """A run probed with a window model (tests/helpers/probe.py): records, marker files and tables."""
+    from helpers.probe import make_fake_run, probe_fake_run
+
+    run = tmp_path_factory.mktemp("probed") / "run"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        names = make_fake_run(run, 512, {40_960: 150})
+        probe_fake_run(run, run / "probe", names, [160, 256], [], monkeypatch, tests=4)
+    return run
+
+
+@pytest.mark.parametrize(
+    "file,damage,argv",
+    [
+        ("probe.json", b"{}", ["effective-length", "{probe}", "--threshold", "0.4"]),
+        ("probe.json", b"[]", ["effective-length", "{probe}"]),
+        ("probe.json", b"[]", ["compare", "{run}"]),
+        ("effective_length.csv", b"garbage,,,\n", ["effective-length", "{probe}"]),
+        ("effective_length.csv", b"garbage,,,\n", ["compare", "{run}"]),
+        (
+            "tokens-000000000040960/tests/L000256.jsonl",
+            b"\xff\n",
+            ["effective-length", "{probe}", "--threshold", "0.4"],
+        ),
+    ],
+)
+def test_damaged_probe_outputs_are_one_line_naming_the_file(
+    file, damage, argv, probed_run, tmp_path, capsys
+):
+    """probe.json {} (KeyError 'settings') or [] (AttributeError), a garbage effective_length.csv line (TypeError) and
+    a 0xff byte in a record file (UnicodeDecodeError) reached effective-length and compare as tracebacks' last line."""
+    import shutil
+
+    run = Path(shutil.copytree(probed_run, tmp_path / "run"))
+    target = run / "probe" / file
+    if file.endswith(".csv") or file.endswith(".jsonl"):
+        target.write_bytes(target.read_bytes() + damage)
+    else:
+        target.write_bytes(damage)
+    places = {"probe": str(run / "probe"), "run": str(run)}
+    argv = [a.format(**places) for a in argv]
+    code, err = outcome([*argv, "--out", str(tmp_path / "out")], capsys)
+    first = err.splitlines()[0]
+    assert code != 0 and first.startswith(f"error: {target}"), err
+    assert "Fix:" in first and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "damage", [b"garbage", b"PK\x03\x04truncated", b"\x93NUMPY\x01\x00v\x00{'descr'"]
+)
+def test_analyze_merge_of_a_damaged_histogram_is_one_line_naming_it(damage, tmp_path, capsys):
+    """analyze --merge over a truncated or garbage histogram.npz: BadZipFile or numpy's 'pickled data' ValueError."""
+    part = tmp_path / "shard_0"
+    part.mkdir()
+    (part / "histogram.npz").write_bytes(damage)
+    code, err = outcome(["analyze", "--merge", str(part), "--out", str(tmp_path / "out")], capsys)
+    first = err.splitlines()[0]
+    assert code != 0 and first.startswith(f"error: {part / 'histogram.npz'}: not a readable"), err
+    assert "Fix:" in first and "pickled" not in first

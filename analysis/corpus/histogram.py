@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import sys
 import time
+import zipfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
@@ -101,9 +102,25 @@ def save_histogram(path: Path, histogram: LengthHistogram, meta: dict) -> Path:
 
 
 def load_histogram(path: Path) -> tuple[LengthHistogram, dict]:
-    """Read a histogram .npz written by `save_histogram`."""
-    with np.load(path, allow_pickle=False) as arrays:
-        return LengthHistogram.from_arrays(arrays), json.loads(str(arrays["meta"]))
+    """Read a histogram .npz written by `save_histogram`; CorpusError naming the file and the fix when it is not
+    one (truncated, garbage, pickled data, arrays or metadata missing)."""
+    try:
+        with np.load(path, allow_pickle=False) as arrays:
+            histogram, meta = LengthHistogram.from_arrays(arrays), json.loads(str(arrays["meta"]))
+    except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as err:
+        # BadZipFile: truncated; ValueError: not an .npz ("pickled data"), or its metadata is not JSON
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if "pickled" in reason:  # numpy's word for bytes that are neither .npz nor .npy
+            reason = "not an .npz archive"
+        raise CorpusError(
+            f"{path}: not a readable length histogram ({reason}). Fix: delete it and count "
+            "again (a --merge part: posfreq analyze --shard i/n into its folder; the cache: --no-cache)"
+        ) from None
+    if not isinstance(meta, dict):
+        raise CorpusError(
+            f"{path}: its metadata is not a JSON object. Fix: delete it and count again"
+        )
+    return histogram, meta
 
 
 @dataclass(frozen=True)

@@ -82,13 +82,37 @@ def read_json(path: Path) -> dict:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise StaleResults(
-            f"{path}: damaged ({err}); delete it (or pass --replace-stale) to redo it"
+            f"{path}: damaged ({err}). Fix: delete it (or pass --replace-stale) to redo it"
         ) from None
     if not isinstance(data, dict):
         raise StaleResults(
-            f"{path}: expected a JSON object; delete it (or pass --replace-stale) to redo it"
+            f"{path}: expected a JSON object, found a {type(data).__name__}. Fix: delete it (or pass "
+            "--replace-stale) to redo it"
         )
     return data
+
+
+PROBE_META_KEYS = {"settings": dict, "checkpoints": dict, "lengths": list, "model": str}
+"""probe.json's keys a re-derivation reads, with the type each must have."""
+
+
+def read_meta(out: Path, *required: str) -> dict:
+    """The probe.json of result directory `out` (`read_json`), StaleResults naming it unless each of `required`
+    (keys of PROBE_META_KEYS) is there with its type, and settings holds tests_per_length when required."""
+    path = out / META_FILE
+    meta = read_json(path)
+    for key in required:
+        if not isinstance(meta.get(key), PROBE_META_KEYS[key]):
+            raise StaleResults(
+                f"{path}: no {key} ({PROBE_META_KEYS[key].__name__}), which the probe writes: not a probe's "
+                "record of its results. Fix: restore it, or probe again into a new --out"
+            )
+    if "settings" in required and not isinstance(meta["settings"].get("tests_per_length"), int):
+        raise StaleResults(
+            f"{path}: settings.tests_per_length is missing or not a number. Fix: restore it, or probe "
+            "again into a new --out"
+        )
+    return meta
 
 
 def claim(out: Path, key: str, parts: dict, replace_stale: bool = False) -> None:
@@ -374,13 +398,13 @@ def read_records(out: Path, lengths: Sequence[int]) -> list[dict]:
     records = []
     for length in lengths:
         path = length_files(out, length)[0]
-        for number, line in enumerate(path.read_text().splitlines(), 1):
+        for number, line in enumerate(path.read_bytes().splitlines(), 1):
             if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as err:
+                try:  # a byte that is not UTF-8 is a damaged record like any other (both ValueErrors)
+                    records.append(json.loads(line.decode("utf-8")))
+                except ValueError as err:
                     raise StaleResults(
-                        f"{path}, line {number}: damaged record ({err}); delete the file and its "
+                        f"{path}, line {number}: damaged record ({err}). Fix: delete the file and its "
                         ".json marker to probe that length again"
                     ) from None
     return records
@@ -468,7 +492,7 @@ def derive_model(
     untouched and records where the tables came from); returns the effective_length.csv row.
     """
     dest = _destination(out, dest)
-    meta = read_json(out / META_FILE)
+    meta = read_meta(out, "settings", "lengths", "model")
     if not meta["settings"].get("greedy", True) and analysis.scoring != "teacher_forced":
         raise StaleResults(
             f"{out} was probed with greedy false: no answer was decoded for scoring {analysis.scoring}. "
@@ -558,7 +582,7 @@ def derive_run(
     (None: `out` itself), each checkpoint's tables into dest/<checkpoint>.
     """
     dest = _destination(out, dest)
-    meta = read_json(out / META_FILE)
+    meta = read_meta(out, "settings", "checkpoints")
     tests = int(meta["settings"]["tests_per_length"])  # every checkpoint's, as the run asked
     rows, distances, missing = [], [], []
     for name, key in meta["checkpoints"].items():

@@ -41,12 +41,36 @@ def _number(text: str) -> float | int | str | None:
     return text
 
 
+class DamagedTable(ValueError):
+    """A CSV table posfreq wrote that does not read back as one (not UTF-8, a row of the wrong width, a cell of the
+    wrong kind); the message names the file and line and the fix."""
+
+
 def read_csv(path: Path) -> list[dict]:
-    """CSV rows with numeric cells converted (empty cells become None), renamed columns under today's names."""
-    with open(path, newline="") as fh:
-        return [
-            current_names({k: _number(v) for k, v in row.items()}) for row in csv.DictReader(fh)
-        ]
+    """CSV rows with numeric cells converted (empty cells become None), renamed columns under today's names;
+    DamagedTable naming the file and line for a row that does not have the header's width, or bytes that are not
+    UTF-8 (a CSV posfreq wrote never holds either)."""
+    fix = "Fix: restore the file, or write it again (the command that made it)"
+    rows = []
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            for row in reader:
+                if (
+                    None in row or None in row.values()
+                ):  # more, or fewer, cells than the header names
+                    raise DamagedTable(
+                        f"{path}, line {reader.line_num}: {len(reader.fieldnames or [])} columns in the "
+                        f"header, a row of another width. {fix}"
+                    )
+                rows.append(current_names({k: _number(v) for k, v in row.items()}))
+    except UnicodeDecodeError as err:
+        raise DamagedTable(
+            f"{path}: not UTF-8 text ({err.reason} at byte {err.start}). {fix}"
+        ) from None
+    except csv.Error as err:
+        raise DamagedTable(f"{path}: not a readable CSV table ({err}). {fix}") from None
+    return rows
 
 
 def _three_decimals(value: object) -> str:

@@ -7,7 +7,6 @@ as in the paper ("f(1280) = 100B"); for i >= L it is 0, since no trained segment
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -15,7 +14,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from posfreq.analysis.tables.columns import RUN_COLUMNS
-from posfreq.analysis.tables.formats import read_csv, write_csv
+from posfreq.analysis.tables.formats import DamagedTable, read_csv, write_csv
 from posfreq.analysis.tables.pass_curve import (
     STATUS_NONE_PASSED,
     Analysis,
@@ -156,8 +155,20 @@ class RunResults:
 
 def load_run(path: str | Path, label: str | None = None) -> RunResults:
     """Read effective_length.csv and position_frequency.csv from a run's probe directory."""
+    from posfreq.analysis.niah.results import read_json
+
     directory = find_run_results(path)
-    rows = sorted(read_csv(directory / "effective_length.csv"), key=lambda r: r["tokens_trained"])
+    table = directory / "effective_length.csv"
+    rows = read_csv(table)
+    for number, row in enumerate(rows, 2):
+        if not isinstance(row.get("tokens_trained"), int) or not isinstance(
+            row.get("train_len"), int
+        ):
+            raise DamagedTable(
+                f"{table}, line {number}: tokens_trained and train_len are not whole numbers. Fix: restore "
+                "the file, or write it again (posfreq effective-length RUN --out DIR re-derives it)"
+            )
+    rows = sorted(rows, key=lambda r: r["tokens_trained"])
     freq_path = directory / "position_frequency.csv"
     frequency = (
         np.array([r["f"] for r in read_csv(freq_path)], dtype=np.int64)
@@ -166,7 +177,7 @@ def load_run(path: str | Path, label: str | None = None) -> RunResults:
     )
     if label is None:
         meta_path = directory / "probe.json"
-        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+        meta = read_json(meta_path) if meta_path.is_file() else {}
         run = meta.get("run") or str(directory.parent if directory.name == "probe" else directory)
         label = f"{Path(run).name} (L = {rows[-1]['train_len']})" if rows else Path(run).name
     return RunResults(label, rows, frequency)

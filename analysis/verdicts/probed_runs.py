@@ -61,8 +61,11 @@ def run_config(probe_dir: Path, checkpoint: str) -> dict:
 
 def _candidate_runs(probe_dir: Path) -> list[Path]:
     """Where the run `probe_dir` probed may be: the folder holding it, then the path probe.json records (a hint)."""
-    meta = json.loads((probe_dir / "probe.json").read_text())
-    return [probe_dir.resolve().parent, *([Path(meta["run"])] if meta.get("run") else [])]
+    from posfreq.analysis.niah.results import META_FILE, read_json
+
+    meta = read_json(probe_dir / META_FILE)
+    run = meta.get("run")
+    return [probe_dir.resolve().parent, *([Path(run)] if isinstance(run, str) and run else [])]
 
 
 def run_directory(probe_dir: Path) -> Path | None:

@@ -41,6 +41,8 @@ from typing import Sequence
 
 from jsonargparse import ArgumentParser
 
+from posfreq.analysis.niah.results import StaleResults
+from posfreq.analysis.tables.formats import DamagedTable
 from posfreq.analysis.verdicts.claims import outcome
 from posfreq.analysis.verdicts.compare import compare
 from posfreq.analysis.verdicts.probed_runs import CompareError
@@ -84,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         conclusion = compare(
             runs, args.out, args.bootstrap, args.bootstrap_seed, not args.no_figures
         )
-    except (CompareError, FileNotFoundError, OutputDirError) as err:
+    except (CompareError, StaleResults, DamagedTable, FileNotFoundError, OutputDirError) as err:
         sys.exit(f"error: {err}")
     loss = conclusion["loss_curves_coincide"]
     named = [(n, conclusion[n]) for n in ("shortfall", "longer_reaches_further", "curves_coincide")]

@@ -45,6 +45,7 @@ from typing import Sequence
 from jsonargparse import ArgumentParser
 
 from posfreq.analysis.niah import results
+from posfreq.analysis.tables.formats import DamagedTable
 from posfreq.analysis.tables.pass_curve import Analysis
 from posfreq.analysis.tables.rederive import (
     COMMAND,
@@ -87,7 +88,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.runs = runs_of(args, parser)
     try:
         return _main(args)
-    except (results.StaleResults, FileNotFoundError, OutputDirError, RederiveError) as err:
+    except (
+        results.StaleResults,
+        DamagedTable,
+        FileNotFoundError,
+        OutputDirError,
+        RederiveError,
+    ) as err:
         raise SystemExit(f"error: {err}") from None
 
 
