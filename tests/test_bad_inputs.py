@@ -366,3 +366,37 @@ def test_analyze_merge_of_a_damaged_histogram_is_one_line_naming_it(damage, tmp_
     first = err.splitlines()[0]
     assert code != 0 and first.startswith(f"error: {part / 'histogram.npz'}: not a readable"), err
     assert "Fix:" in first and "pickled" not in first
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        (b"", "is empty: it sets no option. Fix:"),
+        (b"# only a comment\n", "is empty: it sets no option. Fix:"),
+        (b"out: r\nout: s\n", ": key out is given twice (lines 1 and 2)"),
+        (b"out: \xff\n", ": not UTF-8 text (byte 0xff at offset 5). Fix:"),
+        (b"seed: abc\n", ': Parser key "seed"'),
+        (b"no_such_key: 1\n", ": Option 'no_such_key' is not accepted. Fix:"),
+    ],
+    ids=["empty", "comments only", "duplicate key", "not UTF-8", "wrong type", "unknown key"],
+)
+@pytest.mark.parametrize("command", ["pretrain", "plan", "analyze"])
+def test_a_config_file_error_names_the_file(text, expected, command, tmp_path, capsys):
+    """An empty --config was 'Unexpected config:', a key given twice silently kept the last, a non-UTF-8 file was a
+    UnicodeDecodeError, and type and unknown-key errors never named the file: each is now one line naming it."""
+    if command == "analyze" and b"seed" in text:
+        text = b"workers: abc\n"
+        expected = ': Parser key "workers"'
+    config = tmp_path / "run.yaml"
+    config.write_bytes(text)
+    code, err = outcome([command, "--config", str(config), "--out", str(tmp_path / "o")], capsys)
+    first = err.splitlines()[0]
+    assert code == 2 and first.startswith(f"error: --config {config}"), err
+    assert expected in first and "Fix:" in first
+
+
+def test_a_flag_of_the_wrong_type_is_not_blamed_on_the_config_file(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("total_tokens: 1000\n")
+    code, err = outcome(["pretrain", "--config", str(config), "--seed", "abc"], capsys)
+    assert code == 2 and str(config) not in err and 'Parser key "seed"' in err

@@ -34,6 +34,13 @@ class CommandParser(ArgumentParser):
         if not self.exit_on_error:
             super().error(message, ex)
         lines = [f"error: {message.strip()}"]
+        source = config_source(message, getattr(self, "config_files", []))
+        if source is not None:  # a key of a --config file: name the file, and how to mend it
+            command = self.prog.replace(" [options]", "")
+            lines = [
+                f"error: --config {source}: {' '.join(message.split())}. Fix: correct or remove that key "
+                f"in {source} ({command} --print-config shows every key, its type and default)"
+            ]
         unknown = re.findall(r"(--[\w.-]+)", message) if "nrecognized argument" in message else []
         known = [
             o
@@ -55,6 +62,104 @@ class CommandParser(ArgumentParser):
         lines.append(f"  {self.prog.replace(' [options]', '')} --help lists every option")
         sys.stderr.write("\n".join(lines) + "\n")
         sys.exit(2)
+
+
+_KEY_IN_ERROR = re.compile(
+    r"""(?:Parser key|Option|Key|key) ["']([\w.-]+)["']|No action for key ["']([\w.-]+)["']"""
+)
+"""The option a jsonargparse error names: 'Parser key "seed": ...', "Option 'nosuch' is not accepted"."""
+
+
+def _flat_keys(data: Any, prefix: str = "") -> set[str]:
+    """Every key of nested mapping `data`, dotted ('data.train_len'), also spelled with hyphens."""
+    keys: set[str] = set()
+    if isinstance(data, dict):
+        for key, value in data.items():
+            dotted = f"{prefix}{key}"
+            keys |= {dotted, dotted.replace("_", "-")}
+            keys |= _flat_keys(value, f"{dotted}.")
+    return keys
+
+
+def config_source(message: str, configs: Sequence[tuple[str, Any]]) -> str | None:
+    """The --config file (the last of `configs`, (path, parsed YAML) pairs) holding the key a parser error names,
+    or None when the error is about a command-line flag or names no key."""
+    match = _KEY_IN_ERROR.search(message)
+    if match is None:
+        return None
+    key = (match.group(1) or match.group(2)).lstrip("-")
+    for path, data in reversed(configs):
+        if key in _flat_keys(data) or key.replace("-", "_") in _flat_keys(data):
+            return path
+    return None
+
+
+class ConfigFileError(ValueError):
+    """A --config file that cannot be an options file: not UTF-8, empty, or a key given twice."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """Safe YAML that refuses a mapping giving one key twice (PyYAML keeps the last, silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigFileError(
+                    f"key {key} is given twice (lines {seen[key]} and {line}); YAML would keep the last "
+                    "silently. Fix: keep one of them"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def config_files(argv: Sequence[str]) -> list[str]:
+    """The files a command line names with --config FILE or --config=FILE (a value that is not a file, such as an
+    inline YAML string, is left to the parser)."""
+    args = list(argv)
+    found = []
+    for i, token in enumerate(args):
+        if token == "--config" and i + 1 < len(args):
+            value = args[i + 1]
+        elif token.startswith("--config="):
+            value = token.partition("=")[2]
+        else:
+            continue
+        if Path(value).is_file():
+            found.append(value)
+    return found
+
+
+def read_config_file(path: str) -> Any:
+    """A --config file's YAML, ConfigFileError naming it for bytes that are not UTF-8, a file with no options
+    (empty, or comments only: refused rather than run on every default, since an options file that says nothing
+    is a wrong or unsaved file far more often than a wish for the defaults, which leaving --config out gives), and
+    a key given twice in one mapping. YAML syntax errors are left to the parser, which names the line."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigFileError(
+            f"--config {path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}). "
+            "Fix: save the file as UTF-8"
+        ) from None
+    except OSError as err:
+        raise ConfigFileError(f"--config {path}: cannot be read ({err.strerror or err})") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except ConfigFileError as err:
+        raise ConfigFileError(f"--config {path}: {err}") from None
+    except yaml.YAMLError:
+        return None  # the parser reports where the syntax breaks
+    if data is None:
+        raise ConfigFileError(
+            f"--config {path} is empty: it sets no option. Fix: write the options there (--print-config prints "
+            "every key), or leave --config out to run with the defaults"
+        )
+    return data
 
 
 def path_flag_hint(value: str, known: list[str]) -> str | None:
@@ -192,7 +297,8 @@ def parse(parser: ArgumentParser, argv: Sequence[str] | None = None) -> Namespac
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         refuse_code_in_args(args)
-    except CodeInConfig as err:
+        parser.config_files = [(path, read_config_file(path)) for path in config_files(args)]
+    except (CodeInConfig, ConfigFileError) as err:
         parser.exit(2, f"error: {err}\n")
     hyphenate(parser)
     forced_env = os.environ.pop(
