@@ -400,3 +400,43 @@ def test_a_flag_of_the_wrong_type_is_not_blamed_on_the_config_file(tmp_path, cap
     config.write_text("total_tokens: 1000\n")
     code, err = outcome(["pretrain", "--config", str(config), "--seed", "abc"], capsys)
     assert code == 2 and str(config) not in err and 'Parser key "seed"' in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["doctor", "--out", "{out}"],
+        ["analyze", "--corpus", "{corpus}", "--out", "{out}"],
+        ["prepare", "--corpus", "{corpus}", "--out", "{out}"],
+    ],
+    ids=lambda a: a[0],
+)
+def test_an_out_that_is_a_dangling_symlink_is_named_with_the_fix(argv, tmp_path, capsys):
+    """--out a link to nothing was 'error: File exists: sl/dangling' (mkdir met the link) with no fix."""
+    out = tmp_path / "dangling"
+    out.symlink_to(tmp_path / "nowhere")
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "a b c"}\n')
+    code, err = outcome([a.format(out=out, corpus=corpus) for a in argv], capsys)
+    first = err.splitlines()[0]
+    assert code != 0 and first.startswith(f"error: --out {out} is a symbolic link to"), err
+    assert "Fix:" in first and not (tmp_path / "nowhere").exists()
+
+
+def test_table_tests_and_ruler_samples_of_zero_are_refused_by_their_own_flag(tmp_path, capsys):
+    """`table --tests 0` pointed at `posfreq probe --help` (the probe it runs refused tests_per_length 0, after
+    table had claimed --out); `ruler --samples 0` was not refused."""
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    out = tmp_path / "out"
+    code, err = outcome(
+        ["table", "--model", f"hf:{model}", "--tests", "0", "--out", str(out)], capsys
+    )
+    assert code != 0 and err.startswith("error: --tests 0: ") and "Fix: --tests 100" in err
+    assert "probe --help" not in err and not out.exists()
+    code, err = outcome(
+        ["ruler", "--model", f"hf:{model}", "--samples", "0", "--out", str(out)], capsys
+    )
+    assert code == 2 and err.startswith("error: --samples 0: ") and "Fix:" in err
+    assert not out.exists()

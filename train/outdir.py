@@ -58,6 +58,11 @@ def check_output_dir(
     posfreq's `command` wrote (before owners were recorded): it is marked as the command's own instead of refused.
     """
     path = Path(path)
+    if path.is_symlink() and not path.exists():
+        raise OutputDirError(
+            f"{flag} {path} is a symbolic link to {os.readlink(path)}, which does not exist. Fix: create "
+            "the directory it points to, remove the link, or pass another directory (nothing was changed)"
+        )
     if path.exists() and not path.is_dir():
         raise OutputDirError(
             f"{flag} {path} is a file, not a directory. Fix: pass a directory (nothing was changed)"

@@ -92,7 +92,13 @@ def build_parser():
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, run, and turn a refusal into one `error:` line (exit 1)."""
-    args = parse(build_parser(), argv)
+    parser = build_parser()
+    args = parse(parser, argv)
+    if args.samples < 1:
+        parser.error(
+            f"--samples {args.samples}: each task needs at least one sample per length. Fix: --samples 500 "
+            "(RULER's), or any number >= 1"
+        )
     try:
         run(args)
     except (RulerError, OutputDirError, ValueError) as err:

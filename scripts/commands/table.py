@@ -366,6 +366,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"--bootstrap {args.bootstrap}: the paired differences need at least one resample. "
                 "Fix: --bootstrap 2000 (the default), or any number >= 1"
             )
+        for flag, value, usual in (
+            ("--tests", args.tests, 100),
+            ("--ruler-samples", args.ruler_samples, 500),
+        ):
+            if (
+                value < 1
+            ):  # refused here, not by the probe or RULER this command runs (whose flags differ)
+                raise TableError(
+                    f"{flag} {value}: every length needs at least one test. Fix: {flag} {usual} (the default), "
+                    "or any number >= 1"
+                )
         schemes = chosen_schemes(args.schemes)
         mine = my_share(schemes, args.shard)
         if args.niah_lengths:
