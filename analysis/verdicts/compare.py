@@ -36,6 +36,8 @@ def compare(
     paths: Sequence[Path], out: Path, n_boot: int = 2000, seed: int = 0, figures: bool = True
 ) -> dict:
     """Load the runs, write checkpoints.csv, conclusion.json and the figures; return the conclusion."""
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1 (bootstrap replicates), got {n_boot}")
     rows = load_checkpoints(paths)
     # each run's probe folder and identity, resolved once for everything below
     runs = {path: find_run_results(path) for path in paths}

@@ -339,6 +339,11 @@ def test_compare_refuses_a_bootstrap_without_replicates(tmp_path, capsys, replic
     err = capsys.readouterr().err
     assert err.startswith(f"error: --bootstrap must be >= 1, got {replicates}\n")
     assert not (tmp_path / "out").exists()
+    from posfreq.analysis.verdicts.compare import compare as compare_runs
+
+    with pytest.raises(ValueError, match="n_boot must be >= 1"):  # the library, called directly
+        compare_runs(dirs, tmp_path / "out", n_boot=int(replicates))
+    assert not (tmp_path / "out").exists()
 
 
 def test_two_probes_of_one_run_are_refused_naming_both(tmp_path):
