@@ -24,7 +24,7 @@ from posfreq.train.checkpoint.layout import (
     read_checkpoint_json,
 )
 from posfreq.train.checkpoint.safe_load import CheckpointError
-from posfreq.train.checkpoint.save import write_weights
+from posfreq.train.checkpoint.save import write_manifest, write_weights
 from posfreq.train.journal import record_written
 from posfreq.train.outdir import check_output_dir, claim_output_dir, entry_names
 
@@ -66,6 +66,9 @@ def consolidate(
             record_written(tmp / name)
             shutil.copyfile(src / name, tmp / name)
         meta["consolidated_from"] = str(src.resolve())
+        if "manifest_sha256" in meta:  # the source's, kept under its own name
+            meta["source_manifest_sha256"] = meta.pop("manifest_sha256")
+        meta["manifest_sha256"] = write_manifest(tmp)  # checked whenever the weights are read
         write_json_atomic(tmp / META_FILE, meta, indent=1, sort_keys=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # this call's own temporary

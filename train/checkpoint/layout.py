@@ -312,10 +312,13 @@ _VERIFIED: set[tuple[str, str]] = set()
 
 
 def verify_before_reading(path: Path) -> None:
-    """Check a trainer checkpoint's files against its manifest (sizes, then sha256) before its weights are read,
-    once per process: a file damaged on disk fails the probe, an export or a consolidation instead of feeding
-    them. A consolidated directory (no trainer.json) and a checkpoint from before manifests have none to check."""
+    """Check a checkpoint's files against its manifest (sizes, then sha256) before its weights are read, once per
+    process: a file damaged on disk fails the probe, an export or a consolidation instead of feeding them. A trainer
+    checkpoint's manifest is recorded in trainer.json, a consolidation's in meta.json; one written before manifests
+    (or a consolidation before they had their own) has none to check."""
     meta = read_trainer_state(path)
+    if meta is None and (path / MANIFEST_FILE).is_file() and (path / META_FILE).is_file():
+        meta = read_checkpoint_json(path / META_FILE, "consolidation record")
     if meta is None or "manifest_sha256" not in meta:
         return
     key = (str(path.resolve()), str(meta["manifest_sha256"]))

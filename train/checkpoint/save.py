@@ -21,6 +21,7 @@ from posfreq.train.checkpoint.layout import (
     LENGTHS_FILE,
     LOSS_BY_DISTANCE_FILE,
     MANIFEST_FILE,
+    META_FILE,
     MODEL_CONFIG_FILE,
     RNG_DIR,
     TOKENIZER_FILE,
@@ -31,7 +32,7 @@ from posfreq.train.checkpoint.layout import (
 )
 from posfreq.train.checkpoint.rng_state import capture_rng
 from posfreq.train.fingerprint import file_sha256
-from posfreq.train.journal import record_written
+from posfreq.train.journal import is_record, record_written
 from posfreq.train.model.config import ModelConfig
 
 
@@ -60,7 +61,12 @@ def write_manifest(directory: Path, known: dict[str, dict] | None = None) -> str
     are (hashed by the ranks that wrote them) and hashing the rest; returns the manifest's sha256."""
     known = known or {}
     names = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
-    names = [n for n in names if n not in (MANIFEST_FILE, TRAINER_FILE)]
+    # the files that record the manifest come after it; an output folder's own records change as it is written
+    names = [
+        n
+        for n in names
+        if n not in (MANIFEST_FILE, TRAINER_FILE, META_FILE) and not is_record(Path(n).name)
+    ]
     entries = file_entries(directory, [directory / n for n in names if n not in known])
     entries |= {n: known[n] for n in names if n in known}
     _write_file(directory / MANIFEST_FILE, {"files": entries})  # written with sorted keys

@@ -29,6 +29,7 @@ def test_consolidate_and_load_model(data_dir, tmp_path):
         ".posfreq-files",
         ".posfreq-lock",
         ".posfreq-output.json",
+        "manifest.json",
         "meta.json",
         "model.safetensors",
         "model_config.json",
@@ -86,6 +87,7 @@ def test_consolidate_never_replaces_a_directory_it_did_not_write(data_dir, tmp_p
         and not (tmp_path / "model.old").exists()
     )
     as_older_posfreq(again)  # as an older posfreq left it: its files, meta.json naming the source
+    (again / "manifest.json").unlink()  # older consolidations had no manifest of their own
     assert (
         checkpoint_command.main(
             ["consolidate", "--checkpoint", str(src), "--out", str(again), "--dtype", "bf16"]
@@ -140,4 +142,24 @@ def test_damaged_weights_are_refused_before_they_are_read(data_dir, tmp_path, ca
                 command.main(argv)
             assert re.match(f"error: .*{named}.*Fix: ", str(refused.value.code)), refused.value.code
         assert not (tmp_path / "c").exists() and not (tmp_path / "e").exists()
-    assert consolidate(src, tmp_path / "intact").is_dir()  # the undamaged checkpoint still reads
+    intact = consolidate(src, tmp_path / "intact")  # the undamaged checkpoint still reads
+    meta = json.loads((intact / ckpt.META_FILE).read_text())
+    assert (
+        meta["source_manifest_sha256"]
+        == json.loads((src / ckpt.TRAINER_FILE).read_text())["manifest_sha256"]
+    )
+    ckpt.model_state_dict(intact)  # a consolidation carries its own manifest, checked on every read
+    intact = Path(
+        shutil.copytree(intact, tmp_path / "intact-copy")
+    )  # verified once per process and path
+    weights_file = intact / ckpt.CONSOLIDATED_WEIGHTS
+    data = weights_file.read_bytes()
+    weights_file.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+    with pytest.raises(
+        CheckpointError, match=re.escape(str(weights_file)) + ": its sha256 differs"
+    ):
+        ckpt.model_state_dict(intact)
+    (
+        intact / "manifest.json"
+    ).unlink()  # as a consolidation from before manifests: nothing to check against
+    assert set(ckpt.model_state_dict(intact)) == set(ckpt.model_state_dict(src))
