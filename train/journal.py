@@ -50,6 +50,19 @@ def owning_folder(path: Path) -> Path | None:
     return None
 
 
+def record_names(folder: Path, names: list[str]) -> None:
+    """Append `names` (relative to `folder`) to its journal in one write, whether or not it is claimed yet."""
+    if not names:
+        return
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(folder / JOURNAL_FILE, flags, 0o644)
+    try:
+        with _locked(fd):
+            os.write(fd, "".join(f"{name}\n" for name in names).encode())
+    finally:
+        os.close(fd)
+
+
 def record_written(path: str | Path) -> None:
     """Append `path` (a file or folder about to be written) to the journal of the folder that owns it, if one does.
     Called before the write, so the record is never behind the disk."""
@@ -60,6 +73,14 @@ def record_written(path: str | Path) -> None:
     relative = path.relative_to(folder)
     if any(part.endswith(".tmp") for part in relative.parts[:-1]):
         return  # inside a folder being built: its final name is recorded when it is published
+    for depth in range(1, len(relative.parts)):
+        if folder.joinpath(
+            *relative.parts[:depth]
+        ).is_symlink():  # e.g. a run's checkpoints/ on scratch
+            relative = PurePosixPath(
+                *relative.parts[:depth]
+            )  # the link is recorded, never what is behind it
+            break
     line = relative.as_posix() + "\n"
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(folder / JOURNAL_FILE, flags, 0o644)

@@ -26,6 +26,7 @@ from posfreq.train.journal import (
     LOCK_FILE,
     OWNER_FILE,
     is_record,
+    record_names,
     record_written,
     unrecorded,
 )
@@ -193,8 +194,13 @@ def _mark_owned(path: Path, command: str) -> None:
 
 def _adopt(path: Path, command: str) -> None:
     """Mark a folder an older posfreq's `command` wrote (before owners were recorded) as its own and journal what is
-    in it: all of it is the command's, and a journal that a later write starts must not leave it out."""
+    in it: all of it is the command's, and a journal that a later write starts must not leave it out. The journal
+    comes first, in one append, and the owner record last: a process that finds the owner finds the whole journal
+    (several ranks or array tasks may adopt one folder at once; each writes the same lines)."""
+    record_names(
+        path,
+        sorted(
+            e.name for e in path.iterdir() if not is_record(e.name) and not e.name.endswith(".tmp")
+        ),
+    )
     _mark_owned(path, command)
-    for entry in sorted(path.iterdir()):
-        if not is_record(entry.name) and not entry.name.endswith(".tmp"):
-            record_written(entry)

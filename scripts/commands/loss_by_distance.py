@@ -27,9 +27,12 @@ from posfreq.analysis.tables.columns import LOSS_BY_DISTANCE_COLUMNS
 from posfreq.analysis.tables.formats import write_csv
 from posfreq.train.atomic import write_json_atomic
 from posfreq.train.checkpoint.layout import (
+    META_FILE,
+    TRAINER_FILE,
     check_tokenizer,
     load_model,
     read_checkpoint_info,
+    read_checkpoint_json,
     read_trainer_state,
 )
 from posfreq.train.checkpoint.safe_load import CheckpointError
@@ -122,15 +125,21 @@ def load(args) -> tuple:
 
 
 def run_packing(checkpoint: str | None) -> str:
-    """The data.packing a checkpoint's run trained and validated with (its trainer.json), else the trainer's default."""
+    """The data.packing a checkpoint's run trained and validated with (its trainer.json, or a consolidation's
+    meta.json, which copies it), else the trainer's default."""
     default = DataSection.__dataclass_fields__["packing"].default
-    meta = read_trainer_state(checkpoint) if checkpoint is not None else None
-    data = (meta or {}).get("config", {}).get("data", {})
+    if checkpoint is None:
+        return default
+    meta, source = read_trainer_state(checkpoint), Path(checkpoint) / TRAINER_FILE
+    if meta is None and (Path(checkpoint) / META_FILE).is_file():
+        source = Path(checkpoint) / META_FILE
+        meta = read_checkpoint_json(source, "consolidation record")
+    config = (meta or {}).get("config")
+    data = config.get("data") if isinstance(config, dict) else None
     packing = data.get("packing", default) if isinstance(data, dict) else default
     if packing not in STRATEGIES:
         raise ValueError(
-            f"{checkpoint}/trainer.json: data.packing {packing!r} is not one of {sorted(STRATEGIES)}. "
-            "Fix: pass --packing"
+            f"{source}: data.packing {packing!r} is not one of {sorted(STRATEGIES)}. Fix: pass --packing"
         )
     return packing
 

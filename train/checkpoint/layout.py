@@ -315,19 +315,26 @@ def verify_before_reading(path: Path) -> None:
     """Check a checkpoint's files against its manifest (sizes, then sha256) before its weights are read, once per
     process: a file damaged on disk fails the probe, an export or a consolidation instead of feeding them. A trainer
     checkpoint's manifest is recorded in trainer.json, a consolidation's in meta.json; one written before manifests
-    (or a consolidation before they had their own) has none to check."""
-    meta = read_trainer_state(path)
-    if meta is None and (path / MANIFEST_FILE).is_file() and (path / META_FILE).is_file():
-        meta = read_checkpoint_json(path / META_FILE, "consolidation record")
-    if meta is None or "manifest_sha256" not in meta:
-        return
-    key = (str(path.resolve()), str(meta["manifest_sha256"]))
-    if key not in _VERIFIED:
+    (or a consolidation before they had their own) has none to check. A checkpoint resealed while it was read (a
+    training run's retention reduces old milestones to weights) is checked again under its new manifest."""
+    for attempt in range(2):
+        meta = read_trainer_state(path)
+        if meta is None and (path / MANIFEST_FILE).is_file() and (path / META_FILE).is_file():
+            meta = read_checkpoint_json(path / META_FILE, "consolidation record")
+        if meta is None or "manifest_sha256" not in meta:
+            return
+        key = (str(path.resolve()), str(meta["manifest_sha256"]))
+        if key in _VERIFIED:
+            return
         try:
             verify_checkpoint(path, meta, hashes=True)
         except CheckpointError as err:
+            now = read_trainer_state(path) or {}
+            if attempt == 0 and now.get("manifest_sha256") not in (None, meta["manifest_sha256"]):
+                continue  # replaced meanwhile, not damaged
             raise CheckpointError(f"{err}. {DAMAGED_FIX}") from None
         _VERIFIED.add(key)
+        return
 
 
 DAMAGED_FIX = "Fix: use another checkpoint of the run (posfreq checkpoint list RUN) or restore this one from a copy"

@@ -20,7 +20,7 @@ from posfreq.train.checkpoint.layout import (
     list_checkpoints,
     model_state_dict,
     read_trainer_state,
-    verify_checkpoint,
+    verify_before_reading,
 )
 from posfreq.train.checkpoint.safe_load import CheckpointError
 from posfreq.train.checkpoint.save import seal, write_weights
@@ -34,7 +34,9 @@ def reduce_to_weights(path: Path) -> None:
     meta = read_trainer_state(path)
     if meta is None:
         raise CheckpointError(f"{path} is not a complete checkpoint")
-    verify_checkpoint(path, meta)  # never seal damaged weights under a fresh manifest
+    verify_before_reading(
+        path
+    )  # never seal damaged weights under a fresh manifest (cached: read once)
     tmp = atomic.temporary(path)
     if tmp.exists():
         shutil.rmtree(tmp)

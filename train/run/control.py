@@ -118,13 +118,26 @@ RUN_ENTRIES = (
 def earlier_run(out: Path) -> bool:
     """Whether an unmarked OUT is a run an older posfreq wrote: only the names a run writes (and folders other posfreq
     commands claimed in it, such as a probe's), with checkpoints/ holding only checkpoints and csv/ only Lightning's
-    version folders, so that a user's folder that merely has a `csv` or `checkpoints` is never taken for one."""
+    version folders, so that a user's folder that merely has a `csv` or `checkpoints` is never taken for one. A
+    folder holding only claimed folders counts as claimed (the demo's table1/ of per-scheme probes)."""
+
+    def claimed(entry: Path) -> bool:
+        if not entry.is_dir() or entry.is_symlink():
+            return False
+        if owner_of(entry) is not None:
+            return True
+        inner = list(entry.iterdir())
+        return (
+            bool(inner)
+            and all(owner_of(e) is not None for e in inner if e.is_dir())
+            and all(e.is_dir() for e in inner)
+        )
+
     for entry in out.iterdir():
-        claimed = entry.is_dir() and not entry.is_symlink() and owner_of(entry) is not None
         if not (
             is_record(entry.name)
             or entry.name.endswith(".tmp")
-            or claimed
+            or claimed(entry)
             or entry.name in RUN_ENTRIES
         ):
             return False

@@ -234,6 +234,13 @@ class ResolvedRun:
                 f"model.init_from={self.cfg.model.init_from} lies in the run files --overwrite would "
                 "delete. Fix: copy that checkpoint elsewhere first, or use another --out"
             )
+        linked = [p.name for p in run_files(out) if p.is_symlink()]
+        if self.cfg.overwrite and linked:
+            raise ConfigError(
+                f"--overwrite: {', '.join(str(out / n) for n in linked)} is a link, and posfreq never deletes "
+                "through a link. Fix: empty what it points to yourself and start with --resume null, or use "
+                "another --out (nothing was changed)"
+            )
         if held and not self.cfg.overwrite:
             raise ConfigError(
                 f"--out {out} holds a run ({', '.join(held)}) and --resume is null (start afresh). "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,39 @@ def test_damaged_weights_are_refused_before_they_are_read(data_dir, tmp_path, ca
         intact / "manifest.json"
     ).unlink()  # as a consolidation from before manifests: nothing to check against
     assert set(ckpt.model_state_dict(intact)) == set(ckpt.model_state_dict(src))
+
+
+def test_a_checkpoint_resealed_while_it_is_verified_is_checked_again_not_called_damaged(
+    data_dir, tmp_path, monkeypatch
+):
+    """A probe reading a milestone while the run's retention reduces it to weights meets a new manifest half-way:
+    it verifies again under the new one instead of reporting damage; a real mismatch is still reported."""
+    from posfreq.train.checkpoint.retention import reduce_to_weights
+    from posfreq.train.checkpoint.safe_load import CheckpointError
+
+    run(tiny(data_dir, tmp_path / "run", total_tokens=2048))
+    src = tmp_path / "run" / "checkpoints" / ckpt.milestone_name(2048)
+    real, calls = ckpt.verify_checkpoint, []
+
+    def resealed_during_the_first_check(path, meta, hashes=True):
+        calls.append(meta["manifest_sha256"])
+        if len(calls) == 1:
+            reduce_to_weights(path)  # what retention does meanwhile
+            raise CheckpointError(
+                f"{path}/manifest.json differs from the one trainer.json records (damaged)"
+            )
+        return real(path, meta, hashes)
+
+    monkeypatch.setattr(ckpt, "verify_checkpoint", resealed_during_the_first_check)
+    ckpt.verify_before_reading(src)
+    assert (
+        calls[-1] != calls[0]
+    )  # checked again, under the new manifest (retention checked the old one too)
+    monkeypatch.setattr(
+        ckpt,
+        "verify_checkpoint",
+        lambda *a, **k: (_ for _ in ()).throw(CheckpointError("x: damaged")),
+    )
+    copy = Path(shutil.copytree(src, tmp_path / "copy"))
+    with pytest.raises(CheckpointError, match="x: damaged. Fix: "):
+        ckpt.verify_before_reading(copy)

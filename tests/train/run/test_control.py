@@ -211,10 +211,14 @@ def test_a_run_an_older_posfreq_wrote_continues_and_becomes_the_runs(data_dir, t
         (tmp_path / record).unlink()
     (tmp_path / "probe-rope").mkdir()
     (tmp_path / "probe-rope" / OWNER_FILE).write_text('{"command": "probe"}')
+    (tmp_path / "table1" / "string").mkdir(
+        parents=True
+    )  # the demo's per-scheme probes, in a plain folder
+    (tmp_path / "table1" / "string" / OWNER_FILE).write_text('{"command": "probe"}')
     run(tiny(data_dir, tmp_path, stop_at_step=2, **{"logging.logger": "csv"}))
     assert owner_of(tmp_path) == "pretrain"
     journaled = {line.split("/")[0] for line in (tmp_path / JOURNAL_FILE).read_text().split()}
-    assert {"checkpoints", "metrics.jsonl", "csv", "probe-rope"} <= journaled
+    assert {"checkpoints", "metrics.jsonl", "csv", "probe-rope", "table1"} <= journaled
     claim_output_dir(tmp_path / "probe-string", "probe", shared=True)  # a later probe of the run
     history = run(tiny(data_dir, tmp_path, **{"logging.logger": "csv"}))
     assert history[-1]["step"] == 8
@@ -240,3 +244,24 @@ def test_overwrite_never_requeues_and_never_deletes_its_own_starting_weights(
         )
     assert stop.value.exit_code == EXIT_NOT_REQUEUED and calls == []
     assert ckpt.read_trainer_state(first / "checkpoints/latest")["step"] == 3
+
+
+def test_a_run_whose_checkpoints_live_behind_a_link_resumes_and_is_never_deleted_through_it(
+    data_dir, tmp_path
+):
+    """checkpoints/ linked to scratch storage: the journal records the link (never a path through it), so the run
+    resumes, and --overwrite, which never deletes through a link, is refused with nothing changed."""
+    from posfreq.train.journal import JOURNAL_FILE
+
+    scratch, out = tmp_path / "scratch", tmp_path / "run"
+    scratch.mkdir()
+    out.mkdir()
+    (out / "checkpoints").symlink_to(scratch)
+    run(tiny(data_dir, out, stop_at_step=2))
+    assert (scratch / "latest").is_dir()
+    journal = (out / JOURNAL_FILE).read_text().split()
+    assert "checkpoints" in journal and not any(n.startswith("checkpoints/") for n in journal)
+    assert run(tiny(data_dir, out, stop_at_step=3))[-1]["step"] == 3  # resumed
+    with pytest.raises(ConfigError, match="is a link, and posfreq never deletes through a link"):
+        run(tiny(data_dir, out, resume=None, overwrite=True))
+    assert (out / "checkpoints").is_symlink() and (scratch / "latest").is_dir()
