@@ -377,8 +377,17 @@ def test_analyze_merge_of_a_damaged_histogram_is_one_line_naming_it(damage, tmp_
         (b"out: \xff\n", ": not UTF-8 text (byte 0xff at offset 5). Fix:"),
         (b"seed: abc\n", ': Parser key "seed"'),
         (b"no_such_key: 1\n", ": Option 'no_such_key' is not accepted. Fix:"),
+        (b"? [a, b]\n: 1\n", ": line 1: the key ['a', 'b'] is not a name. Fix:"),
     ],
-    ids=["empty", "comments only", "duplicate key", "not UTF-8", "wrong type", "unknown key"],
+    ids=[
+        "empty",
+        "comments only",
+        "duplicate key",
+        "not UTF-8",
+        "wrong type",
+        "unknown key",
+        "list key",
+    ],
 )
 @pytest.mark.parametrize("command", ["pretrain", "plan", "analyze"])
 def test_a_config_file_error_names_the_file(text, expected, command, tmp_path, capsys):
@@ -395,9 +404,11 @@ def test_a_config_file_error_names_the_file(text, expected, command, tmp_path, c
     assert expected in first and "Fix:" in first
 
 
-def test_a_flag_of_the_wrong_type_is_not_blamed_on_the_config_file(tmp_path, capsys):
+@pytest.mark.parametrize("in_file", ["total_tokens: 1000\n", "seed: 1\n"])
+def test_a_flag_of_the_wrong_type_is_not_blamed_on_the_config_file(in_file, tmp_path, capsys):
+    """Not even when the file gives the same key: the flag's value is the one parsed, so the flag is wrong."""
     config = tmp_path / "run.yaml"
-    config.write_text("total_tokens: 1000\n")
+    config.write_text(in_file)
     code, err = outcome(["pretrain", "--config", str(config), "--seed", "abc"], capsys)
     assert code == 2 and str(config) not in err and 'Parser key "seed"' in err
 

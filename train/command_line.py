@@ -34,7 +34,9 @@ class CommandParser(ArgumentParser):
         if not self.exit_on_error:
             super().error(message, ex)
         lines = [f"error: {message.strip()}"]
-        source = config_source(message, getattr(self, "config_files", []))
+        source = config_source(
+            message, getattr(self, "config_files", []), getattr(self, "flag_keys", set())
+        )
         if source is not None:  # a key of a --config file: name the file, and how to mend it
             command = self.prog.replace(" [options]", "")
             lines = [
@@ -81,13 +83,18 @@ def _flat_keys(data: Any, prefix: str = "") -> set[str]:
     return keys
 
 
-def config_source(message: str, configs: Sequence[tuple[str, Any]]) -> str | None:
+def config_source(
+    message: str, configs: Sequence[tuple[str, Any]], flags: set[str] = frozenset()
+) -> str | None:
     """The --config file (the last of `configs`, (path, parsed YAML) pairs) holding the key a parser error names,
-    or None when the error is about a command-line flag or names no key."""
+    or None when the error is about a command-line flag (`flags`: the keys the command line gives, hyphenated; a
+    flag's value overrides the file's, so it is the flag that is wrong) or names no key."""
     match = _KEY_IN_ERROR.search(message)
     if match is None:
         return None
     key = (match.group(1) or match.group(2)).lstrip("-")
+    if key.replace("_", "-") in flags:
+        return None
     for path, data in reversed(configs):
         if key in _flat_keys(data) or key.replace("-", "_") in _flat_keys(data):
             return path
@@ -108,6 +115,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 continue
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                raise ConfigFileError(
+                    f"line {line}: the key {key!r} is not a name. Fix: write option names as plain keys"
+                )
             if key in seen:
                 raise ConfigFileError(
                     f"key {key} is given twice (lines {seen[key]} and {line}); YAML would keep the last "
@@ -298,6 +309,11 @@ def parse(parser: ArgumentParser, argv: Sequence[str] | None = None) -> Namespac
     try:
         refuse_code_in_args(args)
         parser.config_files = [(path, read_config_file(path)) for path in config_files(args)]
+        parser.flag_keys = {
+            token[2:].partition("=")[0].replace("_", "-")
+            for token in args
+            if token.startswith("--")
+        }
     except (CodeInConfig, ConfigFileError) as err:
         parser.exit(2, f"error: {err}\n")
     hyphenate(parser)
