@@ -341,13 +341,14 @@ DAMAGED_FIX = "Fix: use another checkpoint of the run (posfreq checkpoint list R
 
 
 def model_state_dict(
-    checkpoint_dir: str | Path, config: ModelConfig | None = None
+    checkpoint_dir: str | Path, config: ModelConfig | None = None, verified: bool = False
 ) -> dict[str, torch.Tensor]:
     """Plain (CPU, full) model state_dict from a consolidated dir or a full/sharded trainer checkpoint, its files
-    verified against the checkpoint's manifest first."""
+    verified against the checkpoint's manifest first (`verified`: another process of the job has just done so)."""
     path = Path(checkpoint_dir)
     config = config or load_model_config(path)
-    verify_before_reading(path)
+    if not verified:
+        verify_before_reading(path)
     if (path / CONSOLIDATED_WEIGHTS).is_file():
         from safetensors import SafetensorError
         from safetensors.torch import load_file

@@ -181,7 +181,17 @@ class Trainer:
             raise ConfigError(
                 f"model.init_from={path}: its model config {saved} differs from this run's {mine}"
             )
-        model.load_state_dict(ckpt.model_state_dict(path, saved))
+        # rank 0 reads the checksums (a whole checkpoint, optimizer included), the others wait for its verdict
+        damage = None
+        if self.fabric.global_rank == 0:
+            try:
+                ckpt.verify_before_reading(path)
+            except CheckpointError as err:
+                damage = f"model.init_from: {err}"
+        damage = self.fabric.broadcast(damage, src=0)
+        if damage:
+            raise CheckpointError(damage)
+        model.load_state_dict(ckpt.model_state_dict(path, saved, verified=True))
         source = ckpt.read_trainer_state(path) or {}
         self.tokens_before = int(source.get("tokens_trained", 0))
         lengths = ckpt.load_trained_lengths(path)

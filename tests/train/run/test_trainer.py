@@ -7,6 +7,7 @@ import json
 import math
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -25,6 +26,7 @@ from helpers.trainer import (
 
 from posfreq.scripts.commands import pretrain
 from posfreq.train.checkpoint import layout as ckpt
+from posfreq.train.checkpoint.safe_load import CheckpointError
 from posfreq.train.data.packing import PackedSampler
 from posfreq.train.data.shards import TokenDataset
 from posfreq.train.model.transformer import Transformer
@@ -129,6 +131,14 @@ def test_init_from_carries_weights_and_trained_lengths(data_dir, tmp_path):
     )
     with pytest.raises(ConfigError, match="longer than data.train_len"):
         run(shorter)
+    damaged = tmp_path / "damaged"  # a copy of the warm-up with one byte of its state flipped
+    shutil.copytree(warm, damaged)
+    shard = max((damaged / ckpt.STATE_DIR).glob("*.distcp"), key=lambda p: p.stat().st_size)
+    data = shard.read_bytes()
+    shard.write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
+    from_damaged = tiny(data_dir, tmp_path / "d", **{"model.init_from": str(damaged)})
+    with pytest.raises(CheckpointError, match=f"model.init_from: {shard}: its sha256 differs"):
+        run(from_damaged)
 
 
 def test_gradient_accumulation_matches_one_big_batch(data_dir, tmp_path):
