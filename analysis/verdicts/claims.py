@@ -300,7 +300,8 @@ def variant_effect(
 
     Per seed: the mean over the milestones both runs reached of EL(other) - EL(baseline) (0 before retrieval
     counts), then a percentile bootstrap over seeds; also the difference at the last shared milestone. A seed
-    whose two runs share no milestone is left out.
+    whose two runs share no milestone is left out; with fewer than C2_MIN_SEEDS seeds it is not testable (one
+    seed's 'interval' has no width).
     """
     if len({r["train_len"] for r in rows}) > 1:
         raise ValueError(
@@ -313,11 +314,13 @@ def variant_effect(
     claim = f"at equal tokens, {other} reaches a larger effective length than {baseline} (paired by seed)"
     shared = shared_milestones(rows, "variant", baseline, other)
     seeds = sorted((s for s, tokens in shared.items() if tokens), key=str)
-    if not seeds:
+    if len(seeds) < C2_MIN_SEEDS:
         return {
             "claim": claim,
             "holds": None,
-            "reason": "no seed has milestones of both variants at equal tokens",
+            "seeds": seeds,
+            "reason": f"{len(seeds)} seeds have milestones of both variants at equal tokens; the bootstrap over "
+            f"seeds needs at least {C2_MIN_SEEDS}",
         }
     means, last = [], []
     for s in seeds:

@@ -163,10 +163,11 @@ def test_variant_effect_at_equal_tokens_and_against_f():
 
 def test_variants_are_compared_within_each_training_length_and_labelled_apart():
     """best_fit is +100 over concat at L = 512 and +0 at L = 256: each length gets its own comparison (pooling
-    them would mix the two); a seed with no milestone shared by both variants is left out, not a crash."""
+    them would mix the two); a seed with no milestone shared by both variants is left out, not a crash, and
+    fewer than 3 seeds are not testable."""
     rows = []
     for train_len, lead in ((256, 0), (512, 100)):
-        for seed in (0, 1):
+        for seed in (0, 1, 2):
             for k in range(3):
                 for variant, el in (("concat", 100 + 10 * k), ("best_fit", 100 + 10 * k + lead)):
                     rows.append(
@@ -183,20 +184,23 @@ def test_variants_are_compared_within_each_training_length_and_labelled_apart():
     rows.append(
         {
             "train_len": 512,
-            "seed": 2,
+            "seed": 3,
             "variant": "best_fit",
             "tokens_trained": 999,
             "effective_length": 5,
             "effective_length_status": "ok",
             "f_effective_length": 1e6,
         }
-    )  # seed 2 has no concat run
+    )  # seed 3 has no concat run
     found = {
         c["train_len"]: c["equal_tokens"]
         for c in claims.variant_comparisons(rows, "concat", 200, 0)
     }
     assert found[256]["mean_difference"] == 0.0 and found[512]["mean_difference"] == 100.0
-    assert found[512]["seeds"] == [0, 1]
+    assert found[512]["seeds"] == [0, 1, 2]
+    two_seeds = [r for r in rows if r["train_len"] == 512 and r["seed"] != 2]
+    short = claims.variant_effect(two_seeds, "concat", "best_fit", 10, 0)
+    assert short["holds"] is None and "2 seeds" in short["reason"]
     with pytest.raises(ValueError, match="one training length"):
         claims.variant_effect(rows, "concat", "best_fit", 10, 0)
     labels = {
