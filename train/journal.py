@@ -57,7 +57,8 @@ def record_names(folder: Path, names: list[str]) -> None:
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(folder / JOURNAL_FILE, flags, 0o644)
     try:
-        with _locked(fd):
+        with _locked(fd):  # never between a rewrite's read and its write (`_drop`)
+            # one O_APPEND write: appends never interleave
             os.write(fd, "".join(f"{name}\n" for name in names).encode())
     finally:
         os.close(fd)
@@ -73,22 +74,12 @@ def record_written(path: str | Path) -> None:
     relative = path.relative_to(folder)
     if any(part.endswith(".tmp") for part in relative.parts[:-1]):
         return  # inside a folder being built: its final name is recorded when it is published
+    # a link inside the folder (a run's checkpoints/ on scratch) is recorded itself, never what is behind it
     for depth in range(1, len(relative.parts)):
-        if folder.joinpath(
-            *relative.parts[:depth]
-        ).is_symlink():  # e.g. a run's checkpoints/ on scratch
-            relative = PurePosixPath(
-                *relative.parts[:depth]
-            )  # the link is recorded, never what is behind it
+        if folder.joinpath(*relative.parts[:depth]).is_symlink():
+            relative = PurePosixPath(*relative.parts[:depth])
             break
-    line = relative.as_posix() + "\n"
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(folder / JOURNAL_FILE, flags, 0o644)
-    try:
-        with _locked(fd):  # never between a rewrite's read and its write (`_drop`)
-            os.write(fd, line.encode())  # one short O_APPEND write: appends never interleave
-    finally:
-        os.close(fd)
+    record_names(folder, [relative.as_posix()])
 
 
 @contextlib.contextmanager

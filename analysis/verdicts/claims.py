@@ -107,16 +107,10 @@ def longer_reaches_further(rows: Sequence[Mapping], n_boot: int, seed: int) -> d
         f"at equal tokens (each seed's last milestone both lengths reached), L = {long} reaches a larger "
         f"effective length than L = {short} (paired by seed)"
     )
-    shared = shared_milestones(rows, "train_len", short, long)
-    seeds = sorted((s for s, tokens in shared.items() if tokens), key=str)
-    if len(seeds) < C2_MIN_SEEDS:
-        return {
-            "claim": claim,
-            "holds": None,
-            "seeds": seeds,
-            "reason": f"{len(seeds)} seeds have checkpoints of both lengths at equal tokens; the paired "
-            f"bootstrap needs at least {C2_MIN_SEEDS}",
-        }
+    shared, too_few = shared_milestones(rows, "train_len", short, long, claim)
+    if too_few:
+        return too_few
+    seeds = list(shared)
     at = {(r["train_len"], r["seed"], int(r["tokens_trained"])): r for r in rows}
     compared = {L: [at[(L, s, shared[s][-1])] for s in seeds] for L in lengths}
     diffs = np.array(
@@ -279,17 +273,28 @@ def curves_coincide(
 
 
 def shared_milestones(
-    rows: Sequence[Mapping], group: str, a: object, b: object
-) -> dict[object, list[int]]:
-    """Per seed, the tokens_trained at which both its `group == a` run and its `group == b` run have a checkpoint,
-    ascending; [] for a seed whose two runs share none (or that lacks one of them)."""
+    rows: Sequence[Mapping], group: str, a: object, b: object, claim: str
+) -> tuple[dict[object, list[int]], dict | None]:
+    """Per seed whose `group == a` and `group == b` runs share a checkpoint, the tokens_trained they share,
+    ascending (seeds in order); and, with fewer than C2_MIN_SEEDS such seeds, the `claim`'s not-testable verdict
+    (else None): the paired tests over seeds that both Fig. 2a and the variant comparison run."""
     tokens: dict[object, dict[object, set[int]]] = {}
     for r in rows:
         if r[group] in (a, b):
             tokens.setdefault(r["seed"], {a: set(), b: set()})[r[group]].add(
                 int(r["tokens_trained"])
             )
-    return {s: sorted(t[a] & t[b]) for s, t in tokens.items()}
+    shared = {s: sorted(t[a] & t[b]) for s, t in sorted(tokens.items(), key=lambda kv: str(kv[0]))}
+    shared = {s: both for s, both in shared.items() if both}
+    if len(shared) >= C2_MIN_SEEDS:
+        return shared, None
+    return shared, {
+        "claim": claim,
+        "holds": None,
+        "seeds": list(shared),
+        "reason": f"{len(shared)} seeds have checkpoints of both {group} values {a} and {b} at equal tokens; "
+        f"the bootstrap over seeds needs at least {C2_MIN_SEEDS}",
+    }
 
 
 def variant_effect(
@@ -312,16 +317,10 @@ def variant_effect(
         for r in rows
     }
     claim = f"at equal tokens, {other} reaches a larger effective length than {baseline} (paired by seed)"
-    shared = shared_milestones(rows, "variant", baseline, other)
-    seeds = sorted((s for s, tokens in shared.items() if tokens), key=str)
-    if len(seeds) < C2_MIN_SEEDS:
-        return {
-            "claim": claim,
-            "holds": None,
-            "seeds": seeds,
-            "reason": f"{len(seeds)} seeds have milestones of both variants at equal tokens; the bootstrap over "
-            f"seeds needs at least {C2_MIN_SEEDS}",
-        }
+    shared, too_few = shared_milestones(rows, "variant", baseline, other, claim)
+    if too_few:
+        return too_few
+    seeds = list(shared)
     means, last = [], []
     for s in seeds:
         diffs = [el[(other, s, t)] - el[(baseline, s, t)] for t in shared[s]]

@@ -27,13 +27,10 @@ from posfreq.analysis.tables.columns import LOSS_BY_DISTANCE_COLUMNS
 from posfreq.analysis.tables.formats import write_csv
 from posfreq.train.atomic import write_json_atomic
 from posfreq.train.checkpoint.layout import (
-    META_FILE,
-    TRAINER_FILE,
     check_tokenizer,
     load_model,
     read_checkpoint_info,
-    read_checkpoint_json,
-    read_trainer_state,
+    run_record,
 )
 from posfreq.train.checkpoint.safe_load import CheckpointError
 from posfreq.train.command_line import command_parser, parse, summary
@@ -102,14 +99,15 @@ def build_parser():
 
 
 def load(args) -> tuple:
-    """(model, tokenizer spec, trained-length histogram or None, label) of --checkpoint or --model."""
+    """(model, tokenizer spec, trained-length histogram or None, label, run state or None) of --checkpoint or
+    --model."""
     if args.checkpoint is not None:
         info = read_checkpoint_info(args.checkpoint)
         check_tokenizer(
             info, get_tokenizer(info.tokenizer_spec)
         )  # the one it trained with, by content
-        model, spec, _ = load_model(args.checkpoint)
-        return model, spec["spec"], info.trained_lengths, Path(args.checkpoint).name
+        model, spec, meta = load_model(args.checkpoint)
+        return model, spec["spec"], info.trained_lengths, Path(args.checkpoint).name, meta
     directory = hf_dir(args.model)
     if directory is None:
         raise ValueError(f"--model {args.model}: give a local folder as hf:DIR")
@@ -121,25 +119,20 @@ def load(args) -> tuple:
         from posfreq.train.model.hf import load_hf_model
 
         model = load_hf_model(directory).eval()
-    return model, f"hf:{directory.resolve()}", None, directory.name
+    return model, f"hf:{directory.resolve()}", None, directory.name, None
 
 
-def run_packing(checkpoint: str | None) -> str:
-    """The data.packing a checkpoint's run trained and validated with (its trainer.json, or a consolidation's
-    meta.json, which copies it), else the trainer's default."""
+def run_packing(meta: dict | None, checkpoint: str | None) -> str:
+    """The data.packing a checkpoint's run trained and validated with (`meta`, its run state as load_model read
+    it), else the trainer's default."""
     default = DataSection.__dataclass_fields__["packing"].default
-    if checkpoint is None:
-        return default
-    meta, source = read_trainer_state(checkpoint), Path(checkpoint) / TRAINER_FILE
-    if meta is None and (Path(checkpoint) / META_FILE).is_file():
-        source = Path(checkpoint) / META_FILE
-        meta = read_checkpoint_json(source, "consolidation record")
     config = (meta or {}).get("config")
     data = config.get("data") if isinstance(config, dict) else None
     packing = data.get("packing", default) if isinstance(data, dict) else default
     if packing not in STRATEGIES:
         raise ValueError(
-            f"{source}: data.packing {packing!r} is not one of {sorted(STRATEGIES)}. Fix: pass --packing"
+            f"{run_record(Path(checkpoint))}: data.packing {packing!r} is not one of {sorted(STRATEGIES)}. "
+            "Fix: pass --packing"
         )
     return packing
 
@@ -158,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         out = claim_output_dir(args.out, COMMAND)
         device = resolve_device(args.device)
-        model, spec, trained, label = load(args)
+        model, spec, trained, label, meta = load(args)
         dataset = TokenDataset(args.data)
         tokenizer = get_tokenizer(spec)
         recorded = dataset.shards[0].meta.get(
@@ -175,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "Fix: prepare the corpus with the model's tokenizer (posfreq prepare --tokenizer)"
             )
         per_segment = args.engine == "transformers"
-        packing = args.packing or run_packing(args.checkpoint)
+        packing = args.packing or run_packing(meta, args.checkpoint)
         train_len = args.train_len
         if train_len is None:  # the model's own length (0 is refused above, not taken for "unset")
             train_len = (

@@ -269,6 +269,9 @@ def verify_resume_files(path: Path) -> None:
     load_trained_lengths(path)
 
 
+DAMAGED_FIX = "Fix: use another checkpoint of the run (posfreq checkpoint list RUN) or restore this one from a copy"
+
+
 def read_checkpoint_json(path: Path, what: str) -> dict:
     """A checkpoint's JSON file (model_config.json, tokenizer_spec.json, trainer.json, meta.json) as a dict: the
     one reader of them, so a missing, unreadable or damaged file is one CheckpointError naming it and the fix."""
@@ -297,13 +300,10 @@ def read_checkpoint_json(path: Path, what: str) -> dict:
     return data
 
 
-_read_json = read_checkpoint_json
-
-
 def load_model_config(checkpoint_dir: str | Path) -> ModelConfig:
     """The ModelConfig a checkpoint or consolidated directory was written with (its model_config.json)."""
     return ModelConfig.from_dict(
-        _read_json(Path(checkpoint_dir) / MODEL_CONFIG_FILE, "model config")
+        read_checkpoint_json(Path(checkpoint_dir) / MODEL_CONFIG_FILE, "model config")
     )
 
 
@@ -335,9 +335,6 @@ def verify_before_reading(path: Path) -> None:
             raise CheckpointError(f"{err}. {DAMAGED_FIX}") from None
         _VERIFIED.add(key)
         return
-
-
-DAMAGED_FIX = "Fix: use another checkpoint of the run (posfreq checkpoint list RUN) or restore this one from a copy"
 
 
 def model_state_dict(
@@ -388,6 +385,12 @@ def model_state_dict(
     )
 
 
+def run_record(path: Path) -> Path:
+    """The file holding a checkpoint's run state: a consolidation's meta.json (a copy of its source's), else
+    trainer.json."""
+    return path / (META_FILE if (path / META_FILE).is_file() else TRAINER_FILE)
+
+
 def load_model(
     checkpoint_dir: str | Path,
     device: str | torch.device = "cpu",
@@ -401,9 +404,13 @@ def load_model(
     """
     path = Path(checkpoint_dir)
     config = load_model_config(path)
-    tokenizer = _read_json(path / TOKENIZER_FILE, "tokenizer spec")
-    meta_file = path / (META_FILE if (path / META_FILE).is_file() else TRAINER_FILE)
-    meta = with_token_names(_read_json(meta_file, "run state")) if meta_file.is_file() else {}
+    tokenizer = read_checkpoint_json(path / TOKENIZER_FILE, "tokenizer spec")
+    meta_file = run_record(path)
+    meta = (
+        with_token_names(read_checkpoint_json(meta_file, "run state"))
+        if meta_file.is_file()
+        else {}
+    )
     state = model_state_dict(path, config)
     with torch.device("meta"):
         model = Transformer(config, attention_backend=attention_backend)
@@ -475,7 +482,7 @@ def _token_counts(path: Path) -> tuple[int | None, int | None]:
     """(run_tokens, tokens_trained) from trainer.json, else meta.json; (None, None) if neither says."""
     for name in (TRAINER_FILE, META_FILE):
         if (path / name).is_file():
-            meta = with_token_names(_read_json(path / name, "run state"))
+            meta = with_token_names(read_checkpoint_json(path / name, "run state"))
             if meta.get("run_tokens") is not None:
                 run_tokens = int(meta["run_tokens"])
                 return run_tokens, int(meta.get("tokens_trained", run_tokens))
@@ -497,7 +504,7 @@ def read_checkpoint_info(path: str | Path) -> CheckpointInfo:
             "consolidated model directory"
         )
     spec_file = path / TOKENIZER_FILE
-    spec = _read_json(spec_file, "tokenizer spec") if spec_file.is_file() else {}
+    spec = read_checkpoint_json(spec_file, "tokenizer spec") if spec_file.is_file() else {}
     hist_file = path / LENGTHS_FILE
     run_tokens, tokens_trained = _token_counts(path)
     return CheckpointInfo(

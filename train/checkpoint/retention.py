@@ -34,9 +34,8 @@ def reduce_to_weights(path: Path) -> None:
     meta = read_trainer_state(path)
     if meta is None:
         raise CheckpointError(f"{path} is not a complete checkpoint")
-    verify_before_reading(
-        path
-    )  # never seal damaged weights under a fresh manifest (cached: read once)
+    # never seal damaged weights under a fresh manifest (cached: the weights' read below checks nothing again)
+    verify_before_reading(path)
     tmp = atomic.temporary(path)
     if tmp.exists():
         shutil.rmtree(tmp)

@@ -127,11 +127,7 @@ def earlier_run(out: Path) -> bool:
         if owner_of(entry) is not None:
             return True
         inner = list(entry.iterdir())
-        return (
-            bool(inner)
-            and all(owner_of(e) is not None for e in inner if e.is_dir())
-            and all(e.is_dir() for e in inner)
-        )
+        return bool(inner) and all(e.is_dir() and owner_of(e) is not None for e in inner)
 
     for entry in out.iterdir():
         if not (
@@ -183,8 +179,7 @@ def overwrite_run(out: Path, fabric) -> None:
     for external in fabric.loggers:
         if type(external).__name__ == "WandbLogger":
             write_text_atomic(out / WANDB_ID_FILE, f"{external.version}\n")
-    for path in run_files(
-        out
-    ):  # what the run's journal names: never a user's file, never through a link
+    # what the run's journal names: never a user's file, never through a link
+    for path in run_files(out):
         for removed in remove_recorded(out, under=path.name):
             LOG.info(f"--overwrite: deleted {removed}")
