@@ -38,6 +38,7 @@ RUN_COLUMNS = (
     "f_effective_length_lo",
     "f_effective_length_hi",
     "tf_effective_length",
+    "tf_effective_length_status",
     "threshold",
     "min_retrieved",
     "scoring",
@@ -54,6 +55,7 @@ CHECKPOINT_COLUMNS = (
     "effective_length_status",
     "f_effective_length",
     "tf_effective_length",
+    "tf_effective_length_status",
 )
 
 

@@ -77,10 +77,12 @@ def checkpoint_row(
         )
 
     tf_rates = [r.get("tf_pass_rate") for r in summary]
+    # the teacher-forced length carries its status too: an all_passed value is a lower bound capped by the
+    # longest probed length, and none_passed is 0 by convention, not a measurement
     tf_eff = (
-        ""
+        None
         if any(v in ("", None) for v in tf_rates)
-        else effective_length(lengths, tf_rates, analysis.threshold).value
+        else effective_length(lengths, tf_rates, analysis.threshold)
     )
     row = {
         "checkpoint": name,
@@ -99,7 +101,8 @@ def checkpoint_row(
         "f_effective_length_hi": f_at(
             None if interval is None else interval[1], interval is not None and interval[1] == 0
         ),
-        "tf_effective_length": tf_eff,
+        "tf_effective_length": "" if tf_eff is None else tf_eff.value,
+        "tf_effective_length_status": "" if tf_eff is None else tf_eff.status,
         "threshold": analysis.threshold,
         "min_retrieved": analysis.min_retrieved,
         "scoring": analysis.scoring,

@@ -219,7 +219,7 @@ def write_report(
         lines += [
             f"### {name}",
             "",
-            markdown(rows, [c for c in CHECKPOINT_COLUMNS if c != "tf_effective_length"]),
+            markdown(rows, [c for c in CHECKPOINT_COLUMNS if not c.startswith("tf_")]),
             "",
         ]
     lines += ["## Figures", ""]

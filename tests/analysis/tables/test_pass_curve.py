@@ -205,3 +205,43 @@ def test_a_folder_of_a_users_figures_is_refused_untouched(tmp_path):
     assert effective_length.main([str(FIXTURES / "L256-s0"), "--out", str(older)]) == 0
     assert owner_of(older) == "effective-length"
     assert (older / "fig2a_effective_length_vs_tokens.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_teacher_forced_effective_length_carries_its_status():
+    """A teacher-forced curve that passes every probed length is a lower bound, one that fails the first is 0 by
+    convention: the row says so beside the value, as it does for the greedy effective length."""
+    hist = np.zeros(257, dtype=np.int64)
+    hist[256] = 4
+
+    def tf_row(tf_rates):
+        summary = [
+            {"length": 128 * (i + 1), "pass_rate": 1.0, "tf_pass_rate": r}
+            for i, r in enumerate(tf_rates)
+        ]
+        passed = [[True] * 10 for _ in tf_rates]
+        return checkpoint_row(
+            "c", 256, "rope", summary, passed, hist, Analysis(bootstrap=0), 10, 1, 1
+        )
+
+    every = tf_row([1.0, 0.9])
+    assert (every["tf_effective_length"], every["tf_effective_length_status"]) == (
+        256,
+        "all_passed",
+    )
+    none = tf_row([0.0, 1.0])
+    assert (none["tf_effective_length"], none["tf_effective_length_status"]) == (0, "none_passed")
+    short = tf_row([0.8, 0.1])
+    assert (short["tf_effective_length"], short["tf_effective_length_status"]) == (128, "ok")
+    unmeasured = checkpoint_row(
+        "c",
+        256,
+        "rope",
+        [{"length": 128, "pass_rate": 1.0}],
+        [[True]],
+        hist,
+        Analysis(bootstrap=0),
+        1,
+        1,
+        1,
+    )
+    assert unmeasured["tf_effective_length"] == unmeasured["tf_effective_length_status"] == ""
