@@ -48,6 +48,7 @@ from posfreq.analysis.tables.run_table import (
 )
 from posfreq.train.atomic import write_json_atomic, write_text_atomic
 from posfreq.train.journal import is_record
+from posfreq.train.json_file import read_json_object
 from posfreq.train.outdir import check_output_dir, claim_output_dir, owner_of
 
 KEY_FILE = "key.json"
@@ -78,18 +79,9 @@ def write_json(path: Path, data: dict) -> None:
 
 def read_json(path: Path) -> dict:
     """A JSON object from a result file, with an error naming the file when it is damaged."""
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise StaleResults(
-            f"{path}: damaged ({err}). Fix: delete it (or pass --replace-stale) to redo it"
-        ) from None
-    if not isinstance(data, dict):
-        raise StaleResults(
-            f"{path}: expected a JSON object, found a {type(data).__name__}. Fix: delete it (or pass "
-            "--replace-stale) to redo it"
-        )
-    return data
+    return read_json_object(
+        path, StaleResults, "Fix: delete it (or pass --replace-stale) to redo it"
+    )
 
 
 PROBE_META_KEYS = {"settings": dict, "checkpoints": dict, "lengths": list, "model": str}

@@ -55,6 +55,7 @@ from posfreq.train.checkpoint.safe_load import (
     safe_dcp_reader,
 )
 from posfreq.train.fingerprint import file_sha256
+from posfreq.train.json_file import read_json_object
 from posfreq.train.model.config import ModelConfig
 from posfreq.train.model.transformer import Transformer
 
@@ -285,19 +286,7 @@ def read_checkpoint_json(path: Path, what: str) -> dict:
             f"{path.parent}: no {path.name} ({what}): not a complete posfreq checkpoint or consolidated "
             f"model directory. {DAMAGED_FIX}"
         )
-    try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except OSError as err:
-        raise CheckpointError(
-            f"{path} ({what}) cannot be read ({err.strerror or err}). {DAMAGED_FIX}"
-        ) from None
-    except (ValueError, RecursionError) as err:  # not UTF-8, not JSON
-        raise CheckpointError(f"{path} ({what}) is damaged: {err}. {DAMAGED_FIX}") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(
-            f"{path} ({what}) holds a JSON {type(data).__name__}, not an object. {DAMAGED_FIX}"
-        )
-    return data
+    return read_json_object(path, CheckpointError, DAMAGED_FIX, what)
 
 
 def load_model_config(checkpoint_dir: str | Path) -> ModelConfig:

@@ -23,6 +23,8 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from posfreq.train.json_file import read_json_object
+
 CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where transformers 5 saves a tokenizer's chat template
 
 
@@ -129,7 +131,7 @@ class HFTokenizer:
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
         config_file = path / "tokenizer_config.json" if path.is_dir() else None
         self._config = (
-            _read_tokenizer_config(config_file)
+            read_json_object(config_file, TokenizerFileError, "Fix: repair or remove the file")
             if config_file is not None and config_file.is_file()
             else {}
         )
@@ -501,17 +503,6 @@ def render_chat_template(
         if timed:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
-
-
-def _read_tokenizer_config(path: Path) -> dict:
-    """tokenizer_config.json as a dict, with a clear error naming the file when it is not JSON."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not valid JSON ({err}); fix or remove the file") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
 
 
 def _package_version(name: str) -> str:

@@ -11,6 +11,8 @@ import json
 import re
 from pathlib import Path
 
+from posfreq.train.json_file import read_json_object
+
 
 class ModelFolderError(ValueError):
     """A model folder posfreq will not load; the message names the file and the fix."""
@@ -118,20 +120,7 @@ def read_model_config(folder: str | Path) -> dict:
             f"{Path(folder)} holds no {CONFIG_FILE}: it is not a Hugging Face model folder. "
             "Fix: pass a folder holding config.json and *.safetensors weights"
         )
-    try:
-        data = json.loads(file.read_bytes().decode("utf-8"))
-    except OSError as err:
-        raise ModelFolderError(f"{file} cannot be read ({err.strerror or err}). {fix}") from None
-    except UnicodeDecodeError as err:
-        raise ModelFolderError(
-            f"{file} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}). {fix}"
-        ) from None
-    except (ValueError, RecursionError) as err:
-        raise ModelFolderError(f"{file} is not valid JSON ({err}). {fix}") from None
-    if not isinstance(data, dict):
-        raise ModelFolderError(
-            f"{file} holds a JSON {type(data).__name__}, not an object of config keys. {fix}"
-        )
+    data = read_json_object(file, ModelFolderError, fix)
     wrong = _wrong_number(data)
     if wrong:
         raise ModelFolderError(f"{file}: {wrong} is not a number. {fix}")
