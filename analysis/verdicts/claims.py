@@ -179,23 +179,37 @@ def outcome(verdict: Mapping) -> str:
     return "holds" if verdict["holds"] else "does not hold"
 
 
-def residual_shift(
-    points: Sequence[tuple[object, float, float]], short: object, long: object
+def curve_shift(
+    points: Sequence[tuple[object, float, float]], short: object, long: object, slope_from: str
 ) -> float | None:
-    """D for (group, effective length, log10 f) points: mean residual (long) - mean residual (short) in the overlap."""
-    by_len = {L: [(x, y) for LL, x, y in points if LL == L] for L in (short, long)}
-    if any(len(v) < 2 for v in by_len.values()):
+    """D for (group, x, y) points of two groups: the longer group's offset in y over a line of one slope and an
+    intercept per group, over the x both groups reach (mean residual of long minus short there). The slope is the
+    within-group least-squares slope, so the shift itself does not tilt it (a line pooled over both groups would,
+    wherever their x ranges differ), fitted to the points of that overlap (`slope_from="overlap"`) or to every
+    point (`"all"`: for sparse points, such as a few effective lengths per run). Exact when the curves are
+    parallel lines. None without two fitted points per group, a point of each in the overlap, or, when no fitted
+    x varies within a group, equal x to compare at."""
+    by_group = {
+        g: np.array([(x, y) for gg, x, y in points if gg == g], dtype=float) for g in (short, long)
+    }
+    if any(len(v) < 2 for v in by_group.values()):
         return None
-    lo = max(min(x for x, _ in v) for v in by_len.values())
-    hi = min(max(x for x, _ in v) for v in by_len.values())
-    overlap = {L: [(x, y) for x, y in v if lo <= x <= hi] for L, v in by_len.items()}
-    if any(not v for v in overlap.values()):
+    lo = max(v[:, 0].min() for v in by_group.values())
+    hi = min(v[:, 0].max() for v in by_group.values())
+    inside = {g: v[(v[:, 0] >= lo) & (v[:, 0] <= hi)] for g, v in by_group.items()}
+    fitted = inside if slope_from == "overlap" else by_group
+    if any(len(v) < 2 for v in fitted.values()) or any(len(v) == 0 for v in inside.values()):
         return None
-    xs = np.array([x for v in by_len.values() for x, _ in v], dtype=float)
-    ys = np.array([y for v in by_len.values() for _, y in v], dtype=float)
-    slope, intercept = np.polyfit(xs, ys, 1) if np.ptp(xs) > 0 else (0.0, float(ys.mean()))
-    mean_res = {L: np.mean([y - (slope * x + intercept) for x, y in v]) for L, v in overlap.items()}
-    return float(mean_res[long] - mean_res[short])
+    centred = [(v[:, 0] - v[:, 0].mean(), v[:, 1] - v[:, 1].mean()) for v in fitted.values()]
+    sxx = sum(float(dx @ dx) for dx, _ in centred)
+    if sxx > 0:
+        slope = sum(float(dx @ dy) for dx, dy in centred) / sxx
+    elif hi == lo:  # every point compared sits at one x: the slope does not matter
+        slope = 0.0
+    else:
+        return None
+    level = {g: float(np.mean(v[:, 1] - slope * v[:, 0])) for g, v in inside.items()}
+    return level[long] - level[short]
 
 
 def curves_coincide(
@@ -232,7 +246,7 @@ def curves_coincide(
     n_seeds = {L: sum(1 for LL, _ in points if LL == L) for L in lengths}
     enough = all(n_points[L] >= C2_MIN_POINTS and n_seeds[L] >= C2_MIN_SEEDS for L in lengths)
     observed = (
-        residual_shift([p for v in points.values() for p in v], short, long) if enough else None
+        curve_shift([p for v in points.values() for p in v], short, long, "all") if enough else None
     )
     if observed is None:
         return {
@@ -253,7 +267,7 @@ def curves_coincide(
             for i in rng.integers(0, len(seeds[L]), size=len(seeds[L]))
             for p in points[(L, seeds[L][i])]
         ]
-        d = residual_shift(chosen, short, long)
+        d = curve_shift(chosen, short, long, "all")
         if d is not None:
             boots.append(d)
     lo, hi = percentile_interval(boots)
@@ -266,9 +280,9 @@ def curves_coincide(
         "n_points": {str(L): sum(len(points[(L, s)]) for s in seeds[L]) for L in lengths},
         "seeds": {str(L): seeds[L] for L in lengths},
         "bootstrap_replicates_used": len(boots),
-        "test": "one line fitted to (effective length, log10 f) of both lengths; D = mean residual of the longer "
-        "length minus the shorter over the effective lengths both reach; seeds resampled within each "
-        "length (percentile bootstrap)",
+        "test": "log10 f = a + b effective length + D [longer length], b the within-length slope fitted to every "
+        "point; D = mean residual of the longer length minus the shorter over the effective lengths both reach; "
+        "seeds resampled within each length (percentile bootstrap)",
     }
 
 

@@ -16,7 +16,12 @@ import numpy as np
 
 from posfreq.analysis.corpus.frequency import position_frequency
 from posfreq.analysis.tables.pass_curve import percentile_interval
-from posfreq.analysis.verdicts.claims import C2_MARGIN_DECADES, C2_MIN_SEEDS, coincidence
+from posfreq.analysis.verdicts.claims import (
+    C2_MARGIN_DECADES,
+    C2_MIN_SEEDS,
+    coincidence,
+    curve_shift,
+)
 from posfreq.train.run.loss_by_distance import LossByDistance
 
 MIN_BUCKET_TOKENS = 32
@@ -67,30 +72,9 @@ class LossCurve:
         ]
 
 
-def shift_at_equal_loss(
-    points: Sequence[tuple[int, float, float]], short: int, long: int
-) -> float | None:
-    """D for (train_len, loss, log10 f) points: the longer length's offset in log10 f over a line shared by both
-    (one slope, one intercept per length), fitted to the points whose loss both lengths reach; exact when the two
-    curves are parallel lines. None without two such points per length."""
-    by_length = {L: np.array([(x, y) for LL, x, y in points if LL == L]) for L in (short, long)}
-    if any(len(v) < 2 for v in by_length.values()):
-        return None
-    lo = max(v[:, 0].min() for v in by_length.values())
-    hi = min(v[:, 0].max() for v in by_length.values())
-    inside = {L: v[(v[:, 0] >= lo) & (v[:, 0] <= hi)] for L, v in by_length.items()}
-    if any(len(v) < 2 for v in inside.values()) or not hi > lo:
-        return None
-    x = np.concatenate([inside[short][:, 0], inside[long][:, 0]])
-    y = np.concatenate([inside[short][:, 1], inside[long][:, 1]])
-    is_long = np.r_[np.zeros(len(inside[short])), np.ones(len(inside[long]))]
-    design = np.column_stack([x, np.ones_like(x), is_long])
-    return float(np.linalg.lstsq(design, y, rcond=None)[0][2])
-
-
 def loss_curves_coincide(curves: Sequence[LossCurve], n_boot: int, seed: int) -> dict:
     """C2 on the loss: D, the shift in log10 f at equal loss between the longer and the shorter training length
-    (`shift_at_equal_loss` on every bucket of each run's curve), and the equal-distance difference; both with
+    (`curve_shift` on every bucket of each run's curve), and the equal-distance difference; both with
     percentile intervals from resampling seeds within each length. One curve per run (its last milestone)."""
     lengths = sorted({c.train_len for c in curves})
     if len(lengths) != 2:
@@ -110,7 +94,7 @@ def loss_curves_coincide(curves: Sequence[LossCurve], n_boot: int, seed: int) ->
         for L in lengths
     }
     n_seeds = {L: len(v) for L, v in by_length.items()}
-    observed = shift_at_equal_loss([p for c in curves for p in c.points()], short, long)
+    observed = curve_shift([p for c in curves for p in c.points()], short, long, "overlap")
     if min(n_seeds.values()) < C2_MIN_SEEDS or observed is None:
         return {
             "claim": claim,
@@ -126,8 +110,8 @@ def loss_curves_coincide(curves: Sequence[LossCurve], n_boot: int, seed: int) ->
         chosen = {
             L: [v[i] for i in rng.integers(0, len(v), size=len(v))] for L, v in by_length.items()
         }
-        d = shift_at_equal_loss(
-            [p for v in chosen.values() for c in v for p in c.points()], short, long
+        d = curve_shift(
+            [p for v in chosen.values() for c in v for p in c.points()], short, long, "overlap"
         )
         if d is not None:
             shifts.append(d)

@@ -25,7 +25,8 @@ is not testable (with the reason):
   seeds, from at least 3 seeds.
 - C2 (curves coincide against f), on the checkpoints whose effective length is defined and
   uncensored (status ok), at least 3 from 3 seeds per length: points (effective length, log10 f)
-  of both lengths are fitted by one line; D = mean residual of the longer length minus that of
+  of both lengths are fitted by lines of one slope (the slope fitted within each length, so the shift
+  does not tilt it), one intercept per length; D = mean residual of the longer length minus that of
   the shorter, over the range of effective lengths both reach. Seeds are resampled with replacement within each length
   (bootstrap). D is the shift in decades of f at equal effective length between the two
   lengths. The curves coincide when D's 95% interval covers 0 and lies within +-log10(2) = 0.301

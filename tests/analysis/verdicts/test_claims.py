@@ -9,11 +9,16 @@ from posfreq.analysis.verdicts import claims, probed_runs
 from posfreq.scripts.commands import compare
 
 
-def rows_on_lines(shift_decades: float, seeds=(0, 1, 2), noise: float = 0.0) -> list[dict]:
+def rows_on_lines(
+    shift_decades: float,
+    seeds=(0, 1, 2),
+    noise: float = 0.0,
+    long_effs: tuple[int, ...] = (48, 64, 80, 112),
+) -> list[dict]:
     """Checkpoints of L = 128 and 256 whose log10 f(eff) = 2 + eff / 64 (+ shift for L = 256)."""
     rng = np.random.default_rng(1)
     rows = []
-    for train_len, effs in ((128, (32, 48, 64, 80)), (256, (48, 64, 80, 112))):
+    for train_len, effs in ((128, (32, 48, 64, 80)), (256, long_effs)):
         for seed in seeds:
             for k, eff in enumerate(effs):
                 log_f = (
@@ -45,11 +50,16 @@ def rows_on_lines(shift_decades: float, seeds=(0, 1, 2), noise: float = 0.0) -> 
 def test_curves_on_one_line_coincide_and_shifted_ones_do_not():
     same = claims.curves_coincide(rows_on_lines(0.0), n_boot=300, seed=0)
     assert same["holds"] is True and same["D_log10_f"] == pytest.approx(0.0, abs=1e-9)
-    # Parallel lines one decade apart over the same effective lengths: the pooled fit sits between them,
-    # the residuals average +-0.5 over the overlap (48..80), so D is exactly 1.
+    # Parallel lines one decade apart: D is the distance between them, exactly, in every resample.
     shifted = claims.curves_coincide(rows_on_lines(1.0), n_boot=300, seed=0)
-    assert shifted["holds"] is False and shifted["D_log10_f"] == pytest.approx(1.0, abs=0.05)
-    assert shifted["interval_95"][0] > 0.5
+    assert shifted["holds"] is False and shifted["D_log10_f"] == pytest.approx(1.0, abs=1e-9)
+    assert shifted["interval_95"] == pytest.approx([1.0, 1.0], abs=1e-9)
+    # The longer length reaches much further (64..256 against 32..80): one line pooled over both lengths is
+    # tilted by the shift and put D at 1.04; the slope fitted within each length is not tilted.
+    apart = claims.curves_coincide(
+        rows_on_lines(1.0, long_effs=(64, 128, 192, 256)), n_boot=50, seed=0
+    )
+    assert apart["D_log10_f"] == pytest.approx(1.0, abs=1e-9)
     noisy = claims.curves_coincide(rows_on_lines(0.0, noise=0.3), n_boot=300, seed=0)
     assert noisy["interval_95"][0] < noisy["D_log10_f"] < noisy["interval_95"][1]
     assert noisy == claims.curves_coincide(
@@ -571,3 +581,36 @@ def test_a_wide_interval_around_a_real_shift_is_inconclusive_not_a_coincidence(
         and "covers 0 but reaches" in lines[2]
     )
     assert lines[3].startswith("loss_curves_coincide: not testable")
+
+
+def test_curve_shift_is_the_group_coefficient_of_a_common_slope_least_squares_fit():
+    """On scattered points whose groups overlap partly, curve_shift over the overlap equals the coefficient of the
+    group indicator in y = a + b x + D [long] fitted by numpy's least squares to the overlap's points."""
+    rng = np.random.default_rng(3)
+    x_short, x_long = rng.uniform(0, 6, 40), rng.uniform(3, 10, 40)
+    y_short = 1 + 0.5 * x_short + 0.1 * x_short**2 + rng.normal(0, 0.3, 40)
+    y_long = 1.7 + 0.5 * x_long + 0.1 * x_long**2 + rng.normal(0, 0.3, 40)
+    points = [("s", x, y) for x, y in zip(x_short, y_short)] + [
+        ("l", x, y) for x, y in zip(x_long, y_long)
+    ]
+    lo, hi = max(x_short.min(), x_long.min()), min(x_short.max(), x_long.max())
+    inside = [(g, x, y) for g, x, y in points if lo <= x <= hi]
+    design = np.array([[x, 1.0, g == "l"] for g, x, _ in inside], dtype=float)
+    expected = np.linalg.lstsq(design, np.array([y for *_, y in inside]), rcond=None)[0][2]
+    assert claims.curve_shift(points, "s", "l", "overlap") == pytest.approx(expected, abs=1e-12)
+    # fitted to every point, the slope is the within-group one; D is still the overlap's mean offset
+    xs = [np.array([x for g, x, _ in points if g == k]) for k in "sl"]
+    ys = [np.array([y for g, _, y in points if g == k]) for k in "sl"]
+    slope = sum(((x - x.mean()) * (y - y.mean())).sum() for x, y in zip(xs, ys)) / sum(
+        ((x - x.mean()) ** 2).sum() for x in xs
+    )
+    level = [np.mean([y - slope * x for g2, x, y in inside if g2 == k]) for k in "sl"]
+    assert claims.curve_shift(points, "s", "l", "all") == pytest.approx(level[1] - level[0])
+    # in the overlap (1..2) each group sits at one x, a different one: no slope to fit, nothing to compare at
+    # equal x
+    unfit = [("s", 1, 0), ("s", 1, 1), ("s", 3, 5), ("l", 0, 0), ("l", 2, 2), ("l", 2, 3)]
+    assert claims.curve_shift(unfit, "s", "l", "overlap") is None
+    # every point at one x: the shift there, whatever the slope
+    assert claims.curve_shift(
+        [("s", 4, 1), ("s", 4, 2), ("l", 4, 5), ("l", 4, 6)], "s", "l", "all"
+    ) == pytest.approx(4.0)
