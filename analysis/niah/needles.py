@@ -193,6 +193,11 @@ class NiahBuilder:
         encode = lambda text: np.asarray(tokenizer.encode(text), dtype=np.int64)  # noqa: E731
         head = [np.asarray(prompt_format.chat_prefix, dtype=np.int64), encode(_HEAD)]
         if prompt_format.bos:
+            if tokenizer.bos_id is None:
+                raise ValueError(
+                    f"tokenizer {tokenizer.name} has no BOS token to start the prompt with. Fix: --bos never "
+                    "(or auto, which follows the tokenizer)"
+                )
             head.insert(0, np.array([tokenizer.bos_id], dtype=np.int64))
         self._head = np.concatenate(head)
         if prompt_format.chat:

@@ -210,6 +210,11 @@ class Builders:
         bos = {"always": True, "never": False}.get(settings.bos)
         if bos is None:
             bos = False if settings.chat_template else source.bos_in_training
+        if bos and tokenizer.bos_id is None:
+            raise ProbeError(
+                f"--bos {settings.bos}: tokenizer {tokenizer.name} has no BOS token. Fix: --bos never, or auto "
+                "(which follows the tokenizer)"
+            )
         fmt = PromptFormat(settings.max_new_tokens, bos, tuple(chat[0]), tuple(chat[1]))
         cache_key = (tokenizer.fingerprint, fmt)
         if cache_key not in self._built:

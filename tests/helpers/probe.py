@@ -120,8 +120,11 @@ def write_checkpoint(
     return path
 
 
-def write_chat_tokenizer(directory: Path, template: bool = True, llama_bos: bool = False) -> Path:
-    """A byte-level tokenizer with ChatML special tokens (like small instruct models), or a Llama-style BOS."""
+def write_chat_tokenizer(
+    directory: Path, template: bool = True, llama_bos: bool = False, no_bos: bool = False
+) -> Path:
+    """A byte-level tokenizer with ChatML special tokens (like small instruct models), or a Llama-style BOS;
+    `no_bos`: as Qwen's tokenizers are saved, with no BOS at all (bos_token null, add_bos_token false)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -138,6 +141,8 @@ def write_chat_tokenizer(directory: Path, template: bool = True, llama_bos: bool
     directory.mkdir(parents=True)
     tok.save(str(directory / "tokenizer.json"))
     config = {"bos_token": specials[0], "eos_token": specials[1]}
+    if no_bos:
+        config.update(bos_token=None, add_bos_token=False)
     if template:
         config["chat_template"] = (
             "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "

@@ -34,7 +34,7 @@ class Tokenizer(Protocol):
 
     name: str
     vocab_size: int
-    bos_id: int
+    bos_id: int | None  # None: the tokenizer has no BOS token (Qwen's, for one) and never adds one
     eos_id: int
     adds_bos: bool  # the tokenizer's own convention: a text starts with BOS
     fingerprint: str  # identifies the tokenizer by content (its files), not by where it lives
@@ -154,6 +154,8 @@ class HFTokenizer:
 
     def _adds_bos(self, file: Path) -> bool:
         """True when tokenizer_config says add_bos_token, or tokenizer.json's post-processor starts with BOS."""
+        if self.bos_id is None:  # _special_ids refused a config that adds a BOS it does not have
+            return False
         if "add_bos_token" in self._config:
             return bool(self._config["add_bos_token"])
         post = json.loads(file.read_text(encoding="utf-8")).get("post_processor") or {}
@@ -165,31 +167,44 @@ class HFTokenizer:
                 return special is not None and self._tok.token_to_id(special) == self.bos_id
         return False
 
-    def _special_ids(self, path: Path) -> tuple[int, int]:
-        """BOS/EOS from tokenizer_config.json when present, else the usual Llama names."""
+    def _special_ids(self, path: Path) -> tuple[int | None, int]:
+        """BOS/EOS from tokenizer_config.json when present, else the usual Llama names. A tokenizer may have no
+        BOS (Qwen's: `bos_token` null, `add_bos_token` false): then None, unless its config names one or says
+        to add one, which it cannot. Every tokenizer needs an EOS: it ends an answer."""
         names = {
             "bos": ["<|begin_of_text|>", "<s>"],
             "eos": ["<|end_of_text|>", "</s>", "<|endoftext|>"],
         }
-        if self._config:
-            data = self._config
-            for key in ("bos", "eos"):
-                value = data.get(f"{key}_token")
-                if isinstance(value, dict):
-                    value = value.get("content")
-                if value:
-                    names[key] = [value] + names[key]
-        ids = []
+        named = {}
+        for key in ("bos", "eos"):
+            value = self._config.get(f"{key}_token")
+            if isinstance(value, dict):
+                value = value.get("content")
+            if value:
+                names[key] = [value] + names[key]
+                named[key] = value
+        ids: list[int | None] = []
         for key in ("bos", "eos"):
             found = [
                 self._tok.token_to_id(n) for n in names[key] if self._tok.token_to_id(n) is not None
             ]
-            if not found:
-                raise ValueError(
-                    f"hf tokenizer at {path}: no {key.upper()} token among {names[key]}"
-                )
-            ids.append(int(found[0]))
-        return ids[0], ids[1]
+            if found:
+                ids.append(int(found[0]))
+                continue
+            if key == "bos" and "bos" not in named and not self._config.get("add_bos_token"):
+                ids.append(None)
+                continue
+            why = (
+                f"its tokenizer_config.json names {named[key]!r}, which is not in its vocabulary"
+                if key in named
+                else f"no {key.upper()} token among {names[key]}"
+                + (" although its tokenizer_config.json sets add_bos_token" if key == "bos" else "")
+            )
+            raise ValueError(
+                f"hf tokenizer at {path}: {why}. Fix: use the tokenizer files the model was saved with "
+                "(tokenizer.json and tokenizer_config.json from save_pretrained)"
+            )
+        return ids[0], int(ids[1])
 
     def _guarded(self, what: str, call, *args, **kwargs):
         """call(*args, **kwargs), with any failure of the tokenizers library, a Rust panic included (a
@@ -249,7 +264,7 @@ class HFTokenizer:
         text = render_chat_template(
             self.chat_template,
             [{"role": "user", "content": marker}],
-            bos_token=self._tok.id_to_token(self.bos_id),
+            bos_token="" if self.bos_id is None else self._tok.id_to_token(self.bos_id),
             eos_token=self._tok.id_to_token(self.eos_id),
         )
         if text.count(marker) != 1:

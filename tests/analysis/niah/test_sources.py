@@ -72,6 +72,36 @@ def test_bos_and_chat_template_give_the_documented_tokens(tmp_path):
     assert llama_ids.build(700, 0, 0).input_ids[0] == 0  # the post-processor's BOS
 
 
+def test_a_tokenizer_without_bos_frames_prompts_without_one(tmp_path):
+    """Qwen's tokenizers have no BOS (bos_token null, add_bos_token false): the probe builds its prompts and chat
+    frames without one, and refuses --bos always by name instead of inventing a token."""
+    qwen = write_chat_tokenizer(tmp_path / "qwen", no_bos=True)
+    tok = get_tokenizer(f"hf:{qwen}")
+    assert tok.bos_id is None and not tok.adds_bos and tok.eos_id == 1  # <|im_end|>
+    builders = probe_sources.Builders("noise")
+    source = hf_source_for(qwen)
+
+    def text(**settings) -> str:
+        s = probe_settings.ProbeSettings(haystack="noise", max_new_tokens=16, **settings)
+        return tok.decode(builders.for_source(source, s).build(700, 0, 0).input_ids.tolist())
+
+    assert text().startswith(INSTRUCTION) and text(bos="never") == text()
+    assert text(chat_template=True).startswith("<|im_start|>user\n" + INSTRUCTION)
+    with pytest.raises(
+        probe_settings.ProbeError, match="--bos always: tokenizer .* has no BOS token"
+    ):
+        text(bos="always")
+    # a config that names a BOS, or asks for one, the vocabulary does not have is damage, named
+    config = json.loads((qwen / "tokenizer_config.json").read_text())
+    for change, says in (
+        ({"bos_token": "<s>"}, "names '<s>', which is not in its vocabulary"),
+        ({"add_bos_token": True}, "although its tokenizer_config.json sets add_bos_token"),
+    ):
+        (qwen / "tokenizer_config.json").write_text(json.dumps({**config, **change}))
+        with pytest.raises(ValueError, match=says):
+            get_tokenizer(f"hf:{qwen}")
+
+
 def test_a_hostile_chat_template_cannot_reach_python(tmp_path):
     directory = write_chat_tokenizer(tmp_path / "evil")
     config = json.loads((directory / "tokenizer_config.json").read_text())
