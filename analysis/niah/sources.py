@@ -143,7 +143,7 @@ def hf_source(directory: Path, settings: ProbeSettings) -> ModelSource:
     if (
         settings.engine == "transformers"
     ):  # any architecture: only its length and vocabulary are read
-        train_len, vocab_size = int(raw["max_position_embeddings"]), int(raw["vocab_size"])
+        train_len, vocab_size = _length_and_vocabulary(directory, raw)
     else:
         try:
             config = config_from_hf(raw, str(directory / "config.json"))
@@ -162,6 +162,35 @@ def hf_source(directory: Path, settings: ProbeSettings) -> ModelSource:
         vocab_size,
         get_tokenizer(spec).adds_bos,
     )
+
+
+def _length_and_vocabulary(directory: Path, raw: dict) -> tuple[int, int]:
+    """(trained length, vocabulary size) of a transformers model folder, under whatever names its config class
+    gives them (GPT-2's n_positions, a multimodal model's text_config), as transformers reads them; ProbeError
+    when config.json does not state one (transformers would fill in its class default, not the model's)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(directory, trust_remote_code=False).get_text_config()
+    except (ValueError, KeyError, TypeError, OSError) as err:
+        raise ProbeError(
+            f"{directory / 'config.json'}: transformers cannot read it ({str(err).splitlines()[0][:300]}). "
+            "Fix: pass a model folder saved by save_pretrained with a transformers release that knows its type"
+        ) from None
+    stated = {**raw, **(raw.get("text_config") or {})}
+    found, missing = {}, []
+    for key in ("max_position_embeddings", "vocab_size"):
+        name = getattr(config, "attribute_map", {}).get(key, key)
+        value = getattr(config, key, None)
+        if name not in stated or not isinstance(value, int) or value < 1:
+            missing.append(key if name == key else f"{key} ({name})")
+        found[key] = value
+    if missing:
+        raise ProbeError(
+            f"{directory / 'config.json'} states no {' or '.join(missing)} (a positive integer). Fix: add it to "
+            "config.json as the model was trained"
+        )
+    return found["max_position_embeddings"], found["vocab_size"]
 
 
 def milestones(run_dir: Path) -> list[Path]:

@@ -130,10 +130,15 @@ def scheme_options(config: Any, name: str, train_len: int, **options: Any) -> di
     makes before it loads a model."""
     if name not in SCHEMES:
         raise ValueError(f"unknown position scheme {name!r}; choose one of {SCHEMES}")
-    if name != "rope":
-        rope_inv_freq(
-            config
-        )  # refuses rotary embeddings the schemes cannot turn back (partial, dynamic)
+    if (
+        name == "rope"
+    ):  # the model's own attention, whatever its rotary (or none): nothing of posfreq's to check
+        if options:
+            raise ValueError(f"rope does not take {sorted(options)}; it has no options")
+        return {}
+    rope_inv_freq(
+        config
+    )  # refuses rotary embeddings the schemes cannot turn back (partial, dynamic)
     if name == "string":  # string_hf's function: S and W (no temperature)
         unknown = sorted(set(options) - {"shift", "window"})
         if unknown:
@@ -164,10 +169,27 @@ def _set_rotary(model: Any, rotary: Rotary | None) -> None:
         module.attention_scaling = float(scale)
 
 
+def _own_attention(model: Any) -> Any:
+    """`model` back on transformers' own attention: sdpa, or eager for a model transformers runs only eagerly."""
+    try:
+        model.set_attn_implementation("sdpa")
+    except (
+        ValueError,
+        ImportError,
+    ):  # e.g. Gemma 2's softcapping: transformers refuses sdpa by name
+        model.set_attn_implementation("eager")
+    return model
+
+
 def apply_scheme(model: Any, name: str, train_len: int | None = None, **options: Any) -> Any:
     """Run a loaded transformers model with position scheme `name` and its options (build_scheme's), defaults
-    from `train_len` (default: the config's max_position_embeddings). rope is transformers' own sdpa attention;
-    string is string_hf's function (shift and window). Bad options are refused here, before any forward."""
+    from `train_len` (default: the config's max_position_embeddings). rope is the model's own attention as
+    transformers runs it (sdpa, or eager for a model without sdpa), on any decoder; string is string_hf's
+    function (shift and window). Bad options are refused here, before any forward."""
+    if name == "rope":
+        scheme_options(model.config, name, 0, **options)
+        _set_rotary(model, None)
+        return _own_attention(model)
     length = train_len or model.config.max_position_embeddings
     resolved = scheme_options(model.config, name, length, **options)
     frequencies = None
@@ -178,7 +200,7 @@ def apply_scheme(model: Any, name: str, train_len: int | None = None, **options:
     _set_rotary(model, frequencies)
     if name == "string":
         return apply_string(model, resolved["shift"], resolved["window"], length)
-    if name == "rope" or frequencies is not None:
+    if frequencies is not None:
         model.set_attn_implementation("sdpa")
         return model
     register()
@@ -209,9 +231,12 @@ def load_causal_lm(
     )  # a damaged config.json or weight file named, before transformers reads them
     check_weight_files(path)
     config = AutoConfig.from_pretrained(path, trust_remote_code=False)
-    scheme_options(config, positions, train_len or config.max_position_embeddings, **options)
+    length = train_len or (0 if positions == "rope" else config.max_position_embeddings)
+    scheme_options(config, positions, length, **options)
     hf_logging.disable_progress_bar()  # the weights' loading bar would break the callers' own progress bars
+    # rope keeps the attention transformers picks for the model (sdpa where it runs); the schemes set their own
+    attention = {} if positions == "rope" else {"attn_implementation": "sdpa"}
     model = AutoModelForCausalLM.from_pretrained(
-        path, config=config, dtype=dtype, attn_implementation="sdpa", trust_remote_code=False
+        path, config=config, dtype=dtype, trust_remote_code=False, **attention
     )
     return apply_scheme(model, positions, train_len, **options).eval()

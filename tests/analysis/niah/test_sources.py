@@ -304,3 +304,36 @@ def test_ruler_renders_chat_templates_in_the_bounded_sandbox_not_transformers(tm
     with pytest.raises(ValueError, match="width"):
         tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
     assert time.monotonic() - started < 2
+
+
+def test_a_transformers_folder_gives_its_length_under_its_own_key_name(tmp_path):
+    """GPT-2 names its trained length n_positions: the transformers engine reads it as transformers does (the raw
+    config.json has no max_position_embeddings), and a config that states none is a ProbeError naming the file,
+    not transformers' class default taken for the model's length."""
+    transformers = pytest.importorskip("transformers")
+    from posfreq.train.data.hf_tokenizer import write_tokenizer_files
+
+    directory = tmp_path / "gpt2"
+    config = transformers.GPT2Config(
+        vocab_size=258,
+        n_embd=32,
+        n_layer=1,
+        n_head=2,
+        n_positions=96,
+        bos_token_id=0,
+        eos_token_id=1,
+    )
+    transformers.GPT2LMHeadModel(config).save_pretrained(directory)
+    write_tokenizer_files("bytes", directory)
+    assert "max_position_embeddings" not in json.loads((directory / "config.json").read_text())
+    settings = probe_settings.ProbeSettings(engine="transformers")
+    source = probe_sources.hf_source(directory, settings)
+    assert (source.train_len, source.vocab_size) == (96, 258)
+    raw = json.loads((directory / "config.json").read_text())
+    del raw["n_positions"]
+    (directory / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(
+        probe_settings.ProbeError,
+        match=r"gpt2/config.json states no max_position_embeddings \(n_positions\)",
+    ):
+        probe_sources.hf_source(directory, settings)

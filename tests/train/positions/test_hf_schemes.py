@@ -263,3 +263,56 @@ def test_ntk_and_yarn_set_the_rotary_embedding_and_another_scheme_restores_it(ll
         restored = model(input_ids=ids, attention_mask=mask).logits
     assert not torch.allclose(scaled, reference, atol=1e-3)
     assert torch.equal(restored, reference)
+
+
+def test_rope_is_the_models_own_attention_on_any_decoder(tmp_path) -> None:
+    """rope asks nothing of posfreq's schemes, so it runs on decoders the schemes refuse: a yarn-scaled rotary,
+    rope parameters per layer type (Gemma 3), no rotary at all (GPT-2) and a model transformers runs only eagerly
+    (Gemma 2): load_causal_lm's model gives the logits of transformers' own, loaded without posfreq."""
+    from posfreq.train.positions.hf_schemes import load_causal_lm
+
+    tiny = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
+    heads = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8}
+    decoders = {
+        "yarn": transformers.LlamaConfig(
+            **tiny,
+            **heads,
+            max_position_embeddings=64,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "rope_theta": 1e4,
+                "original_max_position_embeddings": 16,
+            },
+        ),
+        "gemma3": transformers.Gemma3TextConfig(
+            **tiny, **heads, sliding_window=8, max_position_embeddings=64
+        ),
+        "gpt2": transformers.GPT2Config(
+            vocab_size=64,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=64,
+            bos_token_id=0,
+            eos_token_id=1,
+        ),
+        "gemma2": transformers.Gemma2Config(
+            **tiny, **heads, sliding_window=8, max_position_embeddings=64
+        ),
+    }
+    torch.manual_seed(0)
+    ids = torch.randint(1, 64, (2, 40))
+    for name, config in decoders.items():
+        directory = tmp_path / name
+        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+        with pytest.raises(ValueError):  # what the schemes refuse for each of them
+            scheme_options(transformers.AutoConfig.from_pretrained(directory), "dca", 32)
+        own = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+        ours = load_causal_lm(directory, "rope")
+        with torch.no_grad():
+            expected, got = own(input_ids=ids).logits, ours(input_ids=ids).logits
+        assert torch.equal(got, expected), name
+        assert ours.config._attn_implementation == own.config._attn_implementation, name
+    with pytest.raises(ValueError, match="rope does not take"):
+        load_causal_lm(tmp_path / "gpt2", "rope", window=3)
