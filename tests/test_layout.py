@@ -33,7 +33,6 @@ TESTED_WITH_THEIR_CALLER = {
     "analysis/corpus/listed_outputs.py": "tests/scripts/commands/test_analyze.py",
     "analysis/corpus/summary.py": "tests/scripts/commands/test_analyze.py",
     "analysis/plots/effective_length.py": "tests/test_notebook.py",
-    "analysis/plots/frequency.py": "tests/scripts/commands/test_analyze.py",
     "analysis/plots/losses.py": "tests/scripts/commands/test_loss_by_distance.py",
     "analysis/plots/niah.py": "tests/scripts/commands/test_probe.py",
     "analysis/plots/positions.py": "tests/train/positions/test_schemes.py",

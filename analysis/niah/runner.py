@@ -146,7 +146,8 @@ def plan_model(source: ModelSource, out: Path, job: Job, builders: Builders) -> 
             raise ProbeError(
                 f"the teacher-forced reference answer takes {len(answer)} tokens of tokenizer "
                 f"{builder.tokenizer.name}, more than the answer budget {job.settings.max_new_tokens}. "
-                f"Fix: --max-new-tokens {len(answer)} or more, or --teacher-forced false"
+                f"Fix: --max-new-tokens {len(answer)} or more (or, in posfreq probe, --teacher-forced false, "
+                "which drops the teacher-forced scores)"
             )
     try:
         results.claim(out, key, parts, job.replace_stale)

@@ -33,14 +33,21 @@ from posfreq.train.run.log import human  # noqa: E402
 
 
 def save_figure(fig: plt.Figure, stem: str | Path) -> list[Path]:
-    """Save a figure as PNG and PDF next to each other, close it, and return the two paths."""
+    """Save a figure as PNG and PDF next to each other, close it, and return the two paths. The PDF carries no
+    creation date, so the same figure is the same bytes on a rerun."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
     fig.tight_layout()
     for path in paths:
         with atomic_open(path, "wb") as fh:
-            fig.savefig(fh, format=path.suffix[1:], dpi=150)
+            pdf = path.suffix == ".pdf"
+            fig.savefig(
+                fh,
+                format=path.suffix[1:],
+                dpi=150,
+                metadata={"CreationDate": None} if pdf else None,
+            )
     plt.close(fig)
     return paths
 
