@@ -47,6 +47,17 @@ def _start(cfg: TrainConfig, fabric, run: ResolvedRun, attention: str) -> None:
     slow_loss = loss_kernel_warning(resolved_accelerator(cfg))
     if slow_loss:
         LOG.warning(slow_loss)
+    if run.val_dataset is not None and run.val_rows < cfg.data.val_rows:
+        LOG.warning(
+            f"data.val_dir {cfg.data.val_dir} holds {run.val_rows} rows of {cfg.data.val_len or cfg.data.train_len} "
+            f"tokens, fewer than data.val_rows={cfg.data.val_rows}: each validation scores those {run.val_rows} "
+            "(more would score the same tokens twice)"
+        )
+    if cfg.optim.warmup_steps > run.total_steps:
+        LOG.warning(
+            f"optim.warmup_steps={cfg.optim.warmup_steps} is more than the run's {run.total_steps} steps: the "
+            f"learning rate never reaches optim.lr={cfg.optim.lr:g}"
+        )
     LOG.info(
         f"{run.model_config.num_params():,} parameters; {fabric.world_size} processes x "
         f"{run.accumulation} micro-batches x {cfg.micro_batch_rows} rows x {cfg.data.train_len} tokens "

@@ -28,6 +28,7 @@ from posfreq.train.run.config import (
 from posfreq.train.run.control import check_run_dir, run_files
 from posfreq.train.run.geometry import batch_geometry, resolve_model_config
 from posfreq.train.run.optim import lr_at
+from posfreq.train.run.validation import validation_rows
 
 
 class ResolvedRun:
@@ -64,6 +65,7 @@ class ResolvedRun:
             )
         self.data_fingerprint = self.dataset.fingerprint()
         self.val_dataset = self._validation_data(cfg)
+        self.val_rows = self._validation_rows(cfg)
         self._check_upsample(cfg)
         self.model_config = resolve_model_config(cfg, self.dataset.vocab_size)
         if self.model_config.vocab_size < self.dataset.vocab_size:
@@ -104,6 +106,19 @@ class ResolvedRun:
                 "(posfreq prepare --val-fraction writes them) or set it to null"
             )
         return val
+
+    def _validation_rows(self, cfg: TrainConfig) -> int:
+        """The rows each validation scores (`validation_rows`); ConfigError when data.val_dir holds not one."""
+        if self.val_dataset is None:
+            return 0
+        rows = validation_rows(self.val_dataset, cfg)
+        if rows == 0:
+            raise ConfigError(
+                f"data.val_dir {cfg.data.val_dir} holds {self.val_dataset.num_tokens} tokens, not one validation "
+                f"row of {cfg.data.val_len or cfg.data.train_len} ({cfg.data.packing} packing). Fix: hold out "
+                "more documents (posfreq prepare --val-fraction), a shorter data.val_len, or data.val_dir null"
+            )
+        return rows
 
     def _tokenizer_spec(self) -> dict:
         spec = {

@@ -368,7 +368,7 @@ class Trainer:
                 or self._milestone_due()  # every milestone keeps its loss by distance
             ):
                 loss, targets, by_distance = validation_loss(
-                    self.model, fabric, run.val_dataset, cfg
+                    self.model, fabric, run.val_dataset, cfg, run.val_rows
                 )
                 log.validation(self.step, self.run_tokens, loss, targets, fabric)
                 self.loss_by_distance = {

@@ -8,30 +8,40 @@ import torch
 from posfreq.train.data.packing import PackedSampler
 from posfreq.train.data.shards import TokenDataset
 from posfreq.train.run.config import TrainConfig
-from posfreq.train.run.loss_by_distance import LossByDistance, add_batch
+from posfreq.train.run.loss_by_distance import LossByDistance, add_batch, rows_in_one_pass
 
 
-def validation_loss(
-    model, fabric, dataset: TokenDataset, cfg: TrainConfig
-) -> tuple[float, int, LossByDistance]:
-    """(mean token loss, targets, loss by distance) over the first data.val_rows rows of data.val_len tokens (default
-    train_len) of `dataset`, split over ranks: one forward per batch gives both (train/run/loss_by_distance.py).
-
-    No shuffle and its own sampler, so values compare across steps and runs; the training stream,
-    the RNG and the model's mode are left as they were.
-    """
-    micro, total = cfg.micro_batch_rows, cfg.data.val_rows
-    length = cfg.data.val_len or cfg.data.train_len
-    sampler = PackedSampler(
+def _sampler(dataset: TokenDataset, cfg: TrainConfig) -> PackedSampler:
+    """Validation's rows: data.val_len tokens (default train_len), packed as training packs, in order."""
+    return PackedSampler(
         dataset,
-        length,
-        micro,
+        cfg.data.val_len or cfg.data.train_len,
+        cfg.micro_batch_rows,
         seed=0,
         packing=cfg.data.packing,
         attention=cfg.data.attention,
         shuffle=False,
     )
-    table = LossByDistance.empty(length - 1)
+
+
+def validation_rows(dataset: TokenDataset, cfg: TrainConfig) -> int:
+    """The rows validation scores: data.val_rows, or fewer when the held-out shards hold fewer in one pass (more
+    would score the same tokens twice); 0 when they hold not one row."""
+    return rows_in_one_pass(_sampler(dataset, cfg).schedule, cfg.data.val_rows)
+
+
+def validation_loss(
+    model, fabric, dataset: TokenDataset, cfg: TrainConfig, total: int
+) -> tuple[float, int, LossByDistance]:
+    """(mean token loss, targets, loss by distance) over the first `total` rows (`validation_rows`) of `dataset`,
+    split over ranks: one forward per batch gives both (train/run/loss_by_distance.py).
+
+    No shuffle and its own sampler, so values compare across steps and runs; the training stream,
+    the RNG and the model's mode are left as they were.
+    """
+    micro = cfg.micro_batch_rows
+    sampler = _sampler(dataset, cfg)
+    table = LossByDistance.empty(sampler.train_len - 1)
     model.eval()
     with torch.no_grad():
         # the same count on every rank (FSDP)

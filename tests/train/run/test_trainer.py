@@ -477,3 +477,30 @@ def test_bf16_mixed_with_activation_checkpointing_trains_and_resumes_exactly(dat
     assert all(
         t.dtype == torch.float32 for t in state.values()
     )  # fp32 master weights are what is saved
+
+
+def test_validation_scores_each_held_out_token_once_however_many_rows_are_asked(tmp_path, capsys):
+    """A held-out set smaller than data.val_rows is scored once, with a warning naming both counts (it was read
+    again from its start, counting tokens twice); one that holds not a single row is refused before training.
+    The warm-up that outlasts the run is named too."""
+    from posfreq.train.data.shards import ShardWriter
+
+    val_dir = tmp_path / "val"
+    with ShardWriter(val_dir, "shard-000", tokenizer="bytes", vocab_size=258, eos_id=257) as w:
+        for d in range(6):
+            w.add(list(f"held out document {d} ".encode() * 4) + [257])
+    held = TokenDataset(val_dir)
+    train = tmp_path / "train"
+    from posfreq.train.preflight.pretrain_check import write_tiny_corpus
+
+    write_tiny_corpus(train)
+    val = {"data.val_dir": str(val_dir), "data.val_every_tokens": 10**9, "data.val_rows": 1000}
+    run(tiny(train, tmp_path / "run", total_tokens=2048, **val, **{"optim.warmup_steps": 3}))
+    rows = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    scored = [r["val_targets"] for r in rows if "val_loss" in r]
+    assert scored and scored[-1] <= held.num_tokens  # at most one target per held-out token
+    warned = capsys.readouterr().out
+    assert "fewer than data.val_rows=1000" in warned and "same tokens twice" in warned
+    assert "optim.warmup_steps=3 is more than the run's 2 steps" in warned
+    with pytest.raises(ConfigError, match="not one validation row of 512"):
+        run(tiny(train, tmp_path / "run2", **val, **{"data.val_len": 512}))
