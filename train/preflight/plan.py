@@ -46,6 +46,7 @@ parameters (all but the input embedding; the head counts), evaluated for full ro
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -304,21 +305,43 @@ def _time_lines(
     ]
 
 
+def _data_vocabulary(cfg: TrainConfig) -> tuple[int | None, str]:
+    """(vocabulary size, where it comes from): the token shards' in data.dir, as the trainer takes it, or None and
+    why the preset's stands in (a plan is often made where the data is not)."""
+    from posfreq.train.data.shards import TokenDataset
+
+    if not cfg.data.dir or not Path(cfg.data.dir).is_dir():
+        return (
+            None,
+            f"the preset's: data.dir {cfg.data.dir or '(unset)'} is not here; the trainer takes the data's",
+        )
+    try:
+        return TokenDataset(
+            cfg.data.dir, tokenizer=cfg.data.tokenizer
+        ).vocab_size, f"the data's, {cfg.data.dir}"
+    except (FileNotFoundError, ValueError) as err:
+        return (
+            None,
+            f"the preset's: data.dir cannot be read ({str(err)[:200]}); the trainer takes the data's",
+        )
+
+
 def report(
     cfg: TrainConfig, nodes: int, gpus_per_node: int, gpu_name: str, mfu: float | None = None
 ) -> str:
     """The plan, as printed: step time and days at `mfu` if given, and at the GPU's MFU figure (`expected_mfu`)."""
     gpu, world = GPUS[gpu_name], nodes * gpus_per_node
-    config = resolve_model_config(
-        cfg
-    )  # the preset's vocab_size unless overridden (the trainer takes the data's)
+    data_vocab, vocab_from = _data_vocabulary(cfg)
+    config = resolve_model_config(cfg, data_vocab)  # as the trainer resolves it
+    if "vocab_size" in cfg.model.overrides:
+        vocab_from = "model.overrides.vocab_size"
     model = meta_model(config)
     L, rows, ckpt = cfg.data.train_len, cfg.micro_batch_rows, cfg.model.activation_checkpointing
     total = sum(p.numel() for p in model.parameters())
     embeddings = total - config.num_params(include_embeddings=False)
     lines = [
         f"plan: {cfg.model.preset}, L = {L}, {nodes} x {gpus_per_node} {gpu_name} ({world} GPUs), "
-        f"{cfg.precision}, vocab {config.vocab_size:,}",
+        f"{cfg.precision}, vocab {config.vocab_size:,} ({vocab_from})",
         f"parameters: {total:,} total, {embeddings:,} embeddings, {total - embeddings:,} non-embedding",
         f"batch: {cfg.global_batch_tokens:,} tokens/step = {world} GPUs x {batch_geometry(cfg, world).accumulation} micro-batches "
         f"x {rows} rows x {L} tokens",

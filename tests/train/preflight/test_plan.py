@@ -180,3 +180,30 @@ def test_accumulating_micro_batches_keeps_whole_fp32_gradients():
     assert (
         plan.memory(model, cfg, 16, one_micro_batch, checkpointing=True).accumulated_gradients == 0
     )
+
+
+def test_the_plan_takes_the_datas_vocabulary_as_the_trainer_does(tmp_path):
+    """The trainer sizes the embedding and head by the token shards' vocabulary: so does the plan, where the data
+    is, and it says whose vocabulary it planned with where the data is not."""
+    from posfreq.train.preflight.pretrain_check import write_tiny_corpus
+
+    data = write_tiny_corpus(tmp_path / "bytes")  # 258 byte tokens
+    preset = {"data": {"train_len": 64}, "model": {"preset": "tiny-2l-128"}}
+    here = plan.report(
+        config_from_dict({**preset, "data": {"train_len": 64, "dir": str(data)}}), 1, 1, "h200"
+    )
+    assert f"vocab 258 (the data's, {data})" in here
+    away = plan.report(
+        config_from_dict({**preset, "data": {"train_len": 64, "dir": str(tmp_path / "elsewhere")}}),
+        1,
+        1,
+        "h200",
+    )
+    assert "vocab 128,256 (the preset's: data.dir" in away and "is not here" in away
+    params = [
+        line
+        for line in (here, away)
+        for line in line.splitlines()
+        if line.startswith("parameters:")
+    ]
+    assert params[0] != params[1]  # the embedding and head follow the vocabulary
