@@ -34,6 +34,7 @@ from posfreq.train.checkpoint.layout import (
 )
 from posfreq.train.checkpoint.safe_load import CheckpointError
 from posfreq.train.command_line import command_parser, parse, summary
+from posfreq.train.data.hf_tokenizer import same_tokenizer
 from posfreq.train.data.packing_strategies import STRATEGIES
 from posfreq.train.data.prepare import absolute_spec
 from posfreq.train.data.shards import TokenDataset
@@ -137,6 +138,14 @@ def run_packing(meta: dict | None, checkpoint: str | None) -> str:
     return packing
 
 
+def _fingerprint(spec: str) -> str | None:
+    """The content fingerprint of the tokenizer `spec` names, None where it cannot be loaded here."""
+    try:
+        return get_tokenizer(spec).fingerprint
+    except (ValueError, ImportError, OSError):
+        return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, measure, write the table, the CSV and the figure; `error:` lines for what cannot run."""
     parser = build_parser()
@@ -154,11 +163,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         model, spec, trained, label, meta = load(args)
         dataset = TokenDataset(args.data)
         tokenizer = get_tokenizer(spec)
-        recorded = dataset.shards[0].meta.get(
-            "tokenizer_fingerprint"
-        )  # by content, when prepare recorded it
+        # by content: as prepare recorded it, else the content of the tokenizer the shards name
+        recorded = dataset.shards[0].meta.get("tokenizer_fingerprint") or _fingerprint(
+            dataset.tokenizer
+        )
         same = (
-            recorded == tokenizer.fingerprint
+            same_tokenizer(recorded, tokenizer)
             if recorded is not None
             else absolute_spec(dataset.tokenizer) == absolute_spec(spec)
         )

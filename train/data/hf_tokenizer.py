@@ -7,12 +7,14 @@ file is written atomically via `train.atomic`.
 
 from __future__ import annotations
 
+import functools
+import tempfile
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from posfreq.train.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
-from posfreq.train.data.tokenizer import ByteTokenizer, hf_dir
+from posfreq.train.data.tokenizer import ByteTokenizer, get_tokenizer, hf_dir
 
 if TYPE_CHECKING:
     import tokenizers
@@ -224,3 +226,30 @@ def render_in_sandbox(tokenizer) -> None:
         return text
 
     tokenizer.apply_chat_template = apply_chat_template
+
+
+BUILT_IN = ("llama3", "bytes")
+"""The tokenizers posfreq rebuilds as Hugging Face files itself (`write_tokenizer_files`)."""
+
+
+@functools.lru_cache(maxsize=None)
+def exported_fingerprint(spec: str) -> str:
+    """The content fingerprint of the Hugging Face files `write_tokenizer_files` writes for a built-in `spec`: what
+    a model exported by posfreq export-hf carries as its tokenizer."""
+    with tempfile.TemporaryDirectory() as directory:
+        write_tokenizer_files(spec, directory)
+        return get_tokenizer(f"hf:{directory}").fingerprint
+
+
+def same_tokenizer(fingerprint: str, tokenizer) -> bool:
+    """Whether `tokenizer` is, by content, the tokenizer whose fingerprint is `fingerprint`, a built-in tokenizer
+    and its exported Hugging Face files counting as one (shards prepared with `bytes`, a model exported with
+    them)."""
+    if fingerprint == tokenizer.fingerprint:
+        return True
+    for spec in BUILT_IN:
+        own = get_tokenizer(spec).fingerprint
+        if own in (fingerprint, tokenizer.fingerprint):
+            other = tokenizer.fingerprint if own == fingerprint else fingerprint
+            return other == exported_fingerprint(spec)
+    return False

@@ -156,3 +156,28 @@ def test_rows_beyond_the_data_and_a_zero_length_are_refused(data_dir, tmp_path, 
         command.main([*argv[:4], "--train-len", "0", "--out", str(tmp_path / "zero")])
     assert "--train-len must be >= 1, got 0" in capsys.readouterr().err
     assert not (tmp_path / "zero").exists()
+
+
+def test_an_exported_model_is_measured_on_the_shards_it_trained_on(data_dir, tmp_path, capsys):
+    """A checkpoint trained on `bytes` shards, exported with export-hf, carries those bytes as Hugging Face files:
+    the same tokenizer by content, so --model hf:EXPORT measures on the same shards, with the checkpoint's
+    numbers. Another tokenizer's files are still refused."""
+    from posfreq.scripts.commands import export_hf
+
+    path = write_checkpoint(
+        tmp_path / "run", 4096, tiny_model(), np.bincount([3, 100], minlength=513)
+    )
+    exported = tmp_path / "hf"
+    assert export_hf.main(["--checkpoint", str(path), "--out", str(exported)]) == 0
+    common = ["--data", str(data_dir), "--rows", "4", "--train-len", "128"]
+    assert command.main(["--checkpoint", str(path), *common, "--out", str(tmp_path / "a")]) == 0
+    assert command.main(["--model", f"hf:{exported}", *common, "--out", str(tmp_path / "b")]) == 0
+    a, b = (json.loads((tmp_path / d / "loss_by_distance.json").read_text()) for d in "ab")
+    assert a["tokens"] == b["tokens"] and np.allclose(a["loss_sum"], b["loss_sum"], rtol=1e-5)
+    (exported / "tokenizer.json").write_text(
+        (exported / "tokenizer.json").read_text().replace('"ignore_merges"', '"ignore_merges" ', 1)
+        + " "
+    )  # other bytes: another tokenizer by content
+    capsys.readouterr()
+    assert command.main(["--model", f"hf:{exported}", *common, "--out", str(tmp_path / "c")]) == 1
+    assert "not the model's tokenizer" in capsys.readouterr().err
