@@ -120,10 +120,10 @@ class ModelTask:
     pending: list[int]
 
 
-def plan_model(source: ModelSource, out: Path, job: Job, builders: Builders) -> ModelTask:
-    """Claim `out` for this model's key and list the lengths still to probe."""
+def check_model(source: ModelSource, job: Job, builders: Builders) -> tuple[NiahBuilder, list[int]]:
+    """(prompt builder, lengths to probe) of one model; ProbeError for what cannot run, before anything is
+    written (no result folder is claimed for a probe that is refused)."""
     builder = builders.for_source(source, job.settings)
-    key, parts = probe_result_key(source, builder, job.settings)
     shortest = builder.min_length()
     lengths = job.lengths_for(source.train_len, shortest)
     if not lengths:
@@ -149,6 +149,31 @@ def plan_model(source: ModelSource, out: Path, job: Job, builders: Builders) -> 
                 f"Fix: --max-new-tokens {len(answer)} or more (or, in posfreq probe, --teacher-forced false, "
                 "which drops the teacher-forced scores)"
             )
+    return builder, lengths
+
+
+def skipped_lengths_note(source: ModelSource, job: Job, builders: Builders) -> str | None:
+    """A line naming the default lengths below the shortest test the prompt format allows (left out of the
+    probe), or None when none is left out or the lengths were given."""
+    if job.lengths:
+        return None
+    builder, lengths = check_model(source, job, builders)
+    left_out = default_lengths(source.train_len)[
+        : len(default_lengths(source.train_len)) - len(lengths)
+    ]
+    if not left_out:
+        return None
+    return (
+        f"lengths {left_out[0]}-{left_out[-1]} left out: the shortest test of tokenizer {builder.tokenizer.name} "
+        f"(instruction, 4 needles, question and an answer budget of {job.settings.max_new_tokens}) takes "
+        f"{builder.min_length()} tokens; probing {lengths[0]}-{lengths[-1]}"
+    )
+
+
+def plan_model(source: ModelSource, out: Path, job: Job, builders: Builders) -> ModelTask:
+    """Claim `out` for this model's key and list the lengths still to probe."""
+    builder, lengths = check_model(source, job, builders)
+    key, parts = probe_result_key(source, builder, job.settings)
     try:
         results.claim(out, key, parts, job.replace_stale)
     except results.StaleResults as err:
@@ -289,6 +314,11 @@ def probe_models(
 
     Returns their effective_length rows, or nothing when `derive` is False.
     """
+    for source in sources:  # what cannot run is refused before any folder is claimed
+        check_model(source, job, builders)
+    note = skipped_lengths_note(sources[0], job, builders) if sources else None
+    if note:
+        print(note, file=sys.stderr)
     for out in outs:  # every folder refused before any key is computed or model loaded
         results.claim_results_dir(out)
     # One probe per result folder at a time: a second one (another job on the same --out) is refused in one
@@ -332,6 +362,9 @@ def probe_run(
         p: checkpoint_source(p, job.settings) for p in (mine if shard is not None else checkpoints)
     }
     out = out or run_out_default(run_dir, sources[mine[0]], job, builders)
+    if not merge_only:  # what cannot run is refused before the run's results folder is claimed
+        for p in mine:
+            check_model(sources[p], job, builders)
     results.claim_results_dir(out, run=True)
     rows: list[dict] = []
     if (

@@ -323,3 +323,28 @@ def test_a_second_probe_on_one_result_folder_is_refused_while_the_first_runs(tmp
     holder["pid"] = 2**22 + 12345  # a process that no longer runs
     (out / "run.lock").write_text(json.dumps(holder))
     assert probe.main(args) == 0 and not (out / "run.lock").exists()
+
+
+def test_a_refused_probe_leaves_no_folder_and_left_out_lengths_are_named(tmp_path, capsys):
+    """An answer budget too small for the teacher-forced answer is refused before any result folder is made
+    (a half-made probe-*/ with empty checkpoint folders was left in the run); default lengths below the shortest
+    test are named, not left out in silence."""
+    run = tmp_path / "run"
+    write_checkpoint(run, 1024, tiny_model(), np.bincount([512], minlength=513))
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    argv = [
+        "--run",
+        str(run),
+        "--tests-per-length",
+        "1",
+        "--haystack",
+        "noise",
+        "--quiet",
+        "--no-figures",
+    ]
+    with pytest.raises(SystemExit, match="Fix: --max-new-tokens"):
+        probe.main([*argv, "--max-new-tokens", "4"])
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+    assert probe.main([*argv, "--max-new-tokens", "40"]) == 0
+    err = capsys.readouterr().err
+    assert "lengths 128-" in err and "left out: the shortest test" in err and "probing " in err
