@@ -76,6 +76,19 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+RESUME_HINTS = {
+    name: ": the same command again resumes where this one stopped (" + what + ")"
+    for name, what in (
+        ("analyze", "finished files are reused"),
+        ("prepare", "finished shards are kept"),
+        ("probe", "finished tests are kept"),
+        ("ruler", "finished samples are kept"),
+        ("table", "finished schemes and tests are kept"),
+    )
+}
+"""What an interrupted command's line adds: the commands that resume when run again as they were."""
+
+
 def usage() -> str:
     """`posfreq --help`: the subcommands and one line on each."""
     width = max(map(len, SUBCOMMANDS))
@@ -116,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise SystemExit(f"error: {stop.code}") from None
             raise
         except KeyboardInterrupt:
-            print(f"posfreq {name}: interrupted", file=sys.stderr)
+            print(f"posfreq {name}: interrupted{RESUME_HINTS.get(name, '')}", file=sys.stderr)
             return 130
         except (
             Exception

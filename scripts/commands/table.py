@@ -81,7 +81,11 @@ def build_parser():
         "(docs/string.md), as the row string_auto beside the paper's S = L / 3",
     )
     parser.add_argument(
-        "--niah-lengths", type=Optional[str], default=None, help="NIAH lengths (default: L)"
+        "--niah-lengths",
+        type=Optional[str],
+        default=None,
+        help="NIAH lengths, as the probe's --lengths (default: the probe's, multiples of 128 up to the training "
+        "length L, from the shortest test the prompt allows)",
     )
     parser.add_argument("--tests", type=int, default=100, help="NIAH tests per length (paper: 500)")
     parser.add_argument(

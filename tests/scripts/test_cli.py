@@ -195,3 +195,20 @@ def test_a_bare_path_is_named_with_the_flag_it_fits(tmp_path, capsys):
     with pytest.raises(SystemExit):
         probe.main([str(missing)])
     assert f"--run {missing} (a run's folder) or --checkpoint {missing}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, resumes", [("probe", True), ("table", True), ("compare", False)])
+def test_an_interrupted_command_says_whether_running_it_again_resumes(
+    name, resumes, monkeypatch, capsys
+):
+    from posfreq.scripts import cli
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    monkeypatch.setattr(module, "main", interrupted)
+    assert cli.main([name]) == 130
+    err = capsys.readouterr().err
+    assert err.startswith(f"posfreq {name}: interrupted")
+    assert ("the same command again resumes where this one stopped" in err) == resumes

@@ -168,6 +168,11 @@ class ResolvedRun:
             )
         if path is None:
             return None
+        if not path.exists():
+            raise ConfigError(
+                f"resume={cfg.resume}: no checkpoint directory {path}. Fix: --resume null to start afresh (the "
+                "YAML spelling of none), --resume auto, or a checkpoint directory such as OUT/checkpoints/latest"
+            )
         meta = ckpt.read_trainer_state(path)
         if meta is None:
             raise ConfigError(

@@ -94,6 +94,10 @@ def test_bad_configs_fail_before_compute(data_dir, tmp_path):
             "does not exist",
         ),
         (tiny(data_dir, out, data={"dir": "", "train_len": 128}), "data.dir is empty"),
+        (
+            tiny(data_dir, out, resume="none"),
+            "resume=none: no checkpoint directory none. Fix: --resume null to start afresh",
+        ),
         (tiny(data_dir, out, global_batch_tokens=1000), "not a whole number of micro-batches"),
         (tiny(data_dir, out, micro_batch_rows=3), "not a whole number of micro-batches"),
         (
