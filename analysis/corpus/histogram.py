@@ -214,13 +214,13 @@ def count_lengths(
     files: Sequence[CorpusFile], settings: CountSettings, workers: int = 1, progress: bool = True
 ) -> tuple[LengthHistogram, ReadStats]:
     """The length histogram of many files, over `workers` processes; the result does not depend on it."""
-    from tqdm.auto import tqdm
+    from posfreq.train.progress import progress_bar
 
     histogram, stats = LengthHistogram(), ReadStats()
     tokens = nbytes = 0
     start = time.perf_counter()
     work = functools.partial(count_file, settings)
-    bar = tqdm(
+    bar = progress_bar(
         total=len(files), unit="file", desc="length histogram", disable=not progress, smoothing=0.05
     )
     for result in _file_results(work, files, workers):

@@ -30,6 +30,7 @@ from posfreq.train.atomic import atomic_open
 from posfreq.train.command_line import code_version
 from posfreq.train.model.attention_kernels import BackendError, explain_backend
 from posfreq.train.positions.schemes import SINGLE_PASS_SCHEMES
+from posfreq.train.progress import progress_bar
 from posfreq.train.run_lock import RunLock
 
 
@@ -186,17 +187,11 @@ def plan_model(source: ModelSource, out: Path, job: Job, builders: Builders) -> 
 
 def execute(tasks: Sequence[ModelTask], job: Job) -> None:
     """Probe every pending length of every model task under one progress bar (tests, with an ETA over all of them)."""
-    from tqdm.auto import tqdm
-
     total = sum(len(t.pending) for t in tasks) * job.settings.tests_per_length
     if total and job.show_progress:
         print(f"attention: {job.attention}", file=sys.stderr)
-    with tqdm(
-        total=total,
-        unit="test",
-        disable=not job.show_progress or total == 0,
-        dynamic_ncols=True,
-        desc="probe",
+    with progress_bar(
+        total=total, unit="test", disable=not job.show_progress or total == 0, desc="probe"
     ) as bar:
         for task in tasks:
             if task.pending:

@@ -36,7 +36,6 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from posfreq.train.data.corpora import Corpus, CorpusFile, SourceFilter, check_out_apart
 from posfreq.train.data.formats import SUFFIXES
@@ -52,6 +51,7 @@ from posfreq.train.data.stream import StreamShard
 from posfreq.train.data.tokenizer import Tokenizer, get_tokenizer, hf_dir
 from posfreq.train.journal import is_record
 from posfreq.train.outdir import OutputDirError, claim_output_dir, owner_of
+from posfreq.train.progress import progress_bar
 
 BATCH_CHARS = 4 << 20  # tokenize this many characters of text at a time
 
@@ -367,7 +367,7 @@ def prepare(
             meta = dict(shard_is_complete(out, names[file]) or {"num_docs": 0})
             val = shard_is_complete(out / VAL_DIR, names[file]) if val_fraction > 0 else None
             count_read(meta | {"val_docs": val["num_docs"] if val else 0})
-    bar = tqdm(
+    bar = progress_bar(
         total=len(todo), unit="file", desc=f"tokenize {corpus.name} -> {out}", disable=not progress
     )
 
