@@ -79,10 +79,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 RESUME_HINTS = {
     name: ": the same command again resumes where this one stopped (" + what + ")"
     for name, what in (
-        ("analyze", "finished files are reused"),
         ("prepare", "finished shards are kept"),
         ("probe", "finished tests are kept"),
-        ("ruler", "finished samples are kept"),
+        ("ruler", "finished tasks at finished lengths are kept"),
         ("table", "finished schemes and tests are kept"),
     )
 }

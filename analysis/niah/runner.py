@@ -79,6 +79,15 @@ class Job:
 
     def _attention_choice(self) -> str:
         """The attention backend the probe runs and why; ValueError when the asked one cannot run this probe."""
+        if (
+            self.settings.engine == "transformers"
+            and self.settings.positions in SINGLE_PASS_SCHEMES
+        ):
+            return (
+                "transformers' own: the model's sdpa (eager for a model without it)"
+                if self.settings.positions == "rope"
+                else "transformers' sdpa, with the scheme's rotary frequencies"
+            )
         dtype = (
             torch.bfloat16
             if self.settings.precision in ("bfloat16", "bfloat16-prefill")

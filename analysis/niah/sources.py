@@ -171,13 +171,15 @@ def _length_and_vocabulary(directory: Path, raw: dict) -> tuple[int, int]:
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(directory, trust_remote_code=False).get_text_config()
+        whole = AutoConfig.from_pretrained(directory, trust_remote_code=False)
+        config = whole.get_text_config()
     except (ValueError, KeyError, TypeError, OSError) as err:
         raise ProbeError(
             f"{directory / 'config.json'}: transformers cannot read it ({str(err).splitlines()[0][:300]}). "
             "Fix: pass a model folder saved by save_pretrained with a transformers release that knows its type"
         ) from None
-    stated = {**raw, **(raw.get("text_config") or {})}
+    # the values are the text model's: where they live in a text_config, that is where config.json must state them
+    stated = raw if config is whole else raw.get("text_config") or {}
     found, missing = {}, []
     for key in ("max_position_embeddings", "vocab_size"):
         name = getattr(config, "attribute_map", {}).get(key, key)
@@ -240,9 +242,14 @@ class Builders:
         if bos is None:
             bos = False if settings.chat_template else source.bos_in_training
         if bos and tokenizer.bos_id is None:
+            why = (
+                "which follows the model: it trained with a BOS"
+                if settings.bos == "auto"
+                else "which asks for one"
+            )
             raise ProbeError(
-                f"--bos {settings.bos}: tokenizer {tokenizer.name} has no BOS token. Fix: --bos never, or auto "
-                "(which follows the tokenizer)"
+                f"--bos {settings.bos} ({why}): tokenizer {tokenizer.name} has no BOS token. Fix: --bos never, "
+                "or the tokenizer the model trained with (--tokenizer)"
             )
         fmt = PromptFormat(settings.max_new_tokens, bos, tuple(chat[0]), tuple(chat[1]))
         cache_key = (tokenizer.fingerprint, fmt)

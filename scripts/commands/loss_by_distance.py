@@ -40,7 +40,7 @@ from posfreq.train.data.prepare import absolute_spec
 from posfreq.train.data.shards import TokenDataset
 from posfreq.train.data.tokenizer import get_tokenizer, hf_dir
 from posfreq.train.devices import resolve_device
-from posfreq.train.outdir import OutputDirError, claim_output_dir
+from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir
 from posfreq.train.run.config import DataSection
 from posfreq.train.run.loss_by_distance import measure
 
@@ -158,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.engine == "transformers" and args.model is None:
         parser.error("--engine transformers runs a Hugging Face model: pass --model hf:DIR")
     try:
-        out = claim_output_dir(args.out, COMMAND)
+        check_output_dir(args.out, COMMAND)  # a user's folder is refused before the model loads
         device = resolve_device(args.device)
         model, spec, trained, label, meta = load(args)
         dataset = TokenDataset(args.data)
@@ -177,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"--data {args.data} was tokenized with {dataset.tokenizer!r}, not the model's tokenizer {spec!r}. "
                 "Fix: prepare the corpus with the model's tokenizer (posfreq prepare --tokenizer)"
             )
+        out = claim_output_dir(args.out, COMMAND)  # claimed once nothing is left to refuse
         per_segment = args.engine == "transformers"
         packing = args.packing or run_packing(meta, args.checkpoint)
         train_len = args.train_len

@@ -42,3 +42,16 @@ def test_a_terminal_gets_tqdms_own_bar():
     with progress_bar(stream=screen, total=2) as bar:
         bar.update(2)
     assert "\r" in screen.getvalue()
+
+
+def test_a_bar_that_does_not_stay_still_logs_its_end_and_nested_bars_log_no_escape_codes():
+    log = io.StringIO()
+    with progress_bar(stream=log, total=5, desc="inner", leave=False) as bar:
+        bar.update(5)
+    assert log.getvalue().splitlines()[-1].startswith("inner: 100%")
+    nested = io.StringIO()
+    with progress_bar(stream=nested, total=2, desc="outer") as outer:
+        with progress_bar(stream=nested, total=2, desc="inner", position=1, leave=False) as inner:
+            inner.update(2)
+        outer.update(2)
+    assert "\x1b" not in nested.getvalue() and "outer: 100%" in nested.getvalue()

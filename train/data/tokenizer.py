@@ -158,14 +158,20 @@ class HFTokenizer:
             return False
         if "add_bos_token" in self._config:
             return bool(self._config["add_bos_token"])
+        leading = self._post_processor_first_special(file)
+        return leading is not None and self._tok.token_to_id(leading) == self.bos_id
+
+    @staticmethod
+    def _post_processor_first_special(file: Path) -> str | None:
+        """The special token tokenizer.json's post-processor puts before every text, if any (a BOS by another
+        name, for a tokenizer whose config names none)."""
         post = json.loads(file.read_text(encoding="utf-8")).get("post_processor") or {}
         processors = post.get("processors", [post]) if post.get("type") == "Sequence" else [post]
         for proc in processors:
             if proc.get("type") == "TemplateProcessing":
                 first = (proc.get("single") or [{}])[0]
-                special = first.get("SpecialToken", {}).get("id")
-                return special is not None and self._tok.token_to_id(special) == self.bos_id
-        return False
+                return first.get("SpecialToken", {}).get("id")
+        return None
 
     def _special_ids(self, path: Path) -> tuple[int | None, int]:
         """BOS/EOS from tokenizer_config.json when present, else the usual Llama names. A tokenizer may have no
@@ -175,6 +181,11 @@ class HFTokenizer:
             "bos": ["<|begin_of_text|>", "<s>"],
             "eos": ["<|end_of_text|>", "</s>", "<|endoftext|>"],
         }
+        leading = self._post_processor_first_special(self.file)
+        if (
+            leading is not None
+        ):  # what the tokenizer itself puts first is its BOS, whatever it is called
+            names["bos"] = [leading] + names["bos"]
         named = {}
         for key in ("bos", "eos"):
             value = self._config.get(f"{key}_token")

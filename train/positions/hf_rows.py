@@ -95,7 +95,7 @@ def rope_inv_freq(config: Any) -> Tensor:
     if partial not in (None, 1, 1.0):
         raise ValueError(
             f"posfreq attention: this model rotates only part of each head (partial_rotary_factor={partial}); "
-            "position schemes rotate whole heads. Fix: use transformers' own sdpa attention (rope)"
+            "position schemes rotate whole heads. Fix: use rope (the model's own attention)"
         )
     if rope_type in ("dynamic", "longrope"):
         raise ValueError(

@@ -88,9 +88,16 @@ def test_a_tokenizer_without_bos_frames_prompts_without_one(tmp_path):
     assert text().startswith(INSTRUCTION) and text(bos="never") == text()
     assert text(chat_template=True).startswith("<|im_start|>user\n" + INSTRUCTION)
     with pytest.raises(
-        probe_settings.ProbeError, match="--bos always: tokenizer .* has no BOS token"
+        probe_settings.ProbeError,
+        match=r"--bos always \(which asks for one\): tokenizer .* has no BOS",
     ):
         text(bos="always")
+    # a tokenizer whose config names no BOS but whose post-processor puts one first has that BOS (it was taken
+    # for BOS-less, and prompts lost the token the model trained with)
+    lead_dir = write_chat_tokenizer(tmp_path / "lead", template=False, llama_bos=True)
+    (lead_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    lead = get_tokenizer(f"hf:{lead_dir}")
+    assert lead.bos_id == 0 and lead.adds_bos
     # a config that names a BOS, or asks for one, the vocabulary does not have is damage, named
     config = json.loads((qwen / "tokenizer_config.json").read_text())
     for change, says in (

@@ -181,3 +181,4 @@ def test_an_exported_model_is_measured_on_the_shards_it_trained_on(data_dir, tmp
     capsys.readouterr()
     assert command.main(["--model", f"hf:{exported}", *common, "--out", str(tmp_path / "c")]) == 1
     assert "not the model's tokenizer" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()  # refused before its --out was claimed
