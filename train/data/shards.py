@@ -221,6 +221,23 @@ def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(np.asarray(starts, dtype=np.int64) - run_starts, lengths) + np.arange(total)
 
 
+def raise_open_file_limit(needed: int) -> None:
+    """Raise this process's soft limit of open files to its hard limit when fewer than `needed` plus a margin for
+    everything else (CUDA, NCCL, loggers) are allowed: clusters often start jobs at 1,024, and a run's cached shards,
+    its validation shards and the rest can pass that days into a run."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = needed + 1024
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    target = wanted if hard == resource.RLIM_INFINITY else min(hard, max(wanted, soft))
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
 class TokenDataset:
     """All shards of a data directory as one list of documents (EOS included), memory-mapped.
 
@@ -275,17 +292,19 @@ class TokenDataset:
         self._tok_starts = np.concatenate([[0], np.cumsum(toks)])  # first global token per shard
         self.num_docs = int(self._doc_starts[-1])
         self.num_tokens = int(self._tok_starts[-1])
+        raise_open_file_limit(max_open)
         self._maps = lru_cache(maxsize=max_open)(self._open)
 
     def _open(self, s: int) -> tuple[np.ndarray, np.ndarray]:
-        """Memory maps of shard s: (uint32 tokens, int64 offsets)."""
+        """Shard s: its uint32 tokens memory-mapped, its int64 offsets read whole (a few bytes per document). A
+        memory map holds a file descriptor while it lives, so only the tokens keep one: one per cached shard."""
         shard = self.shards[s]
         tokens = (
             np.memmap(shard.tokens_path, dtype=np.uint32, mode="r")
             if shard.meta["num_tokens"]
             else np.zeros(0, dtype=np.uint32)
         )
-        return tokens, np.load(shard.offsets_path, mmap_mode="r")
+        return tokens, np.load(shard.offsets_path)
 
     def __len__(self) -> int:
         """The number of documents."""

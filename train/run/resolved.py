@@ -8,6 +8,7 @@ resume checkpoint's checksums, checked once by rank 0 after launch (`agree_on_re
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -63,7 +64,6 @@ class ResolvedRun:
             raise ConfigError(
                 f"data.dir {cfg.data.dir} holds no tokens. Fix: re-run posfreq prepare"
             )
-        self.data_fingerprint = self.dataset.fingerprint()
         self.val_dataset = self._validation_data(cfg)
         self.val_rows = self._validation_rows(cfg)
         self._check_upsample(cfg)
@@ -106,6 +106,13 @@ class ResolvedRun:
                 "(posfreq prepare --val-fraction writes them) or set it to null"
             )
         return val
+
+    @functools.cached_property
+    def data_fingerprint(self) -> str:
+        """The training shards' fingerprint (`TokenDataset.fingerprint`: every document offset read), computed
+        where it is needed: by rank 0 alone once processes run (to check a resume, to write a checkpoint), not by
+        each of a cluster job's ranks at every start."""
+        return self.dataset.fingerprint()
 
     def _validation_rows(self, cfg: TrainConfig) -> int:
         """The rows each validation scores (`validation_rows`); ConfigError when data.val_dir holds not one."""
@@ -201,7 +208,8 @@ class ResolvedRun:
         changes = overridden_changes(meta["config"], cfg.to_dict())
         if changes:
             self.schedule_change = self._schedule_change(meta, changes)
-        self._check_same_data(path, meta)
+        if self.hashes:  # else rank 0 checks it after launch (`checksum_verdict`), for every rank
+            self._check_same_data(path, meta)
         if meta["sharded"] != cfg.checkpoint.sharded:
             raise ConfigError(
                 f"resume: {path} is {'sharded' if meta['sharded'] else 'a full file'}; set "
@@ -234,7 +242,8 @@ class ResolvedRun:
                 if meta is None:
                     raise CheckpointError(f"resume={self.cfg.resume}: {path} is no longer complete")
                 self._verify_chosen(path, meta, hashes=True)
-        except CheckpointError as err:
+            self._check_same_data(path, ckpt.read_trainer_state(path) or {})
+        except (CheckpointError, ConfigError) as err:
             return {"error": str(err)}
         except Exception as err:  # e.g. an I/O error on the damaged disk a checksum exists to catch
             return {"error": f"checking {self.resume_from}: {type(err).__name__}: {err}"}

@@ -45,7 +45,7 @@ from posfreq.train.run.parallel import (
     synchronize_replicas,
 )
 from posfreq.train.run.resolved import ResolvedRun
-from posfreq.train.run.validation import validation_due, validation_loss
+from posfreq.train.run.validation import ValidationBatches, validation_due, validation_loss
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -80,6 +80,9 @@ class Trainer:
         self.checkpoints_written: list[str] = []  # saved by this invocation, for the summary
         self.loss_by_distance: dict | None = (
             None  # this step's validation by distance, for the milestone
+        )
+        self.val_batches: ValidationBatches | None = (
+            None  # built at the first validation, then kept
         )
         self.last_latest_time = time.monotonic()
         # this rank's counts since start/resume
@@ -141,7 +144,11 @@ class Trainer:
             "world_size": self.fabric.world_size,
             "sampler": self.sampler.state_dict(),
             "config": cfg.to_dict(),
-            "data": {"dir": cfg.data.dir, "fingerprint": run.data_fingerprint},
+            # rank 0 writes this file: no other rank reads every document offset for it
+            "data": {
+                "dir": cfg.data.dir,
+                "fingerprint": run.data_fingerprint if self.fabric.global_rank == 0 else None,
+            },
             "schedule": {
                 "next_lr": lr_at(self.step, cfg, run.total_steps),
                 "total_steps": run.total_steps,
@@ -367,9 +374,11 @@ class Trainer:
                 validation_due(cfg, self.run_tokens, self.step == run.total_steps)
                 or self._milestone_due()  # every milestone keeps its loss by distance
             ):
-                loss, targets, by_distance = validation_loss(
-                    self.model, fabric, run.val_dataset, cfg, run.val_rows
-                )
+                if self.val_batches is None:
+                    self.val_batches = ValidationBatches.build(
+                        run.val_dataset, cfg, run.val_rows, fabric.world_size, fabric.global_rank
+                    )
+                loss, targets, by_distance = validation_loss(self.model, fabric, self.val_batches)
                 log.validation(self.step, self.run_tokens, loss, targets, fabric)
                 self.loss_by_distance = {
                     "step": self.step,

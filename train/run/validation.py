@@ -3,9 +3,11 @@ split over ranks."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from posfreq.train.data.packing import PackedSampler
+from posfreq.train.data.packing import PackedBatch, PackedSampler
 from posfreq.train.data.shards import TokenDataset
 from posfreq.train.run.config import TrainConfig
 from posfreq.train.run.loss_by_distance import LossByDistance, add_batch, rows_in_one_pass
@@ -30,27 +32,45 @@ def validation_rows(dataset: TokenDataset, cfg: TrainConfig) -> int:
     return rows_in_one_pass(_sampler(dataset, cfg).schedule, cfg.data.val_rows)
 
 
-def validation_loss(
-    model, fabric, dataset: TokenDataset, cfg: TrainConfig, total: int
-) -> tuple[float, int, LossByDistance]:
-    """(mean token loss, targets, loss by distance) over the first `total` rows (`validation_rows`) of `dataset`,
-    split over ranks: one forward per batch gives both (train/run/loss_by_distance.py).
+@dataclass(frozen=True)
+class ValidationBatches:
+    """One rank's share of the validation rows, as batches built once and kept: the same rows at every validation
+    (rebuilding them planned the held-out set's first block each time, opening every one of its shards)."""
+
+    length: int  # tokens per row
+    batches: list[
+        tuple[PackedBatch, bool]
+    ]  # (batch, whether its rows count: a rank past the last row still runs)
+
+    @classmethod
+    def build(
+        cls, dataset: TokenDataset, cfg: TrainConfig, total: int, world_size: int, rank: int
+    ) -> ValidationBatches:
+        """The first `total` rows (`validation_rows`) of `dataset`, micro_batch_rows at a time, dealt over ranks;
+        every rank gets the same number of batches (FSDP's collectives need one forward each)."""
+        micro = cfg.micro_batch_rows
+        sampler = _sampler(dataset, cfg)
+        batches = []
+        for step in range(-(-total // (world_size * micro))):
+            first = (step * world_size + rank) * micro
+            rows = min(micro, total - first)
+            batches.append((sampler.make_batch(first if rows > 0 else 0, max(rows, 1)), rows > 0))
+        return cls(sampler.train_len, batches)
+
+
+def validation_loss(model, fabric, rows: ValidationBatches) -> tuple[float, int, LossByDistance]:
+    """(mean token loss, targets, loss by distance) over the validation rows, split over ranks: one forward per
+    batch gives both (train/run/loss_by_distance.py).
 
     No shuffle and its own sampler, so values compare across steps and runs; the training stream,
     the RNG and the model's mode are left as they were.
     """
-    micro = cfg.micro_batch_rows
-    sampler = _sampler(dataset, cfg)
-    table = LossByDistance.empty(sampler.train_len - 1)
+    table = LossByDistance.empty(rows.length - 1)
     model.eval()
     with torch.no_grad():
-        # the same count on every rank (FSDP)
-        for step in range(-(-total // (fabric.world_size * micro))):
-            first = (step * fabric.world_size + fabric.global_rank) * micro
-            rows = min(micro, total - first)
-            batch = sampler.make_batch(first if rows > 0 else 0, max(rows, 1)).to(fabric.device)
+        for batch, counted in rows.batches:
             # a rank past the last row still runs the forward its peers' collectives need
-            add_batch(table if rows > 0 else LossByDistance.empty(1), model, batch)
+            add_batch(table if counted else LossByDistance.empty(1), model, batch.to(fabric.device))
     model.train()
     table = table.with_totals(fabric.all_reduce(table.as_tensor(fabric.device), reduce_op="sum"))
     targets = int(table.tokens.sum())

@@ -337,3 +337,33 @@ def test_damaged_shard_metadata_names_the_file_and_a_rerun_redoes_it(
     )
     assert prep.prepare(corpus, out, "bytes", progress=False)["skipped_complete"] == 0
     assert TokenDataset(out).num_docs == 3
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self/fd").is_dir(), reason="counts open files through Linux's /proc"
+)
+def test_cached_shards_hold_one_file_each_and_the_open_file_limit_allows_them(
+    tmp_path: Path,
+) -> None:
+    """Each cached shard keeps one open file (its tokens' memory map; offsets are read whole): a memory-mapped
+    offsets file was a second one, so 256 cached shards of a run and of its validation set passed the 1,024 open
+    files a cluster job often starts with. The soft limit is raised where it is lower than the cache needs."""
+    import resource
+
+    for s in range(12):
+        with ShardWriter(
+            tmp_path, f"shard-{s:03d}", tokenizer="bytes", vocab_size=258, eos_id=257
+        ) as w:
+            for d in range(3):
+                w.add([d + 1] * (s + 2) + [257])
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))
+        before = len(os.listdir("/proc/self/fd"))
+        data = TokenDataset(tmp_path, max_open=8)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= min(8 + 1024, hard)
+        for i in range(len(data)):
+            assert data.document(i)[-1] == 257
+        assert len(os.listdir("/proc/self/fd")) - before <= 8
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -263,3 +263,16 @@ def test_out_of_range_values_are_named_before_anything_runs(
         pretrain.main(["--config", str(config), flag, value])
     assert exit_info.value.code == f"error: {config} + command-line overrides: {message}"
     assert not (tmp_path / "run").exists()
+
+
+def test_no_rank_reads_every_document_offset_before_launch(resumable, data_dir, tmp_path):
+    """Every rank of a cluster job resolves the run before launch; the data fingerprint (every document offset of
+    every shard read) waits for rank 0's check after launch, which refuses other documents as before
+    (test_resume_refuses_other_documents_with_the_same_counts)."""
+    out = tmp_path / "run"
+    shutil.copytree(resumable["sharded"], out)
+    run = ResolvedRun(config_from_dict(tiny(data_dir, out)), 1, hashes=False)
+    assert run.resume_from == out / "checkpoints" / ckpt.LATEST
+    assert "data_fingerprint" not in vars(run)  # not computed
+    assert run.checksum_verdict() == {"resume_from": str(run.resume_from), "skipped": []}
+    assert "data_fingerprint" in vars(run)  # rank 0's check computed it
