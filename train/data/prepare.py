@@ -10,7 +10,8 @@ path relative to the corpus's common root (``train/chunk1/example_train_0.jsonl.
 (``train__shard_00042_of_59166``), so names do not depend on --shard or --workers.
 Shards are written under temporary names and renamed when complete; a rerun skips the
 complete ones (same source bytes by size and sha256, or stream revision, and the same tokenizer by
-content) and redoes the rest, so the job is restartable
+content; the finished inputs are read again for that, --workers at once) and redoes the rest, so the job is
+restartable
 file by file. A complete shard made from another input (another path and other bytes) is refused, never replaced. ``--shard i/n`` takes files i, i+n, i+2n, ... (0-based), for a SLURM job array.
 
 A job that would write no document at all (every record filtered out, blank files) is refused, naming what was
@@ -31,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -49,6 +50,7 @@ from posfreq.train.data.shards import (
 )
 from posfreq.train.data.stream import StreamShard
 from posfreq.train.data.tokenizer import Tokenizer, get_tokenizer, hf_dir
+from posfreq.train.fingerprint import file_sha256
 from posfreq.train.journal import is_record
 from posfreq.train.outdir import OutputDirError, claim_output_dir, owner_of
 from posfreq.train.progress import progress_bar
@@ -88,15 +90,6 @@ def shard_names(files: tuple[CorpusFile, ...]) -> dict[CorpusFile, str]:
             )
         seen[name] = file
     return names
-
-
-def file_sha256(path: Path) -> str:
-    """Content hash of an input file (recorded in the shard's metadata)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _init_worker(tokenizer_spec: str) -> None:
@@ -236,45 +229,58 @@ def pending_files(
     out: Path,
     tokenizer: Tokenizer,
     val_fraction: float = 0.0,
+    workers: int = 1,
 ) -> list[CorpusFile]:
     """Files whose shard (and validation shard) is not complete yet, was split with another --val-fraction, or lost
-    data to a bad input file (it may have been fetched again); refuses an --out tokenized with another tokenizer."""
-    todo = []
-    for file in corpus.files:
-        meta = shard_is_complete(out, names[file])
-        recorded = other_source(meta, file) if meta is not None else None
-        if recorded is not None:
-            raise OutputDirError(
-                f"{out}/{names[file]} holds the tokens of {recorded}, not of {source_identity(file, False)['source']}, "
-                f"which would replace them: both inputs take the shard name {names[file]!r}. Fix: tokenize each "
-                f"corpus into its own --out, or delete {out}/{names[file]}.* (and {out}/{VAL_DIR}/{names[file]}.*) "
-                "to replace that shard"
-            )
-        if meta is not None and (
-            meta.get("val_fraction", 0.0) != val_fraction
-            or list(meta.get("sources", []))
-            != list(corpus.sources)  # another filter: other documents
-            or meta.get("text_field", "text") != corpus.text_field
-            or (val_fraction > 0 and shard_is_complete(out / VAL_DIR, names[file]) is None)
-        ):
-            meta = None
-        recorded = meta.get("tokenizer_fingerprint") if meta is not None else None
-        if meta is not None and (
-            absolute_spec(str(meta.get("tokenizer"))) != tokenizer.name
-            or (recorded is not None and recorded != tokenizer.fingerprint)
-        ):
-            raise OutputDirError(
-                f"{out}/{names[file]} was tokenized with {meta.get('tokenizer')!r}"
-                + (
-                    " whose files have changed since"
-                    if meta.get("tokenizer") == tokenizer.name
-                    else ""
-                )
-                + f", not {tokenizer.name!r} as it is now. Fix: use a fresh --out directory per tokenizer."
-            )
-        if meta is None or meta.get("lost_files") or not same_source(meta, file):
-            todo.append(file)
-    return todo
+    data to a bad input file (it may have been fetched again); refuses an --out tokenized with another tokenizer.
+    Each finished input is hashed again to see that it is the same: `workers` threads read them at once (a
+    SlimPajama task's thousand inputs are gigabytes)."""
+
+    def pending(file: CorpusFile) -> bool:
+        return _is_pending(corpus, file, names[file], out, tokenizer, val_fraction)
+
+    # results, and the first refusal, in file order
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        return [file for file, todo in zip(corpus.files, pool.map(pending, corpus.files)) if todo]
+
+
+def _is_pending(
+    corpus: Corpus,
+    file: CorpusFile,
+    name: str,
+    out: Path,
+    tokenizer: Tokenizer,
+    val_fraction: float,
+) -> bool:
+    """Whether `file`'s shard is to be made (again); OutputDirError for a shard that is another input's or another
+    tokenizer's."""
+    meta = shard_is_complete(out, name)
+    recorded = other_source(meta, file) if meta is not None else None
+    if recorded is not None:
+        raise OutputDirError(
+            f"{out}/{name} holds the tokens of {recorded}, not of {source_identity(file, False)['source']}, "
+            f"which would replace them: both inputs take the shard name {name!r}. Fix: tokenize each "
+            f"corpus into its own --out, or delete {out}/{name}.* (and {out}/{VAL_DIR}/{name}.*) "
+            "to replace that shard"
+        )
+    if meta is not None and (
+        meta.get("val_fraction", 0.0) != val_fraction
+        or list(meta.get("sources", [])) != list(corpus.sources)  # another filter: other documents
+        or meta.get("text_field", "text") != corpus.text_field
+        or (val_fraction > 0 and shard_is_complete(out / VAL_DIR, name) is None)
+    ):
+        meta = None
+    recorded = meta.get("tokenizer_fingerprint") if meta is not None else None
+    if meta is not None and (
+        absolute_spec(str(meta.get("tokenizer"))) != tokenizer.name
+        or (recorded is not None and recorded != tokenizer.fingerprint)
+    ):
+        raise OutputDirError(
+            f"{out}/{name} was tokenized with {meta.get('tokenizer')!r}"
+            + (" whose files have changed since" if meta.get("tokenizer") == tokenizer.name else "")
+            + f", not {tokenizer.name!r} as it is now. Fix: use a fresh --out directory per tokenizer."
+        )
+    return meta is None or bool(meta.get("lost_files")) or not same_source(meta, file)
 
 
 def absolute_spec(spec: str) -> str:
@@ -334,7 +340,7 @@ def prepare(
             written_before=holds_only_shards,
             shared=True,
         )
-    todo = pending_files(mine, names, out, tokenizer, val_fraction)
+    todo = pending_files(mine, names, out, tokenizer, val_fraction, workers)
     totals = {
         "files": len(mine.files),
         "skipped_complete": len(mine.files) - len(todo),

@@ -367,3 +367,29 @@ def test_cached_shards_hold_one_file_each_and_the_open_file_limit_allows_them(
         assert len(os.listdir("/proc/self/fd")) - before <= 8
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_rerun_checks_its_finished_inputs_in_parallel_with_the_same_answer(
+    tmp_path: Path,
+) -> None:
+    """The rerun's check reads every finished input again (gigabytes per SlimPajama task): `workers` threads read
+    them at once, and find the same inputs to redo as one does (here a same-size edit among unchanged files)."""
+    from posfreq.train.data import prepare as prep
+    from posfreq.train.data.corpora import resolve_corpus
+
+    corpus_dir = tmp_path / "corpus"
+    corpus_dir.mkdir()
+    for i in range(6):
+        (corpus_dir / f"{i}.jsonl").write_text(json.dumps({"text": f"document {i} " * 50}) + "\n")
+    out = tmp_path / "tokens"
+    prep.prepare(resolve_corpus(corpus_dir), out, "bytes", progress=False)
+    edited = corpus_dir / "3.jsonl"
+    edited.write_text(
+        edited.read_text().replace("document 3", "document X")
+    )  # same size, other bytes
+    corpus = resolve_corpus(corpus_dir)
+    names = prep.shard_names(corpus.files)
+    tokenizer = prep.get_tokenizer("bytes")
+    one = prep.pending_files(corpus, names, out, tokenizer, workers=1)
+    assert one == [f for f in corpus.files if f.name == "3.jsonl"]
+    assert prep.pending_files(corpus, names, out, tokenizer, workers=4) == one
