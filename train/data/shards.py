@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -128,8 +129,10 @@ class _Shard:
     offsets_path: Path
 
 
-def _check_shard(base: Path, name: str) -> _Shard:
-    """Check that the three files of a shard exist and agree (reads only headers and sizes)."""
+def _check_shard(base: Path, name: str, listed: set[str] | None = None) -> _Shard:
+    """Check that the three files of a shard exist and agree: its metadata, its offsets (read whole) and its tokens'
+    size. `listed`: the directory's files, from one listing (no stat per file: a cluster's shared filesystem
+    answers each metadata request over the network, for tens of thousands of shards on every rank)."""
     shard = _Shard(name, {}, base / f"{name}{TOKENS_SUFFIX}", base / f"{name}{OFFSETS_SUFFIX}")
     meta_path = base / f"{name}{META_SUFFIX}"
     rerun = (
@@ -137,7 +140,7 @@ def _check_shard(base: Path, name: str) -> _Shard:
         "damaged shards (or delete this shard's files)."
     )
     for path in (shard.tokens_path, shard.offsets_path, meta_path):
-        if not path.is_file():
+        if path.name not in listed if listed is not None else not path.is_file():
             raise FileNotFoundError(
                 f"incomplete shard {base / name}: {path.name} is missing. {rerun}"
             )
@@ -157,7 +160,9 @@ def _check_shard(base: Path, name: str) -> _Shard:
             f"{shard.tokens_path}: {size} bytes is not a whole number of uint32 tokens. {rerun}"
         )
     try:
-        offsets = np.load(shard.offsets_path, mmap_mode="r")
+        offsets = np.load(
+            shard.offsets_path
+        )  # every value is checked below: one read, no memory map
     except (ValueError, OSError, EOFError) as err:  # not an .npy file, a cut one, a pickle
         reason = " ".join(f"{type(err).__name__}: {err}".split())
         raise DamagedShard(
@@ -254,20 +259,16 @@ class TokenDataset:
             raise FileNotFoundError(
                 f"data directory {self.directory} does not exist. {PREPARE_HINT}"
             )
-        names = sorted(
-            {
-                p.name[: -len(suffix)]
-                for suffix in (TOKENS_SUFFIX, OFFSETS_SUFFIX, META_SUFFIX)
-                for p in self.directory.glob(f"*{suffix}")
-                if not p.name.startswith(".")
-            }
-        )
+        with os.scandir(self.directory) as entries:  # one listing; no stat but for links
+            listed = {e.name for e in entries if not e.name.startswith(".") and e.is_file()}
+        suffixes = (TOKENS_SUFFIX, OFFSETS_SUFFIX, META_SUFFIX)
+        names = sorted({n[: -len(x)] for n in listed for x in suffixes if n.endswith(x)})
         if not names:
             raise FileNotFoundError(
                 f"data directory {self.directory} holds no token shards "
                 f"(*{TOKENS_SUFFIX} + *{OFFSETS_SUFFIX} + *{META_SUFFIX}). {PREPARE_HINT}"
             )
-        self.shards = [_check_shard(self.directory, name) for name in names]
+        self.shards = [_check_shard(self.directory, name, listed) for name in names]
         first = self.shards[0]
         for shard in self.shards[1:]:
             for key in ("tokenizer", "vocab_size", "eos_id"):
