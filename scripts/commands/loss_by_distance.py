@@ -42,7 +42,7 @@ from posfreq.train.data.tokenizer import get_tokenizer, hf_dir
 from posfreq.train.devices import resolve_device
 from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir
 from posfreq.train.run.config import DataSection
-from posfreq.train.run.loss_by_distance import measure
+from posfreq.train.run.loss_by_distance import check_rows, measure
 
 COMMAND = "loss-by-distance"
 
@@ -177,7 +177,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"--data {args.data} was tokenized with {dataset.tokenizer!r}, not the model's tokenizer {spec!r}. "
                 "Fix: prepare the corpus with the model's tokenizer (posfreq prepare --tokenizer)"
             )
-        out = claim_output_dir(args.out, COMMAND)  # claimed once nothing is left to refuse
         per_segment = args.engine == "transformers"
         packing = args.packing or run_packing(meta, args.checkpoint)
         train_len = args.train_len
@@ -185,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             train_len = (
                 model.config.max_position_embeddings if per_segment else model.config.train_len
             )
+        check_rows(dataset, train_len, args.rows, args.batch_rows, packing)
+        out = claim_output_dir(args.out, COMMAND)  # claimed once nothing is left to refuse
         table = measure(
             model.to(device),
             dataset,

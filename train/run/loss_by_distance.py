@@ -144,6 +144,28 @@ def rows_in_one_pass(schedule, rows: int) -> int:
     return schedule.epoch_start(1) // upr
 
 
+def check_rows(
+    dataset, train_len: int, rows: int, batch_rows: int = 4, packing: str = "concat"
+) -> PackedSampler:
+    """The in-order sampler of `measure`'s rows; RowsBeyondData when one pass over `dataset` holds fewer than
+    `rows` (more would count the same tokens again), ValueError for no rows or rows of no tokens."""
+    if train_len < 1 or rows < 1:
+        raise ValueError(f"need train_len >= 1 and rows >= 1; got {train_len} and {rows}")
+    sampler = PackedSampler(dataset, train_len, batch_rows, seed=0, packing=packing, shuffle=False)
+    held = rows_in_one_pass(sampler.schedule, rows)
+    if held < rows:
+        fix = (
+            f"ask for at most {held} rows (--rows), or shorter rows (--train-len)"
+            if held
+            else f"ask for rows shorter than its {dataset.num_tokens} tokens (--train-len)"
+        )
+        raise RowsBeyondData(
+            f"{dataset.directory} holds {held} rows of {train_len} tokens ({packing} packing), not the "
+            f"{rows} asked for: more would read the same tokens again. Fix: {fix}, or prepare more data"
+        )
+    return sampler
+
+
 def measure(
     model,
     dataset,
@@ -159,20 +181,7 @@ def measure(
     corpus, with the rows and buckets the trainer's validation uses. per_segment=True: `model` is a transformers
     causal LM, run a segment at a time (`add_segments`). Rows beyond one pass over the data (the sampler's first
     epoch) are refused with RowsBeyondData: they would count the same tokens again."""
-    if train_len < 1 or rows < 1:
-        raise ValueError(f"need train_len >= 1 and rows >= 1; got {train_len} and {rows}")
-    sampler = PackedSampler(dataset, train_len, batch_rows, seed=0, packing=packing, shuffle=False)
-    held = rows_in_one_pass(sampler.schedule, rows)
-    if held < rows:
-        fix = (
-            f"ask for at most {held} rows (--rows), or shorter rows (--train-len)"
-            if held
-            else f"ask for rows shorter than its {dataset.num_tokens} tokens (--train-len)"
-        )
-        raise RowsBeyondData(
-            f"{dataset.directory} holds {held} rows of {train_len} tokens ({packing} packing), not the "
-            f"{rows} asked for: more would read the same tokens again. Fix: {fix}, or prepare more data"
-        )
+    sampler = check_rows(dataset, train_len, rows, batch_rows, packing)
     table = LossByDistance.empty(train_len - 1)
     add = add_segments if per_segment else add_batch
     with torch.no_grad():
