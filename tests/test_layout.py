@@ -27,7 +27,6 @@ TESTED_WITH_THEIR_CALLER = {
     "train/command_line.py": "tests/scripts/test_cli.py",
     "train/fingerprint.py": "tests/analysis/test_keys.py",
     "train/run_lock.py": "tests/train/run/test_control.py",
-    "train/run/validation.py": "tests/train/run/test_trainer.py",
     "train/model/hf_folder.py": "tests/test_bad_inputs.py",
     "analysis/corpus/listed_outputs.py": "tests/scripts/commands/test_analyze.py",
     "analysis/corpus/summary.py": "tests/scripts/commands/test_analyze.py",

@@ -60,11 +60,19 @@ class _LogBar(tqdm):
         self._lines.finish()
 
 
+def _in_notebook() -> bool:
+    """Whether this process is a running Jupyter kernel (as tqdm.autonotebook tells it: an IPython shell whose
+    config has IPKernelApp), not merely one that imported IPython or ipykernel (a test of a notebook does)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+
+
 def progress_bar(stream: IO[str] | None = None, **options: Any) -> tqdm:
     """A tqdm bar on `stream` (default stderr) with `options`: redrawn in place on a terminal or in a notebook,
     written as whole lines every LOG_EVERY_S seconds otherwise."""
     stream = stream or sys.stderr
-    if stream.isatty() or "ipykernel" in sys.modules:
+    if stream.isatty() or _in_notebook():
         from tqdm.auto import tqdm as auto
 
         return auto(file=stream, **{"dynamic_ncols": True, **options})

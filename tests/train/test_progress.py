@@ -55,3 +55,16 @@ def test_a_bar_that_does_not_stay_still_logs_its_end_and_nested_bars_log_no_esca
             inner.update(2)
         outer.update(2)
     assert "\x1b" not in nested.getvalue() and "outer: 100%" in nested.getvalue()
+
+
+def test_a_process_that_imported_a_notebook_kernel_is_not_a_notebook():
+    """Running a notebook's test imports IPython and ipykernel into the test process; its bars stay lines."""
+    import importlib.util
+
+    if importlib.util.find_spec("IPython") is not None:
+        import IPython  # noqa: F401
+
+    log = io.StringIO()
+    with progress_bar(stream=log, total=2, desc="x") as bar:
+        bar.update(2)
+    assert "\r" not in log.getvalue() and log.getvalue().startswith("x:")
