@@ -74,7 +74,8 @@ def train(cfg: TrainConfig) -> list[dict]:
     lock = None
     try:
         fabric = build_fabric(cfg)
-        # Every check before any process or compute starts; a resume checkpoint's checksums after launch, by rank 0.
+        # Every check before any process or compute starts; a resume checkpoint's checksums and data fingerprint
+        # after launch, by rank 0.
         run = ResolvedRun(cfg, fabric.world_size, hashes=False)
         attention = attention_choice(cfg)
         launch(fabric)

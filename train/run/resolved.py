@@ -2,8 +2,9 @@
 
 Everything a user can get wrong (data, model, batch geometry, a resume from another config or
 other documents, a fresh start over an existing run) raises a ConfigError or CheckpointError
-naming the key or file and the fix, before processes launch. The one exception reads gigabytes: a
-resume checkpoint's checksums, checked once by rank 0 after launch (`agree_on_resume`).
+naming the key or file and the fix, before processes launch. The exceptions read gigabytes: a resume
+checkpoint's checksums and the data fingerprint it is compared with (resume on other documents), checked once by
+rank 0 after launch (`agree_on_resume`), not by every rank.
 """
 
 from __future__ import annotations
