@@ -135,8 +135,10 @@ class HFTokenizer:
             if config_file is not None and config_file.is_file()
             else {}
         )
+        # read once: a large vocabulary's tokenizer.json takes a while to parse
+        self._leading_special = self._post_processor_first_special(file)
         self.bos_id, self.eos_id = self._special_ids(path)
-        self.adds_bos = self._adds_bos(file)
+        self.adds_bos = self._adds_bos()
         # transformers 5's save_pretrained writes the template to chat_template.jinja, older ones into
         # tokenizer_config.json; the file wins, as transformers reads it.
         jinja = path / CHAT_TEMPLATE_FILE if path.is_dir() else None
@@ -152,13 +154,13 @@ class HFTokenizer:
                 digest.update(extra.read_bytes())
         self.fingerprint = f"hf-sha256:{digest.hexdigest()}"
 
-    def _adds_bos(self, file: Path) -> bool:
+    def _adds_bos(self) -> bool:
         """True when tokenizer_config says add_bos_token, or tokenizer.json's post-processor starts with BOS."""
         if self.bos_id is None:  # _special_ids refused a config that adds a BOS it does not have
             return False
         if "add_bos_token" in self._config:
             return bool(self._config["add_bos_token"])
-        leading = self._post_processor_first_special(file)
+        leading = self._leading_special
         return leading is not None and self._tok.token_to_id(leading) == self.bos_id
 
     @staticmethod
@@ -181,7 +183,7 @@ class HFTokenizer:
             "bos": ["<|begin_of_text|>", "<s>"],
             "eos": ["<|end_of_text|>", "</s>", "<|endoftext|>"],
         }
-        leading = self._post_processor_first_special(self.file)
+        leading = self._leading_special
         if (
             leading is not None
         ):  # what the tokenizer itself puts first is its BOS, whatever it is called
