@@ -344,3 +344,23 @@ def test_a_transformers_folder_gives_its_length_under_its_own_key_name(tmp_path)
         match=r"gpt2/config.json states no max_position_embeddings \(n_positions\)",
     ):
         probe_sources.hf_source(directory, settings)
+
+
+def test_a_multimodal_folder_gives_its_text_models_length_and_vocabulary(tmp_path):
+    """A LLaVA-style config keeps the language model's sizes in text_config: they are read there, and a size stated
+    only at the top level (where transformers does not read it for the text model) is refused, not defaulted."""
+    pytest.importorskip("transformers")
+    nested = {
+        "model_type": "llava",
+        "text_config": {"model_type": "llama", "vocab_size": 258, "max_position_embeddings": 96},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(nested))
+    assert probe_sources._length_and_vocabulary(tmp_path, nested) == (96, 258)
+    top = {
+        **nested,
+        "vocab_size": 258,
+        "text_config": {"model_type": "llama", "max_position_embeddings": 96},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(top))
+    with pytest.raises(probe_settings.ProbeError, match="states no vocab_size"):
+        probe_sources._length_and_vocabulary(tmp_path, top)
