@@ -259,11 +259,44 @@ def usable_bytes(gpu: Gpu) -> float:
 def largest_rows(
     model: Transformer, cfg: TrainConfig, world: int, gpu: Gpu, checkpointing: bool
 ) -> int:
-    """The most rows per micro-batch that fit (0 if not even one does)."""
-    rows = 0
-    while memory(model, cfg, world, rows + 1, checkpointing).total <= usable_bytes(gpu):
-        rows += 1
-    return rows
+    """The most rows per micro-batch before the first count that does not fit (0 if not even one does).
+
+    Memory grows with the rows except where a step stops accumulating micro-batches (the whole-gradient and
+    gathered-copy terms drop): on each side of that count it is monotone, so each side is searched by doubling
+    and bisection (a small model's count runs to the hundred thousands; one memory sum per count took minutes)."""
+
+    def fits(rows: int) -> bool:
+        return memory(model, cfg, world, rows, checkpointing).total <= usable_bytes(gpu)
+
+    step_rows = cfg.global_batch_tokens // cfg.data.train_len
+    single = -(-step_rows // world)  # the fewest rows per micro-batch with one micro-batch per step
+    first = _first_not_fitting(fits, 1, single)
+    if first < single:
+        return first - 1
+    return _first_not_fitting(fits, single, None) - 1
+
+
+def _first_not_fitting(fits, start: int, stop: int | None) -> int:
+    """The smallest count in [start, stop) that does not fit, or `stop` if all do; `fits` is monotone there
+    (true, then false). `stop` None: unbounded."""
+    if stop is not None and start >= stop:
+        return stop
+    if not fits(start):
+        return start
+    good, step = start, 1
+    while True:  # double until a count fails or the segment ends
+        probe = start + step if stop is None else min(start + step, stop - 1)
+        if not fits(probe):
+            bad = probe
+            break
+        good = probe
+        if stop is not None and probe == stop - 1:
+            return stop
+        step *= 2
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        good, bad = (middle, bad) if fits(middle) else (good, middle)
+    return bad
 
 
 def largest_valid_rows(rows: int, cfg: TrainConfig, world: int) -> int:

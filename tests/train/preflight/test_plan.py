@@ -207,3 +207,26 @@ def test_the_plan_takes_the_datas_vocabulary_as_the_trainer_does(tmp_path):
         if line.startswith("parameters:")
     ]
     assert params[0] != params[1]  # the embedding and head follow the vocabulary
+
+
+@pytest.mark.parametrize(
+    "memory_gib, batch_tokens",
+    [(0.05, 64 * 64), (0.2, 64 * 64), (0.4, 64 * 40), (0.03, 64 * 8), (1e-4, 64)],
+)
+def test_largest_rows_is_the_row_count_before_the_first_that_does_not_fit(memory_gib, batch_tokens):
+    """Searched by doubling and bisection on each side of the count where a step stops accumulating (memory drops
+    there): the same answer as counting up one row at a time, here where counting is short enough to do."""
+    cfg = config_from_dict(
+        {
+            "data": {"train_len": 64},
+            "global_batch_tokens": batch_tokens,
+            "micro_batch_rows": 1,
+            "model": {"preset": "tiny-2l-128", "overrides": {"vocab_size": VOCAB}},
+        }
+    )
+    model = plan.meta_model(resolve_model_config(cfg))
+    gpu = plan.Gpu(peak_bf16_flops=1e12, memory_gib=memory_gib)
+    rows = 0
+    while plan.memory(model, cfg, 1, rows + 1, False).total <= plan.usable_bytes(gpu):
+        rows += 1
+    assert plan.largest_rows(model, cfg, 1, gpu, checkpointing=False) == rows
