@@ -52,9 +52,8 @@ class _LogBar(tqdm):
         super().__init__(file=lines, **{"ncols": 120, "mininterval": 1.0, **options})
 
     def close(self) -> None:
-        if (
-            not self.disable
-        ):  # the state now, which tqdm draws on close only when the bar is left standing
+        # the state now, which tqdm draws on close only when the bar is left standing
+        if not self.disable:
             self._lines.pending = _CURSOR_MOVES.sub("", str(self)).strip()
         super().close()
         self._lines.finish()

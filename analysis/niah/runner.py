@@ -162,15 +162,14 @@ def check_model(source: ModelSource, job: Job, builders: Builders) -> tuple[Niah
     return builder, lengths
 
 
-def skipped_lengths_note(source: ModelSource, job: Job, builders: Builders) -> str | None:
+def skipped_lengths_note(
+    source: ModelSource, job: Job, builder: NiahBuilder, lengths: list[int]
+) -> str | None:
     """A line naming the default lengths below the shortest test the prompt format allows (left out of the
-    probe), or None when none is left out or the lengths were given."""
+    probe), or None when none is left out or the lengths were given; `builder` and `lengths` are check_model's."""
     if job.lengths:
         return None
-    builder, lengths = check_model(source, job, builders)
-    left_out = default_lengths(source.train_len)[
-        : len(default_lengths(source.train_len)) - len(lengths)
-    ]
+    left_out = [n for n in default_lengths(source.train_len) if n < lengths[0]]
     if not left_out:
         return None
     return (
@@ -180,9 +179,11 @@ def skipped_lengths_note(source: ModelSource, job: Job, builders: Builders) -> s
     )
 
 
-def plan_model(source: ModelSource, out: Path, job: Job, builders: Builders) -> ModelTask:
-    """Claim `out` for this model's key and list the lengths still to probe."""
-    builder, lengths = check_model(source, job, builders)
+def plan_model(
+    source: ModelSource, out: Path, job: Job, builder: NiahBuilder, lengths: list[int]
+) -> ModelTask:
+    """Claim `out` for this model's key and list the lengths still to probe (`builder` and `lengths` are
+    check_model's)."""
     key, parts = probe_result_key(source, builder, job.settings)
     try:
         results.claim(out, key, parts, job.replace_stale)
@@ -318,9 +319,9 @@ def probe_models(
 
     Returns their effective_length rows, or nothing when `derive` is False.
     """
-    for source in sources:  # what cannot run is refused before any folder is claimed
-        check_model(source, job, builders)
-    note = skipped_lengths_note(sources[0], job, builders) if sources else None
+    # what cannot run is refused before any folder is claimed
+    checked = [check_model(source, job, builders) for source in sources]
+    note = skipped_lengths_note(sources[0], job, *checked[0]) if sources else None
     if note:
         print(note, file=sys.stderr)
     for out in outs:  # every folder refused before any key is computed or model loaded
@@ -331,7 +332,7 @@ def probe_models(
         for out in outs:
             lock = RunLock.acquire(out)
             held.callback(lock.release)
-        tasks = [plan_model(s, o, job, builders) for s, o in zip(sources, outs)]
+        tasks = [plan_model(s, o, job, *c) for s, o, c in zip(sources, outs, checked)]
         execute(tasks, job)
         if not derive:
             return []

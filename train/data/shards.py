@@ -140,7 +140,8 @@ def _check_shard(base: Path, name: str, listed: set[str] | None = None) -> _Shar
         "damaged shards (or delete this shard's files)."
     )
     for path in (shard.tokens_path, shard.offsets_path, meta_path):
-        if path.name not in listed if listed is not None else not path.is_file():
+        present = path.name in listed if listed is not None else path.is_file()
+        if not present:
             raise FileNotFoundError(
                 f"incomplete shard {base / name}: {path.name} is missing. {rerun}"
             )
@@ -160,9 +161,7 @@ def _check_shard(base: Path, name: str, listed: set[str] | None = None) -> _Shar
             f"{shard.tokens_path}: {size} bytes is not a whole number of uint32 tokens. {rerun}"
         )
     try:
-        offsets = np.load(
-            shard.offsets_path
-        )  # every value is checked below: one read, no memory map
+        offsets = np.load(shard.offsets_path)  # every value is checked below: one read, no map
     except (ValueError, OSError, EOFError) as err:  # not an .npy file, a cut one, a pickle
         reason = " ".join(f"{type(err).__name__}: {err}".split())
         raise DamagedShard(

@@ -184,9 +184,8 @@ class HFTokenizer:
             "eos": ["<|end_of_text|>", "</s>", "<|endoftext|>"],
         }
         leading = self._leading_special
-        if (
-            leading is not None
-        ):  # what the tokenizer itself puts first is its BOS, whatever it is called
+        # what the tokenizer itself puts first is its BOS, whatever it is called
+        if leading is not None:
             names["bos"] = [leading] + names["bos"]
         named = {}
         for key in ("bos", "eos"):

@@ -130,9 +130,8 @@ def scheme_options(config: Any, name: str, train_len: int, **options: Any) -> di
     makes before it loads a model."""
     if name not in SCHEMES:
         raise ValueError(f"unknown position scheme {name!r}; choose one of {SCHEMES}")
-    if (
-        name == "rope"
-    ):  # the model's own attention, whatever its rotary (or none): nothing of posfreq's to check
+    # rope is the model's own attention, whatever its rotary (or none): nothing of posfreq's to check
+    if name == "rope":
         if options:
             raise ValueError(f"rope does not take {sorted(options)}; it has no options")
         return {}
@@ -173,10 +172,7 @@ def _own_attention(model: Any) -> Any:
     """`model` back on transformers' own attention: sdpa, or eager for a model transformers runs only eagerly."""
     try:
         model.set_attn_implementation("sdpa")
-    except (
-        ValueError,
-        ImportError,
-    ):  # e.g. Gemma 2's softcapping: transformers refuses sdpa by name
+    except (ValueError, ImportError):  # transformers refuses sdpa by name (Gemma 2's softcapping)
         model.set_attn_implementation("eager")
     return model
 

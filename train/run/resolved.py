@@ -30,7 +30,7 @@ from posfreq.train.run.config import (
 from posfreq.train.run.control import check_run_dir, run_files
 from posfreq.train.run.geometry import batch_geometry, resolve_model_config
 from posfreq.train.run.optim import lr_at
-from posfreq.train.run.validation import validation_rows
+from posfreq.train.run.validation import validation_rows, validation_sampler
 
 
 class ResolvedRun:
@@ -66,6 +66,9 @@ class ResolvedRun:
                 f"data.dir {cfg.data.dir} holds no tokens. Fix: re-run posfreq prepare"
             )
         self.val_dataset = self._validation_data(cfg)
+        self.val_sampler = (
+            None if self.val_dataset is None else validation_sampler(self.val_dataset, cfg)
+        )
         self.val_rows = self._validation_rows(cfg)
         self._check_upsample(cfg)
         self.model_config = resolve_model_config(cfg, self.dataset.vocab_size)
@@ -117,9 +120,9 @@ class ResolvedRun:
 
     def _validation_rows(self, cfg: TrainConfig) -> int:
         """The rows each validation scores (`validation_rows`); ConfigError when data.val_dir holds not one."""
-        if self.val_dataset is None:
+        if self.val_sampler is None:
             return 0
-        rows = validation_rows(self.val_dataset, cfg)
+        rows = validation_rows(self.val_sampler, cfg.data.val_rows)
         if rows == 0:
             raise ConfigError(
                 f"data.val_dir {cfg.data.val_dir} holds {self.val_dataset.num_tokens} tokens, not one validation "

@@ -376,7 +376,11 @@ class Trainer:
             ):
                 if self.val_batches is None:
                     self.val_batches = ValidationBatches.build(
-                        run.val_dataset, cfg, run.val_rows, fabric.world_size, fabric.global_rank
+                        run.val_sampler,
+                        cfg.micro_batch_rows,
+                        run.val_rows,
+                        fabric.world_size,
+                        fabric.global_rank,
                     )
                 loss, targets, by_distance = validation_loss(self.model, fabric, self.val_batches)
                 log.validation(self.step, self.run_tokens, loss, targets, fabric)

@@ -13,8 +13,9 @@ from posfreq.train.run.config import TrainConfig
 from posfreq.train.run.loss_by_distance import LossByDistance, add_batch, rows_in_one_pass
 
 
-def _sampler(dataset: TokenDataset, cfg: TrainConfig) -> PackedSampler:
-    """Validation's rows: data.val_len tokens (default train_len), packed as training packs, in order."""
+def validation_sampler(dataset: TokenDataset, cfg: TrainConfig) -> PackedSampler:
+    """Validation's rows: data.val_len tokens (default train_len), packed as training packs, in order. One per run:
+    it counts the rows (`validation_rows`) and builds them (`ValidationBatches`) from one planned schedule."""
     return PackedSampler(
         dataset,
         cfg.data.val_len or cfg.data.train_len,
@@ -26,10 +27,10 @@ def _sampler(dataset: TokenDataset, cfg: TrainConfig) -> PackedSampler:
     )
 
 
-def validation_rows(dataset: TokenDataset, cfg: TrainConfig) -> int:
-    """The rows validation scores: data.val_rows, or fewer when the held-out shards hold fewer in one pass (more
-    would score the same tokens twice); 0 when they hold not one row."""
-    return rows_in_one_pass(_sampler(dataset, cfg).schedule, cfg.data.val_rows)
+def validation_rows(sampler: PackedSampler, wanted: int) -> int:
+    """The rows validation scores: `wanted` (data.val_rows), or fewer when the held-out shards hold fewer in one
+    pass (more would score the same tokens twice); 0 when they hold not one row."""
+    return rows_in_one_pass(sampler.schedule, wanted)
 
 
 @dataclass(frozen=True)
@@ -44,12 +45,11 @@ class ValidationBatches:
 
     @classmethod
     def build(
-        cls, dataset: TokenDataset, cfg: TrainConfig, total: int, world_size: int, rank: int
+        cls, sampler: PackedSampler, micro: int, total: int, world_size: int, rank: int
     ) -> ValidationBatches:
-        """The first `total` rows (`validation_rows`) of `dataset`, micro_batch_rows at a time, dealt over ranks;
-        every rank gets the same number of batches (FSDP's collectives need one forward each)."""
-        micro = cfg.micro_batch_rows
-        sampler = _sampler(dataset, cfg)
+        """The first `total` rows (`validation_rows`) of the validation `sampler`, `micro` (micro_batch_rows) at a
+        time, dealt over ranks; every rank gets the same number of batches (FSDP's collectives need one forward
+        each)."""
         batches = []
         for step in range(-(-total // (world_size * micro))):
             first = (step * world_size + rank) * micro

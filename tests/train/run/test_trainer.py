@@ -507,16 +507,20 @@ def test_validation_scores_each_held_out_token_once_however_many_rows_are_asked(
 
 
 def test_validation_rows_are_built_once_per_run(data_dir, tmp_path, monkeypatch):
-    """The validation rows are the same at every validation: they are packed once (rebuilding them planned the
-    held-out set's first block each time, opening each of its shards: thousands of files at a cluster's scale).
+    """The validation rows are the same at every validation: they are planned and packed once per run (rebuilding
+    them planned the held-out set's first block each time, opening each of its shards: thousands of files at a
+    cluster's scale; the start-up's row count planned it once more).
     That the kept rows give the right loss is test_validation_loss_equals_a_full_logits_cross_entropy_...'s."""
-    from posfreq.train.run import validation
+    from posfreq.train.run import resolved, validation
 
     built = []
-    real = validation._sampler
-    monkeypatch.setattr(validation, "_sampler", lambda *a: built.append(1) or real(*a))
+    real = validation.validation_sampler
+    for module in (validation, resolved):  # wherever one could be made
+        monkeypatch.setattr(module, "validation_sampler", lambda *a: built.append(1) or real(*a))
     val = {"data.val_dir": str(data_dir), "data.val_every_tokens": 2048, "data.val_rows": 4}
     run(tiny(data_dir, tmp_path / "run", **val))
     rows = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     assert len([r for r in rows if "val_loss" in r]) == 4
-    assert len(built) == 2  # the start-up's row count, then the rows themselves, once
+    assert (
+        len(built) == 1
+    )  # one sampler counts the rows at start-up and packs them at the first validation
