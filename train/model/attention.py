@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -189,18 +190,19 @@ def _group_by_shape(cu_q: Tensor, cu_k: Tensor) -> dict[tuple[int, int], list[in
     return groups
 
 
-def _gather(x: Tensor, starts: list[int], length: int) -> Tensor:
-    """Stack equal-length slices of a packed (T, H, D) tensor into (n, H, length, D)."""
-    if all(b - a == length for a, b in zip(starts, starts[1:])):  # back to back: a view, no copy
-        return (
-            x[starts[0] : starts[0] + len(starts) * length]
-            .reshape(len(starts), length, *x.shape[1:])
-            .transpose(1, 2)
-        )
-    index = (
-        torch.tensor(starts, device=x.device)[:, None] + torch.arange(length, device=x.device)
+def _rows_of(starts: list[int], length: int, device: torch.device) -> slice | Tensor:
+    """The packed rows of equal-length sequences starting at `starts`: a slice when they lie back to back."""
+    if all(b - a == length for a, b in zip(starts, starts[1:])):
+        return slice(starts[0], starts[0] + len(starts) * length)
+    return (
+        torch.tensor(starts, device=device)[:, None] + torch.arange(length, device=device)
     ).reshape(-1)
-    return x.index_select(0, index).view(len(starts), length, *x.shape[1:]).transpose(1, 2)
+
+
+def _gather(x: Tensor, rows: slice | Tensor, length: int) -> Tensor:
+    """Stack equal-length sequences of a packed (T, H, D) tensor at `rows` (`_rows_of`) into (n, H, length, D)."""
+    taken = x[rows] if isinstance(rows, slice) else x.index_select(0, rows)  # a slice is a view
+    return taken.reshape(-1, length, *x.shape[1:]).transpose(1, 2)
 
 
 def attend_dense(
@@ -239,28 +241,50 @@ def attend_dense(
     return out.to(q.dtype), lse
 
 
+@dataclass(frozen=True)
+class _ShapeGroup:
+    """Sequences of one (query length, key length) and their packed rows (`_rows_of`)."""
+
+    len_q: int
+    len_k: int
+    rows_q: slice | Tensor
+    rows_k: slice | Tensor
+
+
+def _shape_groups(cu_q: Tensor, cu_k: Tensor) -> list[_ShapeGroup]:
+    """The sequences of cu_q/cu_k grouped by shape, each group one batched sdpa call (read on the host)."""
+    starts_q, starts_k = cu_q[:-1].tolist(), cu_k[:-1].tolist()
+    return [
+        _ShapeGroup(
+            len_q,
+            len_k,
+            _rows_of([starts_q[i] for i in seqs], len_q, cu_q.device),
+            _rows_of([starts_k[i] for i in seqs], len_k, cu_k.device),
+        )
+        for (len_q, len_k), seqs in _group_by_shape(cu_q, cu_k).items()
+        if len_q > 0
+    ]
+
+
+_SDPA_GROUPS = LayoutMemo()
+
+
 def _sdpa(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
     out = q.new_empty(q.shape)
     lse = q.new_full(q.shape[:2], -math.inf, dtype=torch.float32) if return_lse else None
-    starts_q, starts_k = cu_q[:-1].tolist(), cu_k[:-1].tolist()
-    for (len_q, len_k), seqs in _group_by_shape(cu_q, cu_k).items():
-        if len_q == 0:
-            continue
-        qs = _gather(q, [starts_q[i] for i in seqs], len_q)
-        ks = _gather(k, [starts_k[i] for i in seqs], len_k)
-        vs = _gather(v, [starts_k[i] for i in seqs], len_k)
-        plain = window is None or window >= len_k
-        causal = plain and len_q == len_k and len_q > 1
-        needs_mask = not causal and not (plain and len_q == 1)
-        mask = causal_mask(len_q, len_k, window, q.device) if needs_mask else None
+    # Read from cu_seqlens on the host once per forward (a GPU sync each), not once per layer.
+    for g in _SDPA_GROUPS.get((cu_q, cu_k), (), lambda: _shape_groups(cu_q, cu_k)):
+        qs = _gather(q, g.rows_q, g.len_q)
+        ks = _gather(k, g.rows_k, g.len_k)
+        vs = _gather(v, g.rows_k, g.len_k)
+        plain = window is None or window >= g.len_k
+        causal = plain and g.len_q == g.len_k and g.len_q > 1
+        needs_mask = not causal and not (plain and g.len_q == 1)
+        mask = causal_mask(g.len_q, g.len_k, window, q.device) if needs_mask else None
         o, s = attend_dense(qs, ks, vs, mask, causal, return_lse, scale)
-        index = (
-            torch.tensor([starts_q[i] for i in seqs], device=q.device)[:, None]
-            + torch.arange(len_q, device=q.device)
-        ).reshape(-1)
-        out.index_copy_(0, index, o.transpose(1, 2).reshape(-1, *q.shape[1:]))
+        out[g.rows_q] = o.transpose(1, 2).reshape(-1, *q.shape[1:])
         if return_lse:
-            lse.index_copy_(0, index, s.transpose(1, 2).reshape(-1, q.shape[1]))
+            lse[g.rows_q] = s.transpose(1, 2).reshape(-1, q.shape[1])
     return (out, lse) if return_lse else out
 
 
@@ -282,8 +306,9 @@ def _lse_per_token(lse: Tensor, q: Tensor) -> Tensor:
 
 
 def _varlen(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
-    """torch's varlen_attn through whichever signature this torch has (`varlen_api`): what a release lacks
-    is made up here (scale folded into q, key/value heads repeated); a window it lacks was refused earlier."""
+    """torch's varlen_attn through whichever signature this torch has (`varlen_api`): a scale the release
+    lacks is folded into q, and a window it lacks was refused earlier. Grouped key/value heads go to the kernel
+    as they are (with ``enable_gqa`` where the release has that guard): no repeated copies."""
     from torch.nn.attention import varlen
 
     api = varlen_api()
@@ -299,12 +324,8 @@ def _varlen(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
         options["scale"] = scale
     elif not math.isclose(factor := scale * math.sqrt(q.shape[-1]), 1.0, rel_tol=1e-9):
         q = q * factor  # the kernel's own scale is 1 / sqrt(D): fold the rest into q, a copy of it
-    if q.shape[1] != k.shape[1]:
-        if api.gqa:
-            options["enable_gqa"] = True
-        else:
-            groups = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    if q.shape[1] != k.shape[1] and api.gqa:
+        options["enable_gqa"] = True
     if return_lse:
         options["return_aux"] = varlen.AuxRequest(lse=True)
     result = varlen.varlen_attn(q, k, v, cu_q.int(), cu_k.int(), max_q, max_k, **options)

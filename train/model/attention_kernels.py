@@ -106,9 +106,12 @@ def _current_capability() -> tuple[int, int]:
 class VarlenApi:
     """What this torch's `torch.nn.attention.varlen.varlen_attn` takes: its signature changed in every release.
 
-    torch 2.10 says causal by ``is_causal`` and has no scale, window or grouped heads; 2.11 says causal by
-    ``window_size=(-1, 0)`` and adds ``scale``; 2.12 adds ``enable_gqa``. What a release lacks, the adapter
-    makes up (scale folded into q, key/value heads repeated) or, for a window, cannot.
+    torch 2.10 says causal by ``is_causal`` and has no scale or window; 2.11 says causal by ``window_size=(-1,
+    0)`` and adds ``scale``; 2.12 adds ``enable_gqa``, a guard that must be set for grouped key/value heads. Every
+    release runs the same FlashAttention-2 kernel (`aten._flash_attention_forward`/`_backward`), which takes
+    grouped heads as they are, so before 2.12 they are passed unrepeated (`make gpu-check`'s varlen-native-gqa
+    stage checks that on the GPU's own torch). A scale the release lacks is folded into q; a window it lacks
+    cannot be made up.
     """
 
     causal: str | None
@@ -116,6 +119,7 @@ class VarlenApi:
     scale: bool
     window: bool
     gqa: bool
+    """Whether it has ``enable_gqa`` (which must then be set for grouped heads)."""
     lse: bool
     """Whether it can return the log-sum-exp (``return_aux``)."""
 

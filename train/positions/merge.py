@@ -130,19 +130,21 @@ class Segments:
 def merge_into(
     out: Tensor, lse: Tensor, rows: Tensor | slice, out_b: Tensor, lse_b: Tensor
 ) -> None:
-    """Fold a second pass (out_b, lse_b) for `rows` into (out, lse) in place: exact softmax over both key sets."""
+    """Fold a second pass (out_b, lse_b) for `rows` into (out, lse) in place: exact softmax over both key sets.
+
+    The weighted sum is formed in float32 from the passes' own outputs (a half-precision output times a float32
+    weight is computed in float32), with no float32 copy of either: on a long prefill these (rows, H, D) sweeps,
+    not the arithmetic, are the merge's cost.
+    """
     lse_a = lse[rows]
     total = torch.logaddexp(lse_a, lse_b)
     weight_a = (
         torch.exp(lse_a - total).nan_to_num(0.0).unsqueeze(-1)
     )  # nan only where both saw no key (not in place: exp's backward needs its output)
     weight_b = torch.exp(lse_b - total).nan_to_num(0.0).unsqueeze(-1)
-    merged = (
-        out[rows].float().mul_(weight_a).addcmul_(out_b.float(), weight_b)
-    )  # in place for float32 slices
+    merged = torch.addcmul(out_b * weight_b, out[rows], weight_a)  # float32 (weights are)
     if isinstance(rows, slice):
-        if merged.dtype != out.dtype:
-            out[rows] = merged
+        out[rows] = merged
         lse[rows] = total
     else:
         out.index_copy_(0, rows, merged.to(out.dtype))

@@ -26,6 +26,10 @@ def rotary_inv_freq(head_dim: int, base: float) -> Tensor:
     return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
 
 
+RECENT_POSITIONS = 2
+"""How many positions tensors' cos/sin a `Rotary` keeps (see `Rotary._recent`)."""
+
+
 @dataclass
 class Rotary:
     """Rotates vectors by their positions: x * cos + rotate_half(x) * sin (Llama's half-split layout)."""
@@ -33,18 +37,22 @@ class Rotary:
     inv_freq: Tensor
     scale: float = 1.0
     """Multiplies cos/sin (YaRN's attention temperature, so logits by its square); 1 for plain RoPE."""
-    _last: tuple[Tensor, torch.dtype, Tensor, Tensor] | None = field(
-        default=None, init=False, repr=False, compare=False
+    _recent: list[tuple[Tensor, torch.dtype, Tensor, Tensor]] = field(
+        default_factory=list, init=False, repr=False, compare=False
     )
-    """cos/sin of the last positions tensor (held, so its identity stays its own): every layer of a forward rotates
-    at the same positions tensor, so they are computed once per forward, not twice per layer (a tenth of a
-    single-token decoding step of a 135M model on a CPU). Positions tensors are never changed in place."""
+    """cos/sin of the last RECENT_POSITIONS positions tensors (held, so their identities stay their own): every
+    layer of a forward rotates at the same positions tensors (a split scheme at two: the true positions and its
+    far queries'), so they are computed once per forward, not once or twice per layer (a tenth of a single-token
+    decoding step of a 135M model on a CPU). Positions tensors are never changed in place."""
 
     _on_device: dict[torch.device, Tensor] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
     """inv_freq per device it was used on: a host-to-device copy blocks the host until the GPU has caught up,
     which would cost every rotation at new positions (STRING's far queries, every layer) its CPU run-ahead."""
+
+    _unscaled: "Rotary | None" = field(default=None, init=False, repr=False, compare=False)
+    """These frequencies without `scale`, for `rerotate`."""
 
     def inv_freq_on(self, device: torch.device) -> Tensor:
         """inv_freq on `device`, copied there once."""
@@ -54,16 +62,16 @@ class Rotary:
 
     def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos and sin, each (T, 1, D), at `positions` (T,), times `scale`, in `dtype`."""
-        last = self._last
-        if last is not None and last[0] is positions and last[1] == dtype:
-            return last[2], last[3]
+        for held, held_dtype, cos, sin in self._recent:
+            if held is positions and held_dtype == dtype:
+                return cos, sin
         freqs = positions.float()[:, None] * self.inv_freq_on(positions.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = (
             (emb.cos() * self.scale).to(dtype)[:, None, :],
             (emb.sin() * self.scale).to(dtype)[:, None, :],
         )
-        self._last = (positions, dtype, cos, sin)
+        self._recent = [(positions, dtype, cos, sin), *self._recent[: RECENT_POSITIONS - 1]]
         return cos, sin
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
@@ -73,7 +81,9 @@ class Rotary:
 
     def rerotate(self, x: Tensor, shift: Tensor) -> Tensor:
         """Rotate already rotated vectors further by `shift` (rotations compose), in float32, without `scale` again."""
-        return Rotary(self.inv_freq_on(x.device)).rotate(x.float(), shift).to(x.dtype)
+        if self._unscaled is None:  # one, so that its cos/sin memo serves every layer
+            self._unscaled = Rotary(self.inv_freq)
+        return self._unscaled.rotate(x.float(), shift).to(x.dtype)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ A scheme rotates keys at their true positions (`rotate_keys`) and runs its own a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
@@ -70,6 +70,13 @@ _FAR_SEGMENTS = LayoutMemo()
 """The far pass's segments, a function of cu_seqlens and the split alone: shared by every layer's scheme (the
 transformers adapter makes one per attention module)."""
 
+_FAR_POSITIONS = LayoutMemo()
+"""The far queries' rotation positions, one tensor per forward: the rotary's cos/sin memo knows a positions
+tensor by identity, so every layer after the first reuses the cos/sin computed at them."""
+
+_FAR_KEY_SHIFTS = LayoutMemo()
+"""Likewise the far keys' extra rotation (ReRoPE, Self-Extend), one tensor per forward."""
+
 
 @dataclass
 class SplitScheme(PositionScheme):
@@ -99,6 +106,11 @@ class SplitScheme(PositionScheme):
     def pair_distance(self, m: np.ndarray, n: np.ndarray) -> np.ndarray:
         return np.where(m - n < self.split, m - n, self.far_distance(m, n))
 
+    def _scalar_settings(self) -> tuple:
+        """The scheme's number fields (split, window, group, ...): what its far positions depend on."""
+        values = (getattr(self, f.name) for f in fields(self))
+        return tuple(v for v in values if isinstance(v, (int, float)))
+
     def attend(self, x: AttentionInputs) -> Tensor:
         if x.max_seqlen_k <= self.split:  # no pair reaches the split: plain RoPE, same code path
             return super().attend(x)
@@ -115,9 +127,18 @@ class SplitScheme(PositionScheme):
         seg = _FAR_SEGMENTS.get((x.cu_seqlens_q, x.cu_seqlens_k), (self.split,), far)
         if seg is None:
             return out
-        q = self.rotary.rotate(x.q[seg.rows_q], self.far_query_positions(x.pos_q[seg.rows_q]))
+        far_positions = _FAR_POSITIONS.get(
+            (x.pos_q, x.cu_seqlens_q, x.cu_seqlens_k),
+            (type(self), *self._scalar_settings()),
+            lambda: self.far_query_positions(x.pos_q[seg.rows_q]),
+        )
+        q = self.rotary.rotate(x.q[seg.rows_q], far_positions)
         k = x.k[seg.rows_k]
-        shift = self.far_key_shift(x.pos_k[seg.rows_k])
+        shift = _FAR_KEY_SHIFTS.get(
+            (x.pos_k, x.cu_seqlens_q, x.cu_seqlens_k),
+            (type(self), *self._scalar_settings()),
+            lambda: self.far_key_shift(x.pos_k[seg.rows_k]),
+        )
         if shift is not None:
             k = self.rotary.rerotate(k, shift)
         out_far, lse_far = seg.attention(q, k, x.v[seg.rows_k], None, x.backend)

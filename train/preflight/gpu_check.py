@@ -118,25 +118,61 @@ def environment_stage(device: torch.device) -> str:
 
 
 def varlen_gqa_stage(device: torch.device) -> str:
-    """Whether the installed varlen kernel accepts fewer key/value heads than query heads as they are."""
+    """Whether the installed varlen kernel takes fewer key/value heads than query heads as they are: forward,
+    log-sum-exp and backward against repeated heads, and the time of each way on one 32K sequence."""
     _gpu_only(device)
     from torch.nn.attention import varlen
 
-    lens = [300, 17, 555]
-    cu = _cu(lens, device)
-    q = torch.randn(sum(lens), 32, 64, device=device, dtype=torch.bfloat16)
-    k, v = (torch.randn(sum(lens), 4, 64, device=device, dtype=torch.bfloat16) for _ in range(2))
     api = attention_kernels.varlen_api()
     causal = {"window_size": (-1, 0)} if api.causal == "window_size" else {"is_causal": True}
-    reference = varlen.varlen_attn(
-        q, k.repeat_interleave(8, 1), v.repeat_interleave(8, 1), cu, cu, 555, 555, **causal
+    lse = {"return_aux": varlen.AuxRequest(lse=True)}
+
+    def attend(q, k, v, cu, longest, repeat: bool, **extra):
+        if repeat:
+            k, v = (
+                k.repeat_interleave(q.shape[1] // k.shape[1], 1),
+                v.repeat_interleave(q.shape[1] // v.shape[1], 1),
+            )
+        return varlen.varlen_attn(q, k, v, cu, cu, longest, longest, **causal, **extra)
+
+    lens = [300, 17, 555]
+    cu = _cu(lens, device)
+    q, k, v = (
+        torch.randn(sum(lens), h, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
+        for h in (32, 4, 4)
     )
     try:
-        native = varlen.varlen_attn(q, k, v, cu, cu, 555, 555, **causal)
+        native, native_lse = attend(q, k, v, cu, 555, False, **lse)
+        native.float().square().sum().backward()
     except Exception as err:  # the answer is the finding
         return f"no: {type(err).__name__}: {str(err).splitlines()[0][:160]}"
-    diff = float((native.float() - reference.float()).abs().max())
-    return f"yes without enable_gqa (max difference to repeated heads {diff:.1e})"
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    reference, reference_lse = attend(q, k, v, cu, 555, True, **lse)
+    reference.float().square().sum().backward()
+    diffs = {
+        "out": (native.float() - reference.float()).abs().max(),
+        "lse": (native_lse.float() - reference_lse.float()).abs().max(),
+        **{
+            f"d{n}": (g.float() - t.grad.float()).abs().max()
+            for n, g, t in zip("qkv", grads, (q, k, v))
+        },
+    }
+    # One SmolLM-135M-shaped layer at 32K (9 query heads over 3 key/value heads), inference.
+    length = 32_768
+    cu = _cu([length], device)
+    with torch.inference_mode():
+        q, k, v = (
+            torch.randn(length, h, 64, device=device, dtype=torch.bfloat16) for h in (9, 3, 3)
+        )
+        native_s = _seconds(lambda: attend(q, k, v, cu, length, False), device)
+        repeat_s = _seconds(lambda: attend(q, k, v, cu, length, True), device)
+    return (
+        "yes without enable_gqa; max difference to repeated heads "
+        + ", ".join(f"{n} {float(d):.1e}" for n, d in diffs.items())
+        + f"; 32K prefill layer: native {native_s * 1e3:.2f} ms, repeated {repeat_s * 1e3:.2f} ms"
+    )
 
 
 def measured_matmul_flops(device: torch.device, n: int = 8192, repeats: int = 10) -> float:

@@ -286,11 +286,14 @@ def varlen_attn_of_release(release):
     """Doubles of `torch.nn.attention.varlen.varlen_attn` with each release's signature (read from torch's
     varlen.py at v2.10.0, v2.11.0 and v2.12.0/v2.13.0): 2.10 says causal by is_causal, has no scale (the kernel
     uses 1 / sqrt(D)) and no window; 2.11 says causal by window_size == (-1, 0) and takes scale; 2.12 adds
-    enable_gqa and refuses unequal head counts without it. Each accepts only its own keywords."""
+    enable_gqa and refuses unequal head counts without it. Each accepts only its own keywords. Every release's
+    FlashAttention-2 kernel takes grouped heads as they are (2.10 and 2.11 have no guard); each double records
+    the key/value head count it was given in `received`."""
 
     def run(q, k, v, cu_q, cu_k, window_size, is_causal, scale, return_aux, gqa):
         if q.shape[1] != k.shape[1] and not gqa:
             raise RuntimeError("Expect number of query heads to be equal to number of key heads")
+        received.append(k.shape[1])
         out, lse = flash_double(q, k, v, cu_q, cu_k, window_size, is_causal, scale)
         return (out, lse) if return_aux is not None and return_aux.lse else out
 
@@ -307,7 +310,7 @@ def varlen_attn_of_release(release):
             is_causal,
             query.shape[-1] ** -0.5,
             return_aux,
-            False,
+            True,
         )
 
     def v2_11(
@@ -326,7 +329,7 @@ def varlen_attn_of_release(release):
         scale = query.shape[-1] ** -0.5 if scale is None else scale
         causal = window_size == (-1, 0)
         return run(
-            query, key, value, cu_seq_q, cu_seq_k, window_size, causal, scale, return_aux, False
+            query, key, value, cu_seq_q, cu_seq_k, window_size, causal, scale, return_aux, True
         )
 
     def v2_13(
@@ -361,7 +364,10 @@ def varlen_attn_of_release(release):
             enable_gqa,
         )
 
-    return {"2.10": v2_10, "2.11": v2_11, "2.13": v2_13}[release]
+    received: list[int] = []
+    double = {"2.10": v2_10, "2.11": v2_11, "2.13": v2_13}[release]
+    double.received = received
+    return double
 
 
 @pytest.mark.parametrize("release", ["2.10", "2.11", "2.13"])
@@ -375,7 +381,8 @@ def test_varlen_adapter_runs_every_torch_release_signature(
     import posfreq.train.model.attention as attention
     import posfreq.train.model.attention_kernels as attention_kernels
 
-    monkeypatch.setattr(torch_varlen, "varlen_attn", varlen_attn_of_release(release))
+    double = varlen_attn_of_release(release)
+    monkeypatch.setattr(torch_varlen, "varlen_attn", double)
     monkeypatch.setattr(attention_kernels, "kernel_present", lambda name: True)
     lens_q, lens_k = [3, 1, 6], [6, 4, 6]
     q, k, v = (
@@ -404,10 +411,13 @@ def test_varlen_adapter_runs_every_torch_release_signature(
         == "varlen"
     )
     out, lse = attention._varlen(*bf16, *args, True, scale)
+    assert double.received == [
+        kv_heads
+    ]  # grouped heads reach the kernel unrepeated, on every release
     assert out.shape == q.shape and lse.shape == q.shape[:2] and lse.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref, atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(lse.double(), ref_lse, atol=3e-2, rtol=3e-2)
-    if heads != kv_heads:  # grouped heads: gradients flow back through the repeated key/value heads
+    if heads != kv_heads:  # grouped heads: gradients reach the unrepeated key/value heads
         leaves = [x.detach().requires_grad_() for x in bf16]
         attention._varlen(*leaves, *args, False, scale).float().sum().backward()
         assert leaves[1].grad.shape == k.shape and leaves[1].grad.abs().sum() > 0

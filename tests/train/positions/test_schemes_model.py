@@ -230,6 +230,59 @@ def test_a_split_scheme_reads_its_layout_once_per_forward_not_per_layer(monkeypa
     assert rotary.inv_freq_on(ids.device) is rotary.inv_freq_on(ids.device)
 
 
+def test_sdpa_reads_the_packed_layout_once_per_forward_not_per_layer(monkeypatch):
+    """sdpa groups packed sequences by shape from cu_seqlens on the host (a GPU sync per read): once for the
+    layers of one forward, and each group's output lands in its own rows."""
+    from posfreq.train.model.config import model_preset
+
+    reads = []
+    real = attention._shape_groups
+    monkeypatch.setattr(attention, "_shape_groups", lambda *a: reads.append(1) or real(*a))
+    model = Transformer(
+        model_preset("tiny-2l-128", vocab_size=97, n_layers=3, train_len=48),
+        attention_backend="sdpa",
+    ).eval()
+    ids = torch.randint(0, 97, (90,), generator=torch.Generator().manual_seed(0))
+    cu = torch.tensor(
+        [0, 40, 50, 90], dtype=torch.int32
+    )  # two of 40 (not back to back) and one of 10
+    with torch.no_grad():
+        packed = model(ids, cu, 40)
+        assert len(reads) == 1  # three layers, one layout
+        alone = [
+            model(ids[a:b], torch.tensor([0, b - a], dtype=torch.int32), b - a)
+            for a, b in ((0, 40), (40, 50), (50, 90))
+        ]
+    torch.testing.assert_close(packed, torch.cat(alone), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scheme", ["string", "rerope", "self_extend"])
+def test_a_split_scheme_computes_cos_sin_once_per_forward_not_per_layer(monkeypatch, scheme):
+    """A split scheme rotates queries at two positions tensors per layer (true and far): each layer after the
+    first reuses both cos/sin tables, so a forward's count does not grow with the number of layers."""
+    from posfreq.train.model.config import model_preset
+    from posfreq.train.positions.rotary import Rotary
+
+    computed = []
+    real = Rotary.inv_freq_on  # called exactly when cos/sin are computed afresh
+    monkeypatch.setattr(Rotary, "inv_freq_on", lambda self, d: computed.append(1) or real(self, d))
+    counts = []
+    for layers in (2, 5):
+        model = Transformer(
+            model_preset("tiny-2l-128", vocab_size=97, n_layers=layers, train_len=48),
+            attention_backend="sdpa",
+        ).eval()
+        model.set_positions(scheme)
+        ids = torch.randint(0, 97, (90,), generator=torch.Generator().manual_seed(0))
+        computed.clear()
+        with torch.no_grad():
+            model(ids, torch.tensor([0, 40, 90], dtype=torch.int32), 50)
+        counts.append(len(computed))
+    assert counts[0] == counts[1] <= 3, (
+        counts
+    )  # true positions (queries, keys) and the far queries'
+
+
 @pytest.mark.parametrize("scheme", ["string", "rerope"])
 def test_gradients_flow_through_a_split_schemes_merge(scheme):
     """The merge weighted the passes by exp(...) made finite in place, which autograd refused ("modified by an
