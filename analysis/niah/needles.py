@@ -194,9 +194,9 @@ class NiahBuilder:
         head = [np.asarray(prompt_format.chat_prefix, dtype=np.int64), encode(_HEAD)]
         if prompt_format.bos:
             if tokenizer.bos_id is None:
-                raise ValueError(
-                    f"tokenizer {tokenizer.name} has no BOS token to start the prompt with. Fix: --bos never "
-                    "(or auto, which follows the tokenizer)"
+                raise ValueError(  # the probe refuses this earlier, naming its options (sources.py)
+                    f"PromptFormat(bos=True) but tokenizer {tokenizer.name} has no BOS token to start the "
+                    "prompt with. Fix: PromptFormat(bos=False), or the tokenizer the model trained with"
                 )
             head.insert(0, np.array([tokenizer.bos_id], dtype=np.int64))
         self._head = np.concatenate(head)

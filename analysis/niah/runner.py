@@ -314,13 +314,16 @@ def probe_models(
     job: Job,
     builders: Builders,
     derive: bool = True,
+    checked: Sequence[tuple[NiahBuilder, list[int]]] | None = None,
 ) -> list[dict]:
     """Probe models into their result directories and (unless a run merge will) derive each one's tables.
 
-    Returns their effective_length rows, or nothing when `derive` is False.
+    `checked`: each source's `check_model` answer where the caller already has it. Returns their
+    effective_length rows, or nothing when `derive` is False.
     """
     # what cannot run is refused before any folder is claimed
-    checked = [check_model(source, job, builders) for source in sources]
+    if checked is None:
+        checked = [check_model(source, job, builders) for source in sources]
     note = skipped_lengths_note(sources[0], job, *checked[0]) if sources else None
     if note:
         print(note, file=sys.stderr)
@@ -367,9 +370,8 @@ def probe_run(
         p: checkpoint_source(p, job.settings) for p in (mine if shard is not None else checkpoints)
     }
     out = out or run_out_default(run_dir, sources[mine[0]], job, builders)
-    if not merge_only:  # what cannot run is refused before the run's results folder is claimed
-        for p in mine:
-            check_model(sources[p], job, builders)
+    # what cannot run is refused before the run's results folder is claimed
+    checked = [] if merge_only else [check_model(sources[p], job, builders) for p in mine]
     results.claim_results_dir(out, run=True)
     rows: list[dict] = []
     if (
@@ -381,6 +383,7 @@ def probe_run(
             job,
             builders,
             derive=shard is not None,
+            checked=checked,
         )
     if shard is not None:
         return out, rows

@@ -77,9 +77,9 @@ GPUS = {
     "h100-pcie": Gpu(PEAK_BF16_FLOPS["h100-pcie"], 80),
     "h200": Gpu(PEAK_BF16_FLOPS["h200"], 141),
 }
-H200_MEASURED_MFU = 0.446
-"""tinyllama-1.3b at L = 2048 on one H200 (model.compile on, 2 micro-batches of 8 rows): the trainer's MFU
-against the datasheet peak, as `make gpu-check` measured it on 2026-11-26 (docs/cluster.md)."""
+MEASURED_MFU = {"h200": (0.446, "2026-11-26 and -27"), "h100-sxm": (0.421, "2026-11-27")}
+"""tinyllama-1.3b at L = 2048 on one GPU (model.compile on, 2 micro-batches of 8 rows): the trainer's MFU
+against the datasheet peak, as `make gpu-check` measured it (docs/cluster.md), with the dates."""
 GpuName = Literal[tuple(GPUS)]
 MARGIN = (
     0.10  # of the GPU's memory, kept for the CUDA context, the allocator and backward's transients
@@ -227,16 +227,16 @@ def tinyllama_mfu(gpu: Gpu) -> float:
 
 def expected_mfu(gpu_name: str) -> tuple[float, str]:
     """(MFU to plan with, where it comes from: measured by posfreq on this GPU, or assumed) per GPU model."""
-    if gpu_name == "h200":
+    if gpu_name in MEASURED_MFU:
+        mfu, dates = MEASURED_MFU[gpu_name]
         return (
-            H200_MEASURED_MFU,
-            "measured: make gpu-check on one H200, 2026-11-26, one GPU without communication",
+            mfu,
+            f"measured: make gpu-check on one {gpu_name}, {dates}, one GPU without communication",
         )
     if gpu_name.startswith("h100"):
         return (
-            H200_MEASURED_MFU,
-            "assumed: the H200's measured MFU (same tensor peak per clock, less memory bandwidth); not "
-            "measured on an H100",
+            MEASURED_MFU["h100-sxm"][0],
+            f"assumed: the H100 SXM's measured MFU; not measured on an {gpu_name}",
         )
     return (
         tinyllama_mfu(GPUS[gpu_name]),

@@ -144,8 +144,18 @@ def test_run_table_f_matches_naive_eq2_and_resumes(tmp_path, monkeypatch):
     names = make_fake_run(run, 512, {40_960: 60, 81_920: 110, 163_840: 10_000})
     lengths = [160, 256, 384, 512]
     calls: list[str] = []
+    checks: list[str] = []
+    real_check = probe_runner.check_model
+    monkeypatch.setattr(
+        probe_runner,
+        "check_model",
+        lambda source, *a: checks.append(source.name) or real_check(source, *a),
+    )
     rows = probe_fake_run(run, out, names, lengths, calls, monkeypatch)
     assert calls == sorted(names)
+    assert checks == sorted(
+        names
+    )  # each checkpoint checked once, before the results folder is claimed
     with open(out / "effective_length.csv") as fh:
         table = list(csv.DictReader(fh))
     assert [int(r["tokens_trained"]) for r in table] == [40_960, 81_920, 163_840]

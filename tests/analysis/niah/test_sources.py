@@ -92,6 +92,13 @@ def test_a_tokenizer_without_bos_frames_prompts_without_one(tmp_path):
         match=r"--bos always \(which asks for one\): tokenizer .* has no BOS",
     ):
         text(bos="always")
+    # the builder itself, called as a library, names its own argument (not a CLI flag)
+    from posfreq.analysis.niah.needles import NiahBuilder, PromptFormat
+
+    with pytest.raises(
+        ValueError, match=r"PromptFormat\(bos=True\) but tokenizer .* no BOS.*bos=False"
+    ):
+        NiahBuilder(tok, builders.haystack, PromptFormat(16, True, (), ()))
     # a tokenizer whose config names no BOS but whose post-processor puts one first has that BOS (it was taken
     # for BOS-less, and prompts lost the token the model trained with)
     lead_dir = write_chat_tokenizer(tmp_path / "lead", template=False, llama_bos=True)
