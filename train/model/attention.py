@@ -89,34 +89,35 @@ def varlen_attention(
 
 
 class LayoutMemo:
-    """One slot: the value last computed from these very tensors (by identity) and settings.
+    """A few slots: the values last computed from these very tensors (by identity) and settings.
 
     Every layer of a forward passes the same cu_seqlens tensors (or attention mask), so a layout read from
     them (a copy to the host, which on a GPU waits for every queued kernel and leaves the GPU idle while
-    Python catches up) is computed once per forward instead of once per layer. The slot holds its key
+    Python catches up) is computed once per forward instead of once per layer. A memo that sees several
+    layouts per layer (a two-pass scheme's near and far passes) needs as many slots. The slots hold their key
     tensors weakly: a mask of gigabytes is not kept alive by the memo, and a freed tensor's id, reused by a
     new one, can never match. posfreq never changes such tensors in place.
     """
 
-    def __init__(self) -> None:
-        self._slot: tuple[tuple[weakref.ref | None, ...], tuple, object] | None = None
+    def __init__(self, slots: int = 1) -> None:
+        self._slots: list[tuple[tuple[weakref.ref | None, ...], tuple, object]] = []
+        self._size = slots
 
     def get(self, tensors: tuple[Tensor | None, ...], settings: tuple, compute):
-        """The memo for (tensors, settings), else compute() stored in their place."""
-        slot = self._slot
-        if (
-            slot is not None
-            and slot[1] == settings
-            and len(slot[0]) == len(tensors)
-            and all(
-                (ref is None and t is None) or (ref is not None and ref() is t)
-                for ref, t in zip(slot[0], tensors)
-            )
-        ):
-            return slot[2]
+        """The memo for (tensors, settings), else compute() stored in the oldest slot's place."""
+        for refs, held_settings, value in self._slots:
+            if (
+                held_settings == settings
+                and len(refs) == len(tensors)
+                and all(
+                    (ref is None and t is None) or (ref is not None and ref() is t)
+                    for ref, t in zip(refs, tensors)
+                )
+            ):
+                return value
         value = compute()
         refs = tuple(None if t is None else weakref.ref(t) for t in tensors)
-        self._slot = (refs, settings, value)
+        self._slots = [(refs, settings, value), *self._slots[: self._size - 1]]
         return value
 
 
@@ -266,7 +267,9 @@ def _shape_groups(cu_q: Tensor, cu_k: Tensor) -> list[_ShapeGroup]:
     ]
 
 
-_SDPA_GROUPS = LayoutMemo()
+_SDPA_GROUPS = LayoutMemo(slots=3)
+"""Three slots: a split scheme on sdpa passes three layouts in every layer (a window's two block passes, the
+far pass)."""
 
 
 def _sdpa(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):

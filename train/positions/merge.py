@@ -188,54 +188,83 @@ def windowed_attention(q: Tensor, x: AttentionInputs, window: int) -> tuple[Tens
 
         seg = _NEAR_SEGMENTS.get((x.cu_seqlens_q, x.cu_seqlens_k), (window,), near)
         return seg.attention(q[seg.rows_q], x.k[seg.rows_k], x.v[seg.rows_k], window, x.backend)
-    # Blocks [j * window, (j + 1) * window) of every sequence; they tile the packed rows.
-    n_blocks = (lens_q + window - 1) // window
-    seq = torch.repeat_interleave(torch.arange(len(lens_q), device=q.device), n_blocks)
-    index = torch.arange(int(n_blocks.sum()), device=q.device) - torch.repeat_interleave(
-        torch.cumsum(n_blocks, 0) - n_blocks, n_blocks
+    blocks = _WINDOW_BLOCKS.get(
+        (x.cu_seqlens_q,), (window,), lambda: WindowBlocks.of(x.cu_seqlens_q, window)
     )
-    block_start = x.cu_seqlens_q[:-1].long()[seq] + index * window
-    block_len = torch.minimum(lens_q[seq] - index * window, torch.full_like(block_start, window))
-    cu = cu_seqlens_of(block_len)
     out, lse = varlen_attention(
         q,
         x.k,
         x.v,
-        cu,
-        cu,
-        int(block_len.max()),
-        int(block_len.max()),
+        blocks.cu,
+        blocks.cu,
+        blocks.longest,
+        blocks.longest,
         return_lse=True,
         backend="sdpa",
     )
-    # Block j > 0 over block j - 1: query i sees previous-block key r iff r > i. Reversing
-    # both (u = window - 2 - i, key window - 1 - u') makes that causal over window - 1 keys; a
-    # short last block of n queries is the last n rows of that triangle, which is bottom-right
-    # causal with n queries (no padded rows: a 2-query tail costs 2 rows, not a whole block).
-    later = index > 0
-    start, length = block_start[later], torch.clamp(block_len[later], max=window - 1)
-    u = torch.arange(window - 1, device=q.device)
-    i = (window - 2 - u)[None, :]
-    rows_q = (start[:, None] + i)[
-        i < length[:, None]
-    ]  # per block, the last `length` reversed rows in order
-    rows_k = (start[:, None] - 1 - u[None, :]).reshape(-1)
-    cu_k = torch.arange(
-        0, (len(start) + 1) * (window - 1), window - 1, device=q.device, dtype=torch.int32
-    )
     out_prev, lse_prev = varlen_attention(
-        q[rows_q],
-        x.k[rows_k],
-        x.v[rows_k],
-        cu_seqlens_of(length),
-        cu_k,
-        int(length.max()),
+        q[blocks.rows_q],
+        x.k[blocks.rows_k],
+        x.v[blocks.rows_k],
+        blocks.cu_prev_q,
+        blocks.cu_prev_k,
+        blocks.longest_prev,
         window - 1,
         return_lse=True,
         backend="sdpa",
     )
-    merge_into(out, lse, rows_q, out_prev, lse_prev)
+    merge_into(out, lse, blocks.rows_q, out_prev, lse_prev)
     return out, lse
+
+
+@dataclass
+class WindowBlocks:
+    """The mask-free split of causal windowed attention (`windowed_attention` on sdpa) over packed sequences:
+    blocks of `window` positions, each over itself, and each block after the first over its predecessor."""
+
+    cu: Tensor  # the blocks as sequences
+    longest: int
+    rows_q: Tensor  # the queries of the pass over the previous block, reversed within each block
+    rows_k: Tensor  # that pass's keys, the previous block's last window - 1 reversed
+    cu_prev_q: Tensor
+    cu_prev_k: Tensor
+    longest_prev: int
+
+    @staticmethod
+    def of(cu_seqlens: Tensor, window: int) -> "WindowBlocks":
+        """The blocks [j * window, (j + 1) * window) of every sequence of cu_seqlens; they tile the packed rows."""
+        device = cu_seqlens.device
+        lens = seq_lengths(cu_seqlens)
+        n_blocks = (lens + window - 1) // window
+        seq = torch.repeat_interleave(torch.arange(len(lens), device=device), n_blocks)
+        index = torch.arange(int(n_blocks.sum()), device=device) - torch.repeat_interleave(
+            torch.cumsum(n_blocks, 0) - n_blocks, n_blocks
+        )
+        block_start = cu_seqlens[:-1].long()[seq] + index * window
+        block_len = torch.minimum(lens[seq] - index * window, torch.full_like(block_start, window))
+        # Block j > 0 over block j - 1: query i sees previous-block key r iff r > i. Reversing
+        # both (u = window - 2 - i, key window - 1 - u') makes that causal over window - 1 keys; a
+        # short last block of n queries is the last n rows of that triangle, which is bottom-right
+        # causal with n queries (no padded rows: a 2-query tail costs 2 rows, not a whole block).
+        later = index > 0
+        start, length = block_start[later], torch.clamp(block_len[later], max=window - 1)
+        u = torch.arange(window - 1, device=device)
+        i = (window - 2 - u)[None, :]
+        return WindowBlocks(
+            cu=cu_seqlens_of(block_len),
+            longest=int(block_len.max()),
+            # per block, the last `length` reversed rows in order
+            rows_q=(start[:, None] + i)[i < length[:, None]],
+            rows_k=(start[:, None] - 1 - u[None, :]).reshape(-1),
+            cu_prev_q=cu_seqlens_of(length),
+            cu_prev_k=torch.arange(
+                0, (len(start) + 1) * (window - 1), window - 1, device=device, dtype=torch.int32
+            ),
+            longest_prev=int(length.max()),
+        )
+
+
+_WINDOW_BLOCKS = LayoutMemo()
 
 
 def full_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:

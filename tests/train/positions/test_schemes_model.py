@@ -254,6 +254,19 @@ def test_sdpa_reads_the_packed_layout_once_per_forward_not_per_layer(monkeypatch
             for a, b in ((0, 40), (40, 50), (50, 90))
         ]
     torch.testing.assert_close(packed, torch.cat(alone), rtol=1e-5, atol=1e-5)
+    # STRING's near and far passes alternate two layouts in every layer: both stay memoized
+    counts = []
+    for layers in (2, 5):
+        model = Transformer(
+            model_preset("tiny-2l-128", vocab_size=97, n_layers=layers, train_len=48),
+            attention_backend="sdpa",
+        ).eval()
+        model.set_positions("string")
+        reads.clear()
+        with torch.no_grad():
+            model(ids, cu.clone(), 40)  # a new forward's layout
+        counts.append(len(reads))
+    assert counts[0] == counts[1] > 0, counts
 
 
 @pytest.mark.parametrize("scheme", ["string", "rerope", "self_extend"])
