@@ -184,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             train_len = (
                 model.config.max_position_embeddings if per_segment else model.config.train_len
             )
-        check_rows(dataset, train_len, args.rows, args.batch_rows, packing)
+        sampler = check_rows(dataset, train_len, args.rows, args.batch_rows, packing)
         out = claim_output_dir(args.out, COMMAND)  # claimed once nothing is left to refuse
         table = measure(
             model.to(device),
@@ -195,6 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             packing,
             device,
             per_segment,
+            sampler,
         )
     except (ValueError, OSError, OutputDirError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)

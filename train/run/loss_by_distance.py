@@ -175,13 +175,16 @@ def measure(
     packing: str = "concat",
     device: torch.device | str = "cpu",
     per_segment: bool = False,
+    sampler: PackedSampler | None = None,
 ) -> LossByDistance:
     """The loss by distance of `model` (eval mode) over the first `rows` packed rows of `train_len` tokens of a
     token-shard `dataset`, in order (no shuffle), `batch_rows` rows per forward: any checkpoint, imported model or
     corpus, with the rows and buckets the trainer's validation uses. per_segment=True: `model` is a transformers
     causal LM, run a segment at a time (`add_segments`). Rows beyond one pass over the data (the sampler's first
-    epoch) are refused with RowsBeyondData: they would count the same tokens again."""
-    sampler = check_rows(dataset, train_len, rows, batch_rows, packing)
+    epoch) are refused with RowsBeyondData: they would count the same tokens again. `sampler`: `check_rows`'s
+    answer for these arguments where the caller already has it (planning the rows reads the data)."""
+    if sampler is None:
+        sampler = check_rows(dataset, train_len, rows, batch_rows, packing)
     table = LossByDistance.empty(train_len - 1)
     add = add_segments if per_segment else add_batch
     with torch.no_grad():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -20,12 +21,19 @@ from posfreq.train.run.loss_by_distance import measure
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
-def test_a_checkpoint_on_token_shards(data_dir, tmp_path, capsys):
+def test_a_checkpoint_on_token_shards(data_dir, tmp_path, capsys, monkeypatch):
     hist = np.bincount([3, 100, 100, 511, 7], minlength=513)
     path = write_checkpoint(tmp_path / "run", 4096, tiny_model(), hist)
     out = tmp_path / "lbd"
     argv = ["--checkpoint", str(path), "--data", str(data_dir), "--rows", "6", "--train-len", "128"]
+    plans = []
+    real_check = command.check_rows
+    for module in (command, sys.modules[measure.__module__]):  # the command's and the library's
+        monkeypatch.setattr(module, "check_rows", lambda *a: plans.append(1) or real_check(*a))
     assert command.main([*argv, "--out", str(out)]) == 0
+    assert (
+        len(plans) == 1
+    )  # the rows are planned once: checked before --out is claimed, then measured
     stored = json.loads((out / "loss_by_distance.json").read_text())
     model, _, _ = ckpt.load_model(path)
     again = measure(
