@@ -252,15 +252,16 @@ class _ShapeGroup:
     rows_k: slice | Tensor
 
 
-def _shape_groups(cu_q: Tensor, cu_k: Tensor) -> list[_ShapeGroup]:
-    """The sequences of cu_q/cu_k grouped by shape, each group one batched sdpa call (read on the host)."""
+def _shape_groups(cu_q: Tensor, cu_k: Tensor, device: torch.device) -> list[_ShapeGroup]:
+    """The sequences of cu_q/cu_k grouped by shape, each group one batched sdpa call (read on the host), their
+    rows indexed on `device` (the queries')."""
     starts_q, starts_k = cu_q[:-1].tolist(), cu_k[:-1].tolist()
     return [
         _ShapeGroup(
             len_q,
             len_k,
-            _rows_of([starts_q[i] for i in seqs], len_q, cu_q.device),
-            _rows_of([starts_k[i] for i in seqs], len_k, cu_k.device),
+            _rows_of([starts_q[i] for i in seqs], len_q, device),
+            _rows_of([starts_k[i] for i in seqs], len_k, device),
         )
         for (len_q, len_k), seqs in _group_by_shape(cu_q, cu_k).items()
         if len_q > 0
@@ -276,7 +277,9 @@ def _sdpa(q, k, v, cu_q, cu_k, max_q, max_k, window, return_lse, scale):
     out = q.new_empty(q.shape)
     lse = q.new_full(q.shape[:2], -math.inf, dtype=torch.float32) if return_lse else None
     # Read from cu_seqlens on the host once per forward (a GPU sync each), not once per layer.
-    for g in _SDPA_GROUPS.get((cu_q, cu_k), (), lambda: _shape_groups(cu_q, cu_k)):
+    for g in _SDPA_GROUPS.get(
+        (cu_q, cu_k), (q.device,), lambda: _shape_groups(cu_q, cu_k, q.device)
+    ):
         qs = _gather(q, g.rows_q, g.len_q)
         ks = _gather(k, g.rows_k, g.len_k)
         vs = _gather(v, g.rows_k, g.len_k)

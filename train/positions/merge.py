@@ -136,6 +136,10 @@ def merge_into(
     weight is computed in float32), with no float32 copy of either: on a long prefill these (rows, H, D) sweeps,
     not the arithmetic, are the merge's cost.
     """
+    if isinstance(rows, slice) and torch.is_grad_enabled():
+        # a slice's rows are views, which backward needs as they were: overwriting them in place below would
+        # break it; indexed rows are copies
+        rows = torch.arange(out.shape[0], device=out.device)[rows]
     lse_a = lse[rows]
     total = torch.logaddexp(lse_a, lse_b)
     weight_a = (
@@ -202,6 +206,8 @@ def windowed_attention(q: Tensor, x: AttentionInputs, window: int) -> tuple[Tens
         return_lse=True,
         backend="sdpa",
     )
+    if blocks.rows_q is None:  # every sequence fits in one block
+        return out, lse
     out_prev, lse_prev = varlen_attention(
         q[blocks.rows_q],
         x.k[blocks.rows_k],
@@ -224,10 +230,14 @@ class WindowBlocks:
 
     cu: Tensor  # the blocks as sequences
     longest: int
-    rows_q: Tensor  # the queries of the pass over the previous block, reversed within each block
-    rows_k: Tensor  # that pass's keys, the previous block's last window - 1 reversed
-    cu_prev_q: Tensor
-    cu_prev_k: Tensor
+    rows_q: (
+        Tensor | None
+    )  # the queries of the pass over the previous block, reversed within each block
+    rows_k: (
+        Tensor | None
+    )  # that pass's keys, the previous block's last window - 1 reversed (None: no
+    cu_prev_q: Tensor | None  # sequence has a second block, when max_seqlen overstates the longest)
+    cu_prev_k: Tensor | None
     longest_prev: int
 
     @staticmethod
@@ -247,6 +257,10 @@ class WindowBlocks:
         # short last block of n queries is the last n rows of that triangle, which is bottom-right
         # causal with n queries (no padded rows: a 2-query tail costs 2 rows, not a whole block).
         later = index > 0
+        if not bool(later.any()):
+            return WindowBlocks(
+                cu_seqlens_of(block_len), int(block_len.max()), None, None, None, None, 0
+            )
         start, length = block_start[later], torch.clamp(block_len[later], max=window - 1)
         u = torch.arange(window - 1, device=device)
         i = (window - 2 - u)[None, :]

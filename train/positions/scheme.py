@@ -109,7 +109,7 @@ class SplitScheme(PositionScheme):
     def _scalar_settings(self) -> tuple:
         """The scheme's number fields (split, window, group, ...): what its far positions depend on."""
         values = (getattr(self, f.name) for f in fields(self))
-        return tuple(v for v in values if isinstance(v, (int, float)))
+        return tuple(v for v in values if isinstance(v, (int, float, np.integer, np.floating)))
 
     def attend(self, x: AttentionInputs) -> Tensor:
         if x.max_seqlen_k <= self.split:  # no pair reaches the split: plain RoPE, same code path

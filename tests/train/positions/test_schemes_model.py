@@ -3,6 +3,7 @@ bf16 beyond every split, and a cache that is never packed."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from helpers.positions import ReferenceScheme
@@ -269,6 +270,29 @@ def test_sdpa_reads_the_packed_layout_once_per_forward_not_per_layer(monkeypatch
     assert counts[0] == counts[1] > 0, counts
 
 
+def test_a_max_seqlen_above_the_longest_sequence_changes_nothing():
+    """max_seqlen may overstate the longest sequence (an upper bound, as in FlashAttention): sdpa's window
+    split then has no sequence with a second block, which crashed STRING, and the output is the exact one's."""
+    from posfreq.train.model.config import model_preset
+
+    model = Transformer(
+        model_preset("tiny-2l-128", vocab_size=97, n_layers=2, train_len=48),
+        attention_backend="sdpa",
+    ).eval()
+    model.set_positions(
+        "string"
+    )  # split 16, window 8: no sequence below reaches a second window block
+    ids = torch.randint(0, 97, (13,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        exact = model(ids, torch.tensor([0, 6, 13], dtype=torch.int32), 7)
+        loose = model(ids, torch.tensor([0, 6, 13], dtype=torch.int32), 100)
+    torch.testing.assert_close(loose, exact, rtol=0, atol=0)
+    # a split given as a numpy integer keys the far pass's memos like an int
+    scheme = model.positions
+    scheme.split = np.int64(scheme.split)
+    assert np.int64(16) in scheme._scalar_settings()
+
+
 @pytest.mark.parametrize("scheme", ["string", "rerope", "self_extend"])
 def test_a_split_scheme_computes_cos_sin_once_per_forward_not_per_layer(monkeypatch, scheme):
     """A split scheme rotates queries at two positions tensors per layer (true and far): each layer after the
@@ -291,25 +315,30 @@ def test_a_split_scheme_computes_cos_sin_once_per_forward_not_per_layer(monkeypa
         with torch.no_grad():
             model(ids, torch.tensor([0, 40, 90], dtype=torch.int32), 50)
         counts.append(len(computed))
-    assert counts[0] == counts[1] <= 3, (
-        counts
-    )  # true positions (queries, keys) and the far queries'
+    # true positions (queries, keys) and the far queries'
+    assert counts[0] == counts[1] <= 3, counts
 
 
-@pytest.mark.parametrize("scheme", ["string", "rerope"])
-def test_gradients_flow_through_a_split_schemes_merge(scheme):
+@pytest.mark.parametrize("cu", [[0, 40, 90], [0, 90]], ids=["two", "one"])
+@pytest.mark.parametrize("scheme", ["string", "rerope", "self_extend"])
+def test_gradients_flow_through_a_split_schemes_merge(scheme, cu):
     """The merge weighted the passes by exp(...) made finite in place, which autograd refused ("modified by an
-    inplace operation") in any backward through STRING, ReRoPE or Self-Extend."""
+    inplace operation") in any backward through STRING, ReRoPE or Self-Extend; and with one sequence (its rows a
+    slice) it overwrote views that backward needs. The gradients equal the per-pair reference's."""
     from posfreq.train.model.config import model_preset
 
     torch.manual_seed(0)
     model = Transformer(
         model_preset("tiny-2l-128", vocab_size=97, train_len=48), attention_backend="sdpa"
     )
-    model.set_positions(scheme)
     ids = torch.randint(0, 97, (90,), generator=torch.Generator().manual_seed(1))
-    model(ids, torch.tensor([0, 40, 90], dtype=torch.int32), 50).float().logsumexp(
-        -1
-    ).mean().backward()
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    assert grads and all(torch.isfinite(g).all() for g in grads)
+    cu = torch.tensor(cu, dtype=torch.int32)
+    grads = {}
+    for reference in (False, True):
+        model.zero_grad()
+        _with_scheme(model, scheme, {}, reference)
+        model(ids, cu, int((cu[1:] - cu[:-1]).max())).float().logsumexp(-1).mean().backward()
+        grads[reference] = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    assert grads[False] and all(torch.isfinite(g).all() for g in grads[False])
+    for got, want in zip(grads[False], grads[True]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
