@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -9,6 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from posfreq.train.model.attention import LayoutMemo
 from posfreq.train.positions.merge import AttentionInputs
 from posfreq.train.positions.scheme import SplitScheme
 
@@ -70,6 +72,11 @@ class StringScheme(SplitScheme):
             return self.decode(x.q, k, v, x.pos_q, *shape)
         return super().attend(x)
 
+    def _near_and_far(self, positions: Tensor) -> Tensor:
+        """The queries' positions, then their far pass's (shifted by S - W), as one flat tensor."""
+        flat = positions.reshape(-1)
+        return torch.cat((flat, flat - (self.split - self.window)))
+
     def decode(
         self, q: Tensor, k: Tensor, v: Tensor, pos_q: Tensor, batch: int, len_q: int, len_k: int
     ) -> Tensor:
@@ -96,10 +103,14 @@ class StringScheme(SplitScheme):
                 0, first - split + 1
             )  # keys [near_start, reach) are near for some query
             block = queries[:, b0 : b0 + n].reshape(batch * n, heads, dim)
-            pos = positions[:, b0 : b0 + n].reshape(-1)
-            both = self.rotary.rotate(
-                torch.cat((block, block)), torch.cat((pos, pos - (split - self.window)))
+            # the block's positions, then shifted: one tensor per forward, so that every layer after the first
+            # finds the rotary's cos/sin for it
+            both_positions = _DECODE_POSITIONS.get(
+                (pos_q,),
+                (b0, n, batch, split, self.window),
+                functools.partial(self._near_and_far, positions[:, b0 : b0 + n]),
             )
+            both = self.rotary.rotate(torch.cat((block, block)), both_positions)
             # (2, B, n, Hkv, G, D) -> (2, B, Hkv, G * n, D): rows of one KV head ordered (group, query)
             both = both.mul_(1.0 / math.sqrt(dim)).view(2, batch, n, kv_heads, groups, dim)
             both = both.permute(0, 1, 3, 4, 2, 5).reshape(2, batch, kv_heads, groups * n, dim)
@@ -136,6 +147,8 @@ class StringScheme(SplitScheme):
 
 DECODE_BLOCK = 64
 """Query block of STRING's one-pass cached decoding (see `StringScheme.decode`)."""
+
+_DECODE_POSITIONS = LayoutMemo()
 
 
 def _decode_shape(x: AttentionInputs) -> tuple[int, int, int] | None:

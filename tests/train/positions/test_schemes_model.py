@@ -319,6 +319,31 @@ def test_a_split_scheme_computes_cos_sin_once_per_forward_not_per_layer(monkeypa
     assert counts[0] == counts[1] <= 3, counts
 
 
+def test_string_decoding_computes_cos_sin_once_per_step_not_per_layer(monkeypatch):
+    """Each cached decoding step rotates STRING's queries at their positions and the far shift of them: every
+    layer after the first reuses that step's cos/sin, so generating costs the same count for 2 and 5 layers."""
+    from posfreq.train.model.config import model_preset
+    from posfreq.train.positions.rotary import Rotary
+
+    computed = []
+    real = Rotary.inv_freq_on  # called exactly when cos/sin are computed afresh
+    monkeypatch.setattr(Rotary, "inv_freq_on", lambda self, d: computed.append(1) or real(self, d))
+    prompt = torch.randint(0, 97, (2, 30), generator=torch.Generator().manual_seed(0))
+    counts, outputs = [], []
+    for layers in (2, 5):
+        torch.manual_seed(0)
+        model = Transformer(
+            model_preset("tiny-2l-128", vocab_size=97, n_layers=layers, train_len=48),
+            attention_backend="sdpa",
+        ).eval()
+        model.set_positions("string")  # split 16 < 30: every step has far keys
+        computed.clear()
+        outputs.append(model.generate(prompt, max_new_tokens=4))
+        counts.append(len(computed))
+    assert counts[0] == counts[1] > 0, counts
+    assert all(len(row) == 4 for out in outputs for row in out)
+
+
 @pytest.mark.parametrize("cu", [[0, 40, 90], [0, 90]], ids=["two", "one"])
 @pytest.mark.parametrize("scheme", ["string", "rerope", "self_extend"])
 def test_gradients_flow_through_a_split_schemes_merge(scheme, cu):
