@@ -109,6 +109,8 @@ class DualChunkScheme(PositionScheme):
                     pos = x.pos_q[rows]
                     succ = self.rotary.rotate(x.q[rows], torch.clamp(pos % c + c, max=size))
                     o, s = full_attention(succ, k_mod[prev], v[prev])
+                    if torch.is_grad_enabled():  # views backward needs: merged into below, in place
+                        o, s = o.clone(), s.clone()
                     if chunk > 1:
                         inter = self.rotary.rotate(
                             x.q[rows], torch.full_like(pos, min(2 * c - 1, size))

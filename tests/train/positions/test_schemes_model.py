@@ -345,11 +345,12 @@ def test_string_decoding_computes_cos_sin_once_per_step_not_per_layer(monkeypatc
 
 
 @pytest.mark.parametrize("cu", [[0, 40, 90], [0, 90]], ids=["two", "one"])
-@pytest.mark.parametrize("scheme", ["string", "rerope", "self_extend"])
+@pytest.mark.parametrize("scheme", ["string", "rerope", "self_extend", "dca"])
 def test_gradients_flow_through_a_split_schemes_merge(scheme, cu):
     """The merge weighted the passes by exp(...) made finite in place, which autograd refused ("modified by an
-    inplace operation") in any backward through STRING, ReRoPE or Self-Extend; and with one sequence (its rows a
-    slice) it overwrote views that backward needs. The gradients equal the per-pair reference's."""
+    inplace operation") in any backward through STRING, ReRoPE or Self-Extend; with one sequence (its rows a
+    slice) it overwrote views that backward needs, and DCA merged into its dense passes' outputs, which backward
+    needs too. The gradients equal the per-pair reference's."""
     from posfreq.train.model.config import model_preset
 
     torch.manual_seed(0)
