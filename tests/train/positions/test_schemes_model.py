@@ -205,21 +205,28 @@ def test_model_bf16_generate_runs(model):
         assert len(out) == 2 and all(len(row) == 2 for row in out)
 
 
+def tiny_model_with(layers: int, scheme: str) -> Transformer:
+    """A 97-token tiny model of `layers` layers (train_len 48) on sdpa, in eval mode, running `scheme`."""
+    from posfreq.train.model.config import model_preset
+
+    model = Transformer(
+        model_preset("tiny-2l-128", vocab_size=97, n_layers=layers, train_len=48),
+        attention_backend="sdpa",
+    ).eval()
+    model.set_positions(scheme)
+    return model
+
+
 def test_a_split_scheme_reads_its_layout_once_per_forward_not_per_layer(monkeypatch):
     """The far pass's segments come from cu_seqlens through host copies (a GPU sync each): computed once for
     the layers of one forward, again for a new forward's tensors, and the rotary copies its frequencies once."""
-    from posfreq.train.model.config import model_preset
 
     calls = []
     real = attention_merge.Segments.of
     monkeypatch.setattr(
         attention_merge.Segments, "of", staticmethod(lambda *a: calls.append(1) or real(*a))
     )
-    model = Transformer(
-        model_preset("tiny-2l-128", vocab_size=97, n_layers=3, train_len=48),
-        attention_backend="sdpa",
-    ).eval()
-    model.set_positions("string")
+    model = tiny_model_with(3, "string")
     ids = torch.randint(0, 97, (90,), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         first = model(ids, torch.tensor([0, 40, 90], dtype=torch.int32), 50)
@@ -258,11 +265,7 @@ def test_sdpa_reads_the_packed_layout_once_per_forward_not_per_layer(monkeypatch
     # STRING's near and far passes alternate two layouts in every layer: both stay memoized
     counts = []
     for layers in (2, 5):
-        model = Transformer(
-            model_preset("tiny-2l-128", vocab_size=97, n_layers=layers, train_len=48),
-            attention_backend="sdpa",
-        ).eval()
-        model.set_positions("string")
+        model = tiny_model_with(layers, "string")
         reads.clear()
         with torch.no_grad():
             model(ids, cu.clone(), 40)  # a new forward's layout
@@ -273,15 +276,8 @@ def test_sdpa_reads_the_packed_layout_once_per_forward_not_per_layer(monkeypatch
 def test_a_max_seqlen_above_the_longest_sequence_changes_nothing():
     """max_seqlen may overstate the longest sequence (an upper bound, as in FlashAttention): sdpa's window
     split then has no sequence with a second block, which crashed STRING, and the output is the exact one's."""
-    from posfreq.train.model.config import model_preset
-
-    model = Transformer(
-        model_preset("tiny-2l-128", vocab_size=97, n_layers=2, train_len=48),
-        attention_backend="sdpa",
-    ).eval()
-    model.set_positions(
-        "string"
-    )  # split 16, window 8: no sequence below reaches a second window block
+    # split 16, window 8: no sequence below reaches a second window block
+    model = tiny_model_with(2, "string")
     ids = torch.randint(0, 97, (13,), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         exact = model(ids, torch.tensor([0, 6, 13], dtype=torch.int32), 7)
@@ -297,7 +293,6 @@ def test_a_max_seqlen_above_the_longest_sequence_changes_nothing():
 def test_a_split_scheme_computes_cos_sin_once_per_forward_not_per_layer(monkeypatch, scheme):
     """A split scheme rotates queries at two positions tensors per layer (true and far): each layer after the
     first reuses both cos/sin tables, so a forward's count does not grow with the number of layers."""
-    from posfreq.train.model.config import model_preset
     from posfreq.train.positions.rotary import Rotary
 
     computed = []
@@ -305,11 +300,7 @@ def test_a_split_scheme_computes_cos_sin_once_per_forward_not_per_layer(monkeypa
     monkeypatch.setattr(Rotary, "inv_freq_on", lambda self, d: computed.append(1) or real(self, d))
     counts = []
     for layers in (2, 5):
-        model = Transformer(
-            model_preset("tiny-2l-128", vocab_size=97, n_layers=layers, train_len=48),
-            attention_backend="sdpa",
-        ).eval()
-        model.set_positions(scheme)
+        model = tiny_model_with(layers, scheme)
         ids = torch.randint(0, 97, (90,), generator=torch.Generator().manual_seed(0))
         computed.clear()
         with torch.no_grad():
