@@ -27,11 +27,12 @@ def fig3_note(
     curves: Mapping[int, np.ndarray],
     corpus_stats: Mapping[int, dict],
     padding: Mapping[int, float] | None = None,
-    concat: bool = False,
+    strategy: str | None = None,
 ) -> str:
     """Fig. 3's note on one panel: are the shortest and the longest L's curves apart at i = 0 (padding), from which
     i do their shapes f/f(0) part, and why, when that is before i = L/2 (the paper, SlimPajama at 2K vs 4K: close up
-    to i = 1024). `corpus_stats[L]` is `frequency_stats` of the corpus."""
+    to i = 1024). `corpus_stats[L]` is `frequency_stats` of the corpus; `strategy` the packing of a trained f's
+    panel (None: the corpus f)."""
     short, long = min(curves), max(curves)
     a, b = curves[short], curves[long]
     tolerance = f"{SPLIT_TOLERANCE:.0%}"
@@ -51,9 +52,10 @@ def fig3_note(
         share = corpus_stats[short]["share_tokens_in_documents_longer_than_L"]
         parts.append(
             f"f/f(0) more than {tolerance} apart from i = {split} (the paper, SlimPajama at 2K vs 4K: close up to "
-            f"i = 1024): {share:.0%} of the tokens are in documents longer than {short}, cut every {short} tokens at "
-            f"L = {short} but every {long} at L = {long}"
-            + (", and concat cuts again at every row boundary" if concat else "")
+            f"i = 1024): {share:.0%} of the tokens are in documents longer than {short}, cut "
+            + ("where rows end" if strategy == "stream" else "every")
+            + f" {short} tokens at L = {short} but every {long} at L = {long}"
+            + (", and concat cuts again at every row boundary" if strategy == "concat" else "")
             + "; a cut removes every relative position "
             "across it."
         )
@@ -117,7 +119,7 @@ def write_figures(
             }
             panels[f"{strategy}: trained f"] = (
                 curves,
-                fig3_note(curves, corpus_stats, padding, concat=strategy == "concat"),
+                fig3_note(curves, corpus_stats, padding, strategy=strategy),
             )
         name = "fig3_" + "_vs_".join(f"L{L}" for L in predictions)
         paths += plots.plot_fig3_by_packing(panels, total_tokens, directory / name)

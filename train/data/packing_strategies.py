@@ -14,6 +14,9 @@ Strategies (``packing``)
   first, each into the open row with the least free space that holds it, else a new row; the rows
   are then shuffled (seeded). A piece is never split below L; the rest of a row is padding.
 - ``padded``: one piece per row, in stream order, the rest of the row padding.
+- ``stream``: ``concat`` without pieces: a document is cut only where a row ends (TinyLlama's
+  stream of documents cut into rows, with per-document attention), so a long document's rows
+  between its first and last are whole L-token segments.
 
 Padding is its own attention segment and never a target; it is not in the trained-length
 histogram. Rows never cross epochs under ``best_fit`` and ``padded``, so one epoch of those trains
@@ -32,8 +35,10 @@ import numpy as np
 
 from posfreq.train.data.shards import concat_ranges
 
-Strategy = Literal["concat", "best_fit", "padded"]
-STRATEGIES: tuple[str, ...] = ("concat", "best_fit", "padded")
+Strategy = Literal["concat", "best_fit", "padded", "stream"]
+STRATEGIES: tuple[str, ...] = ("concat", "best_fit", "padded", "stream")
+TOKEN_STREAMS: tuple[str, ...] = ("concat", "stream")
+"""The strategies whose rows are cut from one endless token stream (a unit is a token; no padding)."""
 Attention = Literal["document", "row"]
 
 
@@ -310,10 +315,12 @@ class Packing(ABC):
 
 @dataclass(frozen=True)
 class ConcatRows(Packing):
-    """``concat``: rows of L tokens cut from the endless token stream; a unit is a token."""
+    """``concat``: rows of L tokens cut from the endless token stream; a unit is a token. With
+    `pieces` False (``stream``) documents are cut only at row ends, not at document-local multiples of L."""
 
     train_len: int
     attention: Attention = "document"
+    pieces: bool = True
 
     @property
     def units_per_row(self) -> int:
@@ -347,6 +354,8 @@ class ConcatRows(Packing):
         row_cuts = np.arange(0, total + 1, L, dtype=np.int64)
         if self.attention == "row":
             cuts = row_cuts
+        elif not self.pieces:  # where each document starts, and the row ends
+            cuts = np.union1d(dest[starts_ == 0], row_cuts)
         else:
             first_piece = -(-starts_ // L)  # piece cuts are at document-local multiples of L
             n_cuts = -(-(starts_ + counts_) // L) - first_piece
@@ -429,8 +438,8 @@ class BestFitRows(PieceRows):
 
 def make_packing(packing: Strategy, train_len: int, attention: Attention = "document") -> Packing:
     """The strategy object for a `data.packing` name."""
-    if packing == "concat":
-        return ConcatRows(train_len, attention)
+    if packing in TOKEN_STREAMS:
+        return ConcatRows(train_len, attention, pieces=packing == "concat")
     if packing == "best_fit":
         return BestFitRows(train_len)
     if packing == "padded":

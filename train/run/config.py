@@ -117,10 +117,11 @@ class DataSection:
     """The training length L: rows of L tokens (written into every checkpoint)."""
     tokenizer: Optional[str] = None
     """If set, the shards must have been tokenized with this tokenizer (refused otherwise)."""
-    packing: Literal["concat", "best_fit", "padded"] = "concat"
+    packing: Literal["concat", "best_fit", "padded", "stream"] = "concat"
     """How document pieces (documents cut at every train_len tokens) fill rows: concat (the token stream cut into
     rows, no padding), best_fit (whole pieces packed by best-fit decreasing within each shuffle block, the rest of a
-    row padding; Ding et al. 2024) or padded (one piece per row, padded). See posfreq.train.data.packing_strategies."""
+    row padding; Ding et al. 2024), padded (one piece per row, padded) or stream (concat without pieces: documents
+    cut only where rows end, as TinyLlama's stream). See posfreq.train.data.packing_strategies."""
     length_upsample: dict[str, float] = field(default_factory=dict)
     """Expected copies per epoch of a document by its length in tokens (EOS included), e.g. {0-1024: 0.5, 4096-: 2.0}
     (Fu et al. 2024): LO-HI is LO <= length < HI, LO- has no end; weight w gives floor(w) copies plus one more with

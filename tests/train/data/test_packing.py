@@ -18,7 +18,12 @@ from helpers.shards import LENGTHS, unique_dataset
 from posfreq.analysis.corpus.frequency import position_frequency
 from posfreq.train.data.packing import IGNORE_INDEX, PackedBatch, PackedSampler
 from posfreq.train.data.packing_schedule import PackingSchedule, predict_trained_histogram
-from posfreq.train.data.packing_strategies import STRATEGIES, Documents, best_fit_decreasing
+from posfreq.train.data.packing_strategies import (
+    STRATEGIES,
+    TOKEN_STREAMS,
+    Documents,
+    best_fit_decreasing,
+)
 from posfreq.train.data.shards import TokenDataset
 from posfreq.train.data.upsample import LengthUpsample
 from posfreq.train.run.config import ConfigError, DataSection, config_from_dict
@@ -33,9 +38,12 @@ def unique(tmp_path: Path) -> tuple[TokenDataset, np.ndarray]:
     return TokenDataset(tmp_path / "u"), offsets
 
 
-def scan_segments(batch: PackedBatch, offsets: np.ndarray, pad_id: int) -> list[list[int]]:
+def scan_segments(
+    batch: PackedBatch, offsets: np.ndarray, pad_id: int, pieces: bool = True
+) -> list[list[int]]:
     """Per row, the lengths of its document segments, found token by token: a segment ends at a row end, at padding,
-    where tokens stop being consecutive, or before a token at a document-local multiple of L (a piece start)."""
+    where tokens stop being consecutive, or (with `pieces`, every strategy but stream) before a token at a
+    document-local multiple of L (a piece start)."""
     L, ids = batch.train_len, batch.input_ids.numpy()
     out = []
     for r in range(batch.rows):
@@ -47,7 +55,8 @@ def scan_segments(batch: PackedBatch, offsets: np.ndarray, pad_id: int) -> list[
                 run = 0
                 continue
             local = t - offsets[np.searchsorted(offsets, t, side="right") - 1]
-            if run and (local % L == 0 or t != row[k - 1] + 1):
+            starts_piece = local == 0 or (pieces and local % L == 0)  # a document starts a piece
+            if run and (starts_piece or t != row[k - 1] + 1):
                 lengths.append(run)
                 run = 0
             run += 1
@@ -63,9 +72,10 @@ def real_tokens(batch: PackedBatch, pad_id: int) -> np.ndarray:
     return ids[ids != pad_id]
 
 
-def check_batch(batch: PackedBatch, offsets: np.ndarray, pad_id: int, whole_pieces: bool) -> None:
+def check_batch(batch: PackedBatch, offsets: np.ndarray, pad_id: int, packing: str) -> None:
     """Invariants of one batch, segment by segment with plain Python: row boundaries cut, targets inside segments,
-    position ids, padding never a target; a document segment inside one piece (the whole piece if `whole_pieces`)."""
+    position ids, padding never a target; a document segment inside one piece (the whole piece under the piece
+    rules; stream has no pieces: a segment is cut only at its document's ends and at row ends)."""
     L, T = batch.train_len, batch.rows * batch.train_len
     cu = batch.cu_seqlens.numpy().astype(np.int64)
     ids, tgt, pos = batch.input_ids.numpy(), batch.targets.numpy(), batch.position_ids.numpy()
@@ -85,8 +95,15 @@ def check_batch(batch: PackedBatch, offsets: np.ndarray, pad_id: int, whole_piec
         doc = np.searchsorted(offsets, ids[a:b], side="right") - 1
         assert len(set(doc)) == 1 and np.all(np.diff(ids[a:b]) == 1)
         local = ids[a:b] - offsets[doc[0]]
+        if (
+            packing == "stream"
+        ):  # a segment starts at its document's start or at a row start, ends likewise
+            doc_len = offsets[doc[0] + 1] - offsets[doc[0]]
+            assert local[0] == 0 or a % L == 0, "a document was cut inside a row"
+            assert local[-1] == doc_len - 1 or b % L == 0, "a document was cut inside a row"
+            continue
         assert local[0] // L == local[-1] // L, "a segment crosses a piece cut"
-        if whole_pieces:
+        if packing in PIECE_RULES:
             doc_len = offsets[doc[0] + 1] - offsets[doc[0]]
             assert local[0] % L == 0 and b - a == min(L, doc_len - local[0]), "a piece was split"
     assert batch.segment_lengths.tolist() == real
@@ -105,16 +122,17 @@ def test_an_epoch_holds_every_token_once(unique, packing, train_len, block) -> N
     rows = sampler.schedule.epoch_rows(0)
     assert rows.start == 0
     batch = sampler.make_batch(0, len(rows))
-    check_batch(batch, offsets, ds.eos_id, whole_pieces=packing != "concat")
+    check_batch(batch, offsets, ds.eos_id, packing)
     stream = real_tokens(batch, ds.eos_id)
-    if packing == "concat":
+    if packing in TOKEN_STREAMS:
         assert len(rows) == -(-ds.num_tokens // train_len)
         stream = stream[: ds.num_tokens]  # the last row runs on into the next epoch
         starts = set(offsets[:-1].tolist())
         inside = np.array([t not in starts for t in stream[1:]])
         assert np.all(np.diff(stream)[inside] == 1), "documents are not contiguous in the stream"
     assert np.array_equal(np.sort(stream), np.arange(ds.num_tokens))
-    found = [n for row in scan_segments(batch, offsets, ds.eos_id) for n in row]
+    scan = scan_segments(batch, offsets, ds.eos_id, pieces=packing != "stream")
+    found = [n for row in scan for n in row]
     assert sorted(found) == sorted(batch.segment_lengths.tolist())
     if packing == "padded":
         assert len(rows) == len(naive_pieces(ds.doc_lengths(), train_len))
@@ -270,10 +288,10 @@ def test_integer_weights_repeat_each_document_exactly(unique, packing) -> None:
     sampler = PackedSampler(ds, 8, 2, seed=7, packing=packing, shuffle_block=4, upsample=weights)
     rows = sampler.schedule.epoch_rows(0)
     batch = sampler.make_batch(0, len(rows))
-    check_batch(batch, offsets, ds.eos_id, whole_pieces=packing != "concat")
+    check_batch(batch, offsets, ds.eos_id, packing)
     tokens = real_tokens(batch, ds.eos_id)
     expected = np.repeat(copies, lengths)
-    if packing == "concat":
+    if packing in TOKEN_STREAMS:
         tokens = tokens[: int(expected.sum())]
     assert np.array_equal(np.bincount(tokens, minlength=ds.num_tokens), expected)
 
@@ -362,7 +380,7 @@ def test_prediction_equals_the_segments_a_token_scan_finds(unique, packing, upsa
     found = np.zeros(L + 1, dtype=np.int64)
     for first in range(0, prediction.rows, 3):  # the batches a one-epoch run trains on
         batch = sampler.make_batch(first, min(3, prediction.rows - first))
-        for row in scan_segments(batch, offsets, ds.eos_id):
+        for row in scan_segments(batch, offsets, ds.eos_id, pieces=packing != "stream"):
             found += np.bincount(row, minlength=L + 1)
     assert np.array_equal(prediction.histogram, found)
     if (
@@ -374,6 +392,23 @@ def test_prediction_equals_the_segments_a_token_scan_finds(unique, packing, upsa
     assert prediction.padding_share == pytest.approx(
         1 - found @ np.arange(L + 1) / (prediction.rows * L)
     )
+
+
+def test_stream_keeps_a_long_documents_whole_rows_that_concat_cuts_at_its_pieces() -> None:
+    """Documents of 3L + 5 tokens: stream cuts them only where rows end, so each has two whole L-token rows;
+    concat also cuts at every document-local multiple of L, so a piece whole in a row needs the document to
+    start on a row boundary. Both fill every token of the epoch's rows."""
+    L, n = 16, 40
+    lengths = np.full(n, 3 * L + 5)
+    stream = predict_trained_histogram(lengths, L, "stream", seed=1).histogram
+    concat = predict_trained_histogram(lengths, L, "concat", seed=1).histogram
+    pieces = np.bincount(naive_pieces(lengths, L), minlength=L + 1)
+    rows = -(-lengths.sum() // L)  # the epoch's rows, the last running on into the next epoch
+    assert stream @ np.arange(L + 1) == concat @ np.arange(L + 1) == rows * L
+    assert stream[L] >= 2 * n - 1  # two whole rows inside each document (the stream's end aside)
+    assert concat[L] < stream[L] / 4 and pieces[L] == 3 * n
+    f_stream, f_concat = position_frequency(stream, L), position_frequency(concat, L)
+    assert np.all(f_stream[L // 2 :] > f_concat[L // 2 :])
 
 
 def test_prediction_from_a_histogram_or_an_array() -> None:

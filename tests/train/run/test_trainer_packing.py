@@ -134,9 +134,8 @@ def test_steps_without_targets_skip_cleanly_and_are_counted(tmp_path, packing) -
     assert all(torch.equal(saved[k], fresh[k]) for k in fresh), (
         "a step without targets changed the weights"
     )
-    expected = {"concat": 3 * L_TRAIN, "best_fit": 40, "padded": 3}[
-        packing
-    ]  # best_fit: rows of 16, 16, 8
+    # concat and stream: one-token documents end to end, 3 rows of them; best_fit: rows of 16, 16, 8
+    expected = {"concat": 3 * L_TRAIN, "stream": 3 * L_TRAIN, "best_fit": 40, "padded": 3}[packing]
     assert np.array_equal(
         final_lengths(tmp_path / "run", 3), np.bincount([1] * expected, minlength=L_TRAIN + 1)
     )
