@@ -52,9 +52,9 @@ def fig3_note(
         share = corpus_stats[short]["share_tokens_in_documents_longer_than_L"]
         parts.append(
             f"f/f(0) more than {tolerance} apart from i = {split} (the paper, SlimPajama at 2K vs 4K: close up to "
-            f"i = 1024): {share:.0%} of the tokens are in documents longer than {short}, cut "
-            + ("where rows end" if strategy == "stream" else "every")
-            + f" {short} tokens at L = {short} but every {long} at L = {long}"
+            f"i = 1024): {share:.0%} of the tokens are in documents longer than {short}, cut every {short} "
+            f"tokens at L = {short} but every {long} at L = {long}"
+            + (" (where rows end)" if strategy == "stream" else "")
             + (", and concat cuts again at every row boundary" if strategy == "concat" else "")
             + "; a cut removes every relative position "
             "across it."

@@ -3,7 +3,8 @@
 
 A histogram has no document order, so the documents are laid out in a seeded random order: the
 prediction is exact in distribution, not row by row. best_fit and padded train exactly the corpus f
-(with their padding); concat cuts the pieces again at every row boundary.
+(with their padding); concat cuts the pieces again at every row boundary; stream cuts documents only at row
+boundaries.
 """
 
 from __future__ import annotations

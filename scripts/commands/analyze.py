@@ -10,7 +10,7 @@ its packing (train/data/packing_schedule.py): for each --packing strategy, the s
 runs lays out one epoch's rows from the document lengths alone (no tokens), and Eq. 2 over the
 attention segments of those rows is the trained f (the f_trained_<strategy> columns;
 analysis/corpus/packing_prediction.py). best_fit and padded train exactly the corpus f (with their padding);
-concat cuts the pieces again at every row boundary. A histogram has no document order, so the documents
+concat cuts the pieces again at every row boundary; stream cuts documents only at row boundaries. A histogram has no document order, so the documents
 are laid out in a seeded random order: the prediction is exact in distribution, not row by row.
 
 An output directory never contradicts itself (analysis/corpus/listed_outputs.py): summary.json's ``files`` lists

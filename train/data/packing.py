@@ -2,7 +2,7 @@
 
 Which pieces of which documents fill each row is the packing schedule's (train/data/packing_schedule.py:
 epochs, shuffle blocks, length upsampling; train/data/packing_strategies.py: ``concat``, ``best_fit``,
-``padded``), computed from document lengths alone; this module reads those rows' tokens and turns them into batches.
+``padded``, ``stream``), computed from document lengths alone; this module reads those rows' tokens and turns them into batches.
 
 Targets are the next token inside the same attention segment; the last position of every
 segment (and every padding position) gets -100, so no target lies across a boundary the
@@ -39,7 +39,7 @@ class PackedBatch:
     `segment_lengths` are the lengths of the segments that hold document tokens (what the
     trainer bincounts into the trained-length histogram); padding segments are in `cu_seqlens`
     but not in `segment_lengths`, so the two agree exactly when there is no padding (always
-    under ``concat``).
+    under ``concat`` and ``stream``).
     """
 
     input_ids: torch.Tensor  # (rows * train_len,) int64
@@ -192,7 +192,7 @@ class PackedSampler:
 
     def state_dict(self) -> dict:
         """Where the stream stands (identical on every rank): the next global row, the cursor of its block, its
-        epoch and unit offset in that epoch (tokens under concat, else rows), plus the settings that define it."""
+        epoch and unit offset in that epoch (tokens under concat and stream, else rows), plus the settings that define it."""
         cursor = self._cursor()
         return {
             "next_row": self.next_row,

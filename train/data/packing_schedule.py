@@ -16,8 +16,8 @@ strategy (train/data/packing_strategies.py) packs each block's pieces into rows.
 
 Stream units and resume
 -----------------------
-Each strategy measures the stream in units: tokens (``concat``, L per row) or rows (``best_fit``,
-``padded``). A `Cursor` marks where a block starts in the unit stream; the schedule walks blocks
+Each strategy measures the stream in units: tokens (``concat``, ``stream``, L per row) or rows
+(``best_fit``, ``padded``). A `Cursor` marks where a block starts in the unit stream; the schedule walks blocks
 forward from the cursors it knows (always the stream's start), so any row is computed directly
 once the cursor of its block is known. A sampler state carries the cursor of its next row's
 block, so resuming costs one block plan, not a replay of the epoch.
@@ -34,6 +34,7 @@ from typing import NamedTuple
 import numpy as np
 
 from posfreq.train.data.packing_strategies import (
+    TOKEN_STREAMS,
     Attention,
     Block,
     DocumentLengths,
@@ -114,10 +115,10 @@ class PackingSchedule:
             raise ValueError(f"seed must be >= 0, got {seed}")
         if attention not in ("document", "row"):
             raise ValueError(f"attention must be 'document' or 'row', not {attention!r}")
-        if attention == "row" and packing != "concat":
+        if attention == "row" and packing not in TOKEN_STREAMS:
             raise ValueError(
-                f"attention='row' (one causal segment per row) needs packing='concat', not {packing!r}: "
-                "padding must stay its own segment"
+                f"attention='row' (one causal segment per row) needs packing='concat' (or 'stream', the same "
+                f"rows), not {packing!r}: padding must stay its own segment"
             )
         if corpus.num_docs == 0:
             raise ValueError("the corpus holds no documents")
@@ -149,7 +150,7 @@ class PackingSchedule:
 
     @property
     def units_per_row(self) -> int:
-        """Stream units per row (L for concat, else 1)."""
+        """Stream units per row (L for concat and stream, else 1)."""
         return self.packing.units_per_row
 
     # -- blocks --------------------------------------------------------------------------------
@@ -222,7 +223,7 @@ class PackingSchedule:
         return cursor.epoch_first_unit
 
     def epoch_rows(self, epoch: int) -> range:
-        """The rows whose first unit lies in `epoch` (under concat the last may end in the next epoch)."""
+        """The rows whose first unit lies in `epoch` (under concat and stream the last may end in the next epoch)."""
         upr = self.units_per_row
         return range(-(-self.epoch_start(epoch) // upr), -(-self.epoch_start(epoch + 1) // upr))
 

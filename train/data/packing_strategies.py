@@ -8,15 +8,16 @@ Strategies (``packing``)
 ------------------------
 - ``concat``: the documents of all epochs form one endless token stream and row k is its tokens
   [kL, (k+1)L). No padding, no token lost. Attention segments are the pieces cut at row
-  boundaries (``attention="document"``), or whole rows (``attention="row"``, the paper's Fig. 1c).
+  boundaries (``attention="document"``), or whole rows (``attention="row"``, the paper's Fig. 1c;
+  ``stream`` with it is the same).
 - ``best_fit``: within each block (the buffer, many rows), pieces are packed whole into rows by
   best-fit decreasing (Ding et al. 2024, 'Fewer Truncations Improve Language Modeling'): longest
   first, each into the open row with the least free space that holds it, else a new row; the rows
   are then shuffled (seeded). A piece is never split below L; the rest of a row is padding.
 - ``padded``: one piece per row, in stream order, the rest of the row padding.
-- ``stream``: ``concat`` without pieces: a document is cut only where a row ends (TinyLlama's
-  stream of documents cut into rows, with per-document attention), so a long document's rows
-  between its first and last are whole L-token segments.
+- ``stream``: ``concat`` without pieces: a document is cut only where a row ends (the document
+  stream cut into rows as TinyLlama's data loader cuts it; attention per document, as the paper
+  adds), so a long document's rows between its first and last are whole L-token segments.
 
 Padding is its own attention segment and never a target; it is not in the trained-length
 histogram. Rows never cross epochs under ``best_fit`` and ``padded``, so one epoch of those trains

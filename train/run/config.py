@@ -118,16 +118,18 @@ class DataSection:
     tokenizer: Optional[str] = None
     """If set, the shards must have been tokenized with this tokenizer (refused otherwise)."""
     packing: Literal["concat", "best_fit", "padded", "stream"] = "concat"
-    """How document pieces (documents cut at every train_len tokens) fill rows: concat (the token stream cut into
-    rows, no padding), best_fit (whole pieces packed by best-fit decreasing within each shuffle block, the rest of a
-    row padding; Ding et al. 2024), padded (one piece per row, padded) or stream (concat without pieces: documents
-    cut only where rows end, as TinyLlama's stream). See posfreq.train.data.packing_strategies."""
+    """How documents fill rows: concat (documents cut into pieces at every train_len tokens, the token stream of
+    pieces cut into rows, no padding), best_fit (whole pieces packed by best-fit decreasing within each shuffle
+    block, the rest of a row padding; Ding et al. 2024), padded (one piece per row, padded) or stream (the document
+    stream cut into rows, documents cut only where rows end, as TinyLlama's loader cuts them; no padding). See
+    posfreq.train.data.packing_strategies."""
     length_upsample: dict[str, float] = field(default_factory=dict)
     """Expected copies per epoch of a document by its length in tokens (EOS included), e.g. {0-1024: 0.5, 4096-: 2.0}
     (Fu et al. 2024): LO-HI is LO <= length < HI, LO- has no end; weight w gives floor(w) copies plus one more with
     probability w - floor(w), drawn each epoch; other lengths keep 1; {}: every document once (train/data/upsample.py)."""
     attention: Literal["document", "row"] = "document"
-    """Attend within each document only (document) or across the whole row (row; packing concat only)."""
+    """Attend within each document only (document) or across the whole row (row; packing concat or stream, which
+    are then the same)."""
     shuffle: bool = True
     """Shuffle documents each epoch (deterministic for the seed)."""
     shuffle_block: int = 1 << 20
@@ -149,7 +151,7 @@ class DataSection:
         _at_least("data.", self, 1, "shuffle_block", "val_rows")
         _at_least("data.", self, 2, "val_len")
         _at_least("data.", self, 0, "val_every_tokens")
-        if self.attention == "row" and self.packing != "concat":
+        if self.attention == "row" and self.packing not in ("concat", "stream"):
             raise ConfigError(
                 f"data.attention=row needs data.packing=concat, not {self.packing!r} (padding must stay "
                 "its own attention segment)"

@@ -24,7 +24,8 @@ def test_fig3_note_says_why_the_curves_part():
     assert "i = 0" not in note and "row boundary" not in note
     assert "row boundary" in fig3_note(long_docs, stats, strategy="concat")
     stream = fig3_note(long_docs, stats, strategy="stream")
-    assert "cut where rows end" in stream and "row boundary" not in stream
+    assert "cut every 256 tokens at L = 256 but every 512 at L = 512 (where rows end);" in stream
+    assert "row boundary" not in stream
     padded = {L1: 0.6 * long_docs[L1], L2: 0.3 * long_docs[L2]}
     assert fig3_note(padded, stats, padding={L1: 0.4, L2: 0.7}).startswith(
         "Apart from i = 0: padding fills 40.0% of the L = 256 rows and 70.0% of the L = 512 rows"

@@ -177,6 +177,12 @@ def test_row_attention_is_one_causal_segment_per_row(unique) -> None:
         assert np.array_equal(batch.segment_lengths, np.full(3, 8))
     with pytest.raises(ValueError, match="attention='row'.*needs packing='concat'"):
         PackedSampler(ds, 8, 3, packing="best_fit", attention="row")
+    # stream's rows are concat's rows (the same token stream): under row attention the two are one thing
+    streamed = PackedSampler(ds, 8, 3, seed=1, packing="stream", attention="row")
+    again = PackedSampler(ds, 8, 3, seed=1, attention="row")
+    for _ in range(10):
+        a, b = next(streamed), next(again)
+        assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.cu_seqlens, b.cu_seqlens)
 
 
 # --------------------------------------------------------------------------------------------
