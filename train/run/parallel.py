@@ -149,6 +149,17 @@ def default_resharding(model: nn.Module) -> None:
     set_resharding(model, after_forward=True, after_backward=True)
 
 
+def reshard_all(model: nn.Module) -> None:
+    """Free every gathered parameter of `model` after a forward without backward (validation): the root and the
+    last block keep theirs from forward into a backward that never comes, and a checkpoint saved then found no
+    sharded parameter in a one-block model (Fabric refused it) and held a gathered copy in any other."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
 def resolved_accelerator(cfg: TrainConfig) -> str:
     """`cpu` or `cuda`: the config's accelerator, `auto` meaning cuda when a GPU is visible."""
     return cfg.accelerator if cfg.accelerator != "auto" else resolve_device("auto").type

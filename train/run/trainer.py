@@ -41,6 +41,7 @@ from posfreq.train.run.log import LOG, RunLog
 from posfreq.train.run.optim import build_optimizer, clip_grad_norm, lr_at
 from posfreq.train.run.parallel import (
     default_resharding,
+    reshard_all,
     reshard_for_micro_batch,
     synchronize_replicas,
 )
@@ -383,6 +384,7 @@ class Trainer:
                         fabric.global_rank,
                     )
                 loss, targets, by_distance = validation_loss(self.model, fabric, self.val_batches)
+                reshard_all(self.model.module)  # sharded again before a save or the next step
                 log.validation(self.step, self.run_tokens, loss, targets, fabric)
                 self.loss_by_distance = {
                     "step": self.step,

@@ -141,6 +141,19 @@ def test_steps_without_targets_skip_cleanly_and_are_counted(tmp_path, packing) -
     )
 
 
+def test_a_one_block_model_validates_then_saves(tmp_path) -> None:
+    """Validation is a forward without backward, after which FSDP2's root and last block kept their gathered
+    parameters: with one block no parameter was sharded at the save, and Fabric refused the checkpoint ("Could
+    not find a distributed model"). Every module is resharded after validation now."""
+    data = byte_shards(tmp_path / "data", [30] * 20)
+    cfg = one_row_steps(data, tmp_path / "run", 3)  # one block (n_layers 1)
+    cfg["data"].update(val_dir=str(data), val_rows=2)
+    history = pretrain.train(config_from_dict(cfg))
+    assert len(history) == 3 and all(math.isfinite(r["loss"]) for r in history)
+    end = tmp_path / "run/checkpoints" / ckpt.milestone_name(3 * L_TRAIN)
+    assert ckpt.model_state_dict(end)  # saved after the last step's validation, and readable
+
+
 def test_trainer_resume_with_best_fit_and_upsampling_matches_an_uninterrupted_run(
     train_dir, tmp_path
 ) -> None:
