@@ -234,7 +234,7 @@ def train_stage(
             "activation_checkpointing": checkpointing,
             "compile": compile,
         },
-        "data": {"dir": str(data), "train_len": length},
+        "data": {"dir": str(data), "train_len": length, "packing": paper["data"]["packing"]},
         "optim": {"warmup_steps": 2},
         "checkpoint": {
             "every_tokens": 10**15,
