@@ -459,11 +459,12 @@ def config_differences(saved: dict, current: dict) -> list[str]:
         ):
             continue
         if a.get(key) != b.get(key):
-            hint = (
-                f' (to change it on resume: --resume-override "{{{key}: {b.get(key)}}}")'
-                if key in RESUME_OVERRIDABLE
-                else ""
-            )
+            if key in RESUME_OVERRIDABLE:
+                hint = f' (to change it on resume: --resume-override "{{{key}: {b.get(key)}}}")'
+            elif isinstance(a.get(key), (str, int, float)) and not isinstance(a.get(key), bool):
+                hint = f" (to continue the run as it was: --{key} {a.get(key)})"
+            else:
+                hint = ""
             diffs.append(f"{key}: checkpoint {a.get(key)!r} vs now {b.get(key)!r}{hint}")
     return diffs
 

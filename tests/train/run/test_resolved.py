@@ -35,7 +35,15 @@ def test_schedule_changes_on_resume_need_resume_override(data_dir, tmp_path, cap
             "total_tokens: checkpoint 8192 vs now 16384 (to change it on resume: "
             '--resume-override "{total_tokens: 16384}")',
         ),
-        (["--optim.beta2", "0.99"], "optim.beta2: checkpoint 0.95 vs now 0.99\n"),
+        (
+            ["--optim.beta2", "0.99"],
+            "optim.beta2: checkpoint 0.95 vs now 0.99 (to continue the run as it was: --optim.beta2 0.95)\n",
+        ),
+        (  # the paper configs' packing changed from concat (2026-11-27): a run started before continues so
+            ["--data.packing", "stream"],
+            "data.packing: checkpoint 'concat' vs now 'stream' (to continue the run as it was: "
+            "--data.packing concat)\n",
+        ),
         (
             ["--resume-override", "{optim.beta2: 0.99}"],
             "resume_override: ['optim.beta2'] cannot change on resume; "
