@@ -181,16 +181,6 @@ def causal_mask(len_q: int, len_k: int, window: int | None, device: torch.device
     return allowed
 
 
-def _group_by_shape(cu_q: Tensor, cu_k: Tensor) -> dict[tuple[int, int], list[int]]:
-    """Indices of sequences grouped by (query length, key length), so each group is one batched call."""
-    lens_q = (cu_q[1:] - cu_q[:-1]).tolist()
-    lens_k = (cu_k[1:] - cu_k[:-1]).tolist()
-    groups: dict[tuple[int, int], list[int]] = {}
-    for i, shape in enumerate(zip(lens_q, lens_k)):
-        groups.setdefault(shape, []).append(i)
-    return groups
-
-
 def _rows_of(starts: list[int], length: int, device: torch.device) -> slice | Tensor:
     """The packed rows of equal-length sequences starting at `starts`: a slice when they lie back to back."""
     if all(b - a == length for a, b in zip(starts, starts[1:])):
@@ -253,18 +243,18 @@ class _ShapeGroup:
 
 
 def _shape_groups(cu_q: Tensor, cu_k: Tensor, device: torch.device) -> list[_ShapeGroup]:
-    """The sequences of cu_q/cu_k grouped by shape, each group one batched sdpa call (read on the host), their
-    rows indexed on `device` (the queries')."""
-    starts_q, starts_k = cu_q[:-1].tolist(), cu_k[:-1].tolist()
+    """The sequences of cu_q/cu_k grouped by shape, each group one batched sdpa call (each read on the host once),
+    their rows indexed on `device` (the queries')."""
+    bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
+    starts: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
+    for a, b, c, d in zip(bounds_q, bounds_q[1:], bounds_k, bounds_k[1:]):
+        if b > a:
+            group = starts.setdefault((b - a, d - c), ([], []))
+            group[0].append(a)
+            group[1].append(c)
     return [
-        _ShapeGroup(
-            len_q,
-            len_k,
-            _rows_of([starts_q[i] for i in seqs], len_q, device),
-            _rows_of([starts_k[i] for i in seqs], len_k, device),
-        )
-        for (len_q, len_k), seqs in _group_by_shape(cu_q, cu_k).items()
-        if len_q > 0
+        _ShapeGroup(len_q, len_k, _rows_of(sq, len_q, device), _rows_of(sk, len_k, device))
+        for (len_q, len_k), (sq, sk) in starts.items()
     ]
 
 

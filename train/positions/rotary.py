@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from posfreq.train.model.attention import LayoutMemo
 from posfreq.train.model.fused import fused, rotate
 
 ROPE_SCALING_TYPES = ("default", "linear", "llama3")
@@ -37,13 +38,13 @@ class Rotary:
     inv_freq: Tensor
     scale: float = 1.0
     """Multiplies cos/sin (YaRN's attention temperature, so logits by its square); 1 for plain RoPE."""
-    _recent: list[tuple[Tensor, torch.dtype, Tensor, Tensor]] = field(
-        default_factory=list, init=False, repr=False, compare=False
+    _recent: LayoutMemo = field(
+        default_factory=lambda: LayoutMemo(RECENT_POSITIONS), init=False, repr=False, compare=False
     )
-    """cos/sin of the last RECENT_POSITIONS positions tensors (held, so their identities stay their own): every
-    layer of a forward rotates at the same positions tensors (a split scheme at two: the true positions and its
-    far queries'), so they are computed once per forward, not once or twice per layer (a tenth of a single-token
-    decoding step of a 135M model on a CPU). Positions tensors are never changed in place."""
+    """cos/sin of the last RECENT_POSITIONS positions tensors, known by identity: every layer of a forward rotates
+    at the same positions tensors (a split scheme at two: the true positions and its far queries'), so they are
+    computed once per forward, not once or twice per layer (a tenth of a single-token decoding step of a 135M model
+    on a CPU). Positions tensors are never changed in place."""
 
     _on_device: dict[torch.device, Tensor] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -62,17 +63,15 @@ class Rotary:
 
     def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos and sin, each (T, 1, D), at `positions` (T,), times `scale`, in `dtype`."""
-        for held, held_dtype, cos, sin in self._recent:
-            if held is positions and held_dtype == dtype:
-                return cos, sin
+        return self._recent.get((positions,), (dtype,), lambda: self._cos_sin(positions, dtype))
+
+    def _cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq_on(positions.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = (
+        return (
             (emb.cos() * self.scale).to(dtype)[:, None, :],
             (emb.sin() * self.scale).to(dtype)[:, None, :],
         )
-        self._recent = [(positions, dtype, cos, sin), *self._recent[: RECENT_POSITIONS - 1]]
-        return cos, sin
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """x: (T, H, D) rotated at `positions` (T,), which may be any integers, negative included."""

@@ -23,6 +23,7 @@ from typing import Any, Literal, Optional, Sequence, Union
 from jsonargparse import ArgumentParser, Namespace
 
 from posfreq.train.command_line import CodeInConfig, command_parser, parse, refuse_code
+from posfreq.train.data.packing_strategies import TOKEN_STREAMS, Strategy
 from posfreq.train.data.upsample import LengthUpsample
 from posfreq.train.model.attention_kernels import BACKENDS
 from posfreq.train.model.config import ModelConfig, model_preset
@@ -117,7 +118,7 @@ class DataSection:
     """The training length L: rows of L tokens (written into every checkpoint)."""
     tokenizer: Optional[str] = None
     """If set, the shards must have been tokenized with this tokenizer (refused otherwise)."""
-    packing: Literal["concat", "best_fit", "padded", "stream"] = "concat"
+    packing: Strategy = "concat"
     """How documents fill rows: concat (documents cut into pieces at every train_len tokens, the token stream of
     pieces cut into rows, no padding), best_fit (whole pieces packed by best-fit decreasing within each shuffle
     block, the rest of a row padding; Ding et al. 2024), padded (one piece per row, padded) or stream (the document
@@ -151,7 +152,7 @@ class DataSection:
         _at_least("data.", self, 1, "shuffle_block", "val_rows")
         _at_least("data.", self, 2, "val_len")
         _at_least("data.", self, 0, "val_every_tokens")
-        if self.attention == "row" and self.packing not in ("concat", "stream"):
+        if self.attention == "row" and self.packing not in TOKEN_STREAMS:
             raise ConfigError(
                 f"data.attention=row needs data.packing=concat, not {self.packing!r} (padding must stay "
                 "its own attention segment)"
