@@ -16,12 +16,13 @@ options say otherwise: they assume a training length of 2/3 of the true one and 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Callable, Literal, Optional, Sequence, Union
 
 from posfreq.analysis.niah import results
-from posfreq.analysis.niah.settings import ANSWER_ORDERS, parse_lengths
+from posfreq.analysis.niah.settings import ANSWER_ORDERS, PRECISIONS, parse_lengths
 from posfreq.analysis.tables.formats import markdown_table, read_csv, write_csv
 from posfreq.analysis.tables.paper_tables import (
     MEASURES,
@@ -59,13 +60,15 @@ def build_parser():
         "--schemes",
         type=str,
         default=",".join(PAPER_ORDER),
-        help=f"comma list of {', '.join(SCHEMES)}; rope must be one (the differences are from it)",
+        help=f"comma list of rows, each a scheme ({', '.join(SCHEMES)}) or SCHEME@LABEL for a second row of "
+        "a scheme with options of its own (string@half); rope must be one (the differences are from it)",
     )
     parser.add_argument(
         "--position-options",
         type=Options,
         default={},
-        help="each scheme's options as JSON, e.g. '{\"string\": {\"shift\": 2000}}'; defaults: the paper's",
+        help='each row\'s options as JSON, e.g. \'{"string": {"shift": 2000}, "string@half": {"shift": '
+        "4096}}'; defaults: the paper's",
     )
     parser.add_argument(
         "--engine",
@@ -77,7 +80,7 @@ def build_parser():
         "--string-shift",
         type=Literal["paper", "auto"],
         default="paper",
-        help="auto: also run STRING with S from rope's measured effective length E, S = min(L - E, E) "
+        help="auto: also run STRING with S from rope's measured effective length E, S = min(L - E, L // 2) "
         "(docs/string.md), as the row string_auto beside the paper's S = L / 3",
     )
     parser.add_argument(
@@ -94,6 +97,13 @@ def build_parser():
         default="greedy",
         help="greedy: the answer holds 2 of 4 needles (the paper's); teacher_forced: 2 of 4 needles have every "
         "token as the argmax under teacher forcing (no decoding; paired and cheap on a CPU)",
+    )
+    parser.add_argument(
+        "--teacher-forced",
+        type=bool,
+        default=True,
+        help="with --measure greedy: also score each needle under teacher forcing (one more forward per test; "
+        "the token-accuracy table); false saves that forward",
     )
     parser.add_argument(
         "--answer-order",
@@ -120,6 +130,13 @@ def build_parser():
     parser.add_argument("--ruler-samples", type=int, default=500, help="RULER samples per task")
     parser.add_argument("--ruler-tasks", type=str, default="all", help="RULER tasks")
     parser.add_argument("--chat-template", type=bool, default=False, help="frame prompts as a chat")
+    parser.add_argument(
+        "--precision",
+        type=Literal[PRECISIONS],
+        default="auto",
+        help="the probe's: auto (bf16 autocast on a GPU, float32 on a CPU), float32, bfloat16, or "
+        "bfloat16-prefill (the prompt's forward under bf16; --engine posfreq only)",
+    )
     parser.add_argument("--device", type=str, default="auto", help="auto, cpu, cuda, cuda:1, ...")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     parser.add_argument(
@@ -144,13 +161,31 @@ class TableError(ValueError):
     """A setting the tables cannot be made with, or a stage that failed; the message says which."""
 
 
+ROW_LABEL = re.compile(r"[a-z0-9_]{1,32}")
+"""What may follow '@' in a row name (it names the row's probe folder)."""
+
+
+def scheme_of(row: str) -> str:
+    """The position scheme a Table 1 row runs: its name up to '@' (`string@half` is STRING with options of its
+    own; `string_auto` is STRING with the measured shift)."""
+    return "string" if row == AUTO else row.split("@", 1)[0]
+
+
 def chosen_schemes(spec: str) -> list[str]:
-    """The comma list, checked: known schemes, rope among them, each once."""
+    """The comma list of rows, checked: known schemes (a label after '@' of letters, digits and '_'), the
+    plain rope row among them, each once."""
     schemes = [s.strip() for s in spec.split(",") if s.strip()]
-    unknown = sorted(set(schemes) - set(SCHEMES))
+    unknown = sorted(
+        s
+        for s in schemes
+        if s == AUTO
+        or scheme_of(s) not in SCHEMES
+        or ("@" in s and not ROW_LABEL.fullmatch(s.split("@", 1)[1]))
+    )
     if unknown or "rope" not in schemes or len(set(schemes)) != len(schemes):
         raise TableError(
-            f"--schemes {spec}: need distinct names among {', '.join(SCHEMES)}, rope included"
+            f"--schemes {spec}: need distinct rows, each one of {', '.join(SCHEMES)} or SCHEME@LABEL (a label of "
+            "up to 32 lowercase letters, digits and '_'), rope included"
             + (f" (unknown: {unknown})" if unknown else "")
         )
     return schemes
@@ -179,23 +214,33 @@ def source_flags(args) -> list[str]:
 def resolved_options(args, schemes: list[str]) -> tuple[int, dict[str, dict], Callable]:
     """(the model's training length L, every scheme's options as it runs them (defaults included), the resolver),
     from the model's config; refuses a bad option before anything is probed."""
+    from posfreq.train.positions.schemes import build_scheme
+
     if args.model.startswith("hf:"):
         from transformers import AutoConfig
 
         from posfreq.train.model.hf_folder import refuse_custom_code
-        from posfreq.train.positions.hf_schemes import scheme_options
+        from posfreq.train.positions.hf_schemes import rotary_base, scheme_options
 
         folder = Path(args.model.removeprefix("hf:"))
         refuse_custom_code(folder, "the model folder")
         config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
         train_len = config.max_position_embeddings
 
-        def resolve(name: str, options: dict) -> dict:
-            return scheme_options(config, name, train_len, **options)
+        if (
+            source_flags(args)[3] == "posfreq"
+        ):  # posfreq's own model runs the schemes: their options
+
+            def resolve(name: str, options: dict) -> dict:
+                rope = rotary_base(config)
+                return dict(build_scheme(name, rope, train_len, **options).options)
+        else:
+
+            def resolve(name: str, options: dict) -> dict:
+                return scheme_options(config, name, train_len, **options)
     else:
         from posfreq.train.checkpoint.layout import load_model_config
         from posfreq.train.positions.rotary import RotaryBase
-        from posfreq.train.positions.schemes import build_scheme
 
         config = load_model_config(args.model)
         rope = RotaryBase(config.head_dim, config.rope_base, config.rope_scaling)
@@ -205,10 +250,12 @@ def resolved_options(args, schemes: list[str]) -> tuple[int, dict[str, dict], Ca
 
     unknown = sorted(set(args.position_options) - set(schemes))
     if unknown:
-        raise TableError(f"--position-options names schemes not in --schemes: {unknown}")
+        raise TableError(f"--position-options names rows not in --schemes: {unknown}")
     train_len = config.max_position_embeddings if args.model.startswith("hf:") else config.train_len
     try:
-        options = {s: resolve(s, dict(args.position_options.get(s, {}))) for s in schemes}
+        options = {
+            s: resolve(scheme_of(s), dict(args.position_options.get(s, {}))) for s in schemes
+        }
     except ValueError as err:
         raise TableError(f"--position-options: {err}") from None
     return train_len, options, resolve
@@ -255,12 +302,12 @@ def check_ruler_fits(args) -> None:
         )
 
 
-def run_probe(args, scheme: str, out: Path, positions: str | None = None) -> None:
-    """`posfreq probe` of one scheme (run as `positions`, default the scheme itself), with the tests every scheme
+def run_probe(args, scheme: str, out: Path) -> None:
+    """`posfreq probe` of one row (its scheme, `scheme_of`, with the row's options), with the tests every row
     shares (seed 0)."""
     from posfreq.scripts.commands import probe
 
-    argv = [*source_flags(args), "--positions", positions or scheme]
+    argv = [*source_flags(args), "--positions", scheme_of(scheme), "--precision", args.precision]
     argv += ["--tests-per-length", str(args.tests)]
     argv += ["--position-options", json.dumps(args.position_options.get(scheme, {}))]
     argv += ["--out", str(out), "--seed", "0", "--no-figures", "--device", args.device]
@@ -268,6 +315,8 @@ def run_probe(args, scheme: str, out: Path, positions: str | None = None) -> Non
     argv += ["--answer-order", args.answer_order]
     if args.measure == "teacher_forced":  # one forward per test, nothing decoded
         argv += ["--greedy", "false", "--scoring", "teacher_forced"]
+    elif not args.teacher_forced:
+        argv += ["--teacher-forced", "false"]
     if args.niah_lengths:
         argv += ["--lengths", args.niah_lengths]
     for flag in ("max_new_tokens", "haystack", "tokenizer"):
@@ -281,7 +330,14 @@ def run_ruler(args, scheme: str, out: Path) -> None:
     """`posfreq ruler` of one scheme (hf:DIR models only)."""
     from posfreq.scripts.commands import ruler
 
-    argv = ["--model", args.model, "--positions", scheme, "--lengths", args.ruler_lengths]
+    argv = [
+        "--model",
+        args.model,
+        "--positions",
+        scheme_of(scheme),
+        "--lengths",
+        args.ruler_lengths,
+    ]
     argv += ["--position-options", json.dumps(args.position_options.get(scheme, {}))]
     argv += ["--samples", str(args.ruler_samples), "--tasks", args.ruler_tasks]
     argv += ["--chat-template", str(args.chat_template).lower(), "--device", args.device]
@@ -316,6 +372,8 @@ def write_tables(args, out: Path, schemes: list[str], options: dict[str, dict]) 
         "tests_per_length": args.tests,
         "measure": args.measure,
         "answer_order": args.answer_order,
+        "engine": source_flags(args)[3],
+        "precision": args.precision,
         "position_options": options,
         "bootstrap": args.bootstrap,
     }
@@ -381,6 +439,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{flag} {value}: every length needs at least one test. Fix: {flag} {usual} (the default), "
                     "or any number >= 1"
                 )
+        if args.measure == "teacher_forced" and not args.teacher_forced:
+            raise TableError(
+                "--measure teacher_forced --teacher-forced false leaves nothing to measure. Fix: drop "
+                "--teacher-forced false, or use --measure greedy"
+            )
         schemes = chosen_schemes(args.schemes)
         mine = my_share(schemes, args.shard)
         if args.niah_lengths:
@@ -409,7 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 given = {**args.position_options.get("string", {}), "shift": shift}
                 args.position_options[AUTO] = given
                 options[AUTO] = resolve("string", given)
-                run_probe(args, AUTO, out / "niah" / AUTO, positions="string")
+                run_probe(args, AUTO, out / "niah" / AUTO)
                 schemes = [*schemes, AUTO]
         print(write_tables(args, out, schemes, options))
         print(f"wrote {out}")

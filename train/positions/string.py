@@ -32,17 +32,24 @@ def string_shift_window(
 
 
 def shift_from_effective_length(train_len: int, effective: int) -> int | None:
-    """STRING's S from the model's own effective length E, measured at its training length L: S = min(L - E, E).
+    """STRING's S from the model's own effective length E, measured at its training length L: S = min(L - E, L // 2).
 
-    Why: STRING sees a distance d >= S as d - S + W. With S = L - E the largest distance of an L-token input,
-    L - 1, is seen as E - 1 + W, so every shifted distance lands among the E the probe found the model to use
-    (plus the window W), and when E >= L / 2 every kept distance (below S <= E) is one of them too. When E < L / 2
-    no S does both; S = E keeps every distance the model uses and shifts the rest as far as they go. E = 2L/3
-    gives the paper's S = L / 3. None when E says nothing to base S on: 0 (no length passed) or L and above (the
-    probe found no shortfall; its value is a lower bound)."""
+    Why: STRING keeps a distance d < S and shows d >= S as d - S + W, so the largest distance an L-token input
+    shows the model is max(S - 1, L - 1 - S + W) (`largest_distance_shown`). S = L - E brings it to E - 1 + W: every
+    distance shown is one of the E the probe found the model to use (plus the window W), and E = 2L/3 gives the
+    paper's S = L / 3. When E < L / 2 no S keeps every distance below E; the largest distance shown is then
+    smallest near S = L / 2 (about L / 2 + W), while the former S = E showed distances up to L - E + W. None when E
+    says nothing to base S on: 0 (no length passed) or L and above (the probe found no shortfall; its value is a
+    lower bound)."""
     if effective <= 0 or effective >= train_len:
         return None
-    return max(2, min(train_len - effective, effective))
+    return max(2, min(train_len - effective, train_len // 2))
+
+
+def largest_distance_shown(train_len: int, shift: int, window: int) -> int:
+    """The largest distance STRING with (S, W) shows the model over an input of `train_len` tokens."""
+    last = train_len - 1
+    return last if last < shift else max(shift - 1, last - shift + window)
 
 
 @dataclass

@@ -153,8 +153,43 @@ def test_the_measured_shift_is_the_papers_at_two_thirds_and_keeps_what_the_model
 
     assert shift(3000, 2000) == 1000  # E = 2L/3: the paper's S = L/3
     assert shift(4096, 3072) == 1024  # the largest distance 4095 is seen as 3071 + W
-    assert shift(4096, 1000) == 1000  # E < L/2: every distance below E is kept
+    assert shift(4096, 1000) == 2048  # E < L/2: S = L/2 shows the smallest largest distance (was S = E = 1000)
+    assert shift(8192, 2048) == 4096  # the issue's case: the former rule's S = 2048 showed distances to 6271
     assert shift(4096, 0) is None and shift(4096, 4096) is None  # nothing measured, or no shortfall
+
+
+@pytest.mark.parametrize("train_len", [64, 97, 128])
+def test_the_measured_shift_minimises_the_largest_distance_stringss_matrix_shows(
+    train_len: int,
+) -> None:
+    """Against STRING's own L x L distance matrix (the scheme's reference), for every E: the rule's S keeps every
+    distance shown below E + W when E >= L/2, and otherwise shows a largest distance within W/2 + 1 of the
+    smallest any S can show."""
+    from posfreq.train.positions.rotary import RotaryBase
+    from posfreq.train.positions.schemes import build_scheme
+    from posfreq.train.positions.string import (
+        largest_distance_shown,
+        shift_from_effective_length,
+        string_shift_window,
+    )
+
+    rope = RotaryBase(8, 10000.0, None)
+
+    def shown(shift: int) -> int:
+        scheme = build_scheme("string", rope, train_len, shift=shift)
+        matrix = scheme.distances(train_len)
+        largest = int(matrix[np.tril_indices(train_len)].max())
+        assert largest == largest_distance_shown(train_len, *string_shift_window(train_len, shift))
+        return largest
+
+    every = {s: shown(s) for s in range(2, train_len)}
+    for effective in range(1, train_len):
+        s = shift_from_effective_length(train_len, effective)
+        window = string_shift_window(train_len, s)[1]
+        if 2 * effective >= train_len:
+            assert every[s] <= effective - 1 + window, (effective, s)
+        else:
+            assert every[s] <= min(every.values()) + window // 2 + 1, (effective, s)
 
 
 @pytest.mark.parametrize(
@@ -180,13 +215,16 @@ def test_a_tiny_model_end_to_end_sharded_then_collected(
 ):
     pytest.importorskip("transformers")
     out = tmp_path / "table"
-    argv = ["--model", f"hf:{tiny_hf}", "--schemes", "rope,dca", "--niah-lengths", "448,768"]
+    # a labelled row: DCA with a chunk of its own, probed into its own folder as the scheme dca
+    argv = ["--model", f"hf:{tiny_hf}", "--schemes", "rope,dca@c300", "--niah-lengths", "448,768"]
     argv += ["--tests", "3", "--haystack", "noise", "--max-new-tokens", "40", "--out", str(out)]
-    argv += ["--position-options", '{"dca": {"chunk_size": 300}}']
-    assert command.main([*argv, "--shard", "1/2"]) == 0  # the second share: dca only
-    assert (out / "niah" / "dca" / "summary.csv").is_file() and not (out / "niah" / "rope").exists()
+    argv += ["--position-options", '{"dca@c300": {"chunk_size": 300}}']
+    assert command.main([*argv, "--shard", "1/2"]) == 0  # the second share: dca@c300 only
+    dca = out / "niah" / "dca@c300"
+    assert (dca / "summary.csv").is_file() and not (out / "niah" / "rope").exists()
+    assert json.loads((dca / "probe.json").read_text())["settings"]["positions"] == "dca"
     assert not (out / "table1.csv").exists() and "rerun without --shard" in capsys.readouterr().out
-    records = sorted((out / "niah" / "dca").rglob("*.jsonl"))
+    records = sorted(dca.rglob("*.jsonl"))
     stamps = [p.stat().st_mtime_ns for p in records]
     # rope now; dca's results are reused, not probed again. A random model passes nothing (E = 0), so the
     # measured shift is stood in for: STRING then runs with it beside the others
@@ -198,8 +236,8 @@ def test_a_tiny_model_end_to_end_sharded_then_collected(
     assert [(r["scheme"], r["length"], r["tests"]) for r in rows] == [
         ("rope", "448", "3"),
         ("rope", "768", "3"),
-        ("dca", "448", "3"),
-        ("dca", "768", "3"),
+        ("dca@c300", "448", "3"),
+        ("dca@c300", "768", "3"),
         ("string_auto", "448", "3"),
         ("string_auto", "768", "3"),
     ]
@@ -213,12 +251,31 @@ def test_a_tiny_model_end_to_end_sharded_then_collected(
     )
     settings = json.loads((out / "settings.json").read_text())
     assert settings["position_options"]["string_auto"] == {"shift": 300, "window": 128}
-    assert settings["position_options"]["dca"] == {
+    assert settings["position_options"]["dca@c300"] == {
         "chunk_size": 300,
         "local_window": 32,  # the paper's protocol: L' = 2/3 of 768, local window L' // 16
         "protocol": "paper",
     }
-    assert (out / "table1.png").stat().st_size > 0 and "| dca |" in (out / "table1.md").read_text()
+    assert (out / "table1.png").stat().st_size > 0 and "| dca@c300 |" in (out / "table1.md").read_text()
+
+
+def test_a_row_is_a_scheme_or_a_labelled_second_row_of_one() -> None:
+    assert command.chosen_schemes("rope, string,string@half,string@t_1") == [
+        "rope",
+        "string",
+        "string@half",
+        "string@t_1",
+    ]
+    assert [command.scheme_of(r) for r in ("string@half", "self_extend", "string_auto")] == [
+        "string",
+        "self_extend",
+        "string",
+    ]
+    for bad in ("rope,string@", "rope,string@../x", "rope,string@A", "rope,nope@x", "rope,string_auto"):
+        with pytest.raises(command.TableError, match="SCHEME@LABEL"):
+            command.chosen_schemes(bad)
+    with pytest.raises(command.TableError, match="rope included"):
+        command.chosen_schemes("rope@x,string")
 
 
 def test_settings_that_cannot_make_a_table_stop_before_anything_runs(
@@ -230,6 +287,8 @@ def test_settings_that_cannot_make_a_table_stop_before_anything_runs(
     assert "rope included" in capsys.readouterr().err
     assert command.main([*base, "--position-options", '{"dca": {"group": 2}}']) == 1
     assert "dca does not take ['group']" in capsys.readouterr().err
+    assert command.main([*base, "--measure", "teacher_forced", "--teacher-forced", "false"]) == 1
+    assert "leaves nothing to measure" in capsys.readouterr().err
     assert command.main([*base, "--shard", "2/2"]) == 1
     assert "0 <= I < N" in capsys.readouterr().err
     assert command.main([*base, "--bootstrap", "0"]) == 1  # was an IndexError after every probe
