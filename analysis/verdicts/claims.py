@@ -1,6 +1,7 @@
-"""Computed verdicts on the paper's claims from checkpoint rows (`probed_runs.load_checkpoints`), each with its
-numbers and a percentile bootstrap over seeds: C1 (shortfall), Fig. 2a (longer L reaches further), C2 (curves
-coincide against f), data variants against a baseline, and when retrieval emerges.
+"""Computed verdicts on the paper's claims from checkpoint rows (`probed_runs.load_checkpoints`): C1 (shortfall),
+Fig. 2a (longer L reaches further), C2 (curves coincide against f), data variants against a baseline, and when
+retrieval emerges. Each is judged by its kind's rule (analysis/verdicts/rules.py: equivalence or difference) on a
+t-interval over seeds or runs, and states the rule, the unit and n.
 """
 
 from __future__ import annotations
@@ -13,21 +14,37 @@ from posfreq.analysis.tables.pass_curve import (
     STATUS_ALL_PASSED,
     STATUS_NONE_PASSED,
     STATUS_OK,
-    percentile_interval,
 )
 from posfreq.analysis.tables.run_table import probed_lengths
+from posfreq.analysis.verdicts.rules import (
+    DOES_NOT_HOLD,
+    HOLDS,
+    NOT_SHOWN,
+    NOT_TESTABLE,
+    difference,
+    equivalence,
+    mean_interval,
+    not_testable,
+    welch_interval,
+)
+
+SHORTFALL_RULE = (
+    "every run: short when its last checkpoint's interval over tests ends below L (and below its longest probed "
+    "length); not short when the interval's lower end is at L or above; not shown otherwise. The claim holds when "
+    "every run is short, does not hold when one run is not short, and is not shown otherwise"
+)
 
 
 def shortfall(rows: Sequence[Mapping]) -> dict:
-    """C1: each run's last checkpoint, its effective length interval against its training length L.
+    """C1: each run's last checkpoint, its effective length interval (over tests) against its training length L.
 
     A run passed by none of its probed lengths has no effective length: it is left out, with a caveat. Of the
     others, a run is short when its status is ok and its interval's upper end lies below both L and its longest
-    probed length P (an end at P may be the probe's ceiling, not the model's). It is not short when it is not
-    shown short although probed up to L or beyond (P >= L). It is untestable when its interval has no upper end
-    (probed with bootstrap 0) or when, probed only below L, it is not shown short: its lengths from P to L were
-    never tried. The claim is about every run, so one run that is not short decides it (does not hold) whatever
-    the untestable runs would show; otherwise any untestable run leaves it not testable, naming those runs.
+    probed length P (an end at P may be the probe's ceiling, not the model's); not short when its interval's lower
+    end is L or more (shown to reach L); otherwise it is not shown short, or untestable when its interval has no
+    upper end (probed with bootstrap 0) or when it was probed only below L. The claim is about every run: one run
+    shown not short decides it (does not hold); else a run not shown short leaves it not shown, and an untestable
+    run leaves it not testable, naming those runs.
     """
     runs = {}
     for r in rows:
@@ -40,6 +57,7 @@ def shortfall(rows: Sequence[Mapping]) -> dict:
             "variant": v,
             "seed": s,
             "effective_length": r["effective_length"],
+            "effective_length_lo": r.get("effective_length_lo"),
             "effective_length_hi": r["effective_length_hi"],
             "status": r["effective_length_status"],
             "longest_probed": max(probed_lengths(r), default=None),
@@ -49,7 +67,7 @@ def shortfall(rows: Sequence[Mapping]) -> dict:
     claim = "the effective length of every run's last checkpoint falls short of its training length"
     undefined = [x for x in last if x["status"] == STATUS_NONE_PASSED]
     tested = [x for x in last if x["status"] != STATUS_NONE_PASSED]
-    verdict = {"claim": claim, "last_checkpoints": last}
+    verdict = {"claim": claim, "last_checkpoints": last, "rule": SHORTFALL_RULE, "unit": "run"}
     if undefined:
         verdict["caveat"] = (
             f"{len(undefined)} of {len(last)} runs passed no probed length at their last checkpoint "
@@ -58,50 +76,85 @@ def shortfall(rows: Sequence[Mapping]) -> dict:
     if not tested:
         return {
             **verdict,
-            "holds": None,
-            "reason": "no run has a defined effective length at its last checkpoint",
+            **not_testable("no run has a defined effective length at its last checkpoint"),
+            "n": 0,
         }
     judged = [(x, *_judge(x)) for x in tested]
-    untestable = [
-        f"L = {x['train_len']} seed {x['seed']} {x['variant']} ({why})"
-        for x, short, why in judged
-        if short is None
-    ]
-    if untestable:
-        verdict["untestable"] = untestable
-    if any(short is False for _, short, _ in judged):
-        return {**verdict, "holds": False}
-    if untestable:
-        return {
-            **verdict,
-            "holds": None,
-            "reason": f"{len(untestable)} of {len(tested)} runs cannot be judged: {'; '.join(untestable)}",
-        }
-    return {**verdict, "holds": True}
+    for x, result, why in judged:
+        x["judged"] = f"{result}: {why}"
+    verdict["n"] = len(tested)
+    named = {
+        result: [
+            f"L = {x['train_len']} seed {x['seed']} {x['variant']} ({why})"
+            for x, r, why in judged
+            if r == result
+        ]
+        for result in (DOES_NOT_HOLD, NOT_SHOWN, NOT_TESTABLE)
+    }
+    if named[NOT_TESTABLE]:
+        verdict["untestable"] = named[NOT_TESTABLE]
+    for result in (DOES_NOT_HOLD, NOT_SHOWN, NOT_TESTABLE):
+        if named[result]:
+            what = {
+                DOES_NOT_HOLD: "not short",
+                NOT_SHOWN: "not shown short",
+                NOT_TESTABLE: "cannot be judged",
+            }
+            return {
+                **verdict,
+                "outcome": result,
+                "holds": False if result == DOES_NOT_HOLD else None,
+                "reason": f"{len(named[result])} of {len(tested)} runs {what[result]}: {'; '.join(named[result])}",
+            }
+    return {**verdict, "outcome": HOLDS, "holds": True}
 
 
-def _judge(run: Mapping) -> tuple[bool | None, str]:
-    """Is a run's last checkpoint short of its training length, by `shortfall`'s rule (None: it cannot be told),
-    and why."""
-    hi, L, longest = run["effective_length_hi"], run["train_len"], run["longest_probed"]
+def _judge(run: Mapping) -> tuple[str, str]:
+    """A run's last checkpoint by `shortfall`'s rule: HOLDS (short), DOES_NOT_HOLD (shown to reach L), NOT_SHOWN or
+    NOT_TESTABLE, and why."""
+    lo, hi, L, longest = (
+        run.get("effective_length_lo"),
+        run["effective_length_hi"],
+        run["train_len"],
+        run["longest_probed"],
+    )
     if hi in (None, ""):
-        return None, "no upper interval end: probed with bootstrap 0"
+        return NOT_TESTABLE, "no upper interval end: probed with bootstrap 0"
     if longest is None:
-        return None, "its probed lengths are not recorded"
+        return NOT_TESTABLE, "its probed lengths are not recorded"
     if run["status"] == STATUS_OK and hi < min(L, longest):
-        return True, f"interval up to {hi}"
+        return HOLDS, f"interval up to {hi}"
+    if lo not in (None, "") and int(lo) >= L:
+        return DOES_NOT_HOLD, f"interval from {lo}, status {run['status']}"
     if longest < L:
-        return None, f"probed only up to {longest}, below L, and not shown short there"
-    return False, f"interval up to {hi}, status {run['status']}"
+        return NOT_TESTABLE, f"probed only up to {longest}, below L, and not shown short there"
+    return NOT_SHOWN, f"interval [{lo}, {hi}], status {run['status']}"
 
 
-def longer_reaches_further(rows: Sequence[Mapping], n_boot: int, seed: int) -> dict:
+Z_95 = 1.959963984540054
+"""The normal quantile a 95% interval's half-width spans, to read a checkpoint's standard error from its interval."""
+
+
+def within_variance(row: Mapping) -> float:
+    """The variance of a checkpoint's effective length from its 95% interval over tests ((hi - lo) / 2z)^2, 0
+    without one: the measurement noise a seed's value carries whatever the seed."""
+    lo, hi = row.get("effective_length_lo"), row.get("effective_length_hi")
+    if lo in (None, "") or hi in (None, ""):
+        return 0.0
+    return ((float(hi) - float(lo)) / (2 * Z_95)) ** 2
+
+
+def longer_reaches_further(rows: Sequence[Mapping]) -> dict:
     """Fig. 2a: paired (same seed) difference of effective lengths, longer minus shorter L, at each seed's largest
     tokens_trained both runs reached (`shared_milestones`: a run's own last checkpoint may be further on than the
-    other's); not testable with fewer than C2_MIN_SEEDS such seeds."""
+    other's); a claim of difference on the t-interval over seeds, its variance floored at the checkpoints' own
+    noise over tests; not testable with fewer than C2_MIN_SEEDS such seeds."""
     lengths = sorted({r["train_len"] for r in rows})
     if len(lengths) != 2:
-        return {"claim": "needs exactly two training lengths", "holds": None}
+        return {
+            "claim": "needs exactly two training lengths",
+            **not_testable("needs exactly two training lengths"),
+        }
     short, long = lengths
     claim = (
         f"at equal tokens (each seed's last milestone both lengths reached), L = {long} reaches a larger "
@@ -113,25 +166,26 @@ def longer_reaches_further(rows: Sequence[Mapping], n_boot: int, seed: int) -> d
     seeds = list(shared)
     at = {(r["train_len"], r["seed"], int(r["tokens_trained"])): r for r in rows}
     compared = {L: [at[(L, s, shared[s][-1])] for s in seeds] for L in lengths}
-    diffs = np.array(
-        [
-            int(longer["effective_length"]) - int(shorter["effective_length"])
-            for longer, shorter in zip(compared[long], compared[short])
-        ],
-        dtype=float,
+    diffs = [
+        int(longer["effective_length"]) - int(shorter["effective_length"])
+        for longer, shorter in zip(compared[long], compared[short])
+    ]
+    noise = float(
+        np.mean(
+            [
+                within_variance(a) + within_variance(b)
+                for a, b in zip(compared[long], compared[short])
+            ]
+        )
     )
-    rng = np.random.default_rng(seed)
-    boots = diffs[rng.integers(0, len(diffs), size=(n_boot, len(diffs)))].mean(axis=1)
-    lo, hi = percentile_interval(boots)
     return {
         "claim": claim,
         "seeds": seeds,
         "tokens_compared": [shared[s][-1] for s in seeds],
-        "differences": diffs.tolist(),
-        "mean_difference": float(diffs.mean()),
-        "interval_95": [lo, hi],
-        "holds": bool(lo > 0),
-        "test": "percentile bootstrap over seeds",
+        "differences": diffs,
+        "mean_difference": float(np.mean(diffs)),
+        **difference(mean_interval(diffs, "seed", floor_variance=noise)),
+        "value_unit": "tokens",
         "censored": {
             str(L): sum(r["effective_length_status"] == STATUS_ALL_PASSED for r in compared[L])
             for L in lengths
@@ -145,62 +199,58 @@ C2_MIN_POINTS = 3
 
 
 C2_MIN_SEEDS = 3
-"""C2 is tested only with at least this many uncensored points, from this many seeds, per length: with fewer points
-D rests on one or two checkpoints, and two seeds give the seed bootstrap 3 distinct resamples per length, so its
-"95% interval" is the spread of a handful of values. Fig. 2a's paired test (`longer_reaches_further`) needs this
-many paired seeds, for the same reason."""
+"""C2 is tested only with at least this many uncensored points, from this many runs (seeds), per length: with fewer
+points D rests on one or two checkpoints, and with two runs per length the t-interval has one degree of freedom
+per length. Fig. 2a's paired test (`longer_reaches_further`) needs this many paired seeds, for the same reason."""
 
 
 C2_MARGIN_DECADES = float(np.log10(2))
-"""C2's equivalence margin on D, in decades of f (a factor of 2 in f). The curves coincide only when D's whole 95%
-interval covers 0 and lies within +-this margin: an interval that covers 0 because it is wide (few or noisy
-points) shows no coincidence, and is inconclusive rather than a confirmation."""
+"""C2's equivalence margin on D, in decades of f (a factor of 2 in f): the curves coincide when D's whole 95%
+interval lies within +-this margin, do not when it lies wholly outside, and the test is inconclusive otherwise
+(rules.equivalence)."""
+
+MARGIN_UNIT = "decades of f"
 
 
-def coincidence(lo: float, hi: float) -> dict:
-    """C2's rule on D's 95% interval [lo, hi]: does not hold when the interval excludes 0 (a shift is shown, however
-    small), holds when it lies within +-C2_MARGIN_DECADES, else inconclusive (holds None, with the text saying so)."""
-    if lo > 0 or hi < 0:
-        return {"holds": False}
-    if -C2_MARGIN_DECADES <= lo and hi <= C2_MARGIN_DECADES:
-        return {"holds": True}
-    return {
-        "holds": None,
-        "inconclusive": f"inconclusive: the interval covers 0 but reaches past ±{C2_MARGIN_DECADES:.3f} decades "
-        "(a factor of 2 in f)",
-    }
-
-
-def outcome(verdict: Mapping) -> str:
-    """A verdict's outcome in words: holds, does not hold, inconclusive (tested, but its interval decides nothing),
-    or not testable (too little to test)."""
-    if verdict.get("holds") is None:
-        return "inconclusive" if "inconclusive" in verdict else "not testable"
-    return "holds" if verdict["holds"] else "does not hold"
-
-
-def curve_shift(
-    points: Sequence[tuple[object, float, float]], short: object, long: object, slope_from: str
-) -> float | None:
-    """D for (group, x, y) points of two groups: the longer group's offset in y over a line of one slope and an
-    intercept per group, over the x both groups reach (mean residual of long minus short there). The slope is the
-    within-group least-squares slope, so the shift itself does not tilt it (a line pooled over both groups would,
-    wherever their x ranges differ), fitted to the points of that overlap (`slope_from="overlap"`) or to every
-    point (`"all"`: for sparse points, such as a few effective lengths per run). Exact when the curves are
-    parallel lines. None without two fitted points per group, a point of each in the overlap, or, when no fitted
-    x varies within a group, equal x to compare at."""
+def run_levels(
+    runs: Mapping[object, Sequence[tuple[object, float, float]]],
+    short: object,
+    long: object,
+    slope_from: str,
+) -> dict[object, list[float]] | None:
+    """Each run's level on lines of one slope, per group: y = a_run + b x fitted to every run's (group, x, y) points,
+    b the within-run least-squares slope (each run centred on its own means, so neither a shift between the groups
+    nor one between runs tilts it), and a_run the mean of y - b x over the run's points inside the x range both
+    groups reach. b is fitted to the points of that overlap (`slope_from="overlap"`) or to every point (`"all"`:
+    for sparse points, such as a few effective lengths per run). D, the shift between the groups, is the difference
+    of their mean levels, and the runs are the independent units its interval is computed over; a run without a
+    point in the overlap has no level. None without two points per group, a point of each in the overlap, or,
+    when no fitted x varies within a run, one x to compare at."""
     by_group = {
-        g: np.array([(x, y) for gg, x, y in points if gg == g], dtype=float) for g in (short, long)
+        g: np.array([(x, y) for v in runs.values() for gg, x, y in v if gg == g], dtype=float)
+        for g in (short, long)
     }
     if any(len(v) < 2 for v in by_group.values()):
         return None
     lo = max(v[:, 0].min() for v in by_group.values())
     hi = min(v[:, 0].max() for v in by_group.values())
-    inside = {g: v[(v[:, 0] >= lo) & (v[:, 0] <= hi)] for g, v in by_group.items()}
-    fitted = inside if slope_from == "overlap" else by_group
-    if any(len(v) < 2 for v in fitted.values()) or any(len(v) == 0 for v in inside.values()):
+    inside = {
+        run: np.array([(x, y) for _, x, y in v if lo <= x <= hi], dtype=float).reshape(-1, 2)
+        for run, v in runs.items()
+    }
+    if any(not any(len(inside[r]) and runs[r][0][0] == g for r in runs) for g in (short, long)):
         return None
-    centred = [(v[:, 0] - v[:, 0].mean(), v[:, 1] - v[:, 1].mean()) for v in fitted.values()]
+    fitted = (
+        inside
+        if slope_from == "overlap"
+        else {
+            run: np.array([(x, y) for _, x, y in v], dtype=float).reshape(-1, 2)
+            for run, v in runs.items()
+        }
+    )
+    centred = [
+        (v[:, 0] - v[:, 0].mean(), v[:, 1] - v[:, 1].mean()) for v in fitted.values() if len(v)
+    ]
     sxx = sum(float(dx @ dx) for dx, _ in centred)
     if sxx > 0:
         slope = sum(float(dx @ dy) for dx, dy in centred) / sxx
@@ -208,24 +258,50 @@ def curve_shift(
         slope = 0.0
     else:
         return None
-    level = {g: float(np.mean(v[:, 1] - slope * v[:, 0])) for g, v in inside.items()}
-    return level[long] - level[short]
+    levels: dict[object, list[float]] = {short: [], long: []}
+    for run, points in inside.items():
+        if len(points):
+            levels[runs[run][0][0]].append(float(np.mean(points[:, 1] - slope * points[:, 0])))
+    return levels
+
+
+def shift_verdict(levels: Mapping[object, Sequence[float]], short: object, long: object) -> dict:
+    """C2's equivalence verdict on D = mean level of `long`'s runs minus `short`'s, with its Welch interval over
+    runs (rules.equivalence at +-C2_MARGIN_DECADES), or not testable with fewer than C2_MIN_SEEDS runs a group."""
+    counts = {str(g): len(levels[g]) for g in (short, long)}
+    if min(counts.values()) < C2_MIN_SEEDS:
+        return {
+            **not_testable(
+                f"fewer than {C2_MIN_SEEDS} runs per group with a point where both groups' curves reach "
+                f"({counts})"
+            ),
+            "runs_compared": counts,
+        }
+    interval = welch_interval(levels[short], levels[long], "run")
+    return {
+        "D_log10_f": interval.estimate,
+        **equivalence(interval, C2_MARGIN_DECADES, MARGIN_UNIT),
+        "runs_compared": counts,
+        "levels": {str(g): [float(v) for v in levels[g]] for g in (short, long)},
+    }
 
 
 def curves_coincide(
     rows: Sequence[Mapping],
-    n_boot: int,
-    seed: int,
     group: str = "train_len",
     groups: Sequence | None = None,
 ) -> dict:
     """C2: do the f(effective length) vs effective length curves of two groups coincide? By default the groups are
-    the two training lengths (the paper's C2); `group="variant", groups=(baseline, other)` compares data variants."""
+    the two training lengths (the paper's C2); `group="variant", groups=(baseline, other)` compares data variants.
+    A claim of equivalence at +-C2_MARGIN_DECADES on D, the shift in log10 f at equal effective length, over runs."""
     lengths = list(groups) if groups is not None else sorted({r[group] for r in rows})
     if len(lengths) != 2:
-        return {"claim": f"needs exactly two values of {group}", "holds": None}
+        return {
+            "claim": f"needs exactly two values of {group}",
+            **not_testable(f"needs exactly two values of {group}"),
+        }
     short, long = lengths
-    points = {}
+    points: dict[tuple, list] = {}
     for r in rows:
         f = r["f_effective_length"]
         if (
@@ -239,50 +315,34 @@ def curves_coincide(
             )
     names = f"L = {short} and L = {long}" if group == "train_len" else f"{short} and {long}"
     claim = (
-        f"f(effective length) vs effective length of {names} coincide (the paper's C2): the 95% interval of D, "
-        f"the shift in log10 f at equal effective length, covers 0 and lies within ±{C2_MARGIN_DECADES:.3f}"
+        f"f(effective length) vs effective length of {names} coincide (the paper's C2): D, the shift in log10 f at "
+        f"equal effective length, is within ±{C2_MARGIN_DECADES:.3f} decades (a factor of 2 in f)"
     )
     n_points = {L: sum(len(v) for (LL, _), v in points.items() if LL == L) for L in lengths}
     n_seeds = {L: sum(1 for LL, _ in points if LL == L) for L in lengths}
+    counts = {
+        "n_points": {str(L): n for L, n in n_points.items()},
+        "n_seeds": {str(L): n for L, n in n_seeds.items()},
+    }
     enough = all(n_points[L] >= C2_MIN_POINTS and n_seeds[L] >= C2_MIN_SEEDS for L in lengths)
-    observed = (
-        curve_shift([p for v in points.values() for p in v], short, long, "all") if enough else None
-    )
-    if observed is None:
+    levels = run_levels(points, short, long, "all") if enough else None
+    if levels is None:
         return {
             "claim": claim,
-            "holds": None,
-            "n_points": {str(L): n for L, n in n_points.items()},
-            "n_seeds": {str(L): n for L, n in n_seeds.items()},
-            "reason": f"fewer than {C2_MIN_POINTS} defined, uncensored points from {C2_MIN_SEEDS} seeds per "
-            "length, or their effective lengths do not overlap",
+            **counts,
+            **not_testable(
+                f"fewer than {C2_MIN_POINTS} defined, uncensored points from {C2_MIN_SEEDS} seeds per length, or "
+                "their effective lengths do not overlap"
+            ),
         }
-    seeds = {L: sorted({s for LL, s in points if LL == L}, key=str) for L in lengths}
-    rng = np.random.default_rng(seed)
-    boots = []
-    for _ in range(n_boot):
-        chosen = [
-            p
-            for L in lengths
-            for i in rng.integers(0, len(seeds[L]), size=len(seeds[L]))
-            for p in points[(L, seeds[L][i])]
-        ]
-        d = curve_shift(chosen, short, long, "all")
-        if d is not None:
-            boots.append(d)
-    lo, hi = percentile_interval(boots)
     return {
         "claim": claim,
-        "D_log10_f": observed,
-        "interval_95": [lo, hi],
-        **coincidence(lo, hi),
-        "margin_decades": C2_MARGIN_DECADES,
-        "n_points": {str(L): sum(len(points[(L, s)]) for s in seeds[L]) for L in lengths},
-        "seeds": {str(L): seeds[L] for L in lengths},
-        "bootstrap_replicates_used": len(boots),
-        "test": "log10 f = a + b effective length + D [longer length], b the within-length slope fitted to every "
-        "point; D = mean residual of the longer length minus the shorter over the effective lengths both reach; "
-        "seeds resampled within each length (percentile bootstrap)",
+        **shift_verdict(levels, short, long),
+        **counts,
+        "seeds": {str(L): sorted({s for LL, s in points if LL == L}, key=str) for L in lengths},
+        "test": "log10 f = a_run + b effective length, b the within-run slope fitted to every point; each run's "
+        "level a_run = its mean residual over the effective lengths both lengths reach; D = mean level of the "
+        "longer length's runs minus the shorter's, with a Welch t-interval over runs",
     }
 
 
@@ -304,56 +364,53 @@ def shared_milestones(
         return shared, None
     return shared, {
         "claim": claim,
-        "holds": None,
         "seeds": list(shared),
-        "reason": f"{len(shared)} seeds have checkpoints of both {group} values {a} and {b} at equal tokens; "
-        f"the bootstrap over seeds needs at least {C2_MIN_SEEDS}",
+        **not_testable(
+            f"{len(shared)} seeds have checkpoints of both {group} values {a} and {b} at equal tokens; the "
+            f"interval over seeds needs at least {C2_MIN_SEEDS}"
+        ),
     }
 
 
-def variant_effect(
-    rows: Sequence[Mapping], baseline: str, other: str, n_boot: int, seed: int
-) -> dict:
+def variant_effect(rows: Sequence[Mapping], baseline: str, other: str) -> dict:
     """At equal tokens, does data variant `other` reach a larger effective length than `baseline`? (Rows of one
     training length.)
 
     Per seed: the mean over the milestones both runs reached of EL(other) - EL(baseline) (0 before retrieval
-    counts), then a percentile bootstrap over seeds; also the difference at the last shared milestone. A seed
-    whose two runs share no milestone is left out; with fewer than C2_MIN_SEEDS seeds it is not testable (one
-    seed's 'interval' has no width).
+    counts); a claim of difference on the t-interval over seeds (variance floored at the checkpoints' own noise
+    over tests); also the difference at the last shared milestone. A seed whose two runs share no milestone is
+    left out; with fewer than C2_MIN_SEEDS seeds it is not testable.
     """
     if len({r["train_len"] for r in rows}) > 1:
         raise ValueError(
             "variant_effect compares variants at one training length; filter the rows by train_len"
         )
-    el = {
-        (r["variant"], r["seed"], int(r["tokens_trained"])): int(r["effective_length"])
-        for r in rows
-    }
+    at = {(r["variant"], r["seed"], int(r["tokens_trained"])): r for r in rows}
     claim = f"at equal tokens, {other} reaches a larger effective length than {baseline} (paired by seed)"
     shared, too_few = shared_milestones(rows, "variant", baseline, other, claim)
     if too_few:
         return too_few
     seeds = list(shared)
-    means, last = [], []
+    means, last, noise = [], [], []
     for s in seeds:
-        diffs = [el[(other, s, t)] - el[(baseline, s, t)] for t in shared[s]]
+        pairs = [(at[(other, s, t)], at[(baseline, s, t)]) for t in shared[s]]
+        diffs = [int(a["effective_length"]) - int(b["effective_length"]) for a, b in pairs]
         means.append(float(np.mean(diffs)))
         last.append(diffs[-1])
-    rng = np.random.default_rng(seed)
-    boots = [float(np.mean(rng.choice(means, size=len(means)))) for _ in range(n_boot)]
-    lo, hi = percentile_interval(boots)
+        noise.append(
+            sum(within_variance(a) + within_variance(b) for a, b in pairs) / len(pairs) ** 2
+        )
+    verdict = difference(mean_interval(means, "seed", floor_variance=float(np.mean(noise))))
     return {
         "claim": claim,
         "seeds": seeds,
         "mean_difference_per_seed": means,
         "mean_difference": float(np.mean(means)),
-        "interval_95": [lo, hi],
+        **verdict,
+        "value_unit": "tokens",
         "last_milestone_differences": last,
-        "holds": bool(lo > 0),
-        "differs": not lo <= 0 <= hi,
-        "test": "per seed, mean over shared milestones of the effective-length difference; percentile bootstrap "
-        "over seeds",
+        "differs": verdict["outcome"] != NOT_SHOWN,
+        "test": "per seed, mean over shared milestones of the effective-length difference; t-interval over seeds",
     }
 
 
@@ -363,9 +420,7 @@ def baseline_variant(rows: Sequence[Mapping]) -> str:
     return "concat" if "concat" in variants else variants[0]
 
 
-def variant_comparisons(
-    rows: Sequence[Mapping], baseline: str, n_boot: int, seed: int
-) -> list[dict]:
+def variant_comparisons(rows: Sequence[Mapping], baseline: str) -> list[dict]:
     """Per training length, every other data variant against the baseline: at equal tokens and against f."""
     out = []
     for L in sorted({r["train_len"] for r in rows}):
@@ -376,8 +431,8 @@ def variant_comparisons(
                     "train_len": L,
                     "baseline": baseline,
                     "variant": other,
-                    "equal_tokens": variant_effect(at_L, baseline, other, n_boot, seed),
-                    "against_f": curves_coincide(at_L, n_boot, seed, "variant", (baseline, other)),
+                    "equal_tokens": variant_effect(at_L, baseline, other),
+                    "against_f": curves_coincide(at_L, "variant", (baseline, other)),
                 }
             )
     return out

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from posfreq.analysis.tables.columns import COLUMNS
 from posfreq.analysis.tables.formats import write_csv
 from posfreq.analysis.tables.pass_curve import frequency_at
@@ -21,23 +23,21 @@ from posfreq.analysis.verdicts.claims import (
 from posfreq.analysis.verdicts.loss_frequency import LossCurve, loss_curves_coincide
 from posfreq.analysis.verdicts.prediction import prediction_verdict
 from posfreq.analysis.verdicts.probed_runs import (
+    CompareError,
     load_checkpoints,
     run_directory,
     run_identity,
     run_loss_by_distance,
     run_metrics,
 )
+from posfreq.analysis.verdicts.rules import not_testable
 from posfreq.train.atomic import write_json_atomic
 from posfreq.train.checkpoint.layout import LENGTHS_FILE, checkpoint_root, load_trained_lengths
 from posfreq.train.outdir import claim_output_dir, entry_names
 
 
-def compare(
-    paths: Sequence[Path], out: Path, n_boot: int = 2000, seed: int = 0, figures: bool = True
-) -> dict:
+def compare(paths: Sequence[Path], out: Path, figures: bool = True) -> dict:
     """Load the runs, write checkpoints.csv, conclusion.json and the figures; return the conclusion."""
-    if n_boot < 1:
-        raise ValueError(f"n_boot must be >= 1 (bootstrap replicates), got {n_boot}")
     rows = load_checkpoints(paths)
     # each run's probe folder and identity, resolved once for everything below
     runs = {path: find_run_results(path) for path in paths}
@@ -63,12 +63,12 @@ def compare(
     conclusion = {
         "runs": [str(p) for p in paths],
         "shortfall": shortfall(rows),
-        "longer_reaches_further": longer_reaches_further(same_data, n_boot, seed),
-        "curves_coincide": curves_coincide(same_data, n_boot, seed),
+        "longer_reaches_further": longer_reaches_further(same_data),
+        "curves_coincide": curves_coincide(same_data),
         "emergence": emergence(rows),
         "baseline_variant": baseline,
-        "variants": variant_comparisons(rows, baseline, n_boot, seed),
-        "prediction": predict_from_f(runs, identities, rows, n_boot, seed),
+        "variants": variant_comparisons(rows, baseline),
+        "prediction": predict_from_f(runs, identities, rows),
     }
     losses = {identities[path]: run_loss_by_distance(d) for path, d in runs.items()}
     last = [
@@ -76,7 +76,7 @@ def compare(
         for (L, s, variant), tables in losses.items()
         if variant == baseline and tables
     ]
-    conclusion["loss_curves_coincide"] = loss_curves_coincide(last, n_boot, seed)
+    conclusion["loss_curves_coincide"] = loss_curves_coincide(last)
     write_json_atomic(out / "conclusion.json", conclusion, indent=1)
     if figures:
         from posfreq.analysis.plots import effective_length as plots_effective_length
@@ -129,27 +129,59 @@ def draw_loss_figures(
 
 
 def predict_from_f(
-    found: Mapping[Path, Path],
-    identities: Mapping[Path, tuple],
-    rows: Sequence[dict],
-    n_boot: int,
-    seed: int,
+    found: Mapping[Path, Path], identities: Mapping[Path, tuple], rows: Sequence[dict]
 ) -> dict:
-    """The prediction verdict (analysis/verdicts/prediction.py) on these runs (`found`: each path's probe folder),
-    f(n) of each checkpoint from the trained-length histogram it stored; not testable when a checkpoint's histogram
-    cannot be read."""
+    """The prediction verdict (analysis/verdicts/prediction.py) on these runs (`found`: each path's probe folder):
+    each checkpoint's f, from the trained-length histogram it stored, at the distance a pass at each probed length
+    needs (`needed_distances`); not testable when a checkpoint's histogram cannot be read."""
     runs = {identities[path]: run_directory(directory) for path, directory in found.items()}
+    probes = {identities[path]: directory for path, directory in found.items()}
+    needed: dict[tuple, dict[int, int]] = {}
     f_of: dict[tuple, dict[int, float]] = {}
     for r in rows:
-        run = runs.get((r["train_len"], r["seed"], r["variant"]))
+        identity = (r["train_len"], r["seed"], r["variant"])
+        run = runs.get(identity)
         checkpoint = checkpoint_root(run) / str(r["checkpoint"]) if run is not None else None
         if checkpoint is None or not (checkpoint / LENGTHS_FILE).is_file():
-            return {"holds": None, "reason": f"no trained-length histogram for {r['checkpoint']}"}
+            return {**not_testable(f"no trained-length histogram for {r['checkpoint']}")}
+        if identity not in needed:  # a run's tests are the same at every checkpoint
+            needed[identity] = needed_distances(
+                records_dir(probes[identity]) / str(r["checkpoint"]),
+                probed_lengths(r),
+                int(r["min_retrieved"]),
+            )
         hist = load_trained_lengths(checkpoint)
         f_of[_row_key(r)] = {
-            n: float(frequency_at(hist, r["train_len"], n)) for n in probed_lengths(r)
+            n: float(frequency_at(hist, r["train_len"], d)) for n, d in needed[identity].items()
         }
-    return prediction_verdict(rows, lambda r: f_of[_row_key(r)], n_boot, seed)
+    return prediction_verdict(rows, lambda r: f_of[_row_key(r)])
+
+
+def records_dir(probe_dir: Path) -> Path:
+    """Where a run's per-test records are: its probe folder, or the folder a re-derivation elsewhere was derived
+    from (its probe.json says which; a re-derivation writes tables only)."""
+    from posfreq.analysis.niah.results import DERIVED_FROM, META_FILE, read_json
+
+    source = read_json(probe_dir / META_FILE).get(DERIVED_FROM)
+    return Path(source) if isinstance(source, str) and source else probe_dir
+
+
+def needed_distances(results: Path, lengths: Sequence[int], needles: int) -> dict[int, int]:
+    """Per probed length, the distance a pass there needs the model to recall: the median over the length's tests
+    of the `needles`-th nearest needle's distance from the question (a pass needs that many needles, and the
+    nearest are the easiest). f(n) itself is 0 at n = L (Eq. 2), where a test's needles are all nearer than L."""
+    from posfreq.analysis.niah.results import read_records
+
+    out = {}
+    for n in lengths:
+        distances = [sorted(r["distances"])[needles - 1] for r in read_records(results, [n])]
+        if not distances:
+            raise CompareError(
+                f"{results}: no test records at length {n}, so the distance a pass there needs is unknown. Fix: "
+                "probe the run again (posfreq probe --run RUN)"
+            )
+        out[n] = int(np.median(distances))
+    return out
 
 
 def _row_key(row: dict) -> tuple:

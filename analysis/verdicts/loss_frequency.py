@@ -15,13 +15,13 @@ from typing import Sequence
 import numpy as np
 
 from posfreq.analysis.corpus.frequency import position_frequency
-from posfreq.analysis.tables.pass_curve import percentile_interval
 from posfreq.analysis.verdicts.claims import (
     C2_MARGIN_DECADES,
     C2_MIN_SEEDS,
-    coincidence,
-    curve_shift,
+    run_levels,
+    shift_verdict,
 )
+from posfreq.analysis.verdicts.rules import difference, not_testable, welch_interval
 from posfreq.train.run.loss_by_distance import LossByDistance
 
 MIN_BUCKET_TOKENS = 32
@@ -72,109 +72,85 @@ class LossCurve:
         ]
 
 
-def loss_curves_coincide(curves: Sequence[LossCurve], n_boot: int, seed: int) -> dict:
+def loss_curves_coincide(curves: Sequence[LossCurve]) -> dict:
     """C2 on the loss: D, the shift in log10 f at equal loss between the longer and the shorter training length
-    (`curve_shift` on every bucket of each run's curve), and the equal-distance difference; both with
-    percentile intervals from resampling seeds within each length. One curve per run (its last milestone)."""
+    (`run_levels` over every bucket of each run's curve; an equivalence claim on the Welch interval over runs), and
+    the equal-distance difference (a difference claim over runs). One curve per run (its last milestone)."""
     lengths = sorted({c.train_len for c in curves})
     if len(lengths) != 2:
         return {
             "claim": "loss at distance i vs f(i) of two training lengths coincide",
-            "holds": None,
-            "reason": f"needs runs of exactly two training lengths with a loss by distance, got {lengths}",
+            **not_testable(
+                f"needs runs of exactly two training lengths with a loss by distance, got {lengths}"
+            ),
         }
     short, long = lengths
     claim = (
         f"loss at distance i vs f(i) of L = {short} and L = {long} coincide (the paper's C2 on the validation "
-        "loss): the 95% interval of D, the shift in log10 f at equal loss, covers 0 and lies within "
-        f"±{C2_MARGIN_DECADES:.3f}"
+        f"loss): D, the shift in log10 f at equal loss, is within ±{C2_MARGIN_DECADES:.3f} decades (a factor of 2 "
+        "in f)"
     )
     by_length = {
         L: sorted((c for c in curves if c.train_len == L), key=lambda c: str(c.seed))
         for L in lengths
     }
     n_seeds = {L: len(v) for L, v in by_length.items()}
-    observed = curve_shift([p for c in curves for p in c.points()], short, long, "overlap")
-    if min(n_seeds.values()) < C2_MIN_SEEDS or observed is None:
+    levels = run_levels(
+        {(c.train_len, str(c.seed)): c.points() for c in curves}, short, long, "overlap"
+    )
+    if min(n_seeds.values()) < C2_MIN_SEEDS or levels is None:
         return {
             "claim": claim,
-            "holds": None,
             "n_seeds": {str(L): n for L, n in n_seeds.items()},
-            "reason": f"fewer than {C2_MIN_SEEDS} seeds per length with a loss by distance, or losses that do "
-            "not overlap",
+            **not_testable(
+                f"fewer than {C2_MIN_SEEDS} seeds per length with a loss by distance, or losses that do not "
+                "overlap"
+            ),
         }
-    rng = np.random.default_rng(seed)
-    shifts, differences = [], []
     rare = _rare_buckets(by_length[short], by_length[long])
-    for _ in range(n_boot):
-        chosen = {
-            L: [v[i] for i in rng.integers(0, len(v), size=len(v))] for L, v in by_length.items()
-        }
-        d = curve_shift(
-            [p for v in chosen.values() for c in v for p in c.points()], short, long, "overlap"
-        )
-        if d is not None:
-            shifts.append(d)
-        if rare.any():
-            differences.append(_loss_difference(chosen[short], chosen[long], rare))
-    lo, hi = percentile_interval(shifts)
     verdict = {
         "claim": claim,
-        "D_log10_f": observed,
-        "interval_95": [lo, hi],
-        **coincidence(lo, hi),
-        "margin_decades": C2_MARGIN_DECADES,
+        **shift_verdict(levels, short, long),
         "n_points": {str(L): sum(len(c.points()) for c in v) for L, v in by_length.items()},
         "seeds": {str(L): [c.seed for c in v] for L, v in by_length.items()},
         "tokens_trained": {str(L): [c.tokens_trained for c in v] for L, v in by_length.items()},
-        "bootstrap_replicates_used": len(shifts),
-        "test": "log10 f = a + b loss + D [longer length], fitted by least squares to every distance bucket "
-        f"with at least {MIN_BUCKET_TOKENS} validation tokens of each run's last milestone whose loss both "
-        "lengths reach; seeds resampled within each length (percentile bootstrap)",
+        "test": "log10 f = a_run + b loss, b the within-run slope fitted to every distance bucket with at least "
+        f"{MIN_BUCKET_TOKENS} validation tokens of each run's last milestone whose loss both lengths reach; each "
+        "run's level a_run = its mean residual there; D = mean level of the longer length's runs minus the "
+        "shorter's, with a Welch t-interval over runs",
     }
-    verdict["at_equal_distance"] = _equal_distance_verdict(
-        by_length[short], by_length[long], rare, differences
-    )
+    verdict["at_equal_distance"] = _equal_distance_verdict(by_length[short], by_length[long], rare)
     return verdict
 
 
-def _pooled(curves: Sequence[LossCurve], buckets: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(tokens, mean loss, mean f) per bucket over `curves`, pooled by token (loss) and by run (f)."""
-    tokens = np.sum([c.tokens[:buckets] for c in curves], axis=0)
-    loss_sum = np.sum(
-        [np.nan_to_num(c.loss[:buckets]) * c.tokens[:buckets] for c in curves], axis=0
-    )
-    with np.errstate(invalid="ignore", divide="ignore"):
-        loss = np.where(tokens > 0, loss_sum / np.maximum(tokens, 1), np.nan)
-    return tokens, loss, np.mean([c.f[:buckets] for c in curves], axis=0)
+def _mean_f(curves: Sequence[LossCurve], buckets: int) -> np.ndarray:
+    """f per bucket, the mean over `curves` (over runs)."""
+    return np.mean([c.f[:buckets] for c in curves], axis=0)
 
 
 def _rare_buckets(short: Sequence[LossCurve], long: Sequence[LossCurve]) -> np.ndarray:
     """The buckets both lengths scored (every run at least MIN_BUCKET_TOKENS) where the shorter length trained the
     distance (f > 0: never-trained distances are extrapolation, another question) but less than RARE_RATIO as often
-    as the longer: fixed from all seeds, so every bootstrap replicate averages the same ones."""
+    as the longer: fixed from all seeds, so every run is averaged over the same ones."""
     buckets = min(len(c.tokens) for c in (*short, *long))
     enough = np.all([c.tokens[:buckets] >= MIN_BUCKET_TOKENS for c in (*short, *long)], axis=0)
-    f_short, f_long = _pooled(short, buckets)[2], _pooled(long, buckets)[2]
+    f_short, f_long = _mean_f(short, buckets), _mean_f(long, buckets)
     with np.errstate(invalid="ignore", divide="ignore"):
         return enough & (f_short > 0) & (f_short < RARE_RATIO * f_long)
 
 
-def _loss_difference(
-    short: Sequence[LossCurve], long: Sequence[LossCurve], rare: np.ndarray
-) -> float:
-    """Mean over the `rare` buckets of pooled loss (shorter length) minus pooled loss (longer length)."""
+def _rare_loss(curve: LossCurve, rare: np.ndarray) -> float:
+    """A run's mean loss over the `rare` buckets, each bucket's loss weighted by its validation tokens."""
     n = len(rare)
-    return float(np.mean(_pooled(short, n)[1][rare] - _pooled(long, n)[1][rare]))
+    tokens, loss = curve.tokens[:n][rare], np.nan_to_num(curve.loss[:n][rare])
+    return float((loss * tokens).sum() / tokens.sum())
 
 
 def _equal_distance_verdict(
-    short: Sequence[LossCurve],
-    long: Sequence[LossCurve],
-    rare: np.ndarray,
-    differences: list[float],
+    short: Sequence[LossCurve], long: Sequence[LossCurve], rare: np.ndarray
 ) -> dict:
-    """At equal distance, is the loss of the shorter length higher where it trained the distance rarely?"""
+    """At equal distance, is the loss of the shorter length higher where it trained the distance rarely? A claim of
+    difference on the Welch interval over runs of each run's mean loss over those distances."""
     L_short, L_long = short[0].train_len, long[0].train_len
     claim = (
         f"at equal distance, L = {L_short} has a higher loss than L = {L_long} where it trained the distance "
@@ -183,21 +159,24 @@ def _equal_distance_verdict(
     if not rare.any():
         return {
             "claim": claim,
-            "holds": None,
-            "reason": f"no distance with at least {MIN_BUCKET_TOKENS} validation tokens in every run where "
-            f"L = {L_short} trained it less than {RARE_RATIO:g} times as often",
+            **not_testable(
+                f"no distance with at least {MIN_BUCKET_TOKENS} validation tokens in every run where "
+                f"L = {L_short} trained it less than {RARE_RATIO:g} times as often"
+            ),
         }
     first = short[0].first_distance[: len(rare)][rare]
-    f_short, f_long = _pooled(short, len(rare))[2][rare], _pooled(long, len(rare))[2][rare]
-    lo, hi = percentile_interval(differences)
+    f_short, f_long = _mean_f(short, len(rare))[rare], _mean_f(long, len(rare))[rare]
+    interval = welch_interval(
+        [_rare_loss(c, rare) for c in long], [_rare_loss(c, rare) for c in short], "run"
+    )
     return {
         "claim": claim,
-        "mean_loss_difference": _loss_difference(short, long, rare),
-        "interval_95": [lo, hi],
-        "holds": bool(lo > 0),
+        "mean_loss_difference": interval.estimate,
+        **difference(interval),
+        "value_unit": "nats",
         "distances": [int(first.min()), int(first.max())],
         "buckets": int(rare.sum()),
         "f_ratio": [float((f_short / f_long).min()), float((f_short / f_long).max())],
-        "test": "mean over those distance buckets of the loss difference (each length's tokens pooled over its "
-        "seeds); seeds resampled within each length (percentile bootstrap)",
+        "test": "each run's mean loss over those distance buckets (weighted by its validation tokens); the shorter "
+        "length's mean over runs minus the longer's, with a Welch t-interval over runs",
     }

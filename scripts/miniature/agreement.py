@@ -11,7 +11,7 @@ import statistics
 from pathlib import Path
 
 from posfreq.analysis.tables.formats import read_csv
-from posfreq.analysis.verdicts.claims import outcome
+from posfreq.analysis.verdicts.rules import outcome
 from posfreq.scripts.miniature.pipeline import DemoError
 
 VERDICTS = ("shortfall", "longer_reaches_further", "curves_coincide")

@@ -29,7 +29,7 @@ import numpy as np
 from posfreq.analysis.corpus.frequency import position_frequency
 from posfreq.analysis.tables.columns import CHECKPOINT_COLUMNS
 from posfreq.analysis.tables.formats import read_csv
-from posfreq.analysis.verdicts.claims import outcome
+from posfreq.analysis.verdicts.rules import estimate_text, outcome
 from posfreq.scripts.miniature.pipeline import (
     FULL,
     QUICK,
@@ -135,35 +135,33 @@ def verdict_lines(conclusion: dict, quick: bool) -> list[str]:
     )
     for tests in conclusion["variants"]:
         variant, tokens, against_f = tests["variant"], tests["equal_tokens"], tests["against_f"]
-        if tokens["holds"] is None:
+        if outcome(tokens) == "not testable":
             lines.append(f"- {variant}: not testable at equal tokens ({tokens.get('reason')}).")
             continue
-        lo, hi = tokens["interval_95"]
-        word = (
-            "larger" if lo > 0 else "smaller" if hi < 0 else "not different (the interval holds 0)"
-        )
+        word = {
+            "holds": "larger",
+            "does not hold": "smaller",
+            "not shown": "not shown to differ (the interval holds 0)",
+        }[outcome(tokens)]
         lines.append(
-            f"- **{variant} vs concat, at equal tokens**: effective length {word}; mean paired difference "
-            f"{tokens['mean_difference']:+.1f} tokens over the milestones, 95% interval [{lo:+.1f}, {hi:+.1f}] "
-            f"(per seed {', '.join(f'{d:+.1f}' for d in tokens['mean_difference_per_seed'])}; at the last "
-            f"milestone {tokens['last_milestone_differences']})."
+            f"- **{variant} vs concat, at equal tokens**: effective length {word}; mean paired difference over "
+            f"the milestones {estimate_text(tokens)}, {tokens['interval_method']} (per seed "
+            f"{', '.join(f'{d:+.1f}' for d in tokens['mean_difference_per_seed'])}; at the last milestone "
+            f"{tokens['last_milestone_differences']}). Rule: {tokens['rule']}."
         )
         if outcome(against_f) == "not testable":
             lines.append(
                 f"- {variant} vs concat, against f: not testable ({against_f.get('reason', 'no points')})."
             )
         else:
-            lo, hi = against_f["interval_95"]
             word = {
                 "holds": "coincide",
                 "does not hold": "do not coincide",
-                "inconclusive": "are not shown to coincide or differ",
+                "inconclusive": "are not shown to coincide or differ (inconclusive)",
             }[outcome(against_f)]
-            why = f"; {against_f['inconclusive']}" if "inconclusive" in against_f else ""
             lines.append(
-                f"- **{variant} vs concat, against f**: the curves {word} (D = "
-                f"{against_f['D_log10_f']:+.3f} decades of f at equal effective length, 95% interval "
-                f"[{lo:+.3f}, {hi:+.3f}]{why})."
+                f"- **{variant} vs concat, against f**: the curves {word}: D at equal effective length "
+                f"{estimate_text(against_f)}, {against_f['interval_method']}. Rule: {against_f['rule']}."
             )
     return lines
 

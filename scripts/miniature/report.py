@@ -11,7 +11,7 @@ from pathlib import Path
 
 from posfreq.analysis.tables.columns import CHECKPOINT_COLUMNS
 from posfreq.analysis.tables.formats import markdown_table, read_csv
-from posfreq.analysis.verdicts.claims import outcome
+from posfreq.analysis.verdicts.rules import estimate_text, outcome
 from posfreq.scripts.miniature.agreement import agreement_lines
 from posfreq.scripts.miniature.pipeline import REPO, DemoError, DemoSettings, Pipeline
 from posfreq.train.atomic import write_text_atomic
@@ -38,9 +38,10 @@ HOLDS = {
     "holds": "**holds**",
     "does not hold": "**does not hold**",
     "inconclusive": "**inconclusive**",
+    "not shown": "**not shown**",
     "not testable": "**not testable**",
 }
-"""How REPORT.md words a verdict's outcome (`claims.outcome`)."""
+"""How REPORT.md words a verdict's outcome (`rules.outcome`)."""
 
 
 def sentence(text: str) -> str:
@@ -48,9 +49,15 @@ def sentence(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
+def judged(c: dict) -> str:
+    """A tested verdict's numbers and rule: 'Estimate +256 [+120, +392] tokens (t-interval over 3 seeds). Rule: ...'."""
+    return f" Estimate {estimate_text(c)} ({c['interval_method']}). Rule: {c['rule']}."
+
+
 def verdicts(conclusion: dict, quick: bool, with_loss: bool = True) -> list[str]:
-    """REPORT.md's conclusion: each computed verdict with the numbers and the test behind it; with_loss=False
-    leaves out the loss-by-distance verdict (no pass criterion changes it: a second criterion's list omits it)."""
+    """REPORT.md's conclusion: each computed verdict with its numbers, its interval's units and n, and its rule;
+    with_loss=False leaves out the loss-by-distance verdict (no pass criterion changes it: a second criterion's
+    list omits it)."""
     if quick:
         return [
             "Quick mode trains for seconds: it checks that every stage runs and writes its outputs. "
@@ -65,25 +72,22 @@ def verdicts(conclusion: dict, quick: bool, with_loss: bool = True) -> list[str]
             detail = (
                 " Last checkpoints: "
                 + "; ".join(
-                    f"L = {x['train_len']} seed {x['seed']}: {x['effective_length']} ({x['status']}, interval up to "
-                    f"{x['effective_length_hi']})"
+                    f"L = {x['train_len']} seed {x['seed']}: {x['effective_length']} ({x['status']}, interval "
+                    f"[{x.get('effective_length_lo')}, {x['effective_length_hi']}])"
                     for x in c["last_checkpoints"]
                 )
-                + "."
+                + f". Rule ({c['n']} runs): {c['rule']}."
             )
         if "interval_95" in c:
-            value = c.get("D_log10_f", c.get("mean_difference"))
-            detail = f" Estimate {value:.3f}, 95% interval [{c['interval_95'][0]:.3f}, {c['interval_95'][1]:.3f}]."
-        if "inconclusive" in c:
-            detail += f" {sentence(c['inconclusive'])}."
+            detail = judged(c)
         if c.get("censored") and any(c["censored"].values()):
             detail += (
                 f" Censored runs (every probed length passed, so the value is a lower bound capped by L) per "
                 f"length: {c['censored']}."
             )
         if "reason" in c:
-            detail = f" Not testable: {c['reason']}."
-            if "n_points" in c:
+            detail += f" {sentence(c['reason'])}."
+            if "n_points" in c and "interval_95" not in c:
                 detail += f" Points with a defined, uncensored effective length per training length: {c['n_points']}."
         test = f" Test: {c['test']}." if "test" in c else ""
         lines.append(f"- {c['claim']}: {holds}.{detail}{test}")
@@ -97,30 +101,27 @@ def verdicts(conclusion: dict, quick: bool, with_loss: bool = True) -> list[str]
 def loss_line(c: dict) -> str:
     """C2 on the validation loss by distance (analysis/verdicts/loss_frequency.py): D at equal loss, and the
     difference at equal distance where the shorter length trained the distance rarely."""
-    if "reason" in c:
+    if "interval_95" not in c:
         return f"- {c['claim']}: {HOLDS[outcome(c)]} ({c['reason']})."
-    lo, hi = c["interval_95"]
-    inconclusive = f" {sentence(c['inconclusive'])}." if "inconclusive" in c else ""
     line = (
-        f"- {c['claim']}: {HOLDS[outcome(c)]}. D = {c['D_log10_f']:+.3f} decades of f, 95% interval "
-        f"[{lo:+.3f}, {hi:+.3f}] (distance buckets per length: {c['n_points']}).{inconclusive} Test: {c['test']}."
+        f"- {c['claim']}: {HOLDS[outcome(c)]} (distance buckets per length: {c['n_points']}).{judged(c)} "
+        f"Test: {c['test']}."
     )
     e = c["at_equal_distance"]
-    if "reason" in e:
+    if "interval_95" not in e:
         return line + f" At equal distance: {HOLDS[outcome(e)]} ({e['reason']})."
-    lo, hi = e["interval_95"]
     return line + (
         f" {sentence(e['claim'])}: {HOLDS[outcome(e)]}. Distances {e['distances'][0]}-"
         f"{e['distances'][1]} ({e['buckets']} buckets, f ratio {e['f_ratio'][0]:.2f}-{e['f_ratio'][1]:.2f}): "
-        f"loss difference {e['mean_loss_difference']:+.3f} nats, 95% interval [{lo:+.3f}, {hi:+.3f}]."
+        f"loss difference{judged(e)}"
     )
 
 
 def prediction_line(c: dict) -> str:
     """The prediction verdict (analysis/verdicts/prediction.py): the held-out errors of f's threshold rule and of the
-    two baselines, per way of holding out."""
+    baselines, per way of holding out, and the rule's gain over the best baseline."""
     holds = HOLDS[outcome(c)]
-    if "reason" in c:
+    if not any(k.startswith("by_") for k in c):
         return f"- f(n) predicts held-out runs' effective length: {holds} ({c['reason']})."
     parts = []
     for key, name in (
@@ -135,12 +136,18 @@ def prediction_line(c: dict) -> str:
             parts.append(f"{name}: {v.get('reason', 'not run')}")
             continue
         e = v["mean_abs_error"]
-        parts.append(
-            f"{name} ({v['n']} checkpoints): mean absolute error {e['f_rule']:.0f} tokens by f, "
-            f"{e['tokens_alone']:.0f} by tokens alone, {e['previous_checkpoint']:.0f} by the previous checkpoint; "
-            f"f's gain over tokens {v['gain_over_tokens']:.0f} [{v['interval_95'][0]:.0f}, {v['interval_95'][1]:.0f}]"
+        gain = (
+            f"gain over {v['best_baseline']} {estimate_text(v)} ({v['interval_method']}): {outcome(v)}"
+            if "interval_95" in v
+            else f"gain not testable ({v['reason']})"
         )
-    return f"- {c['claim']}: {holds}. " + "; ".join(parts) + f". Test: {c['test']}."
+        parts.append(
+            f"{name} ({v['checkpoints']} checkpoints): mean absolute error {e['f_rule']:.0f} tokens by f, "
+            f"{e['tokens_alone']:.0f} by tokens alone capped at L, {e['constant_L']:.0f} by the constant L, "
+            f"{e['previous_checkpoint']:.0f} by the previous checkpoint; {gain}"
+        )
+    rule = f" Rule: {c['rule']}." if "rule" in c else ""
+    return f"- {c['claim']}: {holds}. " + "; ".join(parts) + f".{rule} Test: {c['test']}."
 
 
 CPU_KERNEL_OVERRIDES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "DNNL_MAX_CPU_ISA")

@@ -48,23 +48,19 @@ def rows_on_lines(
 
 
 def test_curves_on_one_line_coincide_and_shifted_ones_do_not():
-    same = claims.curves_coincide(rows_on_lines(0.0), n_boot=300, seed=0)
+    same = claims.curves_coincide(rows_on_lines(0.0))
     assert same["holds"] is True and same["D_log10_f"] == pytest.approx(0.0, abs=1e-9)
     # Parallel lines one decade apart: D is the distance between them, exactly, in every resample.
-    shifted = claims.curves_coincide(rows_on_lines(1.0), n_boot=300, seed=0)
+    shifted = claims.curves_coincide(rows_on_lines(1.0))
     assert shifted["holds"] is False and shifted["D_log10_f"] == pytest.approx(1.0, abs=1e-9)
     assert shifted["interval_95"] == pytest.approx([1.0, 1.0], abs=1e-9)
     # The longer length reaches much further (64..256 against 32..80): one line pooled over both lengths is
     # tilted by the shift and put D at 1.04; the slope fitted within each length is not tilted.
-    apart = claims.curves_coincide(
-        rows_on_lines(1.0, long_effs=(64, 128, 192, 256)), n_boot=50, seed=0
-    )
+    apart = claims.curves_coincide(rows_on_lines(1.0, long_effs=(64, 128, 192, 256)))
     assert apart["D_log10_f"] == pytest.approx(1.0, abs=1e-9)
-    noisy = claims.curves_coincide(rows_on_lines(0.0, noise=0.3), n_boot=300, seed=0)
+    noisy = claims.curves_coincide(rows_on_lines(0.0, noise=0.3))
     assert noisy["interval_95"][0] < noisy["D_log10_f"] < noisy["interval_95"][1]
-    assert noisy == claims.curves_coincide(
-        rows_on_lines(0.0, noise=0.3), n_boot=300, seed=0
-    )  # deterministic
+    assert noisy == claims.curves_coincide(rows_on_lines(0.0, noise=0.3))  # deterministic
 
 
 def test_curves_without_overlap_are_not_testable():
@@ -75,7 +71,7 @@ def test_curves_without_overlap_are_not_testable():
         or r["train_len"] == 256
         and r["effective_length"] > 80
     ]
-    verdict = claims.curves_coincide(rows, n_boot=50, seed=0)
+    verdict = claims.curves_coincide(rows)
     assert verdict["holds"] is None and "overlap" in verdict["reason"]
 
 
@@ -85,36 +81,40 @@ def test_curves_with_too_few_points_or_seeds_are_not_testable():
     two_points = [
         r for r in rows if r["train_len"] == 256 or r["checkpoint"] == "c1" and r["seed"] < 2
     ]
-    verdict = claims.curves_coincide(two_points, n_boot=50, seed=0)
+    verdict = claims.curves_coincide(two_points)
     assert (
         verdict["holds"] is None
         and verdict["n_points"]["128"] == 2
         and "fewer than 3" in verdict["reason"]
     )
     one_seed = [r for r in rows if r["train_len"] == 256 or r["seed"] == 0]
-    verdict = claims.curves_coincide(one_seed, n_boot=50, seed=0)
+    verdict = claims.curves_coincide(one_seed)
     assert verdict["holds"] is None and verdict["n_seeds"]["128"] == 1
-    two_seeds = claims.curves_coincide(
-        [r for r in rows if r["train_len"] == 256 or r["seed"] < 2], n_boot=50, seed=0
-    )
+    two_seeds = claims.curves_coincide([r for r in rows if r["train_len"] == 256 or r["seed"] < 2])
     assert (
         two_seeds["holds"] is None and two_seeds["n_seeds"]["128"] == 2
     )  # 8 points, but a bootstrap of 2 seeds
-    assert (
-        claims.curves_coincide(rows, n_boot=50, seed=0)["holds"] is False
-    )  # 12 points from 3 seeds: shifted
+    assert claims.curves_coincide(rows)["holds"] is False  # 12 points from 3 seeds: shifted
 
 
 def test_longer_training_length_and_shortfall_and_emergence():
     rows = rows_on_lines(0.0)
-    further = claims.longer_reaches_further(rows, n_boot=200, seed=0)
+    further = claims.longer_reaches_further(rows)
     assert further["differences"] == [112 - 80] * 3 and further["holds"] is True
     short = claims.shortfall(rows)
     assert short["holds"] is True and {
         x["effective_length"] for x in short["last_checkpoints"]
     } == {80, 112}
     rows[3]["effective_length_hi"] = 128  # L = 128 seed 0, last checkpoint: its interval reaches L
-    assert claims.shortfall(rows)["holds"] is False
+    reaches = claims.shortfall(rows)
+    assert (
+        reaches["outcome"] == "not shown" and reaches["holds"] is None
+    )  # reaching L is not shown either
+    assert reaches["reason"].startswith("1 of 6 runs not shown short: L = 128 seed 0")
+    rows[3].update(
+        effective_length=128, effective_length_lo=128, effective_length_status="all_passed"
+    )
+    assert claims.shortfall(rows)["outcome"] == "does not hold"  # its whole interval is at L
     for r in rows:
         if r["train_len"] == 128 and r["seed"] == 1 and r["tokens_trained"] < 3000:
             r["effective_length"] = 0
@@ -156,18 +156,30 @@ def test_variant_effect_at_equal_tokens_and_against_f():
                         "f_effective_length": 10 ** (2 + el / 64),
                     }
                 )
-    effect = claims.variant_effect(rows, "concat", "best_fit", n_boot=500, seed=0)
+    effect = claims.variant_effect(rows, "concat", "best_fit")
     assert (
         effect["mean_difference_per_seed"] == [16.0, 32.0, 48.0]
         and effect["mean_difference"] == 32.0
     )
-    assert 16 <= effect["interval_95"][0] < 32 < effect["interval_95"][1] <= 48
-    assert effect["holds"] is True and effect["last_milestone_differences"] == [16, 32, 48]
-    same_f = claims.curves_coincide(
-        rows, n_boot=300, seed=0, group="variant", groups=("concat", "best_fit")
+    # the t-interval by hand: sd 16 over 3 seeds, t(0.975, 2 df) = 4.302653 from a printed table; the checkpoints'
+    # own noise ((16 / 2z)^2 per run) is far below the seeds' spread, so its floor does not bind
+    half = 4.302653 * 16 / np.sqrt(3)
+    assert effect["interval_95"] == pytest.approx([32 - half, 32 + half], abs=1e-4)
+    assert effect["outcome"] == "not shown" and effect["holds"] is None and not effect["differs"]
+    assert (
+        effect["n"] == 3
+        and effect["unit"] == "seed"
+        and "t-interval over 3 seeds" in effect["interval_method"]
     )
+    assert effect["last_milestone_differences"] == [16, 32, 48]
+    steady = [dict(r) for r in rows]
+    for r in steady:
+        if r["variant"] == "best_fit":
+            r["effective_length"] -= (r["seed"] - 1) * 14  # leads 30, 32, 34
+    assert claims.variant_effect(steady, "concat", "best_fit")["outcome"] == "holds"
+    same_f = claims.curves_coincide(rows, group="variant", groups=("concat", "best_fit"))
     assert same_f["holds"] is True and same_f["D_log10_f"] == pytest.approx(0.0, abs=1e-9)
-    none = claims.variant_effect(rows, "concat", "padded", n_boot=10, seed=0)
+    none = claims.variant_effect(rows, "concat", "padded")
     assert none["holds"] is None
 
 
@@ -202,17 +214,14 @@ def test_variants_are_compared_within_each_training_length_and_labelled_apart():
             "f_effective_length": 1e6,
         }
     )  # seed 3 has no concat run
-    found = {
-        c["train_len"]: c["equal_tokens"]
-        for c in claims.variant_comparisons(rows, "concat", 200, 0)
-    }
+    found = {c["train_len"]: c["equal_tokens"] for c in claims.variant_comparisons(rows, "concat")}
     assert found[256]["mean_difference"] == 0.0 and found[512]["mean_difference"] == 100.0
     assert found[512]["seeds"] == [0, 1, 2]
     two_seeds = [r for r in rows if r["train_len"] == 512 and r["seed"] != 2]
-    short = claims.variant_effect(two_seeds, "concat", "best_fit", 10, 0)
+    short = claims.variant_effect(two_seeds, "concat", "best_fit")
     assert short["holds"] is None and "2 seeds" in short["reason"]
     with pytest.raises(ValueError, match="one training length"):
-        claims.variant_effect(rows, "concat", "best_fit", 10, 0)
+        claims.variant_effect(rows, "concat", "best_fit")
     labels = {
         probed_runs.data_variant({"data": d})
         for d in (
@@ -343,23 +352,6 @@ def test_runs_scored_under_different_criteria_are_refused_by_name(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("replicates", ["0", "-5"])
-def test_compare_refuses_a_bootstrap_without_replicates(tmp_path, capsys, replicates):
-    """--bootstrap 0 crashed with an IndexError in the first interval; it is a usage error before any work."""
-    dirs = [probed_run(tmp_path / "r", 0, "")]
-    with pytest.raises(SystemExit) as exit:
-        compare.main([*map(str, dirs), "--out", str(tmp_path / "out"), "--bootstrap", replicates])
-    assert exit.value.code == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"error: --bootstrap must be >= 1, got {replicates}\n")
-    assert not (tmp_path / "out").exists()
-    from posfreq.analysis.verdicts.compare import compare as compare_runs
-
-    with pytest.raises(ValueError, match="n_boot must be >= 1"):  # the library, called directly
-        compare_runs(dirs, tmp_path / "out", n_boot=int(replicates))
-    assert not (tmp_path / "out").exists()
-
-
 def test_two_probes_of_one_run_are_refused_naming_both(tmp_path):
     """A rope and a string probe of one run (or one path given twice) were merged into one run's rows, so which
     checkpoint row a verdict used depended on the order of the arguments."""
@@ -411,7 +403,7 @@ def test_longer_length_is_compared_at_the_last_tokens_both_runs_of_a_seed_reache
     rows.append(
         {**rows[0], "seed": 1, "tokens_trained": 7000, "effective_length": 128}
     )  # L = 128 alone
-    further = claims.longer_reaches_further(rows, n_boot=200, seed=0)
+    further = claims.longer_reaches_further(rows)
     # by hand: per seed, the largest tokens both lengths have, and the difference there
     by_run = {}
     for r in rows:
@@ -426,14 +418,12 @@ def test_longer_length_is_compared_at_the_last_tokens_both_runs_of_a_seed_reache
     assert further["tokens_compared"] == [t for t, _ in expected]
     assert further["differences"] == [d for _, d in expected] and further["holds"] is True
     assert further["censored"] == {"128": 0, "256": 1}
-    two_seeds = claims.longer_reaches_further(
-        [r for r in rows if r["seed"] != 2], n_boot=200, seed=0
-    )
+    two_seeds = claims.longer_reaches_further([r for r in rows if r["seed"] != 2])
     assert two_seeds["holds"] is None and two_seeds["seeds"] == [0, 1]
     assert f"needs at least {claims.C2_MIN_SEEDS}" in two_seeds["reason"]
 
 
-def last_checkpoint(seed, train_len, longest, el, hi, status="ok"):
+def last_checkpoint(seed, train_len, longest, el, hi, status="ok", lo=None):
     """One run's only checkpoint, probed at 32, 64, ... up to `longest`."""
     return {
         "train_len": train_len,
@@ -441,6 +431,7 @@ def last_checkpoint(seed, train_len, longest, el, hi, status="ok"):
         "variant": "concat",
         "tokens_trained": 1000,
         "effective_length": el,
+        "effective_length_lo": lo,
         "effective_length_hi": hi,
         "effective_length_status": status,
         **{f"pass_rate_{n}": float(n <= el) for n in range(32, longest + 1, 32)},
@@ -449,8 +440,10 @@ def last_checkpoint(seed, train_len, longest, el, hi, status="ok"):
 
 def test_a_run_without_an_interval_end_or_probed_below_l_cannot_decide_the_shortfall():
     """Each run's outcome by hand: short (interval end below L and below its longest probed length), not short
-    (probed to L, not shown short) or untestable (no interval end; probed only below L and not shown short there).
-    One run that is not short decides 'does not hold'; otherwise an untestable run leaves it not testable."""
+    (its interval's lower end at L), not shown short (probed to L, its interval reaching L from below) or
+    untestable (no interval end; probed only below L and not shown short there). One run that is not short
+    decides 'does not hold'; else one not shown short leaves it not shown; else an untestable run leaves it not
+    testable."""
     short = last_checkpoint(0, 128, 128, 64, 96)
     short_below_ceiling = last_checkpoint(
         1, 256, 128, 32, 64
@@ -462,21 +455,28 @@ def test_a_run_without_an_interval_end_or_probed_below_l_cannot_decide_the_short
     at_ceiling = last_checkpoint(
         4, 256, 128, 96, 128
     )  # its interval reaches the probe's last length
-    reaches_l = last_checkpoint(5, 128, 128, 128, 128, "all_passed")
+    reaches_l = last_checkpoint(5, 128, 128, 128, 128, "all_passed", lo=128)
+    maybe_l = last_checkpoint(
+        6, 128, 128, 96, 128, lo=64
+    )  # interval [64, 128]: not shown either way
     cases = [
-        ([short, short_below_ceiling], True, []),
-        ([short, at_ceiling], None, [4]),
-        ([short, capped], None, [3]),
-        ([short, no_interval], None, [2]),
-        ([short, no_interval, capped, reaches_l], False, [2, 3]),  # seed 5 reaches L: decided
+        ([short, short_below_ceiling], "holds", []),
+        ([short, at_ceiling], "not testable", [4]),
+        ([short, capped], "not testable", [3]),
+        ([short, no_interval], "not testable", [2]),
+        ([short, no_interval, maybe_l], "not shown", [2]),
+        ([short, no_interval, capped, maybe_l, reaches_l], "does not hold", [2, 3]),  # seed 5 at L
     ]
-    for runs, holds, untestable in cases:
+    for runs, expected, untestable in cases:
         verdict = claims.shortfall(runs)
-        assert verdict["holds"] is holds, (runs, verdict)
+        assert verdict["outcome"] == expected, (runs, verdict)
+        assert verdict["holds"] is {"holds": True, "does not hold": False}.get(expected)
+        assert verdict["n"] == len(runs) and verdict["unit"] == "run" and "rule" in verdict
         named = [int(u.split(" seed ")[1].split()[0]) for u in verdict.get("untestable", [])]
         assert named == untestable
-        if holds is None:
+        if expected == "not testable":
             assert all(f"seed {s} " in verdict["reason"] for s in untestable)
+    assert "seed 5" in claims.shortfall([short, maybe_l, reaches_l])["reason"]
     no_interval_why = claims.shortfall([no_interval])["reason"]
     assert "bootstrap 0" in no_interval_why
     assert "probed only up to 128, below L" in claims.shortfall([capped])["reason"]
@@ -489,50 +489,66 @@ def test_a_run_without_an_interval_end_or_probed_below_l_cannot_decide_the_short
     }
 
 
-def test_c2_holds_only_for_an_interval_covering_0_within_a_factor_of_2_in_f():
-    """The rule on D's 95% interval, with the margin log10(2) written out here: an interval excluding 0 does not
-    hold (the demo's known D = +0.57 [0.40, 0.73], -0.078 [-0.086, -0.068] and +0.28 [+0.03, +0.59] among them),
-    one covering 0 within +-log10(2) holds, and one covering 0 but reaching past it is inconclusive."""
+def test_sameness_is_an_equivalence_test_and_a_difference_can_be_not_shown():
+    """The rules on a 95% interval, with the margin log10(2) written out here. Equivalence: inside +-margin holds
+    (the demo's loss D = -0.078 [-0.086, -0.068], which the old rule called 'do not coincide'), wholly outside does
+    not hold, straddling the margin is inconclusive (+0.23 [+0.03, +0.45]). Difference: above 0 holds, below 0 does
+    not hold, touching or covering 0 is not shown (+43 [0, 128], which the old rule called 'does not hold')."""
+    from posfreq.analysis.verdicts.rules import Interval, difference, equivalence, outcome
+
     margin = np.log10(2)
     assert claims.C2_MARGIN_DECADES == pytest.approx(0.30103, abs=1e-5) == pytest.approx(margin)
-    cases = {
-        (0.40, 0.73): False,
-        (-0.086, -0.068): False,
-        (0.03, 0.59): False,
-        (0.47, 0.64): False,
-        (-0.1, 0.2): True,
-        (-margin, margin): True,
-        (-0.2, 0.31): None,
-        (-0.53, 1.22): None,
+    same = {
+        (-0.086, -0.068): "holds",
+        (-0.1, 0.2): "holds",
+        (-margin, margin): "holds",
+        (0.40, 0.73): "does not hold",
+        (-0.9, -0.31): "does not hold",
+        (0.03, 0.45): "inconclusive",
+        (-0.2, 0.31): "inconclusive",
+        (-0.53, 1.22): "inconclusive",
     }
-    for (lo, hi), holds in cases.items():
-        rule = claims.coincidence(lo, hi)
-        assert rule["holds"] is holds, (lo, hi)
-        assert ("inconclusive" in rule) == (holds is None)
+    for (lo, hi), expected in same.items():
+        verdict = equivalence(Interval((lo + hi) / 2, lo, hi, 3, "run", "m"), margin, "decades")
+        assert verdict["outcome"] == outcome(verdict) == expected, (lo, hi)
+        assert verdict["holds"] is {"holds": True, "does not hold": False}.get(expected)
         assert (
-            claims.outcome(rule)
-            == {True: "holds", False: "does not hold", None: "inconclusive"}[holds]
+            "±0.301 decades" in verdict["rule"] and verdict["n"] == 3 and verdict["unit"] == "run"
         )
-    assert claims.outcome({"holds": None, "reason": "too few points"}) == "not testable"
+    apart = {
+        (1, 5): "holds",
+        (-5, -1): "does not hold",
+        (0, 128): "not shown",
+        (-1, 1): "not shown",
+    }
+    for (lo, hi), expected in apart.items():
+        verdict = difference(Interval((lo + hi) / 2, lo, hi, 5, "seed", "m"))
+        assert verdict["outcome"] == expected and verdict["rule"].startswith(
+            "difference: holds when"
+        )
+    assert outcome({"holds": None, "reason": "too few points"}) == "not testable"
 
 
 def test_a_wide_interval_around_a_real_shift_is_inconclusive_not_a_coincidence(
     capsys, tmp_path, monkeypatch
 ):
     """A true shift of 0.8 decades under noise of 2 decades per point: the interval covers 0 only because it is wide.
-    The old rule said the curves coincide; now it is inconclusive, and every rendering says so apart from 'not
-    testable'."""
+    An old rule said the curves coincide; it is inconclusive, and every rendering says so with its rule and n."""
     from posfreq.scripts.miniature.report import verdicts
 
-    noisy = claims.curves_coincide(rows_on_lines(0.8, noise=2.0), n_boot=300, seed=0)
+    noisy = claims.curves_coincide(rows_on_lines(0.8, noise=2.0))
     lo, hi = noisy["interval_95"]
     assert lo < 0 < hi and hi > np.log10(2)  # the case under test
-    assert noisy["holds"] is None and "reason" not in noisy
-    assert "covers 0 but reaches past ±0.301 decades" in noisy["inconclusive"]
-    precise = claims.curves_coincide(rows_on_lines(0.0, noise=0.3), n_boot=300, seed=0)
+    assert noisy["holds"] is None and noisy["outcome"] == "inconclusive" and "reason" not in noisy
+    assert (
+        noisy["n"] == 6
+        and noisy["unit"] == "run"
+        and "Welch t-interval over 3 and 3 runs" in noisy["interval_method"]
+    )
+    precise = claims.curves_coincide(rows_on_lines(0.0, noise=0.1))
     assert -np.log10(2) <= precise["interval_95"][0] < 0 < precise["interval_95"][1] <= np.log10(2)
     assert precise["holds"] is True
-    untestable = claims.curves_coincide(rows_on_lines(0.8, seeds=(0, 1)), n_boot=10, seed=0)
+    untestable = claims.curves_coincide(rows_on_lines(0.8, seeds=(0, 1)))
     conclusion = {
         "shortfall": {"claim": "c1", "holds": True},
         "longer_reaches_further": {"claim": "fig2a", "holds": True},
@@ -540,77 +556,101 @@ def test_a_wide_interval_around_a_real_shift_is_inconclusive_not_a_coincidence(
     }
     report = "\n".join(verdicts(conclusion, quick=False))
     assert "coincide (the paper's C2)" in report and ": **inconclusive**. Estimate" in report
-    assert "Inconclusive: the interval covers 0" in report and "not testable" not in report
-    conclusion["curves_coincide"] = untestable
-    assert ": **not testable**. Not testable: fewer than 3" in "\n".join(
-        verdicts(conclusion, quick=False)
+    assert (
+        "Welch t-interval over 3 and 3 runs" in report
+        and "Rule: equivalence at ±0.301 decades of f" in report
     )
+    assert "not testable" not in report
+    conclusion["curves_coincide"] = untestable
+    assert ": **not testable**. Fewer than 3" in "\n".join(verdicts(conclusion, quick=False))
     loss = {
         "claim": "loss c2",
         "holds": None,
         "reason": "needs runs of exactly two training lengths",
     }
+    best_fit = claims.variant_effect(
+        [
+            {
+                **r,
+                "variant": v,
+                "effective_length": r["effective_length"] + (r["seed"] if v == "b" else 0),
+            }
+            for r in rows_on_lines(0.0)
+            if r["train_len"] == 128
+            for v in ("concat", "b")
+        ],
+        "concat",
+        "b",
+    )
     printed = {
         **conclusion,
         "curves_coincide": noisy,
         "loss_curves_coincide": loss,
-        "variants": [
-            {
-                "variant": "best_fit",
-                "equal_tokens": {
-                    "holds": False,
-                    "interval_95": [-1.0, 2.0],
-                    "mean_difference": 0.5,
-                    "mean_difference_per_seed": [0.0, 0.5, 1.0],
-                    "last_milestone_differences": [0, 0, 1],
-                },
-                "against_f": noisy,
-            }
-        ],
+        "prediction": {"claim": "f predicts", "holds": None, "reason": "no histogram"},
+        "variants": [{"variant": "best_fit", "equal_tokens": best_fit, "against_f": noisy}],
     }
     from posfreq.scripts.miniature.packing_experiment import verdict_lines
 
-    assert "the curves are not shown to coincide or differ" in "\n".join(
-        verdict_lines(printed, False)
-    )
+    lines = "\n".join(verdict_lines(printed, False))
+    assert "the curves are not shown to coincide or differ (inconclusive)" in lines
+    assert "effective length not shown to differ" in lines and "t-interval over 3 seeds" in lines
     monkeypatch.setattr(compare, "compare", lambda *args: printed)
     assert compare.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("curves_coincide: inconclusive; ")
     assert (
-        lines[2].startswith("curves_coincide: inconclusive  [")
-        and "covers 0 but reaches" in lines[2]
+        "Welch t-interval over 3 and 3 runs" in lines[2]
+        and "rule: equivalence at ±0.301" in lines[2]
     )
     assert lines[3].startswith("loss_curves_coincide: not testable")
+    assert lines[4].startswith("prediction: not testable; no histogram")
 
 
-def test_curve_shift_is_the_group_coefficient_of_a_common_slope_least_squares_fit():
-    """On scattered points whose groups overlap partly, curve_shift over the overlap equals the coefficient of the
-    group indicator in y = a + b x + D [long] fitted by numpy's least squares to the overlap's points."""
+def test_run_levels_are_the_run_intercepts_of_a_common_slope_least_squares_fit():
+    """On scattered points whose groups overlap partly, split unevenly into runs with offsets of their own: each
+    run's level is its intercept in y = b x + a_run fitted by numpy's least squares (one indicator per run) to the
+    overlap's points, and D is the mean intercept of the long group's runs minus the short group's."""
     rng = np.random.default_rng(3)
-    x_short, x_long = rng.uniform(0, 6, 40), rng.uniform(3, 10, 40)
-    y_short = 1 + 0.5 * x_short + 0.1 * x_short**2 + rng.normal(0, 0.3, 40)
-    y_long = 1.7 + 0.5 * x_long + 0.1 * x_long**2 + rng.normal(0, 0.3, 40)
-    points = [("s", x, y) for x, y in zip(x_short, y_short)] + [
-        ("l", x, y) for x, y in zip(x_long, y_long)
+    runs = {}
+    for g, (x0, x1, base) in {"s": (0, 6, 1.0), "l": (3, 10, 1.7)}.items():
+        for k, size in enumerate((10, 14, 16)):
+            x = rng.uniform(x0, x1, size)
+            offset = rng.normal(0, 0.3)
+            runs[(g, k)] = [
+                (g, float(v), float(base + offset + 0.5 * v + rng.normal(0, 0.2))) for v in x
+            ]
+    every = [p for v in runs.values() for p in v]
+    lo = max(min(x for g2, x, _ in every if g2 == g) for g in "sl")
+    hi = min(max(x for g2, x, _ in every if g2 == g) for g in "sl")
+    names = list(runs)
+
+    def fit(points_of):
+        rows = [(x, names.index(r), y) for r in names for _, x, y in points_of(r)]
+        design = np.zeros((len(rows), 1 + len(names)))
+        for i, (x, r, _) in enumerate(rows):
+            design[i, 0], design[i, 1 + r] = x, 1.0
+        return np.linalg.lstsq(design, np.array([y for *_, y in rows]), rcond=None)[0]
+
+    coef = fit(lambda r: [p for p in runs[r] if lo <= p[1] <= hi])
+    levels = claims.run_levels(runs, "s", "l", "overlap")
+    expected = {g: [coef[1 + names.index(r)] for r in names if r[0] == g] for g in "sl"}
+    assert levels["s"] == pytest.approx(expected["s"], abs=1e-12)
+    assert levels["l"] == pytest.approx(expected["l"], abs=1e-12)
+    # fitted to every point: the slope of the run indicators' fit to all points; levels still over the overlap
+    slope = fit(lambda r: runs[r])[0]
+    alone = claims.run_levels(runs, "s", "l", "all")
+    by_hand = [
+        np.mean([y - slope * x for _, x, y in runs[r] if lo <= x <= hi])
+        for r in names
+        if r[0] == "l"
     ]
-    lo, hi = max(x_short.min(), x_long.min()), min(x_short.max(), x_long.max())
-    inside = [(g, x, y) for g, x, y in points if lo <= x <= hi]
-    design = np.array([[x, 1.0, g == "l"] for g, x, _ in inside], dtype=float)
-    expected = np.linalg.lstsq(design, np.array([y for *_, y in inside]), rcond=None)[0][2]
-    assert claims.curve_shift(points, "s", "l", "overlap") == pytest.approx(expected, abs=1e-12)
-    # fitted to every point, the slope is the within-group one; D is still the overlap's mean offset
-    xs = [np.array([x for g, x, _ in points if g == k]) for k in "sl"]
-    ys = [np.array([y for g, _, y in points if g == k]) for k in "sl"]
-    slope = sum(((x - x.mean()) * (y - y.mean())).sum() for x, y in zip(xs, ys)) / sum(
-        ((x - x.mean()) ** 2).sum() for x in xs
-    )
-    level = [np.mean([y - slope * x for g2, x, y in inside if g2 == k]) for k in "sl"]
-    assert claims.curve_shift(points, "s", "l", "all") == pytest.approx(level[1] - level[0])
+    assert alone["l"] == pytest.approx(by_hand, abs=1e-12)
     # in the overlap (1..2) each group sits at one x, a different one: no slope to fit, nothing to compare at
     # equal x
-    unfit = [("s", 1, 0), ("s", 1, 1), ("s", 3, 5), ("l", 0, 0), ("l", 2, 2), ("l", 2, 3)]
-    assert claims.curve_shift(unfit, "s", "l", "overlap") is None
+    unfit = {0: [("s", 1, 0), ("s", 1, 1), ("s", 3, 5)], 1: [("l", 0, 0), ("l", 2, 2), ("l", 2, 3)]}
+    assert claims.run_levels(unfit, "s", "l", "overlap") is None
     # every point at one x: the shift there, whatever the slope
-    assert claims.curve_shift(
-        [("s", 4, 1), ("s", 4, 2), ("l", 4, 5), ("l", 4, 6)], "s", "l", "all"
-    ) == pytest.approx(4.0)
+    same_x = claims.run_levels(
+        {0: [("s", 4, 1), ("s", 4, 2)], 1: [("l", 4, 5), ("l", 4, 6)]}, "s", "l", "all"
+    )
+    assert same_x["l"][0] - same_x["s"][0] == pytest.approx(4.0)

@@ -53,7 +53,7 @@ def test_effective_lengths_that_follow_f_are_fitted_exactly_and_predicted_better
     assert all(
         threshold_prediction(f_at(r), r["train_len"], tau) == r["effective_length"] for r in rows
     )
-    verdict = prediction_verdict(rows, f_at, n_boot=500, seed=0)
+    verdict = prediction_verdict(rows, f_at)
     for key in ("by_seed", "by_train_len"):
         errors = verdict[key]["mean_abs_error"]
         # held out, tau is only bracketed by the data, so f's error need not be 0
@@ -63,10 +63,24 @@ def test_effective_lengths_that_follow_f_are_fitted_exactly_and_predicted_better
 
 def test_effective_lengths_set_by_tokens_alone_are_not_credited_to_f():
     rows, f_at = runs(lambda f, L, tokens: {1000: 64, 2000: 128, 3000: 192, 4000: 256}[tokens])
-    verdict = prediction_verdict(rows, f_at, n_boot=500, seed=0)
+    verdict = prediction_verdict(rows, f_at)
     assert verdict["by_seed"]["mean_abs_error"]["tokens_alone"] == 0
     assert not verdict["by_seed"]["holds"] and verdict["holds"] is False
     assert np.isfinite(verdict["by_seed"]["interval_95"]).all()
+
+
+def test_effective_lengths_set_by_tokens_and_the_cap_alone_are_not_credited_to_f():
+    """The review's case: EL = min(g(tokens), L), so f carries nothing beyond tokens and the cap. Against an uncapped
+    tokens-alone baseline the capped f rule 'won' (+80 [+16, +137] tokens in the review); against the capped baseline
+    and the constant L it must not."""
+    g = {1000: 64, 2000: 192, 3000: 320, 4000: 448}
+    rows, f_at = runs(lambda f, L, tokens: min(g[tokens], L))
+    verdict = prediction_verdict(rows, f_at)
+    assert verdict["holds"] is not True and verdict["outcome"] != "holds"
+    by_length = verdict["by_train_len"]
+    assert by_length["mean_abs_error"]["tokens_alone"] <= by_length["mean_abs_error"]["f_rule"]
+    assert by_length["best_baseline"] in ("tokens_alone", "constant_L", "previous_checkpoint")
+    assert by_length["outcome"] in ("not shown", "does not hold") and by_length["n"] == 6
 
 
 def test_a_data_variant_is_held_out_when_there_are_several():
@@ -92,14 +106,16 @@ def test_a_data_variant_is_held_out_when_there_are_several():
                 )
                 f_of[(variant, seed, tokens)] = f
     verdict = prediction_verdict(
-        rows, lambda r: f_of[(r["variant"], r["seed"], r["tokens_trained"])], 500, 0
+        rows, lambda r: f_of[(r["variant"], r["seed"], r["tokens_trained"])]
     )
     by_variant = verdict["by_variant"]
-    assert by_variant["n"] == len(rows)
+    assert (
+        by_variant["checkpoints"] == len(rows)
+        and by_variant["n"] == 6
+        and by_variant["unit"] == "run"
+    )
     errors = by_variant["mean_abs_error"]
     assert errors["f_rule"] < errors["tokens_alone"] and by_variant["holds"]
     one = [r for r in rows if r["variant"] == "concat"]
-    alone = prediction_verdict(
-        one, lambda r: f_of[("concat", r["seed"], r["tokens_trained"])], 50, 0
-    )
+    alone = prediction_verdict(one, lambda r: f_of[("concat", r["seed"], r["tokens_trained"])])
     assert "by_variant" not in alone
