@@ -16,6 +16,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from posfreq.analysis.tables.paired_tests import holm_adjust, mcnemar_exact
 from posfreq.analysis.tables.pass_curve import Analysis, percentile_interval, wilson_interval
 
 MEASURES = ("greedy", "teacher_forced")
@@ -34,10 +35,16 @@ TABLE1_COLUMNS = (
     "difference",
     "difference_lo",
     "difference_hi",
+    "only_scheme_passed",
+    "only_baseline_passed",
+    "mcnemar_p",
+    "holm_p",
 )
 """`tests`: the tests every scheme probed at the length has, which every cell of the length uses;
 `tests_left_out`: this scheme's other tests there. `difference` is the mean paired difference from `baseline`
-(empty, as is `baseline`, for the baseline's own row)."""
+(empty, as is `baseline`, for the baseline's own row). For pass rates, `only_scheme_passed` and
+`only_baseline_passed` count the discordant tests, `mcnemar_p` is the exact McNemar test's p-value and `holm_p` its
+Holm adjustment over every comparison with the baseline in the table (empty for a continuous score)."""
 
 
 def outcomes_by_test(
@@ -113,7 +120,9 @@ def table1(
     """A row per scheme and length, over the tests every scheme at that length has: the mean score with its 95%
     interval (binary: a pass rate, with the Wilson score interval; otherwise a continuous score's mean, with a
     percentile bootstrap) and the mean paired difference from `baseline`, with a paired percentile bootstrap
-    interval (the same resampled tests for both; empty for the baseline itself and where it lacks the length)."""
+    interval (the same resampled tests for both; empty for the baseline itself and where it lacks the length). Pass
+    rates also get the exact McNemar test against the baseline, Holm-adjusted over every such comparison in the
+    table."""
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
     shared = shared_tests(outcomes)
@@ -144,16 +153,31 @@ def table1(
                 row["difference_lo"], row["difference_hi"] = percentile_interval(
                     diff[draws].mean(1)
                 )
+                if binary:
+                    before = [base[(length, i)] for i in tests]
+                    better, worse, p = mcnemar_exact(before, scores)
+                    row |= {
+                        "only_scheme_passed": better,
+                        "only_baseline_passed": worse,
+                        "mcnemar_p": p,
+                    }
             else:
                 row |= {"baseline": "", "difference": "", "difference_lo": "", "difference_hi": ""}
             rows.append(row)
+    tested = [r for r in rows if "mcnemar_p" in r]
+    for row, adjusted in zip(tested, holm_adjust([r["mcnemar_p"] for r in tested])):
+        row["holm_p"] = adjusted
+    for row in rows:
+        for column in ("only_scheme_passed", "only_baseline_passed", "mcnemar_p", "holm_p"):
+            row.setdefault(column, "")
     return rows
 
 
 def table1_markdown(rows: Sequence[Mapping]) -> str:
     """Table 1 as the paper lays it out: a row per scheme, a column per length headed by its number of tests n,
     each cell the pass rate in percent with its 95% interval and, below it, the paired difference from the
-    baseline with its interval."""
+    baseline with its interval, then (pass rates) the discordant tests `only scheme:only baseline` with the exact
+    McNemar p and its Holm adjustment."""
     lengths = sorted({r["length"] for r in rows})
     schemes = list(dict.fromkeys(r["scheme"] for r in rows))
     cell = {(r["scheme"], r["length"]): r for r in rows}
@@ -177,9 +201,20 @@ def table1_markdown(rows: Sequence[Mapping]) -> str:
                     f"<br>{100 * r['difference']:+.1f} "
                     f"[{100 * r['difference_lo']:+.1f}, {100 * r['difference_hi']:+.1f}]"
                 )
+            if r.get("mcnemar_p") not in (None, ""):
+                text += (
+                    f"<br>{r['only_scheme_passed']}:{r['only_baseline_passed']}, "
+                    f"p {_p(r['mcnemar_p'])}, Holm {_p(r['holm_p'])}"
+                )
             parts.append(text)
         lines.append(f"| {scheme} | " + " | ".join(parts) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _p(value) -> str:
+    """A p-value in a table cell: three significant digits, and '< 0.001' below that."""
+    value = float(value)
+    return "< 0.001" if value < 0.001 else f"{value:.3g}"
 
 
 def left_out_note(rows: Sequence[Mapping]) -> str:

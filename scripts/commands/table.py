@@ -384,7 +384,9 @@ def write_tables(args, out: Path, schemes: list[str], options: dict[str, dict]) 
         f"those every scheme has there (n in the column's head); measure: {args.measure} (teacher-forced answer "
         f"order: {args.answer_order}). Each cell: the pass rate with its 95% Wilson score interval, then (every "
         "scheme but rope) the mean paired difference from rope over the same tests with its 95% paired percentile "
-        f"bootstrap interval ({args.bootstrap} resamples).\n\n"
+        f"bootstrap interval ({args.bootstrap} resamples), then the tests only the scheme passed : only rope "
+        "passed, the exact McNemar test's p, and its Holm adjustment over every comparison with rope in this table "
+        "(a comparison is significant at 5% when its Holm p is at most 0.05).\n\n"
     )
     note = left_out_note(rows)  # said whenever some scheme had tests the others lack
     options_lines = "\n".join(f"- {s}: `{json.dumps(o)}`" for s, o in options.items())

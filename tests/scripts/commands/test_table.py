@@ -153,8 +153,12 @@ def test_the_measured_shift_is_the_papers_at_two_thirds_and_keeps_what_the_model
 
     assert shift(3000, 2000) == 1000  # E = 2L/3: the paper's S = L/3
     assert shift(4096, 3072) == 1024  # the largest distance 4095 is seen as 3071 + W
-    assert shift(4096, 1000) == 2048  # E < L/2: S = L/2 shows the smallest largest distance (was S = E = 1000)
-    assert shift(8192, 2048) == 4096  # the case: the former rule's S = 2048 showed distances to 6271
+    assert (
+        shift(4096, 1000) == 2048
+    )  # E < L/2: S = L/2 shows the smallest largest distance (was S = E = 1000)
+    assert (
+        shift(8192, 2048) == 4096
+    )  # the case: the former rule's S = 2048 showed distances to 6271
     assert shift(4096, 0) is None and shift(4096, 4096) is None  # nothing measured, or no shortfall
 
 
@@ -256,7 +260,9 @@ def test_a_tiny_model_end_to_end_sharded_then_collected(
         "local_window": 32,  # the paper's protocol: L' = 2/3 of 768, local window L' // 16
         "protocol": "paper",
     }
-    assert (out / "table1.png").stat().st_size > 0 and "| dca@c300 |" in (out / "table1.md").read_text()
+    assert (out / "table1.png").stat().st_size > 0 and "| dca@c300 |" in (
+        out / "table1.md"
+    ).read_text()
 
 
 def test_a_row_is_a_scheme_or_a_labelled_second_row_of_one() -> None:
@@ -271,7 +277,13 @@ def test_a_row_is_a_scheme_or_a_labelled_second_row_of_one() -> None:
         "self_extend",
         "string",
     ]
-    for bad in ("rope,string@", "rope,string@../x", "rope,string@A", "rope,nope@x", "rope,string_auto"):
+    for bad in (
+        "rope,string@",
+        "rope,string@../x",
+        "rope,string@A",
+        "rope,nope@x",
+        "rope,string_auto",
+    ):
         with pytest.raises(command.TableError, match="SCHEME@LABEL"):
             command.chosen_schemes(bad)
     with pytest.raises(command.TableError, match="rope included"):
@@ -368,3 +380,23 @@ def test_the_real_model_page_quotes_the_tables_its_command_wrote(run: str) -> No
                 }
             )
         assert table1_markdown(rows) in table_md, name
+
+
+def test_table1_reports_each_comparisons_mcnemar_and_holm_over_the_table() -> None:
+    outcomes = {
+        "rope": outcomes_of({0}, tests=10) | outcomes_of(set(), length=200, tests=10),
+        "string": outcomes_of(set(range(8)), tests=10) | outcomes_of({1}, length=200, tests=10),
+    }
+    rows = {(r["scheme"], r["length"]): r for r in table1(outcomes, 50)}
+    assert rows[("rope", 100)]["mcnemar_p"] == "" and rows[("rope", 100)]["holm_p"] == ""
+    near, far = rows[("string", 100)], rows[("string", 200)]
+    assert (near["only_scheme_passed"], near["only_baseline_passed"]) == (7, 0)
+    assert near["mcnemar_p"] == pytest.approx(2 / 2**7)
+    assert far["mcnemar_p"] == pytest.approx(1.0)
+    assert near["holm_p"] == pytest.approx(2 * 2 / 2**7) and far["holm_p"] == pytest.approx(1.0)
+    text = table1_markdown(list(rows.values()))
+    assert "7:0, p 0.0156, Holm 0.0312" in text
+    accuracy = table1(
+        {s: {k: v / 2 for k, v in o.items()} for s, o in outcomes.items()}, 50, binary=False
+    )
+    assert all(r["mcnemar_p"] == "" for r in accuracy)
