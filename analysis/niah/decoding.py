@@ -31,6 +31,13 @@ class Generator(Protocol):
         self, input_ids: torch.Tensor, first_target: int, prefill_tokens: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
+    def continuation_logprobs(
+        self,
+        prompt_ids: torch.Tensor,
+        continuations: Sequence[torch.Tensor],
+        prefill_tokens: int | None = None,
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
+
 
 def autocast(
     precision: str, device: torch.device, prefill: bool = False
@@ -91,28 +98,55 @@ def reference_answer(
     """Token ids of the reference answer (`niah.answer_text`) and each needle's token span in it, by test needle.
 
     Tokenized piece by piece (separators and numbers apart), so each needle's tokens are exact;
-    the pieces decode to the answer text.
+    the pieces decode to the answer text. Order `alone` has one answer per needle (`needle_answers`).
     """
-    if order not in ANSWER_ORDERS:
-        raise ValueError(f"answer order must be one of {ANSWER_ORDERS}, got {order!r}")
+    if order not in ANSWER_ORDERS or order == "alone":
+        raise ValueError(
+            f"a reference answer's order must be one of {[o for o in ANSWER_ORDERS if o != 'alone']}, "
+            f"got {order!r}"
+        )
     ranked = (
         sorted(range(len(test.needles)), key=lambda j: -test.positions[j])
         if order == "nearest_first"
         else list(range(len(test.needles)))
     )
-    text = answer_text([test.needles[j] for j in ranked])
+    return _answer_ids(tokenizer, [test.needles[j] for j in ranked], ranked)
+
+
+def _answer_ids(
+    tokenizer: Tokenizer, numbers: Sequence[str], needles: Sequence[int]
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """The answer naming `numbers` (test needles `needles`, in that order) as token ids, and each named needle's
+    span, by needle: tokenized piece by piece, so each needle's tokens are exact."""
+    text = answer_text(list(numbers))
     ids: list[int] = []
     spans: dict[int, tuple[int, int]] = {}
     cursor = 0
-    for j in ranked:
-        at = text.index(test.needles[j], cursor)
+    for j, number in zip(needles, numbers):
+        at = text.index(number, cursor)
         ids += tokenizer.encode(text[cursor:at])
-        number = tokenizer.encode(test.needles[j])
-        spans[j] = (len(ids), len(ids) + len(number))
-        ids += number
-        cursor = at + len(test.needles[j])
+        piece = tokenizer.encode(number)
+        spans[j] = (len(ids), len(ids) + len(piece))
+        ids += piece
+        cursor = at + len(number)
     ids += tokenizer.encode(text[cursor:])
-    return ids, [spans[j] for j in range(len(test.needles))]
+    return ids, [spans[j] for j in sorted(spans)]
+
+
+def needle_answers(tokenizer: Tokenizer, test: NiahTest) -> list[tuple[list[int], tuple[int, int]]]:
+    """Per needle: the answer that names it alone (" A.") as token ids, and the needle's span in it."""
+    answers = []
+    for j, number in enumerate(test.needles):
+        ids, (span,) = _answer_ids(tokenizer, [number], [j])
+        answers.append((ids, span))
+    return answers
+
+
+def longest_answer(tokenizer: Tokenizer, test: NiahTest, order: str) -> int:
+    """The most tokens a teacher-forced answer of `test` takes under `order` (the budget must hold it)."""
+    if order == "alone":
+        return max(len(ids) for ids, _ in needle_answers(tokenizer, test))
+    return len(reference_answer(tokenizer, test, order)[0])
 
 
 def teacher_forced(
@@ -124,20 +158,25 @@ def teacher_forced(
     order: str = "document",
     prefill_tokens: int | None = None,
 ) -> list[dict]:
-    """Per test: each needle's summed log-probability and token accuracy under teacher forcing, one forward pass.
+    """Per test: each needle's summed log-probability and token accuracy under teacher forcing.
 
-    The reference answer follows the prompt, right-padded to the batch's longest; causal attention
-    keeps the padding out of every scored position, and prompt + answer stays within the test length.
-    A forward takes at most `prefill_tokens` tokens (None: the whole batch).
+    In a named order: the reference answer follows the prompt, right-padded to the batch's longest, in one
+    forward pass; causal attention keeps the padding out of every scored position, and prompt + answer stays
+    within the test length. Alone: each needle's own answer is scored on the prompt's KV cache (`needle_answers`,
+    `Generator.continuation_logprobs`), so no needle is conditioned on another. A forward takes at most
+    `prefill_tokens` tokens (None: the whole batch).
     """
+    for test in tests:
+        length = longest_answer(tokenizer, test, order)
+        if length > test.answer_budget:
+            raise ValueError(
+                f"the reference answer takes {length} tokens, more than the answer budget "
+                f"{test.answer_budget}. Fix: raise --max-new-tokens to at least {length}"
+            )
+    if order == "alone":
+        return _alone(model, tokenizer, tests, device, precision, prefill_tokens)
     answers = [reference_answer(tokenizer, t, order) for t in tests]
     prompt_length = tests[0].prompt_length
-    for test, (ids, _) in zip(tests, answers):
-        if len(ids) > test.answer_budget:
-            raise ValueError(
-                f"the reference answer takes {len(ids)} tokens, more than the answer budget "
-                f"{test.answer_budget}. Fix: raise --max-new-tokens to at least {len(ids)}"
-            )
     width = max(len(ids) for ids, _ in answers)
     batch = np.full((len(tests), prompt_length + width), tokenizer.eos_id, dtype=np.int64)
     for row, (test, (ids, _)) in enumerate(zip(tests, answers)):
@@ -148,16 +187,48 @@ def teacher_forced(
             torch.from_numpy(batch).to(device), prompt_length, prefill_tokens
         )
     logprobs, correct = logprobs.float().cpu().numpy(), correct.cpu().numpy()
-    scores = []
-    for row, (_, spans) in enumerate(answers):
-        scores.append(
-            {
-                "tf_logprob": [float(logprobs[row, a:b].sum()) for a, b in spans],
-                "tf_token_accuracy": [float(correct[row, a:b].mean()) for a, b in spans],
-                "tf_answer_order": order,
-            }
+    return [
+        _needle_scores([(logprobs[row], correct[row], a, b) for a, b in spans], order)
+        for row, (_, spans) in enumerate(answers)
+    ]
+
+
+def _alone(
+    model: Generator,
+    tokenizer: Tokenizer,
+    tests: Sequence[NiahTest],
+    device: torch.device,
+    precision: str,
+    prefill_tokens: int | None,
+) -> list[dict]:
+    """The order-free score: needle j of every test scored as the whole answer, the prompt prefilled once."""
+    answers = [needle_answers(tokenizer, t) for t in tests]
+    continuations = []
+    for j in range(len(tests[0].needles)):
+        width = max(len(a[j][0]) for a in answers)
+        rows = np.full((len(tests), width), tokenizer.eos_id, dtype=np.int64)
+        for row, a in enumerate(answers):
+            rows[row, : len(a[j][0])] = a[j][0]
+        continuations.append(torch.from_numpy(rows).to(device))
+    prompt = torch.from_numpy(np.stack([t.input_ids for t in tests])).to(device)
+    with torch.inference_mode(), autocast(precision, device, prefill=True):
+        scored = model.continuation_logprobs(prompt, continuations, prefill_tokens)
+    scored = [(lp.float().cpu().numpy(), hit.cpu().numpy()) for lp, hit in scored]
+    return [
+        _needle_scores(
+            [(scored[j][0][row], scored[j][1][row], *a[j][1]) for j in range(len(a))], "alone"
         )
-    return scores
+        for row, a in enumerate(answers)
+    ]
+
+
+def _needle_scores(spans: Sequence[tuple[np.ndarray, np.ndarray, int, int]], order: str) -> dict:
+    """A test's teacher-forced record from each needle's (log-probabilities, argmax hits, span start, span end)."""
+    return {
+        "tf_logprob": [float(lp[a:b].sum()) for lp, _, a, b in spans],
+        "tf_token_accuracy": [float(hit[a:b].mean()) for _, hit, a, b in spans],
+        "tf_answer_order": order,
+    }
 
 
 def score_tests(

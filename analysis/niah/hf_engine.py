@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -84,6 +84,49 @@ class TransformersGenerator(Generator):
             logprobs.append(logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0])
             hits.append(logits.argmax(-1) == targets)
         return torch.cat(logprobs), torch.cat(hits)
+
+    @torch.no_grad()
+    def continuation_logprobs(
+        self,
+        prompt_ids: torch.Tensor,
+        continuations: Sequence[torch.Tensor],
+        prefill_tokens: int | None = None,
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """As train.model.transformer.Transformer.continuation_logprobs: each (B, C) continuation teacher-forced on
+        the prompts' KV cache alone, the prompts prefilled once per row group (the cache cut back after each)."""
+        from transformers import DynamicCache
+
+        length = prompt_ids.shape[1]
+        parts: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in continuations]
+        for group in row_groups(prompt_ids.shape[0], length, prefill_tokens):
+            cache = DynamicCache(config=self.model.config)
+            keyword = {cache_keyword(self.model): cache}
+            first = self.model(
+                input_ids=prompt_ids[group], use_cache=True, logits_to_keep=1, **keyword
+            ).logits[:, -1:]
+            for k, tokens in enumerate(continuations):
+                tokens = tokens[group]
+                logits = first
+                if tokens.shape[1] > 1:
+                    step = self.model(input_ids=tokens[:, :-1], use_cache=True, **keyword).logits
+                    logits = torch.cat((first, step), dim=1)
+                    crop_to(cache, length)
+                logits = logits.float()
+                parts[k].append(
+                    (
+                        logits.log_softmax(-1).gather(-1, tokens[..., None])[..., 0],
+                        logits.argmax(-1) == tokens,
+                    )
+                )
+        return [(torch.cat([p[0] for p in k]), torch.cat([p[1] for p in k])) for k in parts]
+
+
+def crop_to(cache: Any, length: int) -> None:
+    """Cut a transformers cache back to its first `length` positions: a negative crop removes that many positions
+    from the end in every release (a positive one meant the size to keep before 5.x, and is refused since)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
 
 
 def cache_keyword(model) -> str:

@@ -372,5 +372,7 @@ def make_tests(
 
 
 def answer_text(numbers: Sequence[str]) -> str:
-    """The reference answer after ANSWER_PREFIX: " A, B, C and D." (the order given)."""
+    """The reference answer after ANSWER_PREFIX: " A, B, C and D." (the order given); one number alone: " A."."""
+    if len(numbers) == 1:
+        return f" {numbers[0]}."
     return " " + ", ".join(numbers[:-1]) + " and " + numbers[-1] + "."

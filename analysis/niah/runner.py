@@ -18,7 +18,7 @@ from posfreq.analysis.niah import results
 from posfreq.analysis.niah.decoding import (
     Generator,
     generate_answers,
-    reference_answer,
+    longest_answer,
     score_tests,
     teacher_forced,
 )
@@ -149,14 +149,14 @@ def check_model(source: ModelSource, job: Job, builders: Builders) -> tuple[Niah
             f"allow ({shortest} tokens); start the lengths there or lower --max-new-tokens"
         )
     if job.settings.teacher_forced:
-        answer, _ = reference_answer(
+        answer = longest_answer(
             builder.tokenizer, builder.build(lengths[0], 0, 0), job.settings.answer_order
         )
-        if len(answer) > job.settings.max_new_tokens:
+        if answer > job.settings.max_new_tokens:
             raise ProbeError(
-                f"the teacher-forced reference answer takes {len(answer)} tokens of tokenizer "
+                f"the teacher-forced reference answer takes {answer} tokens of tokenizer "
                 f"{builder.tokenizer.name}, more than the answer budget {job.settings.max_new_tokens}. "
-                f"Fix: --max-new-tokens {len(answer)} or more (or, in posfreq probe, --teacher-forced false, "
+                f"Fix: --max-new-tokens {answer} or more (or, in posfreq probe, --teacher-forced false, "
                 "which drops the teacher-forced scores)"
             )
     return builder, lengths

@@ -16,7 +16,7 @@ from posfreq.train.positions.schemes import SCHEMES
 
 Precision = Literal["auto", "float32", "bfloat16", "bfloat16-prefill"]
 BosPolicy = Literal["auto", "always", "never"]
-AnswerOrder = Literal["document", "nearest_first"]
+AnswerOrder = Literal["document", "nearest_first", "alone"]
 Engine = Literal["posfreq", "transformers"]
 SchemeName = Literal[SCHEMES]  # the position schemes of posfreq.train.positions.schemes
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -73,7 +73,9 @@ class ProbeSettings:
     """Decode each answer greedily (the paper's score). False: teacher-forced scores only, one forward per test
     and no decoding, for a cheap paired measure (its tables then score with Analysis.scoring teacher_forced)."""
     answer_order: AnswerOrder = "document"
-    """Needle order of the teacher-forced reference answer: as in the document, or nearest the question first."""
+    """Needle order of the teacher-forced reference answer: as in the document, nearest the question first, or alone
+    (each needle scored as the whole answer on its own, so that naming order cannot matter: one prefill of the prompt
+    shared by the four answers)."""
     engine: Engine = "posfreq"
     """What runs the model: posfreq (its own model; our checkpoints and Llama-family HF models) or
     transformers (any architecture transformers loads, --model hf:DIR only; rope, or another scheme on

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -268,6 +268,80 @@ class Transformer(nn.Module):
 
         return [LayerCache(empty(), empty()) for _ in self.layers]
 
+    def _prefill(
+        self,
+        prompt_ids: Tensor,
+        room: int,
+        prefill_dtype: torch.dtype | None,
+        prefill_tokens: int | None,
+    ) -> tuple[list[LayerCache], Tensor]:
+        """KV caches holding a (B, T) batch of equal-length prompts with room for `room` more positions, and each
+        prompt's last hidden state (B, d). The prompts' forward runs in row groups of at most `prefill_tokens`
+        tokens (`row_groups`), under autocast to `prefill_dtype` when given; the caches keep the weights' dtype (or
+        autocast's, when the caller runs under it)."""
+        if prompt_ids.dim() != 2:
+            raise ValueError(
+                f"prompt_ids must be (batch, length), got shape {tuple(prompt_ids.shape)}"
+            )
+        batch, length = prompt_ids.shape
+        device = prompt_ids.device
+        dtype = self.embed_tokens.weight.dtype
+        if torch.is_autocast_enabled(device.type):
+            dtype = torch.get_autocast_dtype(device.type)
+        caches = self.new_caches(batch, length + room, dtype, device)
+        prefill = (
+            contextlib.nullcontext()
+            if prefill_dtype is None
+            else torch.autocast(device.type, dtype=prefill_dtype)
+        )
+        last = torch.empty(batch, self.config.d_model, dtype=dtype, device=device)
+        with prefill:
+            for rows in row_groups(batch, length, prefill_tokens):
+                n = rows.stop - rows.start
+                cu = uniform_cu_seqlens(n, length, device)
+                hidden = self.hidden_states(
+                    prompt_ids[rows].reshape(-1), cu, length, [c.rows(rows) for c in caches]
+                )
+                last[rows] = hidden.view(n, length, -1)[:, -1]
+        for cache in caches:
+            cache.length = length
+        return caches, last
+
+    @torch.no_grad()
+    def continuation_logprobs(
+        self,
+        prompt_ids: Tensor,
+        continuations: Sequence[Tensor],
+        prefill_tokens: int | None = None,
+    ) -> list[tuple[Tensor, Tensor]]:
+        """Teacher forcing of several continuations of the same (B, T) prompts, the prompts prefilled once: for each
+        (B, C) continuation, log p(c_j | prompt, c_<j) of its every token and whether it is the argmax, each scored
+        on the prompt's KV cache alone (the cache is cut back to the prompt after each)."""
+        length = prompt_ids.shape[1]
+        room = max((c.shape[1] for c in continuations), default=0)
+        caches, last = self._prefill(prompt_ids, room, None, prefill_tokens)
+        batch, device = prompt_ids.shape[0], prompt_ids.device
+        scored = []
+        for tokens in continuations:
+            logits = self.lm_head(last)[:, None]
+            if tokens.shape[1] > 1:
+                width = tokens.shape[1] - 1
+                cu = uniform_cu_seqlens(batch, width, device)
+                hidden = self.hidden_states(
+                    tokens[:, :-1].reshape(-1), cu, width, caches, position_offset=length
+                )
+                logits = torch.cat((logits, self.lm_head(hidden.view(batch, width, -1))), dim=1)
+            for cache in caches:
+                cache.length = length
+            logits = logits.float()
+            scored.append(
+                (
+                    logits.log_softmax(-1).gather(-1, tokens[..., None])[..., 0],
+                    logits.argmax(-1) == tokens,
+                )
+            )
+        return scored
+
     @torch.no_grad()
     def generate(
         self,
@@ -287,32 +361,8 @@ class Transformer(nn.Module):
         the prefill is about twice as fast, and single-token steps, which bf16 does not speed
         up there, stay exact.
         """
-        if prompt_ids.dim() != 2:
-            raise ValueError(
-                f"prompt_ids must be (batch, length), got shape {tuple(prompt_ids.shape)}"
-            )
-        batch, length = prompt_ids.shape
-        device = prompt_ids.device
-        dtype = self.embed_tokens.weight.dtype
-        if torch.is_autocast_enabled(device.type):
-            dtype = torch.get_autocast_dtype(device.type)
-        caches = self.new_caches(batch, length + max_new_tokens, dtype, device)
-        prefill = (
-            contextlib.nullcontext()
-            if prefill_dtype is None
-            else torch.autocast(device.type, dtype=prefill_dtype)
-        )
-        last = torch.empty(batch, self.config.d_model, dtype=dtype, device=device)
-        with prefill:
-            for rows in row_groups(batch, length, prefill_tokens):
-                n = rows.stop - rows.start
-                cu = uniform_cu_seqlens(n, length, device)
-                hidden = self.hidden_states(
-                    prompt_ids[rows].reshape(-1), cu, length, [c.rows(rows) for c in caches]
-                )
-                last[rows] = hidden.view(n, length, -1)[:, -1]
-        for cache in caches:
-            cache.length = length
+        caches, last = self._prefill(prompt_ids, max_new_tokens, prefill_dtype, prefill_tokens)
+        batch, device = prompt_ids.shape[0], prompt_ids.device
         outputs: list[list[int]] = [[] for _ in range(batch)]
         done = [False] * batch
         one = uniform_cu_seqlens(batch, 1, device)

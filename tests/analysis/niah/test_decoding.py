@@ -13,14 +13,45 @@ from posfreq.analysis.niah.needles import NiahBuilder, PromptFormat, answer_text
 from posfreq.train.data.tokenizer import get_tokenizer
 
 
-def test_teacher_forced_score_equals_a_naive_per_token_computation():
+def naive_scores(model, test, ids: list[int], a: int, b: int) -> tuple[float, float]:
+    """The summed log-probability and token accuracy of ids[a:b] after the test's prompt and ids[:a]: one full
+    forward per answer token, no cache, no batching."""
+    logprob, correct = 0.0, []
+    for t in range(a, b):
+        prefix = torch.tensor([test.input_ids.tolist() + ids[:t]])
+        with torch.no_grad():
+            logits = model(prefix)[0, -1]
+        logprob += float(logits.log_softmax(-1)[ids[t]])
+        correct.append(int(logits.argmax()) == ids[t])
+    return logprob, float(np.mean(correct))
+
+
+@pytest.mark.parametrize("positions", ["rope", "string"])
+def test_teacher_forced_score_equals_a_naive_per_token_computation(positions):
+    """Every answer order against the naive computation: the named orders score the reference answer in one
+    forward; `alone` scores each needle as the whole answer (" 123456.") on the prompt's cache, so a needle's score
+    does not depend on the others (STRING's shift S = 128 < the prompt: the cached continuation crosses it)."""
     model = tiny_model(seed=3)
+    if positions == "string":
+        model.set_positions("string", shift=128)
     tok = get_tokenizer("bytes")
     builder = NiahBuilder(tok, "noise", PromptFormat(answer_budget=40, bos=False))
     tests = builder.make_tests(420, 2, seed=5)
     for order in probe_settings.ANSWER_ORDERS:
         scores = probe_decoding.teacher_forced(model, tok, tests, torch.device("cpu"), order=order)
         for test, score in zip(tests, scores):
+            assert score["tf_answer_order"] == order
+            if order == "alone":
+                answers = probe_decoding.needle_answers(tok, test)
+                for j, (ids, (a, b)) in enumerate(answers):
+                    assert (
+                        tok.decode(ids) == answer_text([test.needles[j]]) == f" {test.needles[j]}."
+                    )
+                    assert tok.decode(ids[a:b]) == test.needles[j]
+                    logprob, accuracy = naive_scores(model, test, ids, a, b)
+                    assert score["tf_logprob"][j] == pytest.approx(logprob, rel=1e-4, abs=1e-3)
+                    assert score["tf_token_accuracy"][j] == pytest.approx(accuracy)
+                continue
             ids, spans = probe_decoding.reference_answer(tok, test, order)
             assert tok.decode(ids) == answer_text(
                 sorted(
@@ -32,17 +63,11 @@ def test_teacher_forced_score_equals_a_naive_per_token_computation():
             )
             for j, (a, b) in enumerate(spans):
                 assert tok.decode(ids[a:b]) == test.needles[j]
-                logprob, correct = 0.0, []
-                for t in range(
-                    a, b
-                ):  # naive: one full forward per answer token, no cache, no batching
-                    prefix = torch.tensor([test.input_ids.tolist() + ids[:t]])
-                    with torch.no_grad():
-                        logits = model(prefix)[0, -1]
-                    logprob += float(logits.log_softmax(-1)[ids[t]])
-                    correct.append(int(logits.argmax()) == ids[t])
+                logprob, accuracy = naive_scores(model, test, ids, a, b)
                 assert score["tf_logprob"][j] == pytest.approx(logprob, rel=1e-4, abs=1e-3)
-                assert score["tf_token_accuracy"][j] == pytest.approx(np.mean(correct))
+                assert score["tf_token_accuracy"][j] == pytest.approx(accuracy)
+    with pytest.raises(ValueError, match="reference answer's order"):
+        probe_decoding.reference_answer(tok, tests[0], "alone")
 
 
 def test_every_engine_takes_the_one_generator_protocol_as_declared():
@@ -54,7 +79,7 @@ def test_every_engine_takes_the_one_generator_protocol_as_declared():
     from posfreq.analysis.niah.hf_engine import TransformersGenerator
     from posfreq.train.model.transformer import Transformer
 
-    for method in ("generate", "target_logprobs"):
+    for method in ("generate", "target_logprobs", "continuation_logprobs"):
         declared = list(inspect.signature(getattr(Generator, method)).parameters)
         for engine in (Transformer, TransformersGenerator):
             assert list(inspect.signature(getattr(engine, method)).parameters) == declared, (

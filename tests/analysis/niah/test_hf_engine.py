@@ -117,6 +117,32 @@ def test_teacher_forcing_scores_only_the_answer_positions_as_a_full_forward_woul
     assert torch.equal(hits, full[:, 29:-1].argmax(-1) == ids[:, 30:])
 
 
+@pytest.mark.parametrize("positions", ["rope", "string"])
+def test_continuations_on_the_prompts_cache_score_as_full_forwards_would(positions):
+    """Each continuation scored on the prompts' cache (cut back after each, in row groups) equals the full forward of
+    prompt + continuation, for transformers' own attention and for STRING's (S = 16 < the prompt)."""
+    from posfreq.analysis.niah.hf_engine import TransformersGenerator
+    from posfreq.train.positions.hf_schemes import apply_scheme
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY_HF)).eval()
+    if positions == "string":
+        apply_scheme(model, "string", 64, shift=16)
+    prompt = torch.randint(0, 258, (3, 30))
+    continuations = [torch.randint(0, 258, (3, width)) for width in (4, 1, 6)]
+    scored = TransformersGenerator(model).continuation_logprobs(
+        prompt, continuations, prefill_tokens=60
+    )
+    for tokens, (logprobs, hits) in zip(continuations, scored):
+        whole = torch.cat((prompt, tokens), dim=1)
+        with torch.no_grad():
+            full = model(input_ids=whole).logits.log_softmax(-1)[:, 29:-1]
+        torch.testing.assert_close(
+            logprobs, full.gather(-1, tokens[..., None])[..., 0], rtol=0, atol=1e-4
+        )
+        assert torch.equal(hits, full.argmax(-1) == tokens)
+
+
 def test_an_architecture_the_schemes_are_not_checked_on_is_refused_before_its_weights_load(
     tmp_path, monkeypatch
 ):
