@@ -31,6 +31,7 @@ import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -94,6 +95,14 @@ def build_parser() -> ArgumentParser:
         "README's figures in docs/figures.",
     )
     parser.add_argument(
+        "--seeds",
+        type=Optional[int],
+        default=None,
+        help="Training seeds 0..N-1 (null: the experiment's, 3 for the full demo and the packing experiment, 1 "
+        "quick). The verdicts' t-intervals over seeds narrow with more (docs/demo.md); a rerun with more seeds "
+        "into the same --out trains and probes only the new ones.",
+    )
+    parser.add_argument(
         "--lanes",
         type=Literal[1, 2],
         default=2,
@@ -150,6 +159,12 @@ def run_demo(args) -> int:
     """`main` once the arguments are parsed."""
     full, quick = EXPERIMENT_SETTINGS.get(args.experiment, (FULL, QUICK))
     settings = quick if args.quick else full
+    if args.seeds is not None:
+        if args.seeds < 1:
+            raise SystemExit(
+                f"error: --seeds {args.seeds}: give at least one training seed. Fix: --seeds 3 (the default) or more"
+            )
+        settings = replace(settings, seeds=tuple(range(args.seeds)))
     out = (
         args.out or Path("runs") / (args.experiment + ("-quick" if args.quick else ""))
     ).resolve()
@@ -161,7 +176,7 @@ def run_demo(args) -> int:
         from posfreq.scripts.miniature.packing_experiment import run_experiment
 
         start = time.perf_counter()
-        report = run_experiment(out, args.quick)
+        report = run_experiment(out, args.quick, args.seeds)
         print(
             f"\npacking experiment finished in {time.perf_counter() - start:.0f} s; report: {report}"
         )

@@ -232,9 +232,11 @@ def write_report(
     return path
 
 
-def run_experiment(out: Path, quick: bool) -> Path:
-    """Every stage of the packing experiment; returns OUT/REPORT.md."""
+def run_experiment(out: Path, quick: bool, seeds: int | None = None) -> Path:
+    """Every stage of the packing experiment (training seeds 0..seeds-1; None: the demo's); returns OUT/REPORT.md."""
     settings = experiment_settings(quick)
+    if seeds is not None:
+        settings = replace(settings, seeds=tuple(range(seeds)))
     p = Pipeline(out)
     corpus = prepare_inputs(p, settings)
     with ThreadPoolExecutor(max_workers=2) as pool:

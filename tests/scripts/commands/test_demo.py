@@ -364,11 +364,13 @@ def test_agreement_run_range_spans_every_reference_seed_interval(tmp_path: Path)
 
 
 def test_bad_lanes_threads_or_reference_stop_before_any_work(tmp_path: Path) -> None:
-    """--threads 0, --lanes 3 and a --reference without a finished comparison are refused before anything runs."""
+    """--threads 0, --seeds 0, --lanes 3 and a --reference without a finished comparison are refused before anything
+    runs."""
     from posfreq.scripts.commands import demo
 
     for argv, message in (
         (["--threads", "0"], "at least one torch thread"),
+        (["--seeds", "0"], "--seeds 0: give at least one training seed. Fix: --seeds 3"),
         (["--reference", str(tmp_path / "renamed-away")], "checkpoints.csv is missing"),
     ):
         with pytest.raises(SystemExit, match=message):
