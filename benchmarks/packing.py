@@ -5,7 +5,9 @@
 
 Generates a corpus with SlimPajama-like document lengths (log-normal, median about 400 tokens and
 a long tail: cut into pieces of L = 2048 about 20% of the pieces are exactly L), writes it as
-token shards in a temporary directory, and measures on one core, per L and strategy, over one epoch:
+token shards in a temporary directory, and measures on one core, per L and strategy, over one epoch (then
+prints each strategy's trained f over Eq. 2's f of the same documents at a few distances: how far a packing
+departs from the corpus f the paper plots):
 
 - plan: rows/s of the packing plan alone (document lengths only, no tokens): what every rank
   computes for the global stream, and what `predict_trained_histogram` runs;
@@ -27,8 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
+from posfreq.analysis.corpus.frequency import position_frequency
 from posfreq.train.data.packing import PackedSampler
-from posfreq.train.data.packing_schedule import PackingSchedule
+from posfreq.train.data.packing_schedule import EpochPrediction, PackingSchedule
 from posfreq.train.data.packing_strategies import STRATEGIES
 from posfreq.train.data.shards import ShardWriter, TokenDataset
 
@@ -60,15 +63,20 @@ def full_piece_share(lengths: np.ndarray, L: int) -> float:
     return full / (full + partial)
 
 
-def plan_rate(dataset: TokenDataset, L: int, packing: str, block: int) -> tuple[float, float, int]:
-    """(rows/s, padding share, rows) of planning one epoch from the document lengths alone."""
+def plan_rate(
+    dataset: TokenDataset, L: int, packing: str, block: int
+) -> tuple[float, EpochPrediction]:
+    """(rows/s, the epoch's prediction) of planning one epoch from the document lengths alone."""
     start = time.perf_counter()
     prediction = PackingSchedule(dataset, L, packing, shuffle_block=block).predict_epoch(0)
-    return (
-        prediction.rows / (time.perf_counter() - start),
-        prediction.padding_share,
-        prediction.rows,
-    )
+    return prediction.rows / (time.perf_counter() - start), prediction
+
+
+def f_against_eq2(trained: np.ndarray, lengths: np.ndarray, L: int, at: list[int]) -> list[float]:
+    """An epoch's trained f over Eq. 2's f of the corpus's pieces (the same documents, once each), at distances
+    `at`: 1 where the strategy trains the corpus f (best_fit, padded)."""
+    corpus = position_frequency(np.bincount(lengths), L)
+    return [float(position_frequency(trained, L)[i] / corpus[i]) for i in at]
 
 
 def batch_rate(
@@ -122,11 +130,14 @@ def main() -> None:
             f"{'L':>5} {'packing':>9} {'padding':>8} {'plan rows/s':>12} {'x need':>7} "
             f"{'batch rows/s':>13} {'x need':>7} {'vs concat':>10} {'goal':>5}"
         )
+        trained = {}
         for L in args.train_lens:
             need_rows = need_tokens / L
             concat = None
             for packing in STRATEGIES:
-                plan, padding, rows = plan_rate(dataset, L, packing, args.shuffle_block)
+                plan, prediction = plan_rate(dataset, L, packing, args.shuffle_block)
+                padding, rows = prediction.padding_share, prediction.rows
+                trained[(L, packing)] = prediction.histogram
                 batches = batch_rate(
                     dataset, L, packing, args.shuffle_block, args.rows_per_batch, rows
                 )
@@ -137,6 +148,13 @@ def main() -> None:
                     f"{batches:>13,.0f} {batches / need_rows:>6.0f}x {batches / concat:>9.2f}x "
                     f"{'met' if ok else 'MISS':>5}"
                 )
+        print("\ntrained f over Eq. 2's f of the same documents, one epoch (1: the corpus f)")
+        for L in args.train_lens:
+            at = [L // 4, L // 2, 3 * L // 4, L - 48]
+            print(f"{'L':>5} {'packing':>9} " + " ".join(f"{'i=' + str(i):>8}" for i in at))
+            for packing in STRATEGIES:
+                ratios = f_against_eq2(trained[(L, packing)], lengths, L, at)
+                print(f"{L:>5} {packing:>9} " + " ".join(f"{r:>8.3f}" for r in ratios))
 
 
 if __name__ == "__main__":
