@@ -9,7 +9,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from posfreq.analysis.tables.columns import COLUMNS
-from posfreq.analysis.tables.formats import write_csv
+from posfreq.analysis.tables.formats import read_csv, write_csv
 from posfreq.analysis.tables.pass_curve import frequency_at
 from posfreq.analysis.tables.run_table import find_run_results, probed_lengths
 from posfreq.analysis.verdicts.claims import (
@@ -30,10 +30,14 @@ from posfreq.analysis.verdicts.probed_runs import (
     run_loss_by_distance,
     run_metrics,
 )
+from posfreq.analysis.verdicts.recall_frequency import recall_curves_coincide
 from posfreq.analysis.verdicts.rules import not_testable
 from posfreq.train.atomic import write_json_atomic
 from posfreq.train.checkpoint.layout import LENGTHS_FILE, checkpoint_root, load_trained_lengths
 from posfreq.train.outdir import claim_output_dir, entry_names
+
+DISTANCE_TABLE = "distance_by_checkpoint.csv"
+"""A probed run's needle recall by distance bin at every milestone (written by analysis/niah/results.py)."""
 
 
 def compare(paths: Sequence[Path], out: Path, figures: bool = True) -> dict:
@@ -77,6 +81,13 @@ def compare(paths: Sequence[Path], out: Path, figures: bool = True) -> dict:
         if variant == baseline and tables
     ]
     conclusion["loss_curves_coincide"] = loss_curves_coincide(last)
+    conclusion["recall_curves_coincide"] = recall_curves_coincide(
+        {
+            (identities[path][0], identities[path][1]): read_csv(directory / DISTANCE_TABLE)
+            for path, directory in runs.items()
+            if identities[path][2] == baseline and (directory / DISTANCE_TABLE).is_file()
+        }
+    )
     write_json_atomic(out / "conclusion.json", conclusion, indent=1)
     if figures:
         from posfreq.analysis.plots import effective_length as plots_effective_length

@@ -95,6 +95,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "at_equal_distance" in loss
         else []
     )
+    recall = conclusion["recall_curves_coincide"]
+    named += [("recall_curves_coincide", recall)]
+    named += (
+        [("recall_at_equal_tokens", recall["at_equal_tokens"])]
+        if "at_equal_tokens" in recall
+        else []
+    )
     named += [("prediction", conclusion["prediction"])]
     for name, c in named:
         print(f"{name}: {verdict_line(c)}")

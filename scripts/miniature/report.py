@@ -56,8 +56,8 @@ def judged(c: dict) -> str:
 
 def verdicts(conclusion: dict, quick: bool, with_loss: bool = True) -> list[str]:
     """REPORT.md's conclusion: each computed verdict with its numbers, its interval's units and n, and its rule;
-    with_loss=False leaves out the loss-by-distance verdict (no pass criterion changes it: a second criterion's
-    list omits it)."""
+    with_loss=False leaves out the loss-by-distance and needle-recall verdicts (no pass criterion changes them: a
+    second criterion's list omits them)."""
     if quick:
         return [
             "Quick mode trains for seconds: it checks that every stage runs and writes its outputs. "
@@ -93,6 +93,8 @@ def verdicts(conclusion: dict, quick: bool, with_loss: bool = True) -> list[str]
         lines.append(f"- {c['claim']}: {holds}.{detail}{test}")
     if with_loss and "loss_curves_coincide" in conclusion:
         lines.append(loss_line(conclusion["loss_curves_coincide"]))
+    if with_loss and "recall_curves_coincide" in conclusion:
+        lines.append(recall_line(conclusion["recall_curves_coincide"]))
     if "prediction" in conclusion:
         lines.append(prediction_line(conclusion["prediction"]))
     return lines
@@ -114,6 +116,24 @@ def loss_line(c: dict) -> str:
         f" {sentence(e['claim'])}: {HOLDS[outcome(e)]}. Distances {e['distances'][0]}-"
         f"{e['distances'][1]} ({e['buckets']} buckets, f ratio {e['f_ratio'][0]:.2f}-{e['f_ratio'][1]:.2f}): "
         f"loss difference{judged(e)}"
+    )
+
+
+def recall_line(c: dict) -> str:
+    """C2 on needle recall by distance (analysis/verdicts/recall_frequency.py): D at equal recall, and the
+    difference at equal tokens and distance where the shorter length trained the distance rarely."""
+    detail = judged(c) if "interval_95" in c else f" {sentence(c['reason'])}."
+    line = f"- {c['claim']}: {HOLDS[outcome(c)]}.{detail}"
+    if "n_points" in c:
+        line += f" Distance bins per length: {c['n_points']}. Test: {c['test']}."
+    e = c.get("at_equal_tokens")
+    if e is None:
+        return line
+    if "interval_95" not in e:
+        return line + f" {sentence(e['claim'])}: {HOLDS[outcome(e)]} ({e['reason']})."
+    return line + (
+        f" {sentence(e['claim'])}: {HOLDS[outcome(e)]} ({e['bins_compared']} milestone and distance pairs): "
+        f"recall difference{judged(e)}"
     )
 
 

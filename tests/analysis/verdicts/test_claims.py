@@ -587,6 +587,7 @@ def test_a_wide_interval_around_a_real_shift_is_inconclusive_not_a_coincidence(
         "curves_coincide": noisy,
         "loss_curves_coincide": loss,
         "prediction": {"claim": "f predicts", "holds": None, "reason": "no histogram"},
+        "recall_curves_coincide": {"claim": "recall c2", "holds": None, "reason": "one length"},
         "variants": [{"variant": "best_fit", "equal_tokens": best_fit, "against_f": noisy}],
     }
     from posfreq.scripts.miniature.packing_experiment import verdict_lines
@@ -603,7 +604,8 @@ def test_a_wide_interval_around_a_real_shift_is_inconclusive_not_a_coincidence(
         and "rule: equivalence at ±0.301" in lines[2]
     )
     assert lines[3].startswith("loss_curves_coincide: not testable")
-    assert lines[4].startswith("prediction: not testable; no histogram")
+    assert lines[4].startswith("recall_curves_coincide: not testable; one length")
+    assert lines[5].startswith("prediction: not testable; no histogram")
 
 
 def test_run_levels_are_the_run_intercepts_of_a_common_slope_least_squares_fit():

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from posfreq.analysis.verdicts import claims, loss_frequency, prediction
+from posfreq.analysis.verdicts import claims, loss_frequency, prediction, recall_frequency
 
 SIMULATIONS = 1000
 FLOOR = 0.93
@@ -122,6 +122,33 @@ def loss_c2(rng, n):
     return loss_frequency.loss_curves_coincide(curves), None
 
 
+def recall_c2(rng, n):
+    """Needle recall = (log10 f - 1.5 - SHIFT [L = 512]) / 2 + a run effect (sd 0.05) + bin noise (sd 0.03), at four
+    milestones, so L = 512 needs 10^SHIFT the f for a recall."""
+    rows = {}
+    for L in (256, 512):
+        for s in range(n):
+            run = rng.normal(0, 0.05)
+            table = []
+            for tokens in (2_000, 4_000, 8_000, 16_000):
+                for lo in range(0, L, 32):
+                    log_f = np.log10(tokens / L * (L - lo))
+                    recall = (
+                        (log_f - 1.5 - (SHIFT if L == 512 else 0)) / 2 + run + rng.normal(0, 0.03)
+                    )
+                    table.append(
+                        {
+                            "tokens_trained": tokens,
+                            "distance_lo": lo,
+                            "needles": 16,
+                            "needle_recall": float(recall),
+                            "f_distance_lo": 10**log_f,
+                        }
+                    )
+            rows[(L, s)] = table
+    return recall_frequency.recall_curves_coincide(rows), None
+
+
 EXCESS = 0.1
 
 
@@ -160,6 +187,7 @@ def prediction_gain(rng, n):
         ("data variant's lead over seeds", variants, LEAD),
         ("C2's D over runs", c2, SHIFT),
         ("C2's D on the loss over runs", loss_c2, SHIFT),
+        ("C2's D on needle recall over runs", recall_c2, SHIFT),
         ("prediction gain over runs", prediction_gain, GAIN),
     ],
 )
