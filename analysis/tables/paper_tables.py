@@ -204,14 +204,14 @@ def table1_markdown(rows: Sequence[Mapping]) -> str:
             if r.get("mcnemar_p") not in (None, ""):
                 text += (
                     f"<br>{r['only_scheme_passed']}:{r['only_baseline_passed']}, "
-                    f"p {_p(r['mcnemar_p'])}, Holm {_p(r['holm_p'])}"
+                    f"p {p_text(r['mcnemar_p'])}, Holm {p_text(r['holm_p'])}"
                 )
             parts.append(text)
         lines.append(f"| {scheme} | " + " | ".join(parts) + " |")
     return "\n".join(lines) + "\n"
 
 
-def _p(value) -> str:
+def p_text(value) -> str:
     """A p-value in a table cell: three significant digits, and '< 0.001' below that."""
     value = float(value)
     return "< 0.001" if value < 0.001 else f"{value:.3g}"

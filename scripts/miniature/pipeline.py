@@ -452,9 +452,15 @@ def warm_ups(p: Pipeline, settings: DemoSettings, pool: ThreadPoolExecutor) -> d
 def table1(
     p: Pipeline, settings: DemoSettings, corpus: Path, run: Path, train_len: int
 ) -> list[dict]:
-    """Pass rate at the training length of the run's last checkpoint, per position scheme."""
+    """Pass rate at the training length of the run's last checkpoint, per position scheme, over the same tests:
+    each with its Wilson interval, and every scheme's paired difference from rope with its interval and the exact
+    McNemar test, Holm-adjusted over the schemes (analysis/tables/paper_tables.py)."""
+    from posfreq.analysis.niah.results import read_records
+    from posfreq.analysis.tables.paper_tables import outcomes_by_test
+    from posfreq.analysis.tables.paper_tables import table1 as paired_table
+
     final = last_milestone(run)
-    rows = []
+    recall, outcomes = {}, {}
     for scheme in settings.table1_schemes:
         out = run / "table1" / scheme
         probe(
@@ -472,16 +478,10 @@ def table1(
             scheme,
             "--no-figures",
         )
-        summary = read_csv(out / "summary.csv")[0]
-        rows.append(
-            {
-                "scheme": scheme,
-                "pass_rate": float(summary["pass_rate"]),
-                "needle_recall": float(summary["needle_recall"]),
-                "tests": int(summary["n_tests"]),
-            }
-        )
-    return rows
+        recall[scheme] = float(read_csv(out / "summary.csv")[0]["needle_recall"])
+        outcomes[scheme] = outcomes_by_test(read_records(out, [train_len]), "greedy")
+    rows = paired_table(outcomes, baseline=settings.table1_schemes[0])
+    return [{**row, "needle_recall": recall[row["scheme"]]} for row in rows]
 
 
 def strict_comparison(

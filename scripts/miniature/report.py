@@ -11,12 +11,38 @@ from pathlib import Path
 
 from posfreq.analysis.tables.columns import CHECKPOINT_COLUMNS
 from posfreq.analysis.tables.formats import markdown_table, read_csv
+from posfreq.analysis.tables.paper_tables import p_text
 from posfreq.analysis.verdicts.rules import estimate_text, outcome
 from posfreq.scripts.miniature.agreement import agreement_lines
 from posfreq.scripts.miniature.pipeline import REPO, DemoError, DemoSettings, Pipeline
 from posfreq.train.atomic import write_text_atomic
 from posfreq.train.command_line import code_version
 from posfreq.train.journal import record_written
+
+TABLE1_REPORT_COLUMNS = (
+    "scheme",
+    "tests",
+    "pass_rate",
+    "pass_lo",
+    "pass_hi",
+    "difference",
+    "difference_lo",
+    "difference_hi",
+    "only_scheme_passed",
+    "only_baseline_passed",
+    "mcnemar_p",
+    "holm_p",
+    "needle_recall",
+)
+"""The Table 1 analogue's columns in REPORT.md (analysis/tables/paper_tables.py's, and the needle recall)."""
+
+
+def censored_f(row: dict) -> dict:
+    """A checkpoint row as REPORT.md shows it: f at an all-passed row's effective length (a lower bound, where Eq. 2
+    gives f(L) = 0, read as 'never trained') shown as censored."""
+    if row.get("effective_length_status") == "all_passed":
+        return {**row, "f_effective_length": "censored"}
+    return row
 
 
 def markdown(rows: list[dict], columns: list[str]) -> str:
@@ -244,20 +270,39 @@ def write_report(
         "## Effective length per checkpoint (95% bootstrap interval over tests)",
         "",
     ]
+    lines += [
+        "f_effective_length is f at the effective length by Eq. 2, the value C2 reads. A row whose every probed "
+        "length passed (all_passed) has an effective length that is only a lower bound, and Eq. 2 makes f(L) = 0 "
+        "(no segment is longer than L): its f is shown as `censored`, and C2 leaves such rows out.",
+        "",
+    ]
     for name, run in runs.items():
         for probe_dir in sorted(d for d in run.glob("probe*") if d.is_dir()):
-            rows = read_csv(probe_dir / "effective_length.csv")
+            rows = [censored_f(r) for r in read_csv(probe_dir / "effective_length.csv")]
             shown = [*CHECKPOINT_COLUMNS] + [c for c in rows[0] if c.startswith("pass_rate_")]
             lines += [f"### {name}, {probe_dir.name}", "", markdown(rows, shown), ""]
     lines += [
         f"## Table 1 analogue: pass rate at the training length, last checkpoint (seed {settings.seeds[0]})",
         "",
     ]
+    lines += [
+        "Each scheme's pass rate with its 95% Wilson interval; its paired difference from rope over the same tests "
+        "with a 95% paired bootstrap interval; the tests only it passed and only rope passed, with the exact McNemar "
+        "p and its Holm adjustment over the schemes of the length (a difference is shown at 5% when its Holm p is "
+        "at most 0.05).",
+        "",
+    ]
     for train_len, rows in table.items():
         lines += [
             f"### L = {train_len}",
             "",
-            markdown(rows, ["scheme", "pass_rate", "needle_recall", "tests"]),
+            markdown(
+                [
+                    {**r, **{k: p_text(r[k]) for k in ("mcnemar_p", "holm_p") if r[k] != ""}}
+                    for r in rows
+                ],
+                [*TABLE1_REPORT_COLUMNS],
+            ),
             "",
         ]
     lines += ["## Figures", ""]
