@@ -4,6 +4,7 @@ length follows the threshold rule exactly, and on ones where it follows tokens a
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from posfreq.analysis.verdicts.prediction import (
     fit_threshold,
@@ -119,3 +120,29 @@ def test_a_data_variant_is_held_out_when_there_are_several():
     one = [r for r in rows if r["variant"] == "concat"]
     alone = prediction_verdict(one, lambda r: f_of[("concat", r["seed"], r["tokens_trained"])])
     assert "by_variant" not in alone
+
+
+def test_f_is_read_at_the_distance_a_pass_needs(tmp_path):
+    """A pass at n needs k needles: the k-th nearest needle's distance, the median over n's tests (by hand), not n,
+    where Eq. 2 gives f(L) = 0."""
+    import json
+
+    from posfreq.analysis.niah.results import length_files
+    from posfreq.analysis.verdicts.compare import needed_distances
+
+    tests = {
+        256: [[250, 10, 120, 60], [200, 30, 90, 150], [5, 240, 100, 180]],
+        128: [[100, 20, 60, 120]],
+    }
+    for n, distances in tests.items():
+        path = length_files(tmp_path, n)[0]
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(
+            "".join(json.dumps({"length": n, "distances": d}) + "\n" for d in distances)
+        )
+    # 2nd nearest: 60, 90, 100 -> median 90 at 256; 60 at 128. 3rd nearest: 120, 150, 180 -> 150; 100
+    assert needed_distances(tmp_path, [128, 256], 2) == {128: 60, 256: 90}
+    assert needed_distances(tmp_path, [128, 256], 3) == {128: 100, 256: 150}
+    (tmp_path / "tests" / "L000512.jsonl").write_text("")
+    with pytest.raises(Exception, match="no test records at length 512"):
+        needed_distances(tmp_path, [512], 2)
