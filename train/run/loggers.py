@@ -6,6 +6,7 @@ from __future__ import annotations
 import netrc
 import os
 import secrets
+import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -22,7 +23,8 @@ def wandb_run_id(out: Path) -> str:
     if not path.is_file():
         out.mkdir(parents=True, exist_ok=True)
         record_written(path)
-        mine = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        # the host too: two nodes' ranks can share a pid, and one's unlink must not take the other's file
+        mine = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
         mine.write_text(secrets.token_hex(4) + "\n")
         try:
             os.link(mine, path)  # atomic and exclusive: never a half-written or overwritten id
@@ -42,10 +44,16 @@ def _netrc_file() -> Path:
 
 
 def wandb_mode() -> tuple[bool, str]:
-    """(offline, why): offline only when wandb would find no credentials (WANDB_API_KEY, or its netrc login) or
-    WANDB_MODE asks for it."""
+    """(offline, why): WANDB_MODE when set; else offline in a SLURM job (compute nodes often have no outbound
+    internet, and wandb.init then times out at the first log, which --kill-on-bad-exit turns into a dead job);
+    else offline only when wandb would find no credentials (WANDB_API_KEY, or its netrc login)."""
     if os.environ.get("WANDB_MODE"):
         return os.environ["WANDB_MODE"] != "online", f"WANDB_MODE={os.environ['WANDB_MODE']} is set"
+    if os.environ.get("SLURM_JOB_ID"):
+        return True, (
+            "a SLURM job (SLURM_JOB_ID is set), where compute nodes often cannot reach wandb; WANDB_MODE=online "
+            "logs live where they can"
+        )
     if os.environ.get("WANDB_API_KEY"):
         return False, "WANDB_API_KEY is set"
     host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname

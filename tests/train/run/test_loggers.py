@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_wandb_run_id_is_reused_and_mode_follows_credentials(data_dir, tmp_path, monkeypatch):
-    for var in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL"):
+    for var in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL", "SLURM_JOB_ID"):
         monkeypatch.delenv(var, raising=False)
     netrc_file = tmp_path / "netrc"
     monkeypatch.setenv("NETRC", str(netrc_file))
@@ -49,6 +49,17 @@ def test_wandb_run_id_is_reused_and_mode_follows_credentials(data_dir, tmp_path,
     assert loggers.wandb_report(cfg).startswith(
         f"wandb: online (WANDB_API_KEY is set); run id {run_id}"
     )
+    monkeypatch.setenv(
+        "SLURM_JOB_ID", "4242"
+    )  # credentials on a shared home, a node without internet: offline
+    offline, why = loggers.wandb_mode()
+    assert (
+        offline
+        and why.startswith("a SLURM job (SLURM_JOB_ID is set)")
+        and "WANDB_MODE=online" in why
+    )
+    monkeypatch.setenv("WANDB_MODE", "online")  # a site whose nodes reach wandb says so
+    assert loggers.wandb_mode() == (False, "WANDB_MODE=online is set")
     monkeypatch.setenv(
         "WANDB_MODE", "disabled"
     )  # an explicit choice wins; a whole run with it logs nowhere
