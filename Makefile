@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo demo-quick test test-fast lint bench clean gpu-check gpu-wheels
+.PHONY: setup demo demo-quick figures test test-fast lint bench clean gpu-check gpu-wheels
 
 setup: $(STAMP)
 
@@ -23,6 +23,11 @@ demo: setup
 
 demo-quick: setup
 	$(PY) scripts/demo.py --quick
+
+# The README's figures in docs/figures from the full demo in runs/demo (a rerun reuses every finished stage); only
+# the figures of the names the demo draws are replaced.
+figures: setup
+	$(PY) scripts/demo.py --publish-figures
 
 test: setup
 	$(PY) -m pytest -q

@@ -91,8 +91,13 @@ def build_parser() -> ArgumentParser:
         type=Optional[Path],
         default=None,
         help="Output directory; null: runs/<experiment>, or runs/<experiment>-quick with --quick "
-        "(under the current directory). Only a full demo into the default directory replaces the "
-        "README's figures in docs/figures.",
+        "(under the current directory). The demo writes nothing outside it unless --publish-figures.",
+    )
+    parser.add_argument(
+        "--publish-figures",
+        action="store_true",
+        help="After a full demo, copy its figures into this checkout's docs/figures (the README's), each "
+        "replacing only the file of its name (`make figures`: a rerun reuses every finished stage).",
     )
     parser.add_argument(
         "--seeds",
@@ -147,8 +152,8 @@ def _earlier_demo(out: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run every stage, write OUT/REPORT.md, and (full mode) publish the figures to docs/figures; a failed stage
-    or check ends the command with its message."""
+    """Run every stage and write OUT/REPORT.md (with --publish-figures, also copy the figures to docs/figures); a
+    failed stage or check ends the command with its message."""
     try:
         return run_demo(parse(build_parser(), argv))
     except DemoError as err:
@@ -159,6 +164,11 @@ def run_demo(args) -> int:
     """`main` once the arguments are parsed."""
     full, quick = EXPERIMENT_SETTINGS.get(args.experiment, (FULL, QUICK))
     settings = quick if args.quick else full
+    if args.publish_figures and (args.quick or args.experiment != "demo"):
+        raise SystemExit(
+            "error: --publish-figures replaces the README's figures with a full demo's (its figures mean nothing in "
+            "quick mode, and the other experiments draw others). Fix: drop --publish-figures, or run the full demo"
+        )
     if args.seeds is not None:
         if args.seeds < 1:
             raise SystemExit(
@@ -248,8 +258,9 @@ def run_demo(args) -> int:
     )
     if args.quick:
         validate(out, runs, settings)
-    elif args.out is None and args.experiment == "demo":
-        publish_figures(out)
+    elif args.publish_figures:
+        for path in publish_figures(out):
+            print(f"published {path}")
     print(f"\n{args.experiment} finished in {time.perf_counter() - start:.0f} s; report: {report}")
     if args.quick:
         print("\n" + verdicts(conclusion, quick=True)[0])  # what these numbers are worth

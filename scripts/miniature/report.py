@@ -317,18 +317,21 @@ def write_report(
     return path
 
 
-def publish_figures(out: Path) -> None:
-    """Replace docs/figures with this run's figures for the README and docs/ (full mode, in a checkout): none left from an
-    older run. An installed posfreq has no docs/ to publish to; the figures stay in OUT/figures."""
-    if not (REPO / "docs").is_dir():
-        print(f"not a checkout (no {REPO / 'docs'}): the figures stay in {out / 'figures'}")
-        return
-    target = REPO / "docs" / "figures"
+def publish_figures(out: Path, repo: Path = REPO) -> list[Path]:
+    """Copy this run's figures into the checkout's docs/figures for the README and docs/ (an explicit step:
+    `posfreq demo --publish-figures`), each replacing only the figure of its own name: nothing else there is
+    deleted or changed (other pages' figures stay). An installed posfreq has no docs/ to publish to. Returns the
+    files written."""
+    if not (repo / "docs").is_dir():
+        print(f"not a checkout (no {repo / 'docs'}): the figures stay in {out / 'figures'}")
+        return []
+    target = repo / "docs" / "figures"
     target.mkdir(parents=True, exist_ok=True)
-    for stale in target.glob("*.png"):
-        stale.unlink()
-    for png in (out / "figures").glob("*.png"):
+    written = []
+    for png in sorted((out / "figures").glob("*.png")):
         shutil.copy2(png, target / png.name)
+        written.append(target / png.name)
+    return written
 
 
 def collect_figures(

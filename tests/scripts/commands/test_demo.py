@@ -80,6 +80,7 @@ def test_the_demo_passes_flags_its_commands_accept(monkeypatch):
 @pytest.fixture(scope="module")
 def quick_demo(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("demo")
+    before = tracked_state()
     finished = subprocess.run(
         [sys.executable, "scripts/demo.py", "--quick", "--out", str(out)],
         cwd=REPO,
@@ -90,7 +91,29 @@ def quick_demo(tmp_path_factory) -> Path:
         text=True,
     )
     (out.parent / "demo-stdout.txt").write_text(finished.stdout)
+    (out.parent / "tracked-changed.txt").write_text("\n".join(sorted(tracked_state() ^ before)))
     return out
+
+
+def tracked_state() -> set[tuple[str, str]]:
+    """(path, content hash) of every file of the checkout git tracks that exists, and each tracked file's absence:
+    what a command must leave as it was (empty outside a git checkout)."""
+    import hashlib
+
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True)
+    if listed.returncode != 0:
+        return set()
+    state = set()
+    for name in filter(None, listed.stdout.split("\0")):
+        path = REPO / name
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "missing"
+        state.add((name, digest))
+    return state
+
+
+@pytest.mark.slow  # a subprocess or a training run
+def test_the_quick_demo_changes_and_deletes_no_file_the_repository_tracks(quick_demo: Path) -> None:
+    assert (quick_demo.parent / "tracked-changed.txt").read_text() == ""
 
 
 @pytest.mark.slow  # a subprocess or a training run
@@ -371,6 +394,7 @@ def test_bad_lanes_threads_or_reference_stop_before_any_work(tmp_path: Path) -> 
     for argv, message in (
         (["--threads", "0"], "at least one torch thread"),
         (["--seeds", "0"], "--seeds 0: give at least one training seed. Fix: --seeds 3"),
+        (["--quick", "--publish-figures"], "--publish-figures replaces the README's figures"),
         (["--reference", str(tmp_path / "renamed-away")], "checkpoints.csv is missing"),
     ):
         with pytest.raises(SystemExit, match=message):
@@ -379,6 +403,22 @@ def test_bad_lanes_threads_or_reference_stop_before_any_work(tmp_path: Path) -> 
         demo.main(["--lanes", "3", "--out", str(tmp_path / "out")])
     assert exit_info.value.code == 2
     assert not (tmp_path / "out" / "logs").exists()  # no stage started
+
+
+def test_publishing_figures_replaces_only_the_demos_own_names(tmp_path: Path) -> None:
+    """docs/figures keeps every figure the demo did not draw (another page's, say real_model_table1.png) untouched,
+    and gets the demo's, each over the file of its name."""
+    from posfreq.scripts.miniature.report import publish_figures
+
+    repo, out = tmp_path / "repo", tmp_path / "demo"
+    (repo / "docs" / "figures").mkdir(parents=True)
+    (out / "figures").mkdir(parents=True)
+    (repo / "docs" / "figures" / "real_model_table1.png").write_bytes(b"other page")
+    (repo / "docs" / "figures" / "fig2a.png").write_bytes(b"old")
+    (out / "figures" / "fig2a.png").write_bytes(b"new")
+    assert publish_figures(out, repo) == [repo / "docs" / "figures" / "fig2a.png"]
+    assert (repo / "docs" / "figures" / "fig2a.png").read_bytes() == b"new"
+    assert (repo / "docs" / "figures" / "real_model_table1.png").read_bytes() == b"other page"
 
 
 def test_the_demo_writes_only_into_its_own_directory(tmp_path: Path) -> None:
