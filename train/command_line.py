@@ -243,6 +243,10 @@ class CodeInConfig(ValueError):
     """A config that names code to import or run (or a file to include): refused before anything is parsed."""
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""The largest config file (YAML or JSON) a command reads: the paper configs are a few kilobytes."""
+
+
 def refuse_code(value: Any, where: str, path: str = "") -> None:
     """Raise CodeInConfig if `value` (parsed YAML/JSON) holds a key that makes jsonargparse import or instantiate
     something, or a `config` key (an include of another file); `where` names the file or flag, `path` the key."""
@@ -266,8 +270,17 @@ def refuse_code(value: Any, where: str, path: str = "") -> None:
 
 
 def _yaml(text: str, where: str) -> Any:
-    """Safe YAML (tags that construct Python objects refused, naming them); None for text YAML cannot read."""
+    """Safe YAML (tags that construct Python objects refused, naming them; anchors and aliases refused before
+    anything is built, as nine levels of ten aliases expand to 10^9 nodes); None for text YAML cannot read."""
     try:
+        for token in yaml.scan(text):
+            if isinstance(token, (yaml.AliasToken, yaml.AnchorToken)):
+                line = token.start_mark.line + 1
+                raise CodeInConfig(
+                    f"{where}, line {line}: YAML {'alias *' if isinstance(token, yaml.AliasToken) else 'anchor &'}"
+                    f"{token.value} refused: a config cannot expand references (a few lines of aliases can ask for "
+                    "billions of nodes). Fix: write the values out where they are used"
+                )
         return yaml.safe_load(text)
     except yaml.constructor.ConstructorError as err:
         if "python/" not in str(err.problem):
@@ -292,6 +305,11 @@ def refuse_code_in_args(argv: Sequence[str]) -> None:
         # a YAML/JSON file any flag may load (--config, and a section such as --model FILE.yaml)
         if Path(inline).suffix.lower() in (".yaml", ".yml", ".json") and Path(inline).is_file():
             where = f"{flag} {inline}"
+            if Path(inline).stat().st_size > MAX_CONFIG_BYTES:
+                raise CodeInConfig(
+                    f"{where}: {Path(inline).stat().st_size:,} bytes, more than a config holds (at most "
+                    f"{MAX_CONFIG_BYTES:,}). Fix: pass the config file, not a data file"
+                )
             try:
                 text = Path(inline).read_text()
             except (OSError, UnicodeDecodeError):

@@ -65,6 +65,32 @@ def test_run_config_payloads_are_refused_by_name(command, form, tmp_path, capsys
     assert want in err
 
 
+def test_a_yaml_alias_bomb_and_an_oversized_config_are_refused_at_once(tmp_path, capsys):
+    """Nine levels of ten aliases (10^9 nodes once expanded; it hung past 30 s) and a config over 1 MiB end in one
+    line naming the file, the line and the fix, in well under a second, before any walk or parse."""
+    import time
+
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(levels) + "\n")
+    big = tmp_path / "big.yaml"
+    big.write_text("seed: 1\n" + "# padding\n" * 120_000)
+    for config, want in (
+        (bomb, f"--config {bomb}, line 1: YAML anchor &a0 refused"),
+        (big, "bytes, more than a config holds (at most 1,048,576)"),
+    ):
+        start = time.perf_counter()
+        with pytest.raises(SystemExit) as stop:
+            posfreq(["pretrain", "--config", str(config)])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and want in err and "Fix: " in err, err
+        assert time.perf_counter() - start < 5
+    with pytest.raises(SystemExit):
+        posfreq(["pretrain", "--model.overrides", "{a: &x 1, b: *x}"])
+    assert "YAML anchor &x refused" in capsys.readouterr().err
+
+
 def test_probe_position_options_hold_data_only(tmp_path, capsys):
     marker = tmp_path / "marker"
     with pytest.raises(SystemExit):
