@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 from pathlib import Path, PurePosixPath
@@ -157,13 +158,20 @@ def unrecorded(folder: Path, allowed: set[str] = frozenset()) -> list[str]:
     )
 
 
-def remove_recorded(folder: Path, under: str | None = None) -> list[Path]:
+def remove_recorded(folder: Path, under: str | None = None, sub_steps: bool = False) -> list[Path]:
     """Delete what the journal of `folder` names (only under the relative folder `under`, if given): files and links
     themselves (never what a link points to), a claimed folder with only what its own journal names, a folder
     posfreq published whole (a checkpoint) whole, then the folders left empty; the journal keeps the other lines.
-    Returns what was deleted."""
+    A folder another command claimed inside (a probe's results under an export or a run) is that command's and
+    stays, still named by the journal, unless `sub_steps`: the caller ran those commands itself into `under` (the
+    doctor's parts). Returns what was deleted."""
     names = recorded(folder)
     chosen = [n for n in names if under is None or PurePosixPath(n).parts[0] == under]
+    owner = _owner_command(folder)
+    neighbours = (
+        set() if sub_steps else {n for n in chosen if _claimed_by_another(inside(folder, n), owner)}
+    )
+    chosen = [n for n in chosen if not any(n == m or n.startswith(f"{m}/") for m in neighbours)]
     removed: list[Path] = []
     for name in sorted(chosen, key=lambda n: -len(PurePosixPath(n).parts)):
         path = inside(folder, name)
@@ -172,8 +180,8 @@ def remove_recorded(folder: Path, under: str | None = None) -> list[Path]:
             removed.append(path)
         elif (
             path.is_dir() and (path / OWNER_FILE).is_file()
-        ):  # a claimed folder: what its journal names
-            removed += remove_recorded(path)
+        ):  # a claimed folder of this folder's command (or a sub-step's): what its journal names
+            removed += remove_recorded(path, sub_steps=sub_steps)
             for record in RECORD_FILES:
                 (path / record).unlink(missing_ok=True)
             _remove_if_empty(path)
@@ -189,6 +197,22 @@ def remove_recorded(folder: Path, under: str | None = None) -> list[Path]:
             path = path.parent
     _drop(folder, set(chosen))
     return removed
+
+
+def _owner_command(folder: Path) -> str | None:
+    """The command OWNER_FILE in `folder` names, or None (no owner, or a record that cannot be read)."""
+    try:
+        owner = json.loads((folder / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return owner.get("command") if isinstance(owner, dict) else None
+
+
+def _claimed_by_another(path: Path, command: str | None) -> bool:
+    """Whether `path` is a real folder (not a link) that a command other than `command` claimed."""
+    if path.is_symlink() or not (path / OWNER_FILE).is_file():
+        return False
+    return _owner_command(path) != command
 
 
 def _remove_if_empty(path: Path) -> bool:

@@ -53,10 +53,31 @@ def test_a_rerun_deletes_what_was_recorded_and_nothing_else(tmp_path):
     link = out / "link"
     record_written(link)
     link.symlink_to(outside)  # a recorded name that is now a link: the link goes, never its target
-    removed = remove_recorded(out)
+    removed = remove_recorded(out, sub_steps=True)  # the doctor ran prepare into data/ itself
     assert sorted(p.name for p in removed) == ["link", "report.json", "shard.bin"]
     assert outside.read_text() == "keep me" and (data / "mine.txt").read_text() == "a user's note"
     assert recorded(out) == []
+
+
+def test_a_rerun_never_deletes_a_neighbours_folder_claimed_inside(tmp_path):
+    """An export's rerun with a probe's and loss-by-distance's results nested in it (each claimed by its own
+    command) deletes the export's own files and folders, those of its own nested claims, and nothing of theirs."""
+    out = claim_output_dir(tmp_path / "export", "export-hf")
+    write_text_atomic(out / "model.safetensors", "weights")
+    own = claim_output_dir(out / "shard", "export-hf")  # a part the export claimed itself
+    write_text_atomic(own / "part.bin", "mine")
+    lbd = claim_output_dir(out / "lbd", "loss-by-distance")
+    write_text_atomic(lbd / "loss_by_distance.csv", "rows")
+    probe = claim_output_dir(out / "runs" / "niah", "probe", shared=True)
+    write_text_atomic(probe / "summary.csv", "rows")
+    removed = remove_recorded(out)
+    assert sorted(p.name for p in removed) == ["model.safetensors", "part.bin"]
+    assert (lbd / "loss_by_distance.csv").read_text() == "rows"
+    assert (probe / "summary.csv").read_text() == "rows"
+    assert set(recorded(out)) == {"lbd", "runs/niah"} and unrecorded(out) == []
+    claim_output_dir(
+        out, "export-hf"
+    )  # the rerun's claim: the neighbours are accounted for, not refused
 
 
 def test_a_record_appended_while_a_rerun_deletes_is_kept(tmp_path, monkeypatch):

@@ -111,7 +111,7 @@ def claim_work_dir(out: str | None, command: str, parts: tuple[str, ...]) -> Pat
     for item in parts:
         part = path / item
         if journal:
-            remove_recorded(path, under=item)
+            remove_recorded(path, under=item, sub_steps=True)  # the commands it ran there itself
         elif part.is_dir() and not part.is_symlink() and owner_of(part) is not None:
             shutil.rmtree(
                 part

@@ -190,3 +190,22 @@ def test_an_exported_model_is_measured_on_the_shards_it_trained_on(data_dir, tmp
     assert command.main(["--model", f"hf:{exported}", *common, "--out", str(tmp_path / "c")]) == 1
     assert "not the model's tokenizer" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()  # refused before its --out was claimed
+
+
+def test_a_rerun_of_export_hf_keeps_the_results_another_command_wrote_inside_it(data_dir, tmp_path):
+    """The review's route: export-hf --out E; loss-by-distance --model hf:E --out E/lbd; export-hf --out E again.
+    The rerun replaced its own files and deleted E/lbd with them; now E/lbd stays as loss-by-distance wrote it."""
+    from posfreq.scripts.commands import export_hf
+
+    path = write_checkpoint(
+        tmp_path / "run", 4096, tiny_model(), np.bincount([3, 100], minlength=513)
+    )
+    exported = tmp_path / "E"
+    assert export_hf.main(["--checkpoint", str(path), "--out", str(exported)]) == 0
+    common = ["--data", str(data_dir), "--rows", "2", "--train-len", "128"]
+    assert command.main(["--model", f"hf:{exported}", *common, "--out", str(exported / "lbd")]) == 0
+    before = {p.name: p.read_bytes() for p in (exported / "lbd").iterdir() if p.is_file()}
+    assert export_hf.main(["--checkpoint", str(path), "--out", str(exported)]) == 0
+    after = {p.name: p.read_bytes() for p in (exported / "lbd").iterdir() if p.is_file()}
+    assert after == before and "loss_by_distance.json" in after
+    assert (exported / "model.safetensors").is_file()
