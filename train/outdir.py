@@ -12,13 +12,14 @@ same directory at once.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import fnmatch
 import json
 import os
 import socket
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from posfreq.train.atomic import write_json_atomic
 from posfreq.train.journal import (
@@ -173,6 +174,25 @@ def _lock(path: Path, command: str, flag: str) -> None:
     os.ftruncate(fd, 0)
     os.write(fd, f"posfreq {command} (pid {os.getpid()} on {socket.gethostname()})".encode())
     _HELD[key] = fd
+
+
+@contextlib.contextmanager
+def lock_beside(out: Path) -> Iterator[None]:
+    """Hold, for the block, an exclusive lock on the folder that holds `out` (flock on the directory itself: no
+    file is created there), so a command that builds `out` under a temporary beside it (OUT.tmp, OUT.old) creates,
+    reuses or deletes those only while no other process does: a second one waits its turn. A filesystem without
+    locks runs the block unlocked, as before."""
+    parent = Path(os.path.abspath(out)).parent
+    parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass  # no locks on this filesystem
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def release_output_locks() -> None:

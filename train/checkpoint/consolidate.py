@@ -26,7 +26,7 @@ from posfreq.train.checkpoint.layout import (
 from posfreq.train.checkpoint.safe_load import CheckpointError
 from posfreq.train.checkpoint.save import write_manifest, write_weights
 from posfreq.train.journal import record_written
-from posfreq.train.outdir import check_output_dir, claim_output_dir, entry_names
+from posfreq.train.outdir import check_output_dir, claim_output_dir, entry_names, lock_beside
 
 CONSOLIDATE = "checkpoint consolidate"
 
@@ -39,6 +39,14 @@ def consolidate(
     `out_dir` must be new, empty or an earlier consolidation (OutputDirError otherwise: never a run directory).
     """
     src, out = Path(checkpoint_dir), Path(out_dir)
+    with lock_beside(
+        out
+    ):  # before OUT.tmp or OUT.old is looked at: a concurrent consolidation waits its turn
+        return _consolidate(src, out, dtype)
+
+
+def _consolidate(src: Path, out: Path, dtype: torch.dtype | None) -> Path:
+    """`consolidate` under the lock beside `out`."""
     tmp, old = atomic.temporary(out), out.with_name(out.name + ".old")
     check_output_dir(out, CONSOLIDATE, written_before=_earlier_consolidation)
     # publish_dir() replaces them: only an interrupted consolidation's own may go
@@ -57,7 +65,9 @@ def consolidate(
             f"{src}: no {LENGTHS_FILE} (the trained-length histogram): not a complete checkpoint. {DAMAGED_FIX}"
         )
     if tmp.exists():
-        shutil.rmtree(tmp)
+        shutil.rmtree(
+            tmp
+        )  # an interrupted consolidation's, checked above; no other process is writing it now
     claim_output_dir(tmp, CONSOLIDATE)
     try:
         write_weights(state, tmp / CONSOLIDATED_WEIGHTS, dtype)

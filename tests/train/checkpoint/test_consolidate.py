@@ -200,3 +200,50 @@ def test_a_checkpoint_resealed_while_it_is_verified_is_checked_again_not_called_
     copy = Path(shutil.copytree(src, tmp_path / "copy"))
     with pytest.raises(CheckpointError, match="x: damaged. Fix: "):
         ckpt.verify_before_reading(copy)
+
+
+def blocked_on_a_lock(pid: int) -> bool:
+    """Whether process `pid` waits for a file lock, as /proc/locks lists waiters ("->")."""
+    return any(
+        "->" in line and f" {pid} " in line for line in Path("/proc/locks").read_text().splitlines()
+    )
+
+
+@pytest.mark.skipif(not Path("/proc/locks").is_file(), reason="needs Linux's /proc/locks")
+def test_a_consolidation_touches_out_tmp_only_once_it_holds_the_lock_beside_out(data_dir, tmp_path):
+    """Each of two concurrent consolidations deleted OUT.tmp before taking its lock, destroying the other's work in
+    progress. Now the lock beside --out comes first: while another process holds it (here, this test, with a
+    consolidation's OUT.tmp half written), a second consolidation waits and leaves OUT.tmp alone; then it runs,
+    and OUT ends whole and checked."""
+    import subprocess
+    import sys
+    import time
+
+    from posfreq.train.checkpoint.consolidate import CONSOLIDATE
+    from posfreq.train.outdir import claim_output_dir, lock_beside, release_output_locks
+
+    run(tiny(data_dir, tmp_path, total_tokens=2048))
+    src = tmp_path / "checkpoints" / ckpt.milestone_name(2048)
+    out = tmp_path / "CO"
+    code = "import sys; from posfreq.train.checkpoint.consolidate import consolidate; consolidate(*sys.argv[1:])"
+    with lock_beside(out):
+        in_progress = claim_output_dir(tmp_path / "CO.tmp", CONSOLIDATE)
+        (in_progress / "model.safetensors").write_bytes(b"half written")
+        release_output_locks()
+        second = subprocess.Popen([sys.executable, "-c", code, str(src), str(out)])
+        deadline = time.monotonic() + 120
+        while not blocked_on_a_lock(
+            second.pid
+        ):  # the kernel lists a blocked flock as a waiter ("->")
+            assert second.poll() is None, (
+                "the second consolidation ran without waiting for the lock"
+            )
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert (in_progress / "model.safetensors").read_bytes() == b"half written"
+    assert second.wait(120) == 0
+    assert not (tmp_path / "CO.tmp").exists()
+    model, _, _ = ckpt.load_model(out, dtype=torch.float32)  # the manifest is checked on load
+    reference, _, _ = ckpt.load_model(src)
+    ids = torch.arange(20) % 258
+    torch.testing.assert_close(model(ids), reference(ids), rtol=0, atol=0)
