@@ -27,7 +27,7 @@ from posfreq.train.data.corpora import Corpus, CorpusFile, SourceFilter, file_si
 from posfreq.train.data.essays import cache_dir
 from posfreq.train.data.records import CorpusError, OnError, ReadStats
 
-CACHE_VERSION = 2  # 2: truncated .zst files are detected (version 1 read them cut short)
+CACHE_VERSION = 3  # 2: truncated .zst files are detected (version 1 read them cut short); 3: keyed by ctime and inode too
 BATCH_CHARS = 1 << 20  # tokenize about a megabyte of text per encode_batch call
 HISTOGRAM_FILE = "histogram.npz"
 
@@ -260,8 +260,9 @@ def default_workers() -> int:
 
 
 def cache_key(corpus: Corpus, settings: CountSettings) -> str:
-    """A hash of the corpus files (paths, sizes, mtimes; a stream's dataset, split, revision) and the settings,
-    the tokenizer's content fingerprint among them (a replaced tokenizer.json is another tokenizer)."""
+    """A hash of the corpus files (path, inode, size, mtime and change time: `Corpus.fingerprint`; a stream's
+    dataset, split, revision) and the settings, the tokenizer's content fingerprint among them (a replaced
+    tokenizer.json is another tokenizer). Not of the files' bytes: reading them is the work the cache saves."""
     payload = {
         "version": CACHE_VERSION,
         "files": corpus.fingerprint(),

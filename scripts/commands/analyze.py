@@ -150,7 +150,10 @@ def build_parser() -> ArgumentParser:
         "with --shard)",
     )
     parser.add_argument(
-        "--no-cache", action="store_true", help="recount even when a cached histogram matches"
+        "--no-cache",
+        action="store_true",
+        help="recount even when a cached histogram matches (the cache is keyed by each file's path, inode, size, "
+        "mtime and change time, not its bytes: a rewrite always moves the change time)",
     )
     parser.add_argument("--no-figures", action="store_true", help="skip the PNG/PDF figures")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

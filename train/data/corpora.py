@@ -177,15 +177,17 @@ class Corpus:
         return Corpus(self.name, picked, self.text_field, self.sources, self.default_source)
 
     def fingerprint(self) -> list[tuple]:
-        """(path, size, mtime_ns) of every file, (dataset, split, revision, shard) of a stream shard:
-        changes whenever the corpus changes."""
+        """(path, inode, size, mtime_ns, ctime_ns) of every file, (dataset, split, revision, shard) of a stream
+        shard: what `posfreq analyze`'s cache trusts, without reading the bytes. Any write to a file moves its
+        change time (ctime), which, unlike the mtime (`touch -r`), no user command sets back; a copy or a move to
+        another file system is another inode. So a rewritten file is recounted whatever its size and mtime."""
         out: list[tuple] = []
         for file in self.files:
             if isinstance(file, StreamShard):
                 out.append((file.dataset, file.split, file.revision, file.index, file.count))
                 continue
             st = file.stat()
-            out.append((str(file.resolve()), st.st_size, st.st_mtime_ns))
+            out.append((str(file.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
         return out
 
 

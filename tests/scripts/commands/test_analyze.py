@@ -507,3 +507,27 @@ def test_a_summary_listing_a_users_file_never_deletes_it(slimpajama, tmp_path, m
     with pytest.raises(SystemExit, match="outside"):
         pf.main(args)
     assert outside.read_text() == "two years of work" and thesis.is_symlink()
+
+
+def test_a_rewrite_of_the_same_size_with_its_mtime_restored_is_counted_anew(tmp_path, monkeypatch):
+    """The review's route: a corpus rewritten with the same size, its mtime set back (touch -r), read its old
+    counts from the cache: one document where --no-cache counts two. The key holds each file's change time, which
+    any write moves and no user command sets back."""
+    import os
+
+    monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "two_docs.jsonl"
+    corpus.write_text(json.dumps({"text": "a" * 41}) + "\n")  # one document, 52 bytes
+    stamp = corpus.stat()
+    args = [*"--workers 1 --quiet --train-len 16 --no-figures --tokenizer bytes".split()]
+
+    def documents(out: str, *extra: str) -> int:
+        assert pf.main(["--corpus", str(corpus), *args, "--out", str(tmp_path / out), *extra]) == 0
+        return json.loads((tmp_path / out / "summary.json").read_text())["all"]["documents"]
+
+    assert documents("first") == 1
+    corpus.write_text(json.dumps({"text": "b" * 15}) + "\n" + json.dumps({"text": "c" * 13}) + "\n")
+    assert corpus.stat().st_size == stamp.st_size
+    os.utime(corpus, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))  # touch -r
+    assert corpus.stat().st_mtime_ns == stamp.st_mtime_ns
+    assert documents("rewritten") == documents("recounted", "--no-cache") == 2
