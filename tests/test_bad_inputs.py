@@ -451,3 +451,45 @@ def test_table_tests_and_ruler_samples_of_zero_are_refused_by_their_own_flag(tmp
     )
     assert code == 2 and err.startswith("error: --samples 0: ") and "Fix:" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "argv, want",
+    [
+        (["loss-by-distance", "--data", "."], "error: the following arguments are required: --out"),
+        (["table"], "error: the following arguments are required: --model"),
+    ],
+)
+def test_a_missing_required_option_is_named_with_its_dashes(argv, want, capsys):
+    code, err = outcome(argv, capsys)
+    assert code == 2 and err.splitlines()[0] == want
+
+
+def test_a_data_dir_without_shards_names_posfreq_prepare(tmp_path, capsys):
+    (tmp_path / "data").mkdir()
+    code, err = outcome(
+        ["pretrain", "--data.dir", str(tmp_path / "data"), "--out", str(tmp_path / "run")], capsys
+    )
+    assert (
+        code != 0
+        and "Fix: run `posfreq prepare --corpus <name or path> --out <this directory>`" in err
+    )
+
+
+def test_a_lock_file_planted_as_a_link_is_refused_by_name(tmp_path, capsys):
+    """A symbolic link at OUT/.posfreq-lock gave only "Too many levels of symbolic links"; now one line names it,
+    and the file it points to stays untouched."""
+    from posfreq.train.outdir import claim_output_dir, release_output_locks
+
+    out = claim_output_dir(tmp_path / "out", "compare")
+    release_output_locks()
+    target = tmp_path / "thesis.tex"
+    target.write_text("keep")
+    (out / ".posfreq-lock").unlink()
+    (out / ".posfreq-lock").symlink_to(target)
+    with pytest.raises(
+        Exception,
+        match=r"\.posfreq-lock is a symbolic link \(to .*thesis.tex\).*Fix: remove the link",
+    ):
+        claim_output_dir(out, "compare")
+    assert target.read_text() == "keep"

@@ -33,6 +33,7 @@ class CommandParser(ArgumentParser):
         """`error: MESSAGE`, `did you mean ...?` for a misspelt flag, and where the options are listed; exit 2."""
         if not self.exit_on_error:
             super().error(message, ex)
+        message = self._dashed_required(message)
         lines = [f"error: {message.strip()}"]
         source = config_source(
             message, getattr(self, "config_files", []), getattr(self, "flag_keys", set())
@@ -64,6 +65,19 @@ class CommandParser(ArgumentParser):
         lines.append(f"  {self.prog.replace(' [options]', '')} --help lists every option")
         sys.stderr.write("\n".join(lines) + "\n")
         sys.exit(2)
+
+    def _dashed_required(self, message: str) -> str:
+        """argparse's 'the following arguments are required: out, model' with each name as its flag (--out), as
+        the user types it."""
+        found = re.match(r"\s*the following arguments are required: (.+)", message)
+        if not found:
+            return message
+        flags = {o for a in self._actions for o in a.option_strings if o.startswith("--")}
+        names = []
+        for name in (n.strip() for n in found.group(1).split(",")):
+            flag = "--" + name.replace("_", "-")
+            names.append(flag if flag in flags or f"--{name}" in flags else name)
+        return f"the following arguments are required: {', '.join(names)}"
 
 
 _KEY_IN_ERROR = re.compile(

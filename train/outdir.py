@@ -13,6 +13,7 @@ same directory at once.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import fnmatch
 import json
@@ -156,7 +157,16 @@ def _lock(path: Path, command: str, flag: str) -> None:
     key = path.resolve()
     if key in _HELD:
         return
-    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as err:
+        if err.errno != errno.ELOOP:
+            raise
+        raise OutputDirError(
+            f"{path / LOCK_FILE} is a symbolic link (to {os.readlink(path / LOCK_FILE)}); posfreq never takes a "
+            f"lock through one, as it would write where the link points. Fix: remove the link {path / LOCK_FILE} "
+            "(nothing was changed)"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -27,9 +27,7 @@ FORMAT = "posfreq-tokens-v1"
 TOKENS_SUFFIX = ".tokens.bin"
 OFFSETS_SUFFIX = ".offsets.npy"
 META_SUFFIX = ".json"
-PREPARE_HINT = (
-    "Fix: run `python scripts/prepare_data.py --corpus <name or path> --out <this directory>`"
-)
+PREPARE_HINT = "Fix: run `posfreq prepare --corpus <name or path> --out <this directory>` (python scripts/prepare_data.py)"
 
 
 class DamagedShard(ValueError):
