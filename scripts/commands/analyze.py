@@ -53,7 +53,7 @@ from posfreq.train.data.packing_strategies import STRATEGIES, Strategy
 from posfreq.train.data.records import CorpusError, lost_files_report
 from posfreq.train.data.upsample import LengthUpsample
 from posfreq.train.outdir import OutputDirError, check_output_dir
-from posfreq.train.run.config import DataSection, TrainConfig
+from posfreq.train.run.config import MAX_TRAIN_LEN, DataSection, TrainConfig
 
 DEFAULT_OUT = Path("runs/position_freq")
 
@@ -175,6 +175,12 @@ def _check(parser: ArgumentParser, args: Namespace) -> None:
         bad = [v for v in values if v is not None and v < minimum]
         if bad:
             parser.error(f"{flag} must be >= {minimum}, got {bad}")
+    too_long = [L for L in args.train_len if L > MAX_TRAIN_LEN]
+    if too_long:
+        parser.error(
+            f"--train-len {too_long[0]:,} is beyond the longest training length posfreq plans ({MAX_TRAIN_LEN:,} "
+            "tokens): its f and packing plan would take memory to match. Fix: a --train-len up to that"
+        )
     if not (math.isfinite(args.total_tokens) and 1 <= args.total_tokens <= 2**53):
         parser.error(
             f"--total-tokens must be a finite token count from 1 to 2^53, got {args.total_tokens:g}"

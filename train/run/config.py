@@ -108,6 +108,12 @@ class ModelSection:
             raise ConfigError(f"model.overrides (preset {self.preset!r}): {err}") from None
 
 
+MAX_TRAIN_LEN = 1 << 22
+"""The longest training length (tokens per row) posfreq plans or analyses: the paper's are 2K and 4K, and a
+trained-length histogram or Eq. 2 of this many positions is tens of megabytes. A larger value is refused before
+any array of its size is made."""
+
+
 @dataclass
 class DataSection:
     """Token shards and how they are packed into rows (see posfreq.train.data.packing)."""
@@ -149,6 +155,11 @@ class DataSection:
 
     def __post_init__(self) -> None:
         _at_least("data.", self, 2, "train_len")  # a 1-token row has no target
+        if self.train_len > MAX_TRAIN_LEN:
+            raise ValueError(
+                f"data.train_len {self.train_len:,} is beyond the longest training length posfreq plans "
+                f"({MAX_TRAIN_LEN:,} tokens). Fix: a data.train_len up to that"
+            )
         _at_least("data.", self, 1, "shuffle_block", "val_rows")
         _at_least("data.", self, 2, "val_len")
         _at_least("data.", self, 0, "val_every_tokens")

@@ -151,6 +151,19 @@ def check_rows(
     `rows` (more would count the same tokens again), ValueError for no rows or rows of no tokens."""
     if train_len < 1 or rows < 1:
         raise ValueError(f"need train_len >= 1 and rows >= 1; got {train_len} and {rows}")
+    if (
+        train_len * rows > dataset.num_tokens
+    ):  # before any plan: no packing fits more tokens than the data holds
+        held = dataset.num_tokens // train_len
+        fix = (
+            f"ask for at most {held} rows (--rows), or shorter rows (--train-len)"
+            if held
+            else f"ask for rows shorter than its {dataset.num_tokens:,} tokens (--train-len)"
+        )
+        raise RowsBeyondData(
+            f"{dataset.directory} holds {dataset.num_tokens:,} tokens, fewer than {rows} rows of {train_len:,}: "
+            f"more would read the same tokens again. Fix: {fix}, or prepare more data"
+        )
     sampler = PackedSampler(dataset, train_len, batch_rows, seed=0, packing=packing, shuffle=False)
     held = rows_in_one_pass(sampler.schedule, rows)
     if held < rows:

@@ -531,3 +531,21 @@ def test_a_rewrite_of_the_same_size_with_its_mtime_restored_is_counted_anew(tmp_
     os.utime(corpus, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))  # touch -r
     assert corpus.stat().st_mtime_ns == stamp.st_mtime_ns
     assert documents("rewritten") == documents("recounted", "--no-cache") == 2
+
+
+def test_a_train_len_beyond_what_posfreq_plans_is_refused_before_any_array(tmp_path, capsys):
+    """--train-len 300000000 on a two-document corpus took 800 MB and hung: it is a usage error now, in well under
+    a second, naming the limit."""
+    import time
+
+    corpus = tmp_path / "two_docs.jsonl"
+    corpus.write_text('{"text": "ab"}\n{"text": "cd"}\n')
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as stop:
+        pf.main(["--corpus", str(corpus), "--train-len", "300000000", "--out", str(tmp_path / "o")])
+    assert stop.value.code == 2 and time.perf_counter() - start < 1
+    assert (
+        "--train-len 300,000,000 is beyond the longest training length posfreq plans"
+        in capsys.readouterr().err
+    )
+    assert not (tmp_path / "o").exists()

@@ -209,3 +209,32 @@ def test_a_rerun_of_export_hf_keeps_the_results_another_command_wrote_inside_it(
     after = {p.name: p.read_bytes() for p in (exported / "lbd").iterdir() if p.is_file()}
     assert after == before and "loss_by_distance.json" in after
     assert (exported / "model.safetensors").is_file()
+
+
+def test_a_huge_train_len_is_refused_at_once_against_the_datas_size(data_dir, tmp_path, capsys):
+    """--train-len 10^12 planned rows until the one-line error, its time growing with the value: the data's token
+    count now refuses it before any plan."""
+    import time
+
+    path = write_checkpoint(
+        tmp_path / "run", 4096, tiny_model(), np.bincount([3, 100], minlength=513)
+    )
+    start = time.perf_counter()
+    argv = [
+        "--checkpoint",
+        str(path),
+        "--data",
+        str(data_dir),
+        "--rows",
+        "2",
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    assert command.main([*argv, "--train-len", "1000000000000"]) == 1
+    err = capsys.readouterr().err
+    assert time.perf_counter() - start < 5
+    assert (
+        "fewer than 2 rows of 1,000,000,000,000" in err
+        and "Fix: ask for rows shorter than its" in err
+    )
+    assert not (tmp_path / "o").exists()

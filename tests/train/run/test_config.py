@@ -183,3 +183,13 @@ def test_a_flag_value_that_merely_starts_with_a_tag_mark_is_text(capsys):
     refuse_code_in_args(
         ["--run", "!important", "--out", "!x y"]
     )  # not refused: the parser reads them as text
+
+
+def test_a_train_len_beyond_what_posfreq_plans_is_refused_by_the_config():
+    from posfreq.train.run.config import MAX_TRAIN_LEN, DataSection
+
+    DataSection(train_len=MAX_TRAIN_LEN)
+    with pytest.raises(
+        ValueError, match=r"data.train_len 4,194,305 is beyond .* Fix: a data.train_len up to"
+    ):
+        DataSection(train_len=MAX_TRAIN_LEN + 1)
