@@ -58,9 +58,12 @@ def own_files(directory: Path, rank: int) -> list[Path]:
 
 def write_manifest(directory: Path, known: dict[str, dict] | None = None) -> str:
     """Record every file's relative path, size and sha256 in manifest.json, taking the entries in `known` as they
-    are (hashed by the ranks that wrote them) and hashing the rest; returns the manifest's sha256."""
+    are (hashed by the ranks that wrote them) and hashing the rest; returns the manifest's sha256. The files are
+    those listed here and those the ranks reported: on a shared file system one node's listing can lag another
+    node's writes by seconds, and a file missing from it must still be in the manifest."""
     known = known or {}
-    names = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
+    listed = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()}
+    names = sorted(listed | set(known))
     # the files that record the manifest come after it; an output folder's own records change as it is written
     names = [
         n

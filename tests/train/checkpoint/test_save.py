@@ -40,3 +40,13 @@ def test_the_manifest_takes_known_entries_as_given_and_hashes_the_rest(tmp_path)
         "a.json": {"size": 2, "sha256": hashlib.sha256(b"{}").hexdigest()},
         "sub/b.bin": known["sub/b.bin"],
     }
+
+
+def test_a_file_a_rank_reported_is_in_the_manifest_though_the_listing_lags(tmp_path):
+    """On NFS rank 0's directory listing can lag node 2's writes by seconds: a shard whose hash node 2 gathered but
+    rank 0 cannot list yet is in the manifest all the same (the manifest was rank 0's listing alone)."""
+    (tmp_path / "a.json").write_bytes(b"{}")
+    known = {"state/__9_0.distcp": {"size": 123, "sha256": "hashed-on-node-2"}}  # not (yet) listed here
+    write_manifest(tmp_path, known)
+    entries = json.loads((tmp_path / MANIFEST_FILE).read_text())["files"]
+    assert entries["state/__9_0.distcp"] == known["state/__9_0.distcp"] and "a.json" in entries
