@@ -177,6 +177,7 @@ def prediction_verdict(
             "mean_abs_error": errors,
             "best_baseline": best,
             **_by_run_gain(predictions, best),
+            "value_unit": "tokens",
             "taus": sorted({p["tau"] for p in predictions}),
         }
     outcomes = [v["outcome"] for k, v in result.items() if k.startswith("by_")]

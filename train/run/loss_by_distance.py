@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posfreq.train.data.packing import IGNORE_INDEX, PackedSampler
+from posfreq.train.data.packing_strategies import TOKEN_STREAMS
 from posfreq.train.model.loss import default_chunk_tokens, head_returns_loss
 
 EXACT_DISTANCES = 64
@@ -148,33 +149,29 @@ def check_rows(
     dataset, train_len: int, rows: int, batch_rows: int = 4, packing: str = "concat"
 ) -> PackedSampler:
     """The in-order sampler of `measure`'s rows; RowsBeyondData when one pass over `dataset` holds fewer than
-    `rows` (more would count the same tokens again), ValueError for no rows or rows of no tokens."""
+    `rows` (more would count the same tokens again), ValueError for no rows or rows of no tokens. Rows that the
+    data's token count already cannot hold are refused before any packing plan (a huge --train-len at once)."""
     if train_len < 1 or rows < 1:
         raise ValueError(f"need train_len >= 1 and rows >= 1; got {train_len} and {rows}")
-    if (
-        train_len * rows > dataset.num_tokens
-    ):  # before any plan: no packing fits more tokens than the data holds
-        held = dataset.num_tokens // train_len
+    bound = dataset.num_tokens // train_len  # no packing fits more rows of train_len into one pass
+    sampler = None
+    if rows > bound:
+        held, exact = bound, packing in TOKEN_STREAMS  # a token stream fills exactly that many
+    else:
+        sampler = PackedSampler(
+            dataset, train_len, batch_rows, seed=0, packing=packing, shuffle=False
+        )
+        held, exact = rows_in_one_pass(sampler.schedule, rows), True
+    if held < rows:
         fix = (
             f"ask for at most {held} rows (--rows), or shorter rows (--train-len)"
             if held
             else f"ask for rows shorter than its {dataset.num_tokens:,} tokens (--train-len)"
         )
         raise RowsBeyondData(
-            f"{dataset.directory} holds {dataset.num_tokens:,} tokens, fewer than {rows} rows of {train_len:,}: "
-            f"more would read the same tokens again. Fix: {fix}, or prepare more data"
-        )
-    sampler = PackedSampler(dataset, train_len, batch_rows, seed=0, packing=packing, shuffle=False)
-    held = rows_in_one_pass(sampler.schedule, rows)
-    if held < rows:
-        fix = (
-            f"ask for at most {held} rows (--rows), or shorter rows (--train-len)"
-            if held
-            else f"ask for rows shorter than its {dataset.num_tokens} tokens (--train-len)"
-        )
-        raise RowsBeyondData(
-            f"{dataset.directory} holds {held} rows of {train_len} tokens ({packing} packing), not the "
-            f"{rows} asked for: more would read the same tokens again. Fix: {fix}, or prepare more data"
+            f"{dataset.directory} holds {'' if exact else 'at most '}{held} rows of {train_len} tokens "
+            f"({packing} packing), not the {rows} asked for: more would read the same tokens again. Fix: {fix}, "
+            "or prepare more data"
         )
     return sampler
 

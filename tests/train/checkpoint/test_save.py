@@ -46,7 +46,9 @@ def test_a_file_a_rank_reported_is_in_the_manifest_though_the_listing_lags(tmp_p
     """On NFS rank 0's directory listing can lag node 2's writes by seconds: a shard whose hash node 2 gathered but
     rank 0 cannot list yet is in the manifest all the same (the manifest was rank 0's listing alone)."""
     (tmp_path / "a.json").write_bytes(b"{}")
-    known = {"state/__9_0.distcp": {"size": 123, "sha256": "hashed-on-node-2"}}  # not (yet) listed here
+    known = {
+        "state/__9_0.distcp": {"size": 123, "sha256": "hashed-on-node-2"}
+    }  # not (yet) listed here
     write_manifest(tmp_path, known)
     entries = json.loads((tmp_path / MANIFEST_FILE).read_text())["files"]
     assert entries["state/__9_0.distcp"] == known["state/__9_0.distcp"] and "a.json" in entries
