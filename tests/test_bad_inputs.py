@@ -493,3 +493,75 @@ def test_a_lock_file_planted_as_a_link_is_refused_by_name(tmp_path, capsys):
     ):
         claim_output_dir(out, "compare")
     assert target.read_text() == "keep"
+
+
+@pytest.fixture
+def pickled_only(tmp_path_factory) -> Path:
+    """A tiny Llama folder whose weights are only a pickle (pytorch_model.bin) that would leave a marker if run."""
+    pytest.importorskip("transformers")
+    from helpers.hf import save_tiny_hf
+
+    root = tmp_path_factory.mktemp("pickled")
+    model = save_tiny_hf(root / "m")
+    (model / "model.safetensors").unlink()
+    (model / "pytorch_model.bin").write_bytes(b"\x80\x04not a weight file, never to be unpickled")
+    return model
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["probe", "--engine", "transformers", "--lengths", "512"],
+        ["probe", "--engine", "posfreq", "--lengths", "512"],
+        ["loss-by-distance", "--engine", "transformers", "--data", "."],
+        ["ruler", "--lengths", "512"],
+    ],
+    ids=["probe transformers", "probe posfreq", "loss-by-distance transformers", "ruler"],
+)
+def test_every_loader_refuses_pickled_weights_with_one_line(pickled_only, argv, tmp_path, capsys):
+    """loss-by-distance --engine transformers loaded a folder holding only pytorch_model.bin, where probe and ruler
+    refused it: one rule and one line now, before anything is read."""
+    command, *rest = argv
+    code, err = outcome(
+        [command, "--model", f"hf:{pickled_only}", *rest, "--out", str(tmp_path / "o")], capsys
+    )
+    assert (
+        code != 0
+        and "holds only pickled weights (pytorch_model.bin), which posfreq never loads" in err
+    ), err
+    assert "Fix: convert them to safetensors" in err and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device link", "huge"])
+def test_the_auto_map_scan_reads_only_regular_files_of_bounded_size(kind, tmp_path, capsys):
+    """extra.json -> /dev/zero grew until memory ran out, and a FIFO named extra.json hung the probe for good: a
+    model folder's JSON that is not a regular file of bounded size is refused by name, at once."""
+    import os
+    import time
+
+    from posfreq.train.model import hf_folder
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    extra = model / "extra.json"
+    if kind == "fifo":
+        os.mkfifo(extra)
+    elif kind == "device link":
+        extra.symlink_to("/dev/zero")
+    else:
+        with open(extra, "wb") as handle:
+            handle.truncate(hf_folder.MAX_JSON_BYTES + 1)  # sparse: no disk used
+    start = time.perf_counter()
+    with pytest.raises(hf_folder.ModelFolderError) as refused:
+        hf_folder.refuse_custom_code(model, "--model")
+    assert (
+        time.perf_counter() - start < 1
+        and str(extra) in str(refused.value)
+        and "Fix:" in str(refused.value)
+    )
+    (model / "linked.json").symlink_to(
+        model / "config.json"
+    )  # a link to a regular file (the hub's layout) is read
+    extra.unlink()
+    hf_folder.refuse_custom_code(model, "--model")

@@ -26,7 +26,7 @@ from posfreq.train.atomic import write_bytes_atomic, write_json_atomic
 from posfreq.train.checkpoint.safe_load import contained_file
 from posfreq.train.journal import JOURNAL_FILE, remove_recorded
 from posfreq.train.model.config import DTYPES, ModelConfig
-from posfreq.train.model.hf_folder import damaged_weights, read_model_config
+from posfreq.train.model.hf_folder import damaged_weights, read_model_config, refuse_pickled_weights
 from posfreq.train.model.transformer import Transformer
 from posfreq.train.outdir import OutputDirError, claim_output_dir
 from posfreq.train.positions.rotary import rope_scaling_type, rope_type_of
@@ -223,11 +223,7 @@ def _weight_files(directory: Path) -> list[Path]:
     single = directory / "model.safetensors"
     if single.is_file():
         return [single]
-    if any(directory.glob("*.bin")) or any(directory.glob("*.pth")):
-        raise ValueError(
-            f"{directory} has only pickled weights (.bin/.pth), which we never load. Convert them to safetensors "
-            "first, e.g. with transformers: AutoModelForCausalLM.from_pretrained(dir).save_pretrained(out_dir)."
-        )
+    refuse_pickled_weights(directory)  # only pickles, or nothing: the one line every loader gives
     raise FileNotFoundError(f"{directory}: no model.safetensors or model.safetensors.index.json")
 
 

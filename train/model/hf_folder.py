@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 from pathlib import Path
 
 from posfreq.train.json_file import read_json_object
@@ -31,12 +32,42 @@ def _may_spell_auto_map(raw: bytes) -> bool:
     )
 
 
+MAX_JSON_BYTES = 256 << 20
+"""The largest JSON file of a model folder posfreq reads (a 128K-vocabulary tokenizer.json is about 10 MB)."""
+
+
+def _json_file(file: Path) -> bool:
+    """Whether `file` is a JSON file to scan: a regular file (a link to one is followed, as in the hub cache's
+    snapshots) of at most MAX_JSON_BYTES; ModelFolderError for anything else that carries the name (a FIFO, a
+    device such as /dev/zero, a file too large), which could hang or exhaust a reader."""
+    try:
+        st = file.stat()
+    except OSError:
+        return False  # a dangling link: the loaders name what they miss
+    if not stat.S_ISREG(st.st_mode):
+        raise ModelFolderError(
+            f"{file} is not a regular file ({'a link to ' if file.is_symlink() else ''}a FIFO, device or "
+            "socket): posfreq reads only regular files from a model folder. Fix: replace it with the file, or "
+            "remove it"
+        )
+    if st.st_size > MAX_JSON_BYTES:
+        raise ModelFolderError(
+            f"{file} is {st.st_size:,} bytes, more than a model folder's JSON holds (at most {MAX_JSON_BYTES:,}). "
+            "Fix: remove it from the folder"
+        )
+    return True
+
+
 def custom_code_declaration(folder: Path) -> str | None:
     """The first JSON file in `folder` whose top level has an ``auto_map`` (classes from the folder's own code),
-    as "FILE: auto_map {...}", else None. Unreadable JSON is left to the loaders, which name it."""
+    as "FILE: auto_map {...}", else None. Unreadable JSON is left to the loaders, which name it; anything that is
+    not a regular file of bounded size is refused (`_json_file`)."""
     for file in sorted(folder.glob("*.json")):
+        if not _json_file(file):
+            continue
         try:
-            raw = file.read_bytes()
+            with open(file, "rb") as handle:
+                raw = handle.read(MAX_JSON_BYTES + 1)
             # only a file that can hold the key is parsed: a large vocabulary's tokenizer.json is slow to parse
             if not _may_spell_auto_map(raw):
                 continue
@@ -127,12 +158,36 @@ def read_model_config(folder: str | Path) -> dict:
     return data
 
 
+PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+"""Weight files in Python's pickle format, which can run code when loaded: never read."""
+
+
+def refuse_pickled_weights(folder: str | Path) -> None:
+    """ModelFolderError unless `folder` holds safetensors weights: the one rule, and the one line, of every loader
+    (the probe and loss-by-distance through either engine, RULER, the import into posfreq's model). A folder with only
+    pickled weights (.bin, .pt, .pth) is refused by name: transformers would unpickle them."""
+    folder = Path(folder)
+    if any(folder.glob("*.safetensors")):
+        return
+    pickled = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLED_SUFFIXES)
+    if pickled:
+        raise ModelFolderError(
+            f"{folder} holds only pickled weights ({', '.join(pickled[:3])}), which posfreq never loads: "
+            "unpickling can run code. Fix: convert them to safetensors on a machine you trust "
+            "(AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(OUT)), or pass a folder with *.safetensors"
+        )
+    raise ModelFolderError(
+        f"{folder} holds no *.safetensors weights. Fix: pass a Hugging Face model folder saved with save_pretrained"
+    )
+
+
 def check_weight_files(folder: str | Path) -> None:
-    """ModelFolderError naming the first *.safetensors file of `folder` whose header cannot be read or does not
-    cover the file (a truncated download, a damaged disk); only headers are read, so this is quick before a long
-    job."""
+    """ModelFolderError for a folder without safetensors weights (`refuse_pickled_weights`) or naming the first
+    *.safetensors file of `folder` whose header cannot be read or does not cover the file (a truncated download, a
+    damaged disk); only headers are read, so this is quick before a long job."""
     from safetensors import safe_open
 
+    refuse_pickled_weights(folder)
     for file in sorted(Path(folder).glob("*.safetensors")):
         try:
             with safe_open(str(file), framework="pt"):

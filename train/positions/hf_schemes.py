@@ -232,7 +232,7 @@ def load_causal_lm(
     hf_logging.disable_progress_bar()  # the weights' loading bar would break the callers' own progress bars
     # rope keeps the attention transformers picks for the model (sdpa where it runs); the schemes set their own
     attention = {} if positions == "rope" else {"attn_implementation": "sdpa"}
-    model = AutoModelForCausalLM.from_pretrained(
-        path, config=config, dtype=dtype, trust_remote_code=False, **attention
+    model = AutoModelForCausalLM.from_pretrained(  # safetensors only: never a pickle, whatever lies beside it
+        path, config=config, dtype=dtype, trust_remote_code=False, use_safetensors=True, **attention
     )
     return apply_scheme(model, positions, train_len, **options).eval()
