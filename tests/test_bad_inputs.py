@@ -565,3 +565,100 @@ def test_the_auto_map_scan_reads_only_regular_files_of_bounded_size(kind, tmp_pa
     )  # a link to a regular file (the hub's layout) is read
     extra.unlink()
     hf_folder.refuse_custom_code(model, "--model")
+
+
+def _with_weight(folder: Path, name: str, value: float) -> None:
+    """Set one element of weight `name` in folder/model.safetensors to `value`."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(folder / "model.safetensors"))
+    weights[name] = weights[name].clone()
+    weights[name].view(-1)[0] = value
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("engine", ["posfreq", "transformers"])
+def test_a_nan_weight_is_refused_at_load_naming_the_tensor(engine, tmp_path, capsys):
+    """One NaN in a q_proj weight gave exit 0 and 'effective length 0 (none_passed)', tf_needle_prob nan: the
+    weights are refused at load now, naming the tensor, and nothing is written."""
+    pytest.importorskip("transformers")
+    from helpers.hf import save_tiny_hf
+
+    model = save_tiny_hf(tmp_path / "m")
+    _with_weight(model, "model.layers.0.self_attn.q_proj.weight", float("nan"))
+    argv = [
+        "probe",
+        "--model",
+        f"hf:{model}",
+        "--engine",
+        engine,
+        "--lengths",
+        "512",
+        "--tests-per-length",
+        "1",
+    ]
+    code, err = outcome([*argv, "--out", str(tmp_path / "o")], capsys)
+    assert code != 0 and "q_proj.weight holds 1 NaN or infinite value" in err and "Fix: " in err, (
+        err
+    )
+    assert not list((tmp_path / "o").rglob("*.jsonl"))
+
+
+def test_a_checkpoint_with_a_nan_weight_is_refused_by_probe_and_loss_by_distance(
+    data_dir, tmp_path, capsys
+):
+    from helpers.hf import consolidated_bytes_model
+
+    checkpoint = tmp_path / "ckpt"
+    consolidated_bytes_model(checkpoint)
+    _with_weight(checkpoint, "layers.0.self_attn.q_proj.weight", float("inf"))
+    (checkpoint / "manifest.json").unlink(
+        missing_ok=True
+    )  # a hand-edited copy: no manifest to check against
+    for argv in (
+        [
+            "probe",
+            "--checkpoint",
+            str(checkpoint),
+            "--lengths",
+            "448",
+            "--max-new-tokens",
+            "40",
+            "--haystack",
+            "noise",
+            "--tests-per-length",
+            "1",
+        ],
+        [
+            "loss-by-distance",
+            "--checkpoint",
+            str(checkpoint),
+            "--data",
+            str(data_dir),
+            "--rows",
+            "1",
+        ],
+    ):
+        code, err = outcome([*argv, "--out", str(tmp_path / argv[0])], capsys)
+        assert (
+            code != 0
+            and "weight layers.0.self_attn.q_proj.weight holds 1 NaN or infinite value" in err
+        ), err
+
+
+def test_logits_that_overflow_stop_the_probe_naming_the_length_and_the_tests(tmp_path, capsys):
+    """Finite weights whose logits overflow to infinity: argmax made answers of them; the probe stops with one
+    line naming the model, the length and the tests."""
+    pytest.importorskip("transformers")
+    from helpers.hf import save_tiny_hf
+
+    model = save_tiny_hf(tmp_path / "m")
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(model / "model.safetensors"))
+    head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
+    weights[head] = weights[head].clone().fill_(3e38)
+    save_file(weights, str(model / "model.safetensors"), metadata={"format": "pt"})
+    argv = ["probe", "--model", f"hf:{model}", "--lengths", "512", "--tests-per-length", "2"]
+    code, err = outcome([*argv, "--out", str(tmp_path / "o"), "--quiet"], capsys)
+    assert code != 0 and "non-finite logits at" in err and "at length 512, tests 0-1" in err, err

@@ -11,7 +11,7 @@ import torch
 
 from posfreq.analysis.niah.decoding import Generator
 from posfreq.analysis.niah.settings import ProbeError, ProbeSettings
-from posfreq.train.model.transformer import row_groups
+from posfreq.train.model.transformer import finite, row_groups
 
 
 class TransformersGenerator(Generator):
@@ -58,7 +58,7 @@ class TransformersGenerator(Generator):
         rows: list[list[int]] = [[] for _ in range(prompt_ids.shape[0])]
         done = [False] * len(rows)
         for produced in range(1, max_new_tokens + 1):
-            token = step.logits[:, -1].argmax(-1)
+            token = finite(step.logits[:, -1], f"decoding step {produced - 1}").argmax(-1)
             for row, tokens in enumerate(rows):
                 if not done[row]:
                     tokens.append(int(token[row]))
@@ -79,7 +79,7 @@ class TransformersGenerator(Generator):
         kept = input_ids.shape[1] - first_target + 1
         for group in row_groups(input_ids.shape[0], input_ids.shape[1], prefill_tokens):
             logits = self.model(input_ids=input_ids[group], logits_to_keep=kept).logits
-            logits = logits[:, :-1].float()
+            logits = finite(logits[:, :-1].float(), "teacher forcing")
             targets = input_ids[group, first_target:]
             logprobs.append(logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0])
             hits.append(logits.argmax(-1) == targets)
@@ -111,7 +111,7 @@ class TransformersGenerator(Generator):
                     step = self.model(input_ids=tokens[:, :-1], use_cache=True, **keyword).logits
                     logits = torch.cat((first, step), dim=1)
                     crop_to(cache, length)
-                logits = logits.float()
+                logits = finite(logits.float(), "teacher forcing")
                 parts[k].append(
                     (
                         logits.log_softmax(-1).gather(-1, tokens[..., None])[..., 0],

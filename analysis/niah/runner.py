@@ -213,12 +213,33 @@ def execute(tasks: Sequence[ModelTask], job: Job) -> None:
             _write_meta(task, job)
 
 
+def _scored_batch(model: Generator, task: ModelTask, batch: list, job: Job) -> list[dict]:
+    """The records of one batch of equal-length tests: decoded (unless greedy is off), teacher-forced, scored;
+    FloatingPointError where the model's logits are not finite."""
+    s = job.settings
+    tokenizer = task.builder.tokenizer
+    answers = (
+        generate_answers(
+            model, tokenizer, batch, job.device, s.precision, s.max_new_tokens, job.prefill_tokens
+        )
+        if s.greedy
+        else None
+    )
+    tf = (
+        teacher_forced(
+            model, tokenizer, batch, job.device, s.precision, s.answer_order, job.prefill_tokens
+        )
+        if s.teacher_forced
+        else None
+    )
+    return score_tests(batch, answers, tf, task.key)
+
+
 def probe_length(model: Generator, task: ModelTask, length: int, job: Job, bar: Any = None) -> None:
     """Decode (unless greedy is off), teacher-force and score one length's tests in batches, from where a killed
     probe stopped (its partial records) or an earlier probe with fewer tests ended; write its records and marker."""
     s = job.settings
     tests = task.builder.make_tests(length, s.tests_per_length, s.seed)
-    tokenizer = task.builder.tokenizer
     records, earlier = results.load_started(task.out, length, task.key)
     if records and bar is not None:
         # resumed: what a killed or shorter probe finished is not probed again
@@ -227,27 +248,14 @@ def probe_length(model: Generator, task: ModelTask, length: int, job: Job, bar: 
     size = job.batch_for(length)
     for start in range(len(records), len(tests), size):
         batch = tests[start : start + size]
-        answers = (
-            generate_answers(
-                model,
-                tokenizer,
-                batch,
-                job.device,
-                s.precision,
-                s.max_new_tokens,
-                job.prefill_tokens,
-            )
-            if s.greedy
-            else None
-        )
-        tf = (
-            teacher_forced(
-                model, tokenizer, batch, job.device, s.precision, s.answer_order, job.prefill_tokens
-            )
-            if s.teacher_forced
-            else None
-        )
-        records += score_tests(batch, answers, tf, task.key)
+        try:
+            records += _scored_batch(model, task, batch, job)
+        except FloatingPointError as err:
+            raise ProbeError(
+                f"{task.source.path}: {err} at length {length}, tests {batch[0].index}-{batch[-1].index}: its "
+                "answers and scores would be numbers made of NaN. Fix: probe with --precision float32, or check "
+                "the model's weights"
+            ) from None
         # kept through write_length too: it removes the marker of the fewer tests these may extend
         seconds = earlier + time.perf_counter() - started
         results.save_partial(task.out, length, task.key, records, seconds)

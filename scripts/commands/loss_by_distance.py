@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Literal, Optional, Sequence
 
+import numpy as np
+
 from posfreq.analysis.corpus.frequency import position_frequency
 from posfreq.analysis.plots.losses import plot_loss_by_distance
 from posfreq.analysis.tables.columns import LOSS_BY_DISTANCE_COLUMNS
@@ -197,6 +199,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             per_segment,
             sampler,
         )
+        if not np.isfinite(table.loss_sum).all():
+            raise ValueError(
+                f"{label}: a non-finite loss in {args.rows} rows of {train_len} tokens of {args.data}: its mean loss "
+                "by distance would be NaN printed as a number. Fix: check the model's weights (an overflow in its "
+                "activations), or measure another checkpoint"
+            )
     except (ValueError, OSError, OutputDirError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -49,8 +49,10 @@ from posfreq.train.checkpoint.rng_state import restore_rng
 from posfreq.train.checkpoint.safe_load import (
     CheckpointError,
     contained_file,
+    first_non_finite,
     load_array,
     load_pickled,
+    non_finite_message,
     read_dcp_metadata,
     safe_dcp_reader,
 )
@@ -401,6 +403,9 @@ def load_model(
         else {}
     )
     state = model_state_dict(path, config)
+    found = first_non_finite(state.items())
+    if found:
+        raise CheckpointError(non_finite_message(str(path), found))
     with torch.device("meta"):
         model = Transformer(config, attention_backend=attention_backend)
     model.load_state_dict(state, assign=True)

@@ -11,19 +11,40 @@ import io
 import pickle
 import re
 from pathlib import Path, PurePath
-from typing import IO, Any
+from typing import IO, Any, Iterable
 
 import numpy as np
 import torch
 
 UNTRUSTED_FIX = (
-    "Fix: resume from another checkpoint (--resume PATH) or move this one away; load only "
-    "checkpoints this code wrote, from a source you trust."
+    "Fix: use another checkpoint (pretrain --resume PATH, probe --checkpoint PATH) or move this one away; load "
+    "only checkpoints this code wrote, from a source you trust."
 )
 
 
 class CheckpointError(ValueError):
     """A checkpoint file that cannot be loaded safely or at all; the message names the file and a fix."""
+
+
+def first_non_finite(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[str, int] | None:
+    """(name, count) of the first floating-point tensor holding NaN or an infinity, else None: weights that would
+    make every score NaN, which argmax and means then turn into numbers."""
+    for name, tensor in named:
+        if tensor.is_floating_point():
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad:
+                return name, bad
+    return None
+
+
+def non_finite_message(where: str, found: tuple[str, int]) -> str:
+    """The one line that refuses weights `first_non_finite` found bad in `where`."""
+    name, bad = found
+    return (
+        f"{where}: weight {name} holds {bad:,} NaN or infinite value{'s' if bad != 1 else ''}; every score of "
+        "this model would be NaN, which a probe would count as a number. Fix: use an earlier checkpoint or "
+        "another copy of the model"
+    )
 
 
 _DCP_ALLOWED = {

@@ -23,10 +23,15 @@ import torch
 from torch import Tensor
 
 from posfreq.train.atomic import write_bytes_atomic, write_json_atomic
-from posfreq.train.checkpoint.safe_load import contained_file
+from posfreq.train.checkpoint.safe_load import contained_file, first_non_finite, non_finite_message
 from posfreq.train.journal import JOURNAL_FILE, remove_recorded
 from posfreq.train.model.config import DTYPES, ModelConfig
-from posfreq.train.model.hf_folder import damaged_weights, read_model_config, refuse_pickled_weights
+from posfreq.train.model.hf_folder import (
+    ModelFolderError,
+    damaged_weights,
+    read_model_config,
+    refuse_pickled_weights,
+)
 from posfreq.train.model.transformer import Transformer
 from posfreq.train.outdir import OutputDirError, claim_output_dir
 from posfreq.train.positions.rotary import rope_scaling_type, rope_type_of
@@ -244,6 +249,9 @@ def _read_hf_weights(directory: Path, dtype: torch.dtype | None, device: str) ->
                 continue
             key = name.removeprefix("model.")
             weights[key] = tensor if dtype is None else tensor.to(dtype)
+    found = first_non_finite(weights.items())
+    if found:
+        raise ModelFolderError(non_finite_message(str(directory), found))
     return weights
 
 

@@ -78,6 +78,17 @@ class LayerCache:
         return LayerCache(self.k[rows], self.v[rows], self.length)
 
 
+def finite(logits: Tensor, where: str) -> Tensor:
+    """`logits`, or FloatingPointError naming `where` and the rows when any is NaN or infinite: argmax and
+    log-softmax would turn them into answers and scores that look like numbers."""
+    bad = ~torch.isfinite(logits).reshape(logits.shape[0], -1).all(-1)
+    if bad.any():
+        raise FloatingPointError(
+            f"non-finite logits at {where}, batch rows {bad.nonzero()[:, 0].tolist()}"
+        )
+    return logits
+
+
 def row_groups(batch: int, length: int, max_tokens: int | None) -> list[slice]:
     """Consecutive row slices of a (batch, length) input holding at most `max_tokens` tokens each (one row at least).
 
@@ -333,7 +344,7 @@ class Transformer(nn.Module):
                 logits = torch.cat((logits, self.lm_head(hidden.view(batch, width, -1))), dim=1)
             for cache in caches:
                 cache.length = length
-            logits = logits.float()
+            logits = finite(logits.float(), "teacher forcing")
             scored.append(
                 (
                     logits.log_softmax(-1).gather(-1, tokens[..., None])[..., 0],
@@ -367,7 +378,8 @@ class Transformer(nn.Module):
         done = [False] * batch
         one = uniform_cu_seqlens(batch, 1, device)
         for step in range(max_new_tokens):
-            next_ids = self.lm_head(last).argmax(-1)
+            logits = finite(self.lm_head(last), f"decoding step {step}")
+            next_ids = logits.argmax(-1)
             for row, token in enumerate(next_ids.tolist()):
                 if not done[row]:
                     outputs[row].append(token)
@@ -397,7 +409,9 @@ class Transformer(nn.Module):
             n = rows.stop - rows.start
             cu = uniform_cu_seqlens(n, length, input_ids.device)
             hidden = self.hidden_states(input_ids[rows].reshape(-1), cu, length).view(n, length, -1)
-            logits = self.lm_head(hidden[:, first_target - 1 : length - 1]).float()
+            logits = finite(
+                self.lm_head(hidden[:, first_target - 1 : length - 1]).float(), "teacher forcing"
+            )
             targets = input_ids[rows, first_target:]
             logprobs.append(logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0])
             correct.append(logits.argmax(-1) == targets)

@@ -22,7 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from posfreq.train.checkpoint.safe_load import first_non_finite, non_finite_message
 from posfreq.train.model.hf_folder import (
+    ModelFolderError,
     check_weight_files,
     read_model_config,
     refuse_custom_code,
@@ -235,4 +237,7 @@ def load_causal_lm(
     model = AutoModelForCausalLM.from_pretrained(  # safetensors only: never a pickle, whatever lies beside it
         path, config=config, dtype=dtype, trust_remote_code=False, use_safetensors=True, **attention
     )
+    found = first_non_finite(model.state_dict().items())
+    if found:
+        raise ModelFolderError(non_finite_message(str(path), found))
     return apply_scheme(model, positions, train_len, **options).eval()

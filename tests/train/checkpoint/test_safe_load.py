@@ -99,7 +99,7 @@ def test_resume_never_runs_code_from_checkpoint_files(
         pretrain.main(["--config", str(config)])
     message = str(exit_info.value.code)
     assert message.startswith(f"error: {latest / name}") and "refusing to load" in message, message
-    assert "Fix: resume from another checkpoint" in message
+    assert "Fix: use another checkpoint (pretrain --resume PATH" in message
     if name.endswith(".distcp"):  # loading the weights for evaluation checks the same items
         with pytest.raises(CheckpointError, match="optimizer.param_groups.0.lr"):
             ckpt.load_model(latest)
