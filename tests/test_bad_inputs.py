@@ -1,5 +1,24 @@
 """Every subcommand meets ordinary mistakes with one `error:` line first, a non-zero exit, no traceback, and no file
-written outside its output directory."""
+written outside its output directory.
+
+The hostile routes of the third review (issue #46) and where each is tested:
+- a chat template that outruns the sandbox: tests/analysis/niah/test_sources.py (in-process checks; the child
+  process with hard limits is not built yet);
+- a rerun deleting a neighbour's nested results: tests/train/test_journal.py, tests/scripts/commands/
+  test_loss_by_distance.py (export-hf end to end);
+- NaN or infinite weights and overflowing logits: here (`test_a_nan_weight_*`, `test_a_checkpoint_with_a_nan_*`,
+  `test_logits_that_overflow_*`);
+- pickled weights through every loader: here (`test_every_loader_refuses_pickled_weights_with_one_line`);
+- concurrent consolidations into one --out: tests/train/checkpoint/test_consolidate.py;
+- huge lengths: here (`test_huge_probe_lengths_*`), tests/scripts/commands/test_loss_by_distance.py,
+  tests/scripts/commands/test_analyze.py, tests/train/run/test_config.py;
+- a YAML alias bomb and an oversized config: tests/train/run/test_config.py;
+- a FIFO, a device link or a huge JSON in a model folder: here (`test_the_auto_map_scan_*`);
+- a corpus rewritten under the same size and mtime: tests/scripts/commands/test_analyze.py;
+- the demo writing into the checkout: tests/scripts/commands/test_demo.py;
+- messages (required flags, missing shards, a linked lock file, a refused state file): here and
+  tests/train/checkpoint/test_safe_load.py.
+"""
 
 from __future__ import annotations
 
@@ -662,3 +681,38 @@ def test_logits_that_overflow_stop_the_probe_naming_the_length_and_the_tests(tmp
     argv = ["probe", "--model", f"hf:{model}", "--lengths", "512", "--tests-per-length", "2"]
     code, err = outcome([*argv, "--out", str(tmp_path / "o"), "--quiet"], capsys)
     assert code != 0 and "non-finite logits at" in err and "at length 512, tests 0-1" in err, err
+
+
+def test_huge_probe_lengths_are_refused_before_any_test_is_built(data_dir, tmp_path, capsys):
+    """--lengths 2^40 tried to allocate 88 GiB; a range of millions of lengths and a config whose
+    max_position_embeddings is 2^40 (8.6e9 default lengths; loss-by-distance's default rows searched for hours)
+    are one line each, at once."""
+    import json
+    import time
+
+    pytest.importorskip("transformers")
+    from helpers.hf import save_tiny_hf
+
+    model = save_tiny_hf(tmp_path / "m")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2**40}))
+    cases = [
+        (
+            ["probe", "--model", f"hf:{model}", "--lengths", "1099511627776"],
+            "beyond the longest test the probe",
+        ),
+        (
+            ["probe", "--model", f"hf:{model}", "--lengths", "128:100000000:1"],
+            "lengths, more than a probe takes",
+        ),
+        (["probe", "--model", f"hf:{model}"], "no default lengths up to it. Fix: pass --lengths"),
+        (
+            ["loss-by-distance", "--model", f"hf:{model}", "--data", str(data_dir)],
+            "holds 0 rows of",
+        ),
+    ]
+    for argv, want in cases:
+        start = time.perf_counter()
+        code, err = outcome([*argv, "--out", str(tmp_path / "o")], capsys)
+        assert code != 0 and want in err, (argv, err)
+        assert time.perf_counter() - start < 10, argv

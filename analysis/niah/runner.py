@@ -23,7 +23,12 @@ from posfreq.analysis.niah.decoding import (
     teacher_forced,
 )
 from posfreq.analysis.niah.needles import NiahBuilder
-from posfreq.analysis.niah.settings import ProbeError, ProbeSettings, resolve_precision
+from posfreq.analysis.niah.settings import (
+    MAX_PROBE_LENGTH,
+    ProbeError,
+    ProbeSettings,
+    resolve_precision,
+)
 from posfreq.analysis.niah.sources import Builders, ModelSource, checkpoint_source, milestones
 from posfreq.analysis.tables.pass_curve import Analysis
 from posfreq.train.atomic import atomic_open
@@ -113,7 +118,14 @@ class Job:
 
 
 def default_lengths(train_len: int, shortest: int = 1) -> list[int]:
-    """The multiples of 128 from the shortest test a prompt format allows up to the training length."""
+    """The multiples of 128 from the shortest test a prompt format allows up to the training length; ProbeError for
+    a training length beyond the longest test the probe builds (a config's max_position_embeddings of 2^40 made a
+    list of 8.6e9 lengths)."""
+    if train_len > MAX_PROBE_LENGTH:
+        raise ProbeError(
+            f"the model's training length {train_len:,} is beyond the longest test the probe builds "
+            f"({MAX_PROBE_LENGTH:,} tokens), so there are no default lengths up to it. Fix: pass --lengths"
+        )
     return list(range(128 * max(1, -(-shortest // 128)), train_len + 1, 128))
 
 

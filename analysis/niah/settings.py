@@ -127,13 +127,28 @@ class ProbeSettings:
         return decoding
 
 
+MAX_PROBE_LENGTH = 1 << 22
+"""The longest test the probe builds (tokens): a prompt of this length already needs gigabytes of KV cache on a
+small model; a larger one is refused before any test is built."""
+
+MAX_PROBE_LENGTHS = 4096
+"""The most test lengths one probe takes (a START:STOP:STEP range is counted before it is built)."""
+
+
 def parse_lengths(spec: str) -> list[int]:
-    """'START:STOP:STEP' (STOP included) or a comma list '128,256,512' -> sorted unique lengths."""
+    """'START:STOP:STEP' (STOP included) or a comma list '128,256,512' -> sorted unique lengths, each at most
+    MAX_PROBE_LENGTH, at most MAX_PROBE_LENGTHS of them (checked before any list is built)."""
     try:
         if ":" in spec:
             start, stop, step = (int(x) for x in spec.split(":"))
             if step < 1:
                 raise ValueError
+            count = max(0, (stop - start) // step + 1)
+            if count > MAX_PROBE_LENGTHS:
+                raise argparse.ArgumentTypeError(
+                    f"--lengths {spec} asks for {count:,} lengths, more than a probe takes ({MAX_PROBE_LENGTHS:,}). "
+                    "Fix: a larger STEP or a shorter range"
+                )
             lengths = list(range(start, stop + 1, step))
         else:
             lengths = [int(x) for x in spec.split(",") if x.strip()]
@@ -143,6 +158,11 @@ def parse_lengths(spec: str) -> list[int]:
         ) from None
     if not lengths or min(lengths) < 1:
         raise argparse.ArgumentTypeError(f"--lengths {spec!r} gives no positive lengths")
+    if max(lengths) > MAX_PROBE_LENGTH:
+        raise argparse.ArgumentTypeError(
+            f"--lengths: {max(lengths):,} tokens is beyond the longest test the probe builds ({MAX_PROBE_LENGTH:,}). "
+            "Fix: shorter lengths"
+        )
     return sorted(set(lengths))
 
 
