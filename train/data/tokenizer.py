@@ -148,6 +148,7 @@ class HFTokenizer:
             else self._config.get("chat_template")
         )
         self.chat_template: str | None = template if isinstance(template, str) else None
+        self.chat_template_file = jinja if jinja is not None and jinja.is_file() else config_file
         digest = hashlib.sha256(file.read_bytes())
         for extra in (config_file, jinja):
             if extra is not None and extra.is_file():
@@ -276,6 +277,7 @@ class HFTokenizer:
         text = render_chat_template(
             self.chat_template,
             [{"role": "user", "content": marker}],
+            source=str(self.chat_template_file),
             bos_token="" if self.bos_id is None else self._tok.id_to_token(self.bos_id),
             eos_token=self._tok.id_to_token(self.eos_id),
         )
@@ -287,7 +289,7 @@ class HFTokenizer:
         return self.encode_with_special(before), self.encode_with_special(after)
 
 
-TEMPLATE_SECONDS = 5.0
+TEMPLATE_SECONDS = 2.0
 """Wall-clock limit on rendering a chat template (user data: it may loop for ever)."""
 TEMPLATE_CHARS = 1_000_000
 """Output limit on a rendered chat template (one user turn is a few hundred characters)."""
@@ -298,7 +300,7 @@ class _TemplateTimeout(Exception):
 
 
 _FORMAT_WIDTHS = re.compile(
-    r"%[-#0 +]*(\d+|\*)?(?:\.(\d+|\*))?|\{[^{}]*:[^{}]*?(\d+)[^{}]*\}|\{[^{}]*\{"
+    r"%(?:\([^()]*\))?[-#0 +]*(\d+|\*)?(?:\.(\d+|\*))?|\{[^{}]*:[^{}]*?(\d+)[^{}]*\}|\{[^{}]*\{"
 )
 """Widths and precisions in a %-format or a str.format string (a nested `{` is a width given at run time)."""
 _GROWING_METHODS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "join", "replace"})
@@ -480,10 +482,27 @@ def _bounded_sandbox_class():
 
 
 def render_chat_template(
+    template: str,
+    messages: list[dict],
+    add_generation_prompt: bool = True,
+    source: str = "the chat template",
+    **variables: str,
+) -> str:
+    """Render a Hugging Face chat template (user data) with the generation prompt in a child process under hard
+    limits (train/data/template_worker.py: address space, CPU time and output, set with `resource` before it renders
+    anything), beside the sandbox's own checks (`_render_here`). A limit reached, a template that fails or one that
+    overflows is one ValueError naming `source` (its file) and the limit."""
+    from posfreq.train.data.template_worker import render_in_worker
+
+    return render_in_worker(template, messages, add_generation_prompt, variables, source)
+
+
+def _render_here(
     template: str, messages: list[dict], add_generation_prompt: bool = True, **variables: str
 ) -> str:
-    """Render a Hugging Face chat template (sandboxed Jinja, HF's whitespace options) with the generation prompt,
-    within TEMPLATE_SECONDS and TEMPLATE_CHARS; ValueError for a template that fails, overflows or runs too long."""
+    """Render a Hugging Face chat template (sandboxed Jinja, HF's whitespace options) with the generation prompt
+    in this process, within TEMPLATE_SECONDS (an alarm between bytecodes) and TEMPLATE_CHARS; ValueError for a
+    template that fails, overflows or runs too long. `render_chat_template` runs it in a child with hard limits."""
     import signal
     import threading
 
@@ -522,7 +541,11 @@ def render_chat_template(
         raise ValueError(
             f"chat template did not finish rendering within {TEMPLATE_SECONDS:g} s; refusing it"
         ) from None
-    except (TemplateError, OverflowError, RecursionError, MemoryError) as err:
+    except (
+        TemplateError,
+        OverflowError,
+        RecursionError,
+    ) as err:  # MemoryError: the worker names its limit
         raise ValueError(
             f"chat template could not be rendered: {type(err).__name__}: {err}"
         ) from None
