@@ -569,3 +569,22 @@ def test_xformers_adapter_trains_through_the_autograd_api(monkeypatch, window):
         torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-4)
     # the mask is built from the lengths on the host once for these cu_seqlens, not once per call (layer)
     assert len(built) == 1
+
+
+def test_the_varlen_double_of_the_installed_torch_has_its_real_signature():
+    """The hand-written doubles cannot drift from the installed torch: the double for this release takes the same
+    parameters, in the same order, of the same kinds and with the same defaults as torch's own varlen_attn (the
+    doubles of other releases were read from their sources; only the installed one can be checked here)."""
+    import inspect
+
+    varlen = pytest.importorskip("torch.nn.attention.varlen")
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    release = {(2, 10): "2.10", (2, 11): "2.11", (2, 12): "2.13", (2, 13): "2.13"}.get((major, minor))
+    if release is None:
+        pytest.skip(f"no double written for torch {torch.__version__}")
+    real = inspect.signature(varlen.varlen_attn).parameters
+    double = inspect.signature(varlen_attn_of_release(release)).parameters
+    assert list(double) == list(real)
+    for name, parameter in real.items():
+        assert double[name].kind == parameter.kind, name
+        assert double[name].default == parameter.default, name
