@@ -3,8 +3,9 @@
 The lock file is JSON: {"job": SLURM_JOB_ID or null, "pid", "host", "started"}. A second job on
 the same out_dir would delete the first one's ``*.tmp`` checkpoint writes and interleave saves;
 it is refused. A lock whose owner is gone is taken over: one left by this same SLURM job (it
-was requeued, perhaps onto other nodes), or one from this host whose pid no longer runs. A lock
-from another host cannot be judged from here; the error says how to remove it if it is stale.
+was requeued, perhaps onto other nodes), one from this host whose pid no longer runs, or one of a
+SLURM job the scheduler says has ended (`squeue`, then `sacct`). A lock from another host that no
+scheduler can judge is refused; the error says how to remove it if it is stale.
 """
 
 from __future__ import annotations
@@ -70,10 +71,59 @@ def _create(lock: Path, owner: dict) -> bool:
     return True
 
 
+ALIVE_STATES = frozenset(
+    {
+        "PENDING",
+        "RUNNING",
+        "CONFIGURING",
+        "COMPLETING",
+        "SUSPENDED",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "STOPPED",
+    }
+)
+"""SLURM job states in which a job may still write its run directory (or will again: requeued, suspended)."""
+
+
+def job_ended(job: str) -> str | None:
+    """Why the scheduler says SLURM job `job` has ended (its state, or that it no longer knows the job), or None
+    while it runs or waits, or when no scheduler can be asked (squeue and sacct missing or failing)."""
+    import subprocess
+
+    for argv in (
+        ["squeue", "--noheader", "--jobs", job, "--format", "%T"],
+        ["sacct", "--noheader", "--allocations", "--jobs", job, "--format", "State"],
+    ):
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        states = {line.split()[0] for line in done.stdout.splitlines() if line.split()}
+        if done.returncode == 0 and states:
+            ended = states - ALIVE_STATES
+            return (
+                f"{argv[0]} reports job {job} {', '.join(sorted(ended))}"
+                if states <= ended
+                else None
+            )
+        if argv[0] == "squeue" and "Invalid job id" in done.stderr:
+            continue  # squeue forgets an ended job after a while: ask sacct
+    return None
+
+
 def stale_reason(holder: dict, me: dict) -> str | None:
     """Why the lock's owner is certainly gone (so its lock may be taken over), or None if it may still run."""
     if holder.get("job") and holder.get("job") == me["job"]:
         return f"it was taken by this SLURM job {me['job']} before it was requeued"
+    if holder.get("job") and holder.get("host") != me["host"]:
+        ended = job_ended(str(holder["job"]))
+        if ended:
+            return ended
     if (
         holder.get("host") == me["host"]
         and isinstance(holder.get("pid"), int)

@@ -265,3 +265,59 @@ def test_a_run_whose_checkpoints_live_behind_a_link_resumes_and_is_never_deleted
     with pytest.raises(ConfigError, match="is a link, and posfreq never deletes through a link"):
         run(tiny(data_dir, out, resume=None, overwrite=True))
     assert (out / "checkpoints").is_symlink() and (scratch / "latest").is_dir()
+
+
+FAKE_SLURM = """#!/bin/sh
+# a fake {name}: answers from $FAKE_SLURM_STATE ("" = unknown job, as squeue says once it forgets it)
+if [ -z "$FAKE_SLURM_STATE" ]; then
+  echo "slurm_load_jobs error: Invalid job id specified" >&2
+  exit 1
+fi
+echo "$FAKE_SLURM_STATE"
+"""
+
+
+@pytest.mark.parametrize(
+    "squeue, sacct, taken",
+    [
+        ("RUNNING", "RUNNING", False),  # the old job still runs on another node: refused
+        ("PENDING", "PENDING", False),
+        ("", "CANCELLED", True),  # squeue forgot it, sacct says it was cancelled: taken over
+        ("", "COMPLETED", True),
+        ("COMPLETED", "COMPLETED", True),
+        ("", "", False),  # no scheduler knows it: cannot be judged, refused
+    ],
+)
+def test_a_lock_of_a_job_the_scheduler_says_has_ended_is_taken_over(
+    tmp_path, monkeypatch, squeue, sacct, taken
+):
+    """A fresh sbatch whose rank 0 landed on another node than the crashed job's was refused until the lock was
+    deleted by hand: the scheduler (fake squeue and sacct on PATH) decides now, and only an ended job's lock goes."""
+    import os
+
+    from posfreq.train.run_lock import RunLock, RunLockError
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, state in (("squeue", squeue), ("sacct", sacct)):
+        script = bin_dir / name
+        script.write_text(
+            FAKE_SLURM.format(name=name).replace("$FAKE_SLURM_STATE", f"${name.upper()}_STATE")
+        )
+        script.chmod(0o755)
+        monkeypatch.setenv(f"{name.upper()}_STATE", state)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "5000")  # the new job
+    out = tmp_path / "run"
+    out.mkdir()
+    lock = out / "run.lock"
+    lock.write_text(
+        json.dumps({"job": "4242", "host": "node-elsewhere", "pid": 1, "started": "then"})
+    )
+    if taken:
+        RunLock.acquire(out).release()
+        assert not lock.exists()
+    else:
+        with pytest.raises(RunLockError, match="locked by job 4242"):
+            RunLock.acquire(out)
+        assert json.loads(lock.read_text())["job"] == "4242"
