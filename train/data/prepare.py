@@ -42,11 +42,13 @@ from posfreq.train.data.corpora import Corpus, CorpusFile, SourceFilter, check_o
 from posfreq.train.data.formats import SUFFIXES
 from posfreq.train.data.records import CorpusError, ReadStats, lost_files_report
 from posfreq.train.data.shards import (
+    MANIFEST_FILE,
     META_SUFFIX,
     OFFSETS_SUFFIX,
     TOKENS_SUFFIX,
     ShardWriter,
     shard_is_complete,
+    write_manifest,
 )
 from posfreq.train.data.stream import StreamShard
 from posfreq.train.data.tokenizer import Tokenizer, get_tokenizer, hf_dir
@@ -122,8 +124,10 @@ def holds_only_shards(out: Path) -> bool:
 
     def is_shard_file(entry: Path) -> bool:
         name = entry.name
-        if name.endswith((TOKENS_SUFFIX, OFFSETS_SUFFIX)) or (
-            name.startswith(".") and name.endswith(".tmp")
+        if (
+            name.endswith((TOKENS_SUFFIX, OFFSETS_SUFFIX))
+            or name == MANIFEST_FILE
+            or (name.startswith(".") and name.endswith(".tmp"))
         ):
             return True
         stem = name.removesuffix(META_SUFFIX)
@@ -341,6 +345,11 @@ def prepare(
             shared=True,
         )
     todo = pending_files(mine, names, out, tokenizer, val_fraction, workers)
+    if (
+        todo
+    ):  # the shards change: until all are complete again, readers scan them, not an older manifest
+        for directory in (out, out / VAL_DIR):
+            (directory / MANIFEST_FILE).unlink(missing_ok=True)
     totals = {
         "files": len(mine.files),
         "skipped_complete": len(mine.files) - len(todo),
@@ -408,7 +417,22 @@ def prepare(
                 for suffix in (META_SUFFIX, TOKENS_SUFFIX, OFFSETS_SUFFIX):
                     (directory / f"{names[file]}{suffix}").unlink(missing_ok=True)
         raise CorpusError(no_documents(mine, totals))
+    for directory in (out, out / VAL_DIR) if val_fraction > 0 else (out,):
+        if _all_shards_present(
+            directory, names.values()
+        ):  # the last array task to finish writes it
+            write_manifest(directory)
     return totals
+
+
+def _all_shards_present(directory: Path, names) -> bool:
+    """Whether `directory` holds the three files of every shard in `names` (one listing)."""
+    if not directory.is_dir():
+        return False
+    with os.scandir(directory) as entries:
+        listed = {e.name for e in entries}
+    suffixes = (META_SUFFIX, TOKENS_SUFFIX, OFFSETS_SUFFIX)
+    return all(f"{name}{suffix}" in listed for name in names for suffix in suffixes)
 
 
 def no_documents(corpus: Corpus, totals: dict) -> str:

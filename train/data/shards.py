@@ -27,6 +27,11 @@ FORMAT = "posfreq-tokens-v1"
 TOKENS_SUFFIX = ".tokens.bin"
 OFFSETS_SUFFIX = ".offsets.npy"
 META_SUFFIX = ".json"
+MANIFEST_FILE = "manifest.json"
+"""A prepared data folder's index: every shard's name, file sizes and metadata, and the data's fingerprint,
+written by `posfreq prepare` once every shard is complete, so a rank reads one file at start instead of three
+per shard (SlimPajama: ~59k shards, on a shared file system, on every rank)."""
+MANIFEST_FORMAT = "posfreq-shards-manifest-v1"
 PREPARE_HINT = "Fix: run `posfreq prepare --corpus <name or path> --out <this directory>` (python scripts/prepare_data.py)"
 
 
@@ -259,13 +264,28 @@ class TokenDataset:
         with os.scandir(self.directory) as entries:  # one listing; no stat but for links
             listed = {e.name for e in entries if not e.name.startswith(".") and e.is_file()}
         suffixes = (TOKENS_SUFFIX, OFFSETS_SUFFIX, META_SUFFIX)
-        names = sorted({n[: -len(x)] for n in listed for x in suffixes if n.endswith(x)})
+        names = sorted(
+            {n[: -len(x)] for n in listed - {MANIFEST_FILE} for x in suffixes if n.endswith(x)}
+        )
         if not names:
             raise FileNotFoundError(
                 f"data directory {self.directory} holds no token shards "
                 f"(*{TOKENS_SUFFIX} + *{OFFSETS_SUFFIX} + *{META_SUFFIX}). {PREPARE_HINT}"
             )
-        self.shards = [_check_shard(self.directory, name, listed) for name in names]
+        self._manifest = _read_manifest(self.directory, names) if MANIFEST_FILE in listed else None
+        self.shards = (
+            [
+                _Shard(
+                    e["name"],
+                    e["meta"],
+                    self.directory / f"{e['name']}{TOKENS_SUFFIX}",
+                    self.directory / f"{e['name']}{OFFSETS_SUFFIX}",
+                )
+                for e in self._manifest["shards"]
+            ]
+            if self._manifest is not None
+            else [_check_shard(self.directory, name, listed) for name in names]
+        )
         first = self.shards[0]
         for shard in self.shards[1:]:
             for key in ("tokenizer", "vocab_size", "eos_id"):
@@ -297,6 +317,10 @@ class TokenDataset:
         """Shard s: its uint32 tokens memory-mapped, its int64 offsets read whole (a few bytes per document). A
         memory map holds a file descriptor while it lives, so only the tokens keep one: one per cached shard."""
         shard = self.shards[s]
+        if (
+            self._manifest is not None
+        ):  # trusted at start from the manifest: checked now, when first read
+            _check_shard(self.directory, shard.name)
         tokens = (
             np.memmap(shard.tokens_path, dtype=np.uint32, mode="r")
             if shard.meta["num_tokens"]
@@ -310,7 +334,14 @@ class TokenDataset:
 
     def fingerprint(self) -> str:
         """sha256 over each shard's name, file sizes and document offsets: which documents these are, wherever
-        the directory lives (token contents are not read: they are the bulk of the data)."""
+        the directory lives (token contents are not read: they are the bulk of the data); the manifest's, computed
+        the same way when `posfreq prepare` wrote it."""
+        if self._manifest is not None:
+            return self._manifest["fingerprint"]
+        return self.scanned_fingerprint()
+
+    def scanned_fingerprint(self) -> str:
+        """`fingerprint` from the shard files themselves (two stats and one offsets read per shard)."""
         digest = hashlib.sha256()
         for shard in self.shards:
             sizes = (shard.tokens_path.stat().st_size, shard.offsets_path.stat().st_size)
@@ -384,3 +415,49 @@ class TokenDataset:
                 f"{self.shards[s].tokens_path}: token id {int(tokens.max())} >= vocab_size "
                 f"{self.vocab_size}: the shard is damaged. Fix: rerun posfreq prepare for it"
             )
+
+
+def _read_manifest(directory: Path, names: list[str]) -> dict | None:
+    """The manifest of `directory` when it is one and lists exactly the shards the listing found, else None (the
+    shards are then scanned: a manifest left from an earlier preparation is never trusted for other files)."""
+    try:
+        manifest = json.loads((directory / MANIFEST_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        return None
+    shards = manifest.get("shards")
+    if (
+        not isinstance(shards, list)
+        or [e.get("name") for e in shards if isinstance(e, dict)] != names
+    ):
+        return None
+    return manifest
+
+
+def write_manifest(directory: str | Path) -> Path:
+    """Write `directory`'s manifest from its shards, every one checked (`TokenDataset` without a manifest): their
+    names, sizes and metadata, and the fingerprint. Written atomically; processes that finish at once write the
+    same content."""
+    directory = Path(directory)
+    (directory / MANIFEST_FILE).unlink(
+        missing_ok=True
+    )  # a scan, not an older manifest, describes the files
+    dataset = TokenDataset(directory)
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "shards": [
+            {
+                "name": shard.name,
+                "tokens_bytes": shard.tokens_path.stat().st_size,
+                "offsets_bytes": shard.offsets_path.stat().st_size,
+                "meta": shard.meta,
+            }
+            for shard in dataset.shards
+        ],
+        "num_docs": dataset.num_docs,
+        "num_tokens": dataset.num_tokens,
+        "fingerprint": dataset.scanned_fingerprint(),
+    }
+    write_json_atomic(directory / MANIFEST_FILE, manifest)
+    return directory / MANIFEST_FILE

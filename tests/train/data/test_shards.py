@@ -186,7 +186,7 @@ def test_prepare_writes_only_into_its_own_folder(tmp_path: Path) -> None:
     assert again["skipped_complete"] == 1
     (older / "README").write_text("a user's note")
     as_older_posfreq(older)
-    with pytest.raises(OutputDirError, match=r"did not write \(README, notes.json"):
+    with pytest.raises(OutputDirError, match=r"did not write \(README, manifest.json, notes.json"):
         prep.prepare(corpus, older, "bytes", progress=False, val_fraction=0.5)
 
 
@@ -329,6 +329,13 @@ def test_damaged_shard_metadata_names_the_file_and_a_rerun_redoes_it(
         path.write_text(json.dumps(damage(json.loads(path.read_text()))))
     else:
         path.write_bytes(damage(path.read_bytes()))
+    trusting = TokenDataset(
+        out
+    )  # the manifest is trusted at start: the shard is checked when first read
+    with pytest.raises(DamagedShard) as refused:
+        trusting.document(0)
+    assert str(refused.value).startswith(f"{path}: ") and message in str(refused.value)
+    (out / "manifest.json").unlink()  # without it, every shard is checked at start
     with pytest.raises(DamagedShard) as refused:
         TokenDataset(out)
     assert str(refused.value).startswith(f"{path}: ") and message in str(refused.value)
@@ -393,3 +400,46 @@ def test_a_rerun_checks_its_finished_inputs_in_parallel_with_the_same_answer(
     one = prep.pending_files(corpus, names, out, tokenizer, workers=1)
     assert one == [f for f in corpus.files if f.name == "3.jsonl"]
     assert prep.pending_files(corpus, names, out, tokenizer, workers=4) == one
+
+
+def test_a_manifest_makes_start_up_one_read_for_a_thousand_shards(tmp_path: Path, monkeypatch) -> None:
+    """Every rank read each shard's JSON, stat its tokens and loaded its offsets at every start, and rank 0 read every
+    offsets file again for the fingerprint: about 3 million metadata operations for SlimPajama's ~59k shards on a
+    shared file system. With the manifest `posfreq prepare` writes, a start (the dataset and its fingerprint) reads
+    one file, whatever the number of shards, and gives the same fingerprint and counts."""
+    import builtins
+    import os
+
+    from posfreq.train.data.shards import ShardWriter, write_manifest
+
+    for s in range(1000):
+        with ShardWriter(tmp_path, f"s{s:04d}", tokenizer="bytes", vocab_size=258, eos_id=257) as writer:
+            writer.add(np.array([5, 6, 257], dtype=np.int64))
+    scanned = TokenDataset(tmp_path)
+    expected = (scanned.num_docs, scanned.num_tokens, scanned.fingerprint())
+
+    def counted() -> tuple[int, tuple]:
+        calls = {"n": 0}
+        real = {"stat": os.stat, "open": builtins.open, "load": np.load}
+
+        def count(name):
+            def wrapper(*args, **kwargs):
+                calls["n"] += 1
+                return real[name](*args, **kwargs)
+
+            return wrapper
+
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "stat", count("stat"))
+            patch.setattr(builtins, "open", count("open"))
+            patch.setattr(np, "load", count("load"))
+            dataset = TokenDataset(tmp_path)
+            found = (dataset.num_docs, dataset.num_tokens, dataset.fingerprint())
+        return calls["n"], found
+
+    without, found = counted()
+    assert found == expected and without >= 3000
+    write_manifest(tmp_path)
+    with_manifest, found = counted()
+    assert found == expected and with_manifest <= 5, with_manifest
+    assert TokenDataset(tmp_path).document(999).tolist() == [5, 6, 257]  # read lazily, checked when opened

@@ -579,7 +579,9 @@ def test_the_varlen_double_of_the_installed_torch_has_its_real_signature():
 
     varlen = pytest.importorskip("torch.nn.attention.varlen")
     major, minor = (int(x) for x in torch.__version__.split(".")[:2])
-    release = {(2, 10): "2.10", (2, 11): "2.11", (2, 12): "2.13", (2, 13): "2.13"}.get((major, minor))
+    release = {(2, 10): "2.10", (2, 11): "2.11", (2, 12): "2.13", (2, 13): "2.13"}.get(
+        (major, minor)
+    )
     if release is None:
         pytest.skip(f"no double written for torch {torch.__version__}")
     real = inspect.signature(varlen.varlen_attn).parameters
