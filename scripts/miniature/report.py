@@ -11,7 +11,8 @@ from pathlib import Path
 
 from posfreq.analysis.tables.columns import CHECKPOINT_COLUMNS
 from posfreq.analysis.tables.formats import markdown_table, read_csv
-from posfreq.analysis.tables.paper_tables import p_text
+from posfreq.analysis.tables.paper_tables import TABLE1_COLUMNS, p_text
+from posfreq.analysis.tables.pass_curve import STATUS_ALL_PASSED
 from posfreq.analysis.verdicts.rules import estimate_text, outcome
 from posfreq.scripts.miniature.agreement import agreement_lines
 from posfreq.scripts.miniature.pipeline import REPO, DemoError, DemoSettings, Pipeline
@@ -22,16 +23,11 @@ from posfreq.train.journal import record_written
 TABLE1_REPORT_COLUMNS = (
     "scheme",
     "tests",
-    "pass_rate",
-    "pass_lo",
-    "pass_hi",
-    "difference",
-    "difference_lo",
-    "difference_hi",
-    "only_scheme_passed",
-    "only_baseline_passed",
-    "mcnemar_p",
-    "holm_p",
+    *(
+        c
+        for c in TABLE1_COLUMNS
+        if c not in ("scheme", "length", "tests", "tests_left_out", "baseline")
+    ),
     "needle_recall",
 )
 """The Table 1 analogue's columns in REPORT.md (analysis/tables/paper_tables.py's, and the needle recall)."""
@@ -40,7 +36,7 @@ TABLE1_REPORT_COLUMNS = (
 def censored_f(row: dict) -> dict:
     """A checkpoint row as REPORT.md shows it: f at an all-passed row's effective length (a lower bound, where Eq. 2
     gives f(L) = 0, read as 'never trained') shown as censored."""
-    if row.get("effective_length_status") == "all_passed":
+    if row.get("effective_length_status") == STATUS_ALL_PASSED:
         return {**row, "f_effective_length": "censored"}
     return row
 

@@ -402,7 +402,9 @@ def test_a_rerun_checks_its_finished_inputs_in_parallel_with_the_same_answer(
     assert prep.pending_files(corpus, names, out, tokenizer, workers=4) == one
 
 
-def test_a_manifest_makes_start_up_one_read_for_a_thousand_shards(tmp_path: Path, monkeypatch) -> None:
+def test_a_manifest_makes_start_up_one_read_for_a_thousand_shards(
+    tmp_path: Path, monkeypatch
+) -> None:
     """Every rank read each shard's JSON, stat its tokens and loaded its offsets at every start, and rank 0 read every
     offsets file again for the fingerprint: about 3 million metadata operations for SlimPajama's ~59k shards on a
     shared file system. With the manifest `posfreq prepare` writes, a start (the dataset and its fingerprint) reads
@@ -413,7 +415,9 @@ def test_a_manifest_makes_start_up_one_read_for_a_thousand_shards(tmp_path: Path
     from posfreq.train.data.shards import ShardWriter, write_manifest
 
     for s in range(1000):
-        with ShardWriter(tmp_path, f"s{s:04d}", tokenizer="bytes", vocab_size=258, eos_id=257) as writer:
+        with ShardWriter(
+            tmp_path, f"s{s:04d}", tokenizer="bytes", vocab_size=258, eos_id=257
+        ) as writer:
             writer.add(np.array([5, 6, 257], dtype=np.int64))
     scanned = TokenDataset(tmp_path)
     expected = (scanned.num_docs, scanned.num_tokens, scanned.fingerprint())
@@ -442,4 +446,8 @@ def test_a_manifest_makes_start_up_one_read_for_a_thousand_shards(tmp_path: Path
     write_manifest(tmp_path)
     with_manifest, found = counted()
     assert found == expected and with_manifest <= 5, with_manifest
-    assert TokenDataset(tmp_path).document(999).tolist() == [5, 6, 257]  # read lazily, checked when opened
+    assert TokenDataset(tmp_path).document(999).tolist() == [
+        5,
+        6,
+        257,
+    ]  # read lazily, checked when opened
