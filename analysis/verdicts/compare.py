@@ -154,7 +154,7 @@ def predict_from_f(
         run = runs.get(identity)
         checkpoint = checkpoint_root(run) / str(r["checkpoint"]) if run is not None else None
         if checkpoint is None or not (checkpoint / LENGTHS_FILE).is_file():
-            return {**not_testable(f"no trained-length histogram for {r['checkpoint']}")}
+            return not_testable(f"no trained-length histogram for {r['checkpoint']}")
         if identity not in needed:  # a run's tests are the same at every checkpoint
             needed[identity] = needed_distances(
                 records_dir(probes[identity]) / str(r["checkpoint"]),
