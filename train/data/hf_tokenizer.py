@@ -195,7 +195,7 @@ def render_in_sandbox(tokenizer) -> None:
     """Make a transformers tokenizer render its chat template in posfreq's bounded sandbox
     (`render_chat_template`: time, output and every growing operation bounded) instead of transformers' own
     Jinja environment, which bounds none of them; for libraries that call `apply_chat_template` (lm-eval)."""
-    from posfreq.train.data.tokenizer import render_chat_template
+    from posfreq.train.data.chat_template.render import render_chat_template
 
     def apply_chat_template(
         conversation,

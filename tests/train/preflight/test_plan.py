@@ -147,6 +147,41 @@ def test_paper_2k_run_fits_on_16_a100_80gb_with_sane_days(capsys):
     assert "a100-80gb (assumed: TinyLlama-1.1B's published" in out and f"MFU {table:.3f}" in out
 
 
+def test_the_40gb_config_is_the_2k_run_at_the_rows_that_fit_an_a100_40gb():
+    """On A100-40GB the paper's config (8 rows per micro-batch) does not fit; the 40GB config is the same training
+    (every setting but the micro-batch equal, so the same global batch and optimisation) at the largest row count
+    that fits and divides a step's rows per GPU."""
+    import yaml
+
+    paper = yaml.safe_load((CONFIGS / "pretrain_2k.yaml").read_text())
+    small = yaml.safe_load((CONFIGS / "pretrain_2k_a100_40gb.yaml").read_text())
+    assert {k: v for k, v in small.items() if k != "micro_batch_rows"} == {
+        k: v for k, v in paper.items() if k != "micro_batch_rows"
+    }
+    gpu = plan.GPUS["a100-40gb"]
+    cfgs = [
+        parse_args(["--config", str(CONFIGS / name)])
+        for name in ("pretrain_2k.yaml", "pretrain_2k_a100_40gb.yaml")
+    ]
+    model = plan.meta_model(resolve_model_config(cfgs[0]))
+    fits = [
+        plan.memory(model, cfg, 16, cfg.micro_batch_rows, checkpointing=False).total
+        <= plan.usable_bytes(gpu)
+        for cfg in cfgs
+    ]
+    assert fits == [False, True]
+    geometry = batch_geometry(cfgs[1], 16)
+    assert geometry.accumulation == 2 * batch_geometry(cfgs[0], 16).accumulation
+    rows_per_gpu = cfgs[1].global_batch_tokens // cfgs[1].data.train_len // 16
+    larger = [
+        r for r in range(cfgs[1].micro_batch_rows + 1, rows_per_gpu + 1) if rows_per_gpu % r == 0
+    ]
+    assert all(
+        plan.memory(model, cfgs[1], 16, r, checkpointing=False).total > plan.usable_bytes(gpu)
+        for r in larger
+    )
+
+
 def test_each_gpu_says_whether_its_mfu_was_measured_or_assumed():
     for name in plan.GPUS:
         mfu, source = plan.expected_mfu(name)

@@ -34,6 +34,20 @@ _LOCK = threading.Lock()
 _WORKER: subprocess.Popen | None = None
 
 
+def render_chat_template(
+    template: str,
+    messages: list[dict],
+    add_generation_prompt: bool = True,
+    source: str = "the chat template",
+    **variables: str,
+) -> str:
+    """Render a Hugging Face chat template (user data) with the generation prompt in a child process under hard
+    limits (this module: address space, CPU time and output, set with `resource` before it renders
+    anything), beside the sandbox's own checks (`sandbox.render_here`). A limit reached, a template that fails or one that
+    overflows is one ValueError naming `source` (its file) and the limit."""
+    return render_in_worker(template, messages, add_generation_prompt, variables, source)
+
+
 def render_in_worker(
     template: str, messages: list[dict], add_generation_prompt: bool, variables: dict, source: str
 ) -> str:
@@ -70,7 +84,7 @@ def _worker() -> subprocess.Popen:
             [
                 sys.executable,
                 "-c",
-                f"from posfreq.train.data.template_worker import serve; serve({MEMORY_BYTES})",
+                f"from posfreq.train.data.chat_template.render import serve; serve({MEMORY_BYTES})",
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -134,7 +148,7 @@ def serve(memory_bytes: int = MEMORY_BYTES) -> None:
     CPU limit until stdin ends."""
     import resource
 
-    from posfreq.train.data.tokenizer import _render_here
+    from posfreq.train.data.chat_template.sandbox import render_here
 
     start = _address_space()
     if start is not None:
@@ -149,7 +163,7 @@ def serve(memory_bytes: int = MEMORY_BYTES) -> None:
         soft = int(used.ru_utime + used.ru_stime) + CPU_SECONDS
         resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.RLIM_INFINITY))
         try:
-            text = _render_here(
+            text = render_here(
                 request["template"],
                 request["messages"],
                 request["add_generation_prompt"],
