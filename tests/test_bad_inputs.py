@@ -2,21 +2,24 @@
 written outside its output directory.
 
 The hostile routes of the third review (issue #46) and where each is tested:
-- a chat template that outruns the sandbox: tests/analysis/niah/test_sources.py (in-process checks; the child
-  process with hard limits is not built yet);
+- a chat template that outruns the sandbox: tests/train/data/chat_template/ (the in-process checks in test_sandbox.py,
+  the child process with hard limits in test_render.py) and tests/analysis/niah/test_sources.py (through a tokenizer);
 - a rerun deleting a neighbour's nested results: tests/train/test_journal.py, tests/scripts/commands/
   test_loss_by_distance.py (export-hf end to end);
 - NaN or infinite weights and overflowing logits: here (`test_a_nan_weight_*`, `test_a_checkpoint_with_a_nan_*`,
   `test_logits_that_overflow_*`);
 - pickled weights through every loader: here (`test_every_loader_refuses_pickled_weights_with_one_line`);
 - concurrent consolidations into one --out: tests/train/checkpoint/test_consolidate.py;
+- a second writer of one --out for every other command that writes it alone (export-hf, analyze, compare,
+  effective-length, loss-by-distance, doctor, demo): tests/test_concurrent_outputs.py;
 - huge lengths: here (`test_huge_probe_lengths_*`), tests/scripts/commands/test_loss_by_distance.py,
   tests/scripts/commands/test_analyze.py, tests/train/run/test_config.py;
 - a YAML alias bomb and an oversized config: tests/train/run/test_config.py;
 - a FIFO, a device link or a huge JSON in a model folder: here (`test_the_auto_map_scan_*`);
 - a corpus rewritten under the same size and mtime: tests/scripts/commands/test_analyze.py;
 - the demo writing into the checkout: tests/scripts/commands/test_demo.py;
-- messages (required flags, missing shards, a linked lock file, a refused state file): here and
+- messages (required flags, missing shards, a linked lock file, a refused state file, a model type transformers does
+  not know): here and
   tests/train/checkpoint/test_safe_load.py.
 """
 
@@ -549,6 +552,50 @@ def test_every_loader_refuses_pickled_weights_with_one_line(pickled_only, argv, 
         and "holds only pickled weights (pytorch_model.bin), which posfreq never loads" in err
     ), err
     assert "Fix: convert them to safetensors" in err and not (tmp_path / "o").exists()
+
+
+@pytest.fixture(scope="module")
+def unknown_type(tmp_path_factory) -> Path:
+    """A tiny Llama folder whose config.json names a model type no transformers release knows."""
+    pytest.importorskip("transformers")
+    import json
+
+    from helpers.hf import save_tiny_hf
+
+    model = save_tiny_hf(tmp_path_factory.mktemp("unknown") / "m")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "model_type": "llama9000"}))
+    return model
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["probe", "--engine", "transformers", "--lengths", "512"],
+        ["loss-by-distance", "--engine", "transformers", "--data", "."],
+        ["ruler", "--lengths", "512"],
+    ],
+    ids=["probe transformers", "loss-by-distance transformers", "ruler"],
+)
+def test_a_model_type_transformers_does_not_know_is_one_line(unknown_type, argv, tmp_path, capsys):
+    """An unknown model_type under the transformers engine printed transformers' three-paragraph advice: one line
+    now, naming config.json, the type and the installed release, with the fix, before any weight is read."""
+    import transformers
+
+    model = unknown_type
+    capsys.readouterr()  # the builder's own progress bar
+    command, *rest = argv
+    code, err = outcome(
+        [command, "--model", f"hf:{model}", *rest, "--out", str(tmp_path / "o")], capsys
+    )
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code != 0 and len(lines) == 1, err
+    assert (
+        f"{model / 'config.json'}: model_type 'llama9000' is not an architecture transformers "
+        f"{transformers.__version__} knows. Fix: install a transformers release that knows it"
+        in lines[0]
+    ), err
+    assert "pip install" not in err and not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("kind", ["fifo", "device link", "huge"])

@@ -19,6 +19,7 @@ from posfreq.train.model.hf_folder import (
     check_weight_files,
     read_model_config,
     refuse_custom_code,
+    transformers_config,
 )
 
 
@@ -168,16 +169,11 @@ def _length_and_vocabulary(directory: Path, raw: dict) -> tuple[int, int]:
     """(trained length, vocabulary size) of a transformers model folder, under whatever names its config class
     gives them (GPT-2's n_positions, a multimodal model's text_config), as transformers reads them; ProbeError
     when config.json does not state one (transformers would fill in its class default, not the model's)."""
-    from transformers import AutoConfig
-
     try:
-        whole = AutoConfig.from_pretrained(directory, trust_remote_code=False)
-        config = whole.get_text_config()
-    except (ValueError, KeyError, TypeError, OSError) as err:
-        raise ProbeError(
-            f"{directory / 'config.json'}: transformers cannot read it ({str(err).splitlines()[0][:300]}). "
-            "Fix: pass a model folder saved by save_pretrained with a transformers release that knows its type"
-        ) from None
+        whole = transformers_config(directory)
+    except ModelFolderError as err:
+        raise ProbeError(str(err)) from None
+    config = whole.get_text_config()
     # the values are the text model's: where they live in a text_config, that is where config.json must state them
     stated = raw if config is whole else raw.get("text_config") or {}
     found, missing = {}, []

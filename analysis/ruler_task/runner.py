@@ -31,6 +31,7 @@ from posfreq.train.model.hf_folder import (
     check_weight_files,
     read_model_config,
     refuse_custom_code,
+    transformers_config,
 )
 from posfreq.train.outdir import check_output_dir, claim_output_dir
 
@@ -206,12 +207,13 @@ def position_options(args) -> dict:
 def resolved_options(path: Path, positions: str, train_len: int, options: dict) -> dict:
     """Every option the scheme will run with (defaults from the training length), from the model's config alone:
     a bad option stops the command before any tokenizer, data or weights load."""
-    from transformers import AutoConfig
-
     from posfreq.train.positions.hf_schemes import scheme_options
 
-    refuse_custom_code(path, "the model folder")
-    config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    try:
+        refuse_custom_code(path, "the model folder")
+        config = transformers_config(path)
+    except ModelFolderError as err:
+        raise RulerError(str(err)) from None
     try:
         return scheme_options(config, positions, train_len, **options)
     except ValueError as err:

@@ -158,6 +158,31 @@ def read_model_config(folder: str | Path) -> dict:
     return data
 
 
+def transformers_config(folder: str | Path):
+    """The folder's config as transformers reads it (AutoConfig, never folder code), after `read_model_config`'s
+    checks: a model type this transformers release does not know, or a config it cannot build, is one
+    ModelFolderError naming config.json, the type and the installed release, not transformers' paragraph."""
+    import transformers
+    from transformers import AutoConfig
+
+    data = read_model_config(folder)
+    file = Path(folder) / CONFIG_FILE
+    try:
+        return AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    except (ValueError, KeyError, TypeError, OSError) as err:
+        model_type = data.get("model_type")
+        if isinstance(model_type, str) and "does not recognize this architecture" in str(err):
+            raise ModelFolderError(
+                f"{file}: model_type {model_type!r} is not an architecture transformers "
+                f"{transformers.__version__} knows. Fix: install a transformers release that knows it if the model "
+                "is newer than this one, or pass a folder saved by save_pretrained with this release"
+            ) from None
+        raise ModelFolderError(
+            f"{file}: transformers {transformers.__version__} cannot read it ({str(err).splitlines()[0][:300]}). "
+            "Fix: pass a model folder saved by save_pretrained with a transformers release that knows its type"
+        ) from None
+
+
 PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 """Weight files in Python's pickle format, which can run code when loaded: never read."""
 

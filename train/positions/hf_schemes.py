@@ -26,8 +26,8 @@ from posfreq.train.checkpoint.safe_load import first_non_finite, non_finite_mess
 from posfreq.train.model.hf_folder import (
     ModelFolderError,
     check_weight_files,
-    read_model_config,
     refuse_custom_code,
+    transformers_config,
 )
 from posfreq.train.positions.hf_rows import (
     attention_inputs,
@@ -217,18 +217,16 @@ def load_causal_lm(
     """A local transformers model in eval mode with position scheme `positions` (`apply_scheme`); the loader the
     probe's transformers engine, `posfreq ruler` and `posfreq loss-by-distance` share. Folder code is refused, and
     the scheme's options and the architecture are checked on the config before any weight is read."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     if positions not in SCHEMES:
         raise ValueError(f"unknown position scheme {positions!r}; choose one of {SCHEMES}")
     from transformers.utils import logging as hf_logging
 
     refuse_custom_code(Path(path), "the model folder")
-    read_model_config(
-        path
-    )  # a damaged config.json or weight file named, before transformers reads them
+    # a damaged config.json, an unknown model type or a damaged weight file named, before any weight is read
+    config = transformers_config(path)
     check_weight_files(path)
-    config = AutoConfig.from_pretrained(path, trust_remote_code=False)
     length = train_len or (0 if positions == "rope" else config.max_position_embeddings)
     scheme_options(config, positions, length, **options)
     hf_logging.disable_progress_bar()  # the weights' loading bar would break the callers' own progress bars
