@@ -3,7 +3,8 @@ there or beside it (issue #46, item 5: "Locks before temporaries").
 
 For export-hf, analyze, compare, effective-length, loss-by-distance, doctor and demo, in-process through the
 `posfreq` dispatcher: a first run writes --out; another process then holds OUT/.posfreq-lock as a running posfreq
-would; a second run into the same --out is refused with one `error:` line naming the holder and the fix, and the
+would; a second run into the same --out is refused with one `error:` line naming the holder and the fix, and
+nothing else (it is refused when it first looks at --out, before its slow work), and the
 whole tmp tree (every path's size and mtime, --out's siblings included) is as it was; once the holder is gone the
 same command runs again. Concurrent consolidations (a lock beside --out, which waits instead of refusing) are
 tested in tests/train/checkpoint/test_consolidate.py; the shared claimers (prepare, pretrain, probe, ruler, table)
@@ -209,6 +210,9 @@ def test_a_second_writer_of_one_out_is_refused_before_anything_is_touched(
         errors = [line for line in err.splitlines() if line.startswith("error:")]
         assert code != 0, f"a second writer ran while another held {out}\n{err}"
         assert "Traceback" not in err and len(errors) == 1, err
+        # refused at its first look at --out, before its slow work (a corpus read, a model loaded): the error is
+        # all the user reads
+        assert [line for line in err.splitlines() if line.strip()] == errors, err
         assert "is being written by posfreq held-by-test" in errors[0], err
         assert f"pid {holder.pid} " in errors[0] and "Fix:" in errors[0], err
         after = tree(work)

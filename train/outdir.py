@@ -52,8 +52,10 @@ def check_output_dir(
     flag: str = "--out",
     written_before: Callable[[Path], bool] | None = None,
     parts: str | None = None,
+    alone: bool = True,
 ) -> Path:
-    """`path` if `command` may write there (absent, empty, or owned by `command`), else OutputDirError.
+    """`path` if `command` may write there (absent, empty, or owned by `command`, and, when it writes `alone`, not
+    being written by another process now), else OutputDirError.
 
     Folders inside `path` whose names match the pattern `parts` and that `command` owns count as its own (a sharded
     job's parts under the merged output), and so does another process's owner record still being written (array
@@ -74,6 +76,8 @@ def check_output_dir(
         return path
     owner = owner_of(path)
     if owner == command:
+        if alone:
+            _refuse_while_written(path, flag)  # before the command's slow work, not after it
         if (path / JOURNAL_FILE).is_file():
             _refuse_unrecorded(path, command, flag, parts)
         return path
@@ -136,7 +140,7 @@ def claim_output_dir(
     (`written_before` and `parts` as in `check_output_dir`). Unless `shared` (commands whose array jobs write one
     folder at once, each its own files: prepare, probe, ruler), this process then writes it alone: a second
     process claiming it is refused until this one ends (`release_output_locks`)."""
-    path = check_output_dir(path, command, flag, written_before, parts)
+    path = check_output_dir(path, command, flag, written_before, parts, alone=not shared)
     if not path.is_dir():
         record_written(path)  # a new folder inside another claimed one is that one's to remove
     path.mkdir(parents=True, exist_ok=True)
@@ -170,12 +174,9 @@ def _lock(path: Path, command: str, flag: str) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+        error = _being_written(path, flag, fd)
         os.close(fd)
-        raise OutputDirError(
-            f"{flag} {path} is being written by {holder}. Fix: wait for it to finish, or pass another "
-            "directory (nothing was changed)"
-        ) from None
+        raise error from None
     except (
         OSError
     ):  # a filesystem without locks (Lustre mounted without `flock`): write unlocked, as before
@@ -184,6 +185,34 @@ def _lock(path: Path, command: str, flag: str) -> None:
     os.ftruncate(fd, 0)
     os.write(fd, f"posfreq {command} (pid {os.getpid()} on {socket.gethostname()})".encode())
     _HELD[key] = fd
+
+
+def _being_written(path: Path, flag: str, fd: int) -> OutputDirError:
+    """The refusal of a folder whose lock (open as `fd`) another process holds, naming the holder it recorded."""
+    holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+    return OutputDirError(
+        f"{flag} {path} is being written by {holder}. Fix: wait for it to finish, or pass another "
+        "directory (nothing was changed)"
+    )
+
+
+def _refuse_while_written(path: Path, flag: str) -> None:
+    """OutputDirError if another process holds `path`'s lock now: a look only (nothing is created or written, and
+    the lock is let go at once), so a command is refused before its slow work; `_lock` takes the lock later."""
+    if path.resolve() in _HELD:
+        return
+    try:
+        fd = os.open(path / LOCK_FILE, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return  # no lock file yet, or a link `_lock` refuses by name
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _being_written(path, flag, fd) from None
+    except OSError:
+        pass  # a filesystem without locks
+    finally:
+        os.close(fd)  # releases the look's lock, if it got it
 
 
 @contextlib.contextmanager
