@@ -30,29 +30,9 @@ from posfreq.train.data.shards import ShardWriter, TokenDataset  # noqa: E402
 from posfreq.train.model.config import model_preset  # noqa: E402
 from posfreq.train.model.transformer import Transformer  # noqa: E402
 from posfreq.train.run.config import config_from_dict  # noqa: E402
+from posfreq.train.run.flops import measured_matmul_flops  # noqa: E402
 from posfreq.train.run.optim import build_optimizer  # noqa: E402
 from posfreq.train.run.pretrain import train  # noqa: E402
-
-
-def matmul_flops(
-    n: int = 1024, seconds: float = 2.0, device: str = "cpu", dtype=torch.float32
-) -> float:
-    """Best sustained FLOP/s of an n x n x n matmul on `device` (2 n^3 FLOPs each)."""
-    a, b = (
-        torch.randn(n, n, device=device, dtype=dtype),
-        torch.randn(n, n, device=device, dtype=dtype),
-    )
-    best, end = 0.0, time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(4):
-            a @ b
-        if device == "cuda":
-            torch.cuda.synchronize()
-        best = max(best, 4 * 2 * n**3 / (time.perf_counter() - start))
-    return best
 
 
 def make_shards(directory: Path, vocab: int, eos: int, tokenizer: str, docs: int = 400) -> None:
@@ -116,8 +96,11 @@ def bare_loop(cfg: dict, steps: int) -> list[float]:
 
 
 def cpu_report(presets: list[str], steps: int, warmup: int) -> None:
-    peak = matmul_flops()
-    print(f"matmul (1024^3, fp32, {torch.get_num_threads()} threads): {peak / 1e9:.1f} GFLOP/s")
+    peak = measured_matmul_flops("cpu", 1024, torch.float32)
+    print(
+        f"matmul (1024^3, fp32, {torch.get_num_threads()} threads, median of 5 x 50 products): "
+        f"{peak / 1e9:.1f} GFLOP/s"
+    )
     print(
         f"{'preset':14} {'tokens/s':>10} {'GFLOP/s':>9} {'of matmul':>10} {'bare tok/s':>11} {'overhead':>9}"
     )

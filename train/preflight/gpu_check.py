@@ -179,12 +179,6 @@ def varlen_gqa_stage(device: torch.device) -> str:
     )
 
 
-def measured_matmul_flops(device: torch.device, n: int = 8192, repeats: int = 10) -> float:
-    """This device's sustained bf16 FLOP/s on n x n x n products (random data, after warm-up)."""
-    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
-    return repeats * 2 * n**3 / _seconds(lambda: [a @ b for _ in range(repeats)], device, 1)
-
-
 def random_shards(directory: Path, vocab: int, eos: int, documents: int) -> None:
     """Random documents of 16 to 4,000 tokens (log-uniform), one token shard."""
     from posfreq.train.data.shards import ShardWriter
@@ -213,6 +207,7 @@ def train_stage(
 
     from posfreq.train.model.fused import use_fused
     from posfreq.train.run.config import config_from_dict
+    from posfreq.train.run.flops import measured_matmul_flops
     from posfreq.train.run.pretrain import train
 
     paper = yaml.safe_load(PRETRAIN_CONFIG.read_text())
@@ -244,7 +239,7 @@ def train_stage(
         },
         "logging": {"progress_bar": False},
     }
-    measured = measured_matmul_flops(device, matmul_size)
+    measured = measured_matmul_flops(device, matmul_size, torch.bfloat16)
     try:
         history = train(config_from_dict(config))[warmup:]
     finally:

@@ -1,5 +1,5 @@
-"""Training FLOPs of a step and the GPUs' peak bf16 FLOP/s: one owner for both, shared by the trainer's MFU
-and the planner's days.
+"""Training FLOPs of a step, the GPUs' peak bf16 FLOP/s and a device's measured matmul rate: one owner for each,
+shared by the trainer's MFU, the planner's days, `make gpu-check` and the benchmarks.
 
 FLOPs per optimizer step ("model FLOPs"):
     6 * N * tokens  +  6 * n_layers * d_model * sum over attention segments s of s * (s + 1)
@@ -69,3 +69,31 @@ def matmul_params(config: ModelConfig) -> int:
 def step_flops(config: ModelConfig, tokens: int, sum_s_s1: float) -> float:
     """Training FLOPs of a step: 6 N tokens + 6 n_layers d sum s(s+1) (see the module docstring)."""
     return 6.0 * matmul_params(config) * tokens + 6.0 * config.n_layers * config.d_model * sum_s_s1
+
+
+def measured_matmul_flops(
+    device: torch.device | str, n: int, dtype: torch.dtype, samples: int = 5, products: int = 50
+) -> float:
+    """The device's sustained FLOP/s on n x n x n products of random `dtype` matrices (2 n^3 FLOPs each): the median
+    of `samples` timings of `products` back-to-back products each, after one untimed sample, synchronized; the
+    measured-matmul ceiling an MFU is set beside (the datasheet peak is `PEAK_BF16_FLOPS`)."""
+    import statistics
+    import time
+
+    import torch
+
+    device = torch.device(device)
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+
+    def sample() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(products):
+            a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - start
+
+    sample()  # warm-up: kernel selection, clocks
+    return products * 2 * n**3 / statistics.median(sample() for _ in range(samples))
