@@ -1,21 +1,25 @@
-"""`make gpu-check`: everything CUDA this code base has, on one GPU, offline, in minutes, as one table and one JSON.
+"""`make gpu-check`: everything CUDA this code base has, on one GPU, offline, within RUN_SECONDS, as one table and
+one JSON.
 
-Stages, each with a time budget (a stage past it fails and the next one runs):
+Stages of a plain run, the most telling first, each with a time budget (a stage past it fails and the next one
+runs; one not started within the run's seconds is skipped, named):
 
-- ``environment``: GPU, driver, torch, CUDA, the kernels present, the installed `varlen_attn`'s signature,
-  liger-kernel's state, and what ``auto`` picks;
-- the doctor's single-GPU checks: ``pretrain-bf16`` (a tiny run with DCP checkpoints, stopped and continued by
-  ``--resume auto``), ``attention-<backend>`` and ``probe-<backend>`` (rope, string, dca) against sdpa, and
-  ``loss`` (liger against full logits);
-- ``string-hf``: the doctor's check of STRING through transformers under bf16 autocast;
+- ``environment``: GPU, driver, torch, CUDA, the architectures the wheel was built for, the kernels present, the
+  installed `varlen_attn`'s signature, liger-kernel's state, and what ``auto`` picks;
+- the doctor's single-GPU checks: ``attention-<backend>`` and ``probe-<backend>`` (rope, string, dca) against
+  sdpa, and ``loss`` (liger against full logits); ``string-hf``: STRING through transformers under bf16 autocast;
 - ``varlen-native-gqa``: whether this torch's varlen kernel takes grouped key/value heads without copies;
-- ``train-1.3b``: tinyllama-1.3b at L = 2048 through the real trainer (FSDP2, bf16, the pretraining config's
-  micro-batch and activation checkpointing): tokens/s, and MFU against this GPU's own measured bf16 matmul
-  rate as well as against its datasheet peak;
-- ``block-compile``: one 1.3B block, forward and backward, eager against `torch.compile` (what fusing
-  RMSNorm, rotary and SwiGLU would gain);
-- ``string-prefill-32k``: STRING against RoPE prefill time at 32K tokens on SmolLM-135M's shape, through
-  posfreq's own model and through transformers.
+- ``varlen-repeatable``: whether per-document attention's backward is bitwise repeatable at 8 x 2048 tokens;
+- ``train-1.3b``: tinyllama-1.3b at L = 2048 through one rank's real accumulation loop (16 micro-batches of the
+  pretraining config's 8 rows), a stop with the sharded save at step 2 and a resume: step time, MFU against the
+  datasheet peak and against the measured bf16 matmul rate, peak memory, save and load times against the 300 s
+  USR1 margin;
+- ``string-prefill-32k``: STRING against the fastest RoPE prefill at 32K tokens on SmolLM-135M's shape;
+- ``slurm-requeue``: one task under Lightning's SLURMEnvironment and NCCL with fake SLURM variables, a SIGUSR1,
+  the `scontrol requeue` it asks of a fake, and the requeued job's losses against an uninterrupted run.
+
+By name only (``--only``): ``train-1.3b-eager``, ``pretrain-bf16`` (the doctor's tiny run stopped and resumed)
+and ``block-compile`` (one 1.3B block, eager against `torch.compile`).
 
 Without a GPU it runs what it can (environment, loss, string-hf on the CPU), names every stage it skipped,
 and exits 0. With one, it exits 1 if any stage failed. docs/cluster.md records the tables it printed.
@@ -34,7 +38,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -114,6 +118,10 @@ def environment_stage(device: torch.device) -> str:
         parts.append("no torch.nn.attention.varlen (torch < 2.10)")
     reason = liger_state()[1]
     parts.append(f"liger: {reason or 'ok'}")
+    if (
+        device.type == "cuda"
+    ):  # which GPUs this wheel has kernels for: an A100 needs sm_80, an H100 sm_90
+        parts.append(f"wheel built for {' '.join(torch.cuda.get_arch_list())}")
     return "; ".join(parts)
 
 
@@ -179,6 +187,51 @@ def varlen_gqa_stage(device: torch.device) -> str:
     )
 
 
+def varlen_repeatability_stage(
+    device: torch.device, rows: int = 8, length: int = 2048, backend: str = "auto"
+) -> str:
+    """Whether per-document attention's backward (`backend`, as training runs it: 32 query and 4 key/value heads
+    of 64) is bitwise repeatable on `rows` x `length` packed tokens of ragged documents: the same inputs twice, the
+    same gradients? A kernel that accumulates with atomics is not, and then resumed runs match uninterrupted ones
+    only to a tolerance."""
+    from posfreq.train.model.attention import varlen_attention
+
+    generator = torch.Generator().manual_seed(0)
+    lengths: list[int] = []
+    for _ in range(rows):  # each row cut into documents of 16 to 2,048 tokens
+        left = length
+        while left:
+            n = min(left, int(torch.randint(16, length + 1, (1,), generator=generator)))
+            lengths.append(n)
+            left -= n
+    cu = _cu(lengths, device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    q, k, v = (
+        torch.randn(rows * length, h, 64, generator=generator).to(device, dtype).requires_grad_()
+        for h in (32, 4, 4)
+    )
+    weight = torch.randn(rows * length, 32, 64, generator=generator).to(device, dtype)
+
+    def gradients() -> list[torch.Tensor]:
+        for x in (q, k, v):
+            x.grad = None
+        out = varlen_attention(q, k, v, cu, cu, max(lengths), max(lengths), backend=backend)
+        (out * weight).float().sum().backward()
+        return [x.grad.clone() for x in (q, k, v)]
+
+    first, second = gradients(), gradients()
+    differ = {n: int((a != b).sum()) for n, a, b in zip("qkv", first, second)}
+    total = sum(x.numel() for x in first)
+    name = attention_kernels.resolve_backend(backend, device, dtype, backward=True)
+    if not any(differ.values()):
+        return f"{name}: bitwise repeatable ({len(lengths)} documents in {rows} x {length} tokens)"
+    return (
+        f"{name}: NOT bitwise repeatable: {sum(differ.values()):,} of {total:,} gradient values differ between "
+        f"two identical backwards (dq {differ['q']:,}, dk {differ['k']:,}, dv {differ['v']:,}); resumed runs "
+        "match uninterrupted ones to a tolerance, not exactly"
+    )
+
+
 def random_shards(directory: Path, vocab: int, eos: int, documents: int) -> None:
     """Random documents of 16 to 4,000 tokens (log-uniform), one token shard."""
     from posfreq.train.data.shards import ShardWriter
@@ -192,37 +245,71 @@ def random_shards(directory: Path, vocab: int, eos: int, documents: int) -> None
             writer.add(np.append(rng.integers(0, eos, n), eos))
 
 
+USR1_MARGIN_SECONDS = 300
+"""slurm/pretrain_*.sh's `--signal=USR1@300`: a step and the save it triggers must end within it."""
+
+
+@contextlib.contextmanager
+def _timed(owner: type, method: str, into: list[float]) -> Iterator[None]:
+    """Record the wall seconds of each call of `owner.method` (synchronized on CUDA) into `into`, for the block."""
+    original = getattr(owner, method)
+
+    def timed(*args, **kwargs):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            into.append(time.perf_counter() - started)
+
+    setattr(owner, method, timed)
+    try:
+        yield
+    finally:
+        setattr(owner, method, original)
+
+
 def train_stage(
     device: torch.device,
     work: Path,
     preset: str = "tinyllama-1.3b",
     length: int = 2048,
-    steps: int = 7,
-    warmup: int = 3,
+    micro_batches: int = 16,
+    steps: int = 4,
+    save_at: int = 2,
     matmul_size: int = 8192,
     compile: str = "auto",
 ) -> dict:
-    """`preset` at L = `length` through the trainer with the pretraining config's micro-batch and checkpointing."""
+    """`preset` at L = `length` through one rank's real accumulation loop (the pretraining config's micro-batch and
+    checkpointing, `micro_batches` of them per step, as on 16 GPUs): `save_at` steps, then the sharded resumable
+    save a stop makes (model and optimizer), then a resume to `steps`. Step time, MFU against the datasheet peak
+    and the measured bf16 matmul rate, peak memory, and save and load times against the USR1 margin."""
     import yaml
 
     from posfreq.train.model.fused import use_fused
     from posfreq.train.run.config import config_from_dict
     from posfreq.train.run.flops import measured_matmul_flops
     from posfreq.train.run.pretrain import train
+    from posfreq.train.run.trainer import Trainer
 
     paper = yaml.safe_load(PRETRAIN_CONFIG.read_text())
     rows = paper["micro_batch_rows"]
     checkpointing = paper["model"].get("activation_checkpointing", False)
     data = work / "data"
-    random_shards(data, 128_256, 128_001, documents=3000)
+    random_shards(data, 128_256, 128_001, documents=micro_batches * rows * 3)
+    step_tokens = micro_batches * rows * length
     config = {
         "out": str(work / "run"),
-        "total_tokens": steps * 2 * rows * length,
-        "global_batch_tokens": 2 * rows * length,  # two micro-batches: accumulation included
+        "total_tokens": steps * step_tokens,
+        "global_batch_tokens": step_tokens,
         "micro_batch_rows": rows,
         "accelerator": device.type,
         "devices": 1,
         "precision": "bf16-mixed",
+        "resume": "auto",
         "model": {
             "preset": preset,
             "attention_backend": "auto",
@@ -230,46 +317,66 @@ def train_stage(
             "compile": compile,
         },
         "data": {"dir": str(data), "train_len": length, "packing": paper["data"]["packing"]},
-        "optim": {"warmup_steps": 2},
+        "optim": {"warmup_steps": 1},
         "checkpoint": {
             "every_tokens": 10**15,
             "latest_every_steps": 0,
             "latest_every_minutes": 0,
-            "milestone_weights_only": True,  # the end-of-run save: weights, not 16 GB of optimizer state
+            "milestone_weights_only": True,  # the end-of-run save: weights only
         },
         "logging": {"progress_bar": False},
     }
     measured = measured_matmul_flops(device, matmul_size, torch.bfloat16)
+    saves: list[float] = []
+    loads: list[float] = []
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     try:
-        history = train(config_from_dict(config))[warmup:]
+        with _timed(Trainer, "save", saves), _timed(Trainer, "_load", loads):
+            first = train(config_from_dict({**config, "stop_at_step": save_at}))
+            resumed = train(config_from_dict(config))
     finally:
         use_fused(
             False
         )  # the trainer switched the process to fused kernels; the stages after compare eager
-    flops = statistics.median(r["flops_per_s"] for r in history)
-    row = history[
-        0
-    ]  # the trainer's MFU is against the datasheet peak: that peak is its flops / mfu
+    if len(first) != save_at or len(resumed) != steps - save_at or not loads:
+        raise AssertionError(
+            f"expected {save_at} steps, a save, a load and {steps - save_at} more; got {len(first)} steps, "
+            f"{len(saves)} saves, {len(loads)} loads and {len(resumed)} steps"
+        )
+    timed = first[1:] + resumed[1:]  # each process's first step compiles
+    step_s = statistics.median(r["step_time_s"] for r in timed)
+    flops = statistics.median(r["flops_per_s"] for r in timed)
+    row = timed[0]  # the trainer's MFU is against the datasheet peak: that peak is its flops / mfu
     datasheet = row["mfu"] and row["flops_per_s"] / row["mfu"]
+    save_s, load_s = saves[0], loads[0]
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    if step_s + save_s > USR1_MARGIN_SECONDS:
+        raise AssertionError(
+            f"a step ({step_s:.0f} s) and the save it triggers ({save_s:.0f} s) take longer than the "
+            f"{USR1_MARGIN_SECONDS} s between SLURM's USR1 and the time limit"
+        )
     return {
         "detail": (
-            f"{statistics.median(r['tokens_per_s'] for r in history):,.0f} tokens/s, "
-            f"{flops / 1e12:.0f} TFLOP/s = {flops / measured:.1%} of the measured bf16 matmul "
-            f"({measured / 1e12:.0f} TFLOP/s)"
-            + (f", {flops / datasheet:.1%} of the datasheet peak" if datasheet else "")
-            + f"; {rows} rows x {length} per micro-batch, activation checkpointing {checkpointing}, "
+            f"{micro_batches} x {rows} rows x {length} per step: {step_s:.2f} s/step, "
+            f"{statistics.median(r['tokens_per_s'] for r in timed):,.0f} tokens/s, "
+            + (f"MFU {flops / datasheet:.1%} of the datasheet peak, " if datasheet else "")
+            + f"{flops / measured:.1%} of the measured bf16 matmul ({measured / 1e12:.0f} TFLOP/s, "
+            f"{flops / 1e12:.0f} TFLOP/s here)"
+            + (f"; peak {peak:.1f} GiB" if peak is not None else "")
+            + f"; sharded save {save_s:.1f} s, load {load_s:.1f} s (step + save within the "
+            f"{USR1_MARGIN_SECONDS} s USR1 margin); activation checkpointing {checkpointing}, "
             f"model.compile {compile}"
-            + (
-                f", peak {torch.cuda.max_memory_allocated(device) / 2**30:.0f} GiB"
-                if device.type == "cuda"
-                else ""
-            )
         ),
-        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in history),
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
+        "step_s": step_s,
         "flops_per_s": flops,
         "matmul_flops_per_s": measured,
         "mfu_measured": flops / measured,
         "mfu_datasheet": flops / datasheet if datasheet else None,
+        "save_s": save_s,
+        "load_s": load_s,
+        "peak_gib": peak,
     }
 
 
@@ -357,7 +464,9 @@ def kernel_profile(
 
 
 def prefill_stage(device: torch.device, length: int = 32_768, profile: Path | None = None) -> str:
-    """STRING vs RoPE prefill at `length` on SmolLM-135M's shape: posfreq's model and transformers'."""
+    """STRING vs the fastest RoPE prefill at `length` on SmolLM-135M's shape (posfreq's model on each attention
+    path, and transformers'), each call with fresh cu_seqlens, as a real batch brings: the goal is STRING within
+    1.10x of whichever RoPE path is fastest on this GPU, not of posfreq's own RoPE."""
     import transformers
 
     from posfreq.train.model.config import model_preset
@@ -367,18 +476,19 @@ def prefill_stage(device: torch.device, length: int = 32_768, profile: Path | No
     config = model_preset("smollm-135m")
     ours = Transformer(config).to(device, torch.bfloat16).eval()
     ids = torch.randint(0, config.vocab_size, (length,), device=device)
-    cu = uniform_cu_seqlens(1, length, device)
+
+    def prefill() -> object:  # fresh cu_seqlens each call: no kernel may reuse the last call's
+        return ours.hidden_states(ids, uniform_cu_seqlens(1, length, device), length)
+
     times = {}
     with torch.inference_mode():
         for scheme in ("rope", "string"):
             ours.set_positions(scheme)
-            times[f"posfreq {scheme}"] = _seconds(
-                lambda: ours.hidden_states(ids, cu, length), device
-            )
+            times[f"posfreq {scheme}"] = _seconds(prefill, device)
         # the same RoPE prefill on sdpa's kernel, which transformers uses: is `auto`'s varlen the faster one here?
         ours.set_positions("rope")
         ours.attention_backend = "sdpa"
-        times["posfreq rope sdpa"] = _seconds(lambda: ours.hidden_states(ids, cu, length), device)
+        times["posfreq rope sdpa"] = _seconds(prefill, device)
         ours.attention_backend = "auto"
     hf = transformers.LlamaForCausalLM(
         transformers.LlamaConfig(
@@ -405,7 +515,7 @@ def prefill_stage(device: torch.device, length: int = 32_768, profile: Path | No
             def call() -> object:
                 ours.set_positions(scheme)
                 ours.attention_backend = backend
-                return ours.hidden_states(ids, cu, length)
+                return prefill()
 
             return call
 
@@ -429,29 +539,42 @@ def prefill_stage(device: torch.device, length: int = 32_768, profile: Path | No
                 "".join(kernel_profile(call, device, title) for title, call in calls.items()),
             )
         ours.attention_backend = "auto"
-    ours_ratio = times["posfreq string"] / times["posfreq rope"]
-    hf_ratio = times[f"transformers {STRING_ATTENTION}"] / times["transformers sdpa"]
+    rope_paths = ("posfreq rope", "posfreq rope sdpa", "transformers sdpa")
+    fastest = min(rope_paths, key=times.__getitem__)
+    ms = {name: f"{seconds * 1e3:.0f} ms" for name, seconds in times.items()}
+    ours_ratio = times["posfreq string"] / times[fastest]
+    hf_ratio = times[f"transformers {STRING_ATTENTION}"] / times[fastest]
     return (
-        f"L = {length}: posfreq rope {times['posfreq rope'] * 1e3:.0f} ms, string "
-        f"{times['posfreq string'] * 1e3:.0f} ms ({ours_ratio:.2f}x), rope on sdpa "
-        f"{times['posfreq rope sdpa'] * 1e3:.0f} ms; transformers sdpa "
-        f"{times['transformers sdpa'] * 1e3:.0f} ms, STRING {times[f'transformers {STRING_ATTENTION}'] * 1e3:.0f} ms "
-        f"({hf_ratio:.2f}x); goal <= 1.15x"
+        f"L = {length}: posfreq rope {ms['posfreq rope']}, rope on sdpa {ms['posfreq rope sdpa']}, string "
+        f"{ms['posfreq string']}; transformers sdpa {ms['transformers sdpa']}, STRING "
+        f"{ms[f'transformers {STRING_ATTENTION}']}; fastest RoPE: {fastest}; posfreq string {ours_ratio:.2f}x it, "
+        f"transformers STRING {hf_ratio:.2f}x it (goal <= 1.10x)"
     )
 
 
-def stages(device: torch.device, out: Path) -> list[tuple[str, float, Callable[[], str]]]:
-    """(name, budget in seconds, body) in order; probe stages use the pretraining stage's checkpoint."""
+RUN_SECONDS = 480
+"""One `make gpu-check` fits 8 minutes (of a 15-minute device budget, starts included, with room to rerun): a stage
+is given what is left of them at most, and one not started by then is skipped, named."""
+
+
+def stages(device: torch.device, out: Path) -> list[tuple[str, float, Callable[[], str], bool]]:
+    """(name, budget in seconds, body, whether a plain run runs it) in order, the most telling first so that a run
+    cut short still answers them; the others run when `--only` names them. The probe stages use the SLURM stage's
+    uninterrupted checkpoint."""
     from posfreq.train.checkpoint import layout as ckpt
-    from posfreq.train.preflight.pretrain_check import pretrain_check, write_tiny_corpus
+    from posfreq.train.preflight.pretrain_check import (
+        pretrain_check,
+        requeue_check,
+        write_tiny_corpus,
+    )
 
     made: dict[str, object] = {}
 
-    def pretrain() -> str:
+    def tiny_run(name: str, check: Callable[[Path, Path], str]) -> str:
         _gpu_only(device)
-        data = write_tiny_corpus(out / "data")
-        detail = pretrain_check(out / "pretrain-bf16", data, device, "bf16-mixed", 1)
-        run = ckpt.checkpoint_root(out / "pretrain-bf16" / "uninterrupted")
+        data = write_tiny_corpus(out / "data") if not (out / "data").is_dir() else out / "data"
+        detail = check(out / name, data)
+        run = ckpt.checkpoint_root(out / name / "uninterrupted")
         made["checkpoint"] = max(run.glob(f"{ckpt.MILESTONE_PREFIX}*"))
         return detail
 
@@ -470,40 +593,80 @@ def stages(device: torch.device, out: Path) -> list[tuple[str, float, Callable[[
         return result["detail"]
 
     backends = [b for b in attention_kernels.KERNELS if b != "sdpa"]
-    # The most telling first, so that a run cut short still answers them.
     return [
-        ("environment", 60, lambda: environment_stage(device)),
-        *[(f"attention-{b}", 90, lambda b=b: attention_check(b, device)) for b in backends],
-        ("loss", 60, lambda: loss_check(device)),
-        ("string-hf", 60, lambda: string_hf_check(device)),
-        ("varlen-native-gqa", 30, lambda: varlen_gqa_stage(device)),
-        ("train-1.3b", 240, lambda: train("auto")),
+        ("environment", 30, lambda: environment_stage(device), True),
+        *[(f"attention-{b}", 40, lambda b=b: attention_check(b, device), True) for b in backends],
+        ("loss", 30, lambda: loss_check(device), True),
+        ("string-hf", 30, lambda: string_hf_check(device), True),
+        ("varlen-native-gqa", 20, lambda: varlen_gqa_stage(device), True),
+        (
+            "varlen-repeatable",
+            30,
+            lambda: _gpu_only(device) or varlen_repeatability_stage(device),
+            True,
+        ),
+        ("train-1.3b", 240, lambda: train("auto"), True),
         (
             "string-prefill-32k",
-            120,
+            60,
             lambda: _gpu_only(device) or prefill_stage(device, profile=out / "string_profile.txt"),
+            True,
         ),
-        ("train-1.3b-eager", 180, lambda: train("off")),
-        ("pretrain-bf16", 240, pretrain),
-        *[(f"probe-{b}", 60, lambda b=b: probe(b)) for b in backends],
-        ("block-compile", 150, lambda: _gpu_only(device) or block_compile_stage(device)),
+        (
+            "slurm-requeue",
+            150,
+            lambda: tiny_run(
+                "slurm-requeue", lambda work, data: requeue_check(work, data, device, "bf16-mixed")
+            ),
+            True,
+        ),
+        *[(f"probe-{b}", 30, lambda b=b: probe(b), True) for b in backends],
+        # beyond the 8 minutes: by name only
+        ("train-1.3b-eager", 180, lambda: train("off"), False),
+        (
+            "pretrain-bf16",
+            240,
+            lambda: tiny_run(
+                "pretrain-bf16",
+                lambda work, data: pretrain_check(work, data, device, "bf16-mixed", 1),
+            ),
+            False,
+        ),
+        ("block-compile", 150, lambda: _gpu_only(device) or block_compile_stage(device), False),
     ]
 
 
 def run_stages(
     device: torch.device, out: Path, report: Path, only: set[str] | None
 ) -> list[CheckResult]:
-    """Run every stage (or those in `only`), printing each row as it ends and rewriting `report` after each."""
+    """Run the plain run's stages (or those in `only`) within RUN_SECONDS, printing each row as it ends and
+    rewriting `report` after each."""
     from posfreq.train.preflight.doctor import format_table
 
     results: list[CheckResult] = []
     started = time.perf_counter()
-    for name, budget, body in stages(device, out):
-        if only and name not in only:
+    for name, budget, body, default in stages(device, out):
+        if (only and name not in only) or (not only and not default):
             continue
-
-        bounded = functools.partial(within_budget, body, budget)
-        results.append(run_check(name, bounded, device, children=name == "pretrain-bf16"))
+        left = RUN_SECONDS - (time.perf_counter() - started)
+        if left < 5:
+            results.append(
+                CheckResult(
+                    name,
+                    "SKIPPED",
+                    f"the run's {RUN_SECONDS} s were spent before it",
+                    0.0,
+                    None,
+                    "",
+                )
+            )
+        else:
+            bounded = functools.partial(within_budget, body, min(budget, left))
+            results.append(
+                run_check(
+                    name, bounded, device, children=name in ("pretrain-bf16", "slurm-requeue")
+                )
+            )
         print(format_table(results).splitlines()[-1], flush=True)
         write_json_atomic(
             report,
@@ -554,7 +717,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     try:
-        out = claim_work_dir(args.out, "gpu-check", ("data", "pretrain-bf16", "train-1.3b"))
+        out = claim_work_dir(
+            args.out, "gpu-check", ("data", "pretrain-bf16", "slurm-requeue", "train-1.3b")
+        )
     except OutputDirError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -85,14 +85,52 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_pretrain(config: dict, path: Path, *extra: str) -> None:
-    """`posfreq pretrain --config PATH` in a child process (Fabric starts the other local ranks from it)."""
+SIGNAL_AT_STEP = """
+import json, os, signal, sys
+import torch.distributed as dist
+from posfreq.scripts.commands.pretrain import main
+from posfreq.train.run.trainer import Trainer
+optimize = Trainer._optimize
+def signalling(self, *args, **kwargs):
+    out = optimize(self, *args, **kwargs)
+    if self.step + 1 == int(os.environ["POSFREQ_CHECK_SIGNAL_AT"]):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        with open(os.environ["POSFREQ_CHECK_RECORD"], "w") as record:
+            json.dump({"environment": type(self.fabric.strategy.cluster_environment).__name__,
+                       "backend": dist.get_backend() if dist.is_initialized() else None,
+                       "world_size": self.fabric.world_size}, record)
+    return out
+Trainer._optimize = signalling
+sys.exit(main(sys.argv[1:]))
+"""
+"""`posfreq pretrain` that sends itself SIGUSR1 (SLURM's warning before the time limit) during step
+POSFREQ_CHECK_SIGNAL_AT and records, into POSFREQ_CHECK_RECORD, the cluster environment and process-group
+backend the run uses: the signal then takes the trainer's own path (agree, save, requeue)."""
+
+
+def run_pretrain(
+    config: dict,
+    path: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    signal_at: int | None = None,
+) -> None:
+    """`posfreq pretrain --config PATH` in a child process (Fabric starts the other local ranks from it), with
+    `env` added to a local launch's environment, sending itself SIGUSR1 during step `signal_at` if given."""
     write_json_atomic(path, config)
-    env = local_launch_env(os.environ)  # a local launch by Fabric, not srun's or torchrun's
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), PYTHONWARNINGS="ignore")
+    child = local_launch_env(os.environ)  # a local launch by Fabric, not srun's or torchrun's
+    child.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), PYTHONWARNINGS="ignore")
+    child.update(env or {})
+    entry = ["-m", "posfreq.scripts.commands.pretrain"]
+    if signal_at is not None:
+        entry = ["-c", SIGNAL_AT_STEP]
+        child.update(
+            POSFREQ_CHECK_SIGNAL_AT=str(signal_at),
+            POSFREQ_CHECK_RECORD=str(path.parent / f"{path.stem}.record.json"),
+        )
     proc = subprocess.run(
-        [sys.executable, "-m", "posfreq.scripts.commands.pretrain", "--config", str(path), *extra],
-        env=env,
+        [sys.executable, *entry, "--config", str(path), *extra],
+        env=child,
         capture_output=True,
         text=True,
         timeout=480,
@@ -113,22 +151,13 @@ def _metrics(run: Path) -> tuple[list[float], list[float]]:
     ]
 
 
-def pretrain_check(
-    work: Path, data: Path, device: torch.device, precision: str, processes: int
-) -> str:
-    """The tiny run uninterrupted, and stopped at step 2 then resumed: same losses, validation and histogram."""
+def _same_run(
+    whole: Path, split: Path, device: torch.device, config: dict
+) -> tuple[float, list[float]]:
+    """(the largest relative difference of losses and validations, the uninterrupted losses) of two runs of
+    `config` that must match: 4 steps and 2 validations each, equal to a tolerance, and equal histograms."""
     from posfreq.train.checkpoint import layout as ckpt
 
-    work.mkdir(parents=True)
-    whole, split = work / "uninterrupted", work / "resumed"
-    run_pretrain(
-        tiny_run_config(data, whole, device, precision, processes), work / "uninterrupted.json"
-    )
-    config = tiny_run_config(data, split, device, precision, processes)
-    run_pretrain(config, work / "resumed.json", "--stop-at-step", "2")
-    if not (ckpt.checkpoint_root(split) / ckpt.LATEST).is_dir():
-        raise AssertionError("the run stopped at step 2 wrote no checkpoints/latest")
-    run_pretrain(config, work / "resumed.json")
     (loss_a, val_a), (loss_b, val_b) = _metrics(whole), _metrics(split)
     if len(loss_a) != 4 or len(loss_b) != 4 or len(val_a) != 2 or len(val_b) != 2:
         raise AssertionError(
@@ -149,7 +178,89 @@ def pretrain_check(
         ckpt.load_trained_lengths(ckpt.checkpoint_root(split) / end),
     ):
         raise AssertionError(f"trained-length histograms of {end} differ between the two runs")
+    return worst, loss_a
+
+
+def pretrain_check(
+    work: Path, data: Path, device: torch.device, precision: str, processes: int
+) -> str:
+    """The tiny run uninterrupted, and stopped at step 2 then resumed: same losses, validation and histogram."""
+    from posfreq.train.checkpoint import layout as ckpt
+
+    work.mkdir(parents=True)
+    whole, split = work / "uninterrupted", work / "resumed"
+    run_pretrain(
+        tiny_run_config(data, whole, device, precision, processes), work / "uninterrupted.json"
+    )
+    config = tiny_run_config(data, split, device, precision, processes)
+    run_pretrain(config, work / "resumed.json", "--stop-at-step", "2")
+    if not (ckpt.checkpoint_root(split) / ckpt.LATEST).is_dir():
+        raise AssertionError("the run stopped at step 2 wrote no checkpoints/latest")
+    run_pretrain(config, work / "resumed.json")
+    worst, loss_a = _same_run(whole, split, device, config)
     return (
         f"{processes} process(es), {precision}: losses {', '.join(f'{x:.4f}' for x in loss_a)}; resumed at "
         f"step 2, max relative difference {worst:.1e}; histograms equal"
+    )
+
+
+SLURM_JOB = "4242"
+"""The fake job id of `requeue_check`'s one task."""
+
+
+def requeue_check(work: Path, data: Path, device: torch.device, precision: str) -> str:
+    """One task as SLURM's srun starts it (SLURM_* variables, slurm/pretrain_common.sh's POSFREQ_SRUN_TASK, a fake
+    `scontrol` on PATH): Lightning's SLURMEnvironment with the device's process group (NCCL on a GPU), a SIGUSR1
+    during step 2, the save and the `scontrol requeue` it makes, then the requeued job (SLURM_RESTART_COUNT=1):
+    the same losses, validation and histogram as the tiny run uninterrupted."""
+    from posfreq.train.run.parallel import SRUN_TASK
+
+    work.mkdir(parents=True)
+    whole, requeued = work / "uninterrupted", work / "requeued"
+    run_pretrain(tiny_run_config(data, whole, device, precision, 1), work / "uninterrupted.json")
+    bin_dir, calls = work / "bin", work / "scontrol.calls"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> "{calls}"\n')
+    scontrol.chmod(0o755)
+    slurm = {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        SRUN_TASK: "1",
+        "SLURM_JOB_ID": SLURM_JOB,
+        "SLURM_JOB_NAME": "posfreq-gpu-check",
+        "SLURM_NTASKS": "1",
+        "SLURM_NTASKS_PER_NODE": "1",
+        "SLURM_NNODES": "1",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_NODELIST": "127.0.0.1",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+    }
+    config = tiny_run_config(data, requeued, device, precision, 1)
+    run_pretrain(config, work / "requeued.json", env=slurm, signal_at=2)
+    record = json.loads((work / "requeued.record.json").read_text())
+    expected = {
+        "environment": "SLURMEnvironment",
+        "backend": "nccl" if device.type == "cuda" else "gloo",
+        "world_size": 1,
+    }
+    if record != expected:
+        raise AssertionError(f"the task ran under {record}, not {expected}")
+    asked = calls.read_text().split("\n") if calls.is_file() else []
+    if asked[:1] != [f"requeue {SLURM_JOB}"]:
+        raise AssertionError(
+            f"after SIGUSR1 the run asked scontrol {asked}, not 'requeue {SLURM_JOB}'"
+        )
+    log = (work / "requeued.log").read_text()
+    if f"requeued SLURM job {SLURM_JOB}" not in log:
+        raise AssertionError(
+            f"the signalled run did not say it requeued the job (log: {work / 'requeued.log'})"
+        )
+    run_pretrain(config, work / "requeued.json", env={**slurm, "SLURM_RESTART_COUNT": "1"})
+    worst, _ = _same_run(whole, requeued, device, config)
+    return (
+        f"SLURMEnvironment, {record['backend']}, {precision}: SIGUSR1 during step 2, saved, and asked "
+        f"`scontrol requeue {SLURM_JOB}`; the requeued job finished with the uninterrupted run's losses (max "
+        f"relative difference {worst:.1e}) and histogram"
     )
