@@ -5,7 +5,8 @@ The hostile routes of the third review (issue #46) and where each is tested:
 - a chat template that outruns the sandbox: tests/train/data/chat_template/ (the in-process checks in test_sandbox.py,
   the child process with hard limits in test_render.py) and tests/analysis/niah/test_sources.py (through a tokenizer);
 - a rerun deleting a neighbour's nested results: tests/train/test_journal.py, tests/scripts/commands/
-  test_loss_by_distance.py (export-hf end to end);
+  test_loss_by_distance.py (export-hf end to end), tests/test_concurrent_outputs.py
+  (`test_a_rerun_never_deletes_a_neighbours_results_nested_in_its_out`: all ten commands that may hold one);
 - NaN or infinite weights and overflowing logits: here (`test_a_nan_weight_*`, `test_a_checkpoint_with_a_nan_*`,
   `test_logits_that_overflow_*`);
 - pickled weights through every loader: here (`test_every_loader_refuses_pickled_weights_with_one_line`);

@@ -14,6 +14,11 @@ Two commands are made cheap without weakening what is checked, as both claim --o
 are replaced by a stand-in that writes its tiny corpus into OUT/data (so a rerun has an earlier run's part to
 remove, after the lock), and demo runs with --threads 0, refused right after the claim (a real demo takes minutes):
 its "success" is that refusal instead of the lock's.
+
+A rerun never deletes a neighbour's nested results (issue #46, item 2): for export-hf, probe, table, ruler,
+loss-by-distance, effective-length, compare, analyze, checkpoint consolidate and pretrain --overwrite, another
+command's results written inside --out between two runs are left as they were, bytes and mtimes, while the rerun
+rewrites its own (a consolidation, which replaces --out whole, is refused instead, naming them).
 """
 
 from __future__ import annotations
@@ -28,11 +33,11 @@ from typing import Callable, Iterator
 
 import numpy as np
 import pytest
-from helpers.hf import consolidated_bytes_model
+from helpers.hf import consolidated_bytes_model, save_tiny_hf
 from helpers.probe import tiny_model, write_checkpoint
 
 from posfreq.scripts.cli import main as posfreq
-from posfreq.train.journal import LOCK_FILE
+from posfreq.train.journal import LOCK_FILE, unrecorded
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -220,3 +225,142 @@ def test_a_second_writer_of_one_out_is_refused_before_anything_is_touched(
         assert not changed, f"the refused run touched {changed}"
     code, err = outcome(argv, capsys)
     assert ran(code, err), f"the run after the holder ended: exit {code}\n{err}"
+
+
+def probe(tmp: Path, monkeypatch) -> tuple:
+    checkpoint = write_checkpoint(
+        tmp / "run", 1024, tiny_model(), np.bincount([512], minlength=513)
+    )
+    out = tmp / "niah"
+    argv = ["probe", "--checkpoint", str(checkpoint), "--lengths", "512", "--tests-per-length", "1"]
+    argv += ["--haystack", "noise", "--max-new-tokens", "40", "--quiet", "--no-figures"]
+    return [*argv, "--out", str(out)], out, succeeded
+
+
+def table(tmp: Path, monkeypatch) -> tuple:
+    model = save_tiny_hf(tmp / "hf")
+    out = tmp / "table"
+    argv = ["table", "--model", f"hf:{model}", "--schemes", "rope", "--niah-lengths", "448"]
+    argv += ["--tests", "1", "--haystack", "noise", "--max-new-tokens", "40", "--bootstrap", "1"]
+    return [*argv, "--out", str(out)], out, succeeded
+
+
+def ruler(tmp: Path, monkeypatch) -> tuple:
+    pytest.importorskip("lm_eval", reason="the lmeval extra: pip install -e '.[lmeval]'")
+    pytest.importorskip("wonderwords", reason="lm-eval's ruler extra: pip install -e '.[lmeval]'")
+    model = save_tiny_hf(tmp / "hf")
+    out = tmp / "ruler"
+    argv = ["ruler", "--model", f"hf:{model}", "--tasks", "niah_single_1", "--samples", "1"]
+    return [*argv, "--out", str(out)], out, succeeded  # at the trained length, 768
+
+
+def consolidate(tmp: Path, monkeypatch) -> tuple:
+    checkpoint = write_checkpoint(
+        tmp / "run", 1024, tiny_model(), np.bincount([512], minlength=513)
+    )
+    out = tmp / "model"
+    argv = ["checkpoint", "consolidate", "--checkpoint", str(checkpoint)]
+    return [*argv, "--out", str(out)], out, succeeded
+
+
+def pretrain(tmp: Path, monkeypatch) -> tuple:
+    from helpers.trainer import tiny
+
+    from posfreq.train.preflight.pretrain_check import write_tiny_corpus
+
+    data = write_tiny_corpus(tmp / "shards", max_words=20)
+    out = tmp / "run"
+    config = (
+        tmp / "pretrain.json"
+    )  # one step; resume null: the rerun with --overwrite starts afresh
+    config.write_text(json.dumps(tiny(data, out, total_tokens=1024, resume=None)))
+    return ["pretrain", "--config", str(config)], out, succeeded
+
+
+def with_out(argv: list[str], out: Path) -> list[str]:
+    """`argv` with `out` as its --out."""
+    at = argv.index("--out") + 1
+    return [*argv[:at], str(out), *argv[at + 1 :]]
+
+
+def identity(path: Path) -> tuple[int, int]:
+    """(inode, mtime in ns): a file rewritten, in place or by an atomic replace, changes it."""
+    return path.stat().st_ino, path.stat().st_mtime_ns
+
+
+def nesting(
+    case: Case,
+    rewritten: str,
+    rerun: tuple = (),
+    refused: bool = False,
+    inside: str = "neighbour",
+    slow: bool = False,
+):
+    """One command that may hold another command's results inside its --out: its case, a file of its own that its
+    rerun rewrites, what the rerun adds to its command line, whether the rerun is refused instead, and where in
+    its --out the neighbour writes."""
+    marks = [pytest.mark.slow] if slow else []
+    values = (case, rewritten, list(rerun), refused, inside)
+    return pytest.param(*values, id=case.__name__.replace("_", "-"), marks=marks)
+
+
+NESTING = [
+    nesting(export_hf, "model.safetensors"),
+    nesting(probe, "summary.csv"),
+    nesting(table, "table1.csv"),
+    nesting(ruler, "scores.csv", slow=True),  # lm-eval's RULER tasks take ~20 s to import
+    nesting(loss_by_distance, "loss_by_distance.csv"),
+    nesting(effective_length, "fig2a_effective_length_vs_tokens.png"),
+    nesting(compare, "conclusion.json"),
+    nesting(analyze, "summary.json"),
+    # a consolidation replaces --out whole (train/atomic.py's publish_dir): it refuses to run over a neighbour
+    nesting(consolidate, "model.safetensors", refused=True),
+    # inside the folder --overwrite empties
+    nesting(pretrain, "metrics.jsonl", ("--overwrite", "true"), inside="checkpoints/neighbour"),
+]
+
+
+@pytest.mark.parametrize("case, rewritten, rerun, refused, inside", NESTING)
+def test_a_rerun_never_deletes_a_neighbours_results_nested_in_its_out(
+    case: Case,
+    rewritten: str,
+    rerun: list[str],
+    refused: bool,
+    inside: str,
+    tmp_path,
+    monkeypatch,
+    capsys,
+):
+    """Issue #46, item 2: a command runs into OUT; another posfreq command (analyze, or compare for analyze itself)
+    then writes a folder inside OUT; the first command's rerun touches none of the neighbour's files (bytes and
+    mtime) and rewrites its own, or it is refused with one `error:` line naming the neighbour and nothing changed."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    argv, out, ran = case(work, monkeypatch)
+    code, err = outcome(argv, capsys)
+    assert ran(code, err), f"the first run: exit {code}\n{err}"
+    own = identity(out / rewritten)
+    neighbour = out / inside
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    with pytest.MonkeyPatch.context() as patch:  # its settings (analyze's cache) are its own
+        other, _, other_ran = (compare if case is analyze else analyze)(inputs, patch)
+        code, err = outcome(with_out(other, neighbour), capsys)
+    assert other_ran(code, err), f"the neighbour's run: exit {code}\n{err}"
+    theirs = tree(neighbour)
+    assert len(theirs) > 3, theirs
+    before = tree(work)
+    code, err = outcome([*argv, *rerun], capsys)
+    if refused:
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        assert code != 0 and "Traceback" not in err and len(errors) == 1, err
+        assert str(neighbour) in errors[0] and "Fix:" in errors[0], err
+        after = tree(work)
+        changed = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+        assert not changed, f"the refused rerun touched {changed}"
+    else:
+        assert code == 0, f"the rerun: exit {code}\n{err}"
+        assert identity(out / rewritten) != own, f"the rerun did not rewrite {out / rewritten}"
+        assert unrecorded(out) == [], "the neighbour is no longer accounted for in OUT's journal"
+    assert tree(neighbour) == theirs, "the rerun changed the neighbour's results"

@@ -199,6 +199,13 @@ def remove_recorded(folder: Path, under: str | None = None, sub_steps: bool = Fa
     return removed
 
 
+def claimed_inside(folder: Path) -> list[str]:
+    """The entries the journal of `folder` names that another command claimed (a neighbour's results nested in it):
+    what a rerun of its command must leave alone."""
+    owner = _owner_command(folder)
+    return [n for n in recorded(folder) if _claimed_by_another(inside(folder, n), owner)]
+
+
 def _owner_command(folder: Path) -> str | None:
     """The command OWNER_FILE in `folder` names, or None (no owner, or a record that cannot be read)."""
     try:

@@ -159,7 +159,7 @@ def _lock(path: Path, command: str, flag: str) -> None:
     """flock `path`'s LOCK_FILE for this process (the kernel releases it when the process ends, however it ends);
     OutputDirError naming the holder if another process holds it."""
     key = path.resolve()
-    if key in _HELD:
+    if key in _HELD or _held_here(path / LOCK_FILE):
         return
     try:
         fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
@@ -196,10 +196,24 @@ def _being_written(path: Path, flag: str, fd: int) -> OutputDirError:
     )
 
 
+def _held_here(lock: Path) -> bool:
+    """Whether this process holds the lock file `lock` already, under another name (a folder it claimed as OUT.tmp
+    and renamed to OUT): a second look or lock through a new descriptor would find it held, by this process."""
+    try:
+        found = os.stat(lock, follow_symlinks=False)
+    except OSError:
+        return False
+    for fd in _HELD.values():
+        held = os.fstat(fd)
+        if (held.st_dev, held.st_ino) == (found.st_dev, found.st_ino):
+            return True
+    return False
+
+
 def _refuse_while_written(path: Path, flag: str) -> None:
     """OutputDirError if another process holds `path`'s lock now: a look only (nothing is created or written, and
     the lock is let go at once), so a command is refused before its slow work; `_lock` takes the lock later."""
-    if path.resolve() in _HELD:
+    if path.resolve() in _HELD or _held_here(path / LOCK_FILE):
         return
     try:
         fd = os.open(path / LOCK_FILE, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))

@@ -56,6 +56,7 @@ class Evaluator:
         from lm_eval.models.huggingface import HFLM
 
         from posfreq.train.model.hf_folder import ModelFolderError
+        from posfreq.train.model.transformer import finite
         from posfreq.train.positions.hf_schemes import load_causal_lm
 
         args = self.args
@@ -70,6 +71,10 @@ class Evaluator:
                 f"--model {self.path}: transformers could not load it ({type(err).__name__}: {err}). "
                 "Fix: check that AutoModelForCausalLM.from_pretrained(DIR) loads it"
             ) from err
+        # lm-eval argmaxes and scores whatever the head returns: a NaN or infinite logit stops the command instead
+        model.get_output_embeddings().register_forward_hook(
+            lambda module, inputs, logits: finite(logits, "the model's output head")
+        )
         # RULER sizes each prompt to its length; a chat template adds its own tokens, which lm-eval would cut
         # from the prompt's start (the instructions) at max_length: leave it room instead.
         self.lm = HFLM(
@@ -100,14 +105,20 @@ class Evaluator:
                 "num_samples": self.args.samples,
             },
         )
-        evaluation = simple_evaluate(
-            model=self.lm,
-            tasks=[name],
-            task_manager=manager,
-            apply_chat_template=self.args.chat_template,
-            log_samples=True,
-            bootstrap_iters=0,
-        )
+        try:
+            evaluation = simple_evaluate(
+                model=self.lm,
+                tasks=[name],
+                task_manager=manager,
+                apply_chat_template=self.args.chat_template,
+                log_samples=True,
+                bootstrap_iters=0,
+            )
+        except FloatingPointError as err:
+            raise RulerError(
+                f"{self.path}: {err} in task {task} at length {length}: its scores would be numbers made of NaN. "
+                "Fix: run with --dtype float32, or check the model's weights"
+            ) from None
         logged = evaluation["samples"][name]
         scores = [entry[str(length)] for entry in logged if entry["doc"]["max_length"] == length]
         if not scores:

@@ -12,6 +12,7 @@ from posfreq.train.atomic import AtomicFile, publish_dir, write_text_atomic
 from posfreq.train.journal import (
     JOURNAL_FILE,
     JournalError,
+    claimed_inside,
     record_written,
     recorded,
     remove_recorded,
@@ -70,6 +71,8 @@ def test_a_rerun_never_deletes_a_neighbours_folder_claimed_inside(tmp_path):
     write_text_atomic(lbd / "loss_by_distance.csv", "rows")
     probe = claim_output_dir(out / "runs" / "niah", "probe", shared=True)
     write_text_atomic(probe / "summary.csv", "rows")
+    # what a consolidation, which replaces its --out whole, refuses to run over
+    assert claimed_inside(out) == ["lbd", "runs/niah"]
     removed = remove_recorded(out)
     assert sorted(p.name for p in removed) == ["model.safetensors", "part.bin"]
     assert (lbd / "loss_by_distance.csv").read_text() == "rows"

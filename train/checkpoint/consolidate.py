@@ -25,8 +25,15 @@ from posfreq.train.checkpoint.layout import (
 )
 from posfreq.train.checkpoint.safe_load import CheckpointError
 from posfreq.train.checkpoint.save import write_manifest, write_weights
-from posfreq.train.journal import record_written
-from posfreq.train.outdir import check_output_dir, claim_output_dir, entry_names, lock_beside
+from posfreq.train.journal import claimed_inside, record_written
+from posfreq.train.outdir import (
+    OutputDirError,
+    check_output_dir,
+    claim_output_dir,
+    entry_names,
+    lock_beside,
+    owner_of,
+)
 
 CONSOLIDATE = "checkpoint consolidate"
 
@@ -36,7 +43,8 @@ def consolidate(
 ) -> Path:
     """Write one trainer checkpoint as a single-file model directory (atomically); returns it.
 
-    `out_dir` must be new, empty or an earlier consolidation (OutputDirError otherwise: never a run directory).
+    `out_dir` must be new, empty or an earlier consolidation (OutputDirError otherwise: never a run directory), and
+    hold no other command's results (a probe's folder claimed inside it), which replacing it would delete.
     """
     src, out = Path(checkpoint_dir), Path(out_dir)
     with lock_beside(
@@ -49,6 +57,14 @@ def _consolidate(src: Path, out: Path, dtype: torch.dtype | None) -> Path:
     """`consolidate` under the lock beside `out`."""
     tmp, old = atomic.temporary(out), out.with_name(out.name + ".old")
     check_output_dir(out, CONSOLIDATE, written_before=_earlier_consolidation)
+    # publish_dir() replaces `out` whole: another command's results claimed inside it would go with it
+    nested = claimed_inside(out) if out.is_dir() else []
+    if nested:
+        theirs = out / nested[0]
+        raise OutputDirError(
+            f"--out {out} holds {theirs}, the outputs of `posfreq {owner_of(theirs)}`, and a consolidation replaces "
+            f"--out whole. Fix: move {theirs} out of {out}, or pass another --out (nothing was changed)"
+        )
     # publish_dir() replaces them: only an interrupted consolidation's own may go
     for sibling in (tmp, old):
         check_output_dir(sibling, CONSOLIDATE, flag="--out's temporary")

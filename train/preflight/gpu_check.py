@@ -282,11 +282,12 @@ def train_stage(
     save_at: int = 2,
     matmul_size: int = 8192,
     compile: str = "auto",
+    vocab: int = 128_256,
 ) -> dict:
     """`preset` at L = `length` through one rank's real accumulation loop (the pretraining config's micro-batch and
     checkpointing, `micro_batches` of them per step, as on 16 GPUs): `save_at` steps, then the sharded resumable
     save a stop makes (model and optimizer), then a resume to `steps`. Step time, MFU against the datasheet peak
-    and the measured bf16 matmul rate, peak memory, and save and load times against the USR1 margin."""
+    and the measured bf16 matmul rate, peak memory, and save and load times against the USR1 margin. The data's `vocab` (Llama-3's by default) sizes the model's."""
     import yaml
 
     from posfreq.train.model.fused import use_fused
@@ -299,7 +300,9 @@ def train_stage(
     rows = paper["micro_batch_rows"]
     checkpointing = paper["model"].get("activation_checkpointing", False)
     data = work / "data"
-    random_shards(data, 128_256, 128_001, documents=micro_batches * rows * 3)
+    random_shards(
+        data, vocab, vocab - 255, documents=micro_batches * rows * 3
+    )  # Llama-3's EOS: 128,001
     step_tokens = micro_batches * rows * length
     config = {
         "out": str(work / "run"),

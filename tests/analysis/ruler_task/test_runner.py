@@ -428,3 +428,33 @@ def test_the_key_holds_the_essays_and_the_sentence_model_by_content(tmp_path, mo
     assert ruler_unit_key(request, "vt", 1024) != ruler_unit_key(
         {**request, "data": after}, "vt", 1024
     )
+
+
+@pytest.mark.slow  # one small lm-eval run
+def test_logits_that_overflow_stop_ruler_naming_the_model_the_task_and_the_length(
+    llama3_model: Path, tmp_path: Path, capsys
+) -> None:
+    """lm-eval argmaxes and scores whatever the head returns: logits that overflow to infinity made answers and
+    scores of them. The head's output is checked, and the command stops with one line naming the model, the task
+    and the length."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from posfreq.scripts.commands import ruler as ruler_command
+
+    model = tmp_path / "m"
+    shutil.copytree(llama3_model, model)
+    weights = load_file(str(model / "model.safetensors"))
+    head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
+    weights[head] = weights[head].clone().fill_(3e38)  # finite weights, infinite logits
+    save_file(weights, str(model / "model.safetensors"), metadata={"format": "pt"})
+    argv = ["--model", f"hf:{model}", "--tasks", "niah_single_1", "--samples", "1"]
+    capsys.readouterr()
+    assert ruler_command.main([*argv, "--out", str(tmp_path / "ruler")]) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, errors
+    message = errors[0]
+    assert "non-finite logits at the model's output head" in message, message
+    assert f"in task niah_single_1 at length {LENGTH}" in message and str(model) in message
+    assert "Fix: run with --dtype float32" in message

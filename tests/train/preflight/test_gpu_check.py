@@ -190,6 +190,7 @@ def test_the_training_stage_runs_its_accumulation_save_and_resume_on_cpu(tmp_pat
         micro_batches=2,
         matmul_size=64,
         compile="off",
+        vocab=512,  # Llama-3's 128,256 logits per token would take minutes a step here
     )
     assert result["save_s"] > 0 and result["load_s"] > 0 and result["step_s"] > 0
     assert 0 < result["mfu_measured"] and result["peak_gib"] is None
