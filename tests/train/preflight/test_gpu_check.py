@@ -71,7 +71,7 @@ def test_the_prefill_stage_runs_end_to_end_at_a_small_length_on_cpu(tmp_path):
     line = gpu_check.prefill_stage(torch.device("cpu"), length=64, profile=tmp_path / "p.txt")
     import re
 
-    ms = {name: int(value) for name, value in re.findall(r"([A-Za-z ]+?) (\d+) ms", line)}
+    ms = {name.strip(): int(value) for name, value in re.findall(r"([A-Za-z ]+?) (\d+) ms", line)}
     assert set(ms) == {
         "posfreq rope",
         "rope on sdpa",
