@@ -29,20 +29,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers.cli import outcome
 
 from posfreq.scripts.cli import main as posfreq
-
-
-def outcome(argv: list[str], capsys) -> tuple[int, str]:
-    """(exit code, what the user reads on stderr), in-process: a SystemExit's message is what Python would print."""
-    try:
-        code = posfreq(argv)
-    except SystemExit as stop:
-        code = stop.code
-    err = capsys.readouterr().err
-    if isinstance(code, str):
-        err, code = err + code + "\n", 1
-    return int(code or 0), err
 
 
 @pytest.fixture

@@ -33,10 +33,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 import pytest
+from helpers.cli import outcome
 from helpers.hf import consolidated_bytes_model, save_tiny_hf
 from helpers.probe import tiny_model, write_checkpoint
 
-from posfreq.scripts.cli import main as posfreq
 from posfreq.train.journal import LOCK_FILE, unrecorded
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -79,18 +79,6 @@ def tree(root: Path) -> dict[str, tuple[int, int]]:
         str(p.relative_to(root)): (p.lstat().st_size, p.lstat().st_mtime_ns)
         for p in [root, *sorted(root.rglob("*"))]
     }
-
-
-def outcome(argv: list[str], capsys) -> tuple[int, str]:
-    """(exit code, stderr) of `posfreq ARGV` in this process, as a user would see them."""
-    try:
-        code = posfreq(argv)
-    except SystemExit as stop:
-        code = stop.code
-    err = capsys.readouterr().err
-    if isinstance(code, str):
-        err, code = err + code + "\n", 1
-    return int(code or 0), err
 
 
 # Each case builds its inputs in tmp_path and returns (argv, --out, whether an unlocked run's outcome is success).

@@ -1,4 +1,4 @@
-"""A subcommand's parser as `parse` sees it, for the CLI and README tests."""
+"""A subcommand's parser as `parse` sees it, for the CLI and README tests, and a command's outcome as a user sees it."""
 
 from __future__ import annotations
 
@@ -23,3 +23,18 @@ def command_parser_of(name: str) -> ArgumentParser:
     )
     hyphenate(parser)
     return parser
+
+
+def outcome(argv: list[str], capsys) -> tuple[int, str]:
+    """(exit code, what the user reads on stderr) of `posfreq ARGV`, in-process: a SystemExit's message is what
+    Python would print."""
+    from posfreq.scripts.cli import main as posfreq
+
+    try:
+        code = posfreq(argv)
+    except SystemExit as stop:
+        code = stop.code
+    err = capsys.readouterr().err
+    if isinstance(code, str):
+        err, code = err + code + "\n", 1
+    return int(code or 0), err
