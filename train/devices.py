@@ -92,3 +92,11 @@ def resolve_device(name: str) -> torch.device:
             "Fix: pick an index below that, or use --device cuda"
         )
     return device
+
+
+def gpu_memory(device: torch.device) -> tuple[int, int, str] | None:
+    """(free bytes, total bytes, name) of a CUDA device as the driver reports them now, or None off CUDA."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return free, total, torch.cuda.get_device_name(device)

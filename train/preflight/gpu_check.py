@@ -290,7 +290,7 @@ def train_stage(
     and the measured bf16 matmul rate, peak memory, and save and load times against the USR1 margin. The data's `vocab` (Llama-3's by default) sizes the model's."""
     import yaml
 
-    from posfreq.train.model.fused import use_fused
+    from posfreq.train.model.fused import resolve_compile, use_fused
     from posfreq.train.run.config import config_from_dict
     from posfreq.train.run.flops import measured_matmul_flops
     from posfreq.train.run.pretrain import train
@@ -354,6 +354,7 @@ def train_stage(
     datasheet = row["mfu"] and row["flops_per_s"] / row["mfu"]
     save_s, load_s = saves[0], loads[0]
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    planned = _planned_gib(config_from_dict(config), vocab, resolve_compile(compile, device.type))
     if step_s + save_s > USR1_MARGIN_SECONDS:
         raise AssertionError(
             f"a step ({step_s:.0f} s) and the save it triggers ({save_s:.0f} s) take longer than the "
@@ -367,6 +368,7 @@ def train_stage(
             + f"{flops / measured:.1%} of the measured bf16 matmul ({measured / 1e12:.0f} TFLOP/s, "
             f"{flops / 1e12:.0f} TFLOP/s here)"
             + (f"; peak {peak:.1f} GiB" if peak is not None else "")
+            + f" (posfreq plan: {planned:.1f} GiB)"
             + f"; sharded save {save_s:.1f} s, load {load_s:.1f} s (step + save within the "
             f"{USR1_MARGIN_SECONDS} s USR1 margin); activation checkpointing {checkpointing}, "
             f"model.compile {compile}"
@@ -380,7 +382,18 @@ def train_stage(
         "save_s": save_s,
         "load_s": load_s,
         "peak_gib": peak,
+        "planned_gib": planned,
     }
+
+
+def _planned_gib(cfg, vocab: int, compiled: bool) -> float:
+    """train/run/memory.py's figure for one rank of this stage's run, to set beside the measured peak."""
+    from posfreq.train.run.geometry import resolve_model_config
+    from posfreq.train.run.memory import GIB, memory, meta_model
+
+    model = meta_model(resolve_model_config(cfg, vocab))
+    rows = cfg.micro_batch_rows
+    return memory(model, cfg, 1, rows, cfg.model.activation_checkpointing, compiled).total / GIB
 
 
 def _sync(device: torch.device) -> None:

@@ -6,35 +6,8 @@ flags are read by the trainer's own parser (train.run.config.build_parser), and 
 the meta device, so a plan for a 1.3B model takes no memory and no GPU. Why: a job that does not fit, or that would take
 twice the expected days, should be known before it waits in a queue.
 
-Memory per GPU (bytes; P_r = this rank's shard of every parameter, ceil(dim0 / shards) x the rest,
-as FSDP2 pads it, with shards = world under `fsdp: full` and the GPUs of one node under hybrid sharding;
-a = 2 under bf16-mixed, 4 under 32-true):
-- parameters: 4 P_r (fp32 master weights); gradients: 4 P_r (fp32, reduce_dtype);
-- accumulated gradients: 4 P (every parameter, unsharded, fp32) when a step has several micro-batches: the
-  trainer's `no_backward_sync` makes FSDP2 skip the reduce-scatter and keep whole gradients until the last;
-- AdamW: 8 P_r (two fp32 moments) + 4 bytes of `step` per parameter tensor;
-- gathered compute copy: a x (root's parameters: embeddings, final norm, head, gathered for the whole
-  step) + a x GATHERED_BLOCKS blocks (the block computing and the one FSDP2 prefetches; the last
-  block also stays gathered from forward into backward); a P, the whole model, when a step has several
-  micro-batches: the trainer keeps every block gathered from the first forward to the last backward
-  (train.run.parallel.reshard_for_micro_batch) so that a step all-gathers each block once;
-- activations per micro-batch of T = micro_batch_rows x L tokens, from what autograd saves:
-  per block (d model width, f FFN width, H heads, h head width, k = n_kv_heads x h):
-      T d (8 + 6a)      two RMSNorms (fp32 copy of the input 4, normed a, output a each), rotated q,
-                        attention output (flash keeps q, k, v, out; the o_proj input is out)
-    + 2 a T k           rotated k and v
-    + 4 T H + 8 T       flash's fp32 log-sum-exp; the RMSNorms' fp32 reciprocal RMS
-    + 4 a T f           SwiGLU: gate, silu(gate), up, their product
-  Attention is FlashAttention-2's (memory linear in T, no L^2 scores). Outside the blocks: the
-  rotary cos and sin tables (2 a T h: computed once per forward, every block's q and k rotations
-  share them), the final norm (4 T d + a T d + 4 T) and the token ids (8 T). With activation checkpointing each
-  block keeps only its input (a T d) and one block's full activations are recomputed at a time.
-- loss (train.model.loss.linear_cross_entropy, its peak at the end of forward, when every activation is
-  also held): one chunk of fp32 logits and its fp32 hidden rows (4 c V + 4 c d, c =
-  default_chunk_tokens(V)), the fp32 weight gradient (4 V d), grad_hidden (a T d), and under bf16
-  the fp32 copy of the weight (4 V d) and the gradient cast back to bf16 (a V d).
-The gradients of activations in backward (about one block's worth) and fragmentation are left to
-the margin (MARGIN of the GPU's memory, with the CUDA context).
+Memory per GPU: train/run/memory.py's model (the trainer checks the same figure against the GPU's free memory
+before its first step), eager as the upper bound and under model.compile as calibrated.
 
 Time: FLOPs per optimizer step are the trainer's own (train.run.flops.step_flops, the formula its
 logged MFU uses): 6 N tokens + 6 n_layers d sum over segments s(s + 1), with N the matmul
@@ -45,19 +18,24 @@ parameters (all but the input embedding; the head counts), evaluated for full ro
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import torch
-from torch import nn
-
 from posfreq.train.model.config import ModelConfig, model_preset
-from posfreq.train.model.loss import default_chunk_tokens
-from posfreq.train.model.transformer import Transformer
 from posfreq.train.run.config import TrainConfig
 from posfreq.train.run.flops import PEAK_BF16_FLOPS, step_flops
 from posfreq.train.run.geometry import batch_geometry, resolve_model_config
+from posfreq.train.run.memory import (
+    GIB,
+    MARGIN,
+    Memory,
+    fsdp_shards,
+    largest_rows,
+    largest_valid_rows,
+    memory,
+    meta_model,
+)
 
 
 @dataclass(frozen=True)
@@ -81,134 +59,10 @@ MEASURED_MFU = {"h200": (0.446, "2026-11-26 and -27"), "h100-sxm": (0.421, "2026
 """tinyllama-1.3b at L = 2048 on one GPU (model.compile on, 2 micro-batches of 8 rows): the trainer's MFU
 against the datasheet peak, as `make gpu-check` measured it (docs/cluster.md), with the dates."""
 GpuName = Literal[tuple(GPUS)]
-MARGIN = (
-    0.10  # of the GPU's memory, kept for the CUDA context, the allocator and backward's transients
-)
-GATHERED_BLOCKS = 2  # the block computing plus the one FSDP2's implicit prefetch gathers
 # TinyLlama's published throughput: 24k tokens/s per A100 for TinyLlama-1.1B (this architecture
 # with the Llama-2 vocabulary of 32,000) at L = 2048, without activation checkpointing.
 TINYLLAMA = model_preset("tinyllama-1.3b", vocab_size=32_000, train_len=2048)
 TINYLLAMA_TOKENS_PER_S = 24_000
-GIB = 2**30
-
-
-@dataclass(frozen=True)
-class Memory:
-    """Bytes per GPU, by kind."""
-
-    parameters: int
-    """This rank's fp32 shard of the weights."""
-    gradients: int
-    """This rank's fp32 shard of the gradients."""
-    optimizer: int
-    """AdamW's two fp32 moments of the shard and its step counters."""
-    gathered: int
-    """The unsharded compute copy FSDP2 gathers (root parameters and GATHERED_BLOCKS blocks, or all of them)."""
-    activations: int
-    """What autograd saves for backward in one micro-batch."""
-    loss: int
-    """The chunked loss's own buffers at its peak."""
-    accumulated_gradients: int = 0
-    """Unsharded fp32 gradients FSDP2 keeps between micro-batches while it skips their reduce-scatter."""
-
-    @property
-    def total(self) -> int:
-        """All of the above."""
-        return sum(getattr(self, f.name) for f in fields(self))
-
-
-def meta_model(config: ModelConfig) -> Transformer:
-    """The model on the meta device: shapes only, no memory."""
-    with torch.device("meta"):
-        return Transformer(config)
-
-
-def compute_bytes(cfg: TrainConfig) -> int:
-    """Bytes per element of the compute copy and activations: bf16 under bf16-mixed, else fp32."""
-    return 2 if cfg.precision == "bf16-mixed" else 4
-
-
-def shard_numel(param: nn.Parameter, world: int) -> int:
-    """Elements of one rank's FSDP2 shard of `param` (dim 0 split in ceil(dim0 / world) rows, padded)."""
-    rows = -(-param.shape[0] // world)
-    return rows * (param.numel() // param.shape[0])
-
-
-def state_bytes(model: nn.Module, shards: int) -> tuple[int, int, int]:
-    """(fp32 parameters, fp32 gradients, AdamW state) on one rank of `shards` sharing the model."""
-    params = list(model.parameters())
-    shard = sum(shard_numel(p, shards) for p in params)
-    return 4 * shard, 4 * shard, 8 * shard + 4 * len(params)
-
-
-def gathered_bytes(model: Transformer, element_bytes: int, accumulating: bool = False) -> int:
-    """The unsharded compute copy: the root's own parameters plus GATHERED_BLOCKS blocks, or every parameter when
-    the step accumulates micro-batches (kept gathered through the step)."""
-    block = sum(p.numel() for p in model.layers[0].parameters())
-    root = sum(p.numel() for p in model.parameters()) - len(model.layers) * block
-    blocks = len(model.layers) if accumulating else min(GATHERED_BLOCKS, len(model.layers))
-    return element_bytes * (root + blocks * block)
-
-
-def block_activation_bytes(config: ModelConfig, tokens: int, a: int) -> int:
-    """Bytes one block saves for backward (the module docstring's formula)."""
-    t, d, f, h = tokens, config.d_model, config.ffn_dim, config.head_dim
-    return (
-        t * d * (8 + 6 * a)
-        + 2 * a * t * config.n_kv_heads * h
-        + 4 * t * config.n_heads
-        + 8 * t
-        + 4 * a * t * f
-    )
-
-
-def activation_bytes(config: ModelConfig, tokens: int, a: int, checkpointing: bool) -> int:
-    """Peak saved activations of one micro-batch of `tokens` tokens, with or without activation checkpointing."""
-    t, d = tokens, config.d_model
-    block = block_activation_bytes(config, t, a)
-    blocks = config.n_layers * a * t * d + block if checkpointing else config.n_layers * block
-    return blocks + 2 * a * t * config.head_dim + 4 * t * d + a * t * d + 4 * t + 8 * t
-
-
-def loss_bytes(config: ModelConfig, tokens: int, a: int) -> int:
-    """Peak of train.model.loss.linear_cross_entropy's own buffers for `tokens` tokens (module docstring)."""
-    v, d = config.vocab_size, config.d_model
-    chunk = min(tokens, default_chunk_tokens(v))
-    lean = 4 * chunk * (v + d) + 4 * v * d + a * tokens * d
-    return lean + (4 * v * d + a * v * d if a < 4 else 0)
-
-
-def accumulates(cfg: TrainConfig, world: int, rows: int) -> bool:
-    """Whether a step of `world` ranks with `rows` rows per micro-batch has several micro-batches."""
-    return cfg.global_batch_tokens // cfg.data.train_len > rows * world
-
-
-def accumulated_gradient_bytes(model: nn.Module, cfg: TrainConfig, world: int, rows: int) -> int:
-    """4 bytes per parameter when a step has several micro-batches: under `no_backward_sync` FSDP2 skips the
-    reduce-scatter and keeps every parameter's whole gradient, in the fp32 reduce dtype, until the last one."""
-    return 4 * sum(p.numel() for p in model.parameters()) if accumulates(cfg, world, rows) else 0
-
-
-def fsdp_shards(cfg: TrainConfig, world: int) -> int:
-    """Ranks sharing one copy of the model's state: `world`, or one node's under hybrid sharding."""
-    return cfg.fsdp_mesh_shape(world // cfg.num_nodes)[1]
-
-
-def memory(
-    model: Transformer, cfg: TrainConfig, world: int, rows: int, checkpointing: bool
-) -> Memory:
-    """Per-GPU memory of the run with `rows` rows per micro-batch."""
-    a, tokens = compute_bytes(cfg), rows * cfg.data.train_len
-    params, grads, optim = state_bytes(model, fsdp_shards(cfg, world))
-    return Memory(
-        params,
-        grads,
-        optim,
-        gathered_bytes(model, a, accumulates(cfg, world, rows)),
-        activation_bytes(model.config, tokens, a, checkpointing),
-        loss_bytes(model.config, tokens, a),
-        accumulated_gradient_bytes(model, cfg, world, rows),
-    )
 
 
 def flops_per_token(config: ModelConfig, train_len: int) -> float:
@@ -256,72 +110,24 @@ def usable_bytes(gpu: Gpu) -> float:
     return (1 - MARGIN) * gpu.memory_gib * GIB
 
 
-def largest_rows(
-    model: Transformer, cfg: TrainConfig, world: int, gpu: Gpu, checkpointing: bool
-) -> int:
-    """The most rows per micro-batch before the first count that does not fit (0 if not even one does).
-
-    Memory grows with the rows except where a step stops accumulating micro-batches (the whole-gradient and
-    gathered-copy terms drop): on each side of that count it is monotone, so each side is searched by doubling
-    and bisection (a small model's count runs to the hundred thousands; one memory sum per count took minutes)."""
-
-    def fits(rows: int) -> bool:
-        return memory(model, cfg, world, rows, checkpointing).total <= usable_bytes(gpu)
-
-    step_rows = cfg.global_batch_tokens // cfg.data.train_len
-    single = -(-step_rows // world)  # the fewest rows per micro-batch with one micro-batch per step
-    first = _first_not_fitting(fits, 1, single)
-    if first < single:
-        return first - 1
-    return _first_not_fitting(fits, single, None) - 1
-
-
-def _first_not_fitting(fits, start: int, stop: int | None) -> int:
-    """The smallest count in [start, stop) that does not fit, or `stop` if all do; `fits` is monotone there
-    (true, then false). `stop` None: unbounded."""
-    if stop is not None and start >= stop:
-        return stop
-    if not fits(start):
-        return start
-    good, step = start, 1
-    while True:  # double until a count fails or the segment ends
-        probe = start + step if stop is None else min(start + step, stop - 1)
-        if not fits(probe):
-            bad = probe
-            break
-        good = probe
-        if stop is not None and probe == stop - 1:
-            return stop
-        step *= 2
-    while bad - good > 1:
-        middle = (good + bad) // 2
-        good, bad = (middle, bad) if fits(middle) else (good, middle)
-    return bad
-
-
-def largest_valid_rows(rows: int, cfg: TrainConfig, world: int) -> int:
-    """The most rows <= `rows` that divide a step's rows per GPU (the trainer needs whole micro-batches)."""
-    per_gpu = batch_geometry(cfg, world).global_rows // world
-    return max((r for r in range(1, rows + 1) if per_gpu % r == 0), default=0)
-
-
 def _gib(n: float) -> str:
     """Bytes as GiB, right-aligned for the report's columns."""
     return f"{n / GIB:6.2f} GiB"
 
 
-def _memory_lines(mem: Memory, label: str) -> list[str]:
-    """The report's lines of one memory breakdown."""
+def _memory_lines(mem: Memory, compiled: Memory, label: str) -> list[str]:
+    """The report's lines of one memory breakdown (eager), with the total under model.compile."""
     return [
         f"  {label}",
         f"    parameters (fp32 shard)      {_gib(mem.parameters)}",
         f"    gradients (fp32 shard)       {_gib(mem.gradients)}",
         f"    AdamW (2 fp32 moments)       {_gib(mem.optimizer)}",
         f"    gathered compute copy        {_gib(mem.gathered)}",
-        f"    activations                  {_gib(mem.activations)}",
+        f"    activations (eager)          {_gib(mem.activations)}",
         f"    loss (chunked, lean)         {_gib(mem.loss)}",
         f"    accumulated grads (unshard.) {_gib(mem.accumulated_gradients)}",
-        f"    total                        {_gib(mem.total)}",
+        f"    total, eager (upper bound)   {_gib(mem.total)}",
+        f"    total, model.compile         {_gib(compiled.total)}  (activations {_gib(compiled.activations).strip()}, calibrated)",
     ]
 
 
@@ -392,18 +198,26 @@ def report(
         label = f"activation checkpointing {'on' if checkpointing else 'off'}" + (
             " (config)" if checkpointing == ckpt else ""
         )
-        lines += _memory_lines(memory(model, cfg, world, rows, checkpointing), label)
-    mem = memory(model, cfg, world, rows, ckpt)
-    verdict = "fits" if mem.total <= usable_bytes(gpu) else "DOES NOT FIT"
-    lines.append(
-        f"fit: {verdict}: {_gib(mem.total).strip()} of {_gib(usable_bytes(gpu)).strip()} usable "
-        f"({gpu.memory_gib:g} GiB less {MARGIN:.0%} margin)"
-    )
-    for checkpointing in (False, True):
-        most = largest_rows(model, cfg, world, gpu, checkpointing)
+        lines += _memory_lines(
+            memory(model, cfg, world, rows, checkpointing),
+            memory(model, cfg, world, rows, checkpointing, compiled=True),
+            label,
+        )
+    usable = usable_bytes(gpu)
+    for compiled in (True, False):
+        mem = memory(model, cfg, world, rows, ckpt, compiled)
+        verdict = "fits" if mem.total <= usable else "DOES NOT FIT"
+        mode = "model.compile (on GPUs by default)" if compiled else "eager"
         lines.append(
-            f"  largest micro-batch, checkpointing {'on' if checkpointing else 'off'}: {most} rows "
-            f"({largest_valid_rows(most, cfg, world)} dividing the step's rows per GPU)"
+            f"fit, {mode}: {verdict}: {_gib(mem.total).strip()} of {_gib(usable).strip()} usable "
+            f"({gpu.memory_gib:g} GiB less {MARGIN:.0%} margin)"
+        )
+    for checkpointing in (False, True):
+        most = [largest_rows(model, cfg, world, usable, checkpointing, c) for c in (False, True)]
+        lines.append(
+            f"  largest micro-batch, checkpointing {'on' if checkpointing else 'off'}: {most[0]} rows eager "
+            f"({largest_valid_rows(most[0], cfg, world)} dividing the step's rows per GPU), {most[1]} under "
+            f"model.compile ({largest_valid_rows(most[1], cfg, world)})"
         )
     lines.append(
         f"time (FLOPs/token {flops_per_token(config, L) / 1e9:.2f} G = 6 N + 6 n_layers d (L + 1), "

@@ -298,6 +298,9 @@ class TrainConfig:
     """On a non-finite loss or gradient norm: stop, or skip that step."""
     requeue_on_signal: bool = True
     """On SIGUSR1 under SLURM: save latest, `scontrol requeue`, exit."""
+    memory_check: bool = True
+    """On GPUs, before the first step: refuse a run whose planned memory per GPU (train/run/memory.py; calibrated
+    under model.compile) exceeds the GPU's free memory less a margin, naming the micro-batch or config that fits."""
     resume_override: dict[str, Scalar] = field(default_factory=dict)
     """Schedule keys set and allowed to differ from the checkpoint on resume, e.g. {optim.lr: 1e-4}."""
     model: ModelSection = field(default_factory=ModelSection)
@@ -378,6 +381,7 @@ RESUMABLE_CHANGES = (
     "fsdp",
     "accelerator",
     "requeue_on_signal",
+    "memory_check",
     "on_nonfinite",
     "resume_override",
     "data.dir",

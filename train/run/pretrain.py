@@ -12,12 +12,15 @@ from pathlib import Path
 
 import torch
 
+from posfreq.train import devices
 from posfreq.train.checkpoint import save as checkpoint_save
+from posfreq.train.model.fused import resolve_compile
 from posfreq.train.model.loss import loss_kernel_warning
 from posfreq.train.run.config import ConfigError, TrainConfig
 from posfreq.train.run.control import StopSignals, lock_run_dir, overwrite_run
 from posfreq.train.run.log import LOG, start_console
 from posfreq.train.run.loggers import wandb_report
+from posfreq.train.run.memory import meta_model, start_check
 from posfreq.train.run.parallel import attention_choice, build_fabric, launch, resolved_accelerator
 from posfreq.train.run.resolved import ResolvedRun, agree_on_resume
 from posfreq.train.run.trainer import Trainer
@@ -65,6 +68,31 @@ def _start(cfg: TrainConfig, fabric, run: ResolvedRun, attention: str) -> None:
     )
 
 
+def check_memory(cfg: TrainConfig, fabric, run: ResolvedRun) -> None:
+    """Every rank, before the model is built: the plan's memory against its GPU's free memory (train/run/memory.py).
+    A rank that would not fit raises its one-line refusal; the others raise a line naming how many did."""
+    if not cfg.memory_check:
+        return
+    reading = devices.gpu_memory(fabric.device)
+    check = None
+    if reading is not None:
+        free, total, name = reading
+        compiled = resolve_compile(cfg.model.compile, fabric.device.type)
+        check = start_check(
+            meta_model(run.model_config), cfg, fabric.world_size, free, total, compiled, name
+        )
+    refused = check is not None and check.refusal is not None
+    count = fabric.all_reduce(torch.tensor(float(refused), device=fabric.device), reduce_op="sum")
+    if refused:
+        raise ConfigError(f"rank {fabric.global_rank}: {check.refusal}")
+    if float(count) > 0:
+        raise ConfigError(
+            f"{int(count)} rank(s) found too little GPU memory for this run; their lines say how much and the fix"
+        )
+    if check is not None and check.warning and fabric.global_rank == 0:
+        LOG.warning(check.warning)
+
+
 def train(cfg: TrainConfig) -> list[dict]:
     """Validate, launch processes, train; returns the logged metrics of this process's run.
 
@@ -83,6 +111,7 @@ def train(cfg: TrainConfig) -> list[dict]:
         # The lock first: another job's retention must not delete the checkpoint rank 0 reads next.
         lock = lock_run_dir(cfg, fabric)
         run = agree_on_resume(run, fabric)
+        check_memory(cfg, fabric, run)
         if cfg.overwrite and fabric.broadcast(signals.received is not None, src=0):
             raise ConfigError(
                 "a stop signal (Ctrl-C, SIGTERM) arrived during start-up; --overwrite deleted nothing"

@@ -196,3 +196,8 @@ def test_the_training_stage_runs_its_accumulation_save_and_resume_on_cpu(tmp_pat
     assert 0 < result["mfu_measured"] and result["peak_gib"] is None
     assert "2 x 8 rows x 64 per step" in result["detail"] and "sharded save" in result["detail"]
     assert (tmp_path / "run" / "checkpoints" / "latest").is_dir()
+    # the plan's figure for the same run, to read beside the measured peak: the tiny model's, not the 1.3B's
+    assert (
+        0 < result["planned_gib"] < 1
+        and f"(posfreq plan: {result['planned_gib']:.1f} GiB)" in result["detail"]
+    )

@@ -3,7 +3,7 @@
 mesh and shards the model, and Lightning's own conversion makes the state dict it hands DCP. Checked by hand
 (node = rank // 8, shard index = rank % 8): the hybrid (replicate 2, shard 8) mesh and its groups; every parameter's
 local shard, the rows torch.chunk gives (ceil(dim0 / 8) rows, the last shards short or empty), and the padded
-storage FSDP2 keeps, which is what `posfreq plan` counts (plan.shard_numel); DCP's default save planner writes each
+storage FSDP2 keeps, which is what `posfreq plan` counts (train.run.memory.shard_numel); DCP's default save planner writes each
 chunk of the two replicas' identical shards, and each replicated item, once, not twice.
 
 Why: the gloo tests (test_parallel_fsdp.py) run 2 x 2 ranks in child processes for minutes; the mesh, the shard
@@ -35,8 +35,7 @@ import torch.distributed as dist
 import yaml
 
 from posfreq.train.model.transformer import Transformer
-from posfreq.train.preflight import plan
-from posfreq.train.run import parallel
+from posfreq.train.run import memory, parallel
 from posfreq.train.run.config import TrainConfig, config_from_dict
 from posfreq.train.run.geometry import resolve_model_config
 from posfreq.train.run.optim import build_optimizer
@@ -220,13 +219,13 @@ def paper_ranks(tmp_path_factory, one_thread):
     """RANKS with the paper's 1.3B model on the meta device: (config, views)."""
     cfg = paper_config(tmp_path_factory.mktemp("paper"))
     config = resolve_model_config(cfg)
-    return cfg, [shard_rank(cfg, r, plan.meta_model(config), save=None) for r in RANKS]
+    return cfg, [shard_rank(cfg, r, memory.meta_model(config), save=None) for r in RANKS]
 
 
 def test_the_paper_config_on_two_nodes_is_hybrid(paper_ranks):
     cfg, _ = paper_ranks
     assert cfg.fsdp == "auto" and cfg.fsdp_mesh_shape(DEVICES) == (NODES, DEVICES)
-    assert plan.fsdp_shards(cfg, WORLD) == DEVICES
+    assert memory.fsdp_shards(cfg, WORLD) == DEVICES
 
 
 @pytest.mark.parametrize("which", ["paper", "small"])
@@ -250,20 +249,20 @@ def test_local_shards_are_torch_chunk_rows_and_the_plan_counts_fsdp2_storage(
     which, paper_ranks, small_world
 ):
     """Local shard: rows by hand (torch.chunk). FSDP2's storage: ceil(dim0 / 8) rows on every rank, padded (also
-    where the shard is short or empty), which plan.shard_numel and plan.state_bytes count."""
+    where the shard is short or empty), which memory.shard_numel and memory.state_bytes count."""
     cfg, views = paper_ranks if which == "paper" else small_world
-    whole = dict(plan.meta_model(resolve_model_config(cfg)).named_parameters())
-    shards = plan.fsdp_shards(cfg, WORLD)
+    whole = dict(memory.meta_model(resolve_model_config(cfg)).named_parameters())
+    shards = memory.fsdp_shards(cfg, WORLD)
     for view in views:
         assert set(view.local) == set(view.storage) == set(whole), view.rank
         for name, p in whole.items():
             dim0, rest = p.shape[0], p.shape[1:]
             assert view.local[name] == (expected_rows(dim0, view.rank), *rest), (view.rank, name)
             padded = rows_per_shard(dim0) * rest.numel()
-            assert plan.shard_numel(p, shards) == padded == view.storage[name], (view.rank, name)
-        assert plan.state_bytes(plan.meta_model(resolve_model_config(cfg)), shards)[0] == 4 * sum(
-            view.storage.values()
-        )
+            assert memory.shard_numel(p, shards) == padded == view.storage[name], (view.rank, name)
+        assert memory.state_bytes(memory.meta_model(resolve_model_config(cfg)), shards)[
+            0
+        ] == 4 * sum(view.storage.values())
     if which == "small":  # the small model has every case: full, short and empty shards
         rows = {
             (expected_rows(p.shape[0], v.rank), rows_per_shard(p.shape[0]))
@@ -289,7 +288,7 @@ def test_dcp_writes_each_shard_of_the_two_replicas_and_each_replicated_item_once
     from torch.distributed.checkpoint.planner import WriteItemType
 
     cfg, views = small_world
-    whole = dict(plan.meta_model(resolve_model_config(cfg)).named_parameters())
+    whole = dict(memory.meta_model(resolve_model_config(cfg)).named_parameters())
     local = [view.save_plan for view in views]
     shapes = {}  # fqn of a sharded tensor -> its global shape
     for name, p in whole.items():

@@ -15,7 +15,7 @@ import pytest
 from helpers.trainer import ROOT, run, subprocess_env, tiny, weights
 
 from posfreq.train.checkpoint import layout as ckpt
-from posfreq.train.preflight import plan
+from posfreq.train.run import memory
 from posfreq.train.run.config import ConfigError, config_differences, config_from_dict
 from posfreq.train.run.geometry import resolve_model_config
 
@@ -172,19 +172,19 @@ def test_plan_counts_the_whole_compute_copy_when_accumulating_and_node_shards_un
     one copy of the fp32 state per node."""
     four_blocks = {"model.overrides.n_layers": 4}
     cfg = config_from_dict(tiny(data_dir, tmp_path, **four_blocks))
-    model = plan.meta_model(resolve_model_config(cfg))
+    model = memory.meta_model(resolve_model_config(cfg))
     total = sum(p.numel() for p in model.parameters())
     rows = cfg.global_batch_tokens // cfg.data.train_len  # one micro-batch on one rank
-    one_step = plan.memory(model, cfg, 1, rows, checkpointing=False)
-    accumulating = plan.memory(model, cfg, 1, rows // 2, checkpointing=False)
+    one_step = memory.memory(model, cfg, 1, rows, checkpointing=False)
+    accumulating = memory.memory(model, cfg, 1, rows // 2, checkpointing=False)
     assert one_step.gathered < 4 * total == accumulating.gathered  # 32-true: a 4-byte compute copy
     for fsdp, shards in (("auto", 8), ("full", 16)):
         two_nodes = config_from_dict(
             tiny(data_dir, tmp_path, num_nodes=2, fsdp=fsdp, **four_blocks)
         )
         assert (
-            plan.memory(model, two_nodes, 16, 1, False).parameters
-            == plan.state_bytes(model, shards)[0]
+            memory.memory(model, two_nodes, 16, 1, False).parameters
+            == memory.state_bytes(model, shards)[0]
         )
 
 
