@@ -91,7 +91,8 @@ def quick_demo(tmp_path_factory) -> Path:
         text=True,
     )
     (out.parent / "demo-stdout.txt").write_text(finished.stdout)
-    (out.parent / "tracked-changed.txt").write_text("\n".join(sorted(tracked_state() ^ before)))
+    changed = sorted({name for name, _ in tracked_state() ^ before})
+    (out.parent / "tracked-changed.txt").write_text("\n".join(changed))
     return out
 
 
