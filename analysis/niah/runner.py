@@ -1,5 +1,6 @@
 """Orchestration of a probe: the job, each model's pending lengths under its result key, decoding them
-under one progress bar, and the run level (every milestone, or a shard of them, then the run tables)."""
+under one progress bar, and the run level (every milestone, or a shard of them, and the run's list of them).
+Derivation comes after, from the stored records: analysis/tables/derive.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 import torch
 
 from posfreq.analysis.keys import probe_result_key
-from posfreq.analysis.niah import results
+from posfreq.analysis.niah import store
 from posfreq.analysis.niah.decoding import (
     Generator,
     generate_answers,
@@ -30,7 +31,6 @@ from posfreq.analysis.niah.settings import (
     resolve_precision,
 )
 from posfreq.analysis.niah.sources import Builders, ModelSource, checkpoint_source, milestones
-from posfreq.analysis.tables.pass_curve import Analysis
 from posfreq.train.atomic import atomic_open
 from posfreq.train.command_line import code_version
 from posfreq.train.model.attention_kernels import BackendError, explain_backend
@@ -51,12 +51,8 @@ class Job:
     """Prompts decoded together, at most."""
     device: torch.device
     """Where the models run."""
-    analysis: Analysis = Analysis()
-    """How the records become the derived tables."""
     attention_backend: str = "auto"
     """posfreq.train.model.attention backend."""
-    figures: bool = True
-    """Draw the figures beside the tables."""
     show_progress: bool = True
     """Show a progress bar."""
     replace_stale: bool = False
@@ -72,11 +68,6 @@ class Job:
         for name in ("batch_tokens", "prefill_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 or null, got {getattr(self, name)}")
-        if not self.settings.greedy and self.analysis.scoring != "teacher_forced":
-            raise ValueError(
-                f"--greedy false decodes no answer for scoring {self.analysis.scoring} to read; "
-                "Fix: add --scoring teacher_forced"
-            )
         self.settings = replace(
             self.settings, precision=resolve_precision(self.settings.precision, self.device)
         )
@@ -198,10 +189,10 @@ def plan_model(
     check_model's)."""
     key, parts = probe_result_key(source, builder, job.settings)
     try:
-        results.claim(out, key, parts, job.replace_stale)
-    except results.StaleResults as err:
+        store.claim(out, key, parts, job.replace_stale)
+    except store.StaleResults as err:
         raise ProbeError(str(err)) from None
-    done = results.done_lengths(out, key, job.settings.tests_per_length)
+    done = store.done_lengths(out, key, job.settings.tests_per_length)
     return ModelTask(
         source, out, key, parts, builder, lengths, [n for n in lengths if n not in done]
     )
@@ -252,7 +243,7 @@ def probe_length(model: Generator, task: ModelTask, length: int, job: Job, bar: 
     probe stopped (its partial records) or an earlier probe with fewer tests ended; write its records and marker."""
     s = job.settings
     tests = task.builder.make_tests(length, s.tests_per_length, s.seed)
-    records, earlier = results.load_started(task.out, length, task.key)
+    records, earlier = store.load_started(task.out, length, task.key)
     if records and bar is not None:
         # resumed: what a killed or shorter probe finished is not probed again
         bar.update(min(len(records), len(tests)))
@@ -270,10 +261,10 @@ def probe_length(model: Generator, task: ModelTask, length: int, job: Job, bar: 
             ) from None
         # kept through write_length too: it removes the marker of the fewer tests these may extend
         seconds = earlier + time.perf_counter() - started
-        results.save_partial(task.out, length, task.key, records, seconds)
+        store.save_partial(task.out, length, task.key, records, seconds)
         if bar is not None:
             bar.update(len(batch))
-    results.write_length(
+    store.write_length(
         task.out,
         length,
         records,
@@ -286,7 +277,7 @@ def probe_length(model: Generator, task: ModelTask, length: int, job: Job, bar: 
             "threads": torch.get_num_threads(),
         },
     )
-    results.discard_partial(task.out, length)
+    store.discard_partial(task.out, length)
 
 
 def _write_meta(task: ModelTask, job: Job) -> None:
@@ -294,11 +285,11 @@ def _write_meta(task: ModelTask, job: Job) -> None:
     source = task.source
     if source.length_hist is not None:
         with atomic_open(
-            task.out / results.HIST_FILE, "wb"
+            task.out / store.HIST_FILE, "wb"
         ) as f:  # never through a link at that name
             np.save(f, source.length_hist.astype(np.int64), allow_pickle=False)
-    results.write_json(
-        task.out / results.META_FILE,
+    store.write_json(
+        task.out / store.META_FILE,
         {
             "model": source.name,
             "model_path": str(source.path),
@@ -333,13 +324,11 @@ def probe_models(
     outs: Sequence[Path],
     job: Job,
     builders: Builders,
-    derive: bool = True,
     checked: Sequence[tuple[NiahBuilder, list[int]]] | None = None,
-) -> list[dict]:
-    """Probe models into their result directories and (unless a run merge will) derive each one's tables.
+) -> None:
+    """Probe models into their result directories (their tables: analysis/tables/derive.py).
 
-    `checked`: each source's `check_model` answer where the caller already has it. Returns their
-    effective_length rows, or nothing when `derive` is False.
+    `checked`: each source's `check_model` answer where the caller already has it.
     """
     # what cannot run is refused before any folder is claimed
     if checked is None:
@@ -348,7 +337,7 @@ def probe_models(
     if note:
         print(note, file=sys.stderr)
     for out in outs:  # every folder refused before any key is computed or model loaded
-        results.claim_results_dir(out)
+        store.claim_results_dir(out)
     # One probe per result folder at a time: a second one (another job on the same --out) is refused in one
     # line instead of interleaving its records and tables with the first one's. Shards of a run never share one.
     with ExitStack() as held:
@@ -357,9 +346,6 @@ def probe_models(
             held.callback(lock.release)
         tasks = [plan_model(s, o, job, *c) for s, o, c in zip(sources, outs, checked)]
         execute(tasks, job)
-        if not derive:
-            return []
-        return [results.derive_model(t.out, job.analysis, job.figures) for t in tasks]
 
 
 def run_out_default(run_dir: Path, first: ModelSource, job: Job, builders: Builders) -> Path:
@@ -376,13 +362,15 @@ def probe_run(
     job: Job,
     shard: tuple[int, int] | None = None,
     merge_only: bool = False,
-) -> tuple[Path, list[dict]]:
-    """Probe every milestone of a run (or shard i of n of them), then (unless sharded) derive the run tables.
+) -> tuple[Path, list[Path]]:
+    """Probe every milestone of a run (or shard i of n of them) into the run's result directory, and (unless
+    sharded) record the run's checkpoints and their keys in its probe.json for the run tables
+    (analysis/tables/derive.py). Returns (the run's result directory, the checkpoint directories probed).
 
     A given `out` is checked before the checkpoints are read (a user's folder is refused untouched), and claimed
     for the probe before anything is written there."""
     if out is not None:
-        results.check_results_dir(out, run=True)
+        store.check_results_dir(out, run=True)
     builders = Builders(job.settings.haystack)
     checkpoints = milestones(run_dir)
     mine = checkpoints if shard is None else checkpoints[shard[0] :: shard[1]]
@@ -392,28 +380,19 @@ def probe_run(
     out = out or run_out_default(run_dir, sources[mine[0]], job, builders)
     # what cannot run is refused before the run's results folder is claimed
     checked = [] if merge_only else [check_model(sources[p], job, builders) for p in mine]
-    results.claim_results_dir(out, run=True)
-    rows: list[dict] = []
-    if (
-        not merge_only
-    ):  # a sharded task derives its own checkpoints; otherwise derive_run does, once
-        rows = probe_models(
-            [sources[p] for p in mine],
-            [out / p.name for p in mine],
-            job,
-            builders,
-            derive=shard is not None,
-            checked=checked,
-        )
+    store.claim_results_dir(out, run=True)
+    probed = [] if merge_only else [out / p.name for p in mine]
+    if probed:
+        probe_models([sources[p] for p in mine], probed, job, builders, checked=checked)
     if shard is not None:
-        return out, rows
+        return out, probed
     keys = {
         p.name: probe_result_key(s, builders.for_source(s, job.settings), job.settings)[0]
         for p, s in sources.items()
     }
-    meta_path = out / results.META_FILE
-    previous = results.read_json(meta_path) if meta_path.is_file() else {}
-    results.write_json(
+    meta_path = out / store.META_FILE
+    previous = store.read_json(meta_path) if meta_path.is_file() else {}
+    store.write_json(
         meta_path,
         {
             **previous,
@@ -423,4 +402,4 @@ def probe_run(
             "code_version": code_version(),
         },
     )
-    return out, results.derive_run(out, job.analysis, job.figures)
+    return out, probed

@@ -1,4 +1,4 @@
-"""One probed model's figures (analysis/niah/results.py): needle recall by context length and depth (Fig. 4), and
+"""One probed model's figures (drawn by analysis/plots/derived.py): needle recall by context length and depth (Fig. 4), and
 missed needles per third of the document (Table 4 as bars). Saved by `plots.save_figure`.
 """
 

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from posfreq.analysis.niah import results
+from posfreq.analysis.niah import store
 from posfreq.analysis.tables.pass_curve import Analysis
 from posfreq.train.journal import is_record
 from posfreq.train.outdir import owner_of
 
 COMMAND = "effective-length"
-FIGURES = (*results.RUN_FIGURES, "fig3_position_frequency")
+FIGURES = (*store.RUN_FIGURES, "fig3_position_frequency")
 
 
 class RederiveError(ValueError):
@@ -43,7 +43,7 @@ def plan_rederivations(sources: Sequence[Path], out: Path, options: dict) -> lis
         try:
             analysis = Analysis(**{**stored, **options})
         except (TypeError, ValueError) as err:
-            raise RederiveError(f"{source / results.META_FILE}: {err}") from None
+            raise RederiveError(f"{source / store.META_FILE}: {err}") from None
         dest = out / derived_name(source)
         plans.append(Rederivation(source, dest, analysis, "checkpoints" in meta))
     _check_destinations(plans)
@@ -53,9 +53,9 @@ def plan_rederivations(sources: Sequence[Path], out: Path, options: dict) -> lis
 def _source_meta(source: Path) -> dict:
     """The probe.json of a results folder holding the probe's records; RederiveError for an earlier
     re-derivation (tables only, nothing to re-derive from)."""
-    meta = results.read_json(source / results.META_FILE)
-    if owner_of(source) == COMMAND or results.DERIVED_FROM in meta:
-        origin = meta.get(results.DERIVED_FROM, "the probe's results folder")
+    meta = store.read_json(source / store.META_FILE)
+    if owner_of(source) == COMMAND or store.DERIVED_FROM in meta:
+        origin = meta.get(store.DERIVED_FROM, "the probe's results folder")
         raise RederiveError(
             f"{source} is a re-derivation by `posfreq {COMMAND}` (tables only, no per-test records). "
             f"Fix: re-derive from {origin}"
@@ -92,6 +92,6 @@ def earlier_figures(out: Path) -> bool:
     """Whether an older effective-length (before owner records) wrote `out`: Fig. 2a and 2b, and nothing but
     the figures it draws, by name. A folder holding any other file, figure or not, is a user's."""
     names = {entry.name for entry in out.iterdir() if not is_record(entry.name)}
-    always, drawn = results.figure_names(results.RUN_FIGURES), results.figure_names(FIGURES)
+    always, drawn = store.figure_names(store.RUN_FIGURES), store.figure_names(FIGURES)
     regular = all((out / name).is_file() and not (out / name).is_symlink() for name in names)
     return regular and always <= names <= drawn

@@ -13,6 +13,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from posfreq.analysis.niah import store
 from posfreq.analysis.tables.columns import RUN_COLUMNS
 from posfreq.analysis.tables.formats import DamagedTable, read_csv, write_csv
 from posfreq.analysis.tables.pass_curve import (
@@ -124,12 +125,12 @@ def write_effective_length_csv(path: Path, rows: Sequence[Mapping]) -> None:
 def find_run_results(path: str | Path) -> Path:
     """The probe output directory of a run: PATH itself, PATH/probe, or its one PATH/probe-* holding effective_length.csv."""
     path = Path(path)
-    if (path / "effective_length.csv").is_file():
+    if (path / store.EFFECTIVE_LENGTH_FILE).is_file():
         return path
     found = [
         c
         for c in [path / "probe", *sorted(path.glob("probe-*"))]
-        if (c / "effective_length.csv").is_file()
+        if (c / store.EFFECTIVE_LENGTH_FILE).is_file()
     ]
     if len(found) == 1:
         return found[0]
@@ -158,10 +159,8 @@ class RunResults:
 
 def load_run(path: str | Path, label: str | None = None) -> RunResults:
     """Read effective_length.csv and position_frequency.csv from a run's probe directory."""
-    from posfreq.analysis.niah.results import read_json
-
     directory = find_run_results(path)
-    table = directory / "effective_length.csv"
+    table = directory / store.EFFECTIVE_LENGTH_FILE
     rows = read_csv(table)
     for number, row in enumerate(rows, 2):
         if not isinstance(row.get("tokens_trained"), int) or not isinstance(
@@ -172,48 +171,15 @@ def load_run(path: str | Path, label: str | None = None) -> RunResults:
                 "the file, or write it again (posfreq effective-length RUN --out DIR re-derives it)"
             )
     rows = sorted(rows, key=lambda r: r["tokens_trained"])
-    freq_path = directory / "position_frequency.csv"
+    freq_path = directory / store.POSITION_FREQUENCY_FILE
     frequency = (
         np.array([r["f"] for r in read_csv(freq_path)], dtype=np.int64)
         if freq_path.is_file()
         else np.zeros(0, np.int64)
     )
     if label is None:
-        meta_path = directory / "probe.json"
-        meta = read_json(meta_path) if meta_path.is_file() else {}
+        meta_path = directory / store.META_FILE
+        meta = store.read_json(meta_path) if meta_path.is_file() else {}
         run = meta.get("run") or str(directory.parent if directory.name == "probe" else directory)
         label = f"{Path(run).name} (L = {rows[-1]['train_len']})" if rows else Path(run).name
     return RunResults(label, rows, frequency)
-
-
-def draw_run_figures(runs: Sequence[RunResults], out: Path) -> list[Path]:
-    """Fig. 2a (effective length vs tokens seen) and Fig. 2b (f(effective length) vs effective length)."""
-    from posfreq.analysis.plots import effective_length as plots_effective_length
-
-    curves = {
-        r.label: (
-            [row["tokens_trained"] for row in r.rows],
-            [row["effective_length"] for row in r.rows],
-            [row["effective_length_status"] for row in r.rows],
-            [row["f_effective_length"] for row in r.rows],
-        )
-        for r in runs
-    }
-    intervals = {
-        r.label: (
-            [row.get("effective_length_lo") for row in r.rows],
-            [row.get("effective_length_hi") for row in r.rows],
-        )
-        for r in runs
-    }
-    paths = plots_effective_length.plot_fig2a_effective_length_vs_tokens(
-        {k: (t, e, s) for k, (t, e, s, _) in curves.items()},
-        out / "fig2a_effective_length_vs_tokens",
-        intervals,
-    )
-    paths += plots_effective_length.plot_fig2b_frequency_vs_effective_length(
-        {k: (e, f, s) for k, (_, e, s, f) in curves.items()},
-        out / "fig2b_frequency_vs_effective_length",
-        intervals,
-    )
-    return paths

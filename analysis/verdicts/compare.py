@@ -8,6 +8,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from posfreq.analysis.niah import store
 from posfreq.analysis.tables.columns import COLUMNS
 from posfreq.analysis.tables.formats import read_csv, write_csv
 from posfreq.analysis.tables.pass_curve import frequency_at
@@ -36,8 +37,8 @@ from posfreq.train.atomic import write_json_atomic
 from posfreq.train.checkpoint.layout import LENGTHS_FILE, checkpoint_root, load_trained_lengths
 from posfreq.train.outdir import claim_output_dir, entry_names
 
-DISTANCE_TABLE = "distance_by_checkpoint.csv"
-"""A probed run's needle recall by distance bin at every milestone (written by analysis/niah/results.py)."""
+DISTANCE_TABLE = store.DISTANCE_BY_CHECKPOINT_FILE
+"""A probed run's needle recall by distance bin at every milestone (written by analysis/tables/derive.py)."""
 
 
 def compare(paths: Sequence[Path], out: Path, figures: bool = True) -> dict:
@@ -171,9 +172,7 @@ def predict_from_f(
 def records_dir(probe_dir: Path) -> Path:
     """Where a run's per-test records are: its probe folder, or the folder a re-derivation elsewhere was derived
     from (its probe.json says which; a re-derivation writes tables only)."""
-    from posfreq.analysis.niah.results import DERIVED_FROM, META_FILE, read_json
-
-    source = read_json(probe_dir / META_FILE).get(DERIVED_FROM)
+    source = store.read_json(probe_dir / store.META_FILE).get(store.DERIVED_FROM)
     return Path(source) if isinstance(source, str) and source else probe_dir
 
 
@@ -181,11 +180,9 @@ def needed_distances(results: Path, lengths: Sequence[int], needles: int) -> dic
     """Per probed length, the distance a pass there needs the model to recall: the median over the length's tests
     of the `needles`-th nearest needle's distance from the question (a pass needs that many needles, and the
     nearest are the easiest). f(n) itself is 0 at n = L (Eq. 2), where a test's needles are all nearer than L."""
-    from posfreq.analysis.niah.results import read_records
-
     out = {}
     for n in lengths:
-        distances = [sorted(r["distances"])[needles - 1] for r in read_records(results, [n])]
+        distances = [sorted(r["distances"])[needles - 1] for r in store.read_records(results, [n])]
         if not distances:
             raise CompareError(
                 f"{results}: no test records at length {n}, so the distance a pass there needs is unknown. Fix: "

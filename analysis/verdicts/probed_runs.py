@@ -10,6 +10,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from posfreq.analysis.niah import store
 from posfreq.analysis.tables.columns import COLUMNS, CRITERION_COLUMNS
 from posfreq.analysis.tables.formats import read_csv
 from posfreq.analysis.tables.run_table import find_run_results
@@ -61,16 +62,14 @@ def run_config(probe_dir: Path, checkpoint: str) -> dict:
 
 def _candidate_runs(probe_dir: Path) -> list[Path]:
     """Where the run `probe_dir` probed may be: the folder holding it, then the path probe.json records (a hint)."""
-    from posfreq.analysis.niah.results import META_FILE, read_json
-
-    meta = read_json(probe_dir / META_FILE)
+    meta = store.read_json(probe_dir / store.META_FILE)
     run = meta.get("run")
     return [probe_dir.resolve().parent, *([Path(run)] if isinstance(run, str) and run else [])]
 
 
 def run_directory(probe_dir: Path) -> Path | None:
     """The run folder `probe_dir` probed: the first candidate (`_candidate_runs`) holding its first checkpoint."""
-    rows = read_csv(probe_dir / "effective_length.csv")
+    rows = read_csv(probe_dir / store.EFFECTIVE_LENGTH_FILE)
     for run in _candidate_runs(probe_dir):
         if rows and (checkpoint_root(run) / str(rows[0]["checkpoint"])).is_dir():
             return run
@@ -82,7 +81,7 @@ def run_loss_by_distance(probe_dir: Path) -> list[tuple[int, LossByDistance, np.
     its validation's loss by distance (train/run/loss_by_distance.py), oldest first; [] for a run without."""
     run = run_directory(probe_dir)
     found = []
-    for row in read_csv(probe_dir / "effective_length.csv") if run is not None else []:
+    for row in read_csv(probe_dir / store.EFFECTIVE_LENGTH_FILE) if run is not None else []:
         checkpoint = checkpoint_root(run) / str(row["checkpoint"])
         table = checkpoint / LOSS_BY_DISTANCE_FILE
         if table.is_file() and (checkpoint / LENGTHS_FILE).is_file():
@@ -109,7 +108,7 @@ def run_metrics(probe_dir: Path) -> list[dict]:
 
 def run_identity(probe_dir: Path) -> tuple[int, int, str]:
     """(training length, training seed, data variant) of a probed run, from its first checkpoint's config.json."""
-    rows = read_csv(probe_dir / "effective_length.csv")
+    rows = read_csv(probe_dir / store.EFFECTIVE_LENGTH_FILE)
     if not rows:
         raise CompareError(
             f"{probe_dir / 'effective_length.csv'}: no checkpoint rows. Fix: probe the run first"
@@ -127,7 +126,7 @@ def load_checkpoints(paths: Sequence[Path]) -> list[dict]:
     for path in paths:
         directory = find_run_results(path)
         identity = run_identity(directory)
-        table = read_csv(directory / "effective_length.csv")
+        table = read_csv(directory / store.EFFECTIVE_LENGTH_FILE)
         positions = table[0].get("positions")  # run_identity refused an empty table
         if identity in probes:
             first, first_positions = probes[identity]

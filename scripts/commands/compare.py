@@ -50,7 +50,7 @@ from typing import Sequence
 
 from jsonargparse import ArgumentParser
 
-from posfreq.analysis.niah.results import StaleResults
+from posfreq.analysis.niah.store import StaleResults
 from posfreq.analysis.tables.formats import DamagedTable
 from posfreq.analysis.verdicts.compare import compare
 from posfreq.analysis.verdicts.probed_runs import CompareError

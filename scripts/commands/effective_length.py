@@ -44,7 +44,9 @@ from typing import Sequence
 
 from jsonargparse import ArgumentParser
 
-from posfreq.analysis.niah import results
+from posfreq.analysis.niah.store import StaleResults
+from posfreq.analysis.plots.derived import draw_model, draw_run, draw_run_figures
+from posfreq.analysis.tables.derive import derive_model, derive_run
 from posfreq.analysis.tables.formats import DamagedTable
 from posfreq.analysis.tables.pass_curve import Analysis
 from posfreq.analysis.tables.rederive import (
@@ -53,7 +55,7 @@ from posfreq.analysis.tables.rederive import (
     earlier_figures,
     plan_rederivations,
 )
-from posfreq.analysis.tables.run_table import draw_run_figures, find_run_results, load_run
+from posfreq.analysis.tables.run_table import find_run_results, load_run
 from posfreq.train.command_line import add_runs_argument, command_parser, parse, runs_of
 from posfreq.train.outdir import OutputDirError, claim_output_dir
 
@@ -89,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(args)
     except (
-        results.StaleResults,
+        StaleResults,
         DamagedTable,
         FileNotFoundError,
         OutputDirError,
@@ -107,8 +109,10 @@ def _main(args) -> int:
     for plan in plans:  # every folder claimed before any table is written
         claim_output_dir(plan.dest, COMMAND, flag="--out's re-derivation folder")
     for plan in plans:
-        derive = results.derive_run if plan.run else results.derive_model
-        derive(plan.source, plan.analysis, dest=plan.dest)
+        if plan.run:
+            draw_run(derive_run(plan.source, plan.analysis, dest=plan.dest))
+        else:
+            draw_model(derive_model(plan.source, plan.analysis, dest=plan.dest))
         print(
             f"{plan.source}: tables re-derived from the stored records with {options} into {plan.dest}"
         )

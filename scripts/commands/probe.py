@@ -17,7 +17,7 @@ trainer's shards hold it (no BOS), for Hugging Face models as their tokenizer's 
 or `add_bos_token` says; with `--chat-template true` the template frames the prompt as one user turn
 (the answer prefix opens the assistant's turn) and no BOS is added beyond what it renders.
 
-Results are keyed by content (`analysis.niah.results`): the model's weight and config files, the
+Results are keyed by content (`analysis.niah.store`): the model's weight and config files, the
 prompts' ingredients (tokenizer files, haystack, frame), every decoding setting (scheme and its
 options included) and the source of the code that decides answers. A length already probed
 under the same key is never decoded again; results under another key are never reused. Default
@@ -44,7 +44,6 @@ import torch
 from jsonargparse import ArgumentParser, Namespace
 
 from posfreq.analysis.keys import probe_result_key
-from posfreq.analysis.niah.results import check_results_dir
 from posfreq.analysis.niah.runner import Job, probe_models, probe_run
 from posfreq.analysis.niah.settings import (
     CPU_BATCH_TOKENS,
@@ -54,6 +53,9 @@ from posfreq.analysis.niah.settings import (
     parse_lengths,
 )
 from posfreq.analysis.niah.sources import Builders, checkpoint_source, hf_source
+from posfreq.analysis.niah.store import check_results_dir
+from posfreq.analysis.plots.derived import draw_model, draw_run
+from posfreq.analysis.tables.derive import derive_model, derive_run
 from posfreq.analysis.tables.pass_curve import STATUS_NONE_PASSED, Analysis
 from posfreq.train.command_line import command_parser, parse, parse_shard
 from posfreq.train.data.tokenizer import hf_dir
@@ -209,23 +211,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.prefill_tokens == "auto"
             else args.prefill_tokens
         )
+        settings = from_args(ProbeSettings, args, parser)
+        analysis = from_args(Analysis, args, parser)
+        if not settings.greedy and analysis.scoring != "teacher_forced":
+            raise ValueError(
+                f"--greedy false decodes no answer for scoring {analysis.scoring} to read; "
+                "Fix: add --scoring teacher_forced"
+            )
         job = Job(
-            from_args(ProbeSettings, args, parser),
-            lengths,
-            args.batch_size,
-            device,
-            from_args(Analysis, args, parser),
-            args.attention_backend,
-            not args.no_figures,
-            not args.quiet,
-            args.replace_stale,
-            batch_tokens,
-            prefill_tokens,
+            settings=settings,
+            lengths=lengths,
+            batch_size=args.batch_size,
+            device=device,
+            attention_backend=args.attention_backend,
+            show_progress=not args.quiet,
+            replace_stale=args.replace_stale,
+            batch_tokens=batch_tokens,
+            prefill_tokens=prefill_tokens,
         )
     except ValueError as err:
         parser.error(str(err))
     try:
-        out, rows = _probe(args, job, shard)
+        out, rows = _probe(args, job, shard, analysis)
     except (ProbeError, OutputDirError, RunLockError) as err:
         raise SystemExit(f"error: {err}") from None
     for row in rows:
@@ -248,11 +255,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _probe(args: Namespace, job: Job, shard: tuple[int, int] | None) -> tuple[Path, list[dict]]:
-    """Probe what the arguments name into their output directory: (that directory, effective_length rows)."""
+def _probe(
+    args: Namespace, job: Job, shard: tuple[int, int] | None, analysis: Analysis
+) -> tuple[Path, list[dict]]:
+    """Probe what the arguments name into their output directory, then derive its tables (and figures unless
+    --no-figures): (that directory, effective_length rows). A shard of a run derives only its checkpoints; the
+    run tables come from the run without --shard (or --merge-only)."""
     settings = job.settings
+    figures = not args.no_figures
     if args.run:
-        return probe_run(args.run, args.out, job, shard, args.merge_only)
+        out, probed = probe_run(args.run, args.out, job, shard, args.merge_only)
+        return out, derive_probed(out, probed if shard is not None else None, analysis, figures)
     if args.out is not None:  # a user's folder is refused before the model is read
         check_results_dir(args.out)
     builders = Builders(settings.haystack)
@@ -269,7 +282,28 @@ def _probe(args: Namespace, job: Job, shard: tuple[int, int] | None) -> tuple[Pa
     if out is None:
         key, _ = probe_result_key(source, builders.for_source(source, settings), settings)
         out = Path("runs/probe") / f"{source.name}-{key}"
-    return out, probe_models([source], [out], job, builders)
+    probe_models([source], [out], job, builders)
+    return out, derive_probed(out, [out], analysis, figures)
+
+
+def derive_probed(
+    out: Path, models: Sequence[Path] | None, analysis: Analysis, figures: bool
+) -> list[dict]:
+    """The tables (and figures) of what a probe wrote: each of `models`' result directories, or with None the run
+    tables of the run result directory `out` (every checkpoint's, then the run's). Returns the effective_length
+    rows."""
+    if models is None:
+        derived = derive_run(out, analysis)
+        if figures:
+            draw_run(derived)
+        return derived.rows
+    rows = []
+    for model in models:
+        derived = derive_model(model, analysis)
+        if figures:
+            draw_model(derived)
+        rows.append(derived.row)
+    return rows
 
 
 if __name__ == "__main__":

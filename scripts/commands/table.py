@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Literal, Optional, Sequence, Union
 
-from posfreq.analysis.niah import results
+from posfreq.analysis.niah import store
 from posfreq.analysis.niah.settings import ANSWER_ORDERS, PRECISIONS, parse_lengths
 from posfreq.analysis.tables.formats import markdown_table, read_csv, write_csv
 from posfreq.analysis.tables.paper_tables import (
@@ -265,7 +265,7 @@ def auto_shift(args, out: Path, train_len: int) -> tuple[int | None, str]:
     """(STRING's S from rope's measured effective length, how it was found): train/positions/string.py's
     shift_from_effective_length on the rope probe's effective length under --measure (None: no S to derive)."""
     # rope's probe scored its tests under --measure (run_probe), so its effective length is that measure's
-    rows = read_csv(out / "niah" / "rope" / "effective_length.csv")
+    rows = read_csv(out / "niah" / "rope" / store.EFFECTIVE_LENGTH_FILE)
     effective = int(rows[-1]["effective_length"] or 0)
     status = rows[-1]["effective_length_status"]
     how = f"rope's effective length {effective} at L = {train_len} ({args.measure}, {status})"
@@ -348,7 +348,7 @@ def run_ruler(args, scheme: str, out: Path) -> None:
 
 def scheme_records(out: Path) -> list[dict]:
     """The checked records of a scheme's finished probe directory, every length, the tests it asked for."""
-    finished = results.finished_records(out, results.read_json(out / results.META_FILE))
+    finished = store.finished_records(out, store.read_json(out / store.META_FILE))
     return [r for _, records in finished.values() for r in records]
 
 

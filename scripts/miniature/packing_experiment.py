@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from posfreq.analysis.corpus.frequency import position_frequency
+from posfreq.analysis.niah import store
 from posfreq.analysis.tables.columns import CHECKPOINT_COLUMNS
 from posfreq.analysis.tables.formats import read_csv
 from posfreq.analysis.verdicts.rules import estimate_text, outcome
@@ -213,7 +214,7 @@ def write_report(
         "",
     ]
     for name, run in runs.items():
-        rows = read_csv(run / "probe" / "effective_length.csv")
+        rows = read_csv(run / "probe" / store.EFFECTIVE_LENGTH_FILE)
         lines += [
             f"### {name}",
             "",

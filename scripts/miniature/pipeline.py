@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from posfreq.analysis.niah import store
 from posfreq.analysis.tables.formats import read_csv
 from posfreq.train.checkpoint.layout import MILESTONE_PREFIX, list_checkpoints
 from posfreq.train.journal import open_recorded
@@ -455,7 +456,6 @@ def table1(
     """Pass rate at the training length of the run's last checkpoint, per position scheme, over the same tests:
     each with its Wilson interval, and every scheme's paired difference from rope with its interval and the exact
     McNemar test, Holm-adjusted over the schemes (analysis/tables/paper_tables.py)."""
-    from posfreq.analysis.niah.results import read_records
     from posfreq.analysis.tables.paper_tables import outcomes_by_test
     from posfreq.analysis.tables.paper_tables import table1 as paired_table
 
@@ -478,8 +478,8 @@ def table1(
             scheme,
             "--no-figures",
         )
-        recall[scheme] = float(read_csv(out / "summary.csv")[0]["needle_recall"])
-        outcomes[scheme] = outcomes_by_test(read_records(out, [train_len]), "greedy")
+        recall[scheme] = float(read_csv(out / store.SUMMARY_FILE)[0]["needle_recall"])
+        outcomes[scheme] = outcomes_by_test(store.read_records(out, [train_len]), "greedy")
     rows = paired_table(outcomes, baseline=settings.table1_schemes[0])
     return [{**row, "needle_recall": recall[row["scheme"]]} for row in rows]
 

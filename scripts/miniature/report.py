@@ -9,6 +9,7 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
+from posfreq.analysis.niah import store
 from posfreq.analysis.tables.columns import CHECKPOINT_COLUMNS
 from posfreq.analysis.tables.formats import markdown_table, read_csv
 from posfreq.analysis.tables.paper_tables import TABLE1_COLUMNS, p_text
@@ -274,7 +275,7 @@ def write_report(
     ]
     for name, run in runs.items():
         for probe_dir in sorted(d for d in run.glob("probe*") if d.is_dir()):
-            rows = [censored_f(r) for r in read_csv(probe_dir / "effective_length.csv")]
+            rows = [censored_f(r) for r in read_csv(probe_dir / store.EFFECTIVE_LENGTH_FILE)]
             shown = [*CHECKPOINT_COLUMNS] + [c for c in rows[0] if c.startswith("pass_rate_")]
             lines += [f"### {name}, {probe_dir.name}", "", markdown(rows, shown), ""]
     lines += [
@@ -365,7 +366,7 @@ def validate(out: Path, runs: dict[str, Path], settings: DemoSettings) -> None:
         for probe_name in (
             ("probe", "probe-string") if seed in settings.string_seeds else ("probe",)
         ):
-            table = run / probe_name / "effective_length.csv"
+            table = run / probe_name / store.EFFECTIVE_LENGTH_FILE
             if not table.is_file():
                 problems.append(f"missing {table}")
             elif len(read_csv(table)) < 3:

@@ -15,6 +15,7 @@ from posfreq.analysis.niah import runner as probe_runner
 from posfreq.analysis.niah import settings as probe_settings
 from posfreq.analysis.niah import sources as probe_sources
 from posfreq.analysis.tables.pass_curve import Analysis
+from posfreq.scripts.commands.probe import derive_probed
 from posfreq.train.checkpoint.layout import FORMAT, milestone_name
 from posfreq.train.data.tokenizer import get_tokenizer
 from posfreq.train.model.config import model_preset
@@ -66,17 +67,15 @@ def fake_source(model, name="fake", train_len=512, path=Path("fake")) -> FakeSou
     )
 
 
-def job(lengths, tests=6, batch=4, threshold=0.5, budget=32) -> probe_runner.Job:
+def job(lengths, tests=6, batch=4, budget=32) -> probe_runner.Job:
     settings = probe_settings.ProbeSettings(
         tests_per_length=tests, haystack="noise", max_new_tokens=budget, teacher_forced=False
     )
     return probe_runner.Job(
-        settings,
-        list(lengths),
-        batch,
-        torch.device("cpu"),
-        Analysis(threshold=threshold),
-        figures=False,
+        settings=settings,
+        lengths=list(lengths),
+        batch_size=batch,
+        device=torch.device("cpu"),
         show_progress=False,
     )
 
@@ -206,5 +205,7 @@ def probe_fake_run(
 
     monkeypatch.setattr(probe_sources.ModelSource, "load", fake_load)
     j = job(lengths, tests, budget=budget)
-    j.figures, j.replace_stale = figures, replace_stale
-    return probe_runner.probe_run(run, out, j, **kw)[1]
+    j.replace_stale = replace_stale
+    out, probed = probe_runner.probe_run(run, out, j, **kw)
+    sharded = kw.get("shard") is not None
+    return derive_probed(out, probed if sharded else None, Analysis(), figures)

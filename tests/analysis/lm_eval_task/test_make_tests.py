@@ -52,7 +52,7 @@ def test_lm_eval_scores_each_test_as_the_probe(tmp_path: Path, monkeypatch) -> N
     pytest.importorskip("lm_eval", reason="the lmeval extra: pip install -e '.[lmeval]'")
     import datasets
 
-    from posfreq.analysis.niah import results
+    from posfreq.analysis.niah import store
     from posfreq.scripts.commands import export_hf, probe
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -94,7 +94,7 @@ def test_lm_eval_scores_each_test_as_the_probe(tmp_path: Path, monkeypatch) -> N
         == 0
     )
     expected = {
-        (r["length"], r["index"]): r for r in results.read_records(tmp_path / "probe", LENGTHS)
+        (r["length"], r["index"]): r for r in store.read_records(tmp_path / "probe", LENGTHS)
     }
 
     out = run_lm_eval(tmp_path / "hf", tmp_path / "task")

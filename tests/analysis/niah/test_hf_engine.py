@@ -13,7 +13,7 @@ from helpers.hf import TINY_HF, consolidated_bytes_model, save_tiny_hf
 
 transformers = pytest.importorskip("transformers")
 
-from posfreq.analysis.niah import results  # noqa: E402
+from posfreq.analysis.niah import store  # noqa: E402
 from posfreq.analysis.niah.settings import ProbeSettings  # noqa: E402
 from posfreq.scripts.commands import probe  # noqa: E402
 from posfreq.train.model.config import ModelConfig  # noqa: E402
@@ -38,7 +38,7 @@ def probe_records(model: str, out: Path, *flags: str) -> dict[tuple[int, int], d
     args = ["--model", model, "--lengths", ",".join(map(str, LENGTHS)), "--tests-per-length", "4"]
     args += ["--haystack", "noise", "--max-new-tokens", "40", "--out", str(out), "--quiet"]
     assert probe.main([*args, "--no-figures", *flags]) == 0
-    return {(r["length"], r["index"]): r for r in results.read_records(out, LENGTHS)}
+    return {(r["length"], r["index"]): r for r in store.read_records(out, LENGTHS)}
 
 
 @pytest.mark.slow  # four probes end to end

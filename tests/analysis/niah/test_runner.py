@@ -21,26 +21,27 @@ from helpers.probe import (
 )
 from helpers.records import as_older_posfreq
 
-from posfreq.analysis.niah import results
 from posfreq.analysis.niah import runner as probe_runner
 from posfreq.analysis.niah import settings as probe_settings
 from posfreq.analysis.niah import sources as probe_sources
+from posfreq.analysis.niah import store
 from posfreq.analysis.niah.needles import NiahBuilder, PromptFormat
 from posfreq.analysis.tables.columns import RUN_COLUMNS
+from posfreq.analysis.tables.derive import derive_model, derive_run
 from posfreq.analysis.tables.formats import read_csv
 from posfreq.analysis.tables.pass_curve import Analysis
+from posfreq.scripts.commands.probe import derive_probed
 from posfreq.train.journal import JOURNAL_FILE
 from posfreq.train.outdir import OWNER_FILE, OutputDirError, owner_of
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def run_one(tmp_path, model, lengths, tests=6, **kw) -> tuple[dict, list[dict]]:
+def run_one(tmp_path, model, lengths, tests=6, threshold=0.5, **kw) -> tuple[dict, list[dict]]:
     j = job(lengths, tests, **kw)
-    row = probe_runner.probe_models(
-        [fake_source(model)], [tmp_path], j, probe_sources.Builders("noise")
-    )[0]
-    return row, results.read_records(tmp_path, lengths)
+    probe_runner.probe_models([fake_source(model)], [tmp_path], j, probe_sources.Builders("noise"))
+    (row,) = derive_probed(tmp_path, [tmp_path], Analysis(threshold=threshold), figures=False)
+    return row, store.read_records(tmp_path, lengths)
 
 
 def test_oracle_passes_everything_and_silence_fails_everything(tmp_path):
@@ -194,7 +195,7 @@ def test_run_table_f_matches_naive_eq2_and_resumes(tmp_path, monkeypatch):
     for d in distance:
         hist = np.load(run / "checkpoints" / d["checkpoint"] / "trained_lengths.npy")
         assert int(d["f_distance_lo"]) == naive_f(hist, int(d["distance_lo"]))
-    assert rows == results.derive_run(out, Analysis(), figures=False)
+    assert rows == derive_run(out, Analysis()).rows
 
     # Second run: nothing is loaded or decoded again, the per-test files are untouched.
     jsonl = out / sorted(names)[0] / "tests" / "L000160.jsonl"
@@ -317,24 +318,24 @@ def test_replace_stale_deletes_only_the_probes_own_records(tmp_path):
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     for replace_stale in (False, True):
         with pytest.raises(
-            results.StaleResults, match="tests holds files the probe did not write .*test_x.py"
+            store.StaleResults, match="tests holds files the probe did not write .*test_x.py"
         ):
-            results.claim(out, "k2", {"model": "b"}, replace_stale=replace_stale)
+            store.claim(out, "k2", {"model": "b"}, replace_stale=replace_stale)
         assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     (out / "tests" / "test_x.py").unlink()
-    results.claim(out, "k1", {"model": "a"})
-    records, marker = results.length_files(out, 128)
+    store.claim(out, "k1", {"model": "a"})
+    records, marker = store.length_files(out, 128)
     records.write_text("{}\n")
     marker.write_text("{}")
-    with pytest.raises(results.StaleResults, match="another key"):
-        results.claim(out, "k2", {"model": "b"})
+    with pytest.raises(store.StaleResults, match="another key"):
+        store.claim(out, "k2", {"model": "b"})
     (out / "summary.csv").write_text("the old model's table\n")
-    results.claim(out, "k2", {"model": "b"}, replace_stale=True)
+    store.claim(out, "k2", {"model": "b"}, replace_stale=True)
     assert not records.exists() and not marker.exists() and not (out / "summary.csv").exists()
     assert (out / "figures" / "mine.png").read_bytes() == b"png" and (
         out / "notes.md"
     ).read_text() == "mine\n"
-    assert json.loads((out / results.KEY_FILE).read_text())["key"] == "k2"
+    assert json.loads((out / store.KEY_FILE).read_text())["key"] == "k2"
 
 
 def test_rederivation_refuses_damaged_or_mixed_records_and_writes_only_inside_its_directory(
@@ -344,14 +345,14 @@ def test_rederivation_refuses_damaged_or_mixed_records_and_writes_only_inside_it
     names = make_fake_run(run, 512, {40_960: 60})
     probe_fake_run(run, out, names, [160, 256], [], monkeypatch)
     sub = out / next(iter(names))
-    jsonl = results.length_files(sub, 256)[0]
+    jsonl = store.length_files(sub, 256)[0]
     good = jsonl.read_text()
     lines = good.splitlines()
 
     def rederive_with(text: str, match: str) -> None:
         jsonl.write_text(text)
-        with pytest.raises(results.StaleResults, match=match):
-            results.derive_run(out, Analysis(), figures=False)
+        with pytest.raises(store.StaleResults, match=match):
+            derive_run(out, Analysis())
 
     rederive_with("\n".join(lines[:1]) + "\n", "1 records, but its marker says 4 tests")
     other_key = [json.loads(x) for x in lines]
@@ -365,15 +366,15 @@ def test_rederivation_refuses_damaged_or_mixed_records_and_writes_only_inside_it
         "".join(json.dumps(r) + "\n" for r in strings), "hits_anywhere must be a list of true/false"
     )
     jsonl.write_text(good)
-    results.derive_run(out, Analysis(), figures=False)  # the intact records derive again
+    derive_run(out, Analysis())  # the intact records derive again
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     meta = json.loads((out / "probe.json").read_text())
     meta["checkpoints"] = {str(elsewhere): "k"}
     (out / "probe.json").write_text(json.dumps(meta))
-    with pytest.raises(results.StaleResults, match="is not a directory name inside"):
-        results.derive_run(out, Analysis(), figures=False)
+    with pytest.raises(store.StaleResults, match="is not a directory name inside"):
+        derive_run(out, Analysis())
     assert list(elsewhere.iterdir()) == []
 
 
@@ -468,13 +469,13 @@ def test_a_killed_probe_resumes_at_the_batch_it_was_in(tmp_path):
     out = tmp_path / "killed"
     with pytest.raises(KeyboardInterrupt):
         run_one(out, KilledAfter(2), [256], tests=7, batch=2)
-    assert not results.done_lengths(out, json.loads((out / "key.json").read_text())["key"])
-    partial = json.loads(results.partial_file(out, 256).read_text())
+    assert not store.done_lengths(out, json.loads((out / "key.json").read_text())["key"])
+    partial = json.loads(store.partial_file(out, 256).read_text())
     assert [r["index"] for r in partial["records"]] == [0, 1, 2, 3] and partial["seconds"] > 0
     resumed = WindowModel(TOKENIZER, 120)
     row, records = run_one(out, resumed, [256], tests=7, batch=2)
     assert len(resumed.calls) == 2  # tests 4-5 and 6, nothing before
-    assert records == clean and not results.partial_file(out, 256).exists()
+    assert records == clean and not store.partial_file(out, 256).exists()
     assert (
         row["effective_length"]
         == run_one(tmp_path / "again", WindowModel(TOKENIZER, 120), [256], tests=7, batch=2)[0][
@@ -487,16 +488,16 @@ def test_partial_records_of_another_key_or_other_tests_are_not_resumed(tmp_path)
     out = tmp_path / "p"
     with pytest.raises(KeyboardInterrupt):
         run_one(out, KilledAfter(2), [256], tests=7, batch=2)
-    path = results.partial_file(out, 256)
+    path = store.partial_file(out, 256)
     data = json.loads(path.read_text())
     key = data["key"]
-    assert results.load_partial(out, 256, key) == (data["records"], data["seconds"])
-    assert results.load_partial(out, 256, "another") == ([], 0.0)
+    assert store.load_partial(out, 256, key) == (data["records"], data["seconds"])
+    assert store.load_partial(out, 256, "another") == ([], 0.0)
     gap = {**data, "records": [*data["records"][:2], *data["records"][3:]]}  # test 2 missing
     path.write_text(json.dumps(gap))
-    assert results.load_partial(out, 256, key) == (data["records"][:2], data["seconds"] * 2 / 3)
+    assert store.load_partial(out, 256, key) == (data["records"][:2], data["seconds"] * 2 / 3)
     path.write_text(json.dumps(data)[:-40])  # cut mid-write
-    assert results.load_partial(out, 256, key) == ([], 0.0)
+    assert store.load_partial(out, 256, key) == ([], 0.0)
     resumed = WindowModel(TOKENIZER, 120)
     run_one(out, resumed, [256], tests=7, batch=2)
     assert len(resumed.calls) == 4 and not path.exists()  # probed from the first test
@@ -519,11 +520,11 @@ def test_more_tests_extend_a_finished_probe_and_fewer_read_its_first_tests(tmp_p
     assert [s["n_tests"] for s in read_csv(out / "summary.csv")] == [7, 7]
     fewer = WindowModel(TOKENIZER, 120)
     row, _ = run_one(out, fewer, [160, 256], tests=2)
-    assert fewer.calls == [] and len(results.read_records(out, [160])) == 7  # nothing probed or cut
+    assert fewer.calls == [] and len(store.read_records(out, [160])) == 7  # nothing probed or cut
     assert [s["n_tests"] for s in read_csv(out / "summary.csv")] == [2, 2]
     assert row["tests_per_length"] == 2
     assert (
-        results.finished_records(out, json.loads((out / "probe.json").read_text()))[256][1]
+        store.finished_records(out, json.loads((out / "probe.json").read_text()))[256][1]
         == [r for r in fresh if r["length"] == 256][:2]
     )
 
@@ -534,15 +535,15 @@ def test_extending_a_probe_resumes_from_whichever_of_its_partial_and_finished_te
     out = tmp_path / "p"
     run_one(out, WindowModel(TOKENIZER, 120), [256], tests=3)
     key = json.loads((out / "key.json").read_text())["key"]
-    finished = results.read_records(out, [256])
-    assert results.load_started(out, 256, key) == (
+    finished = store.read_records(out, [256])
+    assert store.load_started(out, 256, key) == (
         finished,
-        results.done_lengths(out, key)[256]["seconds"],
+        store.done_lengths(out, key)[256]["seconds"],
     )
     with pytest.raises(KeyboardInterrupt):
         run_one(out, KilledAfter(2), [256], tests=9, batch=2)  # tests 3-4 and 5-6, then killed
-    assert not results.done_lengths(out, key, 9) and results.done_lengths(out, key, 3)
-    started, _ = results.load_started(out, 256, key)
+    assert not store.done_lengths(out, key, 9) and store.done_lengths(out, key, 3)
+    started, _ = store.load_started(out, 256, key)
     assert [r["index"] for r in started] == list(range(7)) and started[:3] == finished
     resumed = WindowModel(TOKENIZER, 120)
     _, records = run_one(out, resumed, [256], tests=9, batch=2)
@@ -552,13 +553,13 @@ def test_extending_a_probe_resumes_from_whichever_of_its_partial_and_finished_te
 def test_a_finished_length_with_its_tests_out_of_order_is_refused(tmp_path):
     out = tmp_path / "p"
     run_one(out, WindowModel(TOKENIZER, 120), [256], tests=3)
-    jsonl = results.length_files(out, 256)[0]
+    jsonl = store.length_files(out, 256)[0]
     lines = jsonl.read_text().splitlines()
     jsonl.write_text("\n".join([lines[1], lines[0], lines[2]]) + "\n")
     with pytest.raises(
-        results.StaleResults, match="record 1: test index 1, where the probe writes test 0"
+        store.StaleResults, match="record 1: test index 1, where the probe writes test 0"
     ):
-        results.derive_model(out, Analysis(), figures=False)
+        derive_model(out, Analysis())
 
 
 def test_a_partial_probe_of_more_tests_than_asked_is_kept_whole(tmp_path):
@@ -568,19 +569,19 @@ def test_a_partial_probe_of_more_tests_than_asked_is_kept_whole(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         run_one(out, KilledAfter(3), [256], tests=9, batch=2)
     key = json.loads((out / "key.json").read_text())["key"]
-    seconds = json.loads(results.partial_file(out, 256).read_text())["seconds"]
+    seconds = json.loads(store.partial_file(out, 256).read_text())["seconds"]
     fewer = WindowModel(TOKENIZER, 120)
     row, records = run_one(out, fewer, [256], tests=4, batch=2)
     assert fewer.calls == [] and [r["index"] for r in records] == list(range(6))
-    assert results.done_lengths(out, key)[256]["n_tests"] == 6
-    assert not results.partial_file(out, 256).exists() and row["tests_per_length"] == 4
+    assert store.done_lengths(out, key)[256]["n_tests"] == 6
+    assert not store.partial_file(out, 256).exists() and row["tests_per_length"] == 4
     summary = read_csv(out / "summary.csv")[0]
     assert summary["n_tests"] == 4 and summary["seconds"] == pytest.approx(
         seconds * 4 / 6, abs=1e-3
     )
     more = WindowModel(TOKENIZER, 120)
     run_one(out, more, [256], tests=9, batch=2)
-    assert len(more.calls) == 2 and results.done_lengths(out, key, 9)
+    assert len(more.calls) == 2 and store.done_lengths(out, key, 9)
 
 
 def test_a_run_merged_with_more_tests_than_its_checkpoints_hold_lists_them_as_missing(
@@ -590,7 +591,7 @@ def test_a_run_merged_with_more_tests_than_its_checkpoints_hold_lists_them_as_mi
     names = make_fake_run(run, 512, {40_960: 60, 81_920: 110})
     calls: list[str] = []
     probe_fake_run(run, out, names, [160, 256], calls, monkeypatch, tests=4)
-    with pytest.raises(results.StaleResults, match="no checkpoint of the run is fully probed"):
+    with pytest.raises(store.StaleResults, match="no checkpoint of the run is fully probed"):
         probe_fake_run(run, out, names, [160, 256], calls, monkeypatch, tests=6, merge_only=True)
     rows = probe_fake_run(run, out, names, [160, 256], calls, monkeypatch, tests=3, merge_only=True)
     assert [r["tests_per_length"] for r in rows] == [3, 3]
@@ -601,17 +602,17 @@ def test_a_probe_killed_while_writing_an_extended_length_loses_no_test(tmp_path,
     out = tmp_path / "p"
     run_one(out, WindowModel(TOKENIZER, 120), [256], tests=3)
     key = json.loads((out / "key.json").read_text())["key"]
-    write_length = results.write_length
+    write_length = store.write_length
 
     def killed_after_the_old_marker_went(out_, length, *args):
-        results.length_files(out_, length)[1].unlink()
+        store.length_files(out_, length)[1].unlink()
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(results, "write_length", killed_after_the_old_marker_went)
+    monkeypatch.setattr(store, "write_length", killed_after_the_old_marker_went)
     with pytest.raises(KeyboardInterrupt):
         run_one(out, WindowModel(TOKENIZER, 120), [256], tests=4)  # one batch: tests 3
-    assert not results.done_lengths(out, key)
-    monkeypatch.setattr(results, "write_length", write_length)
+    assert not store.done_lengths(out, key)
+    monkeypatch.setattr(store, "write_length", write_length)
     resumed = WindowModel(TOKENIZER, 120)
     _, records = run_one(out, resumed, [256], tests=4)
     assert resumed.calls == [] and [r["index"] for r in records] == [0, 1, 2, 3]

@@ -62,20 +62,22 @@ def test_a_runs_key_is_the_result_key_without_the_model(tmp_path):
     assert parts == {**run_parts, "model": source.fingerprint}
 
 
-def test_a_probe_without_decoding_scores_only_under_teacher_forcing():
+def test_a_probe_without_decoding_scores_only_under_teacher_forcing(capsys):
     import pytest
 
-    from posfreq.analysis.niah.runner import Job
     from posfreq.analysis.tables.pass_curve import Analysis
+    from posfreq.scripts.commands import probe as probe_command
 
     with pytest.raises(ValueError, match="leave nothing to measure"):
         probe_settings.ProbeSettings(greedy=False, teacher_forced=False)
     settings = probe_settings.ProbeSettings(greedy=False)
     assert probe_settings.ProbeSettings().decoding().get("greedy") is None  # older keys unchanged
     assert settings.decoding()["greedy"] is False
-    with pytest.raises(ValueError, match="Fix: add --scoring teacher_forced"):
-        Job(settings, [256], 1, torch.device("cpu"), Analysis())
-    Job(settings, [256], 1, torch.device("cpu"), Analysis(scoring="teacher_forced"))
+    # the command refuses the pair before any model is read (the model named here does not exist)
+    with pytest.raises(SystemExit) as refused:
+        probe_command.main(["--model", "hf:/nowhere", "--greedy", "false", "--device", "cpu"])
+    assert refused.value.code == 2
+    assert "Fix: add --scoring teacher_forced" in capsys.readouterr().err
     record = {"tf_token_accuracy": [1.0, 0.75, 1.0, 0.0], "hits_anywhere": [False] * 4}
     tf = Analysis(scoring="teacher_forced")
     assert tf.hits(record) == [True, False, True, False] and tf.passed(record)

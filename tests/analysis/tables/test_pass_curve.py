@@ -125,7 +125,7 @@ def test_run_table_round_trip_and_figures(tmp_path):
     assert table[1]["effective_length_lo"] is None  # no bootstrap asked for
     run = load_run(tmp_path)
     assert run.label.startswith(tmp_path.name) and len(run.rows) == 3
-    from posfreq.analysis.tables.run_table import draw_run_figures
+    from posfreq.analysis.plots.derived import draw_run_figures
 
     paths = draw_run_figures([run], tmp_path / "figures")
     assert {p.name for p in paths} >= {

@@ -127,7 +127,7 @@ def test_f_is_read_at_the_distance_a_pass_needs(tmp_path):
     where Eq. 2 gives f(L) = 0."""
     import json
 
-    from posfreq.analysis.niah.results import length_files
+    from posfreq.analysis.niah.store import length_files
     from posfreq.analysis.verdicts.compare import needed_distances
 
     tests = {

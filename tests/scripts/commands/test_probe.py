@@ -13,10 +13,10 @@ import torch
 from helpers.probe import tiny_model, write_checkpoint
 
 from posfreq.analysis.niah import decoding as probe_decoding
-from posfreq.analysis.niah import results
 from posfreq.analysis.niah import runner as probe_runner
 from posfreq.analysis.niah import settings as probe_settings
 from posfreq.analysis.niah import sources as probe_sources
+from posfreq.analysis.niah import store
 from posfreq.scripts.commands import probe
 from posfreq.train.command_line import parse
 from posfreq.train.model.transformer import Transformer
@@ -144,7 +144,7 @@ def test_batched_and_unbatched_decoding_agree_on_a_real_model(tmp_path):
             "cpu",
         ]
     )
-    records = results.read_records(out, [416])
+    records = store.read_records(out, [416])
     assert [r["generated"] for r in records] == one
     assert all(len(r["tf_logprob"]) == 4 and all(lp < 0 for lp in r["tf_logprob"]) for r in records)
     for name in (
@@ -182,7 +182,7 @@ def test_no_token_is_generated_or_fed_at_a_position_beyond_the_test_length(tmp_p
     monkeypatch.setattr(Transformer, "hidden_states", spy)
     out = tmp_path / "out"
     probe.main(["--checkpoint", str(ckpt), "--lengths", "420,512", *quiet_noise_args(3, out)])
-    records = results.read_records(out, [420, 512])
+    records = store.read_records(out, [420, 512])
     assert {r["prompt_length"] for r in records} == {420 - 40, 512 - 40}
     assert max(last for _, last in fed) <= 512 - 1
     decode_steps = [first for first, last in fed if first == last]  # one generated token fed back
@@ -210,7 +210,7 @@ def test_every_position_scheme_runs_through_the_probe(tmp_path):
             + quiet_noise_args(2, out)
         )
         assert json.loads((out / "probe.json").read_text())["settings"]["positions"] == scheme
-        assert len(results.read_records(out, [420])) == 2
+        assert len(store.read_records(out, [420])) == 2
 
 
 # ------------------------------------------------------------------ results keyed by content
@@ -246,7 +246,7 @@ def test_same_folder_names_never_share_results(tmp_path, monkeypatch):
     assert decoded == [str(a), str(b)]  # B decoded afresh, nothing of A's reused
     outs = sorted((tmp_path / "runs" / "probe").iterdir())
     assert len(outs) == 2 and all(o.name.startswith(a.name + "-") for o in outs)
-    answers = [[r["generated"] for r in results.read_records(o, [420])] for o in outs]
+    answers = [[r["generated"] for r in store.read_records(o, [420])] for o in outs]
     assert answers[0] != answers[1]
     probe.main(["--checkpoint", str(a), *common])  # the same model again: reused, not decoded
     assert decoded == [str(a), str(b)]
@@ -256,7 +256,7 @@ def test_same_folder_names_never_share_results(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="another key .*model"):
         probe.main(["--checkpoint", str(b), "--out", str(shared), *common])
     probe.main(["--checkpoint", str(b), "--out", str(shared), "--replace-stale", *common])
-    assert [r["generated"] for r in results.read_records(shared, [420])] == answers[
+    assert [r["generated"] for r in store.read_records(shared, [420])] == answers[
         [o.name for o in outs].index(
             next(
                 o.name
@@ -305,7 +305,7 @@ def test_a_users_folder_is_refused_untouched_before_the_model_is_read(tmp_path, 
 
 
 def test_a_second_probe_on_one_result_folder_is_refused_while_the_first_runs(tmp_path):
-    """Two probes writing one --out at once had no lock (results.claim checked, then wrote): the second is refused
+    """Two probes writing one --out at once had no lock (store.claim checked, then wrote): the second is refused
     in one line while the first holds the folder, and a folder whose lock's process is gone is taken over."""
     import json
     import os

@@ -325,7 +325,8 @@ def test_settings_that_cannot_make_a_table_stop_before_anything_runs(
 def test_the_teacher_forced_table_decodes_nothing_and_counts_the_argmax_needles(
     tiny_hf: Path, tmp_path: Path
 ) -> None:
-    from posfreq.analysis.niah import results
+    from posfreq.analysis.niah import store
+    from posfreq.analysis.tables.derive import derive_model
     from posfreq.analysis.tables.pass_curve import Analysis
 
     out = tmp_path / "table"
@@ -335,7 +336,7 @@ def test_the_teacher_forced_table_decodes_nothing_and_counts_the_argmax_needles(
         command.main([*argv, "--measure", "teacher_forced", "--answer-order", "nearest_first"]) == 0
     )
     probe_dir = out / "niah" / "rope"
-    records = results.read_records(probe_dir, [448])
+    records = store.read_records(probe_dir, [448])
     assert len(records) == 4 and not any("generated" in r or "hits_anywhere" in r for r in records)
     assert {r["tf_answer_order"] for r in records} == {"nearest_first"}
     assert json.loads((out / "settings.json").read_text())["answer_order"] == "nearest_first"
@@ -350,16 +351,14 @@ def test_the_teacher_forced_table_decodes_nothing_and_counts_the_argmax_needles(
     assert "## Teacher-forced needle token accuracy" in (out / "table1.md").read_text()
     (summary,) = list(csv.DictReader(open(probe_dir / "summary.csv")))
     assert float(summary["pass_rate"]) == float(summary["tf_pass_rate"]) == by_hand
-    with pytest.raises(results.StaleResults, match="greedy false.*Fix: --scoring teacher_forced"):
-        results.derive_model(probe_dir, Analysis(), figures=False, dest=tmp_path / "anywhere")
-    jsonl = results.length_files(probe_dir, 448)[0]
+    with pytest.raises(store.StaleResults, match="greedy false.*Fix: --scoring teacher_forced"):
+        derive_model(probe_dir, Analysis(), dest=tmp_path / "anywhere")
+    jsonl = store.length_files(probe_dir, 448)[0]
     damaged = [json.loads(line) for line in jsonl.read_text().splitlines()]
     damaged[1]["tf_token_accuracy"] = [1.0, 2.0, 0.0, 0.0]
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in damaged))
-    with pytest.raises(results.StaleResults, match="record 2: tf_token_accuracy must be a number"):
-        results.derive_model(
-            probe_dir, Analysis(scoring="teacher_forced"), figures=False, dest=tmp_path / "tf"
-        )
+    with pytest.raises(store.StaleResults, match="record 2: tf_token_accuracy must be a number"):
+        derive_model(probe_dir, Analysis(scoring="teacher_forced"), dest=tmp_path / "tf")
 
 
 @pytest.mark.parametrize("run", ["", "schemes_8k", "nearest_8k"])

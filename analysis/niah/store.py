@@ -1,4 +1,5 @@
-"""The probe's result store: one directory per (model content, probe settings), and what derives from it.
+"""The probe's result store: one directory per (model content, probe settings). The one module that knows its
+file names; analysis/tables/derive.py derives the tables from it and analysis/plots/derived.py the figures.
 
 Layout of a model's result directory (written by scripts/commands/probe.py):
 
@@ -25,27 +26,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
-
-from posfreq.analysis.corpus.frequency import position_frequency
-from posfreq.analysis.tables.formats import current_names, markdown_table, read_csv, write_csv
-from posfreq.analysis.tables.pass_curve import Analysis
-from posfreq.analysis.tables.records import (
-    depth_grid,
-    distance_rows,
-    failure_by_thirds,
-    summarize_length,
-)
-from posfreq.analysis.tables.run_table import (
-    checkpoint_row,
-    draw_run_figures,
-    load_run,
-    write_effective_length_csv,
-)
 from posfreq.train.atomic import write_json_atomic, write_text_atomic
 from posfreq.train.journal import is_record
 from posfreq.train.json_file import read_json_object
@@ -54,6 +37,8 @@ from posfreq.train.outdir import check_output_dir, claim_output_dir, owner_of
 KEY_FILE = "key.json"
 META_FILE = "probe.json"
 HIST_FILE = "trained_lengths.npy"
+TESTS_DIR = "tests"
+FIGURES_DIR = "figures"
 RECORD_FILE = re.compile(r"L\d{6}(\.jsonl?|\.partial\.json)")
 """A length's per-test records, completion marker or partial records in OUT/tests (`length_files`,
 `partial_file`)."""
@@ -63,9 +48,9 @@ DERIVED_FROM = "derived_from"
 PROBE = "probe"
 """The command recorded as the owner of the probe's result directories (train/outdir.py)."""
 MODEL_FIGURES = ("niah_heatmap", "failure_by_thirds")
-"""The figures `derive_model` draws into OUT/figures (each as .png and .pdf)."""
+"""The figures of one model's results in OUT/figures (each as .png and .pdf; analysis/plots/derived.py)."""
 RUN_FIGURES = ("fig2a_effective_length_vs_tokens", "fig2b_frequency_vs_effective_length")
-"""The figures `derive_run` draws into OUT/figures (analysis/tables/run_table.py's `draw_run_figures`)."""
+"""The figures of a run's results in OUT/figures (analysis/plots/derived.py)."""
 
 
 class StaleResults(RuntimeError):
@@ -124,9 +109,9 @@ def claim(out: Path, key: str, parts: dict, replace_stale: bool = False) -> None
         reason = (
             f"{out} holds probe results with another key (they differ in: {', '.join(differs)})"
         )
-    elif (out / "tests").is_dir() and any((out / "tests").iterdir()):
+    elif (out / TESTS_DIR).is_dir() and any((out / TESTS_DIR).iterdir()):
         foreign = sorted(
-            p.name for p in (out / "tests").iterdir() if not RECORD_FILE.fullmatch(p.name)
+            p.name for p in (out / TESTS_DIR).iterdir() if not RECORD_FILE.fullmatch(p.name)
         )
         if foreign:
             raise StaleResults(
@@ -146,29 +131,36 @@ def claim(out: Path, key: str, parts: dict, replace_stale: bool = False) -> None
     write_json(key_file, {"key": key, "parts": parts})
 
 
+SUMMARY_FILE = "summary.csv"
+DISTANCE_FILE = "distance.csv"
+EFFECTIVE_LENGTH_FILE = "effective_length.csv"
+THIRDS_FILE = "failure_by_thirds.csv"
+THIRDS_MARKDOWN = "failure_by_thirds.md"
+DISTANCE_BY_CHECKPOINT_FILE = "distance_by_checkpoint.csv"
+POSITION_FREQUENCY_FILE = "position_frequency.csv"
 DERIVED_TABLES = (
-    "summary.csv",
-    "distance.csv",
-    "effective_length.csv",
-    "failure_by_thirds.csv",
-    "failure_by_thirds.md",
-    "distance_by_checkpoint.csv",
-    "position_frequency.csv",
+    SUMMARY_FILE,
+    DISTANCE_FILE,
+    EFFECTIVE_LENGTH_FILE,
+    THIRDS_FILE,
+    THIRDS_MARKDOWN,
+    DISTANCE_BY_CHECKPOINT_FILE,
+    POSITION_FREQUENCY_FILE,
 )
-"""The tables the probe derives into its own result directory (`derive_model`, `derive_run`)."""
+"""The tables derived into a result directory (analysis/tables/derive.py)."""
 
 
 RUN_ENTRIES = frozenset(
     {
         META_FILE,
-        "effective_length.csv",
-        "distance_by_checkpoint.csv",
-        "position_frequency.csv",
-        "figures",
+        EFFECTIVE_LENGTH_FILE,
+        DISTANCE_BY_CHECKPOINT_FILE,
+        POSITION_FREQUENCY_FILE,
+        FIGURES_DIR,
     }
 )
 """What a run's result directory holds beside its checkpoints' directories."""
-MODEL_ENTRIES = frozenset({KEY_FILE, META_FILE, HIST_FILE, "tests", "figures", *DERIVED_TABLES})
+MODEL_ENTRIES = frozenset({KEY_FILE, META_FILE, HIST_FILE, TESTS_DIR, FIGURES_DIR, *DERIVED_TABLES})
 """What a model's result directory holds."""
 
 
@@ -197,8 +189,8 @@ def earlier_model_results(out: Path) -> bool:
     return (
         _is_json_object(out / KEY_FILE, "key", str)
         and _own_entries(out) <= MODEL_ENTRIES
-        and _only_files(out / "tests", lambda name: bool(RECORD_FILE.fullmatch(name)))
-        and _only_files(out / "figures", figures.__contains__)
+        and _only_files(out / TESTS_DIR, lambda name: bool(RECORD_FILE.fullmatch(name)))
+        and _only_files(out / FIGURES_DIR, figures.__contains__)
     )
 
 
@@ -214,7 +206,7 @@ def earlier_run_results(out: Path) -> bool:
         and (
             not (out / META_FILE).exists() or _is_json_object(out / META_FILE, "checkpoints", dict)
         )
-        and _only_files(out / "figures", figures.__contains__)
+        and _only_files(out / FIGURES_DIR, figures.__contains__)
     )
 
 
@@ -268,7 +260,7 @@ def discard_records(out: Path) -> None:
     model's numbers beside the new key, and a user's other files stay. Figures are redrawn under their names."""
     for name in (KEY_FILE, META_FILE, HIST_FILE, *DERIVED_TABLES):
         (out / name).unlink(missing_ok=True)
-    tests = out / "tests"
+    tests = out / TESTS_DIR
     for record in tests.iterdir() if tests.is_dir() else []:
         if RECORD_FILE.fullmatch(record.name) and record.is_file():
             record.unlink()
@@ -278,7 +270,7 @@ def discard_records(out: Path) -> None:
 
 def length_files(out: Path, length: int) -> tuple[Path, Path]:
     """(records, completion marker) of one length."""
-    return out / "tests" / f"L{length:06d}.jsonl", out / "tests" / f"L{length:06d}.json"
+    return out / TESTS_DIR / f"L{length:06d}.jsonl", out / TESTS_DIR / f"L{length:06d}.json"
 
 
 def done_lengths(out: Path, key: str, tests: int | None = None) -> dict[int, dict]:
@@ -286,7 +278,7 @@ def done_lengths(out: Path, key: str, tests: int | None = None) -> dict[int, dic
     completion marker. Tests extend by prefix (test i depends only on seed, length and i), so a length
     probed with more tests than asked holds the asked ones."""
     done = {}
-    for marker in sorted((out / "tests").glob("L*.json")):
+    for marker in sorted((out / TESTS_DIR).glob("L*.json")):
         if not MARKER_FILE.fullmatch(marker.name):
             continue  # a partial length's records
         try:
@@ -316,7 +308,7 @@ def write_length(out: Path, length: int, records: Sequence[dict], marker: dict) 
 
 def partial_file(out: Path, length: int) -> Path:
     """The records of a length being probed (`save_partial`), until `write_length` completes it."""
-    return out / "tests" / f"L{length:06d}.partial.json"
+    return out / TESTS_DIR / f"L{length:06d}.partial.json"
 
 
 def save_partial(out: Path, length: int, key: str, records: Sequence[dict], seconds: float) -> None:
@@ -467,170 +459,3 @@ def finished_records(
         for n in meta["lengths"]
         if n in done
     }
-
-
-def derive_model(
-    out: Path,
-    analysis: Analysis = Analysis(),
-    figures: bool = True,
-    dest: Path | None = None,
-    tests: int | None = None,
-) -> dict:
-    """summary.csv, distance.csv, effective_length.csv, failure_by_thirds and figures of one result directory,
-    from the first `tests` tests of each length (None: its probe.json's tests_per_length).
-
-    Reads only the directory's own files (records, probe.json, trained_lengths.npy) and writes the tables, the
-    figures and probe.json (with the analysis) into `dest` (None: `out` itself; another directory leaves `out`
-    untouched and records where the tables came from); returns the effective_length.csv row.
-    """
-    dest = _destination(out, dest)
-    meta = read_meta(out, "settings", "lengths", "model")
-    if not meta["settings"].get("greedy", True) and analysis.scoring != "teacher_forced":
-        raise StaleResults(
-            f"{out} was probed with greedy false: no answer was decoded for scoring {analysis.scoring}. "
-            "Fix: --scoring teacher_forced"
-        )
-    tests = int(tests or meta["settings"]["tests_per_length"])
-    finished = finished_records(out, meta, tests)
-    if not finished:
-        raise StaleResults(
-            f"{out}: no length is probed under its key yet; run scripts/commands/probe.py first"
-        )
-    lengths = list(finished)
-    by_length = {n: records for n, (_, records) in finished.items()}
-    # the marker's time is that of all its tests, of which these are a prefix
-    summary = [
-        summarize_length(
-            by_length[n], marker["seconds"] * len(by_length[n]) / marker["n_tests"], analysis
-        )
-        for n, (marker, _) in finished.items()
-    ]
-    write_csv(dest / "summary.csv", summary)
-    hist = np.load(out / HIST_FILE, allow_pickle=False) if (out / HIST_FILE).is_file() else None
-    train_len = int(meta["train_len"])
-    records = [r for n in lengths for r in by_length[n]]
-    write_csv(
-        dest / "distance.csv", distance_rows(records, [0, *lengths], analysis, hist, train_len)
-    )
-    passed = [[analysis.passed(r) for r in by_length[n]] for n in lengths]
-    tokens = current_names(meta)  # a probe's older meta.json holds tokens_seen
-    row = checkpoint_row(
-        meta["model"],
-        train_len,
-        meta["settings"]["positions"],
-        summary,
-        passed,
-        hist,
-        analysis,
-        tests,
-        tokens.get("tokens_trained"),
-        tokens.get("run_tokens"),
-    )
-    write_effective_length_csv(dest / "effective_length.csv", [row])
-    thirds = failure_by_thirds(records, analysis)
-    write_csv(dest / "failure_by_thirds.csv", thirds)
-    write_text_atomic(dest / "failure_by_thirds.md", markdown_table(thirds))
-    if figures:
-        from posfreq.analysis.plots import niah as plots_niah
-
-        grid_lengths, edges, recall = depth_grid(records, analysis=analysis)
-        plots_niah.plot_niah_heatmap(
-            grid_lengths, edges, recall, dest / "figures" / "niah_heatmap", title=meta["model"]
-        )
-        plots_niah.plot_failure_by_thirds(
-            thirds, dest / "figures" / "failure_by_thirds", title=meta["model"]
-        )
-    write_json(
-        dest / META_FILE,
-        {
-            **meta,
-            **_derived_from(out, dest),
-            "analysis": asdict(analysis),
-            "complete": set(lengths) == set(meta["lengths"]),
-            "effective_length": {
-                k: row[k]
-                for k in (
-                    "effective_length",
-                    "effective_length_status",
-                    "effective_length_lo",
-                    "effective_length_hi",
-                )
-            },
-        },
-    )
-    return row
-
-
-def derive_run(
-    out: Path, analysis: Analysis = Analysis(), figures: bool = True, dest: Path | None = None
-) -> list[dict]:
-    """The run tables of a run's result directory from its complete checkpoint directories.
-
-    Each checkpoint's own tables and figures (`derive_model`), then effective_length.csv (a row per
-    checkpoint), distance_by_checkpoint.csv, position_frequency.csv
-    (Eq. 2 on the last checkpoint's histogram) and Fig. 2a/2b; the checkpoints are those listed in
-    the run's probe.json with the key each one's results must have (results under another key, e.g.
-    of a checkpoint since retrained, are left out and listed as missing). Everything is written into `dest`
-    (None: `out` itself), each checkpoint's tables into dest/<checkpoint>.
-    """
-    dest = _destination(out, dest)
-    meta = read_meta(out, "settings", "checkpoints")
-    tests = int(meta["settings"]["tests_per_length"])  # every checkpoint's, as the run asked
-    rows, distances, missing = [], [], []
-    for name, key in meta["checkpoints"].items():
-        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
-            raise StaleResults(
-                f"{out / META_FILE}: checkpoint {name!r} is not a directory name inside {out}; "
-                "re-derivation writes only there. Fix: probe the run again (posfreq probe --run)"
-            )
-        sub = out / name
-        sub_meta = read_json(sub / META_FILE) if (sub / META_FILE).is_file() else {}
-        if sub_meta.get("key") != key or set(sub_meta.get("lengths", [None])) - set(
-            done_lengths(sub, key, tests)
-        ):
-            missing.append(name)  # not (fully) probed under the key the checkpoint has now
-            continue
-        row = derive_model(sub, analysis, figures, dest / name, tests)
-        rows.append(row)
-        for d in read_csv(dest / name / "distance.csv"):
-            distances.append({"checkpoint": name, "tokens_trained": row["tokens_trained"], **d})
-    if not rows:
-        raise StaleResults(
-            f"{out}: no checkpoint of the run is fully probed with these settings; nothing to merge"
-        )
-    write_effective_length_csv(dest / "effective_length.csv", rows)
-    write_csv(dest / "distance_by_checkpoint.csv", distances)
-    last = max(rows, key=lambda r: (r["tokens_trained"] == "", r["tokens_trained"] or 0))[
-        "checkpoint"
-    ]
-    hist_path = out / last / HIST_FILE
-    if hist_path.is_file():
-        hist = np.load(hist_path, allow_pickle=False)
-        f = position_frequency(hist, len(hist) - 1)
-        write_csv(dest / "position_frequency.csv", [{"i": i, "f": int(v)} for i, v in enumerate(f)])
-    write_json(
-        dest / META_FILE,
-        {
-            **meta,
-            **_derived_from(out, dest),
-            "analysis": asdict(analysis),
-            "missing": missing,
-            "position_frequency_from": last,
-        },
-    )
-    if figures:
-        draw_run_figures([load_run(dest)], dest / "figures")
-    return rows
-
-
-def _destination(out: Path, dest: Path | None) -> Path:
-    """Where a derivation from `out` writes: `out` itself, or `dest` (created)."""
-    if dest is None:
-        return out
-    dest.mkdir(parents=True, exist_ok=True)
-    return dest
-
-
-def _derived_from(out: Path, dest: Path) -> dict:
-    """probe.json's record of a re-derivation elsewhere: the source directory (nothing when written in place)."""
-    return {} if dest == out else {DERIVED_FROM: str(out.resolve())}
