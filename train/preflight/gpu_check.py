@@ -486,6 +486,7 @@ def prefill_stage(device: torch.device, length: int = 32_768, profile: Path | No
     import transformers
 
     from posfreq.train.model.config import model_preset
+    from posfreq.train.model.hf import config_to_hf
     from posfreq.train.model.transformer import Transformer, uniform_cu_seqlens
     from posfreq.train.positions.string_hf import STRING_ATTENTION, apply_string
 
@@ -506,17 +507,9 @@ def prefill_stage(device: torch.device, length: int = 32_768, profile: Path | No
         ours.attention_backend = "sdpa"
         times["posfreq rope sdpa"] = _seconds(prefill, device)
         ours.attention_backend = "auto"
+    # the same model as transformers builds it from our export's config (rope_theta, norm eps, head_dim included)
     hf = transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(
-            vocab_size=config.vocab_size,
-            hidden_size=config.d_model,
-            intermediate_size=config.ffn_dim,
-            num_hidden_layers=config.n_layers,
-            num_attention_heads=config.n_heads,
-            num_key_value_heads=config.n_kv_heads,
-            max_position_embeddings=config.train_len,
-            tie_word_embeddings=True,
-        )
+        transformers.LlamaConfig(**config_to_hf(config, torch.bfloat16, None, None))
     )
     hf = apply_string(hf).to(device, torch.bfloat16).eval()
     with torch.inference_mode():
