@@ -161,3 +161,68 @@ def test_every_module_has_its_tests_where_the_tree_says():
         elif caller is None or not (ROOT / caller).is_file():
             missing.append(str(module))
     assert not missing, missing
+
+
+SHARED = "train's shared modules"
+EVERY_TRAIN = "every other train package"
+ANYTHING = "anything in posfreq"
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The posfreq modules `path` imports, `from package import module` named as the module it is."""
+    found = set()
+    for node in ast.walk(ast.parse((ROOT / path).read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                where = ROOT / Path(*node.module.split(".")[1:]) / alias.name
+                is_module = where.with_suffix(".py").is_file() or where.is_dir()
+                found.add(f"{node.module}.{alias.name}" if is_module else node.module)
+    return {n for n in found if n.startswith("posfreq.")}
+
+
+def may_import(package: Path) -> tuple[set[str], set[str]]:
+    """(dotted names, phrases) of the package's "May import" paragraph (its __init__ docstring)."""
+    doc = ast.get_docstring(ast.parse((ROOT / package / "__init__.py").read_text())) or ""
+    paragraph = doc[doc.index("May import") :].split("\n\n")[0]
+    names = set(re.findall(r"\b(?:train|analysis)(?:\.[a-z_]+)*\b", paragraph))
+    phrases = {p for p in (SHARED, EVERY_TRAIN, ANYTHING) if p in paragraph}
+    return names, phrases
+
+
+def allowed(name: str, package: Path, names: set[str], phrases: set[str]) -> bool:
+    """Whether module `name` (posfreq.X.Y) is one `package`'s May import line allows (or its own)."""
+    dotted = name.removeprefix("posfreq.")
+    own = ".".join(package.parts)
+    parts = dotted.split(".")
+    if ANYTHING in phrases or dotted == own or dotted.startswith(own + "."):
+        return True
+    if EVERY_TRAIN in phrases and parts[0] == "train":
+        return True
+    if SHARED in phrases and parts[0] == "train" and (ROOT / "train" / f"{parts[1]}.py").is_file():
+        return True
+    return any(dotted == n or dotted.startswith(n + ".") for n in names)
+
+
+@pytest.mark.parametrize(
+    "package",
+    [p for p in packages() if p.parent != Path(".") and p.parts[0] in ("train", "analysis")],
+    ids=str,
+)
+def test_each_packages_may_import_line_is_true(package):
+    """Every posfreq import of a package's modules (those of its subpackages with their own line aside) is one its
+    "May import" line allows, and every package that line names is imported: the line is the map, both ways."""
+    names, phrases = may_import(package)
+    subpackages = {p for p in packages() if p != package and package in p.parents}
+    found = set()
+    for module in modules():
+        if package not in module.parents or any(s in module.parents for s in subpackages):
+            continue
+        found |= {n.removeprefix("posfreq.") for n in imported_modules(module)}
+    wrong = sorted(n for n in found if not allowed("posfreq." + n, package, names, phrases))
+    assert not wrong, f"{package}/__init__.py's May import line leaves out {wrong}"
+    unused = sorted(n for n in names if not any(f == n or f.startswith(n + ".") for f in found))
+    assert not unused, (
+        f"{package}/__init__.py's May import line names {unused}, which nothing there imports"
+    )
