@@ -32,6 +32,7 @@ NOT_ANSWER_DECIDING = (
     "train/checkpoint/retention.py",
     "train/checkpoint/rng_state.py",
     "analysis/keys.py",
+    "analysis/table_files.py",
     "analysis/plots/*.py",
     "analysis/tables/*.py",
     "analysis/niah/store.py",

@@ -107,7 +107,7 @@ def analyze(tmp: Path, monkeypatch) -> tuple:
 
 def probed_run(run: Path, seed: int) -> Path:
     """A probed run as `posfreq probe --run` leaves it (checkpoints' config.json, RUN/probe's tables)."""
-    from posfreq.analysis.tables.formats import write_csv
+    from posfreq.analysis.table_files import write_csv
 
     rows = []
     for k in (1, 2):

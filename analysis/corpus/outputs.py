@@ -6,21 +6,23 @@ summary.json, which lists them (analysis/corpus/listed_outputs.py); a shard writ
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from posfreq.analysis.corpus.figures import write_figures
 from posfreq.analysis.corpus.frequency import position_frequency, scale_to_budget
 from posfreq.analysis.corpus.histogram import HISTOGRAM_FILE, LengthHistogram, save_histogram
 from posfreq.analysis.corpus.listed_outputs import replace_outputs, write_summary
-from posfreq.analysis.corpus.packing_prediction import PackingSettings, predict_packing
+from posfreq.analysis.corpus.packing_prediction import PackingSettings, Predictions, predict_packing
 from posfreq.analysis.corpus.summary import summarize
-from posfreq.analysis.tables.formats import write_csv
+from posfreq.analysis.table_files import write_csv
 from posfreq.train.atomic import atomic_open
 
 ANALYZE = "analyze"
 """The command that owns these outputs' directory (train/outdir.py)."""
+FigureWriter = Callable[[Path, np.ndarray, Mapping[str, dict], Predictions, float], list[Path]]
+"""Draws the figures into a folder from (histogram counts, summary's by_train_len, predictions, total tokens)
+and returns their files: analysis/plots/corpus.py's write_figures (plots come after corpus, so it is passed in)."""
 SHARD_PARTS = "shard_*"
 """Folders of a sharded count that may sit under the merged output (slurm/position_freq.sh's layout)."""
 
@@ -32,10 +34,10 @@ def write_outputs(
     train_lens: Sequence[int],
     total_tokens: float,
     packing: PackingSettings = PackingSettings(),
-    figures: bool = True,
+    figures: FigureWriter | None = None,
 ) -> dict:
-    """Write histogram (npz, CSV), the corpus f and each strategy's trained f per L (npz, CSV), figures and
-    summary.json; return the summary."""
+    """Write histogram (npz, CSV), the corpus f and each strategy's trained f per L (npz, CSV), the figures
+    `figures` draws (none without it) and summary.json; return the summary."""
     predictions = predict_packing(histogram, train_lens, packing)
     replace_outputs(out, ANALYZE, SHARD_PARTS)
     written = [
@@ -56,8 +58,8 @@ def write_outputs(
         np.savez_compressed(fh, **arrays)
     written.append(out / "position_frequency.npz")
     summary = summarize(histogram, train_lens, total_tokens, predictions, packing)
-    if figures:
-        written += write_figures(
+    if figures is not None:
+        written += figures(
             out / "figures",
             histogram.counts(),
             summary["all"]["by_train_len"],

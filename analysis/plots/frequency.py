@@ -1,7 +1,7 @@
 """Matplotlib figures of the position frequency, one function per figure, and `save_figure`, which every figure
 module (plots_*.py) saves with: `<stem>.png` and `<stem>.pdf`.
 
-Position frequency (analysis/corpus/figures.py; the maths from analysis/corpus/frequency.py, the only analysis module
+Position frequency (analysis/plots/corpus.py; the maths from analysis/corpus/frequency.py, the only analysis module
 imported here):
 - `plot_fig1a_length_and_frequency`: f(i) and the document-length distribution (bars) on twin axes.
 - `plot_fig1b_uniform_lengths`: f(i) when document lengths are uniform on 1..L (quadratic).

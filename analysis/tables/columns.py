@@ -67,9 +67,5 @@ CRITERION_COLUMNS = ("threshold", "min_retrieved", "scoring")
 COLUMNS = ("train_len", "seed", "variant", "checkpoint", *CHECKPOINT_COLUMNS, *CRITERION_COLUMNS)
 
 
-# Columns renamed since: older outputs (and a probe's older meta.json) are read under today's names.
-RENAMED_COLUMNS = {"tokens_seen": "tokens_trained", "tokens_this_run": "run_tokens"}
-
-
 # `posfreq loss-by-distance`'s loss_by_distance.csv: a row per distance bucket (train/run/loss_by_distance.py).
 LOSS_BY_DISTANCE_COLUMNS = ("distance_lo", "distance_hi", "tokens", "mean_loss", "f_distance_lo")

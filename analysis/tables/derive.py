@@ -15,7 +15,7 @@ import numpy as np
 from posfreq.analysis.corpus.frequency import position_frequency
 from posfreq.analysis.niah import store
 from posfreq.analysis.niah.store import StaleResults
-from posfreq.analysis.tables.formats import current_names, markdown_table, read_csv, write_csv
+from posfreq.analysis.table_files import current_names, markdown_table, read_csv, write_csv
 from posfreq.analysis.tables.pass_curve import Analysis
 from posfreq.analysis.tables.records import (
     depth_grid,

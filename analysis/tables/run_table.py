@@ -14,8 +14,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from posfreq.analysis.niah import store
+from posfreq.analysis.table_files import DamagedTable, read_csv, write_csv
 from posfreq.analysis.tables.columns import RUN_COLUMNS
-from posfreq.analysis.tables.formats import DamagedTable, read_csv, write_csv
 from posfreq.analysis.tables.pass_curve import (
     STATUS_NONE_PASSED,
     Analysis,

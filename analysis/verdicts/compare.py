@@ -9,8 +9,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from posfreq.analysis.niah import store
+from posfreq.analysis.table_files import read_csv, write_csv
 from posfreq.analysis.tables.columns import COLUMNS
-from posfreq.analysis.tables.formats import read_csv, write_csv
 from posfreq.analysis.tables.pass_curve import frequency_at
 from posfreq.analysis.tables.run_table import find_run_results, probed_lengths
 from posfreq.analysis.verdicts.claims import (

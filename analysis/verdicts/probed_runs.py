@@ -11,8 +11,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from posfreq.analysis.niah import store
+from posfreq.analysis.table_files import read_csv
 from posfreq.analysis.tables.columns import COLUMNS, CRITERION_COLUMNS
-from posfreq.analysis.tables.formats import read_csv
 from posfreq.analysis.tables.run_table import find_run_results
 from posfreq.train.checkpoint.layout import (
     CONFIG_FILE,

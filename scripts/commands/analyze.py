@@ -2,7 +2,7 @@
 
 The maths is in analysis/corpus/frequency.py, the counting job in analysis/corpus/histogram.py; this module is the
 command line. What it writes (analysis/corpus/outputs.py): histogram.npz, lengths.csv,
-position_frequency_L{L}.csv and position_frequency.npz, the figures (analysis/corpus/figures.py: Fig. 1a/1b/1c
+position_frequency_L{L}.csv and position_frequency.npz, the figures (analysis/plots/corpus.py: Fig. 1a/1b/1c
 and f per packing strategy per L, Fig. 3 across L) and summary.json (analysis/corpus/summary.py).
 
 The corpus f is Eq. 2 over the pieces (documents cut every L tokens). What a trainer trains depends on
@@ -248,6 +248,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.shuffle_block,
             args.global_batch_tokens,
         )
+        figures = None
+        if not args.no_figures:  # matplotlib is imported only when figures are drawn
+            from posfreq.analysis.plots.corpus import write_figures as figures
         summary = write_outputs(
             out,
             histogram,
@@ -255,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.train_len,
             args.total_tokens,
             packing,
-            figures=not args.no_figures,
+            figures=figures,
         )
     except (CorpusError, OutputDirError) as err:
         raise SystemExit(f"error: {err}") from None

@@ -51,7 +51,7 @@ from typing import Sequence
 from jsonargparse import ArgumentParser
 
 from posfreq.analysis.niah.store import StaleResults
-from posfreq.analysis.tables.formats import DamagedTable
+from posfreq.analysis.table_files import DamagedTable
 from posfreq.analysis.verdicts.compare import compare
 from posfreq.analysis.verdicts.probed_runs import CompareError
 from posfreq.analysis.verdicts.rules import verdict_line

@@ -46,8 +46,8 @@ from jsonargparse import ArgumentParser
 
 from posfreq.analysis.niah.store import StaleResults
 from posfreq.analysis.plots.derived import draw_model, draw_run, draw_run_figures
+from posfreq.analysis.table_files import DamagedTable
 from posfreq.analysis.tables.derive import derive_model, derive_run
-from posfreq.analysis.tables.formats import DamagedTable
 from posfreq.analysis.tables.pass_curve import Analysis
 from posfreq.analysis.tables.rederive import (
     COMMAND,

@@ -25,8 +25,8 @@ import numpy as np
 
 from posfreq.analysis.corpus.frequency import position_frequency
 from posfreq.analysis.plots.losses import plot_loss_by_distance
+from posfreq.analysis.table_files import write_csv
 from posfreq.analysis.tables.columns import LOSS_BY_DISTANCE_COLUMNS
-from posfreq.analysis.tables.formats import write_csv
 from posfreq.train.atomic import write_json_atomic
 from posfreq.train.checkpoint.layout import (
     check_tokenizer,

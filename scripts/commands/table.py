@@ -23,7 +23,7 @@ from typing import Callable, Literal, Optional, Sequence, Union
 
 from posfreq.analysis.niah import store
 from posfreq.analysis.niah.settings import ANSWER_ORDERS, PRECISIONS, parse_lengths
-from posfreq.analysis.tables.formats import markdown_table, read_csv, write_csv
+from posfreq.analysis.table_files import markdown_table, read_csv, write_csv
 from posfreq.analysis.tables.paper_tables import (
     MEASURES,
     TABLE1_COLUMNS,

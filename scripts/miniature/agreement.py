@@ -10,7 +10,7 @@ import json
 import statistics
 from pathlib import Path
 
-from posfreq.analysis.tables.formats import read_csv
+from posfreq.analysis.table_files import read_csv
 from posfreq.analysis.verdicts.rules import outcome
 from posfreq.scripts.miniature.pipeline import DemoError
 

@@ -28,8 +28,8 @@ import numpy as np
 
 from posfreq.analysis.corpus.frequency import position_frequency
 from posfreq.analysis.niah import store
+from posfreq.analysis.table_files import read_csv
 from posfreq.analysis.tables.columns import CHECKPOINT_COLUMNS
-from posfreq.analysis.tables.formats import read_csv
 from posfreq.analysis.verdicts.rules import estimate_text, outcome
 from posfreq.scripts.miniature.pipeline import (
     FULL,

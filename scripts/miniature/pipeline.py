@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from posfreq.analysis.niah import store
-from posfreq.analysis.tables.formats import read_csv
+from posfreq.analysis.table_files import read_csv
 from posfreq.train.checkpoint.layout import MILESTONE_PREFIX, list_checkpoints
 from posfreq.train.journal import open_recorded
 from posfreq.train.run.parallel import local_launch_env

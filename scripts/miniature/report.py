@@ -10,8 +10,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from posfreq.analysis.niah import store
+from posfreq.analysis.table_files import markdown_table, read_csv
 from posfreq.analysis.tables.columns import CHECKPOINT_COLUMNS
-from posfreq.analysis.tables.formats import markdown_table, read_csv
 from posfreq.analysis.tables.paper_tables import TABLE1_COLUMNS, p_text
 from posfreq.analysis.tables.pass_curve import STATUS_ALL_PASSED
 from posfreq.analysis.verdicts.rules import estimate_text, outcome

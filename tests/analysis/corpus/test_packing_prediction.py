@@ -62,7 +62,6 @@ def write(histogram, tmp_path, train_lens, **settings):
         train_lens,
         1e12,
         PackingSettings(**settings),
-        figures=False,
     )
     with np.load(out / "position_frequency.npz") as arrays:
         return summary, dict(arrays)

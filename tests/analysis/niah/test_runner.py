@@ -26,9 +26,9 @@ from posfreq.analysis.niah import settings as probe_settings
 from posfreq.analysis.niah import sources as probe_sources
 from posfreq.analysis.niah import store
 from posfreq.analysis.niah.needles import NiahBuilder, PromptFormat
+from posfreq.analysis.table_files import read_csv
 from posfreq.analysis.tables.columns import RUN_COLUMNS
 from posfreq.analysis.tables.derive import derive_model, derive_run
-from posfreq.analysis.tables.formats import read_csv
 from posfreq.analysis.tables.pass_curve import Analysis
 from posfreq.scripts.commands.probe import derive_probed
 from posfreq.train.journal import JOURNAL_FILE

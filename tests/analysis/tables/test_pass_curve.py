@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from posfreq.analysis.tables.formats import read_csv
+from posfreq.analysis.table_files import read_csv
 from posfreq.analysis.tables.pass_curve import (
     Analysis,
     bootstrap_interval,

@@ -245,7 +245,7 @@ def probed_run(run, seed: int, recorded_run: str, status: str = "ok"):
     """A probed run as `posfreq probe --run` leaves it: RUN/checkpoints/*/config.json and RUN/probe/ tables."""
     import json
 
-    from posfreq.analysis.tables.formats import write_csv
+    from posfreq.analysis.table_files import write_csv
 
     for k in (1, 2):
         (run / "checkpoints" / f"tokens-{k}").mkdir(parents=True)
@@ -337,7 +337,7 @@ def test_the_folder_the_results_sit_in_wins_over_the_recorded_path(tmp_path):
 
 def test_runs_scored_under_different_criteria_are_refused_by_name(tmp_path):
     """A run re-derived at threshold 0.4 beside runs at 0.5 mixed both without a word."""
-    from posfreq.analysis.tables.formats import read_csv, write_csv
+    from posfreq.analysis.table_files import read_csv, write_csv
 
     runs = [probed_run(tmp_path / f"s{s}", s, recorded_run="unused") for s in (0, 1)]
     for run, threshold in zip(runs, (0.5, 0.4)):
@@ -357,7 +357,7 @@ def test_two_probes_of_one_run_are_refused_naming_both(tmp_path):
     checkpoint row a verdict used depended on the order of the arguments."""
     import shutil
 
-    from posfreq.analysis.tables.formats import read_csv, write_csv
+    from posfreq.analysis.table_files import read_csv, write_csv
 
     rope = probed_run(tmp_path / "s0", 0, recorded_run="unused")
     string = rope.parent / "probe-string"

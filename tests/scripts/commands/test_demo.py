@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from posfreq.analysis.tables.formats import read_csv
+from posfreq.analysis.table_files import read_csv
 from posfreq.scripts.commands import analyze as position_freq
 from posfreq.scripts.commands import prepare as prepare_data
 from posfreq.scripts.commands import probe
@@ -272,7 +272,7 @@ def _demo_output(
 ) -> Path:
     """A demo output with only what the agreement reads: compare/checkpoints.csv and compare/conclusion.json.
     `lengths` lists (effective length, lo, hi) per checkpoint, milestone by milestone, `seeds` per milestone."""
-    from posfreq.analysis.tables.formats import write_csv
+    from posfreq.analysis.table_files import write_csv
     from posfreq.scripts.miniature.agreement import VERDICTS
 
     (root / "compare").mkdir(parents=True)

@@ -1,7 +1,8 @@
 """The analysis's table files: dict rows to and from CSV (written atomically), and GitHub markdown tables.
 
 Every CSV an analysis command writes goes through `write_csv`, and every one it reads back through
-`read_csv`, so the cell formats stay one convention.
+`read_csv`, so the cell formats stay one convention. At analysis/'s root, below its packages: corpus writes
+CSVs too, and imports nothing later than itself.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ import csv
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from posfreq.analysis.tables.columns import RENAMED_COLUMNS
 from posfreq.train.atomic import atomic_open
+
+RENAMED_COLUMNS = {"tokens_seen": "tokens_trained", "tokens_this_run": "run_tokens"}
+"""Columns renamed since: older outputs (and a probe's older meta.json) are read under today's names."""
 
 
 def write_csv(path: Path, rows: Sequence[Mapping], columns: Sequence[str] | None = None) -> Path:

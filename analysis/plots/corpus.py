@@ -1,4 +1,4 @@
-"""`posfreq analyze`'s figures: Fig. 1a/1b/1c and f per packing strategy for every L, and Fig. 3 across L (the
+"""`posfreq analyze`'s figures (analysis/corpus/outputs.py lists them in summary.json): Fig. 1a/1b/1c and f per packing strategy for every L, and Fig. 3 across L (the
 corpus f and each strategy's trained f at the same token budget) with a note on where and why the curves part.
 """
 
@@ -18,6 +18,7 @@ from posfreq.analysis.corpus.frequency import (
     uniform_length_histogram,
 )
 from posfreq.analysis.corpus.packing_prediction import Predictions, trained_at_budget
+from posfreq.analysis.plots import frequency as plots
 
 SPLIT_TOLERANCE = 0.05
 """Fig. 3's notes: two curves are apart where they differ by more than this share of the larger."""
@@ -71,8 +72,6 @@ def write_figures(
 ) -> list[Path]:
     """Fig. 1a/1b/1c and f per packing strategy for every L, and Fig. 3 (corpus f and each strategy's trained f)
     comparing all L at the same token budget; `stats` is summary.json's ``all.by_train_len``. Returns the files."""
-    from posfreq.analysis.plots import frequency as plots
-
     paths = []
     corpus = {L: scale_to_budget(position_frequency(hist, L), total_tokens) for L in predictions}
     for L, by_strategy in predictions.items():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from posfreq.analysis.tables.formats import markdown_table, read_csv, write_csv
+from posfreq.analysis.table_files import markdown_table, read_csv, write_csv
 
 
 def test_csv_round_trip_converts_numbers_and_empty_cells(tmp_path: Path) -> None:

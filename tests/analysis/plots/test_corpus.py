@@ -1,10 +1,10 @@
-"""Fig. 3's note (analysis/corpus/figures.py): where and why two training lengths' curves part."""
+"""Fig. 3's note (analysis/plots/corpus.py): where and why two training lengths' curves part."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from posfreq.analysis.corpus.figures import fig3_note
+from posfreq.analysis.plots.corpus import fig3_note
 
 
 def test_fig3_note_says_why_the_curves_part():
