@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 PROBE_ENTRY = "scripts/commands/probe.py"
 """The probe's command line: every posfreq module it imports, directly or not, can decide its answers..."""
 NOT_ANSWER_DECIDING = (
+    "scripts/commands/probe.py",
     "train/command_line.py",
     "train/outdir.py",
     "train/atomic.py",
@@ -39,7 +40,8 @@ NOT_ANSWER_DECIDING = (
     "analysis/corpus/frequency.py",
     "*/__init__.py",
 )
-"""...but these: argument parsing, output folders, saving and consolidating checkpoints, this module, package
+"""...but these: the command line itself and argument parsing (its flags become ProbeSettings, which the key holds
+as settings; its help text must not re-key every result), output folders, saving and consolidating checkpoints, this module, package
 docstrings, and the tables and figures derived from records the probe has already written."""
 
 RULER_ENTRIES = (

@@ -29,6 +29,8 @@ def test_the_walk_finds_the_modules_that_decide_answers_and_leaves_out_plumbing(
     files = probe_code()
     assert set(ANSWER_DECIDING) <= set(files)
     assert "train/command_line.py" not in files and "train/outdir.py" not in files
+    # the command line's text (help, flag wording) is not an answer: editing it must not re-key every result
+    assert "scripts/commands/probe.py" not in files
     assert all((REPO / f).is_file() for f in files)
 
 
@@ -71,8 +73,13 @@ def test_an_edit_of_a_covered_module_changes_the_key(tmp_path, monkeypatch):
     fingerprint.import_closure.cache_clear()
     fingerprint.code_sha256.cache_clear()
     try:
-        assert probe_code() == ("scripts/commands/probe.py", "train/model/transformer.py")
+        assert probe_code() == ("train/model/transformer.py",)  # the command walked, not hashed
         before = code_sha256(probe_code())
+        (tmp_path / "scripts" / "commands" / "probe.py").write_text(
+            '"""New help text."""\nfrom posfreq.train.model.transformer import x\n'
+        )
+        fingerprint.code_sha256.cache_clear()
+        assert code_sha256(probe_code()) == before
         (tmp_path / "train" / "model" / "transformer.py").write_text("x = 2\n")
         fingerprint.code_sha256.cache_clear()  # cached per process: the code does not change under a run
         assert code_sha256(probe_code()) != before
