@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, replace
+from dataclasses import KW_ONLY, asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -51,6 +51,7 @@ class Job:
     """Prompts decoded together, at most."""
     device: torch.device
     """Where the models run."""
+    _: KW_ONLY  # the switches below by name only: Job(settings, lengths, batch, device, show_progress=False)
     attention_backend: str = "auto"
     """posfreq.train.model.attention backend."""
     show_progress: bool = True
