@@ -11,11 +11,13 @@ interval does not depend on which other schemes are listed, or in what order.
 
 from __future__ import annotations
 
+import json
 import zlib
 from typing import Mapping, Sequence
 
 import numpy as np
 
+from posfreq.analysis.table_files import markdown_table
 from posfreq.analysis.tables.paired_tests import holm_adjust, mcnemar_exact
 from posfreq.analysis.tables.pass_curve import Analysis, percentile_interval, wilson_interval
 
@@ -240,3 +242,53 @@ def table2(scores: Mapping[str, Sequence[Mapping]]) -> list[dict]:
             key = (str(row["task"]), int(row["length"]))
             joined.setdefault(key, {"task": key[0], "length": key[1]})[scheme] = float(row["score"])
     return list(joined.values())
+
+
+def table1_document(
+    rows: Sequence[Mapping],
+    accuracy: Sequence[Mapping],
+    *,
+    model: str,
+    tests: int,
+    measure: str,
+    answer_order: str,
+    bootstrap: int,
+    options: Mapping[str, dict],
+) -> str:
+    """table1.md: what the table measured and how each cell reads, Table 1 (`table1_markdown`), the note on tests
+    left out, the token-accuracy companion table when `accuracy` has rows, and every row's options as run."""
+    header = (
+        f"# Table 1: 4-needle NIAH pass rate (%) by position scheme and length\n\n"
+        f"Model `{model}`, {tests} tests per length asked; every cell of a length uses the same tests, "
+        f"those every scheme has there (n in the column's head); measure: {measure} (teacher-forced answer "
+        f"order: {answer_order}). Each cell: the pass rate with its 95% Wilson score interval, then (every "
+        "scheme but rope) the mean paired difference from rope over the same tests with its 95% paired percentile "
+        f"bootstrap interval ({bootstrap} resamples), then the tests only the scheme passed : only rope "
+        "passed, the exact McNemar test's p, and its Holm adjustment over every comparison with rope in this table "
+        "(a comparison is significant at 5% when its Holm p is at most 0.05).\n\n"
+    )
+    note = left_out_note(rows)  # said whenever some scheme had tests the others lack
+    options_lines = "\n".join(f"- {s}: `{json.dumps(o)}`" for s, o in options.items())
+    companion = (
+        "\n## Teacher-forced needle token accuracy (%)\n\nThe same tests and layout, each test scored by the share "
+        "of its needles' tokens that are the model's argmax under teacher forcing: a continuous, paired score "
+        "that moves where pass rates sit at 0 or 100 (`table1_token_accuracy.csv`). Its intervals, of a mean "
+        "rather than a proportion, are percentile bootstraps over the tests.\n\n"
+        + table1_markdown(accuracy)
+        if accuracy
+        else ""
+    )
+    return (
+        header
+        + table1_markdown(rows)
+        + (f"\n{note}" if note else "")
+        + companion
+        + "\nOptions as run (defaults included):\n\n"
+        + options_lines
+    )
+
+
+def table2_document(joined: Sequence[Mapping], schemes: Sequence[str]) -> str:
+    """table2.md: RULER's scores (`table2`'s rows), a row per task and length, a column per scheme."""
+    title = "# Table 2: RULER score by task and position scheme\n\n"
+    return title + markdown_table(joined, ["task", "length", *schemes])

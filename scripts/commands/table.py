@@ -23,16 +23,16 @@ from typing import Callable, Literal, Optional, Sequence, Union
 
 from posfreq.analysis.niah import store
 from posfreq.analysis.niah.settings import ANSWER_ORDERS, PRECISIONS, parse_lengths
-from posfreq.analysis.table_files import markdown_table, read_csv, write_csv
+from posfreq.analysis.table_files import read_csv, write_csv
 from posfreq.analysis.tables.paper_tables import (
     MEASURES,
     TABLE1_COLUMNS,
     TOKEN_ACCURACY_COLUMNS,
-    left_out_note,
     outcomes_by_test,
     table1,
-    table1_markdown,
+    table1_document,
     table2,
+    table2_document,
     token_accuracy_by_test,
 )
 from posfreq.train.atomic import write_json_atomic, write_text_atomic
@@ -378,34 +378,15 @@ def write_tables(args, out: Path, schemes: list[str], options: dict[str, dict]) 
         "bootstrap": args.bootstrap,
     }
     write_json_atomic(out / "settings.json", settings, indent=1)
-    header = (
-        f"# Table 1: 4-needle NIAH pass rate (%) by position scheme and length\n\n"
-        f"Model `{args.model}`, {args.tests} tests per length asked; every cell of a length uses the same tests, "
-        f"those every scheme has there (n in the column's head); measure: {args.measure} (teacher-forced answer "
-        f"order: {args.answer_order}). Each cell: the pass rate with its 95% Wilson score interval, then (every "
-        "scheme but rope) the mean paired difference from rope over the same tests with its 95% paired percentile "
-        f"bootstrap interval ({args.bootstrap} resamples), then the tests only the scheme passed : only rope "
-        "passed, the exact McNemar test's p, and its Holm adjustment over every comparison with rope in this table "
-        "(a comparison is significant at 5% when its Holm p is at most 0.05).\n\n"
-    )
-    note = left_out_note(rows)  # said whenever some scheme had tests the others lack
-    options_lines = "\n".join(f"- {s}: `{json.dumps(o)}`" for s, o in options.items())
-    companion = (
-        "\n## Teacher-forced needle token accuracy (%)\n\nThe same tests and layout, each test scored by the share "
-        "of its needles' tokens that are the model's argmax under teacher forcing: a continuous, paired score "
-        "that moves where pass rates sit at 0 or 100 (`table1_token_accuracy.csv`). Its intervals, of a mean "
-        "rather than a proportion, are percentile bootstraps over the tests.\n\n"
-        + table1_markdown(accuracy)
-        if accuracy
-        else ""
-    )
-    text = (
-        header
-        + table1_markdown(rows)
-        + (f"\n{note}" if note else "")
-        + companion
-        + "\nOptions as run (defaults included):\n\n"
-        + options_lines
+    text = table1_document(
+        rows,
+        accuracy,
+        model=args.model,
+        tests=args.tests,
+        measure=args.measure,
+        answer_order=args.answer_order,
+        bootstrap=args.bootstrap,
+        options=options,
     )
     write_text_atomic(out / "table1.md", text + "\n")
     plot_scheme_pass_rates(rows, out / "table1")
@@ -414,10 +395,7 @@ def write_tables(args, out: Path, schemes: list[str], options: dict[str, dict]) 
         scores = {s: read_csv(out / "ruler" / s / "scores.csv") for s in ruled}
         joined = table2(scores)
         write_csv(out / "table2.csv", joined, ["task", "length", *ruled])
-        title = "# Table 2: RULER score by task and position scheme\n\n"
-        write_text_atomic(
-            out / "table2.md", title + markdown_table(joined, ["task", "length", *ruled])
-        )
+        write_text_atomic(out / "table2.md", table2_document(joined, ruled))
     return text
 
 
