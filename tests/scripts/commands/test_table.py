@@ -406,3 +406,16 @@ def test_table1_reports_each_comparisons_mcnemar_and_holm_over_the_table() -> No
         {s: {k: v / 2 for k, v in o.items()} for s, o in outcomes.items()}, 50, binary=False
     )
     assert all(r["mcnemar_p"] == "" for r in accuracy)
+
+
+def test_table2_is_a_row_per_task_and_length_and_a_column_per_scheme() -> None:
+    from posfreq.analysis.tables.paper_tables import table2, table2_document
+
+    scores = {
+        "rope": [{"task": "vt", "length": 300, "score": 0.5}],
+        "string": [{"task": "vt", "length": 300, "score": 0.75}],
+    }
+    assert table2_document(table2(scores), ["rope", "string"]) == (
+        "# Table 2: RULER score by task and position scheme\n\n"
+        "| task | length | rope | string |\n|---|---|---|---|\n| vt | 300 | 0.500 | 0.750 |\n"
+    )
