@@ -95,8 +95,11 @@ def resolve_device(name: str) -> torch.device:
 
 
 def gpu_memory(device: torch.device) -> tuple[int, int, str] | None:
-    """(free bytes, total bytes, name) of a CUDA device as the driver reports them now, or None off CUDA."""
+    """(free bytes, total bytes, name) of a CUDA device, or None off CUDA. Free is what this process can still
+    use: the driver's free memory plus what torch's caching allocator holds unallocated (the driver counts that
+    as used, though this process reuses it: an earlier stage of the same process must not shrink the figure)."""
     if device.type != "cuda":
         return None
     free, total = torch.cuda.mem_get_info(device)
-    return free, total, torch.cuda.get_device_name(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return free + cached, total, torch.cuda.get_device_name(device)

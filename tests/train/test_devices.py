@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from posfreq.train import devices
 from posfreq.train.devices import resolve_device
 
 
@@ -69,3 +70,20 @@ def test_the_doctor_fails_a_gpu_node_whose_torch_sees_none_unless_the_cpu_was_as
     with pytest.raises(AssertionError, match="is a CPU build|built for CUDA|CUDA_VISIBLE_DEVICES"):
         environment(torch.device("cpu"))  # --device auto on a GPU node: the first thing to fix
     assert "no CUDA GPU" in environment(torch.device("cpu"), expect_gpu=False)  # --device cpu
+
+
+def test_gpu_memory_counts_what_the_caching_allocator_holds_unused_as_free(monkeypatch):
+    """A double of torch.cuda with the real functions' contracts: the driver's free bytes leave out the blocks
+    torch's allocator reserved and no tensor uses; this process can reuse them, so they count as free. Off CUDA
+    there is nothing to read."""
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (30 * gib, 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 40 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 4 * gib)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    assert devices.gpu_memory(torch.device("cuda:0")) == (
+        66 * gib,
+        80 * gib,
+        "NVIDIA H100 80GB HBM3",
+    )
+    assert devices.gpu_memory(torch.device("cpu")) is None
