@@ -389,11 +389,9 @@ def train_stage(
 def _planned_gib(cfg, vocab: int, compiled: bool) -> float:
     """train/run/memory.py's figure for one rank of this stage's run, to set beside the measured peak."""
     from posfreq.train.run.geometry import resolve_model_config
-    from posfreq.train.run.memory import GIB, memory, meta_model
+    from posfreq.train.run.memory import GIB, configured, meta_model
 
-    model = meta_model(resolve_model_config(cfg, vocab))
-    rows = cfg.micro_batch_rows
-    return memory(model, cfg, 1, rows, cfg.model.activation_checkpointing, compiled).total / GIB
+    return configured(meta_model(resolve_model_config(cfg, vocab)), cfg, 1, compiled).total / GIB
 
 
 def _sync(device: torch.device) -> None:

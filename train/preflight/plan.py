@@ -30,12 +30,14 @@ from posfreq.train.run.memory import (
     GIB,
     MARGIN,
     Memory,
+    configured,
     fsdp_shards,
     largest_rows,
     largest_valid_rows,
     memory,
     meta_model,
 )
+from posfreq.train.run.memory import usable_bytes as memory_usable_bytes
 
 
 @dataclass(frozen=True)
@@ -106,8 +108,8 @@ def step_seconds(cfg: TrainConfig, config: ModelConfig, world: int, gpu: Gpu, mf
 
 
 def usable_bytes(gpu: Gpu) -> float:
-    """The GPU's memory less MARGIN."""
-    return (1 - MARGIN) * gpu.memory_gib * GIB
+    """The GPU's memory less MARGIN (train/run/memory.py's usable_bytes of a GPU wholly free)."""
+    return memory_usable_bytes(gpu.memory_gib * GIB, gpu.memory_gib * GIB)
 
 
 def _gib(n: float) -> str:
@@ -205,7 +207,7 @@ def report(
         )
     usable = usable_bytes(gpu)
     for compiled in (True, False):
-        mem = memory(model, cfg, world, rows, ckpt, compiled)
+        mem = configured(model, cfg, world, compiled)
         verdict = "fits" if mem.total <= usable else "DOES NOT FIT"
         mode = "model.compile (on GPUs by default)" if compiled else "eager"
         lines.append(

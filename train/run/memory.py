@@ -189,6 +189,19 @@ def memory(
     )
 
 
+def usable_bytes(free: float, total: float) -> float:
+    """Of a GPU with `free` of `total` bytes free, what a run may plan to use: the free bytes less MARGIN of the
+    total (the plan's GPU counts as wholly free)."""
+    return free - MARGIN * total
+
+
+def configured(model: Transformer, cfg: TrainConfig, world: int, compiled: bool) -> Memory:
+    """The run's memory as configured: its micro-batch rows and activation checkpointing."""
+    return memory(
+        model, cfg, world, cfg.micro_batch_rows, cfg.model.activation_checkpointing, compiled
+    )
+
+
 def largest_rows(
     model: Transformer,
     cfg: TrainConfig,
@@ -255,11 +268,15 @@ def _fixes(
     model: Transformer, cfg: TrainConfig, world: int, usable: float, compiled: bool, gpu_bytes: int
 ) -> list[str]:
     """The changes that make the run fit in `usable` bytes, each with the global batch unchanged."""
+
+    def fitting_rows(checkpointing: bool) -> int:  # the most whole micro-batch rows that fit
+        return largest_valid_rows(
+            largest_rows(model, cfg, world, usable, checkpointing, compiled), cfg, world
+        )
+
     fixes = []
     checkpointing = cfg.model.activation_checkpointing
-    rows = largest_valid_rows(
-        largest_rows(model, cfg, world, usable, checkpointing, compiled), cfg, world
-    )
+    rows = fitting_rows(checkpointing)
     if 0 < rows < cfg.micro_batch_rows:
         fixes.append(f"--micro-batch-rows {rows} (the same global batch in more micro-batches)")
         if gpu_bytes < 48 * GIB and cfg.data.train_len == 2048:
@@ -267,9 +284,7 @@ def _fixes(
                 "on an A100-40GB, --config configs/pretrain_2k_a100_40gb.yaml (the paper's run so split)"
             )
     if not checkpointing:
-        ckpt_rows = largest_valid_rows(
-            largest_rows(model, cfg, world, usable, True, compiled), cfg, world
-        )
+        ckpt_rows = fitting_rows(True)
         if ckpt_rows >= cfg.micro_batch_rows:
             fixes.append(
                 "--model.activation-checkpointing true (recomputes each block in backward)"
@@ -298,9 +313,9 @@ def start_check(
 
     Under model.compile the calibrated estimate decides and the eager upper bound only warns: refusing on the
     upper bound would turn away runs that fit (the plan over-counts a compiled step's activations)."""
-    usable = free_bytes - MARGIN * gpu_bytes
+    usable = usable_bytes(free_bytes, gpu_bytes)
     checkpointing = cfg.model.activation_checkpointing
-    needed = memory(model, cfg, world, cfg.micro_batch_rows, checkpointing, compiled).total
+    needed = configured(model, cfg, world, compiled).total
     mode = "under model.compile (calibrated)" if compiled else "eager"
     setting = (
         f"{cfg.micro_batch_rows} rows of {cfg.data.train_len} tokens per micro-batch, activation checkpointing "
@@ -317,7 +332,7 @@ def start_check(
             "(posfreq plan shows the breakdown; --memory-check false skips this check)",
             None,
         )
-    eager = memory(model, cfg, world, cfg.micro_batch_rows, checkpointing, False).total
+    eager = configured(model, cfg, world, False).total
     if compiled and eager > usable:
         fixes = "; or ".join(_fixes(model, cfg, world, usable, False, gpu_bytes))
         return StartCheck(
