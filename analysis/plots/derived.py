@@ -10,6 +10,7 @@ from posfreq.analysis.niah import store
 from posfreq.analysis.plots import effective_length as plots_effective_length
 from posfreq.analysis.plots import niah as plots_niah
 from posfreq.analysis.tables.derive import DerivedModel, DerivedRun
+from posfreq.analysis.tables.records import depth_grid
 from posfreq.analysis.tables.run_table import RunResults, load_run
 
 
@@ -17,7 +18,8 @@ def draw_model(derived: DerivedModel) -> list[Path]:
     """One model's figures into its derivation's figures/."""
     figures = derived.dest / store.FIGURES_DIR
     heatmap, thirds = store.MODEL_FIGURES
-    paths = plots_niah.plot_niah_heatmap(*derived.grid, figures / heatmap, title=derived.title)
+    grid = depth_grid(derived.records, analysis=derived.analysis)  # only where figures are drawn
+    paths = plots_niah.plot_niah_heatmap(*grid, figures / heatmap, title=derived.title)
     paths += plots_niah.plot_failure_by_thirds(
         derived.thirds, figures / thirds, title=derived.title
     )

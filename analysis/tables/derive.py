@@ -18,7 +18,6 @@ from posfreq.analysis.niah.store import StaleResults
 from posfreq.analysis.table_files import current_names, markdown_table, read_csv, write_csv
 from posfreq.analysis.tables.pass_curve import Analysis
 from posfreq.analysis.tables.records import (
-    depth_grid,
     distance_rows,
     failure_by_thirds,
     summarize_length,
@@ -37,8 +36,10 @@ class DerivedModel:
     """The effective_length.csv row."""
     title: str
     """The model's name, the figures' title."""
-    grid: tuple = ()
-    """depth_grid's (lengths, depth edges, recall) of the records."""
+    records: list[dict] = field(default_factory=list)
+    """The checked records the tables came from."""
+    analysis: Analysis = Analysis()
+    """How they were scored."""
     thirds: list[dict] = field(default_factory=list)
     """failure_by_thirds' rows."""
 
@@ -136,7 +137,7 @@ def derive_model(
             },
         },
     )
-    return DerivedModel(dest, row, meta["model"], depth_grid(records, analysis=analysis), thirds)
+    return DerivedModel(dest, row, meta["model"], records, analysis, thirds)
 
 
 def derive_run(out: Path, analysis: Analysis = Analysis(), dest: Path | None = None) -> DerivedRun:
