@@ -69,13 +69,17 @@ def packages() -> list[Path]:
 
 
 def imported(path: Path) -> set[str]:
-    names = set()
+    """The posfreq modules `path` imports, `from package import module` named as the module it is."""
+    found = set()
     for node in ast.walk(ast.parse((ROOT / path).read_text())):
         if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
+            found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-    return {n for n in names if n.startswith("posfreq.")}
+            for alias in node.names:
+                where = ROOT / Path(*node.module.split(".")[1:]) / alias.name
+                is_module = where.with_suffix(".py").is_file() or where.is_dir()
+                found.add(f"{node.module}.{alias.name}" if is_module else node.module)
+    return {n for n in found if n.startswith("posfreq.")}
 
 
 def names(test: Path, module: Path) -> bool:
@@ -168,20 +172,6 @@ EVERY_TRAIN = "every other train package"
 ANYTHING = "anything in posfreq"
 
 
-def imported_modules(path: Path) -> set[str]:
-    """The posfreq modules `path` imports, `from package import module` named as the module it is."""
-    found = set()
-    for node in ast.walk(ast.parse((ROOT / path).read_text())):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            for alias in node.names:
-                where = ROOT / Path(*node.module.split(".")[1:]) / alias.name
-                is_module = where.with_suffix(".py").is_file() or where.is_dir()
-                found.add(f"{node.module}.{alias.name}" if is_module else node.module)
-    return {n for n in found if n.startswith("posfreq.")}
-
-
 def may_import(package: Path) -> tuple[set[str], set[str]]:
     """(dotted names, phrases) of the package's "May import" paragraph (its __init__ docstring)."""
     doc = ast.get_docstring(ast.parse((ROOT / package / "__init__.py").read_text())) or ""
@@ -219,7 +209,7 @@ def test_each_packages_may_import_line_is_true(package):
     for module in modules():
         if package not in module.parents or any(s in module.parents for s in subpackages):
             continue
-        found |= {n.removeprefix("posfreq.") for n in imported_modules(module)}
+        found |= {n.removeprefix("posfreq.") for n in imported(module)}
     wrong = sorted(n for n in found if not allowed("posfreq." + n, package, names, phrases))
     assert not wrong, f"{package}/__init__.py's May import line leaves out {wrong}"
     unused = sorted(n for n in names if not any(f == n or f.startswith(n + ".") for f in found))
