@@ -249,6 +249,16 @@ def hyphenate(parser: argparse.ArgumentParser) -> None:
                 hyphenate(action.choices[sub])
 
 
+def add_alias(parser: argparse.ArgumentParser, key: str, alias: str) -> None:
+    """Let the flag `alias` (`--tests`) set the option stored under `key` (`tests_per_length`): one command's
+    familiar name for a setting whose definition (type, default, help) lives once, in a settings dataclass."""
+    (action,) = [a for a in parser._actions if a.dest == key]
+    if alias in parser._option_string_actions:
+        raise ValueError(f"{alias} already names an option of {parser.prog}")
+    action.option_strings.append(alias)
+    parser._option_string_actions[alias] = action
+
+
 CODE_KEYS = ("class_path", "init_args", "dict_kwargs", "__path__")
 """jsonargparse's keys that import and instantiate: never accepted from a config (a config is data)."""
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict, dataclass, field
-from typing import Literal, Optional, Union, get_args
-
-import torch
+from typing import TYPE_CHECKING, Literal, Optional, Union, get_args
 
 from posfreq.analysis.niah.needles import ANSWER_BUDGET
 from posfreq.train.positions.schemes import SCHEMES
+
+if TYPE_CHECKING:
+    import torch
 
 Precision = Literal["auto", "float32", "bfloat16", "bfloat16-prefill"]
 BosPolicy = Literal["auto", "always", "never"]
@@ -25,10 +26,20 @@ ANSWER_ORDERS: tuple[str, ...] = get_args(AnswerOrder)
 ENGINES: tuple[str, ...] = get_args(Engine)
 
 
+PROBE_BATCH_SIZE = 8
+"""--batch-size: the most prompts decoded together."""
 CPU_BATCH_TOKENS = 8192
 """--batch-tokens auto on a CPU: the most test tokens decoded together."""
 CPU_PREFILL_TOKENS = 2048
 """--prefill-tokens auto on a CPU: the most prompt tokens in one forward (train.model.transformer.row_groups)."""
+
+
+def token_budget(value: int | str | None, device: torch.device, on_cpu: int) -> int | None:
+    """--batch-tokens or --prefill-tokens as the runner takes it: `auto` is `on_cpu` on a CPU and no cap (None)
+    elsewhere; a number or None stays as given."""
+    if value == "auto":
+        return on_cpu if device.type == "cpu" else None
+    return value
 
 
 class ProbeError(ValueError):

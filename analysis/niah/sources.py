@@ -13,7 +13,7 @@ import torch
 from posfreq.analysis.niah.decoding import Generator
 from posfreq.analysis.niah.needles import NiahBuilder, PromptFormat, load_haystack
 from posfreq.analysis.niah.settings import ProbeError, ProbeSettings
-from posfreq.train.data.tokenizer import Tokenizer, get_tokenizer
+from posfreq.train.data.tokenizer import Tokenizer, get_tokenizer, hf_dir
 from posfreq.train.model.hf_folder import (
     ModelFolderError,
     check_weight_files,
@@ -162,6 +162,16 @@ def hf_source(directory: Path, settings: ProbeSettings) -> ModelSource:
         train_len,
         vocab_size,
         get_tokenizer(spec).adds_bos,
+    )
+
+
+def model_source(spec: str, settings: ProbeSettings) -> ModelSource:
+    """`hf:DIR` (a Hugging Face model directory) or the path of one of our checkpoints, as a source."""
+    directory = hf_dir(spec)
+    return (
+        hf_source(directory, settings)
+        if directory is not None
+        else checkpoint_source(Path(spec), settings)
     )
 
 

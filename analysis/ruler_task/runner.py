@@ -21,6 +21,7 @@ from pathlib import Path
 from posfreq.analysis.keys import ruler_code, ruler_unit_key
 from posfreq.analysis.niah.settings import parse_lengths
 from posfreq.analysis.ruler_task.evaluate import TASK_DIR, Evaluator, RulerError
+from posfreq.analysis.ruler_task.settings import RulerSettings
 from posfreq.train.atomic import atomic_open, write_json_atomic
 from posfreq.train.data.hf_tokenizer import render_in_sandbox
 from posfreq.train.data.tokenizer import hf_dir
@@ -99,7 +100,7 @@ def chosen_tasks(spec: str) -> list[str]:
     return names
 
 
-def run(args) -> Path:
+def run(args: RulerSettings) -> Path:
     """Evaluate each (task, length) not already in --out/parts, write the outputs, and return --out."""
     os.environ.update(
         OFFLINE_ENV
@@ -197,10 +198,10 @@ def run(args) -> Path:
     return out
 
 
-def position_options(args) -> dict:
+def position_options(args: RulerSettings) -> dict:
     """The scheme's options as given: --position-options, with --shift and --window (STRING's) when set."""
     options = dict(args.position_options or {})
-    options |= {k: args[k] for k in ("shift", "window") if args[k] is not None}
+    options |= {k: getattr(args, k) for k in ("shift", "window") if getattr(args, k) is not None}
     return options
 
 

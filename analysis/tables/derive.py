@@ -16,7 +16,7 @@ from posfreq.analysis.corpus.frequency import position_frequency
 from posfreq.analysis.niah import store
 from posfreq.analysis.niah.store import StaleResults
 from posfreq.analysis.table_files import current_names, markdown_table, read_csv, write_csv
-from posfreq.analysis.tables.pass_curve import Analysis
+from posfreq.analysis.tables.pass_curve import STATUS_NONE_PASSED, Analysis
 from posfreq.analysis.tables.records import (
     distance_rows,
     failure_by_thirds,
@@ -215,3 +215,23 @@ def _destination(out: Path, dest: Path | None) -> Path:
 def _derived_from(out: Path, dest: Path) -> dict:
     """probe.json's record of a re-derivation elsewhere: the source directory (nothing when written in place)."""
     return {} if dest == out else {store.DERIVED_FROM: str(out.resolve())}
+
+
+def effective_length_line(row: dict) -> str:
+    """An effective_length.csv row in one line: the length, what its status makes it (undefined, a lower bound),
+    its interval and f there."""
+    status = row["effective_length_status"]
+    flag = (
+        ""
+        if status == "ok"
+        else f" ({status}{': undefined' if status == STATUS_NONE_PASSED else ': lower bound'})"
+    )
+    interval = (
+        f" [95% interval {row['effective_length_lo']}-{row['effective_length_hi']}]"
+        if row["effective_length_lo"] != ""
+        else ""
+    )
+    return (
+        f"effective length {row['effective_length']}{flag}{interval}, "
+        f"f(effective length) = {row['f_effective_length'] or 'n/a'}"
+    )

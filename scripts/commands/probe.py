@@ -48,15 +48,17 @@ from posfreq.analysis.niah.runner import Job, probe_models, probe_run
 from posfreq.analysis.niah.settings import (
     CPU_BATCH_TOKENS,
     CPU_PREFILL_TOKENS,
+    PROBE_BATCH_SIZE,
     ProbeError,
     ProbeSettings,
     parse_lengths,
+    token_budget,
 )
 from posfreq.analysis.niah.sources import Builders, checkpoint_source, hf_source
 from posfreq.analysis.niah.store import check_results_dir
 from posfreq.analysis.plots.derived import draw_model, draw_run
-from posfreq.analysis.tables.derive import derive_model, derive_run
-from posfreq.analysis.tables.pass_curve import STATUS_NONE_PASSED, Analysis
+from posfreq.analysis.tables.derive import derive_model, derive_run, effective_length_line
+from posfreq.analysis.tables.pass_curve import Analysis
 from posfreq.train.command_line import command_parser, parse, parse_shard
 from posfreq.train.data.tokenizer import hf_dir
 from posfreq.train.devices import resolve_device
@@ -117,7 +119,10 @@ def build_parser() -> ArgumentParser:
         help="Delete results in --out made by other weights, prompts, settings or code (else refuse).",
     )
     parser.add_argument(
-        "--batch-size", type=int, default=8, help="Prompts decoded together, at most."
+        "--batch-size",
+        type=int,
+        default=PROBE_BATCH_SIZE,
+        help="Prompts decoded together, at most.",
     )
     parser.add_argument(
         "--batch-tokens",
@@ -200,17 +205,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     try:
         device = resolve_device(args.device)
-        on_cpu = device.type == "cpu"
-        batch_tokens = (
-            (CPU_BATCH_TOKENS if on_cpu else None)
-            if args.batch_tokens == "auto"
-            else args.batch_tokens
-        )
-        prefill_tokens = (
-            (CPU_PREFILL_TOKENS if on_cpu else None)
-            if args.prefill_tokens == "auto"
-            else args.prefill_tokens
-        )
         settings = from_args(ProbeSettings, args, parser)
         analysis = from_args(Analysis, args, parser)
         if not settings.greedy and analysis.scoring != "teacher_forced":
@@ -226,8 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             attention_backend=args.attention_backend,
             show_progress=not args.quiet,
             replace_stale=args.replace_stale,
-            batch_tokens=batch_tokens,
-            prefill_tokens=prefill_tokens,
+            batch_tokens=token_budget(args.batch_tokens, device, CPU_BATCH_TOKENS),
+            prefill_tokens=token_budget(args.prefill_tokens, device, CPU_PREFILL_TOKENS),
         )
     except ValueError as err:
         parser.error(str(err))
@@ -236,21 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ProbeError, OutputDirError, RunLockError) as err:
         raise SystemExit(f"error: {err}") from None
     for row in rows:
-        status = row["effective_length_status"]
-        flag = (
-            ""
-            if status == "ok"
-            else f" ({status}{': undefined' if status == STATUS_NONE_PASSED else ': lower bound'})"
-        )
-        interval = (
-            f" [95% interval {row['effective_length_lo']}-{row['effective_length_hi']}]"
-            if row["effective_length_lo"] != ""
-            else ""
-        )
-        print(
-            f"{row['checkpoint']}: effective length {row['effective_length']}{flag}{interval}, "
-            f"f(effective length) = {row['f_effective_length'] or 'n/a'}"
-        )
+        print(f"{row['checkpoint']}: {effective_length_line(row)}")
     print(f"outputs in {out}/")
     return 0
 

@@ -5,8 +5,9 @@ and scheme) for one model, with 95% intervals and each scheme's paired differenc
     posfreq table --model RUN/checkpoints/tokens-... --schemes rope,string --tests 100 --out DIR
     posfreq table ... --shard 0/7          # one share of the schemes (slurm/table.sh runs them as an array)
 
-Every scheme is probed with the same tests (`posfreq probe`, one seed) into OUT/niah/<scheme>, and RULER runs into
-OUT/ruler/<scheme> (`posfreq ruler`); both keep what they finished, so a rerun resumes. Then it writes
+Every scheme is probed with the same tests (`posfreq probe`'s runner and settings, one seed) into OUT/niah/<scheme>,
+and RULER runs into OUT/ruler/<scheme> (`posfreq ruler`'s runner); both keep what they finished, so a rerun resumes.
+The probe settings every row shares are ProbeSettings' flags (--tests is --tests-per-length). Then it writes
 table1.csv, table1.md (a row per scheme, a column per length), table2.csv/.md, table1.png/.pdf and settings.json
 (every scheme's options as it ran, defaults included). The baselines follow the paper's protocol unless their
 options say otherwise: they assume a training length of 2/3 of the true one and a scale of 3/2
@@ -15,14 +16,22 @@ options say otherwise: they assume a training length of 2/3 of the true one and 
 
 from __future__ import annotations
 
-import json
+import os
 import re
 import sys
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import Callable, Literal, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Literal, Optional, Sequence, Union
 
 from posfreq.analysis.niah import store
-from posfreq.analysis.niah.settings import ANSWER_ORDERS, PRECISIONS, parse_lengths
+from posfreq.analysis.niah.settings import (
+    CPU_BATCH_TOKENS,
+    CPU_PREFILL_TOKENS,
+    PROBE_BATCH_SIZE,
+    ProbeSettings,
+    parse_lengths,
+    token_budget,
+)
 from posfreq.analysis.table_files import read_csv, write_csv
 from posfreq.analysis.tables.paper_tables import (
     MEASURES,
@@ -36,16 +45,26 @@ from posfreq.analysis.tables.paper_tables import (
     token_accuracy_by_test,
 )
 from posfreq.train.atomic import write_json_atomic, write_text_atomic
-from posfreq.train.command_line import command_parser, parse, summary
+from posfreq.train.command_line import add_alias, command_parser, parse, summary
 from posfreq.train.outdir import OutputDirError, claim_output_dir
 from posfreq.train.positions.schemes import SCHEMES
 from posfreq.train.positions.string import shift_from_effective_length
+from posfreq.train.run_lock import RunLockError
+
+if TYPE_CHECKING:  # what only running needs is imported there: the parser stays quick
+    import torch
+
+    from posfreq.analysis.niah.runner import Job
 
 COMMAND = "table"
 AUTO = "string_auto"
 """Table 1's row of STRING with the shift derived from the model's measured effective length."""
 PAPER_ORDER = ("rope", "rerope", "ntk", "self_extend", "yarn", "dca", "string")
 """Table 1's rows in the paper's order."""
+
+ROW_SET = frozenset({"positions", "position_options", "greedy", "engine"})
+"""ProbeSettings' fields the table sets itself: each row's scheme and options, greedy from --measure, and the
+engine from --engine (whose auto picks by model)."""
 
 Options = dict[str, dict[str, Union[bool, int, float, str, None]]]
 
@@ -90,7 +109,6 @@ def build_parser():
         help="NIAH lengths, as the probe's --lengths (default: the probe's, multiples of 128 up to the training "
         "length L, from the shortest test the prompt allows)",
     )
-    parser.add_argument("--tests", type=int, default=100, help="NIAH tests per length (paper: 500)")
     parser.add_argument(
         "--measure",
         type=Literal[MEASURES],
@@ -98,29 +116,11 @@ def build_parser():
         help="greedy: the answer holds 2 of 4 needles (the paper's); teacher_forced: 2 of 4 needles have every "
         "token as the argmax under teacher forcing (no decoding; paired and cheap on a CPU)",
     )
-    parser.add_argument(
-        "--teacher-forced",
-        type=bool,
-        default=True,
-        help="with --measure greedy: also score each needle under teacher forcing (one more forward per test; "
-        "the token-accuracy table); false saves that forward",
-    )
-    parser.add_argument(
-        "--answer-order",
-        type=Literal[ANSWER_ORDERS],
-        default="document",
-        help="needle order of the teacher-forced reference answer: as in the document, or nearest the question "
-        "first (the teacher-forced measure also scores which needle the model names first)",
-    )
-    parser.add_argument(
-        "--max-new-tokens", type=Optional[int], default=None, help="the probe's answer budget"
-    )
-    parser.add_argument(
-        "--haystack", type=Optional[str], default=None, help="the probe's (default: PG essays)"
-    )
-    parser.add_argument(
-        "--tokenizer", type=Optional[str], default=None, help="the probe's (default: the model's)"
-    )
+    # every row's probe settings, defined once by ProbeSettings (the rows set positions and their options, and
+    # --measure and --engine set greedy and the engine)
+    parser.add_class_arguments(ProbeSettings, nested_key=None, as_group=True, skip=ROW_SET)
+    parser.set_defaults(tests_per_length=100)
+    add_alias(parser, "tests_per_length", "--tests")
     parser.add_argument(
         "--ruler-lengths",
         type=Optional[str],
@@ -129,14 +129,6 @@ def build_parser():
     )
     parser.add_argument("--ruler-samples", type=int, default=500, help="RULER samples per task")
     parser.add_argument("--ruler-tasks", type=str, default="all", help="RULER tasks")
-    parser.add_argument("--chat-template", type=bool, default=False, help="frame prompts as a chat")
-    parser.add_argument(
-        "--precision",
-        type=Literal[PRECISIONS],
-        default="auto",
-        help="the probe's: auto (bf16 autocast on a GPU, float32 on a CPU), float32, bfloat16, or "
-        "bfloat16-prefill (the prompt's forward under bf16; --engine posfreq only)",
-    )
     parser.add_argument("--device", type=str, default="auto", help="auto, cpu, cuda, cuda:1, ...")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     parser.add_argument(
@@ -204,11 +196,37 @@ def my_share(schemes: list[str], shard: str | None) -> list[str]:
     return schemes[index::count]
 
 
-def source_flags(args) -> list[str]:
-    """The probe's model flags and engine for --model."""
-    hf = args.model.startswith("hf:")
-    engine = args.engine if args.engine != "auto" else ("transformers" if hf else "posfreq")
-    return ["--model" if hf else "--checkpoint", args.model, "--engine", engine]
+def engine_of(args) -> str:
+    """The engine --engine names, `auto` resolved: transformers for hf:DIR, posfreq for a checkpoint."""
+    if args.engine != "auto":
+        return args.engine
+    return "transformers" if args.model.startswith("hf:") else "posfreq"
+
+
+def row_settings(args) -> ProbeSettings:
+    """The probe settings every row shares (each row then sets its scheme and options): ProbeSettings' flags,
+    with --measure (teacher_forced decodes nothing) and --engine resolved."""
+    shared = {f.name: args[f.name] for f in fields(ProbeSettings) if f.name not in ROW_SET}
+    greedy = args.measure == "greedy"
+    try:
+        return ProbeSettings(**shared, greedy=greedy, engine=engine_of(args))
+    except ValueError as err:
+        raise TableError(str(err)) from None
+
+
+def probe_job(args, settings: ProbeSettings, device: torch.device) -> Job:
+    """The probe job of one row: its settings, --niah-lengths, and the probe's default batching on `device`."""
+    from posfreq.analysis.niah.runner import Job
+
+    lengths = parse_lengths(args.niah_lengths) if args.niah_lengths else None
+    return Job(
+        settings=settings,
+        lengths=lengths,
+        batch_size=PROBE_BATCH_SIZE,
+        device=device,
+        batch_tokens=token_budget("auto", device, CPU_BATCH_TOKENS),
+        prefill_tokens=token_budget("auto", device, CPU_PREFILL_TOKENS),
+    )
 
 
 def resolved_options(args, schemes: list[str]) -> tuple[int, dict[str, dict], Callable]:
@@ -227,9 +245,7 @@ def resolved_options(args, schemes: list[str]) -> tuple[int, dict[str, dict], Ca
         config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
         train_len = config.max_position_embeddings
 
-        if (
-            source_flags(args)[3] == "posfreq"
-        ):  # posfreq's own model runs the schemes: their options
+        if engine_of(args) == "posfreq":  # posfreq's own model runs the schemes: their options
 
             def resolve(name: str, options: dict) -> dict:
                 rope = rotary_base(config)
@@ -280,9 +296,6 @@ def auto_shift(args, out: Path, train_len: int) -> tuple[int | None, str]:
 def check_ruler_fits(args) -> None:
     """Every RULER task fits every --ruler-lengths length with the model's tokenizer, checked before anything
     is probed (RULER runs after the probes)."""
-    import os
-
-    from posfreq.analysis.niah.settings import parse_lengths
     from posfreq.analysis.ruler_task.runner import OFFLINE_ENV, chosen_tasks
 
     os.environ.update(
@@ -302,48 +315,51 @@ def check_ruler_fits(args) -> None:
         )
 
 
-def run_probe(args, scheme: str, out: Path) -> None:
-    """`posfreq probe` of one row (its scheme, `scheme_of`, with the row's options), with the tests every row
-    shares (seed 0)."""
-    from posfreq.scripts.commands import probe
+def run_probe(args, row: str, job: Job, out: Path) -> None:
+    """Probe one row (its scheme, `scheme_of`, with the row's options) into `out` with the tests every row shares,
+    and derive its tables under --measure (no figures): the runner and the derivation `posfreq probe` uses."""
+    from posfreq.analysis.niah.runner import probe_models
+    from posfreq.analysis.niah.sources import Builders, model_source
+    from posfreq.analysis.tables.derive import derive_model, effective_length_line
+    from posfreq.analysis.tables.pass_curve import Analysis
 
-    argv = [*source_flags(args), "--positions", scheme_of(scheme), "--precision", args.precision]
-    argv += ["--tests-per-length", str(args.tests)]
-    argv += ["--position-options", json.dumps(args.position_options.get(scheme, {}))]
-    argv += ["--out", str(out), "--seed", "0", "--no-figures", "--device", args.device]
-    argv += ["--chat-template", str(args.chat_template).lower(), "--threads", str(args.threads)]
-    argv += ["--answer-order", args.answer_order]
-    if args.measure == "teacher_forced":  # one forward per test, nothing decoded
-        argv += ["--greedy", "false", "--scoring", "teacher_forced"]
-    elif not args.teacher_forced:
-        argv += ["--teacher-forced", "false"]
-    if args.niah_lengths:
-        argv += ["--lengths", args.niah_lengths]
-    for flag in ("max_new_tokens", "haystack", "tokenizer"):
-        if args[flag] is not None:
-            argv += [f"--{flag.replace('_', '-')}", str(args[flag])]
-    if probe.main(argv) != 0:
-        raise TableError(f"the probe of {scheme} failed: posfreq probe {' '.join(argv)}")
+    settings = replace(
+        job.settings,
+        positions=scheme_of(row),
+        position_options=dict(args.position_options.get(row, {})),
+    )
+    try:
+        row_job = replace(job, settings=settings)
+    except ValueError as err:
+        raise TableError(f"{row}: {err}") from None
+    probe_models([model_source(args.model, settings)], [out], row_job, Builders(settings.haystack))
+    scoring = "teacher_forced" if args.measure == "teacher_forced" else Analysis().scoring
+    derived = derive_model(out, Analysis(scoring=scoring))
+    print(f"table: {row}: {effective_length_line(derived.row)}", flush=True)
 
 
-def run_ruler(args, scheme: str, out: Path) -> None:
-    """`posfreq ruler` of one scheme (hf:DIR models only)."""
-    from posfreq.scripts.commands import ruler
+def run_ruler(args, row: str, out: Path) -> None:
+    """RULER on one row (hf:DIR models only): the runner `posfreq ruler` calls, with the row's scheme and options."""
+    from posfreq.analysis.ruler_task.evaluate import RulerError
+    from posfreq.analysis.ruler_task.runner import run
+    from posfreq.analysis.ruler_task.settings import RulerSettings
 
-    argv = [
-        "--model",
-        args.model,
-        "--positions",
-        scheme_of(scheme),
-        "--lengths",
-        args.ruler_lengths,
-    ]
-    argv += ["--position-options", json.dumps(args.position_options.get(scheme, {}))]
-    argv += ["--samples", str(args.ruler_samples), "--tasks", args.ruler_tasks]
-    argv += ["--chat-template", str(args.chat_template).lower(), "--device", args.device]
-    argv += ["--threads", str(args.threads), "--out", str(out)]
-    if ruler.main(argv) != 0:
-        raise TableError(f"RULER of {scheme} failed: posfreq ruler {' '.join(argv)}")
+    settings = RulerSettings(
+        model=args.model,
+        positions=scheme_of(row),
+        position_options=dict(args.position_options.get(row, {})),
+        lengths=args.ruler_lengths,
+        tasks=args.ruler_tasks,
+        samples=args.ruler_samples,
+        chat_template=args.chat_template,
+        device=args.device,
+        threads=args.threads,
+        out=str(out),
+    )
+    try:
+        run(settings)
+    except RulerError as err:
+        raise TableError(f"RULER of {row}: {err}") from None
 
 
 def scheme_records(out: Path) -> list[dict]:
@@ -369,10 +385,11 @@ def write_tables(args, out: Path, schemes: list[str], options: dict[str, dict]) 
         write_csv(out / "table1_token_accuracy.csv", renamed, columns)
     settings = {
         "model": args.model,
-        "tests_per_length": args.tests,
+        "tests_per_length": args.tests_per_length,
+        "seed": args.seed,
         "measure": args.measure,
         "answer_order": args.answer_order,
-        "engine": source_flags(args)[3],
+        "engine": engine_of(args),
         "precision": args.precision,
         "position_options": options,
         "bootstrap": args.bootstrap,
@@ -382,7 +399,7 @@ def write_tables(args, out: Path, schemes: list[str], options: dict[str, dict]) 
         rows,
         accuracy,
         model=args.model,
-        tests=args.tests,
+        tests=args.tests_per_length,
         measure=args.measure,
         answer_order=args.answer_order,
         bootstrap=args.bootstrap,
@@ -409,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "Fix: --bootstrap 2000 (the default), or any number >= 1"
             )
         for flag, value, usual in (
-            ("--tests", args.tests, 100),
+            ("--tests", args.tests_per_length, 100),
             ("--ruler-samples", args.ruler_samples, 500),
         ):
             if (
@@ -424,10 +441,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "--measure teacher_forced --teacher-forced false leaves nothing to measure. Fix: drop "
                 "--teacher-forced false, or use --measure greedy"
             )
+        settings = row_settings(args)
         schemes = chosen_schemes(args.schemes)
         mine = my_share(schemes, args.shard)
-        if args.niah_lengths:
-            parse_lengths(args.niah_lengths)
         if args.ruler_lengths and not args.model.startswith("hf:"):
             raise TableError(
                 "--ruler-lengths: RULER runs a transformers model; pass --model hf:DIR"
@@ -435,11 +451,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         train_len, options, resolve = resolved_options(args, schemes)
         if args.ruler_lengths:
             check_ruler_fits(args)
+        import torch
+
+        from posfreq.train.devices import resolve_device
+
+        job = probe_job(args, settings, resolve_device(args.device))
+        torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
         name = Path(args.model.removeprefix("hf:")).resolve().name
         out = claim_output_dir(args.out or f"runs/table/{name}", COMMAND, shared=True)
         for scheme in mine:
             print(f"table: {scheme} ({mine.index(scheme) + 1} of {len(mine)})", flush=True)
-            run_probe(args, scheme, out / "niah" / scheme)
+            run_probe(args, scheme, job, out / "niah" / scheme)
             if args.ruler_lengths:
                 run_ruler(args, scheme, out / "ruler" / scheme)
         if args.shard is not None:
@@ -452,11 +474,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 given = {**args.position_options.get("string", {}), "shift": shift}
                 args.position_options[AUTO] = given
                 options[AUTO] = resolve("string", given)
-                run_probe(args, AUTO, out / "niah" / AUTO)
+                run_probe(args, AUTO, job, out / "niah" / AUTO)
                 schemes = [*schemes, AUTO]
         print(write_tables(args, out, schemes, options))
         print(f"wrote {out}")
-    except (TableError, OutputDirError, ValueError, OSError) as err:
+    except (TableError, OutputDirError, RunLockError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0

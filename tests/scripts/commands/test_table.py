@@ -419,3 +419,33 @@ def test_table2_is_a_row_per_task_and_length_and_a_column_per_scheme() -> None:
         "# Table 2: RULER score by task and position scheme\n\n"
         "| task | length | rope | string |\n|---|---|---|---|\n| vt | 300 | 0.500 | 0.750 |\n"
     )
+
+
+def test_every_probe_setting_a_row_shares_is_the_probes_own_flag() -> None:
+    """table's probe settings are ProbeSettings' fields (help and type from one definition), but for what each
+    row sets itself; --tests is a second name of --tests-per-length, with table's default of 100."""
+    from dataclasses import fields
+
+    from posfreq.analysis.niah.settings import ProbeSettings
+    from posfreq.scripts.commands import probe
+
+    table_flags = {a.dest: a for a in command.build_parser()._actions}
+    probe_flags = {a.dest: a for a in probe.build_parser()._actions}
+    shared = [f.name for f in fields(ProbeSettings) if f.name not in command.ROW_SET]
+    assert {"tests_per_length", "seed", "haystack", "chat_template", "answer_order"} <= set(shared)
+    for name in shared:
+        assert table_flags[name].help == probe_flags[name].help, name
+        assert table_flags[name].choices == probe_flags[name].choices, name
+    assert (
+        "positions" not in table_flags and "greedy" not in table_flags
+    )  # the rows and --measure set them
+    for flag in ("--tests", "--tests-per-length"):
+        args = command.parse(command.build_parser(), ["--model", "hf:x", flag, "7"])
+        assert command.row_settings(args).tests_per_length == 7
+    args = command.parse(command.build_parser(), ["--model", "hf:x", "--measure", "teacher_forced"])
+    settings = command.row_settings(args)
+    assert (settings.tests_per_length, settings.greedy, settings.engine) == (
+        100,
+        False,
+        "transformers",
+    )
