@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from posfreq.train.preflight import gpu_check
+from posfreq.train.preflight import gpu_check, gpu_kernels, gpu_training
 
 
 def test_a_stage_past_its_budget_fails_even_when_it_catches_exceptions():
@@ -30,7 +30,7 @@ def test_without_a_gpu_it_runs_what_a_cpu_can_and_names_the_rest(tmp_path, capsy
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: make gpu-check runs every stage there")
-    monkeypatch.setattr(gpu_check, "nvidia_driver", lambda: None)
+    monkeypatch.setattr(gpu_kernels, "nvidia_driver", lambda: None)
     report = tmp_path / "report.json"
     assert gpu_check.main(["--out", str(tmp_path / "work"), "--json", str(report)]) == 0
     stages = {s["name"]: s for s in json.loads(report.read_text())["stages"]}
@@ -68,7 +68,7 @@ def test_the_prefill_stage_runs_end_to_end_at_a_small_length_on_cpu(tmp_path):
     so a GPU's few minutes are not lost to a Python error."""
     import torch
 
-    line = gpu_check.prefill_stage(torch.device("cpu"), length=64, profile=tmp_path / "p.txt")
+    line = gpu_kernels.prefill_stage(torch.device("cpu"), length=64, profile=tmp_path / "p.txt")
     import re
 
     ms = {name.strip(): int(value) for name, value in re.findall(r"([A-Za-z ]+?) (\d+) ms", line)}
@@ -141,7 +141,7 @@ def test_the_repeatability_stage_tells_a_repeatable_backward_from_one_that_is_no
 
     from posfreq.train.model import attention
 
-    line = gpu_check.varlen_repeatability_stage(
+    line = gpu_kernels.varlen_repeatability_stage(
         torch.device("cpu"), rows=2, length=128, backend="sdpa"
     )
     assert line.startswith("sdpa: bitwise repeatable (") and "in 2 x 128 tokens" in line
@@ -154,7 +154,7 @@ def test_the_repeatability_stage_tells_a_repeatable_backward_from_one_that_is_no
         return out * (1 + 1e-6 * (len(calls) == 2))
 
     monkeypatch.setattr(attention, "varlen_attention", jittery)
-    line = gpu_check.varlen_repeatability_stage(
+    line = gpu_kernels.varlen_repeatability_stage(
         torch.device("cpu"), rows=2, length=128, backend="sdpa"
     )
     assert "NOT bitwise repeatable" in line and "dq " in line
@@ -182,7 +182,7 @@ def test_the_training_stage_runs_its_accumulation_save_and_resume_on_cpu(tmp_pat
     2, a resume to step 4, and the figures it reports (save and load timed, MFU against the measured matmul)."""
     import torch
 
-    result = gpu_check.train_stage(
+    result = gpu_training.train_stage(
         torch.device("cpu"),
         tmp_path,
         preset="tiny-2l-128",
