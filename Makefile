@@ -29,11 +29,17 @@ demo-quick: setup
 figures: setup
 	$(PY) scripts/demo.py --publish-figures
 
+# Without shellcheck the SLURM scripts' lint tests skip: say so first, with the install command.
+SHELLCHECK_NOTE := command -v shellcheck >/dev/null 2>&1 || echo "note: shellcheck is not installed, so the \
+tests that lint slurm/*.sh will be skipped. Fix: sudo apt-get install shellcheck (Debian/Ubuntu), then rerun"
+
 test: setup
+	@$(SHELLCHECK_NOTE)
 	$(PY) -m pytest -q
 
 # The quick loop while editing: everything but the tests marked slow (subprocesses, the demo, venvs).
 test-fast: setup
+	@$(SHELLCHECK_NOTE)
 	$(PY) -m pytest -q -m "not slow"
 
 lint: setup

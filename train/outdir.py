@@ -261,6 +261,36 @@ def entry_names(path: Path) -> set[str]:
     return {p.name for p in path.iterdir()}
 
 
+def own_entry_names(path: Path) -> set[str]:
+    """The names in directory `path` other than posfreq's owner records."""
+    return {entry.name for entry in path.iterdir() if not is_record(entry.name)}
+
+
+def only_files(folder: Path, accept: Callable[[str], bool]) -> bool:
+    """Whether `folder` is absent, or a real directory of regular files whose names `accept` takes."""
+    if not folder.exists() and not folder.is_symlink():
+        return True
+    return (
+        folder.is_dir()
+        and not folder.is_symlink()
+        and all(
+            entry.is_file() and not entry.is_symlink() and accept(entry.name)
+            for entry in folder.iterdir()
+        )
+    )
+
+
+def json_object_with(path: Path, field: str, kind: type) -> bool:
+    """Whether `path` is a regular file holding a JSON object whose `field` is a `kind`."""
+    if not path.is_file() or path.is_symlink():
+        return False
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get(field), kind)
+
+
 def _mark_owned(path: Path, command: str) -> None:
     write_json_atomic(path / OWNER_FILE, {"command": command})
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -173,6 +174,37 @@ def model_source(spec: str, settings: ProbeSettings) -> ModelSource:
         if directory is not None
         else checkpoint_source(Path(spec), settings)
     )
+
+
+def scheme_resolver(spec: str, engine: str) -> tuple[int, Callable[[str, dict], dict]]:
+    """(the training length L of `spec`, hf:DIR or our checkpoint, and a function giving a scheme's options as
+    `engine` runs them on that model, defaults included), from its config alone: a bad option is refused before
+    any weights load."""
+    from posfreq.train.positions.schemes import build_scheme
+
+    directory = hf_dir(spec)
+    if directory is None:
+        from posfreq.train.checkpoint.layout import load_model_config
+        from posfreq.train.positions.rotary import RotaryBase
+
+        config = load_model_config(spec)
+        rope = RotaryBase(config.head_dim, config.rope_base, config.rope_scaling)
+        return config.train_len, lambda name, options: dict(
+            build_scheme(name, rope, config.train_len, **options).options
+        )
+    from transformers import AutoConfig
+
+    from posfreq.train.positions.hf_schemes import rotary_base, scheme_options
+
+    refuse_custom_code(directory, "the model folder")
+    hf_config = AutoConfig.from_pretrained(directory, trust_remote_code=False)
+    train_len = hf_config.max_position_embeddings
+    if engine == "posfreq":  # posfreq's own model runs the schemes: their options
+        rope = rotary_base(hf_config)
+        return train_len, lambda name, options: dict(
+            build_scheme(name, rope, train_len, **options).options
+        )
+    return train_len, lambda name, options: scheme_options(hf_config, name, train_len, **options)
 
 
 def _length_and_vocabulary(directory: Path, raw: dict) -> tuple[int, int]:

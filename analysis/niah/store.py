@@ -30,9 +30,15 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from posfreq.train.atomic import write_json_atomic, write_text_atomic
-from posfreq.train.journal import is_record
 from posfreq.train.json_file import read_json_object
-from posfreq.train.outdir import check_output_dir, claim_output_dir, owner_of
+from posfreq.train.outdir import (
+    check_output_dir,
+    claim_output_dir,
+    json_object_with,
+    only_files,
+    own_entry_names,
+    owner_of,
+)
 
 KEY_FILE = "key.json"
 META_FILE = "probe.json"
@@ -187,10 +193,10 @@ def earlier_model_results(out: Path) -> bool:
     it only the probe's own file names, tests/ of per-length records and figures/ of the figures it draws."""
     figures = figure_names(MODEL_FIGURES)
     return (
-        _is_json_object(out / KEY_FILE, "key", str)
-        and _own_entries(out) <= MODEL_ENTRIES
-        and _only_files(out / TESTS_DIR, lambda name: bool(RECORD_FILE.fullmatch(name)))
-        and _only_files(out / FIGURES_DIR, figures.__contains__)
+        json_object_with(out / KEY_FILE, "key", str)
+        and own_entry_names(out) <= MODEL_ENTRIES
+        and only_files(out / TESTS_DIR, lambda name: bool(RECORD_FILE.fullmatch(name)))
+        and only_files(out / FIGURES_DIR, figures.__contains__)
     )
 
 
@@ -198,15 +204,15 @@ def earlier_run_results(out: Path) -> bool:
     """Whether an older probe wrote `out` for a run: checkpoint directories that are each the probe's (its own or
     `earlier_model_results`), and beside them only the run tables, a probe.json listing the checkpoints and the
     run figures."""
-    checkpoints = _own_entries(out) - RUN_ENTRIES
+    checkpoints = own_entry_names(out) - RUN_ENTRIES
     figures = figure_names(RUN_FIGURES)
     return (
         bool(checkpoints)
         and all(_is_model_results(out / name) for name in checkpoints)
         and (
-            not (out / META_FILE).exists() or _is_json_object(out / META_FILE, "checkpoints", dict)
+            not (out / META_FILE).exists() or json_object_with(out / META_FILE, "checkpoints", dict)
         )
-        and _only_files(out / FIGURES_DIR, figures.__contains__)
+        and only_files(out / FIGURES_DIR, figures.__contains__)
     )
 
 
@@ -219,39 +225,9 @@ def _is_model_results(path: Path) -> bool:
     )
 
 
-def _own_entries(path: Path) -> set[str]:
-    """The names in directory `path` other than owner records."""
-    return {entry.name for entry in path.iterdir() if not is_record(entry.name)}
-
-
 def figure_names(stems: Sequence[str]) -> frozenset[str]:
     """The file names of figures drawn under `stems` (analysis/plots/frequency.py saves each as .png and .pdf)."""
     return frozenset(f"{stem}{suffix}" for stem in stems for suffix in (".png", ".pdf"))
-
-
-def _only_files(folder: Path, accept: Callable[[str], bool]) -> bool:
-    """Whether `folder` is absent, or a real directory of regular files whose names `accept` takes."""
-    if not folder.exists() and not folder.is_symlink():
-        return True
-    return (
-        folder.is_dir()
-        and not folder.is_symlink()
-        and all(
-            entry.is_file() and not entry.is_symlink() and accept(entry.name)
-            for entry in folder.iterdir()
-        )
-    )
-
-
-def _is_json_object(path: Path, field: str, kind: type) -> bool:
-    """Whether `path` is a regular file holding a JSON object whose `field` is a `kind`."""
-    if not path.is_file() or path.is_symlink():
-        return False
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and isinstance(data.get(field), kind)
 
 
 def discard_records(out: Path) -> None:

@@ -160,14 +160,7 @@ def run(args: RulerSettings) -> Path:
             f"--chat-template true: {path} has no chat template (chat_template.jinja or "
             "tokenizer_config.json's chat_template). Fix: drop the flag"
         )
-    from posfreq.analysis.ruler_task.tasks import misfits
-
-    problems = misfits(tokenizer, tasks, lengths)
-    if problems:
-        raise RulerError(
-            f"{len(problems)} task(s) cannot run at the lengths asked for; nothing was evaluated:\n  "
-            + "\n  ".join(problems)
-        )
+    refuse_misfits(tokenizer, tasks, lengths)
     claim_output_dir(out, COMMAND, shared=True)
     (out / PARTS_DIR).mkdir(exist_ok=True)
     log = out / LOG_FILE
@@ -196,6 +189,18 @@ def run(args: RulerSettings) -> Path:
     print_table(rows, lengths)
     print(f"wrote {out}")
     return out
+
+
+def refuse_misfits(tokenizer, tasks: list[str], lengths: list[int]) -> None:
+    """RulerError naming every task that cannot fit a length with this tokenizer (and why), before any is run."""
+    from posfreq.analysis.ruler_task.tasks import misfits
+
+    problems = misfits(tokenizer, tasks, lengths)
+    if problems:
+        raise RulerError(
+            f"{len(problems)} task(s) cannot run at the lengths asked for; nothing was evaluated:\n  "
+            + "\n  ".join(problems)
+        )
 
 
 def position_options(args: RulerSettings) -> dict:

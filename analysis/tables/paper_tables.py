@@ -12,6 +12,7 @@ interval does not depend on which other schemes are listed, or in what order.
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from typing import Mapping, Sequence
 
@@ -20,10 +21,18 @@ import numpy as np
 from posfreq.analysis.table_files import markdown_table
 from posfreq.analysis.tables.paired_tests import holm_adjust, mcnemar_exact
 from posfreq.analysis.tables.pass_curve import Analysis, percentile_interval, wilson_interval
+from posfreq.train.positions.schemes import SCHEMES
 
 MEASURES = ("greedy", "teacher_forced")
 """What makes a test pass: its greedy answer holds enough needles (the paper's), or, under teacher forcing, enough
 needles have every token as the model's argmax (one forward per test, no decoding: paired and cheap)."""
+
+AUTO = "string_auto"
+"""Table 1's row of STRING with the shift derived from the model's measured effective length."""
+ROW_LABEL = re.compile(r"[a-z0-9_]{1,32}")
+"""What may follow '@' in a row name (it names the row's probe folder)."""
+PAPER_ORDER = ("rope", "rerope", "ntk", "self_extend", "yarn", "dca", "string")
+"""Table 1's rows in the paper's order (`posfreq table`'s default rows)."""
 
 TABLE1_COLUMNS = (
     "scheme",
@@ -47,6 +56,32 @@ TABLE1_COLUMNS = (
 (empty, as is `baseline`, for the baseline's own row). For pass rates, `only_scheme_passed` and
 `only_baseline_passed` count the discordant tests, `mcnemar_p` is the exact McNemar test's p-value and `holm_p` its
 Holm adjustment over every comparison with the baseline in the table (empty for a continuous score)."""
+
+
+def scheme_of(row: str) -> str:
+    """The position scheme a Table 1 row runs: its name up to '@' (`string@half` is STRING with options of its
+    own; `string_auto` is STRING with the measured shift)."""
+    return "string" if row == AUTO else row.split("@", 1)[0]
+
+
+def chosen_schemes(spec: str) -> list[str]:
+    """The comma list of rows, checked: known schemes (a label after '@' of letters, digits and '_'), the
+    plain rope row among them, each once."""
+    schemes = [s.strip() for s in spec.split(",") if s.strip()]
+    unknown = sorted(
+        s
+        for s in schemes
+        if s == AUTO
+        or scheme_of(s) not in SCHEMES
+        or ("@" in s and not ROW_LABEL.fullmatch(s.split("@", 1)[1]))
+    )
+    if unknown or "rope" not in schemes or len(set(schemes)) != len(schemes):
+        raise ValueError(
+            f"--schemes {spec}: need distinct rows, each one of {', '.join(SCHEMES)} or SCHEME@LABEL (a label of "
+            "up to 32 lowercase letters, digits and '_'), rope included"
+            + (f" (unknown: {unknown})" if unknown else "")
+        )
+    return schemes
 
 
 def outcomes_by_test(

@@ -15,12 +15,12 @@ from posfreq.analysis.tables.pass_curve import frequency_at
 from posfreq.analysis.tables.run_table import find_run_results, probed_lengths
 from posfreq.analysis.verdicts.claims import (
     baseline_variant,
-    curves_coincide,
     emergence,
     longer_reaches_further,
     shortfall,
     variant_comparisons,
 )
+from posfreq.analysis.verdicts.coincidence import curves_coincide
 from posfreq.analysis.verdicts.loss_frequency import LossCurve, loss_curves_coincide
 from posfreq.analysis.verdicts.prediction import prediction_verdict
 from posfreq.analysis.verdicts.probed_runs import (

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from posfreq.analysis.corpus.frequency import position_frequency
-from posfreq.analysis.verdicts.claims import (
+from posfreq.analysis.verdicts.coincidence import (
     C2_MARGIN_DECADES,
     C2_MIN_SEEDS,
     run_levels,

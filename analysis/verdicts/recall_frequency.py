@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from posfreq.analysis.verdicts.claims import C2_MARGIN_DECADES, run_levels, shift_verdict
+from posfreq.analysis.verdicts.coincidence import C2_MARGIN_DECADES, run_levels, shift_verdict
 from posfreq.analysis.verdicts.rules import difference, mean_interval, not_testable
 
 MIN_NEEDLES = 8

@@ -17,8 +17,8 @@ options say otherwise: they assume a training length of 2/3 of the true one and 
 from __future__ import annotations
 
 import os
-import re
 import sys
+from argparse import ArgumentTypeError
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Literal, Optional, Sequence, Union
@@ -34,10 +34,14 @@ from posfreq.analysis.niah.settings import (
 )
 from posfreq.analysis.table_files import read_csv, write_csv
 from posfreq.analysis.tables.paper_tables import (
+    AUTO,
     MEASURES,
+    PAPER_ORDER,
     TABLE1_COLUMNS,
     TOKEN_ACCURACY_COLUMNS,
+    chosen_schemes,
     outcomes_by_test,
+    scheme_of,
     table1,
     table1_document,
     table2,
@@ -45,7 +49,7 @@ from posfreq.analysis.tables.paper_tables import (
     token_accuracy_by_test,
 )
 from posfreq.train.atomic import write_json_atomic, write_text_atomic
-from posfreq.train.command_line import add_alias, command_parser, parse, summary
+from posfreq.train.command_line import add_alias, command_parser, parse, parse_shard, summary
 from posfreq.train.outdir import OutputDirError, claim_output_dir
 from posfreq.train.positions.schemes import SCHEMES
 from posfreq.train.positions.string import shift_from_effective_length
@@ -57,10 +61,6 @@ if TYPE_CHECKING:  # what only running needs is imported there: the parser stays
     from posfreq.analysis.niah.runner import Job
 
 COMMAND = "table"
-AUTO = "string_auto"
-"""Table 1's row of STRING with the shift derived from the model's measured effective length."""
-PAPER_ORDER = ("rope", "rerope", "ntk", "self_extend", "yarn", "dca", "string")
-"""Table 1's rows in the paper's order."""
 
 ROW_SET = frozenset({"positions", "position_options", "greedy", "engine"})
 """ProbeSettings' fields the table sets itself: each row's scheme and options, greedy from --measure, and the
@@ -153,46 +153,14 @@ class TableError(ValueError):
     """A setting the tables cannot be made with, or a stage that failed; the message says which."""
 
 
-ROW_LABEL = re.compile(r"[a-z0-9_]{1,32}")
-"""What may follow '@' in a row name (it names the row's probe folder)."""
-
-
-def scheme_of(row: str) -> str:
-    """The position scheme a Table 1 row runs: its name up to '@' (`string@half` is STRING with options of its
-    own; `string_auto` is STRING with the measured shift)."""
-    return "string" if row == AUTO else row.split("@", 1)[0]
-
-
-def chosen_schemes(spec: str) -> list[str]:
-    """The comma list of rows, checked: known schemes (a label after '@' of letters, digits and '_'), the
-    plain rope row among them, each once."""
-    schemes = [s.strip() for s in spec.split(",") if s.strip()]
-    unknown = sorted(
-        s
-        for s in schemes
-        if s == AUTO
-        or scheme_of(s) not in SCHEMES
-        or ("@" in s and not ROW_LABEL.fullmatch(s.split("@", 1)[1]))
-    )
-    if unknown or "rope" not in schemes or len(set(schemes)) != len(schemes):
-        raise TableError(
-            f"--schemes {spec}: need distinct rows, each one of {', '.join(SCHEMES)} or SCHEME@LABEL (a label of "
-            "up to 32 lowercase letters, digits and '_'), rope included"
-            + (f" (unknown: {unknown})" if unknown else "")
-        )
-    return schemes
-
-
 def my_share(schemes: list[str], shard: str | None) -> list[str]:
     """The schemes shard I/N runs (all of them without --shard)."""
     if shard is None:
         return schemes
     try:
-        index, count = (int(x) for x in shard.split("/"))
-    except ValueError:
-        index, count = -1, 0
-    if not 0 <= index < count:
-        raise TableError(f"--shard {shard}: give I/N with 0 <= I < N, e.g. --shard 0/7")
+        index, count = parse_shard(shard)
+    except ArgumentTypeError as err:
+        raise TableError(f"{err}, e.g. --shard 0/7") from None
     return schemes[index::count]
 
 
@@ -232,42 +200,12 @@ def probe_job(args, settings: ProbeSettings, device: torch.device) -> Job:
 def resolved_options(args, schemes: list[str]) -> tuple[int, dict[str, dict], Callable]:
     """(the model's training length L, every scheme's options as it runs them (defaults included), the resolver),
     from the model's config; refuses a bad option before anything is probed."""
-    from posfreq.train.positions.schemes import build_scheme
-
-    if args.model.startswith("hf:"):
-        from transformers import AutoConfig
-
-        from posfreq.train.model.hf_folder import refuse_custom_code
-        from posfreq.train.positions.hf_schemes import rotary_base, scheme_options
-
-        folder = Path(args.model.removeprefix("hf:"))
-        refuse_custom_code(folder, "the model folder")
-        config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
-        train_len = config.max_position_embeddings
-
-        if engine_of(args) == "posfreq":  # posfreq's own model runs the schemes: their options
-
-            def resolve(name: str, options: dict) -> dict:
-                rope = rotary_base(config)
-                return dict(build_scheme(name, rope, train_len, **options).options)
-        else:
-
-            def resolve(name: str, options: dict) -> dict:
-                return scheme_options(config, name, train_len, **options)
-    else:
-        from posfreq.train.checkpoint.layout import load_model_config
-        from posfreq.train.positions.rotary import RotaryBase
-
-        config = load_model_config(args.model)
-        rope = RotaryBase(config.head_dim, config.rope_base, config.rope_scaling)
-
-        def resolve(name: str, options: dict) -> dict:
-            return dict(build_scheme(name, rope, config.train_len, **options).options)
+    from posfreq.analysis.niah.sources import scheme_resolver
 
     unknown = sorted(set(args.position_options) - set(schemes))
     if unknown:
         raise TableError(f"--position-options names rows not in --schemes: {unknown}")
-    train_len = config.max_position_embeddings if args.model.startswith("hf:") else config.train_len
+    train_len, resolve = scheme_resolver(args.model, engine_of(args))
     try:
         options = {
             s: resolve(scheme_of(s), dict(args.position_options.get(s, {}))) for s in schemes
@@ -296,23 +234,19 @@ def auto_shift(args, out: Path, train_len: int) -> tuple[int | None, str]:
 def check_ruler_fits(args) -> None:
     """Every RULER task fits every --ruler-lengths length with the model's tokenizer, checked before anything
     is probed (RULER runs after the probes)."""
-    from posfreq.analysis.ruler_task.runner import OFFLINE_ENV, chosen_tasks
+    from posfreq.analysis.ruler_task.evaluate import RulerError
+    from posfreq.analysis.ruler_task.runner import OFFLINE_ENV, chosen_tasks, refuse_misfits
 
-    os.environ.update(
-        OFFLINE_ENV
-    )  # before transformers, datasets and lm-eval import the hub client
+    os.environ.update(OFFLINE_ENV)  # before transformers imports the hub client
     from transformers import AutoTokenizer
-
-    from posfreq.analysis.ruler_task.tasks import misfits
 
     tokenizer = AutoTokenizer.from_pretrained(
         args.model.removeprefix("hf:"), trust_remote_code=False
     )
-    problems = misfits(tokenizer, chosen_tasks(args.ruler_tasks), parse_lengths(args.ruler_lengths))
-    if problems:
-        raise TableError(
-            "RULER cannot run at --ruler-lengths; nothing was probed:\n  " + "\n  ".join(problems)
-        )
+    try:
+        refuse_misfits(tokenizer, chosen_tasks(args.ruler_tasks), parse_lengths(args.ruler_lengths))
+    except RulerError as err:
+        raise TableError(f"RULER at --ruler-lengths: {err}; nothing was probed") from None
 
 
 def run_probe(args, row: str, job: Job, out: Path) -> None:
@@ -416,38 +350,40 @@ def write_tables(args, out: Path, schemes: list[str], options: dict[str, dict]) 
     return text
 
 
+def checked_settings(args) -> ProbeSettings:
+    """The probe settings the rows share, after every flag a table needs is checked: refused here, before
+    anything is probed, not by a probe or RULER run later."""
+    if args.bootstrap < 1:
+        raise TableError(
+            f"--bootstrap {args.bootstrap}: the paired differences need at least one resample. "
+            "Fix: --bootstrap 2000 (the default), or any number >= 1"
+        )
+    for flag, value, usual in (
+        ("--tests", args.tests_per_length, 100),
+        ("--ruler-samples", args.ruler_samples, 500),
+    ):
+        if value < 1:
+            raise TableError(
+                f"{flag} {value}: every length needs at least one test. Fix: {flag} {usual} (the default), "
+                "or any number >= 1"
+            )
+    if args.measure == "teacher_forced" and not args.teacher_forced:
+        raise TableError(
+            "--measure teacher_forced --teacher-forced false leaves nothing to measure. Fix: drop "
+            "--teacher-forced false, or use --measure greedy"
+        )
+    if args.ruler_lengths and not args.model.startswith("hf:"):
+        raise TableError("--ruler-lengths: RULER runs a transformers model; pass --model hf:DIR")
+    return row_settings(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Probe (and run RULER on) every scheme of this share, then, unsharded, write the tables."""
     args = parse(build_parser(), argv)
     try:
-        if args.bootstrap < 1:
-            raise TableError(
-                f"--bootstrap {args.bootstrap}: the paired differences need at least one resample. "
-                "Fix: --bootstrap 2000 (the default), or any number >= 1"
-            )
-        for flag, value, usual in (
-            ("--tests", args.tests_per_length, 100),
-            ("--ruler-samples", args.ruler_samples, 500),
-        ):
-            if (
-                value < 1
-            ):  # refused here, not by the probe or RULER this command runs (whose flags differ)
-                raise TableError(
-                    f"{flag} {value}: every length needs at least one test. Fix: {flag} {usual} (the default), "
-                    "or any number >= 1"
-                )
-        if args.measure == "teacher_forced" and not args.teacher_forced:
-            raise TableError(
-                "--measure teacher_forced --teacher-forced false leaves nothing to measure. Fix: drop "
-                "--teacher-forced false, or use --measure greedy"
-            )
-        settings = row_settings(args)
+        settings = checked_settings(args)
         schemes = chosen_schemes(args.schemes)
         mine = my_share(schemes, args.shard)
-        if args.ruler_lengths and not args.model.startswith("hf:"):
-            raise TableError(
-                "--ruler-lengths: RULER runs a transformers model; pass --model hf:DIR"
-            )
         train_len, options, resolve = resolved_options(args, schemes)
         if args.ruler_lengths:
             check_ruler_fits(args)

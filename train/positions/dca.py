@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -38,6 +39,7 @@ class DualChunkScheme(PositionScheme):
 
     chunk_size: int = 1
     local_window: int = 0
+    single_pass: ClassVar[bool] = False  # intra-chunk and cross-chunk passes
 
     @property
     def chunk_len(self) -> int:

@@ -7,6 +7,7 @@ A scheme rotates keys at their true positions (`rotate_keys`) and runs its own a
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -30,6 +31,8 @@ class PositionScheme:
     name: str = "rope"
     rotary: Rotary = field(default=None)  # type: ignore[assignment]
     options: dict = field(default_factory=dict)  # the resolved options, for logs and plots
+    single_pass: ClassVar[bool] = True
+    """Attention is one causal pass; False: passes merged by their log-sum-exp (a backend must return it)."""
 
     def rotate_keys(self, k: Tensor, positions: Tensor) -> Tensor:
         """Keys (T, Hkv, D) rotated at their true `positions`, as the model computes and caches them."""
@@ -90,6 +93,7 @@ class SplitScheme(PositionScheme):
     """
 
     split: int = 1
+    single_pass: ClassVar[bool] = False  # a near and a far pass
 
     def far_distance(self, m: np.ndarray, n: np.ndarray) -> np.ndarray:
         """Distance seen by query m and key n at m - n >= split (broadcasting arrays)."""

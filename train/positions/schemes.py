@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from typing import get_type_hints
 
 from posfreq.train.positions.dca import DualChunkScheme
 from posfreq.train.positions.rotary import Rotary, RotaryBase, ntk_inv_freq, yarn_parameters
@@ -80,7 +81,7 @@ def _string(
     shift: int | None = None,
     window: int | None = None,
     temperature: bool = False,
-) -> PositionScheme:
+) -> StringScheme:
     """STRING over the model's frequencies; shift S = L // 3, window W = min(128, S // 2) by default."""
     shift, window = string_shift_window(train_len, shift, window)
     scale = STRING_TEMPERATURE if temperature else 1.0
@@ -92,7 +93,7 @@ def _string(
 
 def _rerope(
     rope: RotaryBase, train_len: int, window: int | None = None, protocol: str = "paper"
-) -> PositionScheme:
+) -> ReRoPEScheme:
     """ReRoPE over the model's frequencies; window min(512, L' // 4) by default."""
     length, _ = extrapolation_setting(train_len, protocol, None)
     window = min(512, length // 4) if window is None else int(window)
@@ -108,7 +109,7 @@ def _self_extend(
     window: int | None = None,
     protocol: str = "paper",
     scale: float | None = None,
-) -> PositionScheme:
+) -> SelfExtendScheme:
     """Self-Extend over the model's frequencies; window min(512, L' // 4), the smallest group that fits."""
     length, factor = extrapolation_setting(train_len, protocol, scale)
     window = min(512, length // 4) if window is None else int(window)
@@ -130,7 +131,7 @@ def _dca(
     chunk_size: int | None = None,
     local_window: int | None = None,
     protocol: str = "paper",
-) -> PositionScheme:
+) -> DualChunkScheme:
     """Dual chunk attention over the model's frequencies; chunk_size 3L' // 4, local_window L' // 16 by default."""
     length, _ = extrapolation_setting(train_len, protocol, None)
     chunk_size = length * 3 // 4 if chunk_size is None else int(chunk_size)
@@ -198,8 +199,11 @@ _BUILDERS = {
 
 SCHEMES = tuple(_BUILDERS)
 """Every scheme, in posfreq's own model and in any transformers model (train/positions/hf_schemes.py)."""
-SINGLE_PASS_SCHEMES = ("rope", "ntk", "yarn")
-"""Schemes whose attention is one causal pass; the others merge passes by their log-sum-exp."""
+SINGLE_PASS_SCHEMES = tuple(
+    name for name, build in _BUILDERS.items() if get_type_hints(build)["return"].single_pass
+)
+"""Schemes whose attention is one causal pass (their class says so: `PositionScheme.single_pass`); the others
+merge passes by their log-sum-exp."""
 
 
 def build_scheme(name: str, rope: RotaryBase, train_len: int, **options) -> PositionScheme:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from posfreq.analysis.verdicts import claims, probed_runs
+from posfreq.analysis.verdicts import claims, coincidence, probed_runs
 from posfreq.scripts.commands import compare
 
 
@@ -48,19 +48,19 @@ def rows_on_lines(
 
 
 def test_curves_on_one_line_coincide_and_shifted_ones_do_not():
-    same = claims.curves_coincide(rows_on_lines(0.0))
+    same = coincidence.curves_coincide(rows_on_lines(0.0))
     assert same["holds"] is True and same["D_log10_f"] == pytest.approx(0.0, abs=1e-9)
     # Parallel lines one decade apart: D is the distance between them, exactly, in every resample.
-    shifted = claims.curves_coincide(rows_on_lines(1.0))
+    shifted = coincidence.curves_coincide(rows_on_lines(1.0))
     assert shifted["holds"] is False and shifted["D_log10_f"] == pytest.approx(1.0, abs=1e-9)
     assert shifted["interval_95"] == pytest.approx([1.0, 1.0], abs=1e-9)
     # The longer length reaches much further (64..256 against 32..80): one line pooled over both lengths is
     # tilted by the shift and put D at 1.04; the slope fitted within each length is not tilted.
-    apart = claims.curves_coincide(rows_on_lines(1.0, long_effs=(64, 128, 192, 256)))
+    apart = coincidence.curves_coincide(rows_on_lines(1.0, long_effs=(64, 128, 192, 256)))
     assert apart["D_log10_f"] == pytest.approx(1.0, abs=1e-9)
-    noisy = claims.curves_coincide(rows_on_lines(0.0, noise=0.3))
+    noisy = coincidence.curves_coincide(rows_on_lines(0.0, noise=0.3))
     assert noisy["interval_95"][0] < noisy["D_log10_f"] < noisy["interval_95"][1]
-    assert noisy == claims.curves_coincide(rows_on_lines(0.0, noise=0.3))  # deterministic
+    assert noisy == coincidence.curves_coincide(rows_on_lines(0.0, noise=0.3))  # deterministic
 
 
 def test_curves_without_overlap_are_not_testable():
@@ -71,7 +71,7 @@ def test_curves_without_overlap_are_not_testable():
         or r["train_len"] == 256
         and r["effective_length"] > 80
     ]
-    verdict = claims.curves_coincide(rows)
+    verdict = coincidence.curves_coincide(rows)
     assert verdict["holds"] is None and "overlap" in verdict["reason"]
 
 
@@ -81,20 +81,22 @@ def test_curves_with_too_few_points_or_seeds_are_not_testable():
     two_points = [
         r for r in rows if r["train_len"] == 256 or r["checkpoint"] == "c1" and r["seed"] < 2
     ]
-    verdict = claims.curves_coincide(two_points)
+    verdict = coincidence.curves_coincide(two_points)
     assert (
         verdict["holds"] is None
         and verdict["n_points"]["128"] == 2
         and "fewer than 3" in verdict["reason"]
     )
     one_seed = [r for r in rows if r["train_len"] == 256 or r["seed"] == 0]
-    verdict = claims.curves_coincide(one_seed)
+    verdict = coincidence.curves_coincide(one_seed)
     assert verdict["holds"] is None and verdict["n_seeds"]["128"] == 1
-    two_seeds = claims.curves_coincide([r for r in rows if r["train_len"] == 256 or r["seed"] < 2])
+    two_seeds = coincidence.curves_coincide(
+        [r for r in rows if r["train_len"] == 256 or r["seed"] < 2]
+    )
     assert (
         two_seeds["holds"] is None and two_seeds["n_seeds"]["128"] == 2
     )  # 8 points, but a bootstrap of 2 seeds
-    assert claims.curves_coincide(rows)["holds"] is False  # 12 points from 3 seeds: shifted
+    assert coincidence.curves_coincide(rows)["holds"] is False  # 12 points from 3 seeds: shifted
 
 
 def test_longer_training_length_and_shortfall_and_emergence():
@@ -177,7 +179,7 @@ def test_variant_effect_at_equal_tokens_and_against_f():
         if r["variant"] == "best_fit":
             r["effective_length"] -= (r["seed"] - 1) * 14  # leads 30, 32, 34
     assert claims.variant_effect(steady, "concat", "best_fit")["outcome"] == "holds"
-    same_f = claims.curves_coincide(rows, group="variant", groups=("concat", "best_fit"))
+    same_f = coincidence.curves_coincide(rows, group="variant", groups=("concat", "best_fit"))
     assert same_f["holds"] is True and same_f["D_log10_f"] == pytest.approx(0.0, abs=1e-9)
     none = claims.variant_effect(rows, "concat", "padded")
     assert none["holds"] is None
@@ -420,7 +422,7 @@ def test_longer_length_is_compared_at_the_last_tokens_both_runs_of_a_seed_reache
     assert further["censored"] == {"128": 0, "256": 1}
     two_seeds = claims.longer_reaches_further([r for r in rows if r["seed"] != 2])
     assert two_seeds["holds"] is None and two_seeds["seeds"] == [0, 1]
-    assert f"needs at least {claims.C2_MIN_SEEDS}" in two_seeds["reason"]
+    assert f"needs at least {coincidence.C2_MIN_SEEDS}" in two_seeds["reason"]
 
 
 def last_checkpoint(seed, train_len, longest, el, hi, status="ok", lo=None):
@@ -497,7 +499,9 @@ def test_sameness_is_an_equivalence_test_and_a_difference_can_be_not_shown():
     from posfreq.analysis.verdicts.rules import Interval, difference, equivalence, outcome
 
     margin = np.log10(2)
-    assert claims.C2_MARGIN_DECADES == pytest.approx(0.30103, abs=1e-5) == pytest.approx(margin)
+    assert (
+        coincidence.C2_MARGIN_DECADES == pytest.approx(0.30103, abs=1e-5) == pytest.approx(margin)
+    )
     same = {
         (-0.086, -0.068): "holds",
         (-0.1, 0.2): "holds",
@@ -536,7 +540,7 @@ def test_a_wide_interval_around_a_real_shift_is_inconclusive_not_a_coincidence(
     An old rule said the curves coincide; it is inconclusive, and every rendering says so with its rule and n."""
     from posfreq.scripts.miniature.report import verdicts
 
-    noisy = claims.curves_coincide(rows_on_lines(0.8, noise=2.0))
+    noisy = coincidence.curves_coincide(rows_on_lines(0.8, noise=2.0))
     lo, hi = noisy["interval_95"]
     assert lo < 0 < hi and hi > np.log10(2)  # the case under test
     assert noisy["holds"] is None and noisy["outcome"] == "inconclusive" and "reason" not in noisy
@@ -545,10 +549,10 @@ def test_a_wide_interval_around_a_real_shift_is_inconclusive_not_a_coincidence(
         and noisy["unit"] == "run"
         and "Welch t-interval over 3 and 3 runs" in noisy["interval_method"]
     )
-    precise = claims.curves_coincide(rows_on_lines(0.0, noise=0.1))
+    precise = coincidence.curves_coincide(rows_on_lines(0.0, noise=0.1))
     assert -np.log10(2) <= precise["interval_95"][0] < 0 < precise["interval_95"][1] <= np.log10(2)
     assert precise["holds"] is True
-    untestable = claims.curves_coincide(rows_on_lines(0.8, seeds=(0, 1)))
+    untestable = coincidence.curves_coincide(rows_on_lines(0.8, seeds=(0, 1)))
     conclusion = {
         "shortfall": {"claim": "c1", "holds": True},
         "longer_reaches_further": {"claim": "fig2a", "holds": True},
@@ -634,13 +638,13 @@ def test_run_levels_are_the_run_intercepts_of_a_common_slope_least_squares_fit()
         return np.linalg.lstsq(design, np.array([y for *_, y in rows]), rcond=None)[0]
 
     coef = fit(lambda r: [p for p in runs[r] if lo <= p[1] <= hi])
-    levels = claims.run_levels(runs, "s", "l", "overlap")
+    levels = coincidence.run_levels(runs, "s", "l", "overlap")
     expected = {g: [coef[1 + names.index(r)] for r in names if r[0] == g] for g in "sl"}
     assert levels["s"] == pytest.approx(expected["s"], abs=1e-12)
     assert levels["l"] == pytest.approx(expected["l"], abs=1e-12)
     # fitted to every point: the slope of the run indicators' fit to all points; levels still over the overlap
     slope = fit(lambda r: runs[r])[0]
-    alone = claims.run_levels(runs, "s", "l", "all")
+    alone = coincidence.run_levels(runs, "s", "l", "all")
     by_hand = [
         np.mean([y - slope * x for _, x, y in runs[r] if lo <= x <= hi])
         for r in names
@@ -650,9 +654,9 @@ def test_run_levels_are_the_run_intercepts_of_a_common_slope_least_squares_fit()
     # in the overlap (1..2) each group sits at one x, a different one: no slope to fit, nothing to compare at
     # equal x
     unfit = {0: [("s", 1, 0), ("s", 1, 1), ("s", 3, 5)], 1: [("l", 0, 0), ("l", 2, 2), ("l", 2, 3)]}
-    assert claims.run_levels(unfit, "s", "l", "overlap") is None
+    assert coincidence.run_levels(unfit, "s", "l", "overlap") is None
     # every point at one x: the shift there, whatever the slope
-    same_x = claims.run_levels(
+    same_x = coincidence.run_levels(
         {0: [("s", 4, 1), ("s", 4, 2)], 1: [("l", 4, 5), ("l", 4, 6)]}, "s", "l", "all"
     )
     assert same_x["l"][0] - same_x["s"][0] == pytest.approx(4.0)

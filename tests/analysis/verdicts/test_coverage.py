@@ -8,7 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from posfreq.analysis.verdicts import claims, loss_frequency, prediction, recall_frequency
+from posfreq.analysis.verdicts import (
+    claims,
+    coincidence,
+    loss_frequency,
+    prediction,
+    recall_frequency,
+)
 
 SIMULATIONS = 1000
 FLOOR = 0.93
@@ -98,7 +104,7 @@ def c2(rng, n):
                 el = first + 40 * k + rng.normal(0, 10)
                 log_f = 2 + el / 500 + (SHIFT if L == 512 else 0) + run + rng.normal(0, 0.05)
                 rows.append(checkpoint(L, s, 1000 * (k + 1), el, log_f=log_f))
-    return claims.curves_coincide(rows), None
+    return coincidence.curves_coincide(rows), None
 
 
 def loss_curve(train_len, seed, shift, rng, excess=0.0):

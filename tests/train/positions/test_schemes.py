@@ -283,3 +283,17 @@ def test_float32_passes_stay_float32_under_bf16_autocast():
         fused, fused_lse = full_attention(q, k, v)
     torch.testing.assert_close(fused_lse.double(), want_lse, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(fused.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_scheme_is_single_pass_exactly_when_its_attention_is_one_causal_pass() -> None:
+    """SINGLE_PASS_SCHEMES comes from each scheme's class: the schemes that attend in one causal varlen call
+    (RoPE's distances, with the model's frequencies or their own) and not the ones that merge passes."""
+    from posfreq.train.positions.schemes import SCHEMES, SINGLE_PASS_SCHEMES
+
+    rope = RotaryBase(16, 10000.0)
+    built = {name: build_scheme(name, rope, 256) for name in SCHEMES}
+    merged = {name for name, scheme in built.items() if not scheme.single_pass}
+    assert set(SINGLE_PASS_SCHEMES) == {"rope", "ntk", "yarn"} == set(SCHEMES) - merged
+    for name, scheme in built.items():  # a single-pass scheme sees every distance as m - n
+        plain = (scheme.distances(256) == build_scheme("rope", rope, 256).distances(256)).all()
+        assert plain == scheme.single_pass, name
