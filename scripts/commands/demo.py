@@ -39,9 +39,6 @@ from jsonargparse import ArgumentParser
 
 from posfreq.scripts.miniature.agreement import agreement, agreement_lines, checkpoints_of
 from posfreq.scripts.miniature.pipeline import (
-    EXPERIMENT_SETTINGS,
-    FULL,
-    QUICK,
     DemoError,
     Pipeline,
     prepare_inputs,
@@ -57,6 +54,7 @@ from posfreq.scripts.miniature.report import (
     verdicts,
     write_report,
 )
+from posfreq.scripts.miniature.settings import EXPERIMENT_SETTINGS, FULL, QUICK
 from posfreq.train.atomic import write_json_atomic
 from posfreq.train.command_line import command_parser, parse
 from posfreq.train.outdir import OutputDirError, claim_output_dir, entry_names
@@ -83,7 +81,7 @@ def build_parser() -> ArgumentParser:
         default="demo",
         help="demo: the paper's probing experiment at L = 256 and 512; packing: at L = 512, concat vs "
         "best_fit vs length upsampling, same budget and seeds (scripts/miniature/packing_experiment.py); "
-        "lengths: the demo's stages at L = 512 and 1024 with 1.5x the tokens (pipeline.LENGTHS), where "
+        "lengths: the demo's stages at L = 512 and 1024 with 1.5x the tokens (settings.LENGTHS), where "
         "a shortfall can show under the paper's criterion.",
     )
     parser.add_argument(

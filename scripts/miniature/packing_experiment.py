@@ -32,9 +32,6 @@ from posfreq.analysis.table_files import read_csv
 from posfreq.analysis.tables.columns import CHECKPOINT_COLUMNS
 from posfreq.analysis.verdicts.rules import estimate_text, outcome
 from posfreq.scripts.miniature.pipeline import (
-    FULL,
-    QUICK,
-    DemoSettings,
     Pipeline,
     last_milestone,
     prepare_inputs,
@@ -45,6 +42,7 @@ from posfreq.scripts.miniature.pipeline import (
     warm_ups,
 )
 from posfreq.scripts.miniature.report import markdown, prediction_line
+from posfreq.scripts.miniature.settings import FULL, QUICK, DemoSettings
 from posfreq.train.atomic import write_text_atomic
 from posfreq.train.checkpoint.layout import load_trained_lengths, read_trainer_state
 from posfreq.train.command_line import code_version

@@ -16,7 +16,8 @@ from posfreq.analysis.tables.paper_tables import TABLE1_COLUMNS, p_text
 from posfreq.analysis.tables.pass_curve import STATUS_ALL_PASSED
 from posfreq.analysis.verdicts.rules import estimate_text, outcome
 from posfreq.scripts.miniature.agreement import agreement_lines
-from posfreq.scripts.miniature.pipeline import REPO, DemoError, DemoSettings, Pipeline
+from posfreq.scripts.miniature.pipeline import REPO, DemoError, Pipeline
+from posfreq.scripts.miniature.settings import DemoSettings
 from posfreq.train.atomic import write_text_atomic
 from posfreq.train.command_line import code_version
 from posfreq.train.journal import record_written

@@ -16,7 +16,6 @@ from posfreq.scripts.commands import analyze as position_freq
 from posfreq.scripts.commands import prepare as prepare_data
 from posfreq.scripts.commands import probe
 from posfreq.scripts.miniature.pipeline import (
-    QUICK,
     DemoError,
     analyze_command,
     probe_command,
@@ -24,6 +23,7 @@ from posfreq.scripts.miniature.pipeline import (
     shards_command,
     train_command,
 )
+from posfreq.scripts.miniature.settings import QUICK
 from posfreq.train.command_line import parse
 from posfreq.train.run.config import parse_args
 

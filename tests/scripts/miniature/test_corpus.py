@@ -47,7 +47,7 @@ def test_the_build_is_reproducible(tmp_path):
 
 def test_probe_prompts_build_and_answers_parse(tokenizer, tmp_path):
     from posfreq.analysis.niah.decoding import reference_answer
-    from posfreq.scripts.miniature.pipeline import FULL
+    from posfreq.scripts.miniature.settings import FULL
 
     budget = FULL.answer_budget
     builder = NiahBuilder(
