@@ -21,15 +21,11 @@ from posfreq.train.data.shards import TokenDataset
 from posfreq.train.data.tokenizer import get_tokenizer
 from posfreq.train.data.upsample import LengthUpsample
 from posfreq.train.outdir import OutputDirError
-from posfreq.train.run.config import (
-    ConfigError,
-    TrainConfig,
-    config_differences,
-    overridden_changes,
-)
+from posfreq.train.run.config import ConfigError, TrainConfig
 from posfreq.train.run.control import check_run_dir, run_files
 from posfreq.train.run.geometry import batch_geometry, resolve_model_config
 from posfreq.train.run.optim import lr_at
+from posfreq.train.run.resume_changes import config_differences, overridden_changes
 from posfreq.train.run.validation import validation_rows, validation_sampler
 
 

@@ -16,8 +16,9 @@ from helpers.trainer import ROOT, run, subprocess_env, tiny, weights
 
 from posfreq.train.checkpoint import layout as ckpt
 from posfreq.train.run import memory
-from posfreq.train.run.config import ConfigError, config_differences, config_from_dict
+from posfreq.train.run.config import ConfigError, config_from_dict
 from posfreq.train.run.geometry import resolve_model_config
+from posfreq.train.run.resume_changes import config_differences
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
