@@ -25,6 +25,7 @@ its tables to another directory (`dest`), never over the records' own.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Callable, Sequence
@@ -371,6 +372,24 @@ def read_records(out: Path, lengths: Sequence[int]) -> list[dict]:
 
 
 HIT_FIELDS = ("hits_anywhere", "hits_first_line")
+TEACHER_FORCED_FIELDS = (("tf_token_accuracy", 0.0, 1.0), ("tf_logprob", -math.inf, 0.0))
+"""A record's teacher-forced scores, one per needle, and their range: checked wherever a probe stored them (a probe
+that decodes nothing must have them), so a damaged score never becomes a table's number."""
+
+
+def _numbers_in(values: object, count: int, low: float, high: float) -> bool:
+    """Whether `values` is a list of `count` finite JSON numbers in [low, high] (NaN and booleans are not)."""
+    return (
+        isinstance(values, list)
+        and len(values) == count
+        and all(
+            isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and math.isfinite(v)
+            and low <= v <= high
+            for v in values
+        )
+    )
 
 
 def checked_records(
@@ -379,7 +398,7 @@ def checked_records(
     """The first `tests` records (None: all) of one probed length, refused (StaleResults naming the file and line)
     unless the file is exactly what the probe wrote: as many records as the marker's n_tests, each under the
     marker's key and length, test i at line i + 1, with hit lists of JSON booleans (a probe with greedy off:
-    teacher-forced accuracies in [0, 1]). A re-derivation must never turn a damaged or mixed file into a number."""
+    teacher-forced accuracies in [0, 1]), and any teacher-forced scores it stored in range. A re-derivation must never turn a damaged or mixed file into a number."""
     path = length_files(out, length)[0]
     records = read_records(out, [length])
     fix = "Fix: restore the file, or delete it and its .json marker to probe that length again"
@@ -404,16 +423,13 @@ def checked_records(
                 raise StaleResults(
                     f"{where}: {name} must be a list of true/false, got {hits!r:.60}. {fix}"
                 )
-        accuracy = record.get("tf_token_accuracy")
-        if not greedy and not (
-            isinstance(accuracy, list)
-            and len(accuracy) == len(record.get("needles", ()))
-            and all(isinstance(a, (int, float)) and 0 <= a <= 1 for a in accuracy)
-        ):
-            raise StaleResults(
-                f"{where}: tf_token_accuracy must be a number in [0, 1] per needle, got "
-                f"{accuracy!r:.60}. {fix}"
-            )
+        needles = len(record.get("needles", ()))
+        for name, low, high in TEACHER_FORCED_FIELDS:
+            values = record.get(name)
+            if (values is not None or not greedy) and not _numbers_in(values, needles, low, high):
+                raise StaleResults(
+                    f"{where}: {name} must be a number in [{low}, {high}] per needle, got {values!r:.60}. {fix}"
+                )
         if record.get("index") != number - 1:
             raise StaleResults(
                 f"{where}: test index {record.get('index')!r:.20}, where the probe writes test {number - 1}. {fix}"

@@ -55,7 +55,7 @@ from posfreq.analysis.niah.settings import (
     token_budget,
 )
 from posfreq.analysis.niah.sources import Builders, checkpoint_source, hf_source
-from posfreq.analysis.niah.store import check_results_dir
+from posfreq.analysis.niah.store import StaleResults, check_results_dir
 from posfreq.analysis.plots.derived import draw_model, draw_run
 from posfreq.analysis.tables.derive import derive_model, derive_run, effective_length_line
 from posfreq.analysis.tables.pass_curve import Analysis
@@ -227,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(err))
     try:
         out, rows = _probe(args, job, shard, analysis)
-    except (ProbeError, OutputDirError, RunLockError) as err:
+    except (ProbeError, StaleResults, OutputDirError, RunLockError) as err:
         raise SystemExit(f"error: {err}") from None
     for row in rows:
         print(f"{row['checkpoint']}: {effective_length_line(row)}")

@@ -32,6 +32,7 @@ from posfreq.analysis.niah.settings import (
     parse_lengths,
     token_budget,
 )
+from posfreq.analysis.niah.store import StaleResults
 from posfreq.analysis.table_files import read_csv, write_csv
 from posfreq.analysis.tables.paper_tables import (
     AUTO,
@@ -414,7 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 schemes = [*schemes, AUTO]
         print(write_tables(args, out, schemes, options))
         print(f"wrote {out}")
-    except (TableError, OutputDirError, RunLockError, ValueError, OSError) as err:
+    except (TableError, StaleResults, OutputDirError, RunLockError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0

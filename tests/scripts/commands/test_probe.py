@@ -348,3 +348,21 @@ def test_a_refused_probe_leaves_no_folder_and_left_out_lengths_are_named(tmp_pat
     assert probe.main([*argv, "--max-new-tokens", "40"]) == 0
     err = capsys.readouterr().err
     assert "lengths 128-" in err and "left out: the shortest test" in err and "probing " in err
+
+
+def test_a_damaged_record_found_when_the_tables_are_derived_is_one_error_line(tmp_path, capsys):
+    """A rerun reuses a finished length, then derives its tables from the stored records: a record damaged
+    meanwhile stops the command with the file, the record and the fix, not a traceback."""
+    ckpt = write_checkpoint(tmp_path / "run", 512, tiny_model(), np.bincount([512], minlength=513))
+    out = tmp_path / "out"
+    argv = ["--checkpoint", str(ckpt), "--lengths", "420", *quiet_noise_args(2, out)]
+    assert probe.main(argv) == 0
+    jsonl = store.length_files(out, 420)[0]
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    records[1]["tf_token_accuracy"] = [1.0, 2.0, 0.0, 0.0]
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(SystemExit) as stop:
+        probe.main(argv)
+    message = str(stop.value.code)
+    assert message.startswith("error: ") and "tf_token_accuracy must be a number" in message
+    assert str(jsonl.name) in message or str(out) in message
