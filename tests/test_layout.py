@@ -35,7 +35,6 @@ TESTED_WITH_THEIR_CALLER = {
     "analysis/plots/losses.py": "tests/scripts/commands/test_loss_by_distance.py",
     "analysis/plots/niah.py": "tests/scripts/commands/test_probe.py",
     "analysis/plots/positions.py": "tests/train/positions/test_schemes.py",
-    "analysis/tables/columns.py": "tests/analysis/niah/test_runner.py",
     "analysis/tables/derive.py": "tests/analysis/niah/test_runner.py",
     "analysis/tables/rederive.py": "tests/analysis/tables/test_pass_curve.py",
     "analysis/tables/paper_tables.py": "tests/scripts/commands/test_table.py",

@@ -19,13 +19,15 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from posfreq.analysis.table_files import markdown_table
+from posfreq.analysis.tables.measures import PASS, TF_PASS, scores_by_test
 from posfreq.analysis.tables.paired_tests import holm_adjust, mcnemar_exact
 from posfreq.analysis.tables.pass_curve import Analysis, percentile_interval, wilson_interval
 from posfreq.train.positions.schemes import SCHEMES
 
-MEASURES = ("greedy", "teacher_forced")
-"""What makes a test pass: its greedy answer holds enough needles (the paper's), or, under teacher forcing, enough
-needles have every token as the model's argmax (one forward per test, no decoding: paired and cheap)."""
+TABLE1_MEASURES = {"greedy": PASS, "teacher_forced": TF_PASS}
+"""Table 1's --measure: a test passes when its greedy answer holds enough needles (the paper's), or, under teacher
+forcing, when enough needles have every token as the model's argmax (one forward per test, no decoding: paired and
+cheap). Both are measures of analysis/tables/measures.py."""
 
 AUTO = "string_auto"
 """Table 1's row of STRING with the shift derived from the model's measured effective length."""
@@ -87,34 +89,10 @@ def chosen_schemes(spec: str) -> list[str]:
 def outcomes_by_test(
     records: Sequence[Mapping], measure: str, analysis: Analysis = Analysis()
 ) -> dict[tuple[int, int], float]:
-    """Each test's outcome (1 pass, 0 fail) under `measure`, by (length, test index)."""
-    if measure not in MEASURES:
-        raise ValueError(f"measure must be one of {MEASURES}, got {measure!r}")
-    outcomes = {}
-    for record in records:
-        passed = analysis.passed(record) if measure == "greedy" else analysis.tf_passed(record)
-        if passed is None:
-            raise ValueError(
-                f"test {record.get('index')} at {record.get('length')} has no teacher-forced score; "
-                "Fix: probe with --teacher-forced true, or use the greedy measure"
-            )
-        outcomes[(int(record["length"]), int(record["index"]))] = float(passed)
-    return outcomes
-
-
-def token_accuracy_by_test(records: Sequence[Mapping]) -> dict[tuple[int, int], float]:
-    """Each test's mean teacher-forced needle token accuracy (the share of its needles' tokens that are the model's
-    argmax), by (length, test index): a continuous score paired across schemes like the pass, which it smooths."""
-    scores = {}
-    for record in records:
-        accuracy = record.get("tf_token_accuracy")
-        if accuracy is None:
-            raise ValueError(
-                f"test {record.get('index')} at {record.get('length')} has no teacher-forced score; "
-                "Fix: probe with --teacher-forced true"
-            )
-        scores[(int(record["length"]), int(record["index"]))] = float(np.mean(accuracy))
-    return scores
+    """Each test's outcome (1 pass, 0 fail) under Table 1's `measure` (TABLE1_MEASURES), by (length, test index)."""
+    if measure not in TABLE1_MEASURES:
+        raise ValueError(f"measure must be one of {tuple(TABLE1_MEASURES)}, got {measure!r}")
+    return scores_by_test(TABLE1_MEASURES[measure], records, analysis)
 
 
 TOKEN_ACCURACY_COLUMNS = {
@@ -122,8 +100,8 @@ TOKEN_ACCURACY_COLUMNS = {
     "pass_lo": "token_accuracy_lo",
     "pass_hi": "token_accuracy_hi",
 }
-"""table1's value columns as table1_token_accuracy.csv names them (the rows of `table1` over
-`token_accuracy_by_test`)."""
+"""table1's value columns as table1_token_accuracy.csv names them (the rows of `table1` over the TOKEN_ACCURACY
+measure's scores by test)."""
 
 
 def cell_rng(seed: int, scheme: str, length: int) -> np.random.Generator:

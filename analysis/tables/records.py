@@ -12,6 +12,13 @@ import numpy as np
 
 from posfreq.analysis.corpus.frequency import position_frequency
 from posfreq.analysis.tables.columns import SUMMARY_COLUMNS
+from posfreq.analysis.tables.measures import (
+    MEASURES,
+    NEEDLE_RECALL,
+    TF_NEEDLE_PROB,
+    TF_RECALL,
+    mean_of,
+)
 from posfreq.analysis.tables.pass_curve import Analysis
 
 THIRDS = ("0-33.3%", "33.3-66.7%", "66.7-100%")
@@ -26,16 +33,6 @@ def _mean(values: Sequence[float]) -> float | str:
     return float(np.mean(values)) if len(values) else ""
 
 
-def _tf_fields(records: Sequence[Mapping], analysis: Analysis) -> dict:
-    """Teacher-forced pass rate, needle recall and mean needle probability (empty when not measured)."""
-    measured = [r for r in records if r.get("tf_token_accuracy") is not None]
-    return {
-        "tf_pass_rate": _mean([analysis.tf_passed(r) for r in measured]),
-        "tf_recall": _mean([a == 1.0 for r in measured for a in r["tf_token_accuracy"]]),
-        "tf_needle_prob": _mean([float(np.exp(lp)) for r in measured for lp in r["tf_logprob"]]),
-    }
-
-
 def summarize_length(
     records: Sequence[Mapping], seconds: float, analysis: Analysis = Analysis()
 ) -> dict:
@@ -47,13 +44,12 @@ def summarize_length(
         "prompt_length": records[0].get("prompt_length", ""),
         "n_tests": len(records),
         "passed": sum(analysis.passed(r) for r in records),
-        "needle_recall": float(hits.mean()),
         "mean_retrieved": float(hits.sum(axis=1).mean()),
         "seconds": round(seconds, 3),
         "tests_per_s": round(len(records) / seconds, 3) if seconds > 0 else "",
-        **_tf_fields(records, analysis),
+        # every registered measure that is a summary column (teacher-forced ones empty where not measured)
+        **{c: mean_of(m, records, analysis) for c, m in MEASURES.items() if c in SUMMARY_COLUMNS},
     }
-    row["pass_rate"] = row["passed"] / row["n_tests"]
     for k, name in enumerate(("recall_depth_0_33", "recall_depth_33_67", "recall_depth_67_100")):
         in_third = thirds == k
         row[name] = float(hits[in_third].mean()) if in_third.any() else ""
@@ -81,12 +77,12 @@ def distance_rows(
         return k if 0 <= k < len(edges) - 1 else None
 
     for r in records:
-        hits = analysis.hits(r)
-        tf_acc = r.get("tf_token_accuracy") or [None] * len(hits)
-        tf_lp = r.get("tf_logprob") or [None] * len(hits)
-        for d, hit, acc, lp in zip(r["distances"], hits, tf_acc, tf_lp):
+        hits = NEEDLE_RECALL.value(r, analysis)
+        tf_recall = TF_RECALL.value(r, analysis) or [None] * len(hits)
+        tf_prob = TF_NEEDLE_PROB.value(r, analysis) or [None] * len(hits)
+        for d, hit, recalled, prob in zip(r["distances"], hits, tf_recall, tf_prob):
             if (k := bin_of(int(d))) is not None:
-                needles[k].append((hit, acc, lp))
+                needles[k].append((hit, recalled, prob))
         kth = sorted(int(d) for d in r["distances"])[analysis.min_retrieved - 1]
         if (k := bin_of(kth)) is not None:
             tests[k].append(analysis.passed(r))
@@ -97,15 +93,15 @@ def distance_rows(
     )
     rows = []
     for k, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
-        tf = [(acc, lp) for _, acc, lp in needles[k] if acc is not None]
+        tf = [(recalled, prob) for _, recalled, prob in needles[k] if recalled is not None]
         rows.append(
             {
                 "distance_lo": lo,
                 "distance_hi": hi,
                 "needles": len(needles[k]),
                 "needle_recall": _mean([h for h, _, _ in needles[k]]),
-                "tf_recall": _mean([acc == 1.0 for acc, _ in tf]),
-                "tf_needle_prob": _mean([float(np.exp(lp)) for _, lp in tf]),
+                "tf_recall": _mean([recalled for recalled, _ in tf]),
+                "tf_needle_prob": _mean([prob for _, prob in tf]),
                 "tests": len(tests[k]),
                 "pass_rate": _mean(tests[k]),
                 "f_distance_lo": "" if f is None else (int(f[lo]) if lo < len(f) else 0),

@@ -34,11 +34,12 @@ from posfreq.analysis.niah.settings import (
 )
 from posfreq.analysis.niah.store import StaleResults
 from posfreq.analysis.table_files import read_csv, write_csv
+from posfreq.analysis.tables.measures import TOKEN_ACCURACY, scores_by_test
 from posfreq.analysis.tables.paper_tables import (
     AUTO,
-    MEASURES,
     PAPER_ORDER,
     TABLE1_COLUMNS,
+    TABLE1_MEASURES,
     TOKEN_ACCURACY_COLUMNS,
     chosen_schemes,
     outcomes_by_test,
@@ -47,7 +48,6 @@ from posfreq.analysis.tables.paper_tables import (
     table1_document,
     table2,
     table2_document,
-    token_accuracy_by_test,
 )
 from posfreq.train.atomic import write_json_atomic, write_text_atomic
 from posfreq.train.command_line import add_alias, command_parser, parse, parse_shard, summary
@@ -112,7 +112,7 @@ def build_parser():
     )
     parser.add_argument(
         "--measure",
-        type=Literal[MEASURES],
+        type=Literal[tuple(TABLE1_MEASURES)],
         default="greedy",
         help="greedy: the answer holds 2 of 4 needles (the paper's); teacher_forced: 2 of 4 needles have every "
         "token as the argmax under teacher forcing (no decoding; paired and cheap on a CPU)",
@@ -313,7 +313,7 @@ def write_tables(args, out: Path, schemes: list[str], options: dict[str, dict]) 
     write_csv(out / "table1.csv", rows, list(TABLE1_COLUMNS))
     accuracy = []
     if all(r.get("tf_token_accuracy") is not None for s in schemes for r in records[s]):
-        scores = {s: token_accuracy_by_test(records[s]) for s in schemes}
+        scores = {s: scores_by_test(TOKEN_ACCURACY, records[s]) for s in schemes}
         accuracy = table1(scores, args.bootstrap, binary=False)
         renamed = [{TOKEN_ACCURACY_COLUMNS.get(k, k): v for k, v in r.items()} for r in accuracy]
         columns = [TOKEN_ACCURACY_COLUMNS.get(c, c) for c in TABLE1_COLUMNS]

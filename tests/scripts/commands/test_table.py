@@ -19,7 +19,6 @@ from posfreq.analysis.tables.paper_tables import (
     table1,
     table1_markdown,
     table2,
-    token_accuracy_by_test,
 )
 from posfreq.scripts.commands import table as command
 
@@ -125,12 +124,18 @@ def test_a_test_passes_on_two_needles_greedy_or_teacher_forced() -> None:
         outcomes_by_test([{**records[0], "tf_token_accuracy": None}], "teacher_forced")
 
 
+def accuracy_by_test(records: list[dict]) -> dict:
+    from posfreq.analysis.tables.measures import TOKEN_ACCURACY, scores_by_test
+
+    return scores_by_test(TOKEN_ACCURACY, records)
+
+
 def test_the_token_accuracy_of_a_test_is_the_mean_over_its_needles_and_pairs_like_a_pass() -> None:
     def record(index: int, accuracy: list[float]) -> dict:
         return {"length": 100, "index": index, "tf_token_accuracy": accuracy}
 
-    rope = token_accuracy_by_test([record(0, [0.5, 0.5, 0, 0]), record(1, [1, 1, 0, 0])])
-    string = token_accuracy_by_test([record(0, [1, 0.5, 0.5, 0]), record(1, [1, 1, 1, 1])])
+    rope = accuracy_by_test([record(0, [0.5, 0.5, 0, 0]), record(1, [1, 1, 0, 0])])
+    string = accuracy_by_test([record(0, [1, 0.5, 0.5, 0]), record(1, [1, 1, 1, 1])])
     assert rope == {(100, 0): 0.25, (100, 1): 0.5} and string == {(100, 0): 0.5, (100, 1): 1.0}
     row = table1({"rope": rope, "string": string}, n_boot=200, binary=False)[1]
     assert row["pass_rate"] == 0.75 and row["difference"] == 0.375  # (0.25 + 0.5) / 2
@@ -138,7 +143,7 @@ def test_the_token_accuracy_of_a_test_is_the_mean_over_its_needles_and_pairs_lik
         row["difference_lo"] == 0.25 and row["difference_hi"] == 0.5
     )  # the two pairs' differences
     with pytest.raises(ValueError, match="no teacher-forced score"):
-        token_accuracy_by_test([record(0, None)])
+        accuracy_by_test([record(0, None)])
 
 
 def test_table2_joins_each_schemes_scores_by_task_and_length() -> None:
