@@ -31,7 +31,7 @@ import numpy as np
 
 from posfreq.analysis.corpus.frequency import position_frequency
 from posfreq.train.data.packing import PackedSampler
-from posfreq.train.data.packing_schedule import EpochPrediction, PackingSchedule
+from posfreq.train.data.packing_schedule import EpochPrediction, PackingSchedule, RowPacking
 from posfreq.train.data.packing_strategies import STRATEGIES
 from posfreq.train.data.shards import ShardWriter, TokenDataset
 
@@ -68,7 +68,9 @@ def plan_rate(
 ) -> tuple[float, EpochPrediction]:
     """(rows/s, the epoch's prediction) of planning one epoch from the document lengths alone."""
     start = time.perf_counter()
-    prediction = PackingSchedule(dataset, L, packing, shuffle_block=block).predict_epoch(0)
+    prediction = PackingSchedule(
+        dataset, L, packing=RowPacking(strategy=packing, shuffle_block=block)
+    ).predict_epoch(0)
     return prediction.rows / (time.perf_counter() - start), prediction
 
 
@@ -83,7 +85,9 @@ def batch_rate(
     dataset: TokenDataset, L: int, packing: str, block: int, rows_per_batch: int, rows: int
 ) -> float:
     """Rows/s of the sampler's batches (plan + tokens + targets/positions/cu_seqlens) over `rows` rows."""
-    sampler = PackedSampler(dataset, L, rows_per_batch, packing=packing, shuffle_block=block)
+    sampler = PackedSampler(
+        dataset, L, rows_per_batch, packing=RowPacking(strategy=packing, shuffle_block=block)
+    )
     start = time.perf_counter()
     for _ in range(-(-rows // rows_per_batch)):
         next(sampler)

@@ -16,7 +16,11 @@ import numpy as np
 
 from posfreq.analysis.corpus.frequency import position_frequency, position_shares, scale_to_budget
 from posfreq.analysis.corpus.histogram import LengthHistogram
-from posfreq.train.data.packing_schedule import EpochPrediction, predict_trained_histogram
+from posfreq.train.data.packing_schedule import (
+    EpochPrediction,
+    RowPacking,
+    predict_trained_histogram,
+)
 from posfreq.train.data.packing_strategies import STRATEGIES, Documents
 from posfreq.train.data.records import CorpusError
 from posfreq.train.data.upsample import LengthUpsample
@@ -73,10 +77,10 @@ def predict_packing(
             strategy: predict_trained_histogram(
                 documents,
                 L,
-                strategy,
                 seed=settings.seed,
-                shuffle_block=settings.shuffle_block,
-                upsample=upsample,
+                packing=RowPacking(
+                    strategy=strategy, shuffle_block=settings.shuffle_block, upsample=upsample
+                ),
             )
             for strategy in settings.strategies
         }

@@ -17,16 +17,15 @@ resuming reads no row twice and plans at most the blocks from that cursor on.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from posfreq.train.data.packing_schedule import Cursor, PackingSchedule
-from posfreq.train.data.packing_strategies import Attention, RowLayout, Strategy
+from posfreq.train.data.packing_schedule import Cursor, PackingSchedule, RowPacking
+from posfreq.train.data.packing_strategies import RowLayout
 from posfreq.train.data.shards import PREPARE_HINT, TokenDataset, concat_ranges
-from posfreq.train.data.upsample import LengthUpsample
 
 IGNORE_INDEX = -100
 """Target of positions that have none (a segment's last token, padding): skipped by the loss."""
@@ -113,12 +112,8 @@ class PackedSampler:
         rank: int = 0,
         world_size: int = 1,
         *,
-        packing: Strategy = "concat",
-        attention: Attention = "document",
+        packing: RowPacking | None = None,
         pad_id: int | None = None,
-        shuffle: bool = True,
-        shuffle_block: int = 1 << 20,
-        upsample: LengthUpsample | Mapping[str, float] | None = None,
     ) -> None:
         if rows_per_batch < 1:
             raise ValueError(f"need rows_per_batch >= 1; got {rows_per_batch}")
@@ -126,16 +121,7 @@ class PackedSampler:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         if dataset.num_tokens == 0:
             raise ValueError(f"{dataset.directory} holds no tokens. {PREPARE_HINT}")
-        self.schedule = PackingSchedule(
-            dataset,
-            train_len,
-            packing,
-            attention=attention,
-            seed=seed,
-            shuffle=shuffle,
-            shuffle_block=shuffle_block,
-            upsample=upsample,
-        )
+        self.schedule = PackingSchedule(dataset, train_len, packing or RowPacking(), seed=seed)
         self.dataset = dataset
         self.train_len, self.rows_per_batch, self.seed = train_len, rows_per_batch, seed
         self.rank, self.world_size = rank, world_size

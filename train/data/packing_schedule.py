@@ -92,6 +92,38 @@ def some_document_has_weight(
     return False
 
 
+@dataclass(frozen=True)
+class RowPacking:
+    """How documents become rows: the trainer's data.packing, data.attention, data.shuffle, data.shuffle_block and
+    data.length_upsample, carried as one object from the config to the schedule (`DataSection.row_packing`)."""
+
+    strategy: Strategy = "concat"
+    """train/data/packing_strategies.py's strategy."""
+    attention: Attention = "document"
+    """document: attend within documents; row: one causal segment per row (token streams only)."""
+    shuffle: bool = True
+    """Seeded block and document order (False: corpus order)."""
+    shuffle_block: int = 1 << 20
+    """Documents per shuffle block."""
+    upsample: LengthUpsample | Mapping[str, float] | None = LengthUpsample()
+    """Length upsampling (train/data/upsample.py; a mapping is parsed into one)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(
+            self.upsample, LengthUpsample
+        ):  # {bucket: weight} or None, as a config writes it
+            object.__setattr__(self, "upsample", LengthUpsample.parse(self.upsample))
+        if self.shuffle_block < 1:
+            raise ValueError(f"need shuffle_block >= 1; got {self.shuffle_block}")
+        if self.attention not in ("document", "row"):
+            raise ValueError(f"attention must be 'document' or 'row', not {self.attention!r}")
+        if self.attention == "row" and self.strategy not in TOKEN_STREAMS:
+            raise ValueError(
+                f"attention='row' (one causal segment per row) needs packing='concat' (or 'stream', the same "
+                f"rows), not {self.strategy!r}: padding must stay its own segment"
+            )
+
+
 class PackingSchedule:
     """Every row of the endless, seeded stream of epochs (module docstring), from document lengths alone."""
 
@@ -99,40 +131,24 @@ class PackingSchedule:
         self,
         corpus: DocumentLengths,
         train_len: int,
-        packing: Strategy = "concat",
+        packing: RowPacking = RowPacking(),
         *,
-        attention: Attention = "document",
         seed: int = 0,
-        shuffle: bool = True,
-        shuffle_block: int = 1 << 20,
-        upsample: LengthUpsample | Mapping[str, float] | None = None,
     ) -> None:
-        if train_len < 1 or shuffle_block < 1:
-            raise ValueError(
-                f"need train_len and shuffle_block >= 1; got {train_len}, {shuffle_block}"
-            )
+        if train_len < 1:
+            raise ValueError(f"need train_len >= 1; got {train_len}")
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
-        if attention not in ("document", "row"):
-            raise ValueError(f"attention must be 'document' or 'row', not {attention!r}")
-        if attention == "row" and packing not in TOKEN_STREAMS:
-            raise ValueError(
-                f"attention='row' (one causal segment per row) needs packing='concat' (or 'stream', the same "
-                f"rows), not {packing!r}: padding must stay its own segment"
-            )
         if corpus.num_docs == 0:
             raise ValueError("the corpus holds no documents")
-        self.corpus, self.train_len, self.packing_name = corpus, train_len, packing
-        self.packing = make_packing(packing, train_len, attention)
-        self.attention, self.seed, self.shuffle, self.shuffle_block = (
-            attention,
-            seed,
-            shuffle,
-            shuffle_block,
+        self.corpus, self.train_len, self.seed, self.rows = corpus, train_len, seed, packing
+        self.packing_name, self.attention = packing.strategy, packing.attention
+        self.shuffle, self.shuffle_block, self.upsample = (
+            packing.shuffle,
+            packing.shuffle_block,
+            packing.upsample,
         )
-        self.upsample = (
-            upsample if isinstance(upsample, LengthUpsample) else LengthUpsample.parse(upsample)
-        )
+        self.packing = make_packing(packing.strategy, train_len, packing.attention)
         self._sources = (
             corpus if isinstance(corpus, Documents) and corpus.sources is not None else None
         )
@@ -141,7 +157,7 @@ class PackingSchedule:
                 f"length_upsample has per-source buckets ({list(self.upsample.sources)}) but these "
                 "documents carry no source (token shards do not record one)"
             )
-        self._bounds = np.append(np.arange(0, corpus.num_docs, shuffle_block), corpus.num_docs)
+        self._bounds = np.append(np.arange(0, corpus.num_docs, self.shuffle_block), corpus.num_docs)
         self._walked: list[Cursor] = [
             Cursor(0, 0, 0, 0)
         ]  # block starts known so far, in stream order
@@ -261,13 +277,9 @@ class PackingSchedule:
 def predict_trained_histogram(
     corpus: DocumentLengths | np.ndarray,
     train_len: int,
-    packing: Strategy = "concat",
+    packing: RowPacking = RowPacking(),
     *,
-    attention: Attention = "document",
     seed: int = 0,
-    shuffle: bool = True,
-    shuffle_block: int = 1 << 20,
-    upsample: LengthUpsample | Mapping[str, float] | None = None,
     epoch: int = 0,
 ) -> EpochPrediction:
     """The trained-length histogram of one epoch of a run with these data settings (the trainer's `data.*` and
@@ -277,13 +289,4 @@ def predict_trained_histogram(
     histogram, with sources for per-source weights), or an array of document lengths in corpus order.
     """
     documents = Documents(corpus) if isinstance(corpus, np.ndarray) else corpus
-    return PackingSchedule(
-        documents,
-        train_len,
-        packing,
-        attention=attention,
-        seed=seed,
-        shuffle=shuffle,
-        shuffle_block=shuffle_block,
-        upsample=upsample,
-    ).predict_epoch(epoch)
+    return PackingSchedule(documents, train_len, packing, seed=seed).predict_epoch(epoch)

@@ -23,6 +23,7 @@ from typing import Any, Literal, Optional, Sequence, Union
 from jsonargparse import ArgumentParser, Namespace
 
 from posfreq.train.command_line import CodeInConfig, command_parser, parse, refuse_code
+from posfreq.train.data.packing_schedule import RowPacking
 from posfreq.train.data.packing_strategies import TOKEN_STREAMS, Strategy
 from posfreq.train.data.upsample import LengthUpsample
 from posfreq.train.model.attention_kernels import BACKENDS
@@ -178,6 +179,12 @@ class DataSection:
                 f"data.length_upsample: per-source keys ({list(upsample.sources)}) need per-document "
                 "sources, which token shards do not record; use LO-HI keys"
             )
+
+    def row_packing(self) -> RowPacking:
+        """How this section packs documents into rows, as the sampler and the schedule take it."""
+        return RowPacking(
+            self.packing, self.attention, self.shuffle, self.shuffle_block, self.length_upsample
+        )
 
 
 @dataclass

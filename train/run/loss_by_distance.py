@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posfreq.train.data.packing import IGNORE_INDEX, PackedSampler
+from posfreq.train.data.packing_schedule import RowPacking
 from posfreq.train.data.packing_strategies import TOKEN_STREAMS
 from posfreq.train.model.loss import default_chunk_tokens, head_returns_loss
 
@@ -159,7 +160,7 @@ def check_rows(
         held, exact = bound, packing in TOKEN_STREAMS  # a token stream fills exactly that many
     else:
         sampler = PackedSampler(
-            dataset, train_len, batch_rows, seed=0, packing=packing, shuffle=False
+            dataset, train_len, batch_rows, seed=0, packing=RowPacking(packing, shuffle=False)
         )
         held, exact = rows_in_one_pass(sampler.schedule, rows), True
     if held < rows:

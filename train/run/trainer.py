@@ -107,11 +107,7 @@ class Trainer:
             seed=cfg.seed,
             rank=fabric.global_rank,
             world_size=fabric.world_size,
-            packing=d.packing,
-            attention=d.attention,
-            shuffle=d.shuffle,
-            shuffle_block=d.shuffle_block,
-            upsample=d.length_upsample,
+            packing=d.row_packing(),
         )
         self.peak = peak_flops(fabric.device, cfg.logging.peak_flops_per_device)
         if run.resume_from is not None:

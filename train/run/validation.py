@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from posfreq.train.data.packing import PackedBatch, PackedSampler
+from posfreq.train.data.packing_schedule import RowPacking
 from posfreq.train.data.shards import TokenDataset
 from posfreq.train.run.config import TrainConfig
 from posfreq.train.run.loss_by_distance import LossByDistance, add_batch, rows_in_one_pass
@@ -21,9 +22,7 @@ def validation_sampler(dataset: TokenDataset, cfg: TrainConfig) -> PackedSampler
         cfg.data.val_len or cfg.data.train_len,
         cfg.micro_batch_rows,
         seed=0,
-        packing=cfg.data.packing,
-        attention=cfg.data.attention,
-        shuffle=False,
+        packing=RowPacking(cfg.data.packing, cfg.data.attention, shuffle=False),
     )
 
 

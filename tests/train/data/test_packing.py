@@ -17,7 +17,11 @@ from helpers.shards import LENGTHS, unique_dataset
 
 from posfreq.analysis.corpus.frequency import position_frequency
 from posfreq.train.data.packing import IGNORE_INDEX, PackedBatch, PackedSampler
-from posfreq.train.data.packing_schedule import PackingSchedule, predict_trained_histogram
+from posfreq.train.data.packing_schedule import (
+    PackingSchedule,
+    RowPacking,
+    predict_trained_histogram,
+)
 from posfreq.train.data.packing_strategies import (
     STRATEGIES,
     TOKEN_STREAMS,
@@ -118,7 +122,9 @@ def check_batch(batch: PackedBatch, offsets: np.ndarray, pad_id: int, packing: s
 @pytest.mark.parametrize("train_len,block", [(8, 1 << 20), (5, 3), (16, 4)])
 def test_an_epoch_holds_every_token_once(unique, packing, train_len, block) -> None:
     ds, offsets = unique
-    sampler = PackedSampler(ds, train_len, 3, seed=3, packing=packing, shuffle_block=block)
+    sampler = PackedSampler(
+        ds, train_len, 3, seed=3, packing=RowPacking(strategy=packing, shuffle_block=block)
+    )
     rows = sampler.schedule.epoch_rows(0)
     assert rows.start == 0
     batch = sampler.make_batch(0, len(rows))
@@ -143,7 +149,7 @@ def test_best_fit_rows_match_a_naive_best_fit(unique) -> None:
     ds, offsets = unique
     L = 16
     sampler = PackedSampler(
-        ds, L, 2, seed=1, packing="best_fit"
+        ds, L, 2, seed=1, packing=RowPacking(strategy="best_fit")
     )  # one block: the whole corpus is the buffer
     rows = sampler.schedule.epoch_rows(0)
     batch = sampler.make_batch(0, len(rows))
@@ -168,7 +174,7 @@ def test_best_fit_decreasing_against_a_naive_scan(seed) -> None:
 
 def test_row_attention_is_one_causal_segment_per_row(unique) -> None:
     ds, _ = unique
-    sampler = PackedSampler(ds, 8, 3, seed=1, attention="row")
+    sampler = PackedSampler(ds, 8, 3, seed=1, packing=RowPacking(attention="row"))
     reference = PackedSampler(ds, 8, 3, seed=1)
     for _ in range(10):
         batch, ref = next(sampler), next(reference)
@@ -176,10 +182,12 @@ def test_row_attention_is_one_causal_segment_per_row(unique) -> None:
         assert np.array_equal(batch.cu_seqlens.numpy(), np.arange(0, 25, 8))
         assert np.array_equal(batch.segment_lengths, np.full(3, 8))
     with pytest.raises(ValueError, match="attention='row'.*needs packing='concat'"):
-        PackedSampler(ds, 8, 3, packing="best_fit", attention="row")
+        PackedSampler(ds, 8, 3, packing=RowPacking(strategy="best_fit", attention="row"))
     # stream's rows are concat's rows (the same token stream): under row attention the two are one thing
-    streamed = PackedSampler(ds, 8, 3, seed=1, packing="stream", attention="row")
-    again = PackedSampler(ds, 8, 3, seed=1, attention="row")
+    streamed = PackedSampler(
+        ds, 8, 3, seed=1, packing=RowPacking(strategy="stream", attention="row")
+    )
+    again = PackedSampler(ds, 8, 3, seed=1, packing=RowPacking(attention="row"))
     for _ in range(10):
         a, b = next(streamed), next(again)
         assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.cu_seqlens, b.cu_seqlens)
@@ -193,7 +201,10 @@ def test_row_attention_is_one_causal_segment_per_row(unique) -> None:
 @pytest.mark.parametrize("packing", STRATEGIES)
 def test_deterministic_for_a_seed(unique, packing) -> None:
     ds, _ = unique
-    a, b, c = (PackedSampler(ds, 8, 2, seed=s, packing=packing, shuffle_block=4) for s in (4, 4, 5))
+    a, b, c = (
+        PackedSampler(ds, 8, 2, seed=s, packing=RowPacking(strategy=packing, shuffle_block=4))
+        for s in (4, 4, 5)
+    )
     first = [next(a).input_ids for _ in range(12)]
     assert all(torch.equal(x, next(b).input_ids) for x in first)
     assert not all(torch.equal(x, next(c).input_ids) for x in first)
@@ -203,10 +214,18 @@ def test_deterministic_for_a_seed(unique, packing) -> None:
 def test_ranks_are_disjoint_and_union_is_single_stream(unique, packing) -> None:
     ds, _ = unique
     world, rows = 3, 2
-    single = PackedSampler(ds, 6, rows, seed=2, packing=packing, shuffle_block=5)
+    single = PackedSampler(
+        ds, 6, rows, seed=2, packing=RowPacking(strategy=packing, shuffle_block=5)
+    )
     ranks = [
         PackedSampler(
-            ds, 6, rows, seed=2, rank=r, world_size=world, packing=packing, shuffle_block=5
+            ds,
+            6,
+            rows,
+            seed=2,
+            rank=r,
+            world_size=world,
+            packing=RowPacking(strategy=packing, shuffle_block=5),
         )
         for r in range(world)
     ]
@@ -236,11 +255,9 @@ def test_resume_mid_epoch_reproduces_the_stream(unique, packing, upsample) -> No
             7,
             2,
             seed=11,
-            packing=packing,
-            shuffle_block=5,
-            upsample=upsample,
             world_size=world,
             rank=rank,
+            packing=RowPacking(strategy=packing, shuffle_block=5, upsample=upsample),
         )
 
     original = make()
@@ -275,9 +292,13 @@ def test_state_from_other_stream_is_refused(unique) -> None:
     with pytest.raises(ValueError, match="train_len: saved 8 vs now 16"):
         PackedSampler(ds, 16, 2, seed=1).load_state_dict(state)
     with pytest.raises(ValueError, match="packing: saved 'concat' vs now 'best_fit'"):
-        PackedSampler(ds, 8, 2, seed=1, packing="best_fit").load_state_dict(state)
+        PackedSampler(ds, 8, 2, seed=1, packing=RowPacking(strategy="best_fit")).load_state_dict(
+            state
+        )
     with pytest.raises(ValueError, match=r"length_upsample: saved \{\} vs now \{'30-': 2.0\}"):
-        PackedSampler(ds, 8, 2, seed=1, upsample={"30-": 2.0}).load_state_dict(state)
+        PackedSampler(ds, 8, 2, seed=1, packing=RowPacking(upsample={"30-": 2.0})).load_state_dict(
+            state
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -291,7 +312,9 @@ def test_integer_weights_repeat_each_document_exactly(unique, packing) -> None:
     lengths = ds.doc_lengths()
     weights = {"1-3": 0.0, "3-20": 1.0, "30-": 3.0}
     copies = np.where(lengths < 3, 0, np.where(lengths >= 30, 3, 1))
-    sampler = PackedSampler(ds, 8, 2, seed=7, packing=packing, shuffle_block=4, upsample=weights)
+    sampler = PackedSampler(
+        ds, 8, 2, seed=7, packing=RowPacking(strategy=packing, shuffle_block=4, upsample=weights)
+    )
     rows = sampler.schedule.epoch_rows(0)
     batch = sampler.make_batch(0, len(rows))
     check_batch(batch, offsets, ds.eos_id, packing)
@@ -305,7 +328,11 @@ def test_integer_weights_repeat_each_document_exactly(unique, packing) -> None:
 def test_fractional_weights_keep_floor_or_ceil_copies_drawn_per_epoch(unique) -> None:
     ds, offsets = unique
     sampler = PackedSampler(
-        ds, 8, 1, seed=2, packing="padded", shuffle_block=4, upsample={"1-": 1.5}
+        ds,
+        8,
+        1,
+        seed=2,
+        packing=RowPacking(strategy="padded", shuffle_block=4, upsample={"1-": 1.5}),
     )
     per_epoch = []
     for epoch in range(40):
@@ -336,7 +363,7 @@ def test_upsample_weights_by_source_override_the_general_bucket() -> None:
     with pytest.raises(ValueError, match="no documents of source 'books'"):
         LengthUpsample.parse({"books:0-": 2}).weights(docs.lengths, docs.sources, docs.source_names)
     with pytest.raises(ValueError, match="per-source buckets.*carry no source"):
-        PackingSchedule(Documents(lengths), 8, upsample={"arxiv:0-": 2.0})
+        PackingSchedule(Documents(lengths), 8, packing=RowPacking(upsample={"arxiv:0-": 2.0}))
 
 
 @pytest.mark.parametrize(
@@ -379,9 +406,11 @@ def test_data_section_checks_packing_settings() -> None:
 def test_prediction_equals_the_segments_a_token_scan_finds(unique, packing, upsample) -> None:
     ds, offsets = unique
     L = 8
-    sampler = PackedSampler(ds, L, 3, seed=5, packing=packing, shuffle_block=4, upsample=upsample)
+    sampler = PackedSampler(
+        ds, L, 3, seed=5, packing=RowPacking(strategy=packing, shuffle_block=4, upsample=upsample)
+    )
     prediction = predict_trained_histogram(
-        ds, L, packing, seed=5, shuffle_block=4, upsample=upsample
+        ds, L, seed=5, packing=RowPacking(strategy=packing, shuffle_block=4, upsample=upsample)
     )
     found = np.zeros(L + 1, dtype=np.int64)
     for first in range(0, prediction.rows, 3):  # the batches a one-epoch run trains on
@@ -406,8 +435,12 @@ def test_stream_keeps_a_long_documents_whole_rows_that_concat_cuts_at_its_pieces
     start on a row boundary. Both fill every token of the epoch's rows."""
     L, n = 16, 40
     lengths = np.full(n, 3 * L + 5)
-    stream = predict_trained_histogram(lengths, L, "stream", seed=1).histogram
-    concat = predict_trained_histogram(lengths, L, "concat", seed=1).histogram
+    stream = predict_trained_histogram(
+        lengths, L, seed=1, packing=RowPacking(strategy="stream")
+    ).histogram
+    concat = predict_trained_histogram(
+        lengths, L, seed=1, packing=RowPacking(strategy="concat")
+    ).histogram
     pieces = np.bincount(naive_pieces(lengths, L), minlength=L + 1)
     rows = -(-lengths.sum() // L)  # the epoch's rows, the last running on into the next epoch
     assert stream @ np.arange(L + 1) == concat @ np.arange(L + 1) == rows * L
@@ -422,9 +455,13 @@ def test_prediction_from_a_histogram_or_an_array() -> None:
     lengths = rng.integers(1, 300, size=500)
     counts = np.bincount(lengths)
     for packing in PIECE_RULES:  # order-free: one epoch is the corpus's pieces, whatever the order
-        a = predict_trained_histogram(lengths, 64, packing, shuffle_block=50)
+        a = predict_trained_histogram(
+            lengths, 64, packing=RowPacking(strategy=packing, shuffle_block=50)
+        )
         b = predict_trained_histogram(
-            Documents.from_histogram(counts, seed=3), 64, packing, shuffle_block=50
+            Documents.from_histogram(counts, seed=3),
+            64,
+            packing=RowPacking(strategy=packing, shuffle_block=50),
         )
         assert np.array_equal(a.histogram, b.histogram)
         assert np.array_equal(a.histogram, np.bincount(naive_pieces(lengths, 64), minlength=65))
@@ -433,7 +470,9 @@ def test_prediction_from_a_histogram_or_an_array() -> None:
     assert sorted(by_source.lengths[by_source.sources == 0].tolist()) == sorted(
         lengths[:7].tolist()
     )
-    weighted = predict_trained_histogram(by_source, 64, "padded", upsample={"arxiv:0-": 2.0})
+    weighted = predict_trained_histogram(
+        by_source, 64, packing=RowPacking(strategy="padded", upsample={"arxiv:0-": 2.0})
+    )
     assert weighted.histogram.sum() == len(naive_pieces(lengths, 64)) + 2 * len(
         naive_pieces(lengths[:7], 64)
     )
@@ -444,3 +483,22 @@ def test_prediction_from_a_histogram_or_an_array() -> None:
 # --------------------------------------------------------------------------------------------
 # The trainer: one epoch trains the predicted histogram; steps without targets
 # --------------------------------------------------------------------------------------------
+
+
+def test_the_config_hands_its_packing_settings_to_the_sampler_as_one_object() -> None:
+    """DataSection.row_packing carries every packing key of the config (strategy, attention, shuffle, block,
+    upsampling) into the RowPacking the trainer's sampler and the schedule take, upsampling parsed."""
+    data = DataSection(
+        packing="best_fit", shuffle=False, shuffle_block=7, length_upsample={"0-10": 2.0}
+    )
+    rows = data.row_packing()
+    assert (rows.strategy, rows.attention, rows.shuffle, rows.shuffle_block) == (
+        "best_fit",
+        "document",
+        False,
+        7,
+    )
+    assert rows.upsample == LengthUpsample.parse({"0-10": 2.0})
+    assert RowPacking(upsample=None).upsample == LengthUpsample()
+    with pytest.raises(ValueError, match="attention='row'"):
+        RowPacking("best_fit", "row")

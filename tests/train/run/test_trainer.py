@@ -28,6 +28,7 @@ from posfreq.scripts.commands import pretrain
 from posfreq.train.checkpoint import layout as ckpt
 from posfreq.train.checkpoint.safe_load import CheckpointError
 from posfreq.train.data.packing import PackedSampler
+from posfreq.train.data.packing_schedule import RowPacking
 from posfreq.train.data.shards import TokenDataset
 from posfreq.train.model.transformer import Transformer
 from posfreq.train.run.config import ConfigError
@@ -394,7 +395,9 @@ def test_validation_loss_equals_a_full_logits_cross_entropy_of_the_final_weights
     config = ckpt.load_model_config(tmp_path / "val/checkpoints" / ckpt.milestone_name(8192))
     model = Transformer(config).eval()
     model.load_state_dict(weights(tmp_path / "val/checkpoints" / ckpt.milestone_name(8192)))
-    batch = next(PackedSampler(TokenDataset(data_dir), 128, 6, seed=0, shuffle=False))
+    batch = next(
+        PackedSampler(TokenDataset(data_dir), 128, 6, seed=0, packing=RowPacking(shuffle=False))
+    )
     with torch.no_grad():
         logits = model(batch.input_ids, batch.cu_seqlens, batch.max_seqlen)
     expected = F.cross_entropy(

@@ -16,7 +16,11 @@ from helpers.packing import PIECE_RULES, naive_f, naive_pieces
 from posfreq.analysis.corpus.frequency import position_frequency
 from posfreq.train.checkpoint import layout as ckpt
 from posfreq.train.data.packing import IGNORE_INDEX, PackedSampler
-from posfreq.train.data.packing_schedule import PackingSchedule, predict_trained_histogram
+from posfreq.train.data.packing_schedule import (
+    PackingSchedule,
+    RowPacking,
+    predict_trained_histogram,
+)
 from posfreq.train.data.packing_strategies import STRATEGIES
 from posfreq.train.data.shards import ShardWriter, TokenDataset
 from posfreq.train.model.transformer import Transformer
@@ -92,7 +96,10 @@ def test_one_epoch_trains_exactly_the_predicted_histogram(
     train_dir, tmp_path, packing, upsample
 ) -> None:
     prediction = predict_trained_histogram(
-        TokenDataset(train_dir), L_TRAIN, packing, seed=3, shuffle_block=7, upsample=upsample
+        TokenDataset(train_dir),
+        L_TRAIN,
+        seed=3,
+        packing=RowPacking(strategy=packing, shuffle_block=7, upsample=upsample),
     )
     history = pretrain.train(
         config_from_dict(
@@ -162,10 +169,10 @@ def test_trainer_resume_with_best_fit_and_upsampling_matches_an_uninterrupted_ru
         predict_trained_histogram(
             TokenDataset(train_dir),
             L_TRAIN,
-            "best_fit",
             seed=3,
-            shuffle_block=7,
-            upsample=data["length_upsample"],
+            packing=RowPacking(
+                strategy="best_fit", shuffle_block=7, upsample=data["length_upsample"]
+            ),
         ).rows
         + 5
     )  # into the second epoch
@@ -212,12 +219,14 @@ def test_an_epoch_whose_draws_keep_no_document_is_passed_not_fatal(tmp_path):
     the stream goes on with the next epoch, every row still a real row; weights that give every present document 0
     are refused."""
     ds = TokenDataset(byte_shards(tmp_path, [9, 12, 7]))
-    plan = PackingSchedule(ds, 8, "concat", seed=0, upsample={"0-": 0.5})
+    plan = PackingSchedule(
+        ds, 8, seed=0, packing=RowPacking(strategy="concat", upsample={"0-": 0.5})
+    )
     empty = [e for e in range(40) if plan.predict_epoch(e).tokens == 0]
     assert empty, "no empty epoch drawn: pick another seed for this test"
-    sampler = PackedSampler(ds, 8, 2, seed=0, upsample={"0-": 0.5})
+    sampler = PackedSampler(ds, 8, 2, seed=0, packing=RowPacking(upsample={"0-": 0.5}))
     for _ in range(60):  # walks well past the first empty epoch
         batch = next(sampler)
         assert (batch.targets != IGNORE_INDEX).any()
     with pytest.raises(ValueError, match="gives every document weight 0"):
-        next(PackedSampler(ds, 8, 2, seed=0, upsample={"0-100": 0.0}))
+        next(PackedSampler(ds, 8, 2, seed=0, packing=RowPacking(upsample={"0-100": 0.0})))
