@@ -26,9 +26,9 @@ from posfreq.analysis.niah.decoding import (
 from posfreq.analysis.niah.needles import NiahBuilder
 from posfreq.analysis.niah.settings import (
     MAX_PROBE_LENGTH,
+    PRECISIONS,
     ProbeError,
     ProbeSettings,
-    resolve_precision,
 )
 from posfreq.analysis.niah.sources import Builders, ModelSource, checkpoint_source, milestones
 from posfreq.train.atomic import atomic_open
@@ -37,6 +37,28 @@ from posfreq.train.model.attention_kernels import BackendError, explain_backend
 from posfreq.train.positions.schemes import SINGLE_PASS_SCHEMES
 from posfreq.train.progress import progress_bar
 from posfreq.train.run_lock import RunLock
+
+
+def token_budget(value: int | str | None, device: torch.device, on_cpu: int) -> int | None:
+    """--batch-tokens or --prefill-tokens as the runner takes it: `auto` is `on_cpu` on a CPU and no cap (None)
+    elsewhere; a number or None stays as given."""
+    if value == "auto":
+        return on_cpu if device.type == "cpu" else None
+    return value
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """`auto` -> bfloat16 autocast on CUDA, float32 on CPU."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {PRECISIONS}")
+    if precision == "auto":
+        return "bfloat16" if device.type == "cuda" else "float32"
+    if precision == "bfloat16-prefill" and device.type != "cpu":
+        raise ValueError(
+            "precision bfloat16-prefill is for CPUs (a bf16 prompt forward, float32 decoding steps); "
+            f"on {device.type} use auto or bfloat16"
+        )
+    return precision
 
 
 @dataclass

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Literal, Optional, Union, get_args
+from typing import Literal, Optional, Union, get_args
 
 from posfreq.analysis.niah.needles import ANSWER_BUDGET
-from posfreq.train.positions.schemes import SCHEMES
-
-if TYPE_CHECKING:
-    import torch
+from posfreq.train.positions.names import SCHEMES
 
 Precision = Literal["auto", "float32", "bfloat16", "bfloat16-prefill"]
 BosPolicy = Literal["auto", "always", "never"]
@@ -32,14 +29,6 @@ CPU_BATCH_TOKENS = 8192
 """--batch-tokens auto on a CPU: the most test tokens decoded together."""
 CPU_PREFILL_TOKENS = 2048
 """--prefill-tokens auto on a CPU: the most prompt tokens in one forward (train.model.transformer.row_groups)."""
-
-
-def token_budget(value: int | str | None, device: torch.device, on_cpu: int) -> int | None:
-    """--batch-tokens or --prefill-tokens as the runner takes it: `auto` is `on_cpu` on a CPU and no cap (None)
-    elsewhere; a number or None stays as given."""
-    if value == "auto":
-        return on_cpu if device.type == "cpu" else None
-    return value
 
 
 class ProbeError(ValueError):
@@ -175,17 +164,3 @@ def parse_lengths(spec: str) -> list[int]:
             "Fix: shorter lengths"
         )
     return sorted(set(lengths))
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """`auto` -> bfloat16 autocast on CUDA, float32 on CPU."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; choose one of {PRECISIONS}")
-    if precision == "auto":
-        return "bfloat16" if device.type == "cuda" else "float32"
-    if precision == "bfloat16-prefill" and device.type != "cpu":
-        raise ValueError(
-            "precision bfloat16-prefill is for CPUs (a bf16 prompt forward, float32 decoding steps); "
-            f"on {device.type} use auto or bfloat16"
-        )
-    return precision

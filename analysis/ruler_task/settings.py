@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
-from posfreq.train.positions.schemes import SCHEMES
+from posfreq.train.positions.names import SCHEMES
 
 SchemeName = Literal[SCHEMES]
 

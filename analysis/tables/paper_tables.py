@@ -20,9 +20,8 @@ import numpy as np
 
 from posfreq.analysis.table_files import markdown_table
 from posfreq.analysis.tables.measures import PASS, TF_PASS, scores_by_test
-from posfreq.analysis.tables.paired_tests import holm_adjust, mcnemar_exact
 from posfreq.analysis.tables.pass_curve import Analysis, percentile_interval, wilson_interval
-from posfreq.train.positions.schemes import SCHEMES
+from posfreq.train.positions.names import SCHEMES
 
 TABLE1_MEASURES = {"greedy": PASS, "teacher_forced": TF_PASS}
 """Table 1's --measure: a test passes when its greedy answer holds enough needles (the paper's), or, under teacher
@@ -138,6 +137,11 @@ def table1(
     interval (the same resampled tests for both; empty for the baseline itself and where it lacks the length). Pass
     rates also get the exact McNemar test against the baseline, Holm-adjusted over every such comparison in the
     table."""
+    from posfreq.analysis.tables.paired_tests import (  # scipy: when tables are made
+        holm_adjust,
+        mcnemar_exact,
+    )
+
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
     shared = shared_tests(outcomes)

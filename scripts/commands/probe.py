@@ -44,7 +44,7 @@ import torch
 from jsonargparse import ArgumentParser, Namespace
 
 from posfreq.analysis.keys import probe_result_key
-from posfreq.analysis.niah.runner import Job, probe_models, probe_run
+from posfreq.analysis.niah.runner import Job, probe_models, probe_run, token_budget
 from posfreq.analysis.niah.settings import (
     CPU_BATCH_TOKENS,
     CPU_PREFILL_TOKENS,
@@ -52,7 +52,6 @@ from posfreq.analysis.niah.settings import (
     ProbeError,
     ProbeSettings,
     parse_lengths,
-    token_budget,
 )
 from posfreq.analysis.niah.sources import Builders, checkpoint_source, hf_source
 from posfreq.analysis.niah.store import StaleResults, check_results_dir

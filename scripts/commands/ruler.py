@@ -12,8 +12,6 @@ import sys
 from dataclasses import fields
 from typing import Sequence
 
-from posfreq.analysis.ruler_task.evaluate import RulerError
-from posfreq.analysis.ruler_task.runner import run
 from posfreq.analysis.ruler_task.settings import RulerSettings
 from posfreq.train.command_line import command_parser, parse, summary
 from posfreq.train.outdir import OutputDirError
@@ -35,6 +33,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = RulerSettings(**{f.name: args[f.name] for f in fields(RulerSettings)})
     except ValueError as err:
         parser.error(str(err))
+    # what only running needs, imported once the flags are parsed: a usage error stays instant
+    from posfreq.analysis.ruler_task.evaluate import RulerError
+    from posfreq.analysis.ruler_task.runner import run
+
     try:
         run(settings)
     except (RulerError, OutputDirError, ValueError) as err:

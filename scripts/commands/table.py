@@ -30,7 +30,6 @@ from posfreq.analysis.niah.settings import (
     PROBE_BATCH_SIZE,
     ProbeSettings,
     parse_lengths,
-    token_budget,
 )
 from posfreq.analysis.niah.store import StaleResults
 from posfreq.analysis.table_files import read_csv, write_csv
@@ -52,8 +51,7 @@ from posfreq.analysis.tables.paper_tables import (
 from posfreq.train.atomic import write_json_atomic, write_text_atomic
 from posfreq.train.command_line import add_alias, command_parser, parse, parse_shard, summary
 from posfreq.train.outdir import OutputDirError, claim_output_dir
-from posfreq.train.positions.schemes import SCHEMES
-from posfreq.train.positions.string import shift_from_effective_length
+from posfreq.train.positions.names import SCHEMES
 from posfreq.train.run_lock import RunLockError
 
 if TYPE_CHECKING:  # what only running needs is imported there: the parser stays quick
@@ -185,7 +183,7 @@ def row_settings(args) -> ProbeSettings:
 
 def probe_job(args, settings: ProbeSettings, device: torch.device) -> Job:
     """The probe job of one row: its settings, --niah-lengths, and the probe's default batching on `device`."""
-    from posfreq.analysis.niah.runner import Job
+    from posfreq.analysis.niah.runner import Job, token_budget
 
     lengths = parse_lengths(args.niah_lengths) if args.niah_lengths else None
     return Job(
@@ -219,6 +217,8 @@ def resolved_options(args, schemes: list[str]) -> tuple[int, dict[str, dict], Ca
 def auto_shift(args, out: Path, train_len: int) -> tuple[int | None, str]:
     """(STRING's S from rope's measured effective length, how it was found): train/positions/string.py's
     shift_from_effective_length on the rope probe's effective length under --measure (None: no S to derive)."""
+    from posfreq.train.positions.string import shift_from_effective_length
+
     # rope's probe scored its tests under --measure (run_probe), so its effective length is that measure's
     rows = read_csv(out / "niah" / "rope" / store.EFFECTIVE_LENGTH_FILE)
     effective = int(rows[-1]["effective_length"] or 0)

@@ -39,6 +39,7 @@ import math
 from typing import get_type_hints
 
 from posfreq.train.positions.dca import DualChunkScheme
+from posfreq.train.positions.names import SCHEMES
 from posfreq.train.positions.rotary import Rotary, RotaryBase, ntk_inv_freq, yarn_parameters
 from posfreq.train.positions.scheme import PositionScheme, ReRoPEScheme, SelfExtendScheme
 from posfreq.train.positions.string import STRING_TEMPERATURE, StringScheme, string_shift_window
@@ -197,8 +198,6 @@ _BUILDERS = {
     "yarn": _yarn,
 }
 
-SCHEMES = tuple(_BUILDERS)
-"""Every scheme, in posfreq's own model and in any transformers model (train/positions/hf_schemes.py)."""
 SINGLE_PASS_SCHEMES = tuple(
     name for name, build in _BUILDERS.items() if get_type_hints(build)["return"].single_pass
 )

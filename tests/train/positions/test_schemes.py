@@ -297,3 +297,10 @@ def test_a_scheme_is_single_pass_exactly_when_its_attention_is_one_causal_pass()
     for name, scheme in built.items():  # a single-pass scheme sees every distance as m - n
         plain = (scheme.distances(256) == build_scheme("rope", rope, 256).distances(256)).all()
         assert plain == scheme.single_pass, name
+
+
+def test_the_torch_free_scheme_names_are_the_registered_builders_in_order() -> None:
+    """Command lines offer train/positions/names.py's SCHEMES before torch loads; each must be a builder here."""
+    from posfreq.train.positions import names, schemes
+
+    assert names.SCHEMES == tuple(schemes._BUILDERS) == schemes.SCHEMES
