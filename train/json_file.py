@@ -1,9 +1,11 @@
 """Reading a JSON object a user or an earlier run left on disk: every way the file can be wrong (unreadable, not
-UTF-8, not JSON, not an object) is one error of the caller's type naming the file and the caller's fix."""
+UTF-8, not JSON, not an object) is one error of the caller's type naming the file and the caller's fix; and
+checking the numbers such a file holds."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 
@@ -26,3 +28,19 @@ def read_json_object(
     if not isinstance(data, dict):
         raise error(f"{name} holds a JSON {type(data).__name__}, not an object. {fix}")
     return data
+
+
+def finite_numbers(values: object, count: int, low: float, high: float) -> bool:
+    """Whether `values` (read from JSON) is a list of `count` finite numbers in [low, high]: NaN, infinities,
+    booleans and strings are not."""
+    return (
+        isinstance(values, list)
+        and len(values) == count
+        and all(
+            isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and math.isfinite(v)
+            and low <= v <= high
+            for v in values
+        )
+    )

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from posfreq.train.atomic import write_json_atomic, write_text_atomic
-from posfreq.train.json_file import read_json_object
+from posfreq.train.json_file import finite_numbers, read_json_object
 from posfreq.train.outdir import (
     check_output_dir,
     claim_output_dir,
@@ -377,21 +377,6 @@ TEACHER_FORCED_FIELDS = (("tf_token_accuracy", 0.0, 1.0), ("tf_logprob", -math.i
 that decodes nothing must have them), so a damaged score never becomes a table's number."""
 
 
-def _numbers_in(values: object, count: int, low: float, high: float) -> bool:
-    """Whether `values` is a list of `count` finite JSON numbers in [low, high] (NaN and booleans are not)."""
-    return (
-        isinstance(values, list)
-        and len(values) == count
-        and all(
-            isinstance(v, (int, float))
-            and not isinstance(v, bool)
-            and math.isfinite(v)
-            and low <= v <= high
-            for v in values
-        )
-    )
-
-
 def checked_records(
     out: Path, length: int, marker: dict, greedy: bool = True, tests: int | None = None
 ) -> list[dict]:
@@ -426,7 +411,9 @@ def checked_records(
         needles = len(record.get("needles", ()))
         for name, low, high in TEACHER_FORCED_FIELDS:
             values = record.get(name)
-            if (values is not None or not greedy) and not _numbers_in(values, needles, low, high):
+            if (values is not None or not greedy) and not finite_numbers(
+                values, needles, low, high
+            ):
                 raise StaleResults(
                     f"{where}: {name} must be a number in [{low}, {high}] per needle, got {values!r:.60}. {fix}"
                 )

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from posfreq.train.json_file import read_json_object
@@ -34,3 +36,21 @@ def test_a_missing_file_names_the_reason_and_an_object_is_returned(tmp_path):
         read_json_object(tmp_path / "gone.json", Refused, "Fix: x")
     (tmp_path / "ok.json").write_text('{"a": [1, {"b": null}]}')
     assert read_json_object(tmp_path / "ok.json", Refused, "Fix: x") == {"a": [1, {"b": None}]}
+
+
+def test_finite_numbers_refuses_what_json_can_smuggle_in_as_a_number() -> None:
+    from posfreq.train.json_file import finite_numbers
+
+    assert finite_numbers([0, 0.5, 1.0], 3, 0.0, 1.0)
+    assert finite_numbers([-3.0, 0.0], 2, -math.inf, 0.0)
+    for bad in (
+        [0.5, 0.5],
+        [0.5, 2.0, 0.1],
+        [True, 0.5, 0.5],
+        [float("nan")] * 3,
+        ["1", 0, 0],
+        None,
+        (0, 0, 0),
+    ):
+        assert not finite_numbers(bad, 3, 0.0, 1.0), bad
+    assert not finite_numbers([-math.inf, 0.0], 2, -math.inf, 0.0)  # in range, but not finite
