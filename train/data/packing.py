@@ -162,15 +162,15 @@ class PackedSampler:
 
     def _stream_identity(self) -> dict:
         """Settings that define the row stream; a saved state is only valid for the same ones."""
-        schedule = self.schedule
+        rows = self.schedule.row_packing
         return {
             "seed": self.seed,
             "train_len": self.train_len,
-            "packing": schedule.packing_name,
-            "attention": schedule.attention,
-            "shuffle": schedule.shuffle,
-            "shuffle_block": schedule.shuffle_block,
-            "length_upsample": schedule.upsample.as_dict(),
+            "packing": rows.strategy,
+            "attention": rows.attention,
+            "shuffle": rows.shuffle,
+            "shuffle_block": rows.shuffle_block,
+            "length_upsample": rows.upsample.as_dict(),
             "num_docs": self.dataset.num_docs,
             "num_tokens": self.dataset.num_tokens,
             "pad_id": self.pad_id,

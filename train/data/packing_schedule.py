@@ -141,23 +141,19 @@ class PackingSchedule:
             raise ValueError(f"seed must be >= 0, got {seed}")
         if corpus.num_docs == 0:
             raise ValueError("the corpus holds no documents")
-        self.corpus, self.train_len, self.seed, self.rows = corpus, train_len, seed, packing
-        self.packing_name, self.attention = packing.strategy, packing.attention
-        self.shuffle, self.shuffle_block, self.upsample = (
-            packing.shuffle,
-            packing.shuffle_block,
-            packing.upsample,
-        )
+        self.corpus, self.train_len, self.seed, self.row_packing = corpus, train_len, seed, packing
         self.packing = make_packing(packing.strategy, train_len, packing.attention)
         self._sources = (
             corpus if isinstance(corpus, Documents) and corpus.sources is not None else None
         )
-        if self.upsample.sources and self._sources is None:
+        if self.row_packing.upsample.sources and self._sources is None:
             raise ValueError(
-                f"length_upsample has per-source buckets ({list(self.upsample.sources)}) but these "
+                f"length_upsample has per-source buckets ({list(self.row_packing.upsample.sources)}) but these "
                 "documents carry no source (token shards do not record one)"
             )
-        self._bounds = np.append(np.arange(0, corpus.num_docs, self.shuffle_block), corpus.num_docs)
+        self._bounds = np.append(
+            np.arange(0, corpus.num_docs, self.row_packing.shuffle_block), corpus.num_docs
+        )
         self._walked: list[Cursor] = [
             Cursor(0, 0, 0, 0)
         ]  # block starts known so far, in stream order
@@ -176,7 +172,7 @@ class PackingSchedule:
         n = len(self._bounds) - 1
         return (
             np.random.default_rng([self.seed, epoch]).permutation(n)
-            if self.shuffle
+            if self.row_packing.shuffle
             else np.arange(n)
         )
 
@@ -186,18 +182,22 @@ class PackingSchedule:
         a, b = int(self._bounds[block]), int(self._bounds[block + 1])
         lengths = self.corpus.doc_lengths(a, b)
         ids = np.arange(b - a)
-        if self.upsample:
+        if self.row_packing.upsample:
             sources = None if self._sources is None else self._sources.doc_sources(a, b)
             names = () if self._sources is None else self._sources.source_names
             ids = np.repeat(
                 ids,
-                self.upsample.copies(
+                self.row_packing.upsample.copies(
                     lengths, np.random.default_rng([self.seed, epoch, block, 1]), sources, names
                 ),
             )
-        if self.shuffle:
+        if self.row_packing.shuffle:
             ids = ids[np.random.default_rng([self.seed, epoch, block]).permutation(len(ids))]
-        rng = np.random.default_rng([self.seed, epoch, block, 2]) if self.shuffle else None
+        rng = (
+            np.random.default_rng([self.seed, epoch, block, 2])
+            if self.row_packing.shuffle
+            else None
+        )
         return self.packing.plan_block(a + ids, lengths[ids], rng)
 
     def _next(self, cursor: Cursor) -> Cursor:
@@ -206,10 +206,10 @@ class PackingSchedule:
         if cursor.position + 1 < len(self._bounds) - 1:
             after = Cursor(first, cursor.epoch, cursor.position + 1, cursor.epoch_first_unit)
         elif first == cursor.epoch_first_unit and not some_document_has_weight(
-            self.corpus, self.upsample
+            self.corpus, self.row_packing.upsample
         ):
             raise ValueError(
-                f"epoch {cursor.epoch} holds no tokens: length_upsample {self.upsample.as_dict()} "
+                f"epoch {cursor.epoch} holds no tokens: length_upsample {self.row_packing.upsample.as_dict()} "
                 "gives every document weight 0"
             )
         else:  # an epoch whose random draws kept no document (fractional weights, tiny corpus) is simply passed
