@@ -10,13 +10,14 @@ the underscore spelling of a dataclass key (`--data.train_len`, the YAML key) is
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, NoReturn, Sequence
+from typing import Any, Iterable, NoReturn, Sequence
 
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, set_parsing_settings
@@ -257,6 +258,15 @@ def add_alias(parser: argparse.ArgumentParser, key: str, alias: str) -> None:
         raise ValueError(f"{alias} already names an option of {parser.prog}")
     action.option_strings.append(alias)
     parser._option_string_actions[alias] = action
+
+
+def settings_from(cls: type, args: Namespace, skip: Iterable[str] = (), **given: Any) -> Any:
+    """An instance of the settings dataclass `cls` from its fields in the parsed `args` (those in `skip` left at
+    their defaults, `given` set here); a value its checks refuse raises their ValueError."""
+    values = {
+        f.name: args[f.name] for f in dataclasses.fields(cls) if f.name not in {*skip, *given}
+    }
+    return cls(**values, **given)
 
 
 CODE_KEYS = ("class_path", "init_args", "dict_kwargs", "__path__")

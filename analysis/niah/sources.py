@@ -188,23 +188,25 @@ def scheme_resolver(spec: str, engine: str) -> tuple[int, Callable[[str, dict], 
         from posfreq.train.positions.rotary import RotaryBase
 
         config = load_model_config(spec)
+        train_len = config.train_len
         rope = RotaryBase(config.head_dim, config.rope_base, config.rope_scaling)
-        return config.train_len, lambda name, options: dict(
-            build_scheme(name, rope, config.train_len, **options).options
-        )
-    from transformers import AutoConfig
+    else:
+        from transformers import AutoConfig
 
-    from posfreq.train.positions.hf_schemes import rotary_base, scheme_options
+        from posfreq.train.positions.hf_schemes import rotary_base, scheme_options
 
-    refuse_custom_code(directory, "the model folder")
-    hf_config = AutoConfig.from_pretrained(directory, trust_remote_code=False)
-    train_len = hf_config.max_position_embeddings
-    if engine == "posfreq":  # posfreq's own model runs the schemes: their options
+        refuse_custom_code(directory, "the model folder")
+        hf_config = AutoConfig.from_pretrained(directory, trust_remote_code=False)
+        train_len = hf_config.max_position_embeddings
+        if engine != "posfreq":  # transformers runs the schemes: its adapter's options
+            return train_len, lambda name, options: scheme_options(
+                hf_config, name, train_len, **options
+            )
         rope = rotary_base(hf_config)
-        return train_len, lambda name, options: dict(
-            build_scheme(name, rope, train_len, **options).options
-        )
-    return train_len, lambda name, options: scheme_options(hf_config, name, train_len, **options)
+    # posfreq's own model runs the schemes (our checkpoint, or an hf:DIR under --engine posfreq): their options
+    return train_len, lambda name, options: dict(
+        build_scheme(name, rope, train_len, **options).options
+    )
 
 
 def _length_and_vocabulary(directory: Path, raw: dict) -> tuple[int, int]:

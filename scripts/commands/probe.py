@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence, Union
 
@@ -58,7 +57,7 @@ from posfreq.analysis.niah.store import StaleResults, check_results_dir
 from posfreq.analysis.plots.derived import draw_model, draw_run
 from posfreq.analysis.tables.derive import derive_model, derive_run, effective_length_line
 from posfreq.analysis.tables.pass_curve import Analysis
-from posfreq.train.command_line import command_parser, parse, parse_shard
+from posfreq.train.command_line import command_parser, parse, parse_shard, settings_from
 from posfreq.train.data.tokenizer import hf_dir
 from posfreq.train.devices import resolve_device
 from posfreq.train.model.attention_kernels import BACKENDS
@@ -181,7 +180,7 @@ def build_parser() -> ArgumentParser:
 def from_args(cls: type, args: Namespace, parser: ArgumentParser) -> Any:
     """An instance of the dataclass `cls` from its fields in `args`; a value its checks refuse is a usage error."""
     try:
-        return cls(**{f.name: args[f.name] for f in fields(cls)})
+        return settings_from(cls, args)
     except ValueError as err:
         parser.error(str(err))
 

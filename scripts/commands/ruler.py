@@ -9,11 +9,10 @@ What runs and what is written: analysis/ruler_task/runner.py and docs/ruler.md.
 from __future__ import annotations
 
 import sys
-from dataclasses import fields
 from typing import Sequence
 
 from posfreq.analysis.ruler_task.settings import RulerSettings
-from posfreq.train.command_line import command_parser, parse, summary
+from posfreq.train.command_line import command_parser, parse, settings_from, summary
 from posfreq.train.outdir import OutputDirError
 
 
@@ -30,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parse(parser, argv)
     try:
-        settings = RulerSettings(**{f.name: args[f.name] for f in fields(RulerSettings)})
+        settings = settings_from(RulerSettings, args)
     except ValueError as err:
         parser.error(str(err))
     # what only running needs, imported once the flags are parsed: a usage error stays instant

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 from argparse import ArgumentTypeError
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Literal, Optional, Sequence, Union
 
@@ -49,7 +49,14 @@ from posfreq.analysis.tables.paper_tables import (
     table2_document,
 )
 from posfreq.train.atomic import write_json_atomic, write_text_atomic
-from posfreq.train.command_line import add_alias, command_parser, parse, parse_shard, summary
+from posfreq.train.command_line import (
+    add_alias,
+    command_parser,
+    parse,
+    parse_shard,
+    settings_from,
+    summary,
+)
 from posfreq.train.outdir import OutputDirError, claim_output_dir
 from posfreq.train.positions.names import SCHEMES
 from posfreq.train.run_lock import RunLockError
@@ -173,10 +180,10 @@ def engine_of(args) -> str:
 def row_settings(args) -> ProbeSettings:
     """The probe settings every row shares (each row then sets its scheme and options): ProbeSettings' flags,
     with --measure (teacher_forced decodes nothing) and --engine resolved."""
-    shared = {f.name: args[f.name] for f in fields(ProbeSettings) if f.name not in ROW_SET}
-    greedy = args.measure == "greedy"
-    try:
-        return ProbeSettings(**shared, greedy=greedy, engine=engine_of(args))
+    try:  # positions and their options stay at the defaults here: each row sets its own
+        return settings_from(
+            ProbeSettings, args, ROW_SET, greedy=args.measure == "greedy", engine=engine_of(args)
+        )
     except ValueError as err:
         raise TableError(str(err)) from None
 
