@@ -37,10 +37,11 @@ test: setup
 	@$(SHELLCHECK_NOTE)
 	$(PY) -m pytest -q
 
-# The quick loop while editing: everything but the tests marked slow (subprocesses, the demo, venvs).
+# The quick loop while editing: everything but the tests marked slow (subprocesses, the demo, venvs, lm-eval, and
+# any test over about a second on 2 cores), one worker per core.
 test-fast: setup
 	@$(SHELLCHECK_NOTE)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" -n auto
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -33,7 +33,8 @@ from posfreq.analysis.corpus.frequency import position_frequency
 from posfreq.train.data.packing import PackedSampler
 from posfreq.train.data.packing_schedule import EpochPrediction, PackingSchedule, RowPacking
 from posfreq.train.data.packing_strategies import STRATEGIES
-from posfreq.train.data.shards import ShardWriter, TokenDataset
+from posfreq.train.data.tokens.shard_files import ShardWriter
+from posfreq.train.data.tokens.shards import TokenDataset
 
 GOAL = 10.0  # packing should run at least this many times faster than the trainer consumes rows
 

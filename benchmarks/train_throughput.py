@@ -26,7 +26,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from posfreq.train.data.packing import IGNORE_INDEX, PackedSampler  # noqa: E402
-from posfreq.train.data.shards import ShardWriter, TokenDataset  # noqa: E402
+from posfreq.train.data.tokens.shard_files import ShardWriter  # noqa: E402
+from posfreq.train.data.tokens.shards import TokenDataset  # noqa: E402
 from posfreq.train.model.config import model_preset  # noqa: E402
 from posfreq.train.model.transformer import Transformer  # noqa: E402
 from posfreq.train.run.config import config_from_dict  # noqa: E402

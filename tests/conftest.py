@@ -10,6 +10,11 @@ import torch
 # The trainer tests' run fixtures (data_dir, resumable, uninterrupted), made once per session.
 pytest_plugins = ("helpers.trainer",)
 
+if os.environ.get(
+    "PYTEST_XDIST_WORKER"
+):  # make test-fast: one worker per core, so one thread per worker
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="module")
 def one_thread():

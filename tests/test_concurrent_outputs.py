@@ -184,6 +184,7 @@ def demo(tmp: Path, monkeypatch) -> tuple:
 CASES: list[Case] = [export_hf, analyze, compare, effective_length, loss_by_distance, doctor, demo]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="flock")
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.__name__.replace("_", "-"))
 def test_a_second_writer_of_one_out_is_refused_before_anything_is_touched(
@@ -308,6 +309,7 @@ NESTING = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case, rewritten, rerun, refused, inside", NESTING)
 def test_a_rerun_never_deletes_a_neighbours_results_nested_in_its_out(
     case: Case,

@@ -51,7 +51,12 @@ def block_params() -> list:
     for page in PAGES:
         name = page.relative_to(ROOT).as_posix()
         for index, (line, code) in enumerate(python_blocks(page)):
-            params.append(pytest.param(name, line, code, id=f"{name}-block{index}-line{line}"))
+            slow = (
+                [pytest.mark.slow] if "import lm_eval" in code else []
+            )  # lm-eval's import alone: ~12 s
+            params.append(
+                pytest.param(name, line, code, id=f"{name}-block{index}-line{line}", marks=slow)
+            )
     return params
 
 

@@ -91,7 +91,7 @@ def test_the_laptop_recipe_trains_a_model_the_probe_measures_up_to_its_training_
         ("0", str(train_len))
     ] * 2  # the seed read, not dropped
     assert posfreq(["export-hf", "--checkpoint", str(milestones[-1]), "--out", "runs/hf"]) == 0
-    from posfreq.train.checkpoint.layout import load_model
+    from posfreq.train.checkpoint.load import load_model
     from posfreq.train.model.hf import load_hf_model
 
     ours, _, _ = load_model(milestones[-1])

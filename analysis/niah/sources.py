@@ -49,7 +49,7 @@ class ModelSource:
 
             return load_transformers_model(self.path, settings, device, self.train_len)
         if self.kind == "checkpoint":
-            from posfreq.train.checkpoint.layout import load_model
+            from posfreq.train.checkpoint.load import load_model
 
             model, _, _ = load_model(
                 self.path, device="cpu", dtype=torch.float32, attention_backend=attention_backend
@@ -67,12 +67,9 @@ class ModelSource:
 
 
 def checkpoint_source(path: Path, settings: ProbeSettings) -> ModelSource:
-    """One of our checkpoints (trainer milestone or consolidated directory), as train.checkpoint.layout reads it."""
-    from posfreq.train.checkpoint.layout import (
-        MODEL_CONFIG_FILE,
-        CheckpointError,
-        read_checkpoint_info,
-    )
+    """One of our checkpoints (trainer milestone or consolidated directory), as train.checkpoint.load reads it."""
+    from posfreq.train.checkpoint.layout import MODEL_CONFIG_FILE, CheckpointError
+    from posfreq.train.checkpoint.load import read_checkpoint_info
 
     if settings.engine == "transformers":
         raise ProbeError(
@@ -98,7 +95,7 @@ def checkpoint_source(path: Path, settings: ProbeSettings) -> ModelSource:
             f"{path}: no tokenizer_spec.json. Fix: pass --tokenizer SPEC (llama3, bytes, hf:DIR)"
         )
     if settings.tokenizer is None and info.tokenizer_fingerprint is not None:
-        from posfreq.train.checkpoint.layout import check_tokenizer
+        from posfreq.train.checkpoint.load import check_tokenizer
 
         try:  # the tokenizer the spec names now must be, by content, the one the run trained with
             check_tokenizer(info, get_tokenizer(info.tokenizer_spec))

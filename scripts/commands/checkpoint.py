@@ -16,10 +16,7 @@ from jsonargparse import ArgumentParser
 from posfreq.train.checkpoint.consolidate import (
     consolidate,
 )
-from posfreq.train.checkpoint.layout import (
-    checkpoint_root,
-    list_checkpoints,
-)
+from posfreq.train.checkpoint.layout import checkpoint_root, list_checkpoints
 from posfreq.train.checkpoint.safe_load import CheckpointError
 from posfreq.train.command_line import command_parser, parse
 from posfreq.train.model.config import DTYPE_ALIASES, DTYPES

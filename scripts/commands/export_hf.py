@@ -2,7 +2,7 @@
 
     posfreq export-hf --checkpoint CHECKPOINT --out DIR [--tokenizer llama3|bytes|hf:<dir>|none] [--dtype bfloat16]
 
-CHECKPOINT is anything `train.checkpoint.layout.load_model` reads: a consolidated model directory
+CHECKPOINT is anything `train.checkpoint.load.load_model` reads: a consolidated model directory
 (model.safetensors + model_config.json + tokenizer_spec.json) or a trainer checkpoint. The
 tokenizer (default: the checkpoint's tokenizer_spec.json) gives the BOS/EOS ids and the tokenizer
 files (`train.data.hf_tokenizer.write_tokenizer_files`): `llama3` and `bytes` are rebuilt offline with our exact
@@ -52,7 +52,7 @@ def build_parser():
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Load the checkpoint and write the Hugging Face directory (weights, configs, tokenizer files)."""
-    from posfreq.train.checkpoint.layout import load_model
+    from posfreq.train.checkpoint.load import load_model
     from posfreq.train.checkpoint.safe_load import CheckpointError
     from posfreq.train.data.hf_tokenizer import TOKENIZER_FILES, write_tokenizer_files
     from posfreq.train.data.tokenizer import get_tokenizer

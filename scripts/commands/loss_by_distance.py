@@ -28,7 +28,7 @@ from posfreq.analysis.plots.losses import plot_loss_by_distance
 from posfreq.analysis.table_files import write_csv
 from posfreq.analysis.tables.columns import LOSS_BY_DISTANCE_COLUMNS
 from posfreq.train.atomic import write_json_atomic
-from posfreq.train.checkpoint.layout import (
+from posfreq.train.checkpoint.load import (
     check_tokenizer,
     load_model,
     read_checkpoint_info,
@@ -38,9 +38,9 @@ from posfreq.train.checkpoint.safe_load import CheckpointError
 from posfreq.train.command_line import command_parser, parse, summary
 from posfreq.train.data.hf_tokenizer import same_tokenizer
 from posfreq.train.data.packing_strategies import STRATEGIES
-from posfreq.train.data.prepare import absolute_spec
-from posfreq.train.data.shards import TokenDataset
 from posfreq.train.data.tokenizer import get_tokenizer, hf_dir
+from posfreq.train.data.tokens.rerun import absolute_spec
+from posfreq.train.data.tokens.shards import TokenDataset
 from posfreq.train.devices import resolve_device
 from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir
 from posfreq.train.run.config import DataSection

@@ -5,7 +5,7 @@
         --exclude-sources github --out /data/tokens/slimpajama --workers 16 --shard 3/64
     python scripts/prepare_data.py --corpus slimpajama --hf-dataset cerebras/SlimPajama-627B --out DIR
 
-How shards are named, resumed and validated: train/data/prepare.py.
+How shards are named, resumed and validated: train/data/tokens/prepare.py.
 """
 
 from __future__ import annotations
@@ -19,13 +19,10 @@ from jsonargparse import ArgumentParser
 from posfreq.train.command_line import command_parser, parse
 from posfreq.train.data.corpora import unmatched_sources_warning
 from posfreq.train.data.corpus_cli import add_corpus_arguments, corpus_from_args, shard_from_args
-from posfreq.train.data.prepare import (
-    VAL_DIR,
-    prepare,
-    skip_report,
-)
 from posfreq.train.data.records import CorpusError
 from posfreq.train.data.tokenizer import Tokenizer
+from posfreq.train.data.tokens.prepare import prepare, skip_report
+from posfreq.train.data.tokens.rerun import VAL_DIR
 from posfreq.train.outdir import OutputDirError
 
 _worker_tokenizer: Tokenizer | None = None
@@ -77,28 +74,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CorpusError, OutputDirError) as err:
         raise SystemExit(f"error: {err}") from None
     print(
-        f"{out}: {totals['files']} files in shard {shard[0]}/{shard[1]} "
-        f"({totals['skipped_complete']} already complete); wrote {totals['docs']:,} documents, "
-        f"{totals['tokens']:,} tokens"
+        f"{out}: {totals.files} files in shard {shard[0]}/{shard[1]} "
+        f"({totals.skipped_complete} already complete); wrote {totals.docs:,} documents, "
+        f"{totals.tokens:,} tokens"
         + (
-            f"; held out {totals['val_docs']:,} documents in {out / VAL_DIR} (data.val_dir)"
+            f"; held out {totals.val_docs:,} documents in {out / VAL_DIR} (data.val_dir)"
             if args.val_fraction
             else ""
         )
     )
     for line in skip_report(totals, out):
         print(line)
-    if totals["docs_in_out"] == 0:  # a --shard task of a corpus whose other tasks may have some
+    if totals.docs_in_out == 0:  # a --shard task of a corpus whose other tasks may have some
         print(
-            f"warning: shard {shard[0]}/{shard[1]} has no documents ({totals['filtered_items']:,} removed by the "
+            f"warning: shard {shard[0]}/{shard[1]} has no documents ({totals.filtered_items:,} removed by the "
             "source filter, "
-            f"{totals['skipped_items']:,} bad records skipped)",
+            f"{totals.skipped_items:,} bad records skipped)",
             file=sys.stderr,
         )
     warning = (
         None
-        if totals["source_counts"] is None
-        else unmatched_sources_warning(corpus.sources, totals["source_counts"])
+        if totals.source_counts is None
+        else unmatched_sources_warning(corpus.sources, totals.source_counts)
     )
     if warning:
         print(warning, file=sys.stderr)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 
 from posfreq.train.checkpoint.safe_load import CheckpointError
-from posfreq.train.data.shards import DamagedShard
+from posfreq.train.data.tokens.shard_files import DamagedShard
 from posfreq.train.run import config as run_config
 from posfreq.train.run.config import ConfigError, parse_args
 from posfreq.train.run.pretrain import RunStopped, continue_command, train

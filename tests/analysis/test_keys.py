@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from posfreq.analysis.keys import NOT_ANSWER_DECIDING, probe_code
 from posfreq.train import fingerprint
 from posfreq.train.fingerprint import REPO, code_sha256
@@ -34,6 +36,7 @@ def test_the_walk_finds_the_modules_that_decide_answers_and_leaves_out_plumbing(
     assert all((REPO / f).is_file() for f in files)
 
 
+@pytest.mark.slow
 def test_every_module_the_probe_loads_at_run_time_is_in_the_fingerprint_or_excluded_by_name():
     """Import the probe's CLI in a fresh interpreter: each posfreq module that ends up loaded is either covered
     or matches an exclusion (a module imported inside a function is covered by the static walk)."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posfreq.train.data.shards import ShardWriter
+from posfreq.train.data.tokens.shard_files import ShardWriter
 
 
 def unique_dataset(

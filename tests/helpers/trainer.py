@@ -14,6 +14,7 @@ import torch
 
 from posfreq.scripts.commands import pretrain
 from posfreq.train.checkpoint import layout as ckpt
+from posfreq.train.checkpoint.load import model_state_dict
 from posfreq.train.run import control as run_control
 from posfreq.train.run.config import config_from_dict
 from posfreq.train.run.parallel import local_launch_env
@@ -66,7 +67,7 @@ def run(cfg: dict) -> list[dict]:
 
 
 def weights(directory: Path) -> dict[str, torch.Tensor]:
-    return ckpt.model_state_dict(directory)
+    return model_state_dict(directory)
 
 
 def sigusr1_in_a_slurm_job(monkeypatch, job: str, at_step: int) -> list:

@@ -20,9 +20,9 @@ from posfreq.train.checkpoint.layout import (
     MODEL_CONFIG_FILE,
     TOKENIZER_FILE,
     TRAINER_FILE,
-    model_state_dict,
     read_checkpoint_json,
 )
+from posfreq.train.checkpoint.load import model_state_dict
 from posfreq.train.checkpoint.safe_load import CheckpointError
 from posfreq.train.checkpoint.save import write_manifest, write_weights
 from posfreq.train.journal import claimed_inside, record_written

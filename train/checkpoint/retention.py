@@ -18,10 +18,9 @@ from posfreq.train.checkpoint.layout import (
     MILESTONE_PREFIX,
     WEIGHTS_ONLY_FILES,
     list_checkpoints,
-    model_state_dict,
     read_trainer_state,
-    verify_before_reading,
 )
+from posfreq.train.checkpoint.load import model_state_dict, verify_before_reading
 from posfreq.train.checkpoint.safe_load import CheckpointError
 from posfreq.train.checkpoint.save import seal, write_weights
 

@@ -25,7 +25,7 @@ import torch
 
 from posfreq.train.data.packing_schedule import Cursor, PackingSchedule, RowPacking
 from posfreq.train.data.packing_strategies import RowLayout
-from posfreq.train.data.shards import PREPARE_HINT, TokenDataset, concat_ranges
+from posfreq.train.data.tokens.shards import PREPARE_HINT, TokenDataset, concat_ranges
 
 IGNORE_INDEX = -100
 """Target of positions that have none (a segment's last token, padding): skipped by the loss."""

@@ -34,7 +34,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from posfreq.train.data.shards import concat_ranges
+from posfreq.train.data.tokens.shards import concat_ranges
 
 Strategy = Literal["concat", "best_fit", "padded", "stream"]
 STRATEGIES: tuple[str, ...] = ("concat", "best_fit", "padded", "stream")

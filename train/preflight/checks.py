@@ -206,7 +206,7 @@ def probe_check(checkpoint: Path | None, backend: str, device: torch.device) -> 
     """Teacher-forced log-probs and greedy answers of the tiny checkpoint under rope/string/dca: backend vs sdpa."""
     import contextlib
 
-    from posfreq.train.checkpoint.layout import load_model
+    from posfreq.train.checkpoint.load import load_model
 
     if checkpoint is None:
         raise Skipped("no tiny checkpoint (the pretraining check did not pass)")

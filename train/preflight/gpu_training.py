@@ -18,7 +18,7 @@ PRETRAIN_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "pretrain_2k
 
 def random_shards(directory: Path, vocab: int, eos: int, documents: int) -> None:
     """Random documents of 16 to 4,000 tokens (log-uniform), one token shard."""
-    from posfreq.train.data.shards import ShardWriter
+    from posfreq.train.data.tokens.shard_files import ShardWriter
 
     rng = np.random.default_rng(0)
     with ShardWriter(

@@ -149,7 +149,7 @@ def _time_lines(
 def _data_vocabulary(cfg: TrainConfig) -> tuple[int | None, str]:
     """(vocabulary size, where it comes from): the token shards' in data.dir, as the trainer takes it, or None and
     why the preset's stands in (a plan is often made where the data is not)."""
-    from posfreq.train.data.shards import TokenDataset
+    from posfreq.train.data.tokens.shards import TokenDataset
 
     if not cfg.data.dir or not Path(cfg.data.dir).is_dir():
         return (

@@ -26,7 +26,7 @@ WORDS = "the cat sat on a mat and then it ran to the red house where a dog slept
 
 def write_tiny_corpus(directory: Path, max_words: int = 60) -> Path:
     """Two byte-tokenized shards of 150 short, learnable synthetic documents each (1 to max_words - 1 words)."""
-    from posfreq.train.data.shards import ShardWriter
+    from posfreq.train.data.tokens.shard_files import ShardWriter
 
     rng = np.random.default_rng(0)
     for s in range(2):

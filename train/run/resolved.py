@@ -17,8 +17,8 @@ import torch
 from posfreq.train.checkpoint import layout as ckpt
 from posfreq.train.checkpoint.safe_load import CheckpointError
 from posfreq.train.data.packing_schedule import some_document_has_weight
-from posfreq.train.data.shards import TokenDataset
 from posfreq.train.data.tokenizer import get_tokenizer
+from posfreq.train.data.tokens.shards import TokenDataset
 from posfreq.train.data.upsample import LengthUpsample
 from posfreq.train.outdir import OutputDirError
 from posfreq.train.run.config import ConfigError, TrainConfig

@@ -9,7 +9,7 @@ import torch
 
 from posfreq.train.data.packing import PackedBatch, PackedSampler
 from posfreq.train.data.packing_schedule import RowPacking
-from posfreq.train.data.shards import TokenDataset
+from posfreq.train.data.tokens.shards import TokenDataset
 from posfreq.train.run.config import TrainConfig
 from posfreq.train.run.loss_by_distance import LossByDistance, add_batch, rows_in_one_pass
 

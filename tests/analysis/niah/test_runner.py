@@ -140,6 +140,7 @@ def naive_f(hist: np.ndarray, i: int) -> int:
     return sum(int(count) * max(n - i, 0) for n, count in enumerate(hist))
 
 
+@pytest.mark.slow
 def test_run_table_f_matches_naive_eq2_and_resumes(tmp_path, monkeypatch):
     run, out = tmp_path / "run", tmp_path / "run" / "probe"
     names = make_fake_run(run, 512, {40_960: 60, 81_920: 110, 163_840: 10_000})
@@ -219,6 +220,7 @@ def test_run_table_f_matches_naive_eq2_and_resumes(tmp_path, monkeypatch):
     assert calls == sorted(names)
 
 
+@pytest.mark.slow
 def test_threshold_is_recomputed_from_stored_records_into_out_never_over_them(
     tmp_path, monkeypatch
 ):
@@ -412,6 +414,7 @@ def test_a_users_folder_is_never_a_runs_results_folder(tmp_path, monkeypatch):
     assert snapshot(user) == before
 
 
+@pytest.mark.slow
 def test_an_older_probes_results_are_adopted_and_resumed(tmp_path, monkeypatch):
     """Result folders an older posfreq wrote (key.json and its results, no owner record) are still the probe's:
     resumed without decoding again. A file of a user's among them makes the folder a user's, refused untouched."""

@@ -159,7 +159,7 @@ def test_a_chat_template_that_loops_or_overflows_is_one_error(tmp_path, template
 def test_a_consolidated_copy_has_the_checkpoints_fingerprint(tmp_path):
     """Results are keyed by the model, not by optimizer state or file layout: a consolidation shares them."""
     from posfreq.scripts.commands.checkpoint import consolidate
-    from posfreq.train.checkpoint.layout import model_fingerprint
+    from posfreq.train.checkpoint.load import model_fingerprint
 
     ckpt = write_checkpoint(tmp_path / "run", 1024, tiny_model(), np.bincount([512], minlength=513))
     state = torch.load(ckpt / "state.pt", weights_only=True)
@@ -202,6 +202,7 @@ def test_a_missing_or_unreadable_source_is_a_probe_error_the_cli_prints_as_one_l
     )
 
 
+@pytest.mark.slow
 def test_a_checkpoints_tokenizer_is_checked_by_content_before_probing_or_exporting(
     tmp_path, monkeypatch
 ):

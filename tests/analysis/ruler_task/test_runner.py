@@ -59,6 +59,7 @@ def test_essay_haystack_is_the_shipped_essays_words() -> None:
     assert essay_haystack() == words
 
 
+@pytest.mark.slow
 def test_sentence_model_splits_the_haystack_without_losing_a_word() -> None:
     from posfreq.analysis.ruler_task.offline import essay_text, use_offline_data
 
@@ -116,6 +117,7 @@ def test_samples_are_lm_evals_own(
         assert {key: mine[key] for key in their} == dict(their)
 
 
+@pytest.mark.slow
 def test_a_task_seeds_itself(llama3_model: Path) -> None:
     from posfreq.analysis.ruler_task import tasks
 
@@ -130,6 +132,7 @@ def test_a_task_seeds_itself(llama3_model: Path) -> None:
     assert all(row["outputs"][0] in row["input"] for row in first)
 
 
+@pytest.mark.slow  # lm-eval's import alone takes about 12 s
 def test_a_length_too_short_is_refused_by_name(llama3_model: Path) -> None:
     from posfreq.analysis.ruler_task import tasks
 
@@ -206,6 +209,7 @@ def test_all_eleven_tasks_run_offline_and_score(llama3_model: Path, tmp_path: Pa
         assert f"{LENGTH},none" in results[f"posfreq_ruler_{task}"]
 
 
+@pytest.mark.slow
 def test_refusals_name_the_input_and_the_fix(tmp_path: Path, llama3_model: Path, capsys) -> None:
     from posfreq.scripts.commands import ruler as ruler_command
 
@@ -408,6 +412,7 @@ def test_a_model_folder_that_names_its_own_code_is_refused_before_anything_loads
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_the_key_holds_the_essays_and_the_sentence_model_by_content(tmp_path, monkeypatch) -> None:
     """ruler's part keys ignored the essays and Punkt caches: a changed cache reused parts made from another."""
     import shutil

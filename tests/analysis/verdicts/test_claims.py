@@ -124,6 +124,7 @@ def test_longer_training_length_and_shortfall_and_emergence():
     assert found[(128, 1)]["share_of_budget"] == 0.75 and found[(256, 0)]["share_of_budget"] == 0.25
 
 
+@pytest.mark.slow
 def test_figures_are_drawn(tmp_path):
     from posfreq.analysis.plots import effective_length as plots_effective_length
 

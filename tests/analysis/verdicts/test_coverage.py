@@ -185,6 +185,7 @@ def prediction_gain(rng, n):
     return prediction._by_run_gain(predictions, "tokens_alone"), gains
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [3, 5])
 @pytest.mark.parametrize(
     "name, draw, truth",
@@ -204,6 +205,7 @@ def test_every_verdicts_interval_covers_its_true_effect(name, draw, truth, n) ->
         assert former < 0.85, f"{name}: the percentile bootstrap covered {former:.3f}"
 
 
+@pytest.mark.slow
 def test_the_loss_difference_at_equal_distance_covers_its_constructed_excess() -> None:
     """At equal distance the loss depends on distance only (f is not in this loss), plus EXCESS nats for L = 64
     where it trained a distance rarely: the verdict's mean difference over those buckets covers EXCESS."""

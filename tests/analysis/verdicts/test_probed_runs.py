@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from helpers.probe import make_fake_run, probe_fake_run
 
 from posfreq.analysis.verdicts.probed_runs import run_metrics
@@ -22,6 +23,7 @@ def test_the_runs_metrics_are_read_beside_its_checkpoints(tmp_path, monkeypatch)
     assert run_metrics(out) == rows
 
 
+@pytest.mark.slow
 def test_milestones_loss_by_distance_is_read_and_drawn_against_f(tmp_path, monkeypatch):
     import numpy as np
 

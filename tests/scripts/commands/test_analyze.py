@@ -371,6 +371,7 @@ def test_cli_on_pg_essays_writes_all_outputs(tmp_path):
     assert f[0] == summary["all"]["tokens"]  # no piece is lost: f(0) counts every token
 
 
+@pytest.mark.slow
 def test_module_entry_point_and_missing_slimpajama(tmp_path):
     env = {"SLIMPAJAMA_DIR": str(tmp_path / "none"), "POSFREQ_CACHE": str(tmp_path), "PATH": ""}
     result = subprocess.run(
@@ -388,6 +389,7 @@ def test_module_entry_point_and_missing_slimpajama(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_cli_packing_options(slimpajama, tmp_path, monkeypatch, capsys):
     root, _ = slimpajama
     monkeypatch.setenv("POSFREQ_CACHE", str(tmp_path / "cache"))
@@ -451,6 +453,7 @@ def test_a_token_budget_out_of_range_is_refused_before_counting(budget, tmp_path
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_replaced_tokenizer_file_is_counted_anew_not_read_from_the_cache(
     slimpajama, tmp_path, monkeypatch
 ):

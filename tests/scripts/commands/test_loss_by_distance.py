@@ -15,12 +15,14 @@ from helpers.probe import tiny_model, write_checkpoint
 from posfreq.analysis.corpus.frequency import position_frequency
 from posfreq.scripts.commands import loss_by_distance as command
 from posfreq.train.checkpoint import layout as ckpt
-from posfreq.train.data.shards import TokenDataset
+from posfreq.train.checkpoint.load import load_model
+from posfreq.train.data.tokens.shards import TokenDataset
 from posfreq.train.run.loss_by_distance import measure
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
+@pytest.mark.slow
 def test_a_checkpoint_on_token_shards(data_dir, tmp_path, capsys, monkeypatch):
     hist = np.bincount([3, 100, 100, 511, 7], minlength=513)
     path = write_checkpoint(tmp_path / "run", 4096, tiny_model(), hist)
@@ -35,7 +37,7 @@ def test_a_checkpoint_on_token_shards(data_dir, tmp_path, capsys, monkeypatch):
         len(plans) == 1
     )  # the rows are planned once: checked before --out is claimed, then measured
     stored = json.loads((out / "loss_by_distance.json").read_text())
-    model, _, _ = ckpt.load_model(path)
+    model, _, _ = load_model(path)
     again = measure(
         model, TokenDataset(data_dir), 128, 6, batch_rows=4
     )  # the library, called directly
@@ -114,13 +116,14 @@ def test_a_qwen2_model_through_transformers_on_shards_of_its_tokenizer(tmp_path,
     assert "pass --model hf:DIR" in capsys.readouterr().err and not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_rows_are_packed_as_the_checkpoints_run_validated_them(data_dir, tmp_path, capsys):
     """--packing left out: the checkpoint's own data.packing (its trainer.json), else the trainer's default, concat;
     a value that is none of the strategies is refused naming the file."""
     hist = np.bincount([3, 100], minlength=513)
     path = write_checkpoint(tmp_path / "run", 4096, tiny_model(), hist)
     argv = ["--checkpoint", str(path), "--data", str(data_dir), "--rows", "3", "--train-len", "128"]
-    model, _, _ = ckpt.load_model(path)
+    model, _, _ = load_model(path)
 
     def stored(out):
         assert command.main([*argv, "--out", str(tmp_path / out)]) == 0
@@ -166,6 +169,7 @@ def test_rows_beyond_the_data_and_a_zero_length_are_refused(data_dir, tmp_path, 
     assert not (tmp_path / "zero").exists()
 
 
+@pytest.mark.slow
 def test_an_exported_model_is_measured_on_the_shards_it_trained_on(data_dir, tmp_path, capsys):
     """A checkpoint trained on `bytes` shards, exported with export-hf, carries those bytes as Hugging Face files:
     the same tokenizer by content, so --model hf:EXPORT measures on the same shards, with the checkpoint's

@@ -97,6 +97,7 @@ def test_settings_are_checked_and_precision_resolved():
 # ------------------------------------------------------------------ real tiny Transformer
 
 
+@pytest.mark.slow
 def test_batched_and_unbatched_decoding_agree_on_a_real_model(tmp_path):
     ckpt = write_checkpoint(
         tmp_path / "run", 1024, tiny_model(), np.bincount([512, 300], minlength=513)
@@ -170,6 +171,7 @@ def test_batched_and_unbatched_decoding_agree_on_a_real_model(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_no_token_is_generated_or_fed_at_a_position_beyond_the_test_length(tmp_path, monkeypatch):
     ckpt = write_checkpoint(tmp_path / "run", 1024, tiny_model(), np.bincount([512], minlength=513))
     fed: list[tuple[int, int]] = []  # (first, last) position of every forward call
@@ -191,6 +193,7 @@ def test_no_token_is_generated_or_fed_at_a_position_beyond_the_test_length(tmp_p
     assert {420 - 2, 512 - 2} <= set(decode_steps) and max(decode_steps) == 512 - 2
 
 
+@pytest.mark.slow
 def test_every_position_scheme_runs_through_the_probe(tmp_path):
     ckpt = write_checkpoint(
         tmp_path / "run", 1024, tiny_model(), np.bincount([512, 300], minlength=513)
@@ -216,6 +219,7 @@ def test_every_position_scheme_runs_through_the_probe(tmp_path):
 # ------------------------------------------------------------------ results keyed by content
 
 
+@pytest.mark.slow
 def test_same_folder_names_never_share_results(tmp_path, monkeypatch):
     hist = np.bincount([512], minlength=513)
     a = write_checkpoint(tmp_path / "A", 1024, tiny_model(seed=1), hist)
@@ -325,6 +329,7 @@ def test_a_second_probe_on_one_result_folder_is_refused_while_the_first_runs(tmp
     assert probe.main(args) == 0 and not (out / "run.lock").exists()
 
 
+@pytest.mark.slow
 def test_a_refused_probe_leaves_no_folder_and_left_out_lengths_are_named(tmp_path, capsys):
     """An answer budget too small for the teacher-forced answer is refused before any result folder is made
     (a half-made probe-*/ with empty checkpoint folders was left in the run); default lengths below the shortest

@@ -226,6 +226,7 @@ def test_the_auto_shift_comes_only_from_a_measured_effective_length(
     assert command.auto_shift(args, tmp_path, 768)[0] == expected
 
 
+@pytest.mark.slow
 def test_a_tiny_model_end_to_end_sharded_then_collected(
     tiny_hf: Path, tmp_path: Path, capsys, monkeypatch
 ):
@@ -318,7 +319,16 @@ def test_settings_that_cannot_make_a_table_stop_before_anything_runs(
     assert command.main([*base, "--bootstrap", "0"]) == 1  # was an IndexError after every probe
     err = capsys.readouterr().err
     assert err.startswith("error: --bootstrap 0:") and "Fix: " in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+@pytest.mark.slow  # lm-eval's import alone takes about 12 s
+def test_ruler_settings_that_cannot_make_a_table_stop_before_anything_runs(
+    tiny_hf: Path, tmp_path: Path, capsys
+) -> None:
     pytest.importorskip("lm_eval")
+    out = tmp_path / "never"
+    base = ["--model", f"hf:{tiny_hf}", "--out", str(out)]
     ruler = ["--ruler-lengths", "300", "--ruler-tasks", "niah_single_1,cwe,vt"]
     assert command.main([*base, *ruler]) == 1
     err = capsys.readouterr().err  # the byte tokenizer's cwe needs far more than 300 tokens

@@ -39,6 +39,7 @@ def test_round_trip_and_positional_digit_ids(tokenizer):
     assert tokenizer.decode(first) == "424727"
 
 
+@pytest.mark.slow
 def test_the_build_is_reproducible(tmp_path):
     a = demo_corpus.build_tokenizer(tmp_path / "a")[3:]
     b = demo_corpus.build_tokenizer(tmp_path / "b")[3:]

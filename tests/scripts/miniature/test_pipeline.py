@@ -8,6 +8,7 @@ import pytest
 from posfreq.scripts.miniature import pipeline
 
 
+@pytest.mark.slow
 def test_a_running_stage_reports_itself_and_its_latest_log_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(pipeline, "HEARTBEAT_SECONDS", 0.2)
     p = pipeline.Pipeline(tmp_path / "demo", lanes=1)

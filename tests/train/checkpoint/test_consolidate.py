@@ -17,6 +17,7 @@ from helpers.trainer import (
 from posfreq.scripts.commands import checkpoint as checkpoint_command
 from posfreq.train.checkpoint import layout as ckpt
 from posfreq.train.checkpoint.consolidate import consolidate
+from posfreq.train.checkpoint.load import load_model, model_state_dict, verify_before_reading
 from posfreq.train.checkpoint.safe_load import CheckpointError
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -37,8 +38,8 @@ def test_consolidate_and_load_model(data_dir, tmp_path):
         "tokenizer_spec.json",
         "trained_lengths.npy",
     ]
-    m1, tok, meta = ckpt.load_model(src)
-    m2, tok2, meta2 = ckpt.load_model(out, dtype=torch.float32)
+    m1, tok, meta = load_model(src)
+    m2, tok2, meta2 = load_model(out, dtype=torch.float32)
     # the tokenizer by spec and by content (the probe and export refuse one whose files changed since)
     expected = {
         "spec": "bytes",
@@ -131,7 +132,7 @@ def test_damaged_weights_are_refused_before_they_are_read(data_dir, tmp_path, ca
             (copy / ckpt.TRAINER_FILE).write_text(json.dumps(state))
             named = re.escape(str(copy / ckpt.STATE_DIR)) + ": cannot be read"
         with pytest.raises(CheckpointError, match=named):
-            ckpt.model_state_dict(copy)
+            model_state_dict(copy)
         for command, argv in (
             (
                 checkpoint_command,
@@ -149,7 +150,7 @@ def test_damaged_weights_are_refused_before_they_are_read(data_dir, tmp_path, ca
         meta["source_manifest_sha256"]
         == json.loads((src / ckpt.TRAINER_FILE).read_text())["manifest_sha256"]
     )
-    ckpt.model_state_dict(intact)  # a consolidation carries its own manifest, checked on every read
+    model_state_dict(intact)  # a consolidation carries its own manifest, checked on every read
     intact = Path(
         shutil.copytree(intact, tmp_path / "intact-copy")
     )  # verified once per process and path
@@ -159,11 +160,11 @@ def test_damaged_weights_are_refused_before_they_are_read(data_dir, tmp_path, ca
     with pytest.raises(
         CheckpointError, match=re.escape(str(weights_file)) + ": its sha256 differs"
     ):
-        ckpt.model_state_dict(intact)
+        model_state_dict(intact)
     (
         intact / "manifest.json"
     ).unlink()  # as a consolidation from before manifests: nothing to check against
-    assert set(ckpt.model_state_dict(intact)) == set(ckpt.model_state_dict(src))
+    assert set(model_state_dict(intact)) == set(model_state_dict(src))
 
 
 def test_a_checkpoint_resealed_while_it_is_verified_is_checked_again_not_called_damaged(
@@ -171,6 +172,7 @@ def test_a_checkpoint_resealed_while_it_is_verified_is_checked_again_not_called_
 ):
     """A probe reading a milestone while the run's retention reduces it to weights meets a new manifest half-way:
     it verifies again under the new one instead of reporting damage; a real mismatch is still reported."""
+    from posfreq.train.checkpoint import load as checkpoint_load
     from posfreq.train.checkpoint.retention import reduce_to_weights
     from posfreq.train.checkpoint.safe_load import CheckpointError
 
@@ -187,19 +189,19 @@ def test_a_checkpoint_resealed_while_it_is_verified_is_checked_again_not_called_
             )
         return real(path, meta, hashes)
 
-    monkeypatch.setattr(ckpt, "verify_checkpoint", resealed_during_the_first_check)
-    ckpt.verify_before_reading(src)
+    monkeypatch.setattr(checkpoint_load, "verify_checkpoint", resealed_during_the_first_check)
+    verify_before_reading(src)
     assert (
         calls[-1] != calls[0]
     )  # checked again, under the new manifest (retention checked the old one too)
     monkeypatch.setattr(
-        ckpt,
+        checkpoint_load,
         "verify_checkpoint",
         lambda *a, **k: (_ for _ in ()).throw(CheckpointError("x: damaged")),
     )
     copy = Path(shutil.copytree(src, tmp_path / "copy"))
     with pytest.raises(CheckpointError, match="x: damaged. Fix: "):
-        ckpt.verify_before_reading(copy)
+        verify_before_reading(copy)
 
 
 def blocked_on_a_lock(pid: int) -> bool:
@@ -209,6 +211,7 @@ def blocked_on_a_lock(pid: int) -> bool:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/locks").is_file(), reason="needs Linux's /proc/locks")
 def test_a_consolidation_touches_out_tmp_only_once_it_holds_the_lock_beside_out(data_dir, tmp_path):
     """Each of two concurrent consolidations deleted OUT.tmp before taking its lock, destroying the other's work in
@@ -243,7 +246,7 @@ def test_a_consolidation_touches_out_tmp_only_once_it_holds_the_lock_beside_out(
         assert (in_progress / "model.safetensors").read_bytes() == b"half written"
     assert second.wait(120) == 0
     assert not (tmp_path / "CO.tmp").exists()
-    model, _, _ = ckpt.load_model(out, dtype=torch.float32)  # the manifest is checked on load
-    reference, _, _ = ckpt.load_model(src)
+    model, _, _ = load_model(out, dtype=torch.float32)  # the manifest is checked on load
+    reference, _, _ = load_model(src)
     ids = torch.arange(20) % 258
     torch.testing.assert_close(model(ids), reference(ids), rtol=0, atol=0)

@@ -1,5 +1,6 @@
-"""Checkpoint tests: what a checkpoint says about its model, atomic saves and kills mid-save, damaged files,
-retention, RNG state (crafted files: test_safe_load.py; consolidation: test_consolidate.py)."""
+"""Checkpoint tests: atomic saves and kills mid-save, damaged files,
+retention, RNG state (reading a model back: test_load.py; crafted files: test_safe_load.py; consolidation:
+test_consolidate.py)."""
 
 from __future__ import annotations
 
@@ -25,86 +26,16 @@ from posfreq.train import atomic
 from posfreq.train.checkpoint import layout as ckpt
 from posfreq.train.checkpoint import retention
 from posfreq.train.checkpoint import save as checkpoint_save
+from posfreq.train.checkpoint.load import load_model
 from posfreq.train.checkpoint.rng_state import capture_rng, restore_rng
 from posfreq.train.checkpoint.safe_load import CheckpointError
-from posfreq.train.model.config import ModelConfig
-from posfreq.train.model.transformer import Transformer
 from posfreq.train.run.config import ConfigError, config_from_dict
 from posfreq.train.run.resolved import ResolvedRun
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
-def consolidated(directory: Path, **files: dict | np.ndarray) -> Path:
-    """A random tiny model as a consolidated directory, plus `files` (name -> JSON dict or .npy array)."""
-    from safetensors.torch import save_file
-
-    config = ModelConfig(
-        vocab_size=258, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=32, train_len=64
-    )
-    torch.manual_seed(0)
-    directory.mkdir(parents=True)
-    state = {k: v.clone() for k, v in Transformer(config).state_dict().items()}
-    save_file(state, str(directory / ckpt.CONSOLIDATED_WEIGHTS))
-    (directory / "model_config.json").write_text(json.dumps(config.to_dict()))
-    for name, content in files.items():
-        if isinstance(content, np.ndarray):
-            np.save(directory / name, content, allow_pickle=False)
-        else:
-            (directory / name).write_text(json.dumps(content))
-    return directory
-
-
-def test_read_checkpoint_info_reads_every_field(tmp_path):
-    lengths = np.arange(65, dtype=np.int64)
-    path = consolidated(
-        tmp_path / "model",
-        **{
-            "tokenizer_spec.json": {"spec": "bytes", "bos_in_training": True},
-            "trained_lengths.npy": lengths,
-            "trainer.json": {"run_tokens": 4096, "tokens_trained": 5120},
-            "meta.json": {"run_tokens": 1},  # trainer.json wins
-        },
-    )
-    info = ckpt.read_checkpoint_info(str(path))
-    assert info.path == path and info.config == ckpt.load_model_config(path)
-    assert info.tokenizer_spec == "bytes" and info.bos_in_training is True
-    np.testing.assert_array_equal(info.trained_lengths, lengths)
-    assert (info.run_tokens, info.tokens_trained) == (4096, 5120)
-    assert info.fingerprint == ckpt.model_fingerprint(path)
-
-
-def test_read_checkpoint_info_defaults_for_absent_files(tmp_path):
-    bare = ckpt.read_checkpoint_info(consolidated(tmp_path / "bare"))
-    assert bare.tokenizer_spec is None and bare.bos_in_training is False
-    assert bare.trained_lengths is None
-    assert (bare.run_tokens, bare.tokens_trained) == (None, None)
-    meta = ckpt.read_checkpoint_info(
-        consolidated(tmp_path / "meta", **{"meta.json": {"run_tokens": 7}})
-    )
-    assert (meta.run_tokens, meta.tokens_trained) == (7, 7)
-
-
-def test_token_counts_of_checkpoints_written_before_the_rename(tmp_path):
-    """Older trainer.json files hold the run's tokens as tokens_seen and the warm-up's as tokens_before."""
-    older = {"trainer.json": {"tokens_seen": 4096, "tokens_before": 1024}}
-    info = ckpt.read_checkpoint_info(consolidated(tmp_path / "older", **older))
-    assert (info.run_tokens, info.tokens_trained) == (4096, 5120)
-    meta = ckpt.with_token_names({"step": 3, "tokens_seen": 30})
-    assert meta == {"step": 3, "run_tokens": 30, "tokens_trained": 30}
-    assert ckpt.with_token_names(meta) is meta  # today's names pass through
-
-
-def test_read_checkpoint_info_names_the_path_and_the_fix(tmp_path):
-    with pytest.raises(ckpt.CheckpointError, match=r"missing does not exist\. Fix: pass RUN/"):
-        ckpt.read_checkpoint_info(tmp_path / "missing")
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(
-        ckpt.CheckpointError, match=r"empty is not a checkpoint \(no model_config.json\)\. Fix:"
-    ):
-        ckpt.read_checkpoint_info(tmp_path / "empty")
-
-
+@pytest.mark.slow
 def test_crash_while_writing_never_leaves_a_resumable_partial(data_dir, tmp_path, monkeypatch):
     cfg = tiny(data_dir, tmp_path, total_tokens=6 * 1024, **{"checkpoint.every_tokens": 10**9})
     real_publish = atomic.publish_dir
@@ -138,6 +69,7 @@ def test_crash_while_writing_never_leaves_a_resumable_partial(data_dir, tmp_path
     assert not (root / "latest.tmp").exists()
 
 
+@pytest.mark.slow
 def test_keep_full_reduces_older_milestones_to_weights(data_dir, tmp_path, capsys, monkeypatch):
     every = {"checkpoint.every_tokens": 2048, "checkpoint.latest_every_steps": 1}
     run(tiny(data_dir, tmp_path / "whole", **every))
@@ -160,7 +92,7 @@ def test_keep_full_reduces_older_milestones_to_weights(data_dir, tmp_path, capsy
     }
     for tokens in (2048, 4096, 6144, 8192):
         expected = weights(tmp_path / "whole/checkpoints" / name(tokens))
-        model, tokenizer, meta = ckpt.load_model(root / name(tokens))
+        model, tokenizer, meta = load_model(root / name(tokens))
         got = model.state_dict()
         assert meta["run_tokens"] == tokens and tokenizer["spec"] == "bytes"
         assert expected.keys() == got.keys() and all(
@@ -226,6 +158,7 @@ def delete(file: Path) -> None:
     file.unlink()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kind, name, damage, reason",
     [

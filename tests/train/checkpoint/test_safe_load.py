@@ -20,6 +20,7 @@ from posfreq.scripts.commands import pretrain
 from posfreq.train.checkpoint import layout as ckpt
 from posfreq.train.checkpoint import safe_load
 from posfreq.train.checkpoint import save as checkpoint_save
+from posfreq.train.checkpoint.load import load_model
 from posfreq.train.checkpoint.safe_load import CheckpointError
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -72,6 +73,7 @@ def plant_byte_item(file: Path, payload: Payload) -> None:
         pickle.dump(metadata, f)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kind, name, plant",
     [
@@ -102,7 +104,7 @@ def test_resume_never_runs_code_from_checkpoint_files(
     assert "Fix: use another checkpoint (pretrain --resume PATH" in message
     if name.endswith(".distcp"):  # loading the weights for evaluation checks the same items
         with pytest.raises(CheckpointError, match="optimizer.param_groups.0.lr"):
-            ckpt.load_model(latest)
+            load_model(latest)
     assert not marker.exists()
 
 

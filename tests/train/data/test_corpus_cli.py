@@ -79,9 +79,9 @@ def test_prepare_cli_takes_the_shared_corpus_options(tmp_path, capsys):
 def test_prepare_val_fraction_holds_out_documents_by_content(tmp_path) -> None:
     """--val-fraction: every document lands in exactly one of OUT and OUT/val, chosen by its text's hash (the same
     split whatever the file layout or worker count), near the asked fraction; a changed fraction redoes shards."""
-    from posfreq.train.data import prepare as prep
-    from posfreq.train.data.shards import TokenDataset
     from posfreq.train.data.tokenizer import get_tokenizer
+    from posfreq.train.data.tokens import prepare as prep
+    from posfreq.train.data.tokens.shards import TokenDataset
 
     texts = [f"document number {i} " * (1 + i % 7) for i in range(400)]
     for layout, chunks in (("one", [texts]), ("four", [texts[i::4] for i in range(4)])):
@@ -110,7 +110,7 @@ def test_prepare_val_fraction_holds_out_documents_by_content(tmp_path) -> None:
         decode = lambda ds: {tok.decode(ds.document(i)[:-1].tolist()) for i in range(ds.num_docs)}  # noqa: E731
         train_texts, val_texts = decode(train), decode(val)
         assert train_texts.isdisjoint(val_texts) and train_texts | val_texts == set(texts)
-        assert totals["val_docs"] == len(val_texts) and totals["docs"] == len(train_texts)
+        assert totals.val_docs == len(val_texts) and totals.docs == len(train_texts)
         expected = {
             t
             for t in texts
@@ -126,7 +126,7 @@ def test_prepare_val_fraction_holds_out_documents_by_content(tmp_path) -> None:
         progress=False,
         val_fraction=0.1,
     )
-    assert again["skipped_complete"] == 0 and again["val_docs"] < len(split["one"])
+    assert again.skipped_complete == 0 and again.val_docs < len(split["one"])
     # Back to no held-out documents: every document trains, and no stale validation shard still holds some of them.
     (tmp_path / "tokens-one" / ".part0.tokens.bin.0123abcd.tmp").write_bytes(
         b"torn"
@@ -134,7 +134,7 @@ def test_prepare_val_fraction_holds_out_documents_by_content(tmp_path) -> None:
     none = prep.prepare(
         resolve_corpus(tmp_path / "one"), tmp_path / "tokens-one", "bytes", progress=False
     )
-    assert none["docs"] == len(texts) and none["val_docs"] == 0
+    assert none.docs == len(texts) and none.val_docs == 0
     assert not list((tmp_path / "tokens-one" / "val").glob("[!.]*"))  # the owner record stays
     assert not list((tmp_path / "tokens-one").glob(".*.tmp"))
 
@@ -220,7 +220,7 @@ def test_prepare_refuses_to_write_no_documents_and_reports_a_filter_name_that_ma
     and a misspelt --exclude-sources kept what it meant to drop without a word."""
     from posfreq.scripts.commands import analyze
     from posfreq.scripts.commands import prepare as prepare_cli
-    from posfreq.train.data.shards import TokenDataset
+    from posfreq.train.data.tokens.shards import TokenDataset
 
     make_slimpajama(tmp_path / "sp")  # 18 documents, 12 RedPajamaC4 and 6 RedPajamaGithub
     out = tmp_path / "tokens"

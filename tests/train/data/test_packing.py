@@ -28,7 +28,7 @@ from posfreq.train.data.packing_strategies import (
     Documents,
     best_fit_decreasing,
 )
-from posfreq.train.data.shards import TokenDataset
+from posfreq.train.data.tokens.shards import TokenDataset
 from posfreq.train.data.upsample import LengthUpsample
 from posfreq.train.run.config import ConfigError, DataSection, config_from_dict
 
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 @pytest.fixture
 def unique(tmp_path: Path) -> tuple[TokenDataset, np.ndarray]:
-    """The unique-token dataset of tests/train/data/test_shards.py (documents of 1..64 tokens, an empty shard) and its offsets."""
+    """The unique-token dataset of tests/train/data/tokens/test_shards.py (documents of 1..64 tokens, an empty shard) and its offsets."""
     offsets = unique_dataset(tmp_path / "u", LENGTHS)
     return TokenDataset(tmp_path / "u"), offsets
 

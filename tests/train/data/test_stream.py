@@ -106,23 +106,21 @@ def test_stream_cache_key_follows_dataset_split_and_content(tmp_path):
 
 
 def test_stream_env_var_and_prepare_data(tmp_path, monkeypatch):
-    from posfreq.train.data.shards import TokenDataset
+    from posfreq.train.data.tokens.shards import TokenDataset
 
     written = make_slimpajama(tmp_path / "sp", chunks=(1, 2), files_per_chunk=1)
     monkeypatch.setenv("SLIMPAJAMA_DIR", str(tmp_path / "missing"))
     monkeypatch.setenv("SLIMPAJAMA_HF", str(tmp_path / "sp"))
     corpus = resolve_corpus("slimpajama")
-    from posfreq.train.data import prepare as prep
+    from posfreq.train.data.tokens import prepare as prep
 
     totals = prep.prepare(corpus, tmp_path / "tokens", "bytes", progress=False)
-    assert totals["docs"] == len(written)
+    assert totals.docs == len(written)
     data = TokenDataset(tmp_path / "tokens", tokenizer="bytes")
     assert [s.name for s in data.shards] == ["train__shard_0_of_2", "train__shard_1_of_2"]
     texts = sorted(bytes(data.document(i)[:-1].tolist()).decode() for i in range(data.num_docs))
     assert texts == sorted(r["text"] for r in written)
-    assert (
-        prep.prepare(corpus, tmp_path / "tokens", "bytes", progress=False)["skipped_complete"] == 2
-    )
+    assert prep.prepare(corpus, tmp_path / "tokens", "bytes", progress=False).skipped_complete == 2
 
 
 def test_stream_not_tried_unless_asked_and_errors_list_every_place(tmp_path, monkeypatch):

@@ -99,6 +99,7 @@ def test_the_prefill_stage_runs_end_to_end_at_a_small_length_on_cpu(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_one_run_fits_its_minutes_and_names_what_it_had_no_time_for(tmp_path, monkeypatch):
     """The plain run's stages share RUN_SECONDS: a stage gets what is left at most, one not started in time is
     SKIPPED naming why, and a stage outside the plain run runs only when --only names it."""

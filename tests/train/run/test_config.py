@@ -132,6 +132,7 @@ def test_a_checkpoints_config_json_is_checked_too(tmp_path):
     assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.slow
 def test_shipped_configs_and_their_printed_round_trip_still_load(tmp_path, capsys):
     from posfreq.train.run.config import parse_args
 

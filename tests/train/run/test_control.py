@@ -28,6 +28,7 @@ from posfreq.train.run.trainer import Trainer
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
+@pytest.mark.slow
 def test_signal_saves_latest_and_requeues(data_dir, tmp_path, monkeypatch):
     calls = sigusr1_in_a_slurm_job(monkeypatch, "4242", at_step=1)
     history = run(tiny(data_dir, tmp_path, **{"checkpoint.latest_every_steps": 0}))
@@ -138,8 +139,16 @@ def test_a_fresh_start_into_a_run_directory_is_refused_and_changes_nothing(data_
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
+@pytest.fixture
+def terminal_sigint():
+    """SIGINT handled as in a terminal's Python (pytest-xdist's workers ignore it), restored afterwards."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def test_ctrl_c_saves_latest_like_sigterm_and_a_second_one_stops_at_once(
-    data_dir, tmp_path, monkeypatch
+    data_dir, tmp_path, monkeypatch, terminal_sigint
 ):
     real_step = Trainer._train_step
 
@@ -200,6 +209,7 @@ def test_a_users_folder_is_never_taken_for_a_run(data_dir, tmp_path):
     assert (user / "csv/results.csv").read_text() == "x"
 
 
+@pytest.mark.slow
 def test_a_run_an_older_posfreq_wrote_continues_and_becomes_the_runs(data_dir, tmp_path):
     """A run directory from before runs recorded their owner (and a probe's folder in it) is resumed, marked as
     the run's and journaled whole, so the next invocation finds nothing unaccounted for."""

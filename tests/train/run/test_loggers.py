@@ -16,6 +16,7 @@ from posfreq.train.run.config import config_from_dict
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
+@pytest.mark.slow
 def test_wandb_run_id_is_reused_and_mode_follows_credentials(data_dir, tmp_path, monkeypatch):
     for var in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL", "SLURM_JOB_ID"):
         monkeypatch.delenv(var, raising=False)

@@ -13,6 +13,7 @@ from helpers.hf import save_tiny_hf
 from helpers.trainer import run, tiny
 
 from posfreq.train.checkpoint import layout as ckpt
+from posfreq.train.checkpoint.load import load_model
 from posfreq.train.data.packing import IGNORE_INDEX
 from posfreq.train.model.config import model_preset
 from posfreq.train.model.loss import head_returns_loss, token_losses
@@ -139,7 +140,7 @@ def test_a_transformers_model_a_segment_at_a_time_equals_packed_rows_of_the_impo
     within-document attention, on the same Llama weights: the same tokens in every bucket, the same losses.
     The segments' cross-entropy runs 7 rows at a time, so chunk edges fall inside segments."""
     transformers = pytest.importorskip("transformers")
-    from posfreq.train.data.shards import TokenDataset
+    from posfreq.train.data.tokens.shards import TokenDataset
     from posfreq.train.model.hf import load_hf_model
     from posfreq.train.run import loss_by_distance
     from posfreq.train.run.loss_by_distance import measure
@@ -166,7 +167,7 @@ def test_a_transformers_model_a_segment_at_a_time_equals_packed_rows_of_the_impo
 def test_validation_rows_of_another_length_score_the_same_tokens_as_measure(data_dir, tmp_path):
     """data.val_len: a run validates on rows of that length, distances past its training length included, and the
     stored table is `measure` of the milestone's model on the same rows."""
-    from posfreq.train.data.shards import TokenDataset
+    from posfreq.train.data.tokens.shards import TokenDataset
     from posfreq.train.run.loss_by_distance import measure
 
     cfg = tiny(data_dir, tmp_path / "run", **{"data.val_dir": str(data_dir), "data.val_rows": 4})
@@ -179,7 +180,7 @@ def test_validation_rows_of_another_length_score_the_same_tokens_as_measure(data
     )
     assert stored.edges[-2] <= 2 * train_len - 1 < stored.edges[-1]
     assert stored.tokens[stored.edges[:-1] >= train_len].sum() > 0  # distances it never trained
-    model, _, _ = ckpt.load_model(milestone)
+    model, _, _ = load_model(milestone)
     again = measure(
         model.eval(),
         TokenDataset(data_dir),

@@ -125,6 +125,7 @@ def test_accumulating_micro_batches_keeps_whole_fp32_gradients():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "memory_gib, batch_tokens",
     [(0.05, 64 * 64), (0.2, 64 * 64), (0.4, 64 * 40), (0.03, 64 * 8), (1e-4, 64)],

@@ -222,12 +222,14 @@ def paper_ranks(tmp_path_factory, one_thread):
     return cfg, [shard_rank(cfg, r, memory.meta_model(config), save=None) for r in RANKS]
 
 
+@pytest.mark.slow
 def test_the_paper_config_on_two_nodes_is_hybrid(paper_ranks):
     cfg, _ = paper_ranks
     assert cfg.fsdp == "auto" and cfg.fsdp_mesh_shape(DEVICES) == (NODES, DEVICES)
     assert memory.fsdp_shards(cfg, WORLD) == DEVICES
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["paper", "small"])
 def test_each_rank_shards_within_its_node_and_replicates_across_nodes(
     which, paper_ranks, small_world

@@ -166,6 +166,7 @@ def test_fsdp_is_checked_and_may_change_on_resume(data_dir, tmp_path):
     )  # the same gradients: a checkpoint resumes under either
 
 
+@pytest.mark.slow
 def test_plan_counts_the_whole_compute_copy_when_accumulating_and_node_shards_under_hybrid(
     data_dir, tmp_path
 ):

@@ -11,7 +11,8 @@ from helpers.trainer import ROOT, run, tiny
 
 from posfreq.scripts.commands import pretrain
 from posfreq.train.checkpoint import layout as ckpt
-from posfreq.train.data.shards import ShardWriter, TokenDataset
+from posfreq.train.data.tokens.shard_files import ShardWriter
+from posfreq.train.data.tokens.shards import TokenDataset
 from posfreq.train.run.config import ConfigError, config_from_dict, parse_args
 from posfreq.train.run.optim import lr_at
 from posfreq.train.run.resolved import ResolvedRun
@@ -19,6 +20,7 @@ from posfreq.train.run.resolved import ResolvedRun
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
+@pytest.mark.slow
 def test_schedule_changes_on_resume_need_resume_override(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     run(tiny(data_dir, out, stop_at_step=2))
@@ -90,6 +92,7 @@ def test_schedule_changes_on_resume_need_resume_override(data_dir, tmp_path, cap
     )
 
 
+@pytest.mark.slow
 def test_bad_configs_fail_before_compute(data_dir, tmp_path):
     out = tmp_path / "run"
     cases = [
@@ -227,6 +230,7 @@ def test_resume_refuses_other_documents_with_the_same_counts(resumable, data_dir
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flag, value, message",
     [

@@ -29,7 +29,7 @@ from posfreq.train.checkpoint import layout as ckpt
 from posfreq.train.checkpoint.safe_load import CheckpointError
 from posfreq.train.data.packing import PackedSampler
 from posfreq.train.data.packing_schedule import RowPacking
-from posfreq.train.data.shards import TokenDataset
+from posfreq.train.data.tokens.shards import TokenDataset
 from posfreq.train.model.transformer import Transformer
 from posfreq.train.run.config import ConfigError
 from posfreq.train.run.trainer import Trainer
@@ -90,6 +90,7 @@ def test_resume_is_bitwise_identical_and_histogram_matches(data_dir, tmp_path):
     assert expected.sum() > 8 * 8 and expected[128] > 0  # many segments, some full rows
 
 
+@pytest.mark.slow
 def test_init_from_carries_weights_and_trained_lengths(data_dir, tmp_path):
     run(tiny(data_dir, tmp_path / "warm", total_tokens=4096))
     warm = tmp_path / "warm/checkpoints" / ckpt.milestone_name(4096)
@@ -158,6 +159,7 @@ def test_gradient_accumulation_matches_one_big_batch(data_dir, tmp_path):
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stops_with_resume_hint_or_skips(data_dir, tmp_path):
     cfg = tiny(
         data_dir,
@@ -317,6 +319,7 @@ def test_two_gloo_processes_match_one_process(data_dir, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_torn_metrics_line_is_set_aside_on_resume(data_dir, tmp_path):
     cfg = tiny(data_dir, tmp_path, total_tokens=3 * 1024, **{"checkpoint.latest_every_steps": 1})
     run({**cfg, "stop_at_step": 2})
@@ -377,6 +380,7 @@ def test_cluster_log_is_plain_timestamped_lines_with_a_summary(data_dir, tmp_pat
     ]
 
 
+@pytest.mark.slow
 def test_validation_loss_equals_a_full_logits_cross_entropy_of_the_final_weights(
     data_dir, tmp_path
 ):
@@ -413,6 +417,7 @@ def test_the_last_step_of_an_invocation_is_logged_whatever_every_steps_says(data
     assert logged == [3, 5]  # step 5 ends this job (stop_at_step): a requeue must not leave it out
 
 
+@pytest.mark.slow
 def test_saves_validation_requeue_and_resume_with_collectives_that_return_device_tensors(
     data_dir, tmp_path, monkeypatch, device_collectives
 ):
@@ -458,6 +463,7 @@ def test_saves_validation_requeue_and_resume_with_collectives_that_return_device
     assert validated, "validation ran"
 
 
+@pytest.mark.slow
 def test_bf16_mixed_with_activation_checkpointing_trains_and_resumes_exactly(data_dir, tmp_path):
     """The production precision (configs/pretrain_2k.yaml): FSDP2's bf16 policy must leave the blocks' non-tensor
     inputs (the forward context, its position scheme) alone, and a resumed run equals an uninterrupted one."""
@@ -486,7 +492,7 @@ def test_validation_scores_each_held_out_token_once_however_many_rows_are_asked(
     """A held-out set smaller than data.val_rows is scored once, with a warning naming both counts (it was read
     again from its start, counting tokens twice); one that holds not a single row is refused before training.
     The warm-up that outlasts the run is named too."""
-    from posfreq.train.data.shards import ShardWriter
+    from posfreq.train.data.tokens.shard_files import ShardWriter
 
     val_dir = tmp_path / "val"
     with ShardWriter(val_dir, "shard-000", tokenizer="bytes", vocab_size=258, eos_id=257) as w:
@@ -509,6 +515,7 @@ def test_validation_scores_each_held_out_token_once_however_many_rows_are_asked(
         run(tiny(train, tmp_path / "run2", **val, **{"data.val_len": 512}))
 
 
+@pytest.mark.slow
 def test_validation_rows_are_built_once_per_run(data_dir, tmp_path, monkeypatch):
     """The validation rows are the same at every validation: they are planned and packed once per run (rebuilding
     them planned the held-out set's first block each time, opening each of its shards: thousands of files at a

@@ -15,6 +15,7 @@ from helpers.packing import PIECE_RULES, naive_f, naive_pieces
 
 from posfreq.analysis.corpus.frequency import position_frequency
 from posfreq.train.checkpoint import layout as ckpt
+from posfreq.train.checkpoint.load import model_state_dict
 from posfreq.train.data.packing import IGNORE_INDEX, PackedSampler
 from posfreq.train.data.packing_schedule import (
     PackingSchedule,
@@ -22,7 +23,8 @@ from posfreq.train.data.packing_schedule import (
     predict_trained_histogram,
 )
 from posfreq.train.data.packing_strategies import STRATEGIES
-from posfreq.train.data.shards import ShardWriter, TokenDataset
+from posfreq.train.data.tokens.shard_files import ShardWriter
+from posfreq.train.data.tokens.shards import TokenDataset
 from posfreq.train.model.transformer import Transformer
 from posfreq.train.run import pretrain
 from posfreq.train.run.config import config_from_dict
@@ -88,6 +90,7 @@ def final_lengths(out: Path, steps: int) -> np.ndarray:
     return ckpt.load_trained_lengths(out / "checkpoints" / ckpt.milestone_name(steps * L_TRAIN))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "packing,upsample",
     [("concat", {}), ("best_fit", {}), ("padded", {}), ("best_fit", {"1-2": 0.5, "17-": 2.0})],
@@ -123,6 +126,7 @@ def test_one_epoch_trains_exactly_the_predicted_histogram(
         assert len(empty) == int(prediction.histogram[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packing", STRATEGIES)
 def test_steps_without_targets_skip_cleanly_and_are_counted(tmp_path, packing) -> None:
     data = byte_shards(
@@ -135,7 +139,7 @@ def test_steps_without_targets_skip_cleanly_and_are_counted(tmp_path, packing) -
     rows = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     assert [r["skip_reason"] for r in rows if "skip_reason" in r] == ["no_targets"] * 3
     start = ckpt.milestone_name(3 * L_TRAIN)
-    saved = ckpt.model_state_dict(tmp_path / "run/checkpoints" / start)
+    saved = model_state_dict(tmp_path / "run/checkpoints" / start)
     torch.manual_seed(3)
     fresh = Transformer(ckpt.load_model_config(tmp_path / "run/checkpoints" / start)).state_dict()
     assert all(torch.equal(saved[k], fresh[k]) for k in fresh), (
@@ -158,9 +162,10 @@ def test_a_one_block_model_validates_then_saves(tmp_path) -> None:
     history = pretrain.train(config_from_dict(cfg))
     assert len(history) == 3 and all(math.isfinite(r["loss"]) for r in history)
     end = tmp_path / "run/checkpoints" / ckpt.milestone_name(3 * L_TRAIN)
-    assert ckpt.model_state_dict(end)  # saved after the last step's validation, and readable
+    assert model_state_dict(end)  # saved after the last step's validation, and readable
 
 
+@pytest.mark.slow
 def test_trainer_resume_with_best_fit_and_upsampling_matches_an_uninterrupted_run(
     train_dir, tmp_path
 ) -> None:

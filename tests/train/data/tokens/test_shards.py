@@ -1,4 +1,4 @@
-"""Shards (train/data/shards.py) and tokenization into them, against independent references.
+"""Shards (train/data/tokens/shards.py) and tokenization into them, against independent references.
 
 Most tests use a "unique-token" dataset: token values are the global token positions
 (0, 1, 2, ...), so each token identifies its document and offset. The packing tests
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +16,9 @@ import pytest
 from helpers.records import as_older_posfreq
 from helpers.shards import LENGTHS, unique_dataset
 
-from posfreq.train.data.shards import ShardWriter, TokenDataset, concat_ranges
 from posfreq.train.data.tokenizer import get_tokenizer
+from posfreq.train.data.tokens.shard_files import ShardWriter
+from posfreq.train.data.tokens.shards import TokenDataset, concat_ranges
 from posfreq.train.outdir import OutputDirError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -44,18 +44,6 @@ def test_concat_ranges_against_a_loop() -> None:
     expected = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lengths)])
     assert concat_ranges(starts, lengths).tolist() == expected.tolist() == [5, 6, 9, 10, 11, 3]
     assert concat_ranges(np.array([4]), np.array([0])).size == 0
-
-
-def test_shard_files_are_world_readable(tmp_path: Path) -> None:
-    """Data directories are shared between users: every shard file is 0644 under the usual umask 022."""
-    old = os.umask(0o022)
-    try:
-        unique_dataset(tmp_path, [[2, 3]])
-    finally:
-        os.umask(old)
-    names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["shard00.json", "shard00.offsets.npy", "shard00.tokens.bin"]
-    assert {stat.S_IMODE((tmp_path / n).stat().st_mode) for n in names} == {0o644}
 
 
 def test_shard_validation_errors(tmp_path: Path) -> None:
@@ -87,22 +75,9 @@ def test_shard_validation_errors(tmp_path: Path) -> None:
         TokenDataset(tmp_path / "d", tokenizer="llama3")
 
 
-def test_interrupted_writer_leaves_no_shard(tmp_path: Path) -> None:
-    unique_dataset(tmp_path, [[2]])
-    with pytest.raises(RuntimeError):
-        with ShardWriter(tmp_path, "broken", tokenizer="unique", vocab_size=3, eos_id=2) as w:
-            w.add([0, 1])
-            raise RuntimeError("killed")
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "shard00.json",
-        "shard00.offsets.npy",
-        "shard00.tokens.bin",
-    ]
-
-
 def test_prepare_data_matches_one_by_one_tokenization_and_restarts(tmp_path: Path) -> None:
-    from posfreq.train.data import prepare as prep
     from posfreq.train.data.corpora import resolve_corpus
+    from posfreq.train.data.tokens import prepare as prep
 
     corpus_dir = tmp_path / "corpus"
     (corpus_dir / "part").mkdir(parents=True)
@@ -120,7 +95,7 @@ def test_prepare_data_matches_one_by_one_tokenization_and_restarts(tmp_path: Pat
     corpus = resolve_corpus(corpus_dir)
     out = tmp_path / "tokens"
     totals = prep.prepare(corpus, out, "bytes", progress=False)
-    assert totals["files"] == 3 and totals["skipped_complete"] == 0
+    assert totals.files == 3 and totals.skipped_complete == 0
 
     tok = get_tokenizer("bytes")
     ds = TokenDataset(out, tokenizer="bytes")
@@ -140,7 +115,7 @@ def test_prepare_data_matches_one_by_one_tokenization_and_restarts(tmp_path: Pat
     mtime = (out / "part__b.tokens.bin").stat().st_mtime_ns
     (out / "c.json").unlink()  # as if killed before this shard completed
     again = prep.prepare(corpus, out, "bytes", progress=False)
-    assert again["skipped_complete"] == 2 and again["docs"] == 1
+    assert again.skipped_complete == 2 and again.docs == 1
     assert (out / "part__b.tokens.bin").stat().st_mtime_ns == mtime
     assert [TokenDataset(out).document(i).tolist() for i in range(ds.num_docs)] == expected
 
@@ -183,7 +158,7 @@ def test_prepare_writes_only_into_its_own_folder(tmp_path: Path) -> None:
     as_older_posfreq(older)
     as_older_posfreq(older / "val")
     again = prep.prepare(corpus, older, "bytes", progress=False, val_fraction=0.5)
-    assert again["skipped_complete"] == 1
+    assert again.skipped_complete == 1
     (older / "README").write_text("a user's note")
     as_older_posfreq(older)
     with pytest.raises(OutputDirError, match=r"did not write \(README, manifest.json, notes.json"):
@@ -218,79 +193,6 @@ def test_damaged_shards_are_refused_naming_the_file(tmp_path: Path) -> None:
         data.read_runs(np.array([3]), np.array([4]))
 
 
-def test_a_rerun_compares_inputs_and_tokenizers_by_content(tmp_path: Path) -> None:
-    """prepare's resume compared an input's size only (a same-size edit kept the old shard) and the tokenizer
-    by name only (a replaced hf:T/tokenizer.json kept tokens of the old one)."""
-    from posfreq.train.data import prepare as prep
-    from posfreq.train.data.corpora import resolve_corpus
-    from posfreq.train.data.hf_tokenizer import write_bytes_tokenizer, write_llama3_tokenizer
-
-    corpus_dir = tmp_path / "corpus"
-    corpus_dir.mkdir()
-    doc = corpus_dir / "a.jsonl"
-    doc.write_text(json.dumps({"text": "abcdef"}) + "\n")
-    out = tmp_path / "tokens"
-    prep.prepare(resolve_corpus(corpus_dir), out, "bytes", progress=False)
-    doc.write_text(json.dumps({"text": "ghijkl"}) + "\n")  # the same size, other bytes
-    again = prep.prepare(resolve_corpus(corpus_dir), out, "bytes", progress=False)
-    assert again["skipped_complete"] == 0
-    assert TokenDataset(out).document(0).tolist()[:-1] == list(b"ghijkl")
-
-    tok = tmp_path / "T"
-    write_bytes_tokenizer(tok)
-    hf_out = tmp_path / "hf-tokens"
-    prep.prepare(resolve_corpus(corpus_dir), hf_out, f"hf:{tok}", progress=False)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (tok / name).unlink()
-    write_llama3_tokenizer(tok)  # another tokenizer at the same path
-    with pytest.raises(OutputDirError, match="whose files have changed since"):
-        prep.prepare(resolve_corpus(corpus_dir), hf_out, f"hf:{tok}", progress=False)
-
-
-def test_a_shard_of_another_input_with_the_same_name_is_refused_not_replaced(
-    tmp_path: Path,
-) -> None:
-    """A/data.jsonl then B/data.jsonl into one --out: both make shard 'data', and same_source compared sizes and
-    hashes only, so B's tokens silently replaced A's. Another input is refused naming both; a rerun of A, and A's
-    bytes copied elsewhere, still count as complete."""
-    from posfreq.scripts.commands import prepare as prepare_cli
-    from posfreq.train.data import prepare as prep
-    from posfreq.train.data.corpora import resolve_corpus
-
-    for name, text in (("A", "from A"), ("B", "from B, longer")):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "data.jsonl").write_text(json.dumps({"text": text}) + "\n")
-    out = tmp_path / "tokens"
-    prep.prepare(resolve_corpus(tmp_path / "A"), out, "bytes", progress=False)
-    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-    with pytest.raises(SystemExit) as refused:
-        prepare_cli.main(
-            ["--corpus", str(tmp_path / "B"), "--tokenizer", "bytes", "--out", str(out), "--quiet"]
-        )
-    assert str(refused.value.code) == (
-        f"error: {out}/data holds the tokens of {tmp_path / 'A' / 'data.jsonl'}, not of "
-        f"{tmp_path / 'B' / 'data.jsonl'}, which would replace them: both inputs take the shard name 'data'. "
-        f"Fix: tokenize each corpus into its own --out, or delete {out}/data.* (and {out}/val/data.*) to "
-        "replace that shard"
-    )
-    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
-    assert (
-        prep.prepare(resolve_corpus(tmp_path / "A"), out, "bytes", progress=False)[
-            "skipped_complete"
-        ]
-        == 1
-    )
-    (tmp_path / "copy").mkdir()
-    (tmp_path / "copy" / "data.jsonl").write_bytes((tmp_path / "A" / "data.jsonl").read_bytes())
-    assert (
-        prep.prepare(resolve_corpus(tmp_path / "copy"), out, "bytes", progress=False)[
-            "skipped_complete"
-        ]
-        == 1
-    )
-    assert TokenDataset(out).document(0).tolist()[:-1] == list(b"from A")
-
-
 def _drop(key: str):
     return lambda meta: {k: v for k, v in meta.items() if k != key}
 
@@ -314,9 +216,9 @@ def test_damaged_shard_metadata_names_the_file_and_a_rerun_redoes_it(
     offsets .npy (numpy's message) named no file; an eos_id outside the vocabulary was accepted, then crashed
     padded packing (IndexError; a device-side assert on a GPU). Each names the file and the fix, and that fix (a
     rerun of prepare into the same --out) redoes the shard."""
-    from posfreq.train.data import prepare as prep
     from posfreq.train.data.corpora import resolve_corpus
-    from posfreq.train.data.shards import DamagedShard
+    from posfreq.train.data.tokens import prepare as prep
+    from posfreq.train.data.tokens.shard_files import DamagedShard
 
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "a.jsonl").write_text(
@@ -342,7 +244,7 @@ def test_damaged_shard_metadata_names_the_file_and_a_rerun_redoes_it(
     assert "Fix: rerun scripts/prepare_data.py (posfreq prepare) with the same --out" in str(
         refused.value
     )
-    assert prep.prepare(corpus, out, "bytes", progress=False)["skipped_complete"] == 0
+    assert prep.prepare(corpus, out, "bytes", progress=False).skipped_complete == 0
     assert TokenDataset(out).num_docs == 3
 
 
@@ -376,32 +278,7 @@ def test_cached_shards_hold_one_file_each_and_the_open_file_limit_allows_them(
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-def test_a_rerun_checks_its_finished_inputs_in_parallel_with_the_same_answer(
-    tmp_path: Path,
-) -> None:
-    """The rerun's check reads every finished input again (gigabytes per SlimPajama task): `workers` threads read
-    them at once, and find the same inputs to redo as one does (here a same-size edit among unchanged files)."""
-    from posfreq.train.data import prepare as prep
-    from posfreq.train.data.corpora import resolve_corpus
-
-    corpus_dir = tmp_path / "corpus"
-    corpus_dir.mkdir()
-    for i in range(6):
-        (corpus_dir / f"{i}.jsonl").write_text(json.dumps({"text": f"document {i} " * 50}) + "\n")
-    out = tmp_path / "tokens"
-    prep.prepare(resolve_corpus(corpus_dir), out, "bytes", progress=False)
-    edited = corpus_dir / "3.jsonl"
-    edited.write_text(
-        edited.read_text().replace("document 3", "document X")
-    )  # same size, other bytes
-    corpus = resolve_corpus(corpus_dir)
-    names = prep.shard_names(corpus.files)
-    tokenizer = prep.get_tokenizer("bytes")
-    one = prep.pending_files(corpus, names, out, tokenizer, workers=1)
-    assert one == [f for f in corpus.files if f.name == "3.jsonl"]
-    assert prep.pending_files(corpus, names, out, tokenizer, workers=4) == one
-
-
+@pytest.mark.slow
 def test_a_manifest_makes_start_up_one_read_for_a_thousand_shards(
     tmp_path: Path, monkeypatch
 ) -> None:
@@ -412,7 +289,8 @@ def test_a_manifest_makes_start_up_one_read_for_a_thousand_shards(
     import builtins
     import os
 
-    from posfreq.train.data.shards import ShardWriter, write_manifest
+    from posfreq.train.data.tokens.shard_files import ShardWriter
+    from posfreq.train.data.tokens.shards import write_manifest
 
     for s in range(1000):
         with ShardWriter(

@@ -1,0 +1,112 @@
+"""train/data/tokens/rerun.py: what a rerun of `posfreq prepare` redoes (inputs compared by content, tokenizers by
+their files, finished inputs hashed in parallel) and what it refuses (another input's shard under the same name)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from posfreq.train.data.tokenizer import get_tokenizer
+from posfreq.train.data.tokens.rerun import pending_files
+from posfreq.train.data.tokens.shards import TokenDataset
+from posfreq.train.outdir import OutputDirError
+
+
+@pytest.mark.slow
+def test_a_rerun_compares_inputs_and_tokenizers_by_content(tmp_path: Path) -> None:
+    """prepare's resume compared an input's size only (a same-size edit kept the old shard) and the tokenizer
+    by name only (a replaced hf:T/tokenizer.json kept tokens of the old one)."""
+    from posfreq.train.data.corpora import resolve_corpus
+    from posfreq.train.data.hf_tokenizer import write_bytes_tokenizer, write_llama3_tokenizer
+    from posfreq.train.data.tokens import prepare as prep
+
+    corpus_dir = tmp_path / "corpus"
+    corpus_dir.mkdir()
+    doc = corpus_dir / "a.jsonl"
+    doc.write_text(json.dumps({"text": "abcdef"}) + "\n")
+    out = tmp_path / "tokens"
+    prep.prepare(resolve_corpus(corpus_dir), out, "bytes", progress=False)
+    doc.write_text(json.dumps({"text": "ghijkl"}) + "\n")  # the same size, other bytes
+    again = prep.prepare(resolve_corpus(corpus_dir), out, "bytes", progress=False)
+    assert again.skipped_complete == 0
+    assert TokenDataset(out).document(0).tolist()[:-1] == list(b"ghijkl")
+
+    tok = tmp_path / "T"
+    write_bytes_tokenizer(tok)
+    hf_out = tmp_path / "hf-tokens"
+    prep.prepare(resolve_corpus(corpus_dir), hf_out, f"hf:{tok}", progress=False)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tok / name).unlink()
+    write_llama3_tokenizer(tok)  # another tokenizer at the same path
+    with pytest.raises(OutputDirError, match="whose files have changed since"):
+        prep.prepare(resolve_corpus(corpus_dir), hf_out, f"hf:{tok}", progress=False)
+
+
+def test_a_shard_of_another_input_with_the_same_name_is_refused_not_replaced(
+    tmp_path: Path,
+) -> None:
+    """A/data.jsonl then B/data.jsonl into one --out: both make shard 'data', and same_source compared sizes and
+    hashes only, so B's tokens silently replaced A's. Another input is refused naming both; a rerun of A, and A's
+    bytes copied elsewhere, still count as complete."""
+    from posfreq.scripts.commands import prepare as prepare_cli
+    from posfreq.train.data.corpora import resolve_corpus
+    from posfreq.train.data.tokens import prepare as prep
+
+    for name, text in (("A", "from A"), ("B", "from B, longer")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "data.jsonl").write_text(json.dumps({"text": text}) + "\n")
+    out = tmp_path / "tokens"
+    prep.prepare(resolve_corpus(tmp_path / "A"), out, "bytes", progress=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    with pytest.raises(SystemExit) as refused:
+        prepare_cli.main(
+            ["--corpus", str(tmp_path / "B"), "--tokenizer", "bytes", "--out", str(out), "--quiet"]
+        )
+    assert str(refused.value.code) == (
+        f"error: {out}/data holds the tokens of {tmp_path / 'A' / 'data.jsonl'}, not of "
+        f"{tmp_path / 'B' / 'data.jsonl'}, which would replace them: both inputs take the shard name 'data'. "
+        f"Fix: tokenize each corpus into its own --out, or delete {out}/data.* (and {out}/val/data.*) to "
+        "replace that shard"
+    )
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert (
+        prep.prepare(resolve_corpus(tmp_path / "A"), out, "bytes", progress=False).skipped_complete
+        == 1
+    )
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "data.jsonl").write_bytes((tmp_path / "A" / "data.jsonl").read_bytes())
+    assert (
+        prep.prepare(
+            resolve_corpus(tmp_path / "copy"), out, "bytes", progress=False
+        ).skipped_complete
+        == 1
+    )
+    assert TokenDataset(out).document(0).tolist()[:-1] == list(b"from A")
+
+
+def test_a_rerun_checks_its_finished_inputs_in_parallel_with_the_same_answer(
+    tmp_path: Path,
+) -> None:
+    """The rerun's check reads every finished input again (gigabytes per SlimPajama task): `workers` threads read
+    them at once, and find the same inputs to redo as one does (here a same-size edit among unchanged files)."""
+    from posfreq.train.data.corpora import resolve_corpus
+    from posfreq.train.data.tokens import prepare as prep
+
+    corpus_dir = tmp_path / "corpus"
+    corpus_dir.mkdir()
+    for i in range(6):
+        (corpus_dir / f"{i}.jsonl").write_text(json.dumps({"text": f"document {i} " * 50}) + "\n")
+    out = tmp_path / "tokens"
+    prep.prepare(resolve_corpus(corpus_dir), out, "bytes", progress=False)
+    edited = corpus_dir / "3.jsonl"
+    edited.write_text(
+        edited.read_text().replace("document 3", "document X")
+    )  # same size, other bytes
+    corpus = resolve_corpus(corpus_dir)
+    names = prep.shard_names(corpus.files)
+    tokenizer = get_tokenizer("bytes")
+    one = pending_files(corpus, names, out, tokenizer, workers=1)
+    assert one == [f for f in corpus.files if f.name == "3.jsonl"]
+    assert pending_files(corpus, names, out, tokenizer, workers=4) == one
