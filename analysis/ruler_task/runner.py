@@ -100,6 +100,28 @@ def chosen_tasks(spec: str) -> list[str]:
     return names
 
 
+def sandboxed_tokenizer(path: Path, chat_template: bool):
+    """The model's transformers tokenizer, its chat template rendered in posfreq's sandbox (lm-eval renders
+    through it: never transformers' own Jinja); RulerError when it does not load, or has no template to use."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    except (OSError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RulerError(
+            f"--model {path}: its tokenizer does not load ({first}). Fix: save it beside the model "
+            "(tokenizer.save_pretrained(DIR) writes tokenizer.json)"
+        ) from None
+    render_in_sandbox(tokenizer)
+    if chat_template and not tokenizer.chat_template:
+        raise RulerError(
+            f"--chat-template true: {path} has no chat template (chat_template.jinja or "
+            "tokenizer_config.json's chat_template). Fix: drop the flag"
+        )
+    return tokenizer
+
+
 def run(args: RulerSettings) -> Path:
     """Evaluate each (task, length) not already in --out/parts, write the outputs, and return --out."""
     os.environ.update(
@@ -142,24 +164,7 @@ def run(args: RulerSettings) -> Path:
         "code": code_fingerprint(),
         "data": data_fingerprint(),
     }
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-    except (OSError, ValueError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise RulerError(
-            f"--model {path}: its tokenizer does not load ({first}). Fix: save it beside the model "
-            "(tokenizer.save_pretrained(DIR) writes tokenizer.json)"
-        ) from None
-    render_in_sandbox(
-        tokenizer
-    )  # lm-eval renders the chat template through it: never transformers' own Jinja
-    if args.chat_template and not tokenizer.chat_template:
-        raise RulerError(
-            f"--chat-template true: {path} has no chat template (chat_template.jinja or "
-            "tokenizer_config.json's chat_template). Fix: drop the flag"
-        )
+    tokenizer = sandboxed_tokenizer(path, args.chat_template)
     refuse_misfits(tokenizer, tasks, lengths)
     claim_output_dir(out, COMMAND, shared=True)
     (out / PARTS_DIR).mkdir(exist_ok=True)

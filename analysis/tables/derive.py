@@ -57,6 +57,24 @@ class DerivedRun:
         return [m.row for m in self.models]
 
 
+def _scorable_records(
+    out: Path, meta: dict, analysis: Analysis, tests: int
+) -> dict[int, tuple[dict, list[dict]]]:
+    """Each finished length's (marker, first `tests` records) of a result directory; StaleResults when there is
+    none, or when its probe decoded nothing for `analysis` to score."""
+    if not meta["settings"].get("greedy", True) and analysis.scoring != "teacher_forced":
+        raise StaleResults(
+            f"{out} was probed with greedy false: no answer was decoded for scoring {analysis.scoring}. "
+            "Fix: --scoring teacher_forced"
+        )
+    finished = store.finished_records(out, meta, tests)
+    if not finished:
+        raise StaleResults(
+            f"{out}: no length is probed under its key yet; run scripts/commands/probe.py first"
+        )
+    return finished
+
+
 def derive_model(
     out: Path,
     analysis: Analysis = Analysis(),
@@ -72,17 +90,8 @@ def derive_model(
     """
     dest = _destination(out, dest)
     meta = store.read_meta(out, "settings", "lengths", "model")
-    if not meta["settings"].get("greedy", True) and analysis.scoring != "teacher_forced":
-        raise StaleResults(
-            f"{out} was probed with greedy false: no answer was decoded for scoring {analysis.scoring}. "
-            "Fix: --scoring teacher_forced"
-        )
     tests = int(tests or meta["settings"]["tests_per_length"])
-    finished = store.finished_records(out, meta, tests)
-    if not finished:
-        raise StaleResults(
-            f"{out}: no length is probed under its key yet; run scripts/commands/probe.py first"
-        )
+    finished = _scorable_records(out, meta, analysis, tests)
     lengths = list(finished)
     by_length = {n: records for n, (_, records) in finished.items()}
     # the marker's time is that of all its tests, of which these are a prefix

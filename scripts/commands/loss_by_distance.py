@@ -148,6 +148,24 @@ def _fingerprint(spec: str) -> str | None:
         return None
 
 
+def check_data_tokenizer(dataset: TokenDataset, spec: str, vocab_size: int) -> None:
+    """ValueError unless `dataset` was tokenized by the model's tokenizer (`spec`, `vocab_size`), compared by
+    content: as prepare recorded it, else the content of the tokenizer the shards name."""
+    recorded = dataset.shards[0].meta.get("tokenizer_fingerprint") or _fingerprint(
+        dataset.tokenizer
+    )
+    same = (
+        same_tokenizer(recorded, get_tokenizer(spec))
+        if recorded is not None
+        else absolute_spec(dataset.tokenizer) == absolute_spec(spec)
+    )
+    if not same or dataset.vocab_size > vocab_size:
+        raise ValueError(
+            f"--data {dataset.directory} was tokenized with {dataset.tokenizer!r}, not the model's tokenizer "
+            f"{spec!r}. Fix: prepare the corpus with the model's tokenizer (posfreq prepare --tokenizer)"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, measure, write the table, the CSV and the figure; `error:` lines for what cannot run."""
     parser = build_parser()
@@ -164,21 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         device = resolve_device(args.device)
         model, spec, trained, label, meta = load(args)
         dataset = TokenDataset(args.data)
-        tokenizer = get_tokenizer(spec)
-        # by content: as prepare recorded it, else the content of the tokenizer the shards name
-        recorded = dataset.shards[0].meta.get("tokenizer_fingerprint") or _fingerprint(
-            dataset.tokenizer
-        )
-        same = (
-            same_tokenizer(recorded, tokenizer)
-            if recorded is not None
-            else absolute_spec(dataset.tokenizer) == absolute_spec(spec)
-        )
-        if not same or dataset.vocab_size > model.config.vocab_size:
-            raise ValueError(
-                f"--data {args.data} was tokenized with {dataset.tokenizer!r}, not the model's tokenizer {spec!r}. "
-                "Fix: prepare the corpus with the model's tokenizer (posfreq prepare --tokenizer)"
-            )
+        check_data_tokenizer(dataset, spec, model.config.vocab_size)
         per_segment = args.engine == "transformers"
         packing = args.packing or run_packing(meta, args.checkpoint)
         train_len = args.train_len

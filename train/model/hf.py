@@ -118,17 +118,10 @@ def _read_json(path: Path) -> dict:
         ) from None
 
 
-def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
-    """Our ModelConfig from a Hugging Face config dict, refusing anything we would compute differently."""
-    architectures = hf.get("architectures") or []
-    model_type = hf.get("model_type")
-    unsupported = [a for a in architectures if a not in SUPPORTED_ARCHITECTURES]
-    if unsupported or model_type not in SUPPORTED_ARCHITECTURES.values():
-        raise ValueError(
-            f"{source}: unsupported architecture {unsupported or architectures} (model_type={model_type!r}); "
-            f"supported: {sorted(SUPPORTED_ARCHITECTURES)} with model_type in {sorted(set(SUPPORTED_ARCHITECTURES.values()))}"
-        )
-    defaults = _DEFAULTS[model_type]
+def _inexact_settings(
+    hf: dict, model_type: str, rope_scaling: dict, partial: float | None
+) -> list[str]:
+    """The settings of a Hugging Face config that our model would compute differently, each with why."""
     problems = []
     for key, expected in (("attention_bias", False), ("mlp_bias", False)):
         if hf.get(key, expected) != expected:
@@ -140,12 +133,9 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
         problems.append(
             "quantization_config (quantized weights are not supported; use a bf16/fp16/fp32 checkpoint)"
         )
-    max_len = int(hf.get("max_position_embeddings", defaults["max_position_embeddings"]))
-    rope_theta, rope_scaling = _rope_from_hf(hf, defaults, max_len)
-    partial = rope_scaling.pop("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     if partial not in (None, 1, 1.0):
         problems.append(f"partial_rotary_factor={partial} (only 1.0 is supported)")
-    window = hf.get("sliding_window", defaults["sliding_window"])
+    window = hf.get("sliding_window", _DEFAULTS[model_type]["sliding_window"])
     # transformers' Llama ignores the key; its Mistral attends within the window once a sequence is longer
     if model_type == "mistral" and window is not None:
         problems.append(
@@ -156,6 +146,24 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
         rope_scaling_type(rope_scaling)
     except ValueError as err:
         problems.append(str(err))
+    return problems
+
+
+def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
+    """Our ModelConfig from a Hugging Face config dict, refusing anything we would compute differently."""
+    architectures = hf.get("architectures") or []
+    model_type = hf.get("model_type")
+    unsupported = [a for a in architectures if a not in SUPPORTED_ARCHITECTURES]
+    if unsupported or model_type not in SUPPORTED_ARCHITECTURES.values():
+        raise ValueError(
+            f"{source}: unsupported architecture {unsupported or architectures} (model_type={model_type!r}); "
+            f"supported: {sorted(SUPPORTED_ARCHITECTURES)} with model_type in {sorted(set(SUPPORTED_ARCHITECTURES.values()))}"
+        )
+    defaults = _DEFAULTS[model_type]
+    max_len = int(hf.get("max_position_embeddings", defaults["max_position_embeddings"]))
+    rope_theta, rope_scaling = _rope_from_hf(hf, defaults, max_len)
+    partial = rope_scaling.pop("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    problems = _inexact_settings(hf, model_type, rope_scaling, partial)
     if problems:
         raise ValueError(
             f"{source}: cannot import this {model_type} model exactly: " + "; ".join(problems)

@@ -8,7 +8,7 @@ import hashlib
 import pytest
 from helpers.wheels import fake_pip
 
-from posfreq.train import wheels
+from posfreq.train.data import wheels
 
 
 def test_only_wheels_are_downloaded_and_a_pinned_hash_is_checked(monkeypatch, tmp_path):
