@@ -48,13 +48,14 @@ from posfreq.scripts.miniature.pipeline import (
     warm_ups,
 )
 from posfreq.scripts.miniature.report import (
+    DemoOutcome,
     collect_figures,
     publish_figures,
     validate,
     verdicts,
     write_report,
 )
-from posfreq.scripts.miniature.settings import EXPERIMENT_SETTINGS, FULL, QUICK
+from posfreq.scripts.miniature.settings import EXPERIMENT_SETTINGS, FULL, QUICK, DemoSettings
 from posfreq.train.atomic import write_json_atomic
 from posfreq.train.command_line import command_parser, parse
 from posfreq.train.outdir import OutputDirError, claim_output_dir, entry_names
@@ -158,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(str(err)) from None
 
 
-def run_demo(args) -> int:
-    """`main` once the arguments are parsed."""
+def demo_settings(args) -> DemoSettings:
+    """The experiment's settings (quick or full) with --seeds applied; refuses flags the experiment cannot take."""
     full, quick = EXPERIMENT_SETTINGS.get(args.experiment, (FULL, QUICK))
     settings = quick if args.quick else full
     if args.publish_figures and (args.quick or args.experiment != "demo"):
@@ -173,6 +174,12 @@ def run_demo(args) -> int:
                 f"error: --seeds {args.seeds}: give at least one training seed. Fix: --seeds 3 (the default) or more"
             )
         settings = replace(settings, seeds=tuple(range(args.seeds)))
+    return settings
+
+
+def run_demo(args) -> int:
+    """`main` once the arguments are parsed."""
+    settings = demo_settings(args)
     out = (
         args.out or Path("runs") / (args.experiment + ("-quick" if args.quick else ""))
     ).resolve()
@@ -197,11 +204,37 @@ def run_demo(args) -> int:
         )  # a wrong --reference stops now, before any training
     p = Pipeline(out, args.lanes, args.threads)
     start = time.perf_counter()
+    outcome = run_stages(p, settings, out, args.lanes)
+    if args.reference:
+        references = compare_with_reference(out, args.reference, outcome.strict_dir)
+        outcome = replace(outcome, references=references)
+    report = write_report(out, settings, args.quick, p, outcome, args.experiment)
+    if args.quick:
+        validate(out, outcome.runs, settings)
+    elif args.publish_figures:
+        for path in publish_figures(out):
+            print(f"published {path}")
+    print(f"\n{args.experiment} finished in {time.perf_counter() - start:.0f} s; report: {report}")
+    if args.quick:
+        print("\n" + verdicts(outcome.conclusion, quick=True)[0])  # what these numbers are worth
+    print(
+        "\nverdicts (the paper's criterion, 2 of 4 needles):\n"
+        + "\n".join(verdicts(outcome.conclusion, quick=False))
+    )
+    print(
+        f"\nunder {settings.strict_min_retrieved} of 4 needles:\n"
+        + "\n".join(verdicts(outcome.strict, quick=False, with_loss=False))
+    )
+    return 0
 
+
+def run_stages(p: Pipeline, settings: DemoSettings, out: Path, lanes: int) -> DemoOutcome:
+    """Prepare the inputs, train and probe every (seed, length) on `lanes` lanes, compare the runs, make the Table 1
+    analogue and the strict comparison, and collect the figures."""
     corpus = prepare_inputs(p, settings)
     # The lanes: every seed's warm-up is queued first, then each seed's continued runs, longest first; a
     # continued run waits for its own warm-up, which is queued before it, so none can starve.
-    with ThreadPoolExecutor(max_workers=args.lanes) as pool:
+    with ThreadPoolExecutor(max_workers=lanes) as pool:
         warm = warm_ups(p, settings, pool)
         jobs = {
             f"L{n}-s{s}": pool.submit(
@@ -231,46 +264,31 @@ def run_demo(args) -> int:
     )
     strict_dir, strict = strict_comparison(p, settings, runs)
     collect_figures(out, runs, first, {"strict": strict_dir / "figures"})
-    references = []
-    if args.reference:
-        comparisons = {"paper": Path("compare"), "strict": strict_dir.relative_to(out)}
-        missing = [
-            path
-            for path in comparisons.values()
-            if not (args.reference / path / "checkpoints.csv").is_file()
-        ]
-        if missing:
-            print(
-                f"demo: the reference {args.reference} has no {', '.join(map(str, missing))} (an older demo): "
-                "those comparisons are left out"
-            )
-        references = [
-            agreement(out, args.reference.resolve(), criterion, path)
-            for criterion, path in comparisons.items()
-            if path not in missing
-        ]
-        write_json_atomic(out / "agreement.json", references, indent=1)
-        print("\n".join(line for reference in references for line in agreement_lines(reference)))
-    report = write_report(
-        out, settings, args.quick, p, runs, table, conclusion, strict, references, args.experiment
-    )
-    if args.quick:
-        validate(out, runs, settings)
-    elif args.publish_figures:
-        for path in publish_figures(out):
-            print(f"published {path}")
-    print(f"\n{args.experiment} finished in {time.perf_counter() - start:.0f} s; report: {report}")
-    if args.quick:
-        print("\n" + verdicts(conclusion, quick=True)[0])  # what these numbers are worth
-    print(
-        "\nverdicts (the paper's criterion, 2 of 4 needles):\n"
-        + "\n".join(verdicts(conclusion, quick=False))
-    )
-    print(
-        f"\nunder {settings.strict_min_retrieved} of 4 needles:\n"
-        + "\n".join(verdicts(strict, quick=False, with_loss=False))
-    )
-    return 0
+    return DemoOutcome(runs, table, conclusion, strict, strict_dir)
+
+
+def compare_with_reference(out: Path, reference: Path, strict_dir: Path) -> list[dict]:
+    """How this demo's comparisons (the paper's criterion and the strict one) agree with a reference demo's, printed
+    and written to OUT/agreement.json; a comparison the reference lacks (an older demo) is named and left out."""
+    comparisons = {"paper": Path("compare"), "strict": strict_dir.relative_to(out)}
+    missing = [
+        path
+        for path in comparisons.values()
+        if not (reference / path / "checkpoints.csv").is_file()
+    ]
+    if missing:
+        print(
+            f"demo: the reference {reference} has no {', '.join(map(str, missing))} (an older demo): "
+            "those comparisons are left out"
+        )
+    references = [
+        agreement(out, reference.resolve(), criterion, path)
+        for criterion, path in comparisons.items()
+        if path not in missing
+    ]
+    write_json_atomic(out / "agreement.json", references, indent=1)
+    print("\n".join(line for reference in references for line in agreement_lines(reference)))
+    return references
 
 
 if __name__ == "__main__":

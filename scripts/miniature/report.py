@@ -6,7 +6,7 @@ import json
 import os
 import platform
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from posfreq.analysis.niah import store
@@ -220,16 +220,26 @@ def machine_description() -> str:
     )
 
 
+@dataclass(frozen=True)
+class DemoOutcome:
+    """What the demo's stages produced, for its report: each run's folder, the Table 1 analogue per training length,
+    the conclusions under the paper's and the strict criterion, and the agreement with a reference demo."""
+
+    runs: dict[str, Path]
+    table: dict[int, list[dict]]
+    conclusion: dict
+    strict: dict
+    strict_dir: Path
+    """Where the strict criterion's comparison lives (OUT/strict-kof4)."""
+    references: list[dict] = field(default_factory=list)
+
+
 def write_report(
     out: Path,
     settings: DemoSettings,
     quick: bool,
     pipeline: Pipeline,
-    runs: dict[str, Path],
-    table: dict[int, list[dict]],
-    conclusion: dict,
-    strict: dict,
-    references: list[dict] | None = None,
+    outcome: DemoOutcome,
     experiment: str = "demo",
 ) -> Path:
     """REPORT.md: what ran, what came out (computed verdicts with their numbers), every command."""
@@ -243,11 +253,34 @@ def write_report(
         f"{settings.answer_budget} generated tokens, so no token is generated at a position >= n. "
         "Token counts include the warm-up (`tokens_trained`).",
         "",
+        *_conclusion_lines(settings, quick, outcome),
+        *_checkpoint_lines(outcome.runs),
+        *_table1_lines(settings, outcome.table),
+        "## Figures",
+        "",
+        *[
+            f"![{figure.stem}](figures/{figure.name})"
+            for figure in sorted((out / "figures").glob("*.png"))
+        ],
+        "",
+        "## Commands",
+        "",
+        *[f"- {stage} ({seconds:.0f} s): `{cmd}`" for stage, cmd, seconds in pipeline.commands],
+    ]
+    path = out / "REPORT.md"
+    write_text_atomic(path, "\n".join(lines) + "\n")
+    return path
+
+
+def _conclusion_lines(settings: DemoSettings, quick: bool, outcome: DemoOutcome) -> list[str]:
+    """The verdicts under the paper's criterion and the strict one, the agreement with a reference, and when each
+    run learnt retrieval."""
+    return [
         "## Conclusion (computed by analysis/compare.py; numbers in compare/conclusion.json)",
         "",
         "A test passes when its answer holds at least 2 of its 4 needles (the paper's criterion).",
         "",
-        *verdicts(conclusion, quick),
+        *verdicts(outcome.conclusion, quick),
         "",
         f"### The same under a stricter criterion: at least {settings.strict_min_retrieved} of 4 needles",
         "",
@@ -255,20 +288,24 @@ def write_report(
         "conclusion.json). The k-th nearest needle sets how far a test must reach, so a stricter k measures "
         "retrieval farther from the question.",
         "",
-        *verdicts(strict, quick, with_loss=False),
+        *verdicts(outcome.strict, quick, with_loss=False),
         "",
-        *[line for reference in references or [] for line in agreement_lines(reference)],
+        *[line for reference in outcome.references for line in agreement_lines(reference)],
         "## When each run learnt retrieval",
         "",
         markdown(
-            conclusion["emergence"],
+            outcome.conclusion["emergence"],
             ["train_len", "seed", "checkpoints", "first_retrieval_tokens", "share_of_budget"],
         ),
         "",
+    ]
+
+
+def _checkpoint_lines(runs: dict[str, Path]) -> list[str]:
+    """Each run's effective length per checkpoint, probe folder by probe folder."""
+    lines = [
         "## Effective length per checkpoint (95% bootstrap interval over tests)",
         "",
-    ]
-    lines += [
         "f_effective_length is f at the effective length by Eq. 2, the value C2 reads. A row whose every probed "
         "length passed (all_passed) has an effective length that is only a lower bound, and Eq. 2 makes f(L) = 0 "
         "(no segment is longer than L): its f is shown as `censored`, and C2 leaves such rows out.",
@@ -279,11 +316,14 @@ def write_report(
             rows = [censored_f(r) for r in read_csv(probe_dir / store.EFFECTIVE_LENGTH_FILE)]
             shown = [*CHECKPOINT_COLUMNS] + [c for c in rows[0] if c.startswith("pass_rate_")]
             lines += [f"### {name}, {probe_dir.name}", "", markdown(rows, shown), ""]
-    lines += [
+    return lines
+
+
+def _table1_lines(settings: DemoSettings, table: dict[int, list[dict]]) -> list[str]:
+    """The Table 1 analogue of each training length, with its paired tests against rope."""
+    lines = [
         f"## Table 1 analogue: pass rate at the training length, last checkpoint (seed {settings.seeds[0]})",
         "",
-    ]
-    lines += [
         "Each scheme's pass rate with its 95% Wilson interval; its paired difference from rope over the same tests "
         "with a 95% paired bootstrap interval; the tests only it passed and only rope passed, with the exact McNemar "
         "p and its Holm adjustment over the schemes of the length (a difference is shown at 5% when its Holm p is "
@@ -303,16 +343,7 @@ def write_report(
             ),
             "",
         ]
-    lines += ["## Figures", ""]
-    lines += [
-        f"![{figure.stem}](figures/{figure.name})"
-        for figure in sorted((out / "figures").glob("*.png"))
-    ]
-    lines += ["", "## Commands", ""]
-    lines += [f"- {stage} ({seconds:.0f} s): `{cmd}`" for stage, cmd, seconds in pipeline.commands]
-    path = out / "REPORT.md"
-    write_text_atomic(path, "\n".join(lines) + "\n")
-    return path
+    return lines
 
 
 def publish_figures(out: Path, repo: Path = REPO) -> list[Path]:
