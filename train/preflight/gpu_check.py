@@ -59,7 +59,7 @@ from posfreq.train.preflight.gpu_kernels import (
     varlen_gqa_stage,
     varlen_repeatability_stage,
 )
-from posfreq.train.preflight.gpu_training import train_stage
+from posfreq.train.preflight.gpu_training import TrainStageSize, train_stage
 
 
 class StageTimeout(BaseException):
@@ -128,7 +128,7 @@ def stages(device: torch.device, out: Path) -> list[tuple[str, float, Callable[[
     def train(compile: str) -> str:
         gpu_only(device)
         shutil.rmtree(out / "train-1.3b", ignore_errors=True)
-        result = train_stage(device, out / "train-1.3b", compile=compile)
+        result = train_stage(device, out / "train-1.3b", TrainStageSize(compile=compile))
         made[f"train-{compile}"] = result
         if "train-off" in made and "train-auto" in made:
             gain = made["train-auto"]["tokens_per_s"] / made["train-off"]["tokens_per_s"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -56,41 +57,37 @@ def _timed(owner: type, method: str, into: list[float]) -> Iterator[None]:
         setattr(owner, method, original)
 
 
-def train_stage(
-    device: torch.device,
-    work: Path,
-    preset: str = "tinyllama-1.3b",
-    length: int = 2048,
-    micro_batches: int = 16,
-    steps: int = 4,
-    save_at: int = 2,
-    matmul_size: int = 8192,
-    compile: str = "auto",
-    vocab: int = 128_256,
-) -> dict:
-    """`preset` at L = `length` through one rank's real accumulation loop (the pretraining config's micro-batch and
-    checkpointing, `micro_batches` of them per step, as on 16 GPUs): `save_at` steps, then the sharded resumable
-    save a stop makes (model and optimizer), then a resume to `steps`. Step time, MFU against the datasheet peak
-    and the measured bf16 matmul rate, peak memory, and save and load times against the USR1 margin. The data's `vocab` (Llama-3's by default) sizes the model's."""
-    import yaml
+@dataclass(frozen=True)
+class TrainStageSize:
+    """The training stage's sizes: the 1.3B paper run's by default; the CPU test shrinks them to a tiny model."""
 
-    from posfreq.train.model.fused import resolve_compile, use_fused
-    from posfreq.train.run.config import config_from_dict
-    from posfreq.train.run.flops import measured_matmul_flops
-    from posfreq.train.run.pretrain import train
-    from posfreq.train.run.trainer import Trainer
+    preset: str = "tinyllama-1.3b"
+    length: int = 2048
+    micro_batches: int = 16
+    """Per step, as on 16 GPUs."""
+    steps: int = 4
+    save_at: int = 2
+    """The step after which the stop's sharded save is made and the run resumed."""
+    matmul_size: int = 8192
+    compile: str = "auto"
+    vocab: int = 128_256
+    """The data's vocabulary (Llama-3's), which sizes the model's."""
+
+
+def stage_config(work: Path, device: torch.device, size: TrainStageSize) -> dict:
+    """The stage's run config: the pretraining config's micro-batch, activation checkpointing and packing, on one
+    rank, with random shards written under `work`; no checkpoint but the stop's save and the end's weights."""
+    import yaml
 
     paper = yaml.safe_load(PRETRAIN_CONFIG.read_text())
     rows = paper["micro_batch_rows"]
-    checkpointing = paper["model"].get("activation_checkpointing", False)
     data = work / "data"
-    random_shards(
-        data, vocab, vocab - 255, documents=micro_batches * rows * 3
-    )  # Llama-3's EOS: 128,001
-    step_tokens = micro_batches * rows * length
-    config = {
+    eos = size.vocab - 255  # Llama-3's EOS: 128,001
+    random_shards(data, size.vocab, eos, documents=size.micro_batches * rows * 3)
+    step_tokens = size.micro_batches * rows * size.length
+    return {
         "out": str(work / "run"),
-        "total_tokens": steps * step_tokens,
+        "total_tokens": size.steps * step_tokens,
         "global_batch_tokens": step_tokens,
         "micro_batch_rows": rows,
         "accelerator": device.type,
@@ -98,12 +95,12 @@ def train_stage(
         "precision": "bf16-mixed",
         "resume": "auto",
         "model": {
-            "preset": preset,
+            "preset": size.preset,
             "attention_backend": "auto",
-            "activation_checkpointing": checkpointing,
-            "compile": compile,
+            "activation_checkpointing": paper["model"].get("activation_checkpointing", False),
+            "compile": size.compile,
         },
-        "data": {"dir": str(data), "train_len": length, "packing": paper["data"]["packing"]},
+        "data": {"dir": str(data), "train_len": size.length, "packing": paper["data"]["packing"]},
         "optim": {"warmup_steps": 1},
         "checkpoint": {
             "every_tokens": 10**15,
@@ -113,52 +110,84 @@ def train_stage(
         },
         "logging": {"progress_bar": False},
     }
-    measured = measured_matmul_flops(device, matmul_size, torch.bfloat16)
+
+
+def train_stage(device: torch.device, work: Path, size: TrainStageSize = TrainStageSize()) -> dict:
+    """`size.preset` at L = `size.length` through one rank's real accumulation loop: `size.save_at` steps, then the
+    sharded resumable save a stop makes (model and optimizer), then a resume to `size.steps`. Step time, MFU against
+    the datasheet peak and the measured bf16 matmul rate, peak memory, and save and load times against the USR1
+    margin."""
+    from posfreq.train.model.fused import resolve_compile, use_fused
+    from posfreq.train.run.config import config_from_dict
+    from posfreq.train.run.flops import measured_matmul_flops
+    from posfreq.train.run.pretrain import train
+    from posfreq.train.run.trainer import Trainer
+
+    config = stage_config(work, device, size)
+    measured = measured_matmul_flops(device, size.matmul_size, torch.bfloat16)
     saves: list[float] = []
     loads: list[float] = []
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     try:
         with _timed(Trainer, "save", saves), _timed(Trainer, "_load", loads):
-            first = train(config_from_dict({**config, "stop_at_step": save_at}))
+            first = train(config_from_dict({**config, "stop_at_step": size.save_at}))
             resumed = train(config_from_dict(config))
     finally:
         use_fused(
             False
         )  # the trainer switched the process to fused kernels; the stages after compare eager
-    if len(first) != save_at or len(resumed) != steps - save_at or not loads:
+    if len(first) != size.save_at or len(resumed) != size.steps - size.save_at or not loads:
         raise AssertionError(
-            f"expected {save_at} steps, a save, a load and {steps - save_at} more; got {len(first)} steps, "
-            f"{len(saves)} saves, {len(loads)} loads and {len(resumed)} steps"
+            f"expected {size.save_at} steps, a save, a load and {size.steps - size.save_at} more; got {len(first)} "
+            f"steps, {len(saves)} saves, {len(loads)} loads and {len(resumed)} steps"
         )
     timed = first[1:] + resumed[1:]  # each process's first step compiles
     step_s = statistics.median(r["step_time_s"] for r in timed)
-    flops = statistics.median(r["flops_per_s"] for r in timed)
-    row = timed[0]  # the trainer's MFU is against the datasheet peak: that peak is its flops / mfu
-    datasheet = row["mfu"] and row["flops_per_s"] / row["mfu"]
-    save_s, load_s = saves[0], loads[0]
-    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    planned = _planned_gib(config_from_dict(config), vocab, resolve_compile(compile, device.type))
-    if step_s + save_s > USR1_MARGIN_SECONDS:
+    if step_s + saves[0] > USR1_MARGIN_SECONDS:
         raise AssertionError(
-            f"a step ({step_s:.0f} s) and the save it triggers ({save_s:.0f} s) take longer than the "
+            f"a step ({step_s:.0f} s) and the save it triggers ({saves[0]:.0f} s) take longer than the "
             f"{USR1_MARGIN_SECONDS} s between SLURM's USR1 and the time limit"
         )
+    planned = _planned_gib(
+        config_from_dict(config), size.vocab, resolve_compile(size.compile, device.type)
+    )
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    return _stage_figures(config, timed, measured, saves[0], loads[0], peak, planned)
+
+
+def _stage_figures(
+    config: dict,
+    timed: list[dict],
+    measured: float,
+    save_s: float,
+    load_s: float,
+    peak,
+    planned: float,
+) -> dict:
+    """The stage's figures, and the line that states them: medians over the `timed` steps' records."""
+    flops = statistics.median(r["flops_per_s"] for r in timed)
+    tokens_per_s = statistics.median(r["tokens_per_s"] for r in timed)
+    row = timed[0]  # the trainer's MFU is against the datasheet peak: that peak is its flops / mfu
+    datasheet = row["mfu"] and row["flops_per_s"] / row["mfu"]
+    rows, length = config["micro_batch_rows"], config["data"]["train_len"]
+    micro_batches = config["global_batch_tokens"] // (rows * length)
+    model = config["model"]
     return {
         "detail": (
-            f"{micro_batches} x {rows} rows x {length} per step: {step_s:.2f} s/step, "
-            f"{statistics.median(r['tokens_per_s'] for r in timed):,.0f} tokens/s, "
+            f"{micro_batches} x {rows} rows x {length} per step: {statistics.median(r['step_time_s'] for r in timed):.2f} s/step, "
+            f"{tokens_per_s:,.0f} tokens/s, "
             + (f"MFU {flops / datasheet:.1%} of the datasheet peak, " if datasheet else "")
             + f"{flops / measured:.1%} of the measured bf16 matmul ({measured / 1e12:.0f} TFLOP/s, "
             f"{flops / 1e12:.0f} TFLOP/s here)"
             + (f"; peak {peak:.1f} GiB" if peak is not None else "")
             + f" (posfreq plan: {planned:.1f} GiB)"
             + f"; sharded save {save_s:.1f} s, load {load_s:.1f} s (step + save within the "
-            f"{USR1_MARGIN_SECONDS} s USR1 margin); activation checkpointing {checkpointing}, "
-            f"model.compile {compile}"
+            f"{USR1_MARGIN_SECONDS} s USR1 margin); activation checkpointing "
+            f"{model['activation_checkpointing']}, model.compile {model['compile']}"
         ),
-        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
-        "step_s": step_s,
+        "tokens_per_s": tokens_per_s,
+        "step_s": statistics.median(r["step_time_s"] for r in timed),
         "flops_per_s": flops,
         "matmul_flops_per_s": measured,
         "mfu_measured": flops / measured,

@@ -183,9 +183,7 @@ def test_the_training_stage_runs_its_accumulation_save_and_resume_on_cpu(tmp_pat
     2, a resume to step 4, and the figures it reports (save and load timed, MFU against the measured matmul)."""
     import torch
 
-    result = gpu_training.train_stage(
-        torch.device("cpu"),
-        tmp_path,
+    size = gpu_training.TrainStageSize(
         preset="tiny-2l-128",
         length=64,
         micro_batches=2,
@@ -193,6 +191,7 @@ def test_the_training_stage_runs_its_accumulation_save_and_resume_on_cpu(tmp_pat
         compile="off",
         vocab=512,  # Llama-3's 128,256 logits per token would take minutes a step here
     )
+    result = gpu_training.train_stage(torch.device("cpu"), tmp_path, size)
     assert result["save_s"] > 0 and result["load_s"] > 0 and result["step_s"] > 0
     assert 0 < result["mfu_measured"] and result["peak_gib"] is None
     assert "2 x 8 rows x 64 per step" in result["detail"] and "sharded save" in result["detail"]
