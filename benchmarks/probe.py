@@ -209,7 +209,7 @@ def bench_length(
     repeats: int,
 ) -> None:
     """Time every row at one length, interleaved over `repeats` rounds, and print medians, spreads and ratios."""
-    n, eos = len(tests), tokenizer.eos_id
+    eos = tokenizer.eos_id
     runs: dict[str, Callable[[], object]] = {
         "probe 1": lambda: probe_ids(model, tokenizer, tests, 1, new_tokens),
         "probe B": lambda: probe_ids(model, tokenizer, tests, batch, new_tokens),
@@ -237,7 +237,6 @@ def bench_length(
     times = interleaved(
         run, list(runs), repeats, warm_up=False
     )  # main() warmed every implementation up
-    t = {name: median(values) for name, values in times.items()}
     one = ids["probe 1"]
     for name in ("probe B", "probe B, prefill at once"):
         if ids[name] != one:
@@ -245,6 +244,19 @@ def bench_length(
                 f"{name}: batch {batch} generates other tokens than batch 1 on tests "
                 f"{[i for i, (a, b) in enumerate(zip(one, ids[name])) if a != b]}"
             )
+    print_length(tests, batch, repeats, times, ids, eos)
+
+
+def print_length(
+    tests: Sequence[NiahTest],
+    batch: int,
+    repeats: int,
+    times: dict[str, list[float]],
+    ids: dict[str, object],
+    eos: int,
+) -> None:
+    """One length's rows: tests/s with its spread, and each row's ratio to the one it is compared with."""
+    n, t, one = len(tests), {name: median(values) for name, values in times.items()}, ids["probe 1"]
     same = {
         name: sum(a == b for a, b in zip(one, ids[name]))
         for name in ("bf16 1", "bf16-prefill 1", "bf16-prefill B")
