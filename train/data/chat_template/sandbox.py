@@ -69,12 +69,66 @@ def _check_growth(obj, name: str, args: tuple, kwargs: dict) -> None:
         _check_size(len(obj) + count * max(len(args[1]) - len(args[0]), 0), "str.replace")
 
 
+def _bounded_filters() -> dict:
+    """Jinja's filters that can grow a value, each checked against TEMPLATE_CHARS before it runs."""
+    from jinja2 import filters
+
+    def center(value, width=80):
+        _check_size(int(width), "center")
+        return filters.do_center(value, width)
+
+    def indent(s, width=4, first=False, blank=False):
+        _check_size(
+            len(str(s))
+            + (int(width) if isinstance(width, int) else len(str(width)))
+            * (str(s).count("\n") + 1),
+            "indent",
+        )
+        return filters.do_indent(s, width, first, blank)
+
+    def format_(value, *args, **kwargs):
+        _check_format(str(value), "format")
+        return filters.do_format(value, *args, **kwargs)
+
+    def replace(eval_ctx, s, old, new, count=None):
+        _check_growth(str(s), "replace", (str(old), str(new)), {})
+        return filters.do_replace(eval_ctx, s, old, new, count)
+
+    def join(eval_ctx, value, d="", attribute=None):
+        return filters.do_join(eval_ctx, _joined(value, str(d)), d, attribute)
+
+    def batch(value, linecount, fill_with=None):
+        _check_size(int(linecount), "batch")
+        return filters.do_batch(value, linecount, fill_with)
+
+    def slice_(value, slices, fill_with=None):
+        _check_size(int(slices), "slice")
+        return filters.do_slice(value, slices, fill_with)
+
+    def tojson(eval_ctx, value, indent=None):
+        if indent is not None:
+            _check_size(int(indent) * 1000, "tojson's indent")
+        return filters.do_tojson(eval_ctx, value, indent)
+
+    for name, wrapper in (("replace", replace), ("join", join), ("tojson", tojson)):
+        wrapper.jinja_pass_arg = getattr(filters, f"do_{name}").jinja_pass_arg  # type: ignore[attr-defined]
+    return {
+        "center": center,
+        "indent": indent,
+        "format": format_,
+        "replace": replace,
+        "join": join,
+        "batch": batch,
+        "slice": slice_,
+        "tojson": tojson,
+    }
+
+
 @functools.cache
 def _bounded_sandbox_class():
     """Jinja's immutable sandbox in which no operation can build a value beyond TEMPLATE_CHARS: `*`, `**`, `+`,
     `%`, `~`, the string methods and filters that grow a value are checked before they run. A C-level
     `'a' * 10**8` or `'%100000000d' % 1` runs to its end before any alarm or output check could stop it."""
-    from jinja2 import filters
     from jinja2.compiler import CodeGenerator
     from jinja2.exceptions import SecurityError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -87,57 +141,6 @@ def _bounded_sandbox_class():
                 self.write(", ")
             self.write("))")
 
-    def bounded_filters() -> dict:
-        def center(value, width=80):
-            _check_size(int(width), "center")
-            return filters.do_center(value, width)
-
-        def indent(s, width=4, first=False, blank=False):
-            _check_size(
-                len(str(s))
-                + (int(width) if isinstance(width, int) else len(str(width)))
-                * (str(s).count("\n") + 1),
-                "indent",
-            )
-            return filters.do_indent(s, width, first, blank)
-
-        def format_(value, *args, **kwargs):
-            _check_format(str(value), "format")
-            return filters.do_format(value, *args, **kwargs)
-
-        def replace(eval_ctx, s, old, new, count=None):
-            _check_growth(str(s), "replace", (str(old), str(new)), {})
-            return filters.do_replace(eval_ctx, s, old, new, count)
-
-        def join(eval_ctx, value, d="", attribute=None):
-            return filters.do_join(eval_ctx, _joined(value, str(d)), d, attribute)
-
-        def batch(value, linecount, fill_with=None):
-            _check_size(int(linecount), "batch")
-            return filters.do_batch(value, linecount, fill_with)
-
-        def slice_(value, slices, fill_with=None):
-            _check_size(int(slices), "slice")
-            return filters.do_slice(value, slices, fill_with)
-
-        def tojson(eval_ctx, value, indent=None):
-            if indent is not None:
-                _check_size(int(indent) * 1000, "tojson's indent")
-            return filters.do_tojson(eval_ctx, value, indent)
-
-        for name, wrapper in (("replace", replace), ("join", join), ("tojson", tojson)):
-            wrapper.jinja_pass_arg = getattr(filters, f"do_{name}").jinja_pass_arg  # type: ignore[attr-defined]
-        return {
-            "center": center,
-            "indent": indent,
-            "format": format_,
-            "replace": replace,
-            "join": join,
-            "batch": batch,
-            "slice": slice_,
-            "tojson": tojson,
-        }
-
     class BoundedSandbox(ImmutableSandboxedEnvironment):
         code_generator_class = BoundedConcat
         intercepted_binops = frozenset(
@@ -146,7 +149,7 @@ def _bounded_sandbox_class():
 
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
-            self.filters.update(bounded_filters())
+            self.filters.update(_bounded_filters())
 
         def concat_bounded(self, values) -> str:
             values = [str(v) for v in values]
