@@ -11,6 +11,7 @@ import hashlib
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -122,6 +123,23 @@ def model_state_dict(
         f"{path}: no {CONSOLIDATED_WEIGHTS}, {STATE_FILE} or {STATE_DIR}/.metadata. Pass a checkpoint "
         f"directory (OUT/{CHECKPOINTS}/tokens-*/ or latest/) or a consolidated model directory."
     )
+
+
+def verified_on_rank_0(
+    path: Path, config: ModelConfig, fabric: Any, what: str
+) -> dict[str, torch.Tensor]:
+    """The model state_dict of `path` on every rank of a job, its checksums read by rank 0 alone (a whole
+    checkpoint, optimizer included) while the others wait for its verdict; CheckpointError prefixed with `what`."""
+    damage = None
+    if fabric.global_rank == 0:
+        try:
+            verify_before_reading(path)
+        except CheckpointError as err:
+            damage = f"{what}: {err}"
+    damage = fabric.broadcast(damage, src=0)
+    if damage:
+        raise CheckpointError(damage)
+    return model_state_dict(path, config, verified=True)
 
 
 def run_record(path: Path) -> Path:

@@ -29,7 +29,7 @@ import torch
 from posfreq.train.atomic import disk_full
 from posfreq.train.checkpoint import layout as ckpt
 from posfreq.train.checkpoint import save as checkpoint_save
-from posfreq.train.checkpoint.load import model_state_dict, verify_before_reading
+from posfreq.train.checkpoint.load import verified_on_rank_0
 from posfreq.train.checkpoint.retention import reduce_old_milestones
 from posfreq.train.checkpoint.safe_load import CheckpointError
 from posfreq.train.data.packing import IGNORE_INDEX, PackedBatch, PackedSampler
@@ -186,17 +186,7 @@ class Trainer:
             raise ConfigError(
                 f"model.init_from={path}: its model config {saved} differs from this run's {mine}"
             )
-        # rank 0 reads the checksums (a whole checkpoint, optimizer included), the others wait for its verdict
-        damage = None
-        if self.fabric.global_rank == 0:
-            try:
-                verify_before_reading(path)
-            except CheckpointError as err:
-                damage = f"model.init_from: {err}"
-        damage = self.fabric.broadcast(damage, src=0)
-        if damage:
-            raise CheckpointError(damage)
-        model.load_state_dict(model_state_dict(path, saved, verified=True))
+        model.load_state_dict(verified_on_rank_0(path, saved, self.fabric, "model.init_from"))
         source = ckpt.read_trainer_state(path) or {}
         self.tokens_before = int(source.get("tokens_trained", 0))
         lengths = ckpt.load_trained_lengths(path)

@@ -84,3 +84,42 @@ def test_read_checkpoint_info_names_the_path_and_the_fix(tmp_path):
         ckpt.CheckpointError, match=r"empty is not a checkpoint \(no model_config.json\)\. Fix:"
     ):
         read_checkpoint_info(tmp_path / "empty")
+
+
+class FakeFabric:
+    """One rank of a job: `broadcast` hands every rank what rank 0 sent (`from_rank_0` on the others)."""
+
+    def __init__(self, rank: int, from_rank_0=None) -> None:
+        self.global_rank, self.from_rank_0, self.sent = rank, from_rank_0, []
+
+    def broadcast(self, value, src: int = 0):
+        self.sent.append(value)
+        return value if self.global_rank == 0 else self.from_rank_0
+
+
+def test_only_rank_0_reads_the_checksums_and_every_rank_gets_its_verdict(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from posfreq.train.checkpoint import load
+
+    path = consolidated(tmp_path / "model")
+    config = ckpt.load_model_config(path)
+    state = load.verified_on_rank_0(path, config, FakeFabric(0), "model.init_from")
+    expected = load_file(str(path / ckpt.CONSOLIDATED_WEIGHTS))
+    assert state.keys() == expected.keys()
+    assert all(torch.equal(state[k], expected[k]) for k in expected)
+
+    def damaged(_path):
+        raise ckpt.CheckpointError(f"{_path}/state.pt: its sha256 differs")
+
+    monkeypatch.setattr(load, "verify_before_reading", damaged)
+    rank0 = FakeFabric(0)
+    with pytest.raises(
+        ckpt.CheckpointError, match=r"^model.init_from: .*state.pt: its sha256 differs"
+    ):
+        load.verified_on_rank_0(path, config, rank0, "model.init_from")
+    assert rank0.sent == [f"model.init_from: {path}/state.pt: its sha256 differs"]
+    # another rank never reads the checksums: it raises rank 0's verdict
+    monkeypatch.setattr(load, "verify_before_reading", lambda _path: pytest.fail("rank 1 hashed"))
+    with pytest.raises(ckpt.CheckpointError, match="^model.init_from: damaged$"):
+        load.verified_on_rank_0(path, config, FakeFabric(1, "model.init_from: damaged"), "x")
