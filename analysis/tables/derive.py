@@ -22,7 +22,11 @@ from posfreq.analysis.tables.records import (
     failure_by_thirds,
     summarize_length,
 )
-from posfreq.analysis.tables.run_table import checkpoint_row, write_effective_length_csv
+from posfreq.analysis.tables.run_table import (
+    ProbedModel,
+    checkpoint_row,
+    write_effective_length_csv,
+)
 from posfreq.train.atomic import write_text_atomic
 
 
@@ -112,18 +116,15 @@ def derive_model(
     )
     passed = [[analysis.passed(r) for r in by_length[n]] for n in lengths]
     tokens = current_names(meta)  # a probe's older meta.json holds tokens_seen
-    row = checkpoint_row(
+    probed = ProbedModel(
         meta["model"],
         train_len,
         meta["settings"]["positions"],
-        summary,
-        passed,
         hist,
-        analysis,
-        tests,
         tokens.get("tokens_trained"),
         tokens.get("run_tokens"),
     )
+    row = checkpoint_row(probed, summary, passed, analysis, tests)
     write_effective_length_csv(dest / store.EFFECTIVE_LENGTH_FILE, [row])
     thirds = failure_by_thirds(records, analysis)
     write_csv(dest / store.THIRDS_FILE, thirds)

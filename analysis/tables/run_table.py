@@ -39,26 +39,35 @@ def probed_lengths(row: Mapping) -> list[int]:
     )
 
 
+@dataclass(frozen=True)
+class ProbedModel:
+    """What an effective_length.csv row says of the model it measured, beside the measurement."""
+
+    name: str
+    train_len: int
+    positions: str
+    length_hist: np.ndarray | None = None
+    """The trained-length bincount (size L+1); None (a Hugging Face model) leaves f empty."""
+    tokens_trained: int | None = None
+    """Every token the weights were trained on, a warm-up included."""
+    run_tokens: int | None = None
+    """The tokens of the checkpoint's own run."""
+
+
 def checkpoint_row(
-    name: str,
-    train_len: int,
-    positions: str,
+    model: ProbedModel,
     summary: Sequence[Mapping],
     passed: Sequence[Sequence[bool]],
-    length_hist: np.ndarray | None,
     analysis: Analysis,
     tests_per_length: int,
-    tokens_trained: int | None = None,
-    run_tokens: int | None = None,
 ) -> dict:
     """One effective_length.csv row: effective length, its interval and status, f at each, and the curve.
 
     `summary` holds one summary.csv row per probed length and `passed` each length's per-test
-    passes (for the bootstrap). `length_hist` is the checkpoint's trained-length bincount (size
-    L+1); without one (e.g. a Hugging Face model) f is left empty, as it is when no length passed.
-    `tokens_trained` counts every token the weights were trained on (a warm-up included);
-    `run_tokens` those of the checkpoint's own run.
+    passes (for the bootstrap). f is left empty when `model` has no trained-length histogram, as it is when
+    no length passed.
     """
+    name, train_len, length_hist = model.name, model.train_len, model.length_hist
     if length_hist is not None and len(length_hist) != train_len + 1:
         raise ValueError(
             f"{name}: trained-length histogram has {len(length_hist)} bins, expected L+1 = {train_len + 1}"
@@ -87,10 +96,10 @@ def checkpoint_row(
     )
     row = {
         "checkpoint": name,
-        "tokens_trained": "" if tokens_trained is None else int(tokens_trained),
-        "run_tokens": "" if run_tokens is None else int(run_tokens),
+        "tokens_trained": "" if model.tokens_trained is None else int(model.tokens_trained),
+        "run_tokens": "" if model.run_tokens is None else int(model.run_tokens),
         "train_len": train_len,
-        "positions": positions,
+        "positions": model.positions,
         "effective_length": eff.value,
         "effective_length_status": eff.status,
         "effective_length_lo": "" if interval is None else interval[0],

@@ -18,6 +18,7 @@ from posfreq.analysis.tables.pass_curve import (
 from posfreq.analysis.tables.records import depth_grid, failure_by_thirds
 from posfreq.analysis.tables.run_table import (
     RUN_COLUMNS,
+    ProbedModel,
     checkpoint_row,
     load_run,
     write_effective_length_csv,
@@ -102,9 +103,8 @@ def test_run_table_round_trip_and_figures(tmp_path):
     def row(name, tokens, rates):
         summary = [{"length": 128 * (i + 1), "pass_rate": r} for i, r in enumerate(rates)]
         passed = [[True] * round(10 * r) + [False] * (10 - round(10 * r)) for r in rates]
-        return checkpoint_row(
-            name, 256, "rope", summary, passed, hist, analysis, 10, tokens, tokens - 500
-        )
+        model = ProbedModel(name, 256, "rope", hist, tokens, tokens - 500)
+        return checkpoint_row(model, summary, passed, analysis, 10)
 
     rows = [
         row("tokens-2", 2000, [0.9, 0.2]),
@@ -134,7 +134,11 @@ def test_run_table_round_trip_and_figures(tmp_path):
     }
     with pytest.raises(ValueError):
         checkpoint_row(
-            "bad", 128, "rope", [{"length": 128, "pass_rate": 1.0}], [[True]], hist, analysis, 10
+            ProbedModel("bad", 128, "rope", hist),
+            [{"length": 128, "pass_rate": 1.0}],
+            [[True]],
+            analysis,
+            10,
         )
 
 
@@ -220,7 +224,7 @@ def test_teacher_forced_effective_length_carries_its_status():
         ]
         passed = [[True] * 10 for _ in tf_rates]
         return checkpoint_row(
-            "c", 256, "rope", summary, passed, hist, Analysis(bootstrap=0), 10, 1, 1
+            ProbedModel("c", 256, "rope", hist, 1, 1), summary, passed, Analysis(bootstrap=0), 10
         )
 
     every = tf_row([1.0, 0.9])
@@ -233,15 +237,10 @@ def test_teacher_forced_effective_length_carries_its_status():
     short = tf_row([0.8, 0.1])
     assert (short["tf_effective_length"], short["tf_effective_length_status"]) == (128, "ok")
     unmeasured = checkpoint_row(
-        "c",
-        256,
-        "rope",
+        ProbedModel("c", 256, "rope", hist, 1, 1),
         [{"length": 128, "pass_rate": 1.0}],
         [[True]],
-        hist,
         Analysis(bootstrap=0),
-        1,
-        1,
         1,
     )
     assert unmeasured["tf_effective_length"] == unmeasured["tf_effective_length_status"] == ""
