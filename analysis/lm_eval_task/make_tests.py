@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Sequence
 
@@ -90,43 +91,49 @@ def group_config(lengths: Sequence[int]) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class TaskTests:
+    """The tests every length's task holds, built and scored as the probe's with the same settings."""
+
+    tests_per_length: int
+    seed: int
+    haystack: str
+    answer_budget: int
+    bos: bool
+    min_retrieved: int
+    scoring: str
+
+
 def write_task(
-    out: Path,
-    tokenizer: Tokenizer,
-    lengths: Sequence[int],
-    tests_per_length: int,
-    seed: int,
-    haystack: str,
-    answer_budget: int,
-    bos: bool,
-    min_retrieved: int,
-    scoring: str,
+    out: Path, tokenizer: Tokenizer, lengths: Sequence[int], tests: TaskTests
 ) -> dict[int, int]:
     """Write every length's JSONL and task YAML and the group YAML; returns, per length, tests that re-encode exactly."""
-    builder = NiahBuilder(tokenizer, haystack, PromptFormat(answer_budget, bos))
+    builder = NiahBuilder(tokenizer, tests.haystack, PromptFormat(tests.answer_budget, tests.bos))
     provenance = {
         "tokenizer": tokenizer.name,
         "tokenizer_fingerprint": tokenizer.fingerprint,
-        "seed": seed,
+        "seed": tests.seed,
         "haystack": builder.haystack.name,
         "haystack_sha256": builder.haystack.sha256,
-        "answer_budget": answer_budget,
-        "bos": bos,
-        "min_retrieved": min_retrieved,
-        "scoring": scoring,
+        "answer_budget": tests.answer_budget,
+        "bos": tests.bos,
+        "min_retrieved": tests.min_retrieved,
+        "scoring": tests.scoring,
     }
     out.mkdir(parents=True, exist_ok=True)
     exact = {}
     for length in lengths:
         records = [
-            jsonl_record(t, tokenizer, bos, min_retrieved, scoring)
-            for t in builder.make_tests(length, tests_per_length, seed)
+            jsonl_record(test, tokenizer, tests.bos, tests.min_retrieved, tests.scoring)
+            for test in builder.make_tests(length, tests.tests_per_length, tests.seed)
         ]
         data = out / f"tests_L{length:06d}.jsonl"
         write_text_atomic(data, "".join(json.dumps(r) + "\n" for r in records))
         write_text_atomic(
             out / f"{GROUP}_{length}.yaml",
-            yaml.safe_dump(task_config(length, data, answer_budget, provenance), sort_keys=False),
+            yaml.safe_dump(
+                task_config(length, data, tests.answer_budget, provenance), sort_keys=False
+            ),
         )
         exact[length] = sum(r["reencodes_exactly"] for r in records)
     write_text_atomic(
@@ -207,10 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bos = {"always": True, "never": False}.get(args.bos, tokenizer.adds_bos)
     out = Path(args.out)
     try:
-        exact = write_task(
-            out,
-            tokenizer,
-            lengths,
+        tests = TaskTests(
             args.tests_per_length,
             args.seed,
             args.haystack,
@@ -219,6 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.min_retrieved,
             args.scoring,
         )
+        exact = write_task(out, tokenizer, lengths, tests)
     except (
         ValueError
     ) as err:  # e.g. a length too short for the frame, the needles and the answer budget
