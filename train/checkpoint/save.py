@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -106,25 +107,40 @@ def seal(directory: Path, trainer_state: dict, known: dict[str, dict] | None = N
     )
 
 
+@dataclass(frozen=True)
+class RunRecords:
+    """What rank 0 writes beside the weights: the trained-length histogram, this step's loss by distance (when
+    validation ran), the model config, the tokenizer spec and the run's config."""
+
+    trained_lengths: np.ndarray
+    model_config: ModelConfig
+    tokenizer_spec: dict
+    run_config: dict
+    loss_by_distance: dict | None = None
+
+    def files(self) -> dict[str, object]:
+        """File name -> content, in the order they are written."""
+        return {
+            LENGTHS_FILE: self.trained_lengths,
+            **(
+                {LOSS_BY_DISTANCE_FILE: self.loss_by_distance}
+                if self.loss_by_distance is not None
+                else {}
+            ),
+            MODEL_CONFIG_FILE: self.model_config.to_dict(),
+            TOKENIZER_FILE: self.tokenizer_spec,
+            CONFIG_FILE: self.run_config,
+        }
+
+
 def save_checkpoint(
-    fabric: Any,
-    final: Path,
-    objects: dict,
-    trainer_state: dict,
-    sharded: bool,
-    *,
-    trained_lengths: np.ndarray,
-    loss_by_distance: dict | None = None,
-    model_config: ModelConfig,
-    tokenizer_spec: dict,
-    run_config: dict,
+    fabric: Any, final: Path, objects: dict, trainer_state: dict, sharded: bool, records: RunRecords
 ) -> Path:
     """Write a checkpoint atomically; call on every rank.
 
-    `objects` (model, optimizer) go through Fabric (sharded DCP or one full file); each rank
-    writes its RNG states; rank 0 writes the histogram (and the loss by distance of this step's validation, if it
-    ran), the three config files, the manifest
-    of them all, then trainer.json (`trainer_state`) last, and publishes ``final.tmp`` as `final`.
+    `objects` (model, optimizer) go through Fabric (sharded DCP or one full file); each rank writes its RNG states;
+    rank 0 writes the `records`, the manifest of them all, then trainer.json (`trainer_state`) last, and publishes
+    ``final.tmp`` as `final`.
     """
     tmp = atomic.temporary(final)
     if fabric.global_rank == 0:
@@ -139,14 +155,7 @@ def save_checkpoint(
     fabric.barrier()
     hashed = _gathered_entries(fabric, file_entries(tmp, own_files(tmp, fabric.global_rank)))
     if fabric.global_rank == 0:
-        files = {
-            LENGTHS_FILE: trained_lengths,
-            **({LOSS_BY_DISTANCE_FILE: loss_by_distance} if loss_by_distance is not None else {}),
-            MODEL_CONFIG_FILE: model_config.to_dict(),
-            TOKENIZER_FILE: tokenizer_spec,
-            CONFIG_FILE: run_config,
-        }
-        for name, content in files.items():
+        for name, content in records.files().items():
             _write_file(tmp / name, content)
         seal(tmp, trainer_state, hashed)
         atomic.publish_dir(tmp, final)

@@ -155,17 +155,15 @@ class Trainer:
             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
         try:
+            records = checkpoint_save.RunRecords(
+                self._global_lengths(),
+                run.model_config,
+                run.tokenizer_spec,
+                cfg.to_dict(),
+                self.loss_by_distance,
+            )
             saved = checkpoint_save.save_checkpoint(
-                self.fabric,
-                final,
-                objects,
-                state,
-                cfg.checkpoint.sharded,
-                trained_lengths=self._global_lengths(),
-                loss_by_distance=self.loss_by_distance,
-                model_config=run.model_config,
-                tokenizer_spec=run.tokenizer_spec,
-                run_config=cfg.to_dict(),
+                self.fabric, final, objects, state, cfg.checkpoint.sharded, records
             )
         except Exception as err:
             full = disk_full(err, final.parent)
