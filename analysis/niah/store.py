@@ -30,6 +30,7 @@ import re
 from pathlib import Path
 from typing import Callable, Sequence
 
+from posfreq.analysis.niah.record import ProbeRecord
 from posfreq.train.atomic import write_json_atomic, write_text_atomic
 from posfreq.train.json_file import finite_numbers, read_json_object
 from posfreq.train.outdir import (
@@ -379,7 +380,7 @@ that decodes nothing must have them), so a damaged score never becomes a table's
 
 def checked_records(
     out: Path, length: int, marker: dict, greedy: bool = True, tests: int | None = None
-) -> list[dict]:
+) -> list[ProbeRecord]:
     """The first `tests` records (None: all) of one probed length, refused (StaleResults naming the file and line)
     unless the file is exactly what the probe wrote: as many records as the marker's n_tests, each under the
     marker's key and length, test i at line i + 1, with hit lists of JSON booleans (a probe with greedy off:
@@ -426,7 +427,7 @@ def checked_records(
 
 def finished_records(
     out: Path, meta: dict, tests: int | None = None
-) -> dict[int, tuple[dict, list[dict]]]:
+) -> dict[int, tuple[dict, list[ProbeRecord]]]:
     """Length -> (marker, checked records) of every length of a probe directory (with its probe.json `meta`) that
     is finished under its key: the first `tests` tests of each (None: as many as the probe.json asked)."""
     key = read_json(out / KEY_FILE)["key"]
