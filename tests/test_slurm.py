@@ -62,6 +62,7 @@ def test_bash_syntax(script):
     subprocess.run(["bash", "-n", str(script)], check=True)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     shutil.which("shellcheck") is None,
     reason="shellcheck is not installed (apt-get install shellcheck)",

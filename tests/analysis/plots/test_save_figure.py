@@ -1,8 +1,10 @@
 import matplotlib.pyplot as plt
+import pytest
 
 from posfreq.analysis.plots.frequency import save_figure
 
 
+@pytest.mark.slow
 def test_a_figure_saved_twice_is_the_same_bytes(tmp_path):
     """A rerun that reuses every result redraws its figures: without a creation date in the PDF they come out
     byte-identical, so a rerun changes no file it has no reason to."""

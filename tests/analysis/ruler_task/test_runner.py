@@ -345,6 +345,7 @@ def test_a_unit_key_changes_with_every_setting_it_holds() -> None:
     assert key not in changed and len(set(changed)) == len(changed)
 
 
+@pytest.mark.slow
 def test_a_changed_model_file_is_another_model(llama3_model: Path, tmp_path: Path) -> None:
     import shutil
 

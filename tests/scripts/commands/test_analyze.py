@@ -312,6 +312,7 @@ def test_every_option_has_help_and_a_shown_default(module):
     } <= flags
 
 
+@pytest.mark.slow
 def test_layout_imports_flow_one_way():
     """frequency needs neither matplotlib nor torch; plots needs no other analysis module; train never imports analysis."""
     code = (

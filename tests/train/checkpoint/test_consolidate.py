@@ -23,6 +23,7 @@ from posfreq.train.checkpoint.safe_load import CheckpointError
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
+@pytest.mark.slow
 def test_consolidate_and_load_model(data_dir, tmp_path):
     run(tiny(data_dir, tmp_path, total_tokens=2048))
     src = tmp_path / "checkpoints" / ckpt.milestone_name(2048)

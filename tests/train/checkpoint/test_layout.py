@@ -233,6 +233,7 @@ class RankDouble:
         return tensor + self.others_failed
 
 
+@pytest.mark.slow
 def test_only_rank_0_reads_a_resume_checkpoints_checksums_and_every_rank_resumes_its_choice(
     stopped_at_6, data_dir, tmp_path, monkeypatch
 ):
@@ -285,6 +286,7 @@ def test_only_rank_0_reads_a_resume_checkpoints_checksums_and_every_rank_resumes
         agree_on_resume(rank0, RankDouble(0, others_failed=1))
 
 
+@pytest.mark.slow
 def test_no_checkpoint_that_verifies_is_an_error_not_a_fresh_start(resumable, data_dir, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(resumable["sharded"], out)
@@ -395,6 +397,7 @@ def test_cuda_rng_is_saved_per_rank_device_and_restores_on_a_node_of_another_siz
     assert set_calls == [[7], [1]]
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_save_is_named_as_such(data_dir, tmp_path, monkeypatch):
     """safetensors words a short write as 'unexpected pos 704 vs 598': the error must say the disk is full."""
     import shutil

@@ -239,6 +239,7 @@ def test_bad_options_are_refused(name, options, message):
         build_scheme(name, RotaryBase(HEAD_DIM), 48, **options)
 
 
+@pytest.mark.slow
 def test_distance_picture(tmp_path):
     from posfreq.analysis.plots.positions import plot_position_distances
 

@@ -171,6 +171,7 @@ def test_the_compiled_estimate_is_calibrated_on_the_measured_peaks_and_eager_sta
     assert max(MEASURED_COMPILED_GIB) <= compiled <= 1.03 * max(MEASURED_COMPILED_GIB)
 
 
+@pytest.mark.slow
 def test_an_a100_40gb_refuses_the_paper_run_eager_with_the_fixes_that_fit():
     """configs/pretrain_2k.yaml on 2 x 8 A100-40GB without compile: refused before the first step, naming the
     micro-batch that fits, activation checkpointing and the 40GB config; each named fix passes the same check."""

@@ -246,6 +246,7 @@ def test_each_rank_shards_within_its_node_and_replicates_across_nodes(
         assert view.placements == {(Replicate(), Shard(0))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["paper", "small"])
 def test_local_shards_are_torch_chunk_rows_and_the_plan_counts_fsdp2_storage(
     which, paper_ranks, small_world

@@ -137,6 +137,7 @@ def gathers_per_step(gathers: Path) -> set[int]:
     return {row["gathers"] for rank in records(gathers) for row in rank}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "fsdp, nodes, devices, shape",
     [

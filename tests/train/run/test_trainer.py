@@ -411,6 +411,7 @@ def test_validation_loss_equals_a_full_logits_cross_entropy_of_the_final_weights
     assert checks[-1]["val_loss"] == pytest.approx(float(expected), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_the_last_step_of_an_invocation_is_logged_whatever_every_steps_says(data_dir, tmp_path):
     run(tiny(data_dir, tmp_path, stop_at_step=5, **{"logging.every_steps": 3}))
     logged = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
