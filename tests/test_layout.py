@@ -215,3 +215,18 @@ def test_each_packages_may_import_line_is_true(package):
     assert not unused, (
         f"{package}/__init__.py's May import line names {unused}, which nothing there imports"
     )
+
+
+def test_every_package_is_in_the_installed_package_list():
+    """pyproject's hand-written package list names every package of the tree and nothing else: a package left out
+    installs without its modules, and an installed posfreq fails at import (caught otherwise only by the slow
+    wheel-install tests)."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    tree = {"posfreq." + ".".join(p.parts) for p in packages()} | {"posfreq.configs"}
+    assert listed == tree, (
+        f"missing: {sorted(tree - listed)}; not in the tree: {sorted(listed - tree)}"
+    )
