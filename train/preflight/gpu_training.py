@@ -153,19 +153,20 @@ def train_stage(device: torch.device, work: Path, size: TrainStageSize = TrainSt
         config_from_dict(config), size.vocab, resolve_compile(size.compile, device.type)
     )
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    return _stage_figures(config, timed, measured, saves[0], loads[0], peak, planned)
+    return _stage_figures(config, timed, step_s, measured, (saves[0], loads[0]), peak, planned)
 
 
 def _stage_figures(
     config: dict,
     timed: list[dict],
+    step_s: float,
     measured: float,
-    save_s: float,
-    load_s: float,
-    peak,
+    save_load_s: tuple[float, float],
+    peak: float | None,
     planned: float,
 ) -> dict:
     """The stage's figures, and the line that states them: medians over the `timed` steps' records."""
+    save_s, load_s = save_load_s
     flops = statistics.median(r["flops_per_s"] for r in timed)
     tokens_per_s = statistics.median(r["tokens_per_s"] for r in timed)
     row = timed[0]  # the trainer's MFU is against the datasheet peak: that peak is its flops / mfu
@@ -175,7 +176,7 @@ def _stage_figures(
     model = config["model"]
     return {
         "detail": (
-            f"{micro_batches} x {rows} rows x {length} per step: {statistics.median(r['step_time_s'] for r in timed):.2f} s/step, "
+            f"{micro_batches} x {rows} rows x {length} per step: {step_s:.2f} s/step, "
             f"{tokens_per_s:,.0f} tokens/s, "
             + (f"MFU {flops / datasheet:.1%} of the datasheet peak, " if datasheet else "")
             + f"{flops / measured:.1%} of the measured bf16 matmul ({measured / 1e12:.0f} TFLOP/s, "
@@ -187,7 +188,7 @@ def _stage_figures(
             f"{model['activation_checkpointing']}, model.compile {model['compile']}"
         ),
         "tokens_per_s": tokens_per_s,
-        "step_s": statistics.median(r["step_time_s"] for r in timed),
+        "step_s": step_s,
         "flops_per_s": flops,
         "matmul_flops_per_s": measured,
         "mfu_measured": flops / measured,
