@@ -44,7 +44,7 @@ from posfreq.train.data.tokens.shards import TokenDataset
 from posfreq.train.devices import resolve_device
 from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir
 from posfreq.train.run.config import DataSection
-from posfreq.train.run.loss_by_distance import check_rows, measure
+from posfreq.train.run.loss_by_distance import ScoredRows, check_rows, measure
 
 COMMAND = "loss-by-distance"
 
@@ -190,19 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             train_len = (
                 model.config.max_position_embeddings if per_segment else model.config.train_len
             )
-        sampler = check_rows(dataset, train_len, args.rows, args.batch_rows, packing)
+        scored = ScoredRows(dataset, train_len, args.rows, args.batch_rows, packing)
+        sampler = check_rows(scored)
         out = claim_output_dir(args.out, COMMAND)  # claimed once nothing is left to refuse
-        table = measure(
-            model.to(device),
-            dataset,
-            train_len,
-            args.rows,
-            args.batch_rows,
-            packing,
-            device,
-            per_segment,
-            sampler,
-        )
+        table = measure(model.to(device), scored, device, per_segment, sampler)
         if not np.isfinite(table.loss_sum).all():
             raise ValueError(
                 f"{label}: a non-finite loss in {args.rows} rows of {train_len} tokens of {args.data}: its mean loss "

@@ -20,6 +20,7 @@ from torch import Tensor
 from posfreq.train.data.packing import IGNORE_INDEX, PackedSampler
 from posfreq.train.data.packing_schedule import RowPacking
 from posfreq.train.data.packing_strategies import TOKEN_STREAMS
+from posfreq.train.data.tokens.shards import TokenDataset
 from posfreq.train.model.loss import default_chunk_tokens, head_returns_loss
 
 EXACT_DISTANCES = 64
@@ -146,12 +147,28 @@ def rows_in_one_pass(schedule, rows: int) -> int:
     return schedule.epoch_start(1) // upr
 
 
-def check_rows(
-    dataset, train_len: int, rows: int, batch_rows: int = 4, packing: str = "concat"
-) -> PackedSampler:
-    """The in-order sampler of `measure`'s rows; RowsBeyondData when one pass over `dataset` holds fewer than
-    `rows` (more would count the same tokens again), ValueError for no rows or rows of no tokens. Rows that the
-    data's token count already cannot hold are refused before any packing plan (a huge --train-len at once)."""
+@dataclass(frozen=True)
+class ScoredRows:
+    """The rows `measure` scores: the first `count` rows of `train_len` tokens packed (`packing`) from a token-shard
+    `dataset`, in order (no shuffle), `batch_rows` rows per forward; the trainer's validation rows are such rows."""
+
+    dataset: TokenDataset
+    train_len: int
+    count: int
+    batch_rows: int = 4
+    packing: str = "concat"
+
+
+def check_rows(scored: ScoredRows) -> PackedSampler:
+    """The in-order sampler of `scored`; RowsBeyondData when one pass over its dataset holds fewer than its
+    `count` rows (more would count the same tokens again), ValueError for no rows or rows of no tokens. Rows that
+    the data's token count already cannot hold are refused before any packing plan (a huge --train-len at once)."""
+    dataset, train_len, rows, packing = (
+        scored.dataset,
+        scored.train_len,
+        scored.count,
+        scored.packing,
+    )
     if train_len < 1 or rows < 1:
         raise ValueError(f"need train_len >= 1 and rows >= 1; got {train_len} and {rows}")
     bound = dataset.num_tokens // train_len  # no packing fits more rows of train_len into one pass
@@ -160,7 +177,11 @@ def check_rows(
         held, exact = bound, packing in TOKEN_STREAMS  # a token stream fills exactly that many
     else:
         sampler = PackedSampler(
-            dataset, train_len, batch_rows, seed=0, packing=RowPacking(packing, shuffle=False)
+            dataset,
+            train_len,
+            scored.batch_rows,
+            seed=0,
+            packing=RowPacking(packing, shuffle=False),
         )
         held, exact = rows_in_one_pass(sampler.schedule, rows), True
     if held < rows:
@@ -179,25 +200,21 @@ def check_rows(
 
 def measure(
     model,
-    dataset,
-    train_len: int,
-    rows: int,
-    batch_rows: int = 4,
-    packing: str = "concat",
+    scored: ScoredRows,
     device: torch.device | str = "cpu",
     per_segment: bool = False,
     sampler: PackedSampler | None = None,
 ) -> LossByDistance:
-    """The loss by distance of `model` (eval mode) over the first `rows` packed rows of `train_len` tokens of a
-    token-shard `dataset`, in order (no shuffle), `batch_rows` rows per forward: any checkpoint, imported model or
+    """The loss by distance of `model` (eval mode) over the rows `scored` names: any checkpoint, imported model or
     corpus, with the rows and buckets the trainer's validation uses. per_segment=True: `model` is a transformers
     causal LM, run a segment at a time (`add_segments`). Rows beyond one pass over the data (the sampler's first
     epoch) are refused with RowsBeyondData: they would count the same tokens again. `sampler`: `check_rows`'s
-    answer for these arguments where the caller already has it (planning the rows reads the data)."""
+    answer for `scored` where the caller already has it (planning the rows reads the data)."""
     if sampler is None:
-        sampler = check_rows(dataset, train_len, rows, batch_rows, packing)
-    table = LossByDistance.empty(train_len - 1)
+        sampler = check_rows(scored)
+    table = LossByDistance.empty(scored.train_len - 1)
     add = add_segments if per_segment else add_batch
+    rows, batch_rows = scored.count, scored.batch_rows
     with torch.no_grad():
         for first in range(0, rows, batch_rows):
             batch = sampler.make_batch(first, min(batch_rows, rows - first)).to(device)

@@ -17,7 +17,7 @@ from posfreq.scripts.commands import loss_by_distance as command
 from posfreq.train.checkpoint import layout as ckpt
 from posfreq.train.checkpoint.load import load_model
 from posfreq.train.data.tokens.shards import TokenDataset
-from posfreq.train.run.loss_by_distance import measure
+from posfreq.train.run.loss_by_distance import ScoredRows, measure
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -38,9 +38,7 @@ def test_a_checkpoint_on_token_shards(data_dir, tmp_path, capsys, monkeypatch):
     )  # the rows are planned once: checked before --out is claimed, then measured
     stored = json.loads((out / "loss_by_distance.json").read_text())
     model, _, _ = load_model(path)
-    again = measure(
-        model, TokenDataset(data_dir), 128, 6, batch_rows=4
-    )  # the library, called directly
+    again = measure(model, ScoredRows(TokenDataset(data_dir), 128, 6, batch_rows=4))  # the library
     assert stored["tokens"] == again.tokens.tolist() and np.allclose(
         stored["loss_sum"], again.loss_sum
     )
@@ -105,7 +103,9 @@ def test_a_qwen2_model_through_transformers_on_shards_of_its_tokenizer(tmp_path,
     assert command.main([*argv, "--train-len", "128", "--out", str(out)]) == 0
     stored = json.loads((out / "loss_by_distance.json").read_text())
     assert stored["engine"] == "transformers" and sum(stored["tokens"]) > 300
-    again = measure(load_causal_lm(model_dir), TokenDataset(data), 128, 4, per_segment=True)
+    again = measure(
+        load_causal_lm(model_dir), ScoredRows(TokenDataset(data), 128, 4), per_segment=True
+    )
     assert stored["tokens"] == again.tokens.tolist()
     assert np.allclose(stored["loss_sum"], again.loss_sum)
     assert "mean loss" in capsys.readouterr().out
@@ -130,13 +130,13 @@ def test_rows_are_packed_as_the_checkpoints_run_validated_them(data_dir, tmp_pat
         return json.loads((tmp_path / out / "loss_by_distance.json").read_text())
 
     plain = stored("plain")
-    concat = measure(model, TokenDataset(data_dir), 128, 3, batch_rows=4, packing="concat")
+    concat = measure(model, ScoredRows(TokenDataset(data_dir), 128, 3, 4, "concat"))
     assert plain["packing"] == "concat" and plain["tokens"] == concat.tokens.tolist()
     state = json.loads((path / "trainer.json").read_text())
     (path / "trainer.json").write_text(
         json.dumps({**state, "config": {"data": {"packing": "padded"}}})
     )
-    padded = measure(model, TokenDataset(data_dir), 128, 3, batch_rows=4, packing="padded")
+    padded = measure(model, ScoredRows(TokenDataset(data_dir), 128, 3, 4, "padded"))
     assert padded.tokens.tolist() != concat.tokens.tolist()  # the two packings differ on these rows
     recorded = stored("recorded")
     assert recorded["packing"] == "padded" and recorded["tokens"] == padded.tokens.tolist()

@@ -143,7 +143,7 @@ def test_a_transformers_model_a_segment_at_a_time_equals_packed_rows_of_the_impo
     from posfreq.train.data.tokens.shards import TokenDataset
     from posfreq.train.model.hf import load_hf_model
     from posfreq.train.run import loss_by_distance
-    from posfreq.train.run.loss_by_distance import measure
+    from posfreq.train.run.loss_by_distance import ScoredRows, measure
 
     monkeypatch.setattr(loss_by_distance, "default_chunk_tokens", lambda vocab_size: 7)
 
@@ -156,9 +156,10 @@ def test_a_transformers_model_a_segment_at_a_time_equals_packed_rows_of_the_impo
         max_position_embeddings=256,
     )
     dataset = TokenDataset(data_dir)
-    packed = measure(load_hf_model(tmp_path).eval(), dataset, 128, 6, batch_rows=3)
+    rows = ScoredRows(dataset, 128, 6, batch_rows=3)
+    packed = measure(load_hf_model(tmp_path).eval(), rows)
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
-    one_by_one = measure(hf.eval(), dataset, 128, 6, batch_rows=3, per_segment=True)
+    one_by_one = measure(hf.eval(), rows, per_segment=True)
     assert one_by_one.tokens.tolist() == packed.tokens.tolist() and packed.tokens.sum() > 500
     assert np.allclose(one_by_one.loss_sum, packed.loss_sum, rtol=1e-5, atol=1e-5)
 
@@ -168,7 +169,7 @@ def test_validation_rows_of_another_length_score_the_same_tokens_as_measure(data
     """data.val_len: a run validates on rows of that length, distances past its training length included, and the
     stored table is `measure` of the milestone's model on the same rows."""
     from posfreq.train.data.tokens.shards import TokenDataset
-    from posfreq.train.run.loss_by_distance import measure
+    from posfreq.train.run.loss_by_distance import ScoredRows, measure
 
     cfg = tiny(data_dir, tmp_path / "run", **{"data.val_dir": str(data_dir), "data.val_rows": 4})
     train_len = cfg["data"]["train_len"]
@@ -181,13 +182,10 @@ def test_validation_rows_of_another_length_score_the_same_tokens_as_measure(data
     assert stored.edges[-2] <= 2 * train_len - 1 < stored.edges[-1]
     assert stored.tokens[stored.edges[:-1] >= train_len].sum() > 0  # distances it never trained
     model, _, _ = load_model(milestone)
+    packing = cfg["data"].get("packing", "concat")
     again = measure(
         model.eval(),
-        TokenDataset(data_dir),
-        2 * train_len,
-        4,
-        batch_rows=cfg["micro_batch_rows"],
-        packing=cfg["data"].get("packing", "concat"),
+        ScoredRows(TokenDataset(data_dir), 2 * train_len, 4, cfg["micro_batch_rows"], packing),
     )
     assert stored.tokens.tolist() == again.tokens.tolist()
     assert np.allclose(stored.loss_sum, again.loss_sum, rtol=1e-6)
