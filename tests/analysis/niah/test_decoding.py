@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from helpers.probe import tiny_model
@@ -14,20 +13,19 @@ from posfreq.train.data.tokenizer import get_tokenizer
 
 
 def naive_scores(model, test, ids: list[int], a: int, b: int) -> tuple[float, float]:
-    """The summed log-probability and token accuracy of ids[a:b] after the test's prompt and ids[:a]: one full
-    forward per answer token, no cache, no batching."""
-    logprob, correct = 0.0, []
-    for t in range(a, b):
-        prefix = torch.tensor([test.input_ids.tolist() + ids[:t]])
-        with torch.no_grad():
-            logits = model(prefix)[0, -1]
-        logprob += float(logits.log_softmax(-1)[ids[t]])
-        correct.append(int(logits.argmax()) == ids[t])
-    return logprob, float(np.mean(correct))
+    """The summed log-probability and token accuracy of ids[a:b] after the test's prompt and ids[:a]: one plain
+    forward of the prompt and the whole answer, no cache, no batching (a causal model's logits for ids[t] read
+    nothing after it), in float64 sums."""
+    prompt = test.input_ids.tolist()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ids]))[0, len(prompt) - 1 + a : len(prompt) - 1 + b]
+    target = torch.tensor(ids[a:b])
+    logprob = logits.double().log_softmax(-1)[torch.arange(b - a), target].sum()
+    return float(logprob), float((logits.argmax(-1) == target).double().mean())
 
 
 @pytest.mark.parametrize("positions", ["rope", "string"])
-def test_teacher_forced_score_equals_a_naive_per_token_computation(positions):
+def test_teacher_forced_score_equals_a_plain_uncached_forward(positions):
     """Every answer order against the naive computation: the named orders score the reference answer in one
     forward; `alone` scores each needle as the whole answer (" 123456.") on the prompt's cache, so a needle's score
     does not depend on the others (STRING's shift S = 128 < the prompt: the cached continuation crosses it)."""
