@@ -99,6 +99,7 @@ class Evaluator:
         name = f"posfreq_ruler_{task}"
         manager = TaskManager(
             include_path=str(TASK_DIR),
+            include_defaults=False,  # indexing lm-eval's thousands of task files took ~20 s per call
             metadata={
                 "tokenizer": str(self.path),
                 "max_seq_lengths": [length],

@@ -40,7 +40,7 @@ def run_lm_eval(model_dir: Path, task_dir: Path) -> dict:
         model="hf",
         model_args=f"pretrained={model_dir},dtype=float32",
         tasks=[make_tests.GROUP],
-        task_manager=TaskManager(include_path=str(task_dir)),
+        task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
         device="cpu",
         batch_size=1,
         log_samples=True,

@@ -276,6 +276,7 @@ def test_string_through_lm_evals_own_model_loader_is_posfreq_rulers(
         tasks=["posfreq_ruler_niah_single_2"],
         task_manager=TaskManager(
             include_path=str(ruler.TASK_DIR),
+            include_defaults=False,
             metadata={
                 "pretrained": str(llama3_model),
                 "max_seq_lengths": [LENGTH],
