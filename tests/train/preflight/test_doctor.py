@@ -8,6 +8,7 @@ import pytest
 
 from posfreq.scripts.commands import doctor
 from posfreq.train.preflight.checks import run_check
+from posfreq.train.preflight.doctor import prepare_out
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -48,8 +49,9 @@ def test_cpu_subset_passes_and_gpu_checks_are_skipped_with_a_reason(tmp_path, ca
     table = capsys.readouterr().out
     assert "7 passed, 0 failed, 6 skipped" in table and "pretrain-fp32       PASS" in table
     assert "backends ['sdpa/bfloat16']" in status["string-hf"]["detail"]  # one dtype under autocast
-    # A second run replaces only its own files
-    assert doctor.main(["--out", str(tmp_path / "doc"), "--device", "cpu"]) == 0
+    # A second run's claim takes the folder back, its own runs removed (what a second run would replace)
+    again = prepare_out(str(tmp_path / "doc"))
+    assert not any((again / part).exists() for part in ("data", "pretrain-bf16", "pretrain-fp32"))
 
 
 def test_a_directory_of_someone_else_is_refused_untouched(tmp_path):
