@@ -395,7 +395,7 @@ def plant_code(model: Path, into: Path, marker: Path) -> Path:
 
 
 def test_a_model_folder_that_names_its_own_code_is_refused_before_anything_loads(
-    llama3_model: Path, tmp_path: Path, capsys
+    tmp_path: Path, capsys
 ) -> None:
     """lm-eval's RULER loader trusts remote code: an auto_map folder would run its evil.py (issue 30)."""
     from posfreq.scripts.commands import ruler as ruler_command
@@ -403,7 +403,14 @@ def test_a_model_folder_that_names_its_own_code_is_refused_before_anything_loads
     from posfreq.train.positions.hf_schemes import load_causal_lm
 
     marker = tmp_path / "marker"
-    model = plant_code(llama3_model, tmp_path / "evil-model", marker)
+    plain = (
+        tmp_path / "plain"
+    )  # no weights needed: the folder is refused before anything is read from it
+    plain.mkdir()
+    (plain / "config.json").write_text(
+        json.dumps({"model_type": "llama", "max_position_embeddings": LENGTH})
+    )
+    model = plant_code(plain, tmp_path / "evil-model", marker)
     argv = ["--model", f"hf:{model}", "--tasks", "niah_single_1", "--lengths", "1024"]
     assert ruler_command.main([*argv, "--samples", "1", "--out", str(tmp_path / "r")]) == 1
     err = capsys.readouterr().err
