@@ -38,10 +38,12 @@ test: setup
 	$(PY) -m pytest -q
 
 # The quick loop while editing: everything but the tests marked slow (subprocesses, the demo, venvs, lm-eval, and
-# any test over about a second on 2 cores), one worker per core.
+# any test over about a second on 2 cores), in one process: on 2 cores pytest-xdist's two workers were slower than
+# one (docs/performance.md). On a machine of more cores: make test-fast PYTEST_ARGS="-n auto".
+PYTEST_ARGS ?=
 test-fast: setup
 	@$(SHELLCHECK_NOTE)
-	$(PY) -m pytest -q -m "not slow" -n auto
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
