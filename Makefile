@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo demo-quick figures test test-fast lint bench clean gpu-check gpu-wheels
+.PHONY: setup demo demo-quick figures test test-e2e test-fast lint bench clean gpu-check gpu-wheels
 
 setup: $(STAMP)
 
@@ -33,9 +33,15 @@ figures: setup
 SHELLCHECK_NOTE := command -v shellcheck >/dev/null 2>&1 || echo "note: shellcheck is not installed, so the \
 tests that lint slurm/*.sh will be skipped. Fix: sudo apt-get install shellcheck (Debian/Ubuntu), then rerun"
 
+# The suite but its end-to-end runs (marked e2e: the quick demo, the cluster rehearsal, multi-process trainings, doctor,
+# RULER's eleven tasks), which test-e2e runs; CI runs both.
 test: setup
 	@$(SHELLCHECK_NOTE)
-	$(PY) -m pytest -q
+	@echo "make test leaves out the end-to-end runs marked e2e (minutes each): make test-e2e runs them, CI runs both"
+	$(PY) -m pytest -q -m "not e2e"
+
+test-e2e: setup
+	$(PY) -m pytest -q -m e2e
 
 # The quick loop while editing: everything but the tests marked slow (subprocesses, the demo, venvs, lm-eval, and
 # any test over about a second on 2 cores), in one process: on 2 cores pytest-xdist's two workers were slower than

@@ -37,7 +37,7 @@ from posfreq.train.checkpoint.safe_load import read_dcp_metadata
 from posfreq.train.run.parallel import local_launch_env
 from posfreq.train.run_lock import LOCK_FILE
 
-pytestmark = pytest.mark.slow  # several jobs of 4 trainer processes each
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # several jobs of 4 trainer processes each
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = "slurm/pretrain_2k.sh"

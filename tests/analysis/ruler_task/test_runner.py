@@ -171,6 +171,7 @@ def test_the_network_refusal_double_refuses(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # eleven tasks through lm-eval and transformers, in a fresh process
+@pytest.mark.e2e  # the eleven RULER tasks through lm-eval in a fresh process
 def test_all_eleven_tasks_run_offline_and_score(llama3_model: Path, tmp_path: Path) -> None:
     from posfreq.analysis.ruler_task import runner as ruler
 

@@ -113,11 +113,13 @@ def tracked_state() -> set[tuple[str, str]]:
 
 
 @pytest.mark.slow  # a subprocess or a training run
+@pytest.mark.e2e  # the quick demo, every stage
 def test_the_quick_demo_changes_and_deletes_no_file_the_repository_tracks(quick_demo: Path) -> None:
     assert (quick_demo.parent / "tracked-changed.txt").read_text() == ""
 
 
 @pytest.mark.slow  # a subprocess or a training run
+@pytest.mark.e2e  # the quick demo, every stage
 def test_the_demo_ends_by_printing_its_verdicts(quick_demo: Path) -> None:
     printed = (quick_demo.parent / "demo-stdout.txt").read_text()
     tail = printed[printed.index("demo finished in") :]
@@ -128,6 +130,7 @@ def test_the_demo_ends_by_printing_its_verdicts(quick_demo: Path) -> None:
 
 
 @pytest.mark.slow  # a subprocess or a training run
+@pytest.mark.e2e  # the quick demo, every stage
 def test_quick_demo_outputs(quick_demo: Path) -> None:
     assert (
         quick_demo / "compare" / "figures" / "loss_curves.png"
@@ -211,6 +214,7 @@ def test_quick_demo_outputs(quick_demo: Path) -> None:
 
 
 @pytest.mark.slow  # a subprocess or a training run
+@pytest.mark.e2e  # four quick trainings
 def test_quick_packing_experiment_trains_each_variant_and_reports_the_effect(
     tmp_path: Path,
 ) -> None:

@@ -336,6 +336,7 @@ raise SystemExit(pretrain.main())
 
 
 @pytest.mark.slow  # a child process, a notebook kernel or a deliberate timeout
+@pytest.mark.e2e  # a run killed mid-save and resumed
 def test_sigkill_between_the_renames_of_a_save_then_resume(uninterrupted, data_dir, tmp_path):
     root = tmp_path / "run" / "checkpoints"
     config = tmp_path / "config.json"

@@ -24,6 +24,7 @@ CPU_CHECKS = {
 
 
 @pytest.mark.slow  # a child process, a notebook kernel or a deliberate timeout
+@pytest.mark.e2e  # every doctor check, pretraining in subprocesses
 def test_cpu_subset_passes_and_gpu_checks_are_skipped_with_a_reason(tmp_path, capsys, monkeypatch):
     from posfreq.train import devices
 

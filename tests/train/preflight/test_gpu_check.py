@@ -63,6 +63,7 @@ def test_a_users_file_named_by_json_is_never_overwritten(tmp_path, capsys):
 
 
 @pytest.mark.slow  # two 135M models
+@pytest.mark.e2e  # a stage of gpu-check end to end
 def test_the_prefill_stage_runs_end_to_end_at_a_small_length_on_cpu(tmp_path):
     """The 32K prefill stage only runs where a GPU is lent: its code runs here at 64 tokens, profile included,
     so a GPU's few minutes are not lost to a Python error."""
@@ -162,6 +163,7 @@ def test_the_repeatability_stage_tells_a_repeatable_backward_from_one_that_is_no
 
 
 @pytest.mark.slow  # three tiny runs in child processes
+@pytest.mark.e2e  # a stage of gpu-check end to end
 def test_the_slurm_stage_runs_on_cpu_under_gloo(tmp_path):
     """The slurm-requeue stage only runs where a GPU is lent (NCCL): its code runs here over gloo, so a GPU's
     minutes are not lost to a Python error. One task under SLURMEnvironment, SIGUSR1, `scontrol requeue` asked

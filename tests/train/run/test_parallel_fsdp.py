@@ -192,6 +192,7 @@ def test_plan_counts_the_whole_compute_copy_when_accumulating_and_node_shards_un
 
 
 @pytest.mark.slow  # four runs of two gloo processes
+@pytest.mark.e2e  # four runs of two processes
 def test_one_all_gather_per_module_and_step_however_many_micro_batches(data_dir, tmp_path):
     """2 ranks of a 2-block model (3 FSDP2 modules: 2 blocks and the root) train 3 steps of 8 rows, as 1, 2 or 4
     micro-batches of 4, 2 or 1 rows per rank. One micro-batch: the first block is gathered in forward and again in
@@ -225,6 +226,7 @@ def test_one_all_gather_per_module_and_step_however_many_micro_batches(data_dir,
 
 
 @pytest.mark.slow  # two child processes per node, and a one-process run
+@pytest.mark.e2e  # runs of four processes
 def test_hybrid_sharding_over_two_nodes_trains_as_one_process_and_resumes_there(data_dir, tmp_path):
     """2 nodes x 2 ranks on one machine (NODE_RANK and a shared rendezvous): `fsdp: auto` shards within each node
     and replicates across the two, accumulating 2 micro-batches per step with one all-gather per module; the

@@ -252,6 +252,7 @@ def test_nonfinite_loss_error_names_a_command_that_continues(data_dir, tmp_path,
 
 
 @pytest.mark.slow  # a child process, a notebook kernel or a deliberate timeout
+@pytest.mark.e2e  # a run of two processes and one of one
 def test_two_gloo_processes_match_one_process(data_dir, tmp_path):
     val = {
         "data.val_dir": str(data_dir),
