@@ -176,13 +176,8 @@ def check_rows(scored: ScoredRows) -> PackedSampler:
     if rows > bound:
         held, exact = bound, packing in TOKEN_STREAMS  # a token stream fills exactly that many
     else:
-        sampler = PackedSampler(
-            dataset,
-            train_len,
-            scored.batch_rows,
-            seed=0,
-            packing=RowPacking(packing, shuffle=False),
-        )
+        in_order = RowPacking(packing, shuffle=False)
+        sampler = PackedSampler(dataset, train_len, scored.batch_rows, seed=0, packing=in_order)
         held, exact = rows_in_one_pass(sampler.schedule, rows), True
     if held < rows:
         fix = (

@@ -404,9 +404,8 @@ def test_a_model_folder_that_names_its_own_code_is_refused_before_anything_loads
     from posfreq.train.positions.hf_schemes import load_causal_lm
 
     marker = tmp_path / "marker"
-    plain = (
-        tmp_path / "plain"
-    )  # no weights needed: the folder is refused before anything is read from it
+    # No weights needed: the folder is refused before anything is read from it.
+    plain = tmp_path / "plain"
     plain.mkdir()
     (plain / "config.json").write_text(
         json.dumps({"model_type": "llama", "max_position_embeddings": LENGTH})
