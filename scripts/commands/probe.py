@@ -37,13 +37,10 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any, Literal, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence, Union
 
-import torch
 from jsonargparse import ArgumentParser, Namespace
 
-from posfreq.analysis.keys import probe_result_key
-from posfreq.analysis.niah.runner import Job, probe_models, probe_run, token_budget
 from posfreq.analysis.niah.settings import (
     CPU_BATCH_TOKENS,
     CPU_PREFILL_TOKENS,
@@ -52,17 +49,18 @@ from posfreq.analysis.niah.settings import (
     ProbeSettings,
     parse_lengths,
 )
-from posfreq.analysis.niah.sources import Builders, checkpoint_source, hf_source
 from posfreq.analysis.niah.store import StaleResults, check_results_dir
-from posfreq.analysis.plots.derived import draw_model, draw_run
-from posfreq.analysis.tables.derive import derive_model, derive_run, effective_length_line
 from posfreq.analysis.tables.pass_curve import Analysis
 from posfreq.train.command_line import command_parser, parse, parse_shard, settings_from
-from posfreq.train.data.tokenizer import hf_dir
-from posfreq.train.devices import resolve_device
-from posfreq.train.model.attention_kernels import BACKENDS
+from posfreq.train.model.backend_names import BACKENDS
 from posfreq.train.outdir import OutputDirError
 from posfreq.train.run_lock import RunLockError
+
+if TYPE_CHECKING:
+    from posfreq.analysis.niah.runner import Job
+
+# What only probing needs (torch, the model, matplotlib) is imported once the flags are parsed, so that a usage
+# error or --help stays instant.
 
 AttentionBackend = Literal[BACKENDS]
 
@@ -200,6 +198,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         shard = parse_shard(args.shard) if args.shard else None
     except argparse.ArgumentTypeError as err:
         parser.error(str(err))
+    import torch
+
+    from posfreq.analysis.niah.runner import Job, token_budget
+    from posfreq.analysis.tables.derive import effective_length_line
+    from posfreq.train.devices import resolve_device
+
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     try:
         device = resolve_device(args.device)
@@ -239,6 +243,11 @@ def _probe(
     """Probe what the arguments name into their output directory, then derive its tables (and figures unless
     --no-figures): (that directory, effective_length rows). A shard of a run derives only its checkpoints; the
     run tables come from the run without --shard (or --merge-only)."""
+    from posfreq.analysis.keys import probe_result_key
+    from posfreq.analysis.niah.runner import probe_models, probe_run
+    from posfreq.analysis.niah.sources import Builders, checkpoint_source, hf_source
+    from posfreq.train.data.tokenizer import hf_dir
+
     settings = job.settings
     figures = not args.no_figures
     if args.run:
@@ -270,6 +279,9 @@ def derive_probed(
     """The tables (and figures) of what a probe wrote: each of `models`' result directories, or with None the run
     tables of the run result directory `out` (every checkpoint's, then the run's). Returns the effective_length
     rows."""
+    from posfreq.analysis.plots.derived import draw_model, draw_run
+    from posfreq.analysis.tables.derive import derive_model, derive_run
+
     if models is None:
         derived = derive_run(out, analysis)
         if figures:

@@ -38,10 +38,13 @@ def test_the_walk_finds_the_modules_that_decide_answers_and_leaves_out_plumbing(
 
 @pytest.mark.slow
 def test_every_module_the_probe_loads_at_run_time_is_in_the_fingerprint_or_excluded_by_name():
-    """Import the probe's CLI in a fresh interpreter: each posfreq module that ends up loaded is either covered
-    or matches an exclusion (a module imported inside a function is covered by the static walk)."""
+    """Run the probe's CLI in a fresh interpreter up to reading the model (a missing folder): each posfreq module
+    that ends up loaded, at the top or inside a function, is either covered or matches an exclusion."""
     code = (
-        "import sys, posfreq.scripts.commands.probe\n"
+        "import sys\n"
+        "from posfreq.scripts.commands import probe\n"
+        "try:\n    probe.main(['--model', 'hf:/nowhere', '--device', 'cpu'])\nexcept SystemExit:\n    pass\n"
+        "assert 'posfreq.analysis.niah.runner' in sys.modules, 'the run never reached the runner'\n"
         "print('\\n'.join(m.__file__ for n, m in sys.modules.items() if n.startswith('posfreq.') "
         "and getattr(m, '__file__', None) and not m.__file__.endswith('__init__.py')))"
     )

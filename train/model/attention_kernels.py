@@ -15,8 +15,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-BACKENDS = ("auto", "sdpa", "varlen", "flash", "xformers", "flex")
-
+from posfreq.train.model.backend_names import BACKENDS
 
 AUTO_ORDER = {"cuda": ("varlen", "flash", "sdpa"), "cpu": ("sdpa",)}
 """What `auto` tries, in order, per device type: the first kernel that can run the call."""

@@ -26,7 +26,7 @@ from posfreq.train.command_line import CodeInConfig, command_parser, parse, refu
 from posfreq.train.data.packing_schedule import RowPacking
 from posfreq.train.data.packing_strategies import TOKEN_STREAMS, Strategy
 from posfreq.train.data.upsample import LengthUpsample
-from posfreq.train.model.attention_kernels import BACKENDS
+from posfreq.train.model.backend_names import BACKENDS
 from posfreq.train.model.config import ModelConfig, model_preset
 from posfreq.train.run.resume_changes import RESUME_OVERRIDABLE
 

@@ -286,6 +286,8 @@ def test_a_users_folder_is_refused_untouched_before_the_model_is_read(tmp_path, 
     effective_length.csv and figures and exited 0. U is refused in one line before the checkpoint is read."""
     from helpers.probe import snapshot
 
+    from posfreq.analysis.niah import sources
+
     ckpt = write_checkpoint(tmp_path / "run", 1024, tiny_model(), np.bincount([512], minlength=513))
     user = tmp_path / "U"
     (user / "figures").mkdir(parents=True)
@@ -296,8 +298,10 @@ def test_a_users_folder_is_refused_untouched_before_the_model_is_read(tmp_path, 
     before = snapshot(user)
     for read in ("allowed", "forbidden"):
         if read == "forbidden":
-            monkeypatch.setattr(
-                probe, "checkpoint_source", lambda *a: pytest.fail("the checkpoint was read first")
+            monkeypatch.setattr(  # the command imports it when it runs
+                sources,
+                "checkpoint_source",
+                lambda *a: pytest.fail("the checkpoint was read first"),
             )
         with pytest.raises(SystemExit) as stop:
             probe.main(["--checkpoint", str(ckpt), "--lengths", "512", *quiet_noise_args(2, user)])

@@ -187,6 +187,15 @@ def test_resolution_never_returns_a_kernel_that_cannot_run_the_call(monkeypatch,
     assert resolve_backend("auto", "cuda", torch.bfloat16, return_lse=True, backward=True) == "sdpa"
 
 
+def test_the_names_a_parser_lists_are_the_kernel_table_and_auto():
+    """train/model/backend_names.py (read by parsers without torch) names exactly the kernels, plus auto."""
+    from posfreq.train.model import attention_kernels
+    from posfreq.train.model.backend_names import BACKENDS
+
+    assert BACKENDS[0] == "auto" and set(BACKENDS[1:]) == set(attention_kernels.KERNELS)
+    assert len(set(BACKENDS)) == len(BACKENDS)
+
+
 def test_two_pass_merge_refuses_kernels_that_drop_the_lse_gradient(monkeypatch):
     import posfreq.train.model.attention_kernels as attention_kernels
 
