@@ -7,8 +7,9 @@ import os
 import pytest
 import torch
 
-# The trainer tests' run fixtures (data_dir, resumable, uninterrupted), made once per session.
-pytest_plugins = ("helpers.trainer",)
+# The trainer tests' run fixtures (data_dir, resumable, uninterrupted), made once per session; the markers' rule
+# (e2e is slow); pytester, to run a small suite in a test.
+pytest_plugins = ("helpers.trainer", "helpers.markers", "pytester")
 
 if os.environ.get(
     "PYTEST_XDIST_WORKER"
