@@ -96,6 +96,7 @@ def test_failure_by_thirds_and_depth_grid_count_by_hand():
     assert recall[1, 1] == 0.0 and recall[3, 1] == 1.0 and recall[2, 1] == 0.0
 
 
+@pytest.mark.slow
 def test_run_table_round_trip_and_figures(tmp_path):
     hist = np.bincount([256, 256, 100, 30], minlength=257)
     analysis = Analysis(bootstrap=0)
@@ -183,6 +184,7 @@ def test_bootstrap_interval_is_deterministic_and_matches_a_naive_loop():
     assert bootstrap_interval(lengths, passed, Analysis(bootstrap=0)) is None
 
 
+@pytest.mark.slow
 def test_a_folder_of_a_users_figures_is_refused_untouched(tmp_path):
     """Issue 30: effective-length adopted any folder holding only .png/.pdf files and overwrote a user's figure
     there. Only an older effective-length's own figures, by name, are adopted."""

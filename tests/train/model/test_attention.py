@@ -73,6 +73,7 @@ def test_lse_window_and_bottom_right_alignment(grad):
     torch.testing.assert_close(lse.double(), ref_lse, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_flex_forward_on_cpu_matches_reference():
     # FlexAttention has no backward on CPU, so it is checked forward-only here.
     lens = [5, 9, 2]

@@ -256,6 +256,7 @@ def test_overwrite_never_requeues_and_never_deletes_its_own_starting_weights(
     assert ckpt.read_trainer_state(first / "checkpoints/latest")["step"] == 3
 
 
+@pytest.mark.slow
 def test_a_run_whose_checkpoints_live_behind_a_link_resumes_and_is_never_deleted_through_it(
     data_dir, tmp_path
 ):

@@ -219,6 +219,7 @@ def test_a_gpu_too_small_for_any_micro_batch_says_so():
     assert "even one row with activation checkpointing does not fit" in check.refusal
 
 
+@pytest.mark.slow
 def test_the_trainer_refuses_before_its_first_step_on_every_rank_and_can_be_told_not_to(
     data_dir, tmp_path, monkeypatch
 ):

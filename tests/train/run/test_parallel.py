@@ -21,6 +21,7 @@ from posfreq.train.run.parallel import (
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
+@pytest.mark.slow
 def test_attention_backend_is_checked_before_launch_and_named_at_start(
     data_dir, tmp_path, monkeypatch, capsys
 ):

@@ -283,6 +283,7 @@ def item_key(item) -> tuple:
     return item.index.fqn, None if offset is None else tuple(offset)
 
 
+@pytest.mark.slow
 def test_dcp_writes_each_shard_of_the_two_replicas_and_each_replicated_item_once(small_world):
     """DCP's local plans: each rank's chunk of every sharded tensor (parameters, AdamW's moments) is the rows by
     hand, so every chunk is planned twice, by rank s and s + 8; replicated items (AdamW's step counters, the

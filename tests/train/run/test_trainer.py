@@ -37,6 +37,7 @@ from posfreq.train.run.trainer import Trainer
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
+@pytest.mark.slow
 def test_loss_falls(data_dir, tmp_path):
     history = run(
         tiny(
@@ -54,6 +55,7 @@ def test_loss_falls(data_dir, tmp_path):
     assert {"loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mfu"} <= set(lines[0])
 
 
+@pytest.mark.slow
 def test_resume_is_bitwise_identical_and_histogram_matches(data_dir, tmp_path):
     full = run(tiny(data_dir, tmp_path / "full"))
     first = run(tiny(data_dir, tmp_path / "split", stop_at_step=3))

@@ -152,6 +152,7 @@ def test_steps_without_targets_skip_cleanly_and_are_counted(tmp_path, packing) -
     )
 
 
+@pytest.mark.slow
 def test_a_one_block_model_validates_then_saves(tmp_path) -> None:
     """Validation is a forward without backward, after which FSDP2's root and last block kept their gathered
     parameters: with one block no parameter was sharded at the save, and Fabric refused the checkpoint ("Could
