@@ -85,6 +85,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for line in skip_report(totals, out):
         print(line)
+    if totals.relabelled:
+        print(
+            f"{len(totals.relabelled)} complete shards had recorded these tokenizer files at another path (the "
+            f"same files by content: the folder moved); they now record {args.tokenizer}"
+        )
     if totals.docs_in_out == 0:  # a --shard task of a corpus whose other tasks may have some
         print(
             f"warning: shard {shard[0]}/{shard[1]} has no documents ({totals.filtered_items:,} removed by the "

@@ -50,6 +50,7 @@ from posfreq.train.data.tokens.rerun import (
     VAL_DIR,
     holds_only_shards,
     pending_files,
+    relabel_moved_tokenizer,
     source_identity,
 )
 from posfreq.train.data.tokens.shard_files import (
@@ -208,6 +209,8 @@ class PrepareTotals:
     docs_in_out: int = 0
     source_counts: dict[str, int] | None = field(default_factory=dict)
     """Documents per source before the filter; None when a complete shard did not record its own."""
+    relabelled: list[str] = field(default_factory=list)
+    """Complete shards whose tokenizer folder had moved: the same files by content, now recorded at its new path."""
 
     def count_read(self, meta: dict) -> None:
         """Add one shard's documents (kept and filtered) and its sources."""
@@ -254,13 +257,17 @@ def prepare(
             directory, PREPARE, flag=flag, written_before=holds_only_shards, shared=True
         )
     todo = pending_files(mine, names, out, tokenizer, val_fraction, workers)
-    if (
-        todo
-    ):  # the shards change: until all are complete again, readers scan them, not an older manifest
+    pending = set(todo)
+    relabelled = relabel_moved_tokenizer(
+        out, [names[f] for f in mine.files if f not in pending], tokenizer
+    )
+    if todo or relabelled:
+        # the shards change: until all are complete again, readers scan them, not an older manifest
         for directory in (out, out / VAL_DIR):
             (directory / MANIFEST_FILE).unlink(missing_ok=True)
-    totals = PrepareTotals(files=len(mine.files), skipped_complete=len(mine.files) - len(todo))
-    pending = set(todo)
+    totals = PrepareTotals(
+        files=len(mine.files), skipped_complete=len(mine.files) - len(todo), relabelled=relabelled
+    )
     for file in (
         f for f in mine.files if f not in pending
     ):  # complete: NAME.json and its val shard count

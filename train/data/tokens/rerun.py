@@ -15,8 +15,9 @@ from posfreq.train.data.tokens.shard_files import (
     OFFSETS_SUFFIX,
     TOKENS_SUFFIX,
     shard_is_complete,
+    write_shard_meta,
 )
-from posfreq.train.data.tokens.shards import MANIFEST_FILE
+from posfreq.train.data.tokens.shards import MANIFEST_FILE, share_tokenizer
 from posfreq.train.fingerprint import file_sha256
 from posfreq.train.journal import is_record
 from posfreq.train.outdir import OutputDirError, owner_of
@@ -109,17 +110,38 @@ def _is_pending(
         or (val_fraction > 0 and shard_is_complete(out / VAL_DIR, name) is None)
     ):
         meta = None
-    recorded = meta.get("tokenizer_fingerprint") if meta is not None else None
-    if meta is not None and (
-        absolute_spec(str(meta.get("tokenizer"))) != tokenizer.name
-        or (recorded is not None and recorded != tokenizer.fingerprint)
-    ):
+    if meta is not None and not same_tokenizer(meta, tokenizer):
         raise OutputDirError(
             f"{out}/{name} was tokenized with {meta.get('tokenizer')!r}"
             + (" whose files have changed since" if meta.get("tokenizer") == tokenizer.name else "")
             + f", not {tokenizer.name!r} as it is now. Fix: use a fresh --out directory per tokenizer."
         )
     return meta is None or bool(meta.get("lost_files")) or not same_source(meta, file)
+
+
+def same_tokenizer(meta: dict, tokenizer: Tokenizer) -> bool:
+    """Whether a shard was tokenized with `tokenizer`, by `share_tokenizer`'s rule (content where recorded)."""
+    live = {"tokenizer": tokenizer.name, "tokenizer_fingerprint": tokenizer.fingerprint}
+    return share_tokenizer(meta | {"tokenizer": absolute_spec(str(meta.get("tokenizer")))}, live)
+
+
+def relabel_moved_tokenizer(out: Path, names: list[str], tokenizer: Tokenizer) -> list[str]:
+    """Record `tokenizer`'s spec in each complete shard of `names` (under `out` and `out/val`) that holds the same
+    tokenizer by content under another spec (its folder moved): a directory's shards keep naming one tokenizer, and
+    the trainer records a path that exists. Returns the shards relabelled; each metadata file is replaced
+    atomically, and nothing else changes."""
+    relabelled = []
+    for name in names:
+        for directory in (out, out / VAL_DIR):
+            meta = shard_is_complete(directory, name)
+            if (
+                meta is not None
+                and meta.get("tokenizer") != tokenizer.name
+                and meta.get("tokenizer_fingerprint") == tokenizer.fingerprint
+            ):
+                write_shard_meta(directory, name, meta | {"tokenizer": tokenizer.name})
+                relabelled.append(str(directory / name))
+    return relabelled
 
 
 def absolute_spec(spec: str) -> str:

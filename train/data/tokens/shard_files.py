@@ -82,9 +82,7 @@ class ShardWriter:
         self._tokens.commit()
         with atomic_open(self.directory / f"{self.name}{OFFSETS_SUFFIX}", "wb") as f:
             np.save(f, offsets)
-        write_json_atomic(
-            self.directory / f"{self.name}{META_SUFFIX}", self.meta, indent=1, sort_keys=True
-        )
+        write_shard_meta(self.directory, self.name, self.meta)
         return self.meta
 
     def abort(self) -> None:
@@ -100,6 +98,11 @@ class ShardWriter:
             self.finish()
         else:
             self.abort()
+
+
+def write_shard_meta(directory: Path, name: str, meta: dict) -> None:
+    """Publish shard `name`'s metadata file, atomically: the last of its three files (`ShardWriter.finish`)."""
+    write_json_atomic(directory / f"{name}{META_SUFFIX}", meta, indent=1, sort_keys=True)
 
 
 def shard_is_complete(directory: str | Path, name: str) -> dict | None:

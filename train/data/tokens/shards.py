@@ -105,7 +105,11 @@ class TokenDataset:
         first = self.shards[0]
         for shard in self.shards[1:]:
             for key in ("tokenizer", "vocab_size", "eos_id"):
-                if shard.meta[key] != first.meta[key]:
+                if not (
+                    share_tokenizer(shard.meta, first.meta)
+                    if key == "tokenizer"
+                    else shard.meta[key] == first.meta[key]
+                ):
                     raise ValueError(
                         f"{self.directory}: shard {shard.name} has {key}={shard.meta[key]!r} but shard "
                         f"{first.name} has {first.meta[key]!r}; all shards of a directory must share one "
@@ -249,6 +253,15 @@ def _read_manifest(directory: Path, names: list[str]) -> dict | None:
     ):
         return None
     return manifest
+
+
+def share_tokenizer(a: dict, b: dict) -> bool:
+    """Whether two shards' metadata name one tokenizer: by the content fingerprint where both recorded one (a moved
+    folder's spec changes, its files do not, and prepare's array tasks relabel their shards one at a time), else by
+    the spec."""
+    if a.get("tokenizer_fingerprint") and b.get("tokenizer_fingerprint"):
+        return a["tokenizer_fingerprint"] == b["tokenizer_fingerprint"]
+    return a["tokenizer"] == b["tokenizer"]
 
 
 def write_manifest(directory: str | Path) -> Path:

@@ -110,3 +110,73 @@ def test_a_rerun_checks_its_finished_inputs_in_parallel_with_the_same_answer(
     one = pending_files(corpus, names, out, tokenizer, workers=1)
     assert one == [f for f in corpus.files if f.name == "3.jsonl"]
     assert pending_files(corpus, names, out, tokenizer, workers=4) == one
+
+
+@pytest.mark.slow
+def test_a_moved_tokenizer_folder_is_the_same_tokenizer_and_its_shards_name_the_new_path(
+    tmp_path: Path,
+) -> None:
+    """A data folder and its hf:DIR tokenizer moved elsewhere: prepare's rerun refused the shards (they recorded
+    the old path), though the tokenizer's files were the same. It now compares by content, keeps every shard's
+    tokens, records the new path (array task by array task, the directory stays readable between them), and
+    still refuses other tokenizer files at the new path."""
+    import shutil
+
+    from posfreq.train.data.corpora import resolve_corpus
+    from posfreq.train.data.hf_tokenizer import write_bytes_tokenizer, write_llama3_tokenizer
+    from posfreq.train.data.tokens import prepare as prep
+
+    corpus_dir = tmp_path / "corpus"
+    corpus_dir.mkdir()
+    for name in ("a", "b"):
+        lines = [json.dumps({"text": f"{name} document {i} " * 3}) for i in range(40)]
+        (corpus_dir / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+    old_tok, old_out = tmp_path / "old" / "T", tmp_path / "old" / "tokens"
+    write_bytes_tokenizer(old_tok)
+    prep.prepare(
+        resolve_corpus(corpus_dir), old_out, f"hf:{old_tok}", progress=False, val_fraction=0.2
+    )
+    shutil.move(tmp_path / "old", tmp_path / "new")
+    tok, out = tmp_path / "new" / "T", tmp_path / "new" / "tokens"
+    tokens = {p: p.read_bytes() for p in sorted(out.rglob("*.bin"))}
+    assert len(tokens) == 4  # two shards and their held-out halves
+
+    first = prep.prepare(
+        resolve_corpus(corpus_dir), out, f"hf:{tok}", shard=(0, 2), progress=False, val_fraction=0.2
+    )
+    assert (first.skipped_complete, len(first.relabelled)) == (1, 2)  # one shard and its val shard
+    specs = {json.loads((out / f"{n}.json").read_text())["tokenizer"] for n in ("a", "b")}
+    assert specs == {f"hf:{old_tok}", f"hf:{tok.resolve()}"}
+    assert TokenDataset(out).num_docs > 0  # between the two tasks: one tokenizer by content
+
+    second = prep.prepare(
+        resolve_corpus(corpus_dir), out, f"hf:{tok}", shard=(1, 2), progress=False, val_fraction=0.2
+    )
+    assert (second.skipped_complete, len(second.relabelled)) == (1, 2)
+    for directory in (out, out / "val"):
+        manifest = json.loads((directory / "manifest.json").read_text())
+        assert {s["meta"]["tokenizer"] for s in manifest["shards"]} == {f"hf:{tok.resolve()}"}
+        assert TokenDataset(directory).tokenizer == f"hf:{tok.resolve()}"
+    assert {p: p.read_bytes() for p in sorted(out.rglob("*.bin"))} == tokens
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tok / name).unlink()
+    write_llama3_tokenizer(tok)  # other files at the new path: not the tokenizer of these shards
+    with pytest.raises(OutputDirError, match="whose files have changed since"):
+        prep.prepare(resolve_corpus(corpus_dir), out, f"hf:{tok}", progress=False, val_fraction=0.2)
+
+
+def test_a_directorys_shards_share_a_tokenizer_by_content_where_they_recorded_it() -> None:
+    """share_tokenizer: two specs of one fingerprint agree, two fingerprints under one spec do not, and shards
+    without a fingerprint (older prepares) are compared by spec."""
+    from posfreq.train.data.tokens.shards import share_tokenizer
+
+    old, new = {"tokenizer": "hf:/old/T"}, {"tokenizer": "hf:/new/T"}
+    assert share_tokenizer(
+        old | {"tokenizer_fingerprint": "x"}, new | {"tokenizer_fingerprint": "x"}
+    )
+    assert not share_tokenizer(
+        old | {"tokenizer_fingerprint": "x"}, old | {"tokenizer_fingerprint": "y"}
+    )
+    assert not share_tokenizer(old, new | {"tokenizer_fingerprint": "x"})
+    assert share_tokenizer(old, old | {"tokenizer_fingerprint": "x"})
