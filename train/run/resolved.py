@@ -17,7 +17,7 @@ import torch
 from posfreq.train.checkpoint import layout as ckpt
 from posfreq.train.checkpoint.safe_load import CheckpointError
 from posfreq.train.data.packing_schedule import some_document_has_weight
-from posfreq.train.data.tokenizer import get_tokenizer
+from posfreq.train.data.tokenizer import get_tokenizer, hf_dir
 from posfreq.train.data.tokens.shards import TokenDataset
 from posfreq.train.data.upsample import LengthUpsample
 from posfreq.train.outdir import OutputDirError
@@ -128,6 +128,16 @@ class ResolvedRun:
         return rows
 
     def _tokenizer_spec(self) -> dict:
+        """What checkpoints record of the data's tokenizer: its spec, ids and, where it loads here, its content
+        fingerprint; ConfigError for an hf:DIR the shards name that is gone (the data or the folder moved)."""
+        directory = hf_dir(self.dataset.tokenizer)
+        if directory is not None and not directory.is_dir():
+            raise ConfigError(
+                f"data.dir {self.cfg.data.dir}: its shards were tokenized with {self.dataset.tokenizer}, which "
+                "is not there now (moved or deleted), so checkpoints could not name a tokenizer to probe with. "
+                "Fix: rerun posfreq prepare with the same corpus, the same --out and --tokenizer hf:<its new "
+                "folder> (the shards are kept; they record the new path), or restore the folder"
+            )
         spec = {
             "spec": self.dataset.tokenizer,
             "vocab_size": self.dataset.vocab_size,

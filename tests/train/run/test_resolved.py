@@ -288,3 +288,23 @@ def test_no_rank_reads_every_document_offset_before_launch(resumable, data_dir, 
     assert "data_fingerprint" not in vars(run)  # not computed
     assert run.checksum_verdict() == {"resume_from": str(run.resume_from), "skipped": []}
     assert "data_fingerprint" in vars(run)  # rank 0's check computed it
+
+
+def test_shards_whose_tokenizer_folder_is_gone_are_refused_with_the_rerun_that_relabels_them(
+    tmp_path,
+):
+    """Shards naming an hf:DIR that is not there (the data or the folder moved) gave checkpoints a tokenizer record
+    without its content fingerprint, silently, and the probe could not load it: refused at start, naming the
+    folder and prepare's rerun."""
+    data = tmp_path / "data"
+    gone = tmp_path / "moved-away" / "T"
+    with ShardWriter(
+        data, "shard-000", tokenizer=f"hf:{gone}", vocab_size=258, eos_id=257
+    ) as writer:
+        for i in range(40):
+            writer.add(list(range(i % 7, i % 7 + 60)) + [257])
+    with pytest.raises(ConfigError) as refused:
+        ResolvedRun(config_from_dict(tiny(data, tmp_path / "run")), 1)
+    message = str(refused.value)
+    assert f"were tokenized with hf:{gone}, which is not there now" in message
+    assert "Fix: rerun posfreq prepare" in message and "--tokenizer hf:<its new folder>" in message
