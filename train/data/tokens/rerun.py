@@ -127,9 +127,9 @@ def same_tokenizer(meta: dict, tokenizer: Tokenizer) -> bool:
 
 def relabel_moved_tokenizer(out: Path, names: list[str], tokenizer: Tokenizer) -> list[str]:
     """Record `tokenizer`'s spec in each complete shard of `names` (under `out` and `out/val`) that holds the same
-    tokenizer by content under another spec (its folder moved): a directory's shards keep naming one tokenizer, and
-    the trainer records a path that exists. Returns the shards relabelled; each metadata file is replaced
-    atomically, and nothing else changes."""
+    tokenizer (`same_tokenizer`) under another spec (its folder moved, or an older shard's relative path): a
+    directory's shards keep naming one tokenizer, and the trainer records a path that exists. Returns the shards
+    relabelled; each metadata file is replaced atomically, and nothing else changes."""
     relabelled = []
     for name in names:
         for directory in (out, out / VAL_DIR):
@@ -137,7 +137,7 @@ def relabel_moved_tokenizer(out: Path, names: list[str], tokenizer: Tokenizer) -
             if (
                 meta is not None
                 and meta.get("tokenizer") != tokenizer.name
-                and meta.get("tokenizer_fingerprint") == tokenizer.fingerprint
+                and same_tokenizer(meta, tokenizer)
             ):
                 write_shard_meta(directory, name, meta | {"tokenizer": tokenizer.name})
                 relabelled.append(str(directory / name))

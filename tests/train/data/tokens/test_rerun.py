@@ -180,3 +180,29 @@ def test_a_directorys_shards_share_a_tokenizer_by_content_where_they_recorded_it
     )
     assert not share_tokenizer(old, new | {"tokenizer_fingerprint": "x"})
     assert share_tokenizer(old, old | {"tokenizer_fingerprint": "x"})
+
+
+def test_an_older_shards_relative_tokenizer_path_is_recorded_absolute(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A shard from before fingerprints, which recorded hf:T as prepare was given it, is relabelled with the
+    absolute path when the rerun's tokenizer is that folder (compared by spec: nothing recorded its content), and
+    gains no fingerprint it was never checked against."""
+    from posfreq.train.data.hf_tokenizer import write_bytes_tokenizer
+    from posfreq.train.data.tokens.rerun import relabel_moved_tokenizer
+    from posfreq.train.data.tokens.shard_files import ShardWriter
+
+    monkeypatch.chdir(tmp_path)
+    write_bytes_tokenizer(tmp_path / "T")
+    with ShardWriter(tmp_path / "out", "s", tokenizer="hf:T", vocab_size=258, eos_id=257) as writer:
+        writer.add([1, 2, 257])
+    tokenizer = get_tokenizer(f"hf:{tmp_path / 'T'}")
+    assert relabel_moved_tokenizer(tmp_path / "out", ["s"], tokenizer) == [
+        str(tmp_path / "out" / "s")
+    ]
+    meta = json.loads((tmp_path / "out" / "s.json").read_text())
+    assert meta["tokenizer"] == tokenizer.name and "tokenizer_fingerprint" not in meta
+    other = get_tokenizer("bytes")
+    assert (
+        relabel_moved_tokenizer(tmp_path / "out", ["s"], other) == []
+    )  # another tokenizer: untouched
