@@ -257,23 +257,25 @@ def prepare(
             directory, PREPARE, flag=flag, written_before=holds_only_shards, shared=True
         )
     todo = pending_files(mine, names, out, tokenizer, val_fraction, workers)
+    totals = PrepareTotals(files=len(mine.files), skipped_complete=len(mine.files) - len(todo))
     pending = set(todo)
-    relabelled = relabel_moved_tokenizer(
-        out, [names[f] for f in mine.files if f not in pending], tokenizer
-    )
-    if todo or relabelled:
+    for file in (
+        f for f in mine.files if f not in pending
+    ):  # complete: NAME.json and its val shard count, and its tokenizer's path if the folder moved
+        meta = shard_is_complete(out, names[file])
+        val = shard_is_complete(out / VAL_DIR, names[file]) if val_fraction > 0 else None
+        for directory, shard_meta in ((out, meta), (out / VAL_DIR, val)):
+            if shard_meta is not None and relabel_moved_tokenizer(
+                directory, names[file], shard_meta, tokenizer
+            ):
+                totals.relabelled.append(str(directory / names[file]))
+        totals.count_read(
+            dict(meta or {"num_docs": 0}) | {"val_docs": val["num_docs"] if val else 0}
+        )
+    if todo or totals.relabelled:
         # the shards change: until all are complete again, readers scan them, not an older manifest
         for directory in (out, out / VAL_DIR):
             (directory / MANIFEST_FILE).unlink(missing_ok=True)
-    totals = PrepareTotals(
-        files=len(mine.files), skipped_complete=len(mine.files) - len(todo), relabelled=relabelled
-    )
-    for file in (
-        f for f in mine.files if f not in pending
-    ):  # complete: NAME.json and its val shard count
-        meta = dict(shard_is_complete(out, names[file]) or {"num_docs": 0})
-        val = shard_is_complete(out / VAL_DIR, names[file]) if val_fraction > 0 else None
-        totals.count_read(meta | {"val_docs": val["num_docs"] if val else 0})
     with progress_bar(
         total=len(todo), unit="file", desc=f"tokenize {corpus.name} -> {out}", disable=not progress
     ) as bar:

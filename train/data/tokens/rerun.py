@@ -125,23 +125,15 @@ def same_tokenizer(meta: dict, tokenizer: Tokenizer) -> bool:
     return share_tokenizer(meta | {"tokenizer": absolute_spec(str(meta.get("tokenizer")))}, live)
 
 
-def relabel_moved_tokenizer(out: Path, names: list[str], tokenizer: Tokenizer) -> list[str]:
-    """Record `tokenizer`'s spec in each complete shard of `names` (under `out` and `out/val`) that holds the same
+def relabel_moved_tokenizer(directory: Path, name: str, meta: dict, tokenizer: Tokenizer) -> bool:
+    """Record `tokenizer`'s spec in complete shard `name` (its metadata `meta`, already read) when it holds the same
     tokenizer (`same_tokenizer`) under another spec (its folder moved, or an older shard's relative path): a
-    directory's shards keep naming one tokenizer, and the trainer records a path that exists. Returns the shards
-    relabelled; each metadata file is replaced atomically, and nothing else changes."""
-    relabelled = []
-    for name in names:
-        for directory in (out, out / VAL_DIR):
-            meta = shard_is_complete(directory, name)
-            if (
-                meta is not None
-                and meta.get("tokenizer") != tokenizer.name
-                and same_tokenizer(meta, tokenizer)
-            ):
-                write_shard_meta(directory, name, meta | {"tokenizer": tokenizer.name})
-                relabelled.append(str(directory / name))
-    return relabelled
+    directory's shards keep naming one tokenizer, and the trainer records a path that exists. Whether it was
+    relabelled; the metadata file is replaced atomically, and nothing else changes."""
+    if meta.get("tokenizer") == tokenizer.name or not same_tokenizer(meta, tokenizer):
+        return False
+    write_shard_meta(directory, name, meta | {"tokenizer": tokenizer.name})
+    return True
 
 
 def absolute_spec(spec: str) -> str:

@@ -190,19 +190,17 @@ def test_an_older_shards_relative_tokenizer_path_is_recorded_absolute(
     gains no fingerprint it was never checked against."""
     from posfreq.train.data.hf_tokenizer import write_bytes_tokenizer
     from posfreq.train.data.tokens.rerun import relabel_moved_tokenizer
-    from posfreq.train.data.tokens.shard_files import ShardWriter
+    from posfreq.train.data.tokens.shard_files import ShardWriter, shard_is_complete
 
     monkeypatch.chdir(tmp_path)
     write_bytes_tokenizer(tmp_path / "T")
     with ShardWriter(tmp_path / "out", "s", tokenizer="hf:T", vocab_size=258, eos_id=257) as writer:
         writer.add([1, 2, 257])
     tokenizer = get_tokenizer(f"hf:{tmp_path / 'T'}")
-    assert relabel_moved_tokenizer(tmp_path / "out", ["s"], tokenizer) == [
-        str(tmp_path / "out" / "s")
-    ]
-    meta = json.loads((tmp_path / "out" / "s.json").read_text())
+    out = tmp_path / "out"
+    before = shard_is_complete(out, "s")
+    assert relabel_moved_tokenizer(out, "s", before, get_tokenizer("bytes")) is False  # another one
+    assert json.loads((out / "s.json").read_text()) == before  # untouched
+    assert relabel_moved_tokenizer(out, "s", before, tokenizer) is True
+    meta = json.loads((out / "s.json").read_text())
     assert meta["tokenizer"] == tokenizer.name and "tokenizer_fingerprint" not in meta
-    other = get_tokenizer("bytes")
-    assert (
-        relabel_moved_tokenizer(tmp_path / "out", ["s"], other) == []
-    )  # another tokenizer: untouched
