@@ -38,8 +38,7 @@ from posfreq.train.checkpoint.safe_load import CheckpointError
 from posfreq.train.command_line import command_parser, parse, summary
 from posfreq.train.data.hf_tokenizer import same_tokenizer
 from posfreq.train.data.packing_strategies import STRATEGIES
-from posfreq.train.data.tokenizer import get_tokenizer, hf_dir
-from posfreq.train.data.tokens.rerun import absolute_spec
+from posfreq.train.data.tokenizer import absolute_spec, get_tokenizer, hf_dir
 from posfreq.train.data.tokens.shards import TokenDataset
 from posfreq.train.devices import resolve_device
 from posfreq.train.outdir import OutputDirError, check_output_dir, claim_output_dir

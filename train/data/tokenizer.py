@@ -312,6 +312,12 @@ def hf_dir(spec: str) -> Path | None:
     return Path(spec.removeprefix("hf:")) if spec.startswith("hf:") else None
 
 
+def absolute_spec(spec: str) -> str:
+    """A tokenizer spec with an hf:DIR made absolute (older shards recorded the folder as prepare was given it)."""
+    directory = hf_dir(spec)
+    return spec if directory is None else f"hf:{directory.resolve()}"
+
+
 def get_tokenizer(spec: str = "llama3") -> Tokenizer:
     """Build a tokenizer from its name: llama3, bytes, hf:<dir>, or a registered name."""
     if (directory := hf_dir(spec)) is not None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from posfreq.train.data.corpora import Corpus, CorpusFile
 from posfreq.train.data.stream import StreamShard
-from posfreq.train.data.tokenizer import Tokenizer, hf_dir
+from posfreq.train.data.tokenizer import Tokenizer, absolute_spec
 from posfreq.train.data.tokens.shard_files import (
     META_SUFFIX,
     OFFSETS_SUFFIX,
@@ -134,12 +134,6 @@ def relabel_moved_tokenizer(directory: Path, name: str, meta: dict, tokenizer: T
         return False
     write_shard_meta(directory, name, meta | {"tokenizer": tokenizer.name})
     return True
-
-
-def absolute_spec(spec: str) -> str:
-    """A tokenizer spec with an hf:DIR made absolute (older shards recorded the folder as prepare was given it)."""
-    directory = hf_dir(spec)
-    return spec if directory is None else f"hf:{directory.resolve()}"
 
 
 def other_source(meta: dict, file: CorpusFile) -> str | None:

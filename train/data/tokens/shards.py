@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from posfreq.train.atomic import write_json_atomic
+from posfreq.train.data.tokenizer import absolute_spec, hf_dir
 from posfreq.train.data.tokens.shard_files import (
     META_SUFFIX,
     OFFSETS_SUFFIX,
@@ -115,11 +116,19 @@ class TokenDataset:
                         f"{first.name} has {first.meta[key]!r}; all shards of a directory must share one "
                         "tokenizer. Fix: re-tokenize into a fresh --out with a single --tokenizer."
                     )
-        if tokenizer is not None and first.meta["tokenizer"] != tokenizer:
+        recorded = first.meta["tokenizer"]
+        if tokenizer is not None and absolute_spec(recorded) != absolute_spec(tokenizer):
+            moved = (
+                f" If the data and {recorded!r} moved to {tokenizer!r}, rerun posfreq prepare with the same "
+                f"corpus, --out {self.directory} and --tokenizer {tokenizer}: it keeps the shards and records the "
+                "new folder."
+                if hf_dir(recorded) is not None and hf_dir(tokenizer) is not None
+                else ""
+            )
             raise ValueError(
-                f"{self.directory} was tokenized with {first.meta['tokenizer']!r}, not "
-                f"{tokenizer!r}. Fix: point to data tokenized with {tokenizer!r} (scripts/"
-                "prepare_data.py --tokenizer) or change the tokenizer setting."
+                f"{self.directory} was tokenized with {recorded!r}, not {tokenizer!r}. Fix: point to data "
+                f"tokenized with {tokenizer!r} (posfreq prepare --tokenizer) or change the tokenizer setting."
+                + moved
             )
         self.tokenizer: str = first.meta["tokenizer"]
         self.vocab_size: int = int(first.meta["vocab_size"])

@@ -329,3 +329,19 @@ def test_a_manifest_makes_start_up_one_read_for_a_thousand_shards(
         6,
         257,
     ]  # read lazily, checked when opened
+
+
+def test_the_tokenizer_setting_names_the_shards_folder_by_path_not_by_spelling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative hf:DIR setting for the folder the shards recorded absolutely is the same tokenizer; another
+    folder is refused, with the rerun that relabels shards whose data and tokenizer moved."""
+    recorded = f"hf:{tmp_path / 'tok'}"
+    with ShardWriter(tmp_path / "d", "a", tokenizer=recorded, vocab_size=258, eos_id=257) as w:
+        w.add([1, 257])
+    monkeypatch.chdir(tmp_path)
+    assert TokenDataset(tmp_path / "d", tokenizer="hf:tok").tokenizer == recorded
+    with pytest.raises(ValueError, match="rerun posfreq prepare.*--tokenizer hf:/moved/tok"):
+        TokenDataset(tmp_path / "d", tokenizer="hf:/moved/tok")
+    with pytest.raises(ValueError, match=r"not 'bytes'\. Fix: point to data.*setting\.$"):
+        TokenDataset(tmp_path / "d", tokenizer="bytes")
