@@ -20,7 +20,7 @@ from posfreq.train.command_line import command_parser, parse
 from posfreq.train.data.corpora import unmatched_sources_warning
 from posfreq.train.data.corpus_cli import add_corpus_arguments, corpus_from_args, shard_from_args
 from posfreq.train.data.records import CorpusError
-from posfreq.train.data.tokenizer import Tokenizer
+from posfreq.train.data.tokenizer import Tokenizer, absolute_spec
 from posfreq.train.data.tokens.prepare import prepare, skip_report
 from posfreq.train.data.tokens.rerun import VAL_DIR
 from posfreq.train.outdir import OutputDirError
@@ -87,8 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(line)
     if totals.relabelled:
         print(
-            f"{len(totals.relabelled)} complete shards had recorded these tokenizer files at another path (the "
-            f"same files by content: the folder moved); they now record {args.tokenizer}"
+            f"{len(totals.relabelled)} complete shards (held-out ones included) had recorded these tokenizer "
+            f"files at another path (the same files by content: the folder moved); they now record "
+            f"{absolute_spec(args.tokenizer)}"
         )
     if totals.docs_in_out == 0:  # a --shard task of a corpus whose other tasks may have some
         print(

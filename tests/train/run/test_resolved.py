@@ -308,3 +308,18 @@ def test_shards_whose_tokenizer_folder_is_gone_are_refused_with_the_rerun_that_r
     message = str(refused.value)
     assert f"were tokenized with hf:{gone}, which is not there now" in message
     assert "Fix: rerun posfreq prepare" in message and "--tokenizer hf:<its new folder>" in message
+
+
+def test_shards_naming_their_tokenizer_json_file_itself_are_not_refused_as_gone(tmp_path):
+    """hf:DIR/tokenizer.json (the file) is a spec the tokenizer loads and prepare records; the refusal of a gone
+    folder asked whether it was a directory, so such shards were refused though the file was there."""
+    from posfreq.train.data.hf_tokenizer import write_bytes_tokenizer
+
+    write_bytes_tokenizer(tmp_path / "T")
+    spec = f"hf:{tmp_path / 'T' / 'tokenizer.json'}"
+    data = tmp_path / "data"
+    with ShardWriter(data, "shard-000", tokenizer=spec, vocab_size=258, eos_id=257) as writer:
+        for i in range(40):
+            writer.add(list(range(i % 7, i % 7 + 60)) + [257])
+    run = ResolvedRun(config_from_dict(tiny(data, tmp_path / "run")), 1)
+    assert run.tokenizer_spec["spec"] == spec and run.tokenizer_spec["fingerprint"]

@@ -49,8 +49,8 @@ from posfreq.train.data.tokens.rerun import (
     PREPARE,
     VAL_DIR,
     holds_only_shards,
+    moved_tokenizer,
     pending_files,
-    relabel_moved_tokenizer,
     source_identity,
 )
 from posfreq.train.data.tokens.shard_files import (
@@ -59,6 +59,7 @@ from posfreq.train.data.tokens.shard_files import (
     TOKENS_SUFFIX,
     ShardWriter,
     shard_is_complete,
+    write_shard_meta,
 )
 from posfreq.train.data.tokens.shards import MANIFEST_FILE, write_manifest
 from posfreq.train.outdir import claim_output_dir
@@ -233,6 +234,13 @@ class PrepareTotals:
         self.count_read(meta)
 
 
+def drop_manifests(out: Path) -> None:
+    """Remove the manifests of --out and its val folder before their shards change: until every shard is complete
+    again, readers scan the shards, not a manifest of what they were."""
+    for directory in (out, out / VAL_DIR):
+        (directory / MANIFEST_FILE).unlink(missing_ok=True)
+
+
 def prepare(
     corpus: Corpus,
     out: Path,
@@ -265,17 +273,15 @@ def prepare(
         meta = shard_is_complete(out, names[file])
         val = shard_is_complete(out / VAL_DIR, names[file]) if val_fraction > 0 else None
         for directory, shard_meta in ((out, meta), (out / VAL_DIR, val)):
-            if shard_meta is not None and relabel_moved_tokenizer(
-                directory, names[file], shard_meta, tokenizer
-            ):
+            if shard_meta is not None and moved_tokenizer(shard_meta, tokenizer):
+                drop_manifests(out)  # first: a crash mid-relabel leaves no manifest of the old spec
+                write_shard_meta(directory, names[file], shard_meta | {"tokenizer": tokenizer.name})
                 totals.relabelled.append(str(directory / names[file]))
         totals.count_read(
             dict(meta or {"num_docs": 0}) | {"val_docs": val["num_docs"] if val else 0}
         )
-    if todo or totals.relabelled:
-        # the shards change: until all are complete again, readers scan them, not an older manifest
-        for directory in (out, out / VAL_DIR):
-            (directory / MANIFEST_FILE).unlink(missing_ok=True)
+    if todo:
+        drop_manifests(out)
     with progress_bar(
         total=len(todo), unit="file", desc=f"tokenize {corpus.name} -> {out}", disable=not progress
     ) as bar:

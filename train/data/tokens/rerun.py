@@ -9,13 +9,12 @@ from pathlib import Path
 
 from posfreq.train.data.corpora import Corpus, CorpusFile
 from posfreq.train.data.stream import StreamShard
-from posfreq.train.data.tokenizer import Tokenizer, absolute_spec
+from posfreq.train.data.tokenizer import Tokenizer
 from posfreq.train.data.tokens.shard_files import (
     META_SUFFIX,
     OFFSETS_SUFFIX,
     TOKENS_SUFFIX,
     shard_is_complete,
-    write_shard_meta,
 )
 from posfreq.train.data.tokens.shards import MANIFEST_FILE, share_tokenizer
 from posfreq.train.fingerprint import file_sha256
@@ -93,7 +92,7 @@ def _is_pending(
     val_fraction: float,
 ) -> bool:
     """Whether `file`'s shard is to be made (again); OutputDirError for a shard that is another input's or another
-    tokenizer's."""
+    tokenizer's, even where a changed setting (--val-fraction, sources) would redo it."""
     meta = shard_is_complete(out, name)
     recorded = other_source(meta, file) if meta is not None else None
     if recorded is not None:
@@ -103,6 +102,12 @@ def _is_pending(
             f"corpus into its own --out, or delete {out}/{name}.* (and {out}/{VAL_DIR}/{name}.*) "
             "to replace that shard"
         )
+    if meta is not None and not same_tokenizer(meta, tokenizer):
+        raise OutputDirError(
+            f"{out}/{name} was tokenized with {meta.get('tokenizer')!r}"
+            + (" whose files have changed since" if meta.get("tokenizer") == tokenizer.name else "")
+            + f", not {tokenizer.name!r} as it is now. Fix: use a fresh --out directory per tokenizer."
+        )
     if meta is not None and (
         meta.get("val_fraction", 0.0) != val_fraction
         or list(meta.get("sources", [])) != list(corpus.sources)  # another filter: other documents
@@ -110,30 +115,21 @@ def _is_pending(
         or (val_fraction > 0 and shard_is_complete(out / VAL_DIR, name) is None)
     ):
         meta = None
-    if meta is not None and not same_tokenizer(meta, tokenizer):
-        raise OutputDirError(
-            f"{out}/{name} was tokenized with {meta.get('tokenizer')!r}"
-            + (" whose files have changed since" if meta.get("tokenizer") == tokenizer.name else "")
-            + f", not {tokenizer.name!r} as it is now. Fix: use a fresh --out directory per tokenizer."
-        )
     return meta is None or bool(meta.get("lost_files")) or not same_source(meta, file)
 
 
 def same_tokenizer(meta: dict, tokenizer: Tokenizer) -> bool:
     """Whether a shard was tokenized with `tokenizer`, by `share_tokenizer`'s rule (content where recorded)."""
-    live = {"tokenizer": tokenizer.name, "tokenizer_fingerprint": tokenizer.fingerprint}
-    return share_tokenizer(meta | {"tokenizer": absolute_spec(str(meta.get("tokenizer")))}, live)
+    return share_tokenizer(
+        meta, {"tokenizer": tokenizer.name, "tokenizer_fingerprint": tokenizer.fingerprint}
+    )
 
 
-def relabel_moved_tokenizer(directory: Path, name: str, meta: dict, tokenizer: Tokenizer) -> bool:
-    """Record `tokenizer`'s spec in complete shard `name` (its metadata `meta`, already read) when it holds the same
-    tokenizer (`same_tokenizer`) under another spec (its folder moved, or an older shard's relative path): a
-    directory's shards keep naming one tokenizer, and the trainer records a path that exists. Whether it was
-    relabelled; the metadata file is replaced atomically, and nothing else changes."""
-    if meta.get("tokenizer") == tokenizer.name or not same_tokenizer(meta, tokenizer):
-        return False
-    write_shard_meta(directory, name, meta | {"tokenizer": tokenizer.name})
-    return True
+def moved_tokenizer(meta: dict, tokenizer: Tokenizer) -> bool:
+    """Whether complete shard metadata `meta` holds `tokenizer` (`same_tokenizer`) under another spec (its folder
+    moved, or an older shard's relative path): prepare's rerun then records `tokenizer`'s spec in it, so that a
+    directory's shards keep naming one tokenizer and the trainer records a path that exists."""
+    return meta.get("tokenizer") != tokenizer.name and same_tokenizer(meta, tokenizer)
 
 
 def other_source(meta: dict, file: CorpusFile) -> str | None:

@@ -267,10 +267,10 @@ def _read_manifest(directory: Path, names: list[str]) -> dict | None:
 def share_tokenizer(a: dict, b: dict) -> bool:
     """Whether two shards' metadata name one tokenizer: by the content fingerprint where both recorded one (a moved
     folder's spec changes, its files do not, and prepare's array tasks relabel their shards one at a time), else by
-    the spec."""
+    the spec, an hf:DIR by its absolute path (an older shard's relative one and the rerun's relabel of it agree)."""
     if a.get("tokenizer_fingerprint") and b.get("tokenizer_fingerprint"):
         return a["tokenizer_fingerprint"] == b["tokenizer_fingerprint"]
-    return a["tokenizer"] == b["tokenizer"]
+    return absolute_spec(str(a["tokenizer"])) == absolute_spec(str(b["tokenizer"]))
 
 
 def write_manifest(directory: str | Path) -> Path:

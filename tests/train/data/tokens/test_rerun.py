@@ -182,25 +182,104 @@ def test_a_directorys_shards_share_a_tokenizer_by_content_where_they_recorded_it
     assert share_tokenizer(old, old | {"tokenizer_fingerprint": "x"})
 
 
-def test_an_older_shards_relative_tokenizer_path_is_recorded_absolute(
+def test_older_shards_relative_tokenizer_path_is_recorded_absolute_task_by_task(
     tmp_path: Path, monkeypatch
 ) -> None:
-    """A shard from before fingerprints, which recorded hf:T as prepare was given it, is relabelled with the
-    absolute path when the rerun's tokenizer is that folder (compared by spec: nothing recorded its content), and
-    gains no fingerprint it was never checked against."""
+    """Shards from before fingerprints, which recorded hf:T as prepare was given it, are relabelled with the
+    absolute path when the rerun's tokenizer is that folder (compared by spec: nothing recorded its content) and
+    gain no fingerprint they were never checked against. An array task relabels only its own shards: the
+    directory, half hf:T and half hf:/abs/T, was refused as two tokenizers, and the task crashed writing the
+    manifest."""
+    from posfreq.train.data.corpora import resolve_corpus
     from posfreq.train.data.hf_tokenizer import write_bytes_tokenizer
-    from posfreq.train.data.tokens.rerun import relabel_moved_tokenizer
-    from posfreq.train.data.tokens.shard_files import ShardWriter, shard_is_complete
+    from posfreq.train.data.tokens import prepare as prep
 
     monkeypatch.chdir(tmp_path)
     write_bytes_tokenizer(tmp_path / "T")
-    with ShardWriter(tmp_path / "out", "s", tokenizer="hf:T", vocab_size=258, eos_id=257) as writer:
-        writer.add([1, 2, 257])
-    tokenizer = get_tokenizer(f"hf:{tmp_path / 'T'}")
+    (tmp_path / "corpus").mkdir()
+    for name in ("a", "b"):
+        (tmp_path / "corpus" / f"{name}.jsonl").write_text(json.dumps({"text": name * 9}) + "\n")
     out = tmp_path / "out"
-    before = shard_is_complete(out, "s")
-    assert relabel_moved_tokenizer(out, "s", before, get_tokenizer("bytes")) is False  # another one
-    assert json.loads((out / "s.json").read_text()) == before  # untouched
-    assert relabel_moved_tokenizer(out, "s", before, tokenizer) is True
-    meta = json.loads((out / "s.json").read_text())
-    assert meta["tokenizer"] == tokenizer.name and "tokenizer_fingerprint" not in meta
+    prep.prepare(resolve_corpus(tmp_path / "corpus"), out, "hf:T", progress=False)
+    (out / "manifest.json").unlink()
+    for name in ("a", "b"):  # as an older prepare wrote them
+        meta = json.loads((out / f"{name}.json").read_text())
+        del meta["tokenizer_fingerprint"]
+        (out / f"{name}.json").write_text(json.dumps(meta | {"tokenizer": "hf:T"}))
+
+    absolute = f"hf:{(tmp_path / 'T').resolve()}"
+    first = prep.prepare(
+        resolve_corpus(tmp_path / "corpus"), out, "hf:T", shard=(0, 2), progress=False
+    )
+    assert len(first.relabelled) == 1
+    specs = {json.loads((out / f"{n}.json").read_text())["tokenizer"] for n in ("a", "b")}
+    assert specs == {"hf:T", absolute}
+    assert TokenDataset(out).num_docs == 2  # between the two tasks: one tokenizer
+    prep.prepare(resolve_corpus(tmp_path / "corpus"), out, "hf:T", shard=(1, 2), progress=False)
+    for name in ("a", "b"):
+        meta = json.loads((out / f"{name}.json").read_text())
+        assert meta["tokenizer"] == absolute and "tokenizer_fingerprint" not in meta
+    assert TokenDataset(out).tokenizer == absolute
+
+
+def test_a_crash_while_relabelling_leaves_no_manifest_of_the_old_path(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The rerun rewrote shards' metadata before it removed the manifest: a crash between left a manifest that
+    readers trust (it lists the same names) and that still named the folder the data moved from."""
+    import shutil
+
+    from posfreq.train.data.corpora import resolve_corpus
+    from posfreq.train.data.hf_tokenizer import write_bytes_tokenizer
+    from posfreq.train.data.tokens import prepare as prep
+
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.jsonl").write_text(json.dumps({"text": "abc"}) + "\n")
+    write_bytes_tokenizer(tmp_path / "old" / "T")
+    prep.prepare(
+        resolve_corpus(tmp_path / "corpus"),
+        tmp_path / "old" / "out",
+        f"hf:{tmp_path / 'old' / 'T'}",
+        progress=False,
+    )
+    shutil.move(tmp_path / "old", tmp_path / "new")
+    out = tmp_path / "new" / "out"
+    assert (out / "manifest.json").is_file()
+
+    def crash(*args, **kwargs):
+        raise OSError("killed")
+
+    monkeypatch.setattr(prep, "write_shard_meta", crash)
+    with pytest.raises(OSError, match="killed"):
+        prep.prepare(
+            resolve_corpus(tmp_path / "corpus"), out, f"hf:{tmp_path / 'new' / 'T'}", progress=False
+        )
+    assert not (out / "manifest.json").exists()
+
+
+def test_another_tokenizers_shard_is_refused_even_when_a_changed_setting_would_redo_it(
+    tmp_path: Path,
+) -> None:
+    """A rerun with another --val-fraction redoes each shard; it checked the tokenizer only of shards it kept, so
+    another tokenizer's shards were re-tokenized in place (the directory then mixed two tokenizers' shards as
+    the tasks went) instead of being refused."""
+    from posfreq.train.data.corpora import resolve_corpus
+    from posfreq.train.data.hf_tokenizer import write_llama3_tokenizer
+    from posfreq.train.data.tokens import prepare as prep
+
+    (tmp_path / "corpus").mkdir()
+    lines = [json.dumps({"text": f"document {i}"}) for i in range(20)]
+    (tmp_path / "corpus" / "a.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    prep.prepare(resolve_corpus(tmp_path / "corpus"), out, "bytes", progress=False)
+    before = {p.name: p.read_bytes() for p in out.glob("a.*")}
+    write_llama3_tokenizer(tmp_path / "L")
+    with pytest.raises(OutputDirError, match="tokenized with 'bytes'.*fresh --out"):
+        prep.prepare(
+            resolve_corpus(tmp_path / "corpus"),
+            out,
+            f"hf:{tmp_path / 'L'}",
+            progress=False,
+            val_fraction=0.2,
+        )
+    assert {p.name: p.read_bytes() for p in out.glob("a.*")} == before
