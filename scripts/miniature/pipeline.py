@@ -221,10 +221,14 @@ def probe_command(
     training answers' needle order.
 
     --replace-stale: a rerun after a code change probes again instead of stopping at the old results.
+    --tokenizer: the demo tokenizer where it is now (the probe checks it by content against each checkpoint's
+    record), so a rerun of a demo folder that moved probes its checkpoints, which name the folder they trained in.
     """
     return [
         "analysis/probe.py",
         *source,
+        "--tokenizer",
+        f"hf:{corpus / 'tokenizer'}",
         "--haystack",
         corpus / "probe_haystack",
         "--lengths",

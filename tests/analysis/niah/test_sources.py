@@ -233,6 +233,41 @@ def test_a_checkpoints_tokenizer_is_checked_by_content_before_probing_or_exporti
         export_hf.main(["--checkpoint", str(checkpoint), "--out", str(tmp_path / "hf")])
 
 
+def test_a_moved_runs_tokenizer_is_named_by_override_and_checked_by_content(tmp_path):
+    """A run's folders moved (a demo folder, say): the checkpoint names an hf:DIR that is gone, and the probe
+    failed with a bare FileNotFoundError. It now names the fix, --tokenizer, and checks an override by content
+    like the recorded spec (an override was taken unchecked: another tokenizer's ids probed nonsense)."""
+    import shutil
+
+    from posfreq.train.data.hf_tokenizer import write_bytes_tokenizer, write_llama3_tokenizer
+
+    write_bytes_tokenizer(tmp_path / "old" / "T")
+    tokenizer = get_tokenizer(f"hf:{tmp_path / 'old' / 'T'}")
+    checkpoint = write_checkpoint(tmp_path / "run", 1024, tiny_model(), np.zeros(8), spec="bytes")
+    spec = json.loads((checkpoint / "tokenizer_spec.json").read_text())
+    spec.update(spec=tokenizer.name, fingerprint=tokenizer.fingerprint)  # as the trainer writes it
+    (checkpoint / "tokenizer_spec.json").write_text(json.dumps(spec))
+    shutil.move(tmp_path / "old", tmp_path / "new")
+    settings = probe_settings.ProbeSettings(haystack="noise", max_new_tokens=16)
+    with pytest.raises(
+        probe_settings.ProbeError, match=r"which is not there now.*--tokenizer hf:<its new"
+    ):
+        probe_sources.checkpoint_source(checkpoint, settings)
+
+    moved = f"hf:{tmp_path / 'new' / 'T'}"
+    source = probe_sources.checkpoint_source(checkpoint, replace(settings, tokenizer=moved))
+    assert source.tokenizer_spec == moved
+    builtin = replace(
+        settings, tokenizer="bytes"
+    )  # the built-in its files were exported from: one tokenizer
+    assert probe_sources.checkpoint_source(checkpoint, builtin).tokenizer_spec == "bytes"
+    write_llama3_tokenizer(tmp_path / "L")
+    with pytest.raises(probe_settings.ProbeError, match=r"--tokenizer hf:.*L is not, by content"):
+        probe_sources.checkpoint_source(
+            checkpoint, replace(settings, tokenizer=f"hf:{tmp_path / 'L'}")
+        )
+
+
 def test_ruler_renders_chat_templates_in_the_bounded_sandbox_not_transformers(tmp_path):
     """`ruler --chat-template true` rendered through transformers' Jinja: nested range(100000) loops ran past
     150 s. The tokenizer lm-eval is handed renders in posfreq's sandbox: bounded, and the same text otherwise."""

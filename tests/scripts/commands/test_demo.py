@@ -75,6 +75,8 @@ def test_the_demo_passes_flags_its_commands_accept(monkeypatch):
         "nearest_first",
         1,
     )
+    # the demo tokenizer where it is now: checkpoints name the folder they trained in, gone once the demo moved
+    assert args.tokenizer == f"hf:{here / 'tokenizer'}"
 
 
 @pytest.fixture(scope="module")
