@@ -69,7 +69,7 @@ class ModelSource:
 def checkpoint_source(path: Path, settings: ProbeSettings) -> ModelSource:
     """One of our checkpoints (trainer milestone or consolidated directory), as train.checkpoint.load reads it."""
     from posfreq.train.checkpoint.layout import MODEL_CONFIG_FILE, CheckpointError
-    from posfreq.train.checkpoint.load import read_checkpoint_info
+    from posfreq.train.checkpoint.load import check_checkpoint_tokenizer, read_checkpoint_info
 
     if settings.engine == "transformers":
         raise ProbeError(
@@ -94,7 +94,12 @@ def checkpoint_source(path: Path, settings: ProbeSettings) -> ModelSource:
         raise ProbeError(
             f"{path}: no tokenizer_spec.json. Fix: pass --tokenizer SPEC (llama3, bytes, hf:DIR)"
         )
-    check_probe_tokenizer(path, info, settings.tokenizer)
+    try:
+        check_checkpoint_tokenizer(
+            path, info.tokenizer_spec, info.tokenizer_fingerprint, settings.tokenizer
+        )
+    except CheckpointError as err:
+        raise ProbeError(str(err)) from None
     return ModelSource(
         path.name,
         path,
@@ -108,40 +113,6 @@ def checkpoint_source(path: Path, settings: ProbeSettings) -> ModelSource:
         info.tokens_trained,
         info.run_tokens,
     )
-
-
-def check_probe_tokenizer(path: Path, info, override: str | None) -> None:
-    """ProbeError unless the tokenizer the probe will use (`override`, else the one the checkpoint names) is, by
-    content, the one its run trained with (where the run recorded it): other token ids would probe nonsense. A
-    named hf:DIR that is gone (the run's folders moved) gets the override as its fix."""
-    from posfreq.train.checkpoint.layout import CheckpointError
-    from posfreq.train.checkpoint.load import check_tokenizer
-    from posfreq.train.data.hf_tokenizer import same_tokenizer
-
-    if override is None:
-        directory = hf_dir(info.tokenizer_spec)
-        if directory is not None and not directory.exists():
-            raise ProbeError(
-                f"{path} trained with the tokenizer {info.tokenizer_spec}, which is not there now (moved or "
-                "deleted). Fix: pass --tokenizer hf:<its new folder> (checked against the content the run "
-                "recorded), or restore the folder"
-            )
-        if info.tokenizer_fingerprint is None:
-            return  # a run from before fingerprints: nothing to check against
-        try:  # the tokenizer the spec names now must be, by content, the one the run trained with
-            check_tokenizer(info, get_tokenizer(info.tokenizer_spec))
-        except CheckpointError as err:
-            raise ProbeError(str(err)) from None
-        return
-    if info.tokenizer_fingerprint is None:
-        return  # a run from before fingerprints: the override is taken on the user's word
-    tokenizer = get_tokenizer(override)
-    if not same_tokenizer(info.tokenizer_fingerprint, tokenizer):
-        raise ProbeError(
-            f"--tokenizer {override} is not, by content, the tokenizer {path} trained with ({info.tokenizer_spec}: "
-            f"content {tokenizer.fingerprint} here, {info.tokenizer_fingerprint} then), so its token ids would not "
-            "be the model's. Fix: pass the tokenizer the run trained with, or drop --tokenizer"
-        )
 
 
 def hf_source(directory: Path, settings: ProbeSettings) -> ModelSource:

@@ -52,7 +52,7 @@ def build_parser():
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Load the checkpoint and write the Hugging Face directory (weights, configs, tokenizer files)."""
-    from posfreq.train.checkpoint.load import load_model
+    from posfreq.train.checkpoint.load import check_checkpoint_tokenizer, load_model
     from posfreq.train.checkpoint.safe_load import CheckpointError
     from posfreq.train.data.hf_tokenizer import TOKENIZER_FILES, write_tokenizer_files
     from posfreq.train.data.tokenizer import get_tokenizer
@@ -72,14 +72,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = args.tokenizer or tokenizer_info["spec"]
     bos = eos = None
     if spec != "none":
-        tokenizer = get_tokenizer(spec)
-        recorded = tokenizer_info.get("fingerprint")
-        if args.tokenizer is None and recorded and recorded != tokenizer.fingerprint:
-            raise SystemExit(
-                f"error: the checkpoint's tokenizer {spec} is not, by content, the one it trained with "
-                f"({tokenizer.fingerprint} now, {recorded} then): replaced or edited since. Fix: restore it, "
-                "or pass --tokenizer SPEC naming the one it trained with"
+        try:
+            check_checkpoint_tokenizer(
+                args.checkpoint,
+                tokenizer_info["spec"],
+                tokenizer_info.get("fingerprint"),
+                args.tokenizer,
             )
+        except CheckpointError as err:
+            sys.exit(f"error: {err}")
+        tokenizer = get_tokenizer(spec)
         if tokenizer.vocab_size > model.config.vocab_size:
             raise SystemExit(
                 f"tokenizer {spec!r} has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}; "

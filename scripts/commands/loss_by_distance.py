@@ -29,7 +29,7 @@ from posfreq.analysis.table_files import write_csv
 from posfreq.analysis.tables.columns import LOSS_BY_DISTANCE_COLUMNS
 from posfreq.train.atomic import write_json_atomic
 from posfreq.train.checkpoint.load import (
-    check_tokenizer,
+    check_checkpoint_tokenizer,
     load_model,
     read_checkpoint_info,
     run_record,
@@ -105,9 +105,9 @@ def load(args) -> tuple:
     --model."""
     if args.checkpoint is not None:
         info = read_checkpoint_info(args.checkpoint)
-        check_tokenizer(
-            info, get_tokenizer(info.tokenizer_spec)
-        )  # the one it trained with, by content
+        check_checkpoint_tokenizer(  # the one it trained with, by content
+            args.checkpoint, info.tokenizer_spec, info.tokenizer_fingerprint
+        )
         model, spec, meta = load_model(args.checkpoint)
         return model, spec["spec"], info.trained_lengths, Path(args.checkpoint).name, meta
     directory = hf_dir(args.model)

@@ -203,16 +203,40 @@ def model_fingerprint(checkpoint_dir: str | Path) -> str:
     return digest.hexdigest()
 
 
-def check_tokenizer(info: "CheckpointInfo", tokenizer) -> None:
-    """CheckpointError when `tokenizer` (the one a checkpoint's spec names, loaded now) is not, by content, the one
-    its run trained with; checkpoints written before fingerprints were recorded pass."""
-    if info.tokenizer_fingerprint is None or tokenizer.fingerprint == info.tokenizer_fingerprint:
+def check_checkpoint_tokenizer(
+    path: str | Path, spec: str | None, fingerprint: str | None, override: str | None = None
+) -> None:
+    """CheckpointError unless the tokenizer a reader of checkpoint `path` will use (`override`, else the `spec` it
+    recorded) is, by content, the one its run trained with (`fingerprint`; a built-in and its exported files count
+    as one), where the run recorded it: other token ids would read nonsense. A recorded hf:DIR that is gone (the
+    run's folders moved) gets the override as its fix. Nothing is loaded when there is nothing to check."""
+    from posfreq.train.data.hf_tokenizer import same_tokenizer
+    from posfreq.train.data.tokenizer import get_tokenizer, hf_dir
+
+    if override is None and spec is not None:
+        directory = hf_dir(spec)
+        if directory is not None and not directory.exists():
+            raise CheckpointError(
+                f"{path} trained with the tokenizer {spec}, which is not there now (moved or deleted). Fix: pass "
+                "--tokenizer hf:<its new folder> (checked against the content the run recorded), or restore "
+                "the folder"
+            )
+    used = override or spec
+    if fingerprint is None or used is None:
+        return  # a run from before fingerprints: nothing to check against
+    tokenizer = get_tokenizer(used)
+    if same_tokenizer(fingerprint, tokenizer):
         return
+    if override is None:
+        raise CheckpointError(
+            f"{path}: its tokenizer {spec} is not, by content, the one the run trained with (content "
+            f"{tokenizer.fingerprint} now, {fingerprint} then): replaced or edited since. Fix: restore it, or pass "
+            "--tokenizer SPEC naming the one it trained with"
+        )
     raise CheckpointError(
-        f"{info.path / TOKENIZER_FILE} names the tokenizer {info.tokenizer_spec}, whose files are not the ones "
-        f"the run trained with (content {tokenizer.fingerprint} now, {info.tokenizer_fingerprint} then): "
-        "replaced or edited since. Fix: restore that tokenizer, or pass --tokenizer SPEC naming the one it "
-        "trained with"
+        f"--tokenizer {override} is not, by content, the tokenizer {path} trained with ({spec}: content "
+        f"{tokenizer.fingerprint} here, {fingerprint} then), so its token ids would not be the model's. Fix: pass "
+        "the tokenizer the run trained with, or drop --tokenizer"
     )
 
 

@@ -227,12 +227,15 @@ def test_a_checkpoints_tokenizer_is_checked_by_content_before_probing_or_exporti
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (tmp_path / "tokR" / name).unlink()
     write_llama3_tokenizer(tmp_path / "tokR")  # another tokenizer under the same name
-    with pytest.raises(probe_settings.ProbeError, match="not the ones the run trained with"):
+    with pytest.raises(
+        probe_settings.ProbeError, match="not, by content, the one the run trained with"
+    ):
         probe_sources.checkpoint_source(checkpoint, settings)
-    with pytest.raises(SystemExit, match="not, by content, the one it trained with"):
+    with pytest.raises(SystemExit, match="not, by content, the one the run trained with"):
         export_hf.main(["--checkpoint", str(checkpoint), "--out", str(tmp_path / "hf")])
 
 
+@pytest.mark.slow  # writes and loads the llama3 tokenizer's files
 def test_a_moved_runs_tokenizer_is_named_by_override_and_checked_by_content(tmp_path):
     """A run's folders moved (a demo folder, say): the checkpoint names an hf:DIR that is gone, and the probe
     failed with a bare FileNotFoundError. It now names the fix, --tokenizer, and checks an override by content
@@ -266,6 +269,15 @@ def test_a_moved_runs_tokenizer_is_named_by_override_and_checked_by_content(tmp_
         probe_sources.checkpoint_source(
             checkpoint, replace(settings, tokenizer=f"hf:{tmp_path / 'L'}")
         )
+
+    from posfreq.scripts.commands import export_hf  # the same rule, by the same function
+
+    export = ["--checkpoint", str(checkpoint), "--out", str(tmp_path / "hf")]
+    with pytest.raises(SystemExit, match="which is not there now"):
+        export_hf.main(export)
+    with pytest.raises(SystemExit, match="is not, by content"):
+        export_hf.main([*export, "--tokenizer", f"hf:{tmp_path / 'L'}"])
+    assert export_hf.main([*export, "--tokenizer", moved]) == 0
 
 
 def test_ruler_renders_chat_templates_in_the_bounded_sandbox_not_transformers(tmp_path):

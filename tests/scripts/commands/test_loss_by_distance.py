@@ -69,7 +69,9 @@ def test_a_checkpoint_whose_tokenizer_changed_since_training_is_refused(data_dir
     assert command.main(argv) == 1
     err = capsys.readouterr().err
     assert (
-        err.startswith("error: ") and "not the ones the run trained with" in err and "Fix:" in err
+        err.startswith("error: ")
+        and "not, by content, the one the run trained with" in err
+        and "Fix:" in err
     )
     assert not (out / "loss_by_distance.json").exists()
 
