@@ -70,6 +70,13 @@ def build_parser():
         help="for --model: posfreq imports a Llama-family model; transformers runs any causal LM as loaded",
     )
     parser.add_argument(
+        "--tokenizer",
+        type=Optional[str],
+        default=None,
+        help="for --checkpoint: the tokenizer spec instead of the one it recorded (a run whose hf:DIR moved), "
+        "checked by content against the run's record",
+    )
+    parser.add_argument(
         "--data",
         type=str,
         required=True,
@@ -106,10 +113,11 @@ def load(args) -> tuple:
     if args.checkpoint is not None:
         info = read_checkpoint_info(args.checkpoint)
         check_checkpoint_tokenizer(  # the one it trained with, by content
-            args.checkpoint, info.tokenizer_spec, info.tokenizer_fingerprint
+            args.checkpoint, info.tokenizer_spec, info.tokenizer_fingerprint, args.tokenizer
         )
         model, spec, meta = load_model(args.checkpoint)
-        return model, spec["spec"], info.trained_lengths, Path(args.checkpoint).name, meta
+        spec = args.tokenizer or spec["spec"]
+        return model, spec, info.trained_lengths, Path(args.checkpoint).name, meta
     directory = hf_dir(args.model)
     if directory is None:
         raise ValueError(f"--model {args.model}: give a local folder as hf:DIR")
@@ -174,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {args[name]}")
     if (args.checkpoint is None) == (args.model is None):
         parser.error("pass exactly one of --checkpoint PATH and --model hf:DIR")
+    if args.tokenizer is not None and args.model is not None:
+        parser.error("--tokenizer is for --checkpoint; a --model hf:DIR reads its own tokenizer")
     if args.engine == "transformers" and args.model is None:
         parser.error("--engine transformers runs a Hugging Face model: pass --model hf:DIR")
     try:

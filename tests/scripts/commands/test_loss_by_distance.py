@@ -73,7 +73,12 @@ def test_a_checkpoint_whose_tokenizer_changed_since_training_is_refused(data_dir
         and "not, by content, the one the run trained with" in err
         and "Fix:" in err
     )
+    assert command.main([*argv, "--tokenizer", "bytes"]) == 1  # an override is checked the same way
+    assert "--tokenizer bytes is not, by content, the tokenizer" in capsys.readouterr().err
     assert not (out / "loss_by_distance.json").exists()
+    with pytest.raises(SystemExit):
+        command.main(["--model", "hf:x", "--tokenizer", "bytes", "--data", "d", "--out", str(out)])
+    assert "--tokenizer is for --checkpoint" in capsys.readouterr().err
 
 
 def test_a_qwen2_model_through_transformers_on_shards_of_its_tokenizer(tmp_path, capsys):
