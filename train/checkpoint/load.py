@@ -224,7 +224,10 @@ def check_checkpoint_tokenizer(
     used = override or spec
     if fingerprint is None or used is None:
         return  # a run from before fingerprints: nothing to check against
-    tokenizer = get_tokenizer(used)
+    try:
+        tokenizer = get_tokenizer(used)
+    except (ValueError, ImportError, FileNotFoundError) as err:
+        raise CheckpointError(f"{path}: the tokenizer {used} does not load here: {err}") from None
     if same_tokenizer(fingerprint, tokenizer):
         return
     if override is None:

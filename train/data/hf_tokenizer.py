@@ -244,12 +244,21 @@ def exported_fingerprint(spec: str) -> str:
 def same_tokenizer(fingerprint: str, tokenizer) -> bool:
     """Whether `tokenizer` is, by content, the tokenizer whose fingerprint is `fingerprint`, a built-in tokenizer
     and its exported Hugging Face files counting as one (shards prepared with `bytes`, a model exported with
-    them)."""
-    if fingerprint == tokenizer.fingerprint:
+    them), and a built-in under another version of its package as itself (its ids are the spec's)."""
+    recorded, live = built_in_identity(fingerprint), built_in_identity(tokenizer.fingerprint)
+    if recorded == live:
         return True
     for spec in BUILT_IN:
-        own = get_tokenizer(spec).fingerprint
-        if own in (fingerprint, tokenizer.fingerprint):
-            other = tokenizer.fingerprint if own == fingerprint else fingerprint
+        if spec in (recorded, live):
+            other = live if recorded == spec else recorded
             return other == exported_fingerprint(spec)
     return False
+
+
+def built_in_identity(fingerprint: str) -> str:
+    """A built-in tokenizer's name for its fingerprint (`llama3:quicktok-0.4.0` -> `llama3`: the package version is
+    in the fingerprint for result keys, but every version gives the spec's fixed ids); any other unchanged."""
+    for spec in BUILT_IN:
+        if fingerprint == spec or fingerprint.startswith(f"{spec}:"):
+            return spec
+    return fingerprint

@@ -137,8 +137,9 @@ class ResolvedRun:
             raise ConfigError(
                 f"data.dir {self.cfg.data.dir}: its shards were tokenized with {self.dataset.tokenizer}, which "
                 "is not there now (moved or deleted), so checkpoints could not name a tokenizer to probe with. "
-                "Fix: rerun posfreq prepare with the same corpus, the same --out and --tokenizer hf:<its new "
-                "folder> (the shards are kept; they record the new path), or restore the folder"
+                "Fix: rerun posfreq prepare with the same corpus, flags (--val-fraction, source filters) and --out "
+                "and --tokenizer hf:<its new folder> (the shards are kept; they record the new path), or restore "
+                "the folder"
             )
         spec = {
             "spec": self.dataset.tokenizer,

@@ -121,7 +121,13 @@ def _is_pending(
 def same_tokenizer(meta: dict, tokenizer: Tokenizer) -> bool:
     """Whether a shard was tokenized with `tokenizer`, by `share_tokenizer`'s rule (content where recorded)."""
     return share_tokenizer(
-        meta, {"tokenizer": tokenizer.name, "tokenizer_fingerprint": tokenizer.fingerprint}
+        meta,
+        {
+            "tokenizer": tokenizer.name,
+            "tokenizer_fingerprint": tokenizer.fingerprint,
+            "vocab_size": tokenizer.vocab_size,
+            "eos_id": tokenizer.eos_id,
+        },
     )
 
 

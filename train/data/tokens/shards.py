@@ -120,8 +120,8 @@ class TokenDataset:
         if tokenizer is not None and absolute_spec(recorded) != absolute_spec(tokenizer):
             moved = (
                 f" If the data and {recorded!r} moved to {tokenizer!r}, rerun posfreq prepare with the same "
-                f"corpus, --out {self.directory} and --tokenizer {tokenizer}: it keeps the shards and records the "
-                "new folder."
+                "corpus, flags (--val-fraction, source filters) and --out (for held-out shards, the folder above "
+                f"them) and --tokenizer {tokenizer}: it keeps the shards and records the new folder."
                 if hf_dir(recorded) is not None and hf_dir(tokenizer) is not None
                 else ""
             )
@@ -270,7 +270,11 @@ def share_tokenizer(a: dict, b: dict) -> bool:
     the spec, an hf:DIR by its absolute path (an older shard's relative one and the rerun's relabel of it agree)."""
     if a.get("tokenizer_fingerprint") and b.get("tokenizer_fingerprint"):
         return a["tokenizer_fingerprint"] == b["tokenizer_fingerprint"]
-    return absolute_spec(str(a["tokenizer"])) == absolute_spec(str(b["tokenizer"]))
+    ids = all(
+        a.get(k) is None or b.get(k) is None or a[k] == b[k] for k in ("vocab_size", "eos_id")
+    )
+    # a relative hf:DIR resolves against this process's directory, maybe not prepare's: the ids must agree too
+    return ids and absolute_spec(str(a["tokenizer"])) == absolute_spec(str(b["tokenizer"]))
 
 
 def write_manifest(directory: str | Path) -> Path:

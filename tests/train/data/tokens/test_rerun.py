@@ -283,3 +283,27 @@ def test_another_tokenizers_shard_is_refused_even_when_a_changed_setting_would_r
             val_fraction=0.2,
         )
     assert {p.name: p.read_bytes() for p in out.glob("a.*")} == before
+
+
+def test_a_relative_spec_without_fingerprint_needs_the_same_ids_too() -> None:
+    """A relative hf:tok recorded without a fingerprint resolves against this process's directory, maybe not the
+    one prepare ran in: a tokenizer of other ids found there was taken as the shards' own."""
+    from posfreq.train.data.tokens.shards import share_tokenizer
+
+    old = {"tokenizer": "hf:tok", "vocab_size": 258, "eos_id": 257}
+    assert share_tokenizer(old, dict(old))
+    assert not share_tokenizer(old, old | {"vocab_size": 128256, "eos_id": 128001})
+    assert share_tokenizer(old, {"tokenizer": "hf:tok"})  # where one side records no ids: by spec
+
+
+def test_a_built_in_tokenizer_under_another_package_version_is_itself() -> None:
+    """llama3's fingerprint names quicktok's version (for result keys); a checkpoint trained under another version
+    was refused by every reader, and an override of the same tokenizer too, though the ids are the spec's."""
+    from types import SimpleNamespace
+
+    from posfreq.train.data.hf_tokenizer import same_tokenizer
+
+    live = SimpleNamespace(fingerprint="llama3:quicktok-0.4.0")
+    assert same_tokenizer("llama3:quicktok-0.3.0", live)
+    assert not same_tokenizer("bytes", live)
+    assert not same_tokenizer("hf-sha256:00", live)
