@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from posfreq.train.atomic import write_json_atomic
+from posfreq.train.data.hf_tokenizer import built_in_identity
 from posfreq.train.data.tokenizer import absolute_spec, hf_dir
 from posfreq.train.data.tokens.shard_files import (
     META_SUFFIX,
@@ -268,8 +269,12 @@ def share_tokenizer(a: dict, b: dict) -> bool:
     """Whether two shards' metadata name one tokenizer: by the content fingerprint where both recorded one (a moved
     folder's spec changes, its files do not, and prepare's array tasks relabel their shards one at a time), else by
     the spec, an hf:DIR by its absolute path (an older shard's relative one and the rerun's relabel of it agree)."""
-    if a.get("tokenizer_fingerprint") and b.get("tokenizer_fingerprint"):
-        return a["tokenizer_fingerprint"] == b["tokenizer_fingerprint"]
+    if a.get("tokenizer_fingerprint") and b.get(
+        "tokenizer_fingerprint"
+    ):  # a built-in under any package version
+        return built_in_identity(a["tokenizer_fingerprint"]) == built_in_identity(
+            b["tokenizer_fingerprint"]
+        )
     ids = all(
         a.get(k) is None or b.get(k) is None or a[k] == b[k] for k in ("vocab_size", "eos_id")
     )

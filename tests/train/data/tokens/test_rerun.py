@@ -180,6 +180,10 @@ def test_a_directorys_shards_share_a_tokenizer_by_content_where_they_recorded_it
     )
     assert not share_tokenizer(old, new | {"tokenizer_fingerprint": "x"})
     assert share_tokenizer(old, old | {"tokenizer_fingerprint": "x"})
+    llama = {"tokenizer": "llama3", "tokenizer_fingerprint": "llama3:quicktok-0.3.0"}
+    assert share_tokenizer(
+        llama, llama | {"tokenizer_fingerprint": "llama3:quicktok-0.4.0"}
+    )  # the same ids
 
 
 def test_older_shards_relative_tokenizer_path_is_recorded_absolute_task_by_task(
