@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from posfreq.train.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
-from posfreq.train.data.tokenizer import ByteTokenizer, get_tokenizer, hf_dir
+from posfreq.train.data.tokenizer import (
+    BUILT_IN,
+    ByteTokenizer,
+    built_in_identity,
+    get_tokenizer,
+    hf_dir,
+)
 
 if TYPE_CHECKING:
     import tokenizers
@@ -228,10 +234,6 @@ def render_in_sandbox(tokenizer) -> None:
     tokenizer.apply_chat_template = apply_chat_template
 
 
-BUILT_IN = ("llama3", "bytes")
-"""The tokenizers posfreq rebuilds as Hugging Face files itself (`write_tokenizer_files`)."""
-
-
 @functools.lru_cache(maxsize=None)
 def exported_fingerprint(spec: str) -> str:
     """The content fingerprint of the Hugging Face files `write_tokenizer_files` writes for a built-in `spec`: what
@@ -253,12 +255,3 @@ def same_tokenizer(fingerprint: str, tokenizer) -> bool:
             other = live if recorded == spec else recorded
             return other == exported_fingerprint(spec)
     return False
-
-
-def built_in_identity(fingerprint: str) -> str:
-    """A built-in tokenizer's name for its fingerprint (`llama3:quicktok-0.4.0` -> `llama3`: the package version is
-    in the fingerprint for result keys, but every version gives the spec's fixed ids); any other unchanged."""
-    for spec in BUILT_IN:
-        if fingerprint == spec or fingerprint.startswith(f"{spec}:"):
-            return spec
-    return fingerprint

@@ -302,6 +302,19 @@ def _package_version(name: str) -> str:
 _REGISTRY = {"llama3": Llama3Tokenizer, "bytes": ByteTokenizer}
 
 
+BUILT_IN = ("llama3", "bytes")
+"""The tokenizers posfreq defines itself (and rebuilds as Hugging Face files: `write_tokenizer_files`)."""
+
+
+def built_in_identity(fingerprint: str) -> str:
+    """A built-in tokenizer's name for its fingerprint (`llama3:quicktok-0.4.0` -> `llama3`: the package version is
+    in the fingerprint for result keys, but every version gives the spec's fixed ids); any other unchanged."""
+    for spec in BUILT_IN:
+        if fingerprint == spec or fingerprint.startswith(f"{spec}:"):
+            return spec
+    return fingerprint
+
+
 def register_tokenizer(name: str, factory) -> None:
     """Add a named tokenizer (e.g. the demo's small vocabulary) to `get_tokenizer`."""
     _REGISTRY[name] = factory

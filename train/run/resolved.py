@@ -131,9 +131,8 @@ class ResolvedRun:
         """What checkpoints record of the data's tokenizer: its spec, ids and, where it loads here, its content
         fingerprint; ConfigError for an hf:DIR the shards name that is gone (the data or the folder moved)."""
         directory = hf_dir(self.dataset.tokenizer)
-        if (
-            directory is not None and not directory.exists()
-        ):  # a folder, or its tokenizer.json named itself
+        # a folder, or its tokenizer.json named itself
+        if directory is not None and not directory.exists():
             raise ConfigError(
                 f"data.dir {self.cfg.data.dir}: its shards were tokenized with {self.dataset.tokenizer}, which "
                 "is not there now (moved or deleted), so checkpoints could not name a tokenizer to probe with. "

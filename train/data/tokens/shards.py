@@ -17,8 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from posfreq.train.atomic import write_json_atomic
-from posfreq.train.data.hf_tokenizer import built_in_identity
-from posfreq.train.data.tokenizer import absolute_spec, hf_dir
+from posfreq.train.data.tokenizer import absolute_spec, built_in_identity, hf_dir
 from posfreq.train.data.tokens.shard_files import (
     META_SUFFIX,
     OFFSETS_SUFFIX,
@@ -118,7 +117,7 @@ class TokenDataset:
                         "tokenizer. Fix: re-tokenize into a fresh --out with a single --tokenizer."
                     )
         recorded = first.meta["tokenizer"]
-        if tokenizer is not None and absolute_spec(recorded) != absolute_spec(tokenizer):
+        if tokenizer is not None and not share_tokenizer(first.meta, {"tokenizer": tokenizer}):
             moved = (
                 f" If the data and {recorded!r} moved to {tokenizer!r}, rerun posfreq prepare with the same "
                 "corpus, flags (--val-fraction, source filters) and --out (for held-out shards, the folder above "
@@ -131,7 +130,7 @@ class TokenDataset:
                 f"tokenized with {tokenizer!r} (posfreq prepare --tokenizer) or change the tokenizer setting."
                 + moved
             )
-        self.tokenizer: str = first.meta["tokenizer"]
+        self.tokenizer: str = recorded
         self.vocab_size: int = int(first.meta["vocab_size"])
         self.eos_id: int = int(first.meta["eos_id"])
         docs = np.array([s.meta["num_docs"] for s in self.shards], dtype=np.int64)
@@ -269,16 +268,13 @@ def share_tokenizer(a: dict, b: dict) -> bool:
     """Whether two shards' metadata name one tokenizer: by the content fingerprint where both recorded one (a moved
     folder's spec changes, its files do not, and prepare's array tasks relabel their shards one at a time), else by
     the spec, an hf:DIR by its absolute path (an older shard's relative one and the rerun's relabel of it agree)."""
-    if a.get("tokenizer_fingerprint") and b.get(
-        "tokenizer_fingerprint"
-    ):  # a built-in under any package version
-        return built_in_identity(a["tokenizer_fingerprint"]) == built_in_identity(
-            b["tokenizer_fingerprint"]
-        )
+    recorded, other = a.get("tokenizer_fingerprint"), b.get("tokenizer_fingerprint")
+    if recorded and other:  # a built-in under any version of its package is itself
+        return built_in_identity(recorded) == built_in_identity(other)
+    # a relative hf:DIR resolves against this process's directory, maybe not prepare's: the ids must agree too
     ids = all(
         a.get(k) is None or b.get(k) is None or a[k] == b[k] for k in ("vocab_size", "eos_id")
     )
-    # a relative hf:DIR resolves against this process's directory, maybe not prepare's: the ids must agree too
     return ids and absolute_spec(str(a["tokenizer"])) == absolute_spec(str(b["tokenizer"]))
 
 
