@@ -25,6 +25,8 @@ LOCK_FILE = ".posfreq-lock"
 RECORD_FILES = (OWNER_FILE, JOURNAL_FILE, LOCK_FILE)
 MAX_LEVELS = 8
 """How far up from a written file the owning folder is looked for."""
+TAIL_BYTES = 4096
+"""How much of the journal's end a record reads to skip a name recorded moments ago."""
 
 
 class JournalError(ValueError):
@@ -52,17 +54,32 @@ def owning_folder(path: Path) -> Path | None:
 
 
 def record_names(folder: Path, names: list[str]) -> None:
-    """Append `names` (relative to `folder`) to its journal in one write, whether or not it is claimed yet."""
+    """Append `names` (relative to `folder`) to its journal in one write, whether or not it is claimed yet. A name
+    among the journal's last lines is not appended again, so a file rewritten after every step (a probe's partial
+    results) adds one line, not one per rewrite."""
     if not names:
         return
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(folder / JOURNAL_FILE, flags, 0o644)
     try:
         with _locked(fd):  # never between a rewrite's read and its write (`_drop`)
-            # one O_APPEND write: appends never interleave
-            os.write(fd, "".join(f"{name}\n" for name in names).encode())
+            recent = _last_lines(fd)
+            new = [name for name in dict.fromkeys(names) if name not in recent]
+            if new:  # one O_APPEND write: appends never interleave
+                os.write(fd, "".join(f"{name}\n" for name in new).encode())
     finally:
         os.close(fd)
+
+
+def _last_lines(fd: int) -> set[str]:
+    """The whole lines within the last TAIL_BYTES of the journal open at `fd`: a bounded read per record, however
+    long the journal has grown."""
+    size = os.fstat(fd).st_size
+    start = max(0, size - TAIL_BYTES)
+    lines = os.pread(fd, size - start, start).decode(errors="replace").split("\n")
+    if start > 0:
+        lines = lines[1:]  # the first may be cut
+    return set(lines[:-1])  # the last is empty, or an unterminated line being written
 
 
 def record_written(path: str | Path) -> None:

@@ -34,6 +34,24 @@ def test_an_atomic_write_is_recorded_before_its_file_appears(tmp_path):
     assert recorded(out) == ["tables/summary.csv", "a.txt"]
 
 
+def test_a_file_rewritten_every_step_adds_one_line_and_is_recorded_again_after_a_rerun(tmp_path):
+    out = claim_output_dir(tmp_path / "out", "probe")
+    for step in range(500):  # a probe's partial results, rewritten after each test
+        write_text_atomic(out / "partial.json", str(step))
+        if step % 50 == 0:
+            write_text_atomic(out / "lock", "")  # another file written in between
+    journal = (out / JOURNAL_FILE).read_text().splitlines()
+    assert journal.count("partial.json") == 1 and journal.count("lock") == 1
+    for index in range(300):  # the journal grows past the tail a record reads
+        write_text_atomic(out / f"shard-{index:04d}.json", "{}")
+    write_text_atomic(out / "partial.json", "late")  # far back now: recorded again, harmlessly
+    assert recorded(out)[0] == "partial.json" and "shard-0299.json" in recorded(out)
+    remove_recorded(out)
+    assert not (out / "partial.json").exists() and recorded(out) == []
+    write_text_atomic(out / "partial.json", "after the rerun")
+    assert recorded(out) == ["partial.json"]  # the dropped name is recorded again
+
+
 def test_a_folder_built_under_a_temporary_name_is_recorded_by_its_final_name(tmp_path):
     out = claim_output_dir(tmp_path / "run", "pretrain")
     tmp = out / "checkpoints" / "tokens-1.tmp"

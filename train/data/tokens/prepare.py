@@ -260,11 +260,17 @@ def prepare(
     check_out_apart(corpus, out)
     tokenizer = get_tokenizer(tokenizer_spec)
     directories = (out, out / VAL_DIR) if val_fraction > 0 else (out,)
-    for directory, flag in zip(directories, ("--out", "--out's val")):
-        claim_output_dir(
-            directory, PREPARE, flag=flag, written_before=holds_only_shards, shared=True
-        )
+    claim_output_dir(out, PREPARE, flag="--out", written_before=holds_only_shards, shared=True)
     todo = pending_files(mine, names, out, tokenizer, val_fraction, workers)
+    # the held-out folder is claimed after the shards' refusals (another tokenizer's, another input's)
+    if val_fraction > 0:
+        claim_output_dir(
+            out / VAL_DIR,
+            PREPARE,
+            flag="--out's val",
+            written_before=holds_only_shards,
+            shared=True,
+        )
     totals = PrepareTotals(files=len(mine.files), skipped_complete=len(mine.files) - len(todo))
     pending = set(todo)
     for file in (

@@ -102,7 +102,7 @@ def _is_pending(
             f"corpus into its own --out, or delete {out}/{name}.* (and {out}/{VAL_DIR}/{name}.*) "
             "to replace that shard"
         )
-    if meta is not None and not same_tokenizer(meta, tokenizer):
+    if meta is not None and not shard_holds_tokenizer(meta, tokenizer):
         raise OutputDirError(
             f"{out}/{name} was tokenized with {meta.get('tokenizer')!r}"
             + (" whose files have changed since" if meta.get("tokenizer") == tokenizer.name else "")
@@ -118,7 +118,7 @@ def _is_pending(
     return meta is None or bool(meta.get("lost_files")) or not same_source(meta, file)
 
 
-def same_tokenizer(meta: dict, tokenizer: Tokenizer) -> bool:
+def shard_holds_tokenizer(meta: dict, tokenizer: Tokenizer) -> bool:
     """Whether a shard was tokenized with `tokenizer`, by `share_tokenizer`'s rule (content where recorded)."""
     return share_tokenizer(
         meta,
@@ -132,10 +132,10 @@ def same_tokenizer(meta: dict, tokenizer: Tokenizer) -> bool:
 
 
 def moved_tokenizer(meta: dict, tokenizer: Tokenizer) -> bool:
-    """Whether complete shard metadata `meta` holds `tokenizer` (`same_tokenizer`) under another spec (its folder
+    """Whether complete shard metadata `meta` holds `tokenizer` (`shard_holds_tokenizer`) under another spec (its folder
     moved, or an older shard's relative path): prepare's rerun then records `tokenizer`'s spec in it, so that a
     directory's shards keep naming one tokenizer and the trainer records a path that exists."""
-    return meta.get("tokenizer") != tokenizer.name and same_tokenizer(meta, tokenizer)
+    return meta.get("tokenizer") != tokenizer.name and shard_holds_tokenizer(meta, tokenizer)
 
 
 def other_source(meta: dict, file: CorpusFile) -> str | None:

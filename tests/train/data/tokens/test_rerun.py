@@ -287,6 +287,7 @@ def test_another_tokenizers_shard_is_refused_even_when_a_changed_setting_would_r
             val_fraction=0.2,
         )
     assert {p.name: p.read_bytes() for p in out.glob("a.*")} == before
+    assert not (out / "val").exists()  # refused before the held-out folder is claimed
 
 
 def test_a_relative_spec_without_fingerprint_needs_the_same_ids_too() -> None:
