@@ -274,11 +274,12 @@ def table1_document(
 ) -> str:
     """table1.md: what the table measured and how each cell reads, Table 1 (`table1_markdown`), the note on tests
     left out, the token-accuracy companion table when `accuracy` has rows, and every row's options as run."""
+    # the answer order decides only the teacher-forced score: a greedy answer is read whatever its order
+    order = f" (answer order: {answer_order})" if measure == "teacher_forced" else ""
     header = (
         f"# Table 1: 4-needle NIAH pass rate (%) by position scheme and length\n\n"
         f"Model `{model}`, {tests} tests per length asked; every cell of a length uses the same tests, "
-        f"those every scheme has there (n in the column's head); measure: {measure} (teacher-forced answer "
-        f"order: {answer_order}). Each cell: the pass rate with its 95% Wilson score interval, then (every "
+        f"those every scheme has there (n in the column's head); measure: {measure}{order}. Each cell: the pass rate with its 95% Wilson score interval, then (every "
         "scheme but rope) the mean paired difference from rope over the same tests with its 95% paired percentile "
         f"bootstrap interval ({bootstrap} resamples), then the tests only the scheme passed : only rope "
         "passed, the exact McNemar test's p, and its Holm adjustment over every comparison with rope in this table "
