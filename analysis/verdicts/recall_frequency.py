@@ -14,7 +14,12 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from posfreq.analysis.verdicts.coincidence import C2_MARGIN_DECADES, run_levels, shift_verdict
+from posfreq.analysis.verdicts.coincidence import (
+    C2_MARGIN_DECADES,
+    C2_MIN_SEEDS,
+    run_levels,
+    shift_verdict,
+)
 from posfreq.analysis.verdicts.rules import difference, mean_interval, not_testable
 
 MIN_NEEDLES = 8
@@ -115,12 +120,15 @@ def _equal_tokens_verdict(
         if diffs:
             per_seed[seed] = float(np.mean(diffs))
             pairs += len(diffs)
-    if len(per_seed) < 2:
+    if (
+        len(per_seed) < C2_MIN_SEEDS
+    ):  # as every verdict over seeds: its coverage is checked from 3 on
         return {
             "claim": claim,
             **not_testable(
                 f"{len(per_seed)} seeds have a milestone and a distance both lengths probed where L = {short} "
-                f"trained it less than {RARE_RATIO:g} times as often (with at least {MIN_NEEDLES} needles)"
+                f"trained it less than {RARE_RATIO:g} times as often (with at least {MIN_NEEDLES} needles); the "
+                f"interval over seeds needs at least {C2_MIN_SEEDS}"
             ),
         }
     return {

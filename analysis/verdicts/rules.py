@@ -177,15 +177,22 @@ def verdict_line(verdict: dict) -> str:
     parts = [outcome(verdict)]
     if "interval_95" in verdict:
         parts.append(f"{estimate_text(verdict)} ({verdict.get('interval_method', '')})")
+    elif "n" in verdict:  # judged unit by unit (the shortfall): how many
+        parts.append(f"n = {verdict['n']} {verdict.get('unit', 'unit')}s")
+    part_rules = []
     for key, part in verdict.items():
         if key.startswith("by_") and isinstance(part, dict):
             detail = (
                 f"{estimate_text(part)}, {part['interval_method']}" if "interval_95" in part else ""
             )
             detail = detail or part.get("reason", "")
-            parts.append(f"{key}: {outcome(part)} ({detail})")
+            against = f" against {part['best_baseline']}" if part.get("best_baseline") else ""
+            parts.append(f"{key}: {outcome(part)}{against} ({detail})")
+            if part.get("rule") and part["rule"] not in part_rules:
+                part_rules.append(part["rule"])
     if "rule" in verdict:
         parts.append(f"rule: {verdict['rule']}")
+    parts += [f"each part's rule: {rule}" for rule in part_rules]
     for key in ("reason", "caveat"):
         if verdict.get(key):
             parts.append(verdict[key])

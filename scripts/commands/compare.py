@@ -103,6 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else []
     )
     named += [("prediction", conclusion["prediction"])]
+    for v in conclusion["variants"]:  # the data variants (the packing experiment): both tests each
+        label = f"variant {v['variant']} vs {v['baseline']} at L = {v['train_len']}"
+        named += [(f"{label}, equal tokens", v["equal_tokens"])]
+        named += [(f"{label}, against f", v["against_f"])]
     for name, c in named:
         print(f"{name}: {verdict_line(c)}")
     print(f"outputs in {args.out}/")

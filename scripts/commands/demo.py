@@ -102,7 +102,7 @@ def build_parser() -> ArgumentParser:
         "--seeds",
         type=Optional[int],
         default=None,
-        help="Training seeds 0..N-1 (null: the experiment's, 3 for the full demo and the packing experiment, 1 "
+        help="Training seeds 0..N-1 (null: the experiment's, 3 for the full demo, 5 for the packing experiment, 1 "
         "quick). The verdicts' t-intervals over seeds narrow with more (docs/demo.md); a rerun with more seeds "
         "into the same --out trains and probes only the new ones.",
     )

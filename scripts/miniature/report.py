@@ -35,6 +35,14 @@ TABLE1_REPORT_COLUMNS = (
 """The Table 1 analogue's columns in REPORT.md (analysis/tables/paper_tables.py's, and the needle recall)."""
 
 
+CENSORED_F_NOTE = (
+    "f_effective_length is f at the effective length by Eq. 2, the value C2 reads. A row whose every probed "
+    "length passed (all_passed) has an effective length that is only a lower bound, and Eq. 2 makes f(L) = 0 "
+    "(no segment is longer than L): its f is shown as `censored`, and C2 leaves such rows out."
+)
+"""What a REPORT.md table of checkpoints says of its f column (`censored_f`)."""
+
+
 def censored_f(row: dict) -> dict:
     """A checkpoint row as REPORT.md shows it: f at an all-passed row's effective length (a lower bound, where Eq. 2
     gives f(L) = 0, read as 'never trained') shown as censored."""
@@ -306,9 +314,7 @@ def _checkpoint_lines(runs: dict[str, Path]) -> list[str]:
     lines = [
         "## Effective length per checkpoint (95% bootstrap interval over tests)",
         "",
-        "f_effective_length is f at the effective length by Eq. 2, the value C2 reads. A row whose every probed "
-        "length passed (all_passed) has an effective length that is only a lower bound, and Eq. 2 makes f(L) = 0 "
-        "(no segment is longer than L): its f is shown as `censored`, and C2 leaves such rows out.",
+        CENSORED_F_NOTE,
         "",
     ]
     for name, run in runs.items():

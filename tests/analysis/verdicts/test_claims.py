@@ -58,6 +58,11 @@ def test_curves_on_one_line_coincide_and_shifted_ones_do_not():
     # tilted by the shift and put D at 1.04; the slope fitted within each length is not tilted.
     apart = coincidence.curves_coincide(rows_on_lines(1.0, long_effs=(64, 128, 192, 256)))
     assert apart["D_log10_f"] == pytest.approx(1.0, abs=1e-9)
+    # A small, consistent shift: shown (the interval excludes 0), but well inside the margin: the curves coincide
+    # at that margin. Under the old rule any interval excluding 0 said they do not.
+    small = coincidence.curves_coincide(rows_on_lines(0.1, noise=0.02))
+    assert 0 < small["interval_95"][0] < small["interval_95"][1] < np.log10(2)
+    assert small["outcome"] == "holds" and small["holds"] is True
     noisy = coincidence.curves_coincide(rows_on_lines(0.0, noise=0.3))
     assert noisy["interval_95"][0] < noisy["D_log10_f"] < noisy["interval_95"][1]
     assert noisy == coincidence.curves_coincide(rows_on_lines(0.0, noise=0.3))  # deterministic
@@ -593,7 +598,16 @@ def test_a_wide_interval_around_a_real_shift_is_inconclusive_not_a_coincidence(
         "loss_curves_coincide": loss,
         "prediction": {"claim": "f predicts", "holds": None, "reason": "no histogram"},
         "recall_curves_coincide": {"claim": "recall c2", "holds": None, "reason": "one length"},
-        "variants": [{"variant": "best_fit", "equal_tokens": best_fit, "against_f": noisy}],
+        "shortfall": {"claim": "c1", "holds": True, "n": 6, "unit": "run", "rule": "every run"},
+        "variants": [
+            {
+                "train_len": 128,
+                "baseline": "concat",
+                "variant": "best_fit",
+                "equal_tokens": best_fit,
+                "against_f": noisy,
+            }
+        ],
     }
     from posfreq.scripts.miniature.packing_experiment import verdict_lines
 
@@ -611,6 +625,14 @@ def test_a_wide_interval_around_a_real_shift_is_inconclusive_not_a_coincidence(
     assert lines[3].startswith("loss_curves_coincide: not testable")
     assert lines[4].startswith("recall_curves_coincide: not testable; one length")
     assert lines[5].startswith("prediction: not testable; no histogram")
+    assert lines[0].startswith(
+        "shortfall: holds; n = 6 runs; rule: every run"
+    )  # its n, though no interval
+    # the packing experiment's verdicts, each with its rule and n (they were left out of the printout)
+    assert lines[6].startswith("variant best_fit vs concat at L = 128, equal tokens: not shown; ")
+    assert "t-interval over 3 seeds" in lines[6] and "rule: difference" in lines[6]
+    assert lines[7].startswith("variant best_fit vs concat at L = 128, against f: inconclusive; ")
+    assert "rule: equivalence at ±0.301" in lines[7]
 
 
 def test_run_levels_are_the_run_intercepts_of_a_common_slope_least_squares_fit():

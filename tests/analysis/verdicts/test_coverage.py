@@ -128,9 +128,9 @@ def loss_c2(rng, n):
     return loss_frequency.loss_curves_coincide(curves), None
 
 
-def recall_c2(rng, n):
-    """Needle recall = (log10 f - 1.5 - SHIFT [L = 512]) / 2 + a run effect (sd 0.05) + bin noise (sd 0.03), at four
-    milestones, so L = 512 needs 10^SHIFT the f for a recall."""
+def recall_runs(rng, n, recall_of) -> dict:
+    """Both lengths' n runs of needle-recall bins at four milestones: recall_of(L, distance, f) + a run effect
+    (sd 0.05) + bin noise (sd 0.03), f = tokens / L * (L - distance)."""
     rows = {}
     for L in (256, 512):
         for s in range(n):
@@ -138,21 +138,39 @@ def recall_c2(rng, n):
             table = []
             for tokens in (2_000, 4_000, 8_000, 16_000):
                 for lo in range(0, L, 32):
-                    log_f = np.log10(tokens / L * (L - lo))
-                    recall = (
-                        (log_f - 1.5 - (SHIFT if L == 512 else 0)) / 2 + run + rng.normal(0, 0.03)
-                    )
+                    f = tokens / L * (L - lo)
                     table.append(
                         {
                             "tokens_trained": tokens,
                             "distance_lo": lo,
                             "needles": 16,
-                            "needle_recall": float(recall),
-                            "f_distance_lo": 10**log_f,
+                            "needle_recall": float(recall_of(L, lo, f) + run + rng.normal(0, 0.03)),
+                            "f_distance_lo": f,
                         }
                     )
             rows[(L, s)] = table
+    return rows
+
+
+def recall_c2(rng, n):
+    """Needle recall = (log10 f - 1.5 - SHIFT [L = 512]) / 2, so L = 512 needs 10^SHIFT the f for a recall."""
+    rows = recall_runs(
+        rng, n, lambda L, lo, f: (np.log10(f) - 1.5 - (SHIFT if L == 512 else 0)) / 2
+    )
     return recall_frequency.recall_curves_coincide(rows), None
+
+
+RECALL_GAIN = 0.1
+
+
+def recall_at_equal_tokens(rng, n):
+    """Recall falls with distance; L = 512 recalls RECALL_GAIN more where L = 256 trained a distance less than half
+    as often (by hand: the bins from 192 on)."""
+    rows = recall_runs(
+        rng, n, lambda L, lo, f: 0.8 - lo / 1000 + (RECALL_GAIN if L == 512 and lo >= 192 else 0.0)
+    )
+    verdict = recall_frequency.recall_curves_coincide(rows)["at_equal_tokens"]
+    return verdict, list(verdict["per_seed"].values())
 
 
 EXCESS = 0.1
@@ -196,6 +214,7 @@ def prediction_gain(rng, n):
         ("C2's D on the loss over runs", loss_c2, SHIFT),
         ("C2's D on needle recall over runs", recall_c2, SHIFT),
         ("prediction gain over runs", prediction_gain, GAIN),
+        ("recall difference at equal tokens over seeds", recall_at_equal_tokens, RECALL_GAIN),
     ],
 )
 def test_every_verdicts_interval_covers_its_true_effect(name, draw, truth, n) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from posfreq.analysis.verdicts.prediction import (
     fit_threshold,
+    predict_held_out,
     prediction_verdict,
     threshold_prediction,
 )
@@ -82,6 +83,28 @@ def test_effective_lengths_set_by_tokens_and_the_cap_alone_are_not_credited_to_f
     assert by_length["mean_abs_error"]["tokens_alone"] <= by_length["mean_abs_error"]["f_rule"]
     assert by_length["best_baseline"] in ("tokens_alone", "constant_L", "previous_checkpoint")
     assert by_length["outcome"] in ("not shown", "does not hold") and by_length["n"] == 6
+    # by hand: held out, L = 256 is predicted from L = 512's 64, 192, 320, 448 capped at 256 (its own values, error
+    # 0), and L = 512 from L = 256's 64, 192, 256, 256 (errors 0, 0, 64, 192): 3 x 256 / 24 checkpoints = 32.
+    # Uncapped, L = 256's errors would be those of L = 512 again: 64.
+    assert by_length["mean_abs_error"]["tokens_alone"] == pytest.approx(32.0)
+    held_out = predict_held_out(rows, f_at, "train_len")
+    assert max(p["tokens_alone"] for p in held_out if p["train_len"] == 256) == 256
+
+
+def test_tau_is_fitted_on_the_training_folds_only():
+    """Each held-out fold's tau is the one fitted on the other rows (an independent fit_threshold call), not on all
+    rows: the held-out checkpoints must not choose the threshold that predicts them."""
+    rows, f_at = runs(
+        lambda f, L, tokens: threshold_prediction(f, L, 1500.0 if L == 256 else 2500.0)
+    )
+    everything = fit_threshold(rows, f_at)
+    for held in (256, 512):
+        fold = fit_threshold([r for r in rows if r["train_len"] != held], f_at)
+        assert fold != everything  # the case under test: the two fits differ
+        taus = {
+            p["tau"] for p in predict_held_out(rows, f_at, "train_len") if p["train_len"] == held
+        }
+        assert taus == {fold}
 
 
 def test_a_data_variant_is_held_out_when_there_are_several():

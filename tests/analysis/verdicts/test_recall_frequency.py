@@ -76,6 +76,8 @@ def test_at_equal_tokens_and_distance_the_deficit_where_f_is_rare_is_recovered()
     assert verdict["bins_compared"] == 3 * 4 * len([d for d in EDGES[:-1] if 170 < d < 256])
     flat = recall_curves_coincide(runs(lambda L, d, log_f: 0.9 - d / 1000))["at_equal_tokens"]
     assert flat["estimate"] == pytest.approx(0.0, abs=1e-12) and flat["outcome"] == "not shown"
+    two = recall_curves_coincide(runs(recall_of, seeds=(0, 1)))["at_equal_tokens"]
+    assert two["outcome"] == "not testable" and "needs at least 3" in two["reason"]
 
 
 def test_sparse_bins_and_one_length_are_not_testable() -> None:

@@ -271,6 +271,35 @@ def test_quick_packing_experiment_trains_each_variant_and_reports_the_effect(
     # the prediction verdict holds each packing variant out in turn
     assert "## Predicting effective length from f" in report
     assert "each data variant held out (" in report
+    assert (
+        "its f is shown as `censored`" in report
+    )  # an all-passed row's f = 0 never reads as "never trained"
+
+
+def test_the_packing_experiment_trains_5_seeds_by_default() -> None:
+    """Its causal verdicts are t-intervals over seeds: 3 seeds leave 2 degrees of freedom (the issue asked for at
+    least 5); the quick run keeps the demo's one seed."""
+    from posfreq.scripts.miniature.packing_experiment import TRAIN_LEN, experiment_settings
+
+    full, quick = experiment_settings(False), experiment_settings(True)
+    assert full.seeds == (0, 1, 2, 3, 4) and quick.seeds == QUICK.seeds
+    assert full.train_lens == quick.train_lens == (TRAIN_LEN,)
+
+
+def test_an_all_passed_rows_f_is_shown_censored_not_as_zero() -> None:
+    """Eq. 2 gives f(L) = 0, so an all-passed row's f_effective_length of 0 read as 'never trained' in REPORT.md:
+    it is shown as censored, and every other row as it is."""
+    from posfreq.scripts.miniature.report import censored_f
+
+    passed = {
+        "effective_length": "256",
+        "effective_length_status": "all_passed",
+        "f_effective_length": "0",
+    }
+    ok = {"effective_length": "192", "effective_length_status": "ok", "f_effective_length": "1234"}
+    assert censored_f(passed)["f_effective_length"] == "censored"
+    assert censored_f(passed)["effective_length"] == "256" and passed["f_effective_length"] == "0"
+    assert censored_f(ok) == ok
 
 
 def _demo_output(
