@@ -289,10 +289,10 @@ def table1_document(
     options_lines = "\n".join(f"- {s}: `{json.dumps(o)}`" for s, o in options.items())
     companion = (
         "\n## Teacher-forced needle token accuracy (%)\n\nThe same tests and layout, each test scored by the share "
-        "of its needles' tokens that are the model's argmax under teacher forcing: a continuous, paired score "
-        "that moves where pass rates sit at 0 or 100 (`table1_token_accuracy.csv`). Its intervals, of a mean "
-        "rather than a proportion, are percentile bootstraps over the tests.\n\n"
-        + table1_markdown(accuracy)
+        "of its needles' tokens that are the model's argmax under teacher forcing (answer order: "
+        f"{answer_order}): a continuous, paired score that moves where pass rates sit at 0 or 100 "
+        "(`table1_token_accuracy.csv`). Its intervals, of a mean rather than a proportion, are percentile "
+        "bootstraps over the tests.\n\n" + table1_markdown(accuracy)
         if accuracy
         else ""
     )

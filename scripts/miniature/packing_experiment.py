@@ -244,7 +244,8 @@ def write_report(
 
 
 def run_experiment(out: Path, quick: bool, seeds: int | None = None) -> Path:
-    """Every stage of the packing experiment (training seeds 0..seeds-1; None: the demo's); returns OUT/REPORT.md."""
+    """Every stage of the packing experiment (training seeds 0..seeds-1; None: PACKING_SEEDS, quick: the demo's
+    one); returns OUT/REPORT.md."""
     settings = experiment_settings(quick)
     if seeds is not None:
         settings = replace(settings, seeds=tuple(range(seeds)))

@@ -276,6 +276,8 @@ def test_a_tiny_model_end_to_end_sharded_then_collected(
     table_md = (out / "table1.md").read_text()
     assert (out / "table1.png").stat().st_size > 0 and "| dca@c300 |" in table_md
     assert "measure: greedy." in table_md  # no answer order: a greedy answer is read in any order
+    # ...but the teacher-forced companion table, recorded beside it by default, depends on it
+    assert "argmax under teacher forcing (answer order: document)" in table_md
 
 
 def test_a_row_is_a_scheme_or_a_labelled_second_row_of_one() -> None:

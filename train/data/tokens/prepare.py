@@ -241,6 +241,13 @@ def drop_manifests(out: Path) -> None:
         (directory / MANIFEST_FILE).unlink(missing_ok=True)
 
 
+def _claim_val(out: Path) -> None:
+    """Claim OUT/val, the held-out shards' folder, for prepare (shared by array tasks)."""
+    claim_output_dir(
+        out / VAL_DIR, PREPARE, flag="--out's val", written_before=holds_only_shards, shared=True
+    )
+
+
 def prepare(
     corpus: Corpus,
     out: Path,
@@ -261,16 +268,14 @@ def prepare(
     tokenizer = get_tokenizer(tokenizer_spec)
     directories = (out, out / VAL_DIR) if val_fraction > 0 else (out,)
     claim_output_dir(out, PREPARE, flag="--out", written_before=holds_only_shards, shared=True)
+    # a held-out folder that exists is claimed (or refused) before the inputs are hashed again; a new one only after
+    # the shards' refusals (another tokenizer's, another input's), so that a refusal leaves none behind
+    val_now = val_fraction > 0 and (out / VAL_DIR).exists()
+    if val_now:
+        _claim_val(out)
     todo = pending_files(mine, names, out, tokenizer, val_fraction, workers)
-    # the held-out folder is claimed after the shards' refusals (another tokenizer's, another input's)
-    if val_fraction > 0:
-        claim_output_dir(
-            out / VAL_DIR,
-            PREPARE,
-            flag="--out's val",
-            written_before=holds_only_shards,
-            shared=True,
-        )
+    if val_fraction > 0 and not val_now:
+        _claim_val(out)
     totals = PrepareTotals(files=len(mine.files), skipped_complete=len(mine.files) - len(todo))
     pending = set(todo)
     for file in (

@@ -290,6 +290,35 @@ def test_another_tokenizers_shard_is_refused_even_when_a_changed_setting_would_r
     assert not (out / "val").exists()  # refused before the held-out folder is claimed
 
 
+def test_a_users_file_in_an_existing_val_folder_is_refused_before_the_inputs_are_hashed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The held-out folder is claimed late only when it is new; an existing one holding a user's file is refused at
+    once, not after re-hashing every input (gigabytes per SlimPajama task), and nothing is written."""
+    from posfreq.train.data.corpora import resolve_corpus
+    from posfreq.train.data.tokens import prepare as prep
+
+    (tmp_path / "corpus").mkdir()
+    lines = [json.dumps({"text": f"document {i}"}) for i in range(20)]
+    (tmp_path / "corpus" / "a.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    prep.prepare(
+        resolve_corpus(tmp_path / "corpus"), out, "bytes", progress=False, val_fraction=0.2
+    )
+    (out / "val" / "notes.txt").write_text("mine")
+    before = sorted(p.name for p in (out / "val").iterdir())
+
+    def hashed(*args, **kwargs):
+        raise AssertionError("the inputs were hashed before the val folder was checked")
+
+    monkeypatch.setattr(prep, "pending_files", hashed)
+    with pytest.raises(OutputDirError, match="notes.txt"):
+        prep.prepare(
+            resolve_corpus(tmp_path / "corpus"), out, "bytes", progress=False, val_fraction=0.2
+        )
+    assert sorted(p.name for p in (out / "val").iterdir()) == before
+
+
 def test_a_relative_spec_without_fingerprint_needs_the_same_ids_too() -> None:
     """A relative hf:tok recorded without a fingerprint resolves against this process's directory, maybe not the
     one prepare ran in: a tokenizer of other ids found there was taken as the shards' own."""
