@@ -279,7 +279,8 @@ def table1_document(
     header = (
         f"# Table 1: 4-needle NIAH pass rate (%) by position scheme and length\n\n"
         f"Model `{model}`, {tests} tests per length asked; every cell of a length uses the same tests, "
-        f"those every scheme has there (n in the column's head); measure: {measure}{order}. Each cell: the pass rate with its 95% Wilson score interval, then (every "
+        f"those every scheme has there (n in the column's head); measure: {measure}{order}. Each cell: the pass "
+        "rate with its 95% Wilson score interval, then (every "
         "scheme but rope) the mean paired difference from rope over the same tests with its 95% paired percentile "
         f"bootstrap interval ({bootstrap} resamples), then the tests only the scheme passed : only rope "
         "passed, the exact McNemar test's p, and its Holm adjustment over every comparison with rope in this table "

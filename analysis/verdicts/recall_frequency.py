@@ -120,9 +120,8 @@ def _equal_tokens_verdict(
         if diffs:
             per_seed[seed] = float(np.mean(diffs))
             pairs += len(diffs)
-    if (
-        len(per_seed) < C2_MIN_SEEDS
-    ):  # as every verdict over seeds: its coverage is checked from 3 on
+    # as every verdict over seeds: its interval's coverage is checked from 3 on
+    if len(per_seed) < C2_MIN_SEEDS:
         return {
             "claim": claim,
             **not_testable(

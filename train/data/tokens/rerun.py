@@ -132,9 +132,9 @@ def shard_holds_tokenizer(meta: dict, tokenizer: Tokenizer) -> bool:
 
 
 def moved_tokenizer(meta: dict, tokenizer: Tokenizer) -> bool:
-    """Whether complete shard metadata `meta` holds `tokenizer` (`shard_holds_tokenizer`) under another spec (its folder
-    moved, or an older shard's relative path): prepare's rerun then records `tokenizer`'s spec in it, so that a
-    directory's shards keep naming one tokenizer and the trainer records a path that exists."""
+    """Whether complete shard metadata `meta` holds `tokenizer` (`shard_holds_tokenizer`) under another spec (its
+    folder moved, or an older shard's relative path): prepare's rerun then records `tokenizer`'s spec in it, so that
+    a directory's shards keep naming one tokenizer and the trainer records a path that exists."""
     return meta.get("tokenizer") != tokenizer.name and shard_holds_tokenizer(meta, tokenizer)
 
 
