@@ -134,12 +134,26 @@ def _answer_ids(
 
 
 def needle_answers(tokenizer: Tokenizer, test: NiahTest) -> list[tuple[list[int], tuple[int, int]]]:
-    """Per needle: the answer that names it alone (" A.") as token ids, and the needle's span in it."""
-    answers = []
-    for j, number in enumerate(test.needles):
-        ids, (span,) = _answer_ids(tokenizer, [number], [j])
-        answers.append((ids, span))
-    return answers
+    """Per needle: the answer that names it alone (" A.") as token ids, and the span scored in it: the needle's
+    tokens after its cue (`cue_lengths`)."""
+    answers = [_answer_ids(tokenizer, [number], [j]) for j, number in enumerate(test.needles)]
+    needles = [ids[a:b] for ids, ((a, b),) in answers]
+    return [(ids, (a + cue, b)) for (ids, ((a, b),)), cue in zip(answers, cue_lengths(needles))]
+
+
+def cue_lengths(needles: Sequence[Sequence[int]]) -> list[int]:
+    """Per needle (its token ids): how many of its first tokens cue it, the fewest that no other needle starts
+    with, at most all but its last. Four needles compete for the answer's first tokens (which one the model names
+    first), so the order-free score teacher-forces this cue and scores the tokens after it: only where two needles
+    differ in their last token alone is that token still contested."""
+    cues = []
+    for j, ids in enumerate(needles):
+        others = [other for k, other in enumerate(needles) if k != j]
+        cue = 1
+        while cue < len(ids) - 1 and any(list(o[:cue]) == list(ids[:cue]) for o in others):
+            cue += 1
+        cues.append(cue)
+    return cues
 
 
 def longest_answer(tokenizer: Tokenizer, test: NiahTest, order: str) -> int:
@@ -163,7 +177,8 @@ def teacher_forced(
     In a named order: the reference answer follows the prompt, right-padded to the batch's longest, in one
     forward pass; causal attention keeps the padding out of every scored position, and prompt + answer stays
     within the test length. Alone: each needle's own answer is scored on the prompt's KV cache (`needle_answers`,
-    `Generator.continuation_logprobs`), so no needle is conditioned on another. A forward takes at most
+    `Generator.continuation_logprobs`), on its tokens after its cue, so no needle is conditioned on another and
+    none competes with another for the first tokens. A forward takes at most
     `prefill_tokens` tokens (None: the whole batch).
     """
     for test in tests:
@@ -201,8 +216,15 @@ def _alone(
     precision: str,
     prefill_tokens: int | None,
 ) -> list[dict]:
-    """The order-free score: needle j of every test scored as the whole answer, the prompt prefilled once."""
+    """The order-free score: needle j of every test as the whole answer after the prompt, prefilled once, scored on
+    its tokens after its cue (`needle_answers`)."""
     answers = [needle_answers(tokenizer, t) for t in tests]
+    for test, test_answers in zip(tests, answers):
+        if any(a >= b for _, (a, b) in test_answers):
+            raise ValueError(
+                f"--answer-order alone scores a needle's tokens after its first, but a needle of test "
+                f"{test.index} is one token under this tokenizer. Fix: use --answer-order document or nearest_first"
+            )
     continuations = []
     for j in range(len(tests[0].needles)):
         width = max(len(a[j][0]) for a in answers)

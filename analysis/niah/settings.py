@@ -74,8 +74,8 @@ class ProbeSettings:
     and no decoding, for a cheap paired measure (its tables then score with Analysis.scoring teacher_forced)."""
     answer_order: AnswerOrder = "document"
     """Needle order of the teacher-forced reference answer: as in the document, nearest the question first, or alone
-    (each needle scored as the whole answer on its own, so that naming order cannot matter: one prefill of the prompt
-    shared by the four answers)."""
+    (each needle as the whole answer on its own, scored on its tokens after the fewest that tell it from the other
+    needles, so that naming order cannot matter: one prefill of the prompt shared by the four answers)."""
     engine: Engine = "posfreq"
     """What runs the model: posfreq (its own model; our checkpoints and Llama-family HF models) or
     transformers (any architecture transformers loads, --model hf:DIR only; rope, or another scheme on

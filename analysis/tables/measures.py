@@ -4,7 +4,7 @@ touches its entry, its test and its line in docs/probe.md.
 
 A record without a measure's score (a probe run with --teacher-forced false) gives None: not measured, never 0.
 The order-free teacher-forced score is not an entry of its own: it is these teacher-forced entries on a probe
-run with --answer-order alone, whose stored scores have the same fields.
+run with --answer-order alone, whose stored scores have the same fields (over each needle's tokens after its cue).
 """
 
 from __future__ import annotations

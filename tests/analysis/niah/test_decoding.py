@@ -34,7 +34,10 @@ def test_teacher_forced_score_equals_a_plain_uncached_forward(positions):
         model.set_positions("string", shift=128)
     tok = get_tokenizer("bytes")
     builder = NiahBuilder(tok, "noise", PromptFormat(answer_budget=40, bos=False))
-    tests = builder.make_tests(420, 2, seed=5)
+    tests = builder.make_tests(
+        420, 2, seed=13
+    )  # test 1's needles 247484, 246181, 240795: cues of 3 digits
+    cues = []
     for order in probe_settings.ANSWER_ORDERS:
         scores = probe_decoding.teacher_forced(model, tok, tests, torch.device("cpu"), order=order)
         for test, score in zip(tests, scores):
@@ -45,7 +48,19 @@ def test_teacher_forced_score_equals_a_plain_uncached_forward(positions):
                     assert (
                         tok.decode(ids) == answer_text([test.needles[j]]) == f" {test.needles[j]}."
                     )
-                    assert tok.decode(ids[a:b]) == test.needles[j]
+                    # the cue: the needle's shortest prefix no other needle of the test starts with
+                    cue = next(
+                        k
+                        for k in range(1, len(test.needles[j]))
+                        if not any(
+                            o.startswith(test.needles[j][:k])
+                            for o in test.needles
+                            if o != test.needles[j]
+                        )
+                    )
+                    assert tok.decode(ids[a:b]) == test.needles[j][cue:]
+                    assert tok.decode(ids[:a]) == f" {test.needles[j][:cue]}"
+                    cues.append(cue)
                     logprob, accuracy = naive_scores(model, test, ids, a, b)
                     assert score["tf_logprob"][j] == pytest.approx(logprob, rel=1e-4, abs=1e-3)
                     assert score["tf_token_accuracy"][j] == pytest.approx(accuracy)
@@ -64,8 +79,37 @@ def test_teacher_forced_score_equals_a_plain_uncached_forward(positions):
                 logprob, accuracy = naive_scores(model, test, ids, a, b)
                 assert score["tf_logprob"][j] == pytest.approx(logprob, rel=1e-4, abs=1e-3)
                 assert score["tf_token_accuracy"][j] == pytest.approx(accuracy)
+    assert max(cues) == 3  # the shared prefixes were cued, not only first digits
     with pytest.raises(ValueError, match="reference answer's order"):
         probe_decoding.reference_answer(tok, tests[0], "alone")
+
+
+def test_the_cue_is_the_fewest_tokens_no_other_needle_starts_with_and_leaves_one_to_score():
+    """By hand: distinct first tokens cue alone; a shared first token needs the second; needles that differ only in
+    their last token keep it to score (the one contested token); a one-token needle leaves nothing."""
+    assert probe_decoding.cue_lengths([[1, 2, 3], [4, 5, 6]]) == [1, 1]
+    assert probe_decoding.cue_lengths([[1, 2, 3], [1, 5, 6], [7, 8, 9]]) == [2, 2, 1]
+    assert probe_decoding.cue_lengths([[1, 2, 3], [1, 2, 4]]) == [2, 2]
+    assert probe_decoding.cue_lengths([[1, 2], [1, 3]]) == [1, 1]
+
+
+def test_order_free_scores_need_needles_of_more_than_one_token():
+    """A tokenizer that makes a needle one token leaves nothing after the cue: refused, naming the fix."""
+
+    class OneToken:
+        eos_id = 0
+
+        def encode(self, text: str) -> list[int]:
+            return [int(text)] if text.isdigit() else [ord(c) for c in text]
+
+    tok = get_tokenizer("bytes")
+    test = NiahBuilder(tok, "noise", PromptFormat(answer_budget=40, bos=False)).make_tests(
+        420, 1, seed=5
+    )[0]
+    with pytest.raises(ValueError, match="one token under this tokenizer.*answer-order document"):
+        probe_decoding.teacher_forced(
+            tiny_model(seed=3), OneToken(), [test], torch.device("cpu"), order="alone"
+        )
 
 
 def test_every_engine_takes_the_one_generator_protocol_as_declared():
