@@ -11,7 +11,7 @@ import torch
 
 from posfreq.analysis.niah.needles import ANSWER_BUDGET, NiahTest, answer_text
 from posfreq.analysis.niah.scoring import all_needles_in, score_answer
-from posfreq.analysis.niah.settings import ANSWER_ORDERS
+from posfreq.analysis.niah.settings import ANSWER_ORDERS, ProbeError
 from posfreq.train.data.tokenizer import Tokenizer
 
 
@@ -156,6 +156,19 @@ def cue_lengths(needles: Sequence[Sequence[int]]) -> list[int]:
     return cues
 
 
+def uncued_needle(
+    test: NiahTest, answers: Sequence[tuple[list[int], tuple[int, int]]]
+) -> str | None:
+    """Why `test` cannot be scored order-free (a needle of one token leaves none after its cue), or None."""
+    for number, (_, (a, b)) in zip(test.needles, answers):
+        if a >= b:
+            return (
+                f"--answer-order alone scores each needle's tokens after its cue, but needle {number} is one "
+                "token under this tokenizer, which leaves none. Fix: use --answer-order document or nearest_first"
+            )
+    return None
+
+
 def longest_answer(tokenizer: Tokenizer, test: NiahTest, order: str) -> int:
     """The most tokens a teacher-forced answer of `test` takes under `order` (the budget must hold it)."""
     if order == "alone":
@@ -220,11 +233,10 @@ def _alone(
     its tokens after its cue (`needle_answers`)."""
     answers = [needle_answers(tokenizer, t) for t in tests]
     for test, test_answers in zip(tests, answers):
-        if any(a >= b for _, (a, b) in test_answers):
-            raise ValueError(
-                f"--answer-order alone scores a needle's tokens after its first, but a needle of test "
-                f"{test.index} is one token under this tokenizer. Fix: use --answer-order document or nearest_first"
-            )
+        if problem := uncued_needle(test, test_answers):
+            raise ProbeError(
+                problem
+            )  # the probe checks its first test before the model runs (check_model)
     continuations = []
     for j in range(len(tests[0].needles)):
         width = max(len(a[j][0]) for a in answers)

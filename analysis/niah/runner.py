@@ -20,8 +20,10 @@ from posfreq.analysis.niah.decoding import (
     Generator,
     generate_answers,
     longest_answer,
+    needle_answers,
     score_tests,
     teacher_forced,
+    uncued_needle,
 )
 from posfreq.analysis.niah.needles import NiahBuilder
 from posfreq.analysis.niah.settings import (
@@ -185,6 +187,12 @@ def check_model(source: ModelSource, job: Job, builders: Builders) -> tuple[Niah
                 f"Fix: --max-new-tokens {answer} or more (or, in posfreq probe, --teacher-forced false, "
                 "which drops the teacher-forced scores)"
             )
+        if job.settings.answer_order == "alone":
+            first = builder.build(
+                lengths[0], 0, 0
+            )  # every test's needles have the same number of digits
+            if problem := uncued_needle(first, needle_answers(builder.tokenizer, first)):
+                raise ProbeError(problem)
     return builder, lengths
 
 

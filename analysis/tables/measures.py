@@ -66,28 +66,29 @@ TF_PASS = Measure(
     "test",
     lambda r, a: float(a.tf_passed(r)) if _measured(r) else None,
     True,
-    "at least min_retrieved needles have every token as the model's argmax under teacher forcing",
+    "at least min_retrieved needles have every scored token as the model's argmax under teacher forcing",
 )
 TF_RECALL = Measure(
     "tf_recall",
     "needle",
     lambda r, a: [float(h) for h in tf_hits(r)] if _measured(r) else None,
     True,
-    "each needle has every token as the model's argmax under teacher forcing",
+    "each needle has every scored token as the model's argmax under teacher forcing (pass_curve.tf_hits)",
 )
 TF_NEEDLE_PROB = Measure(
     "tf_needle_prob",
     "needle",
     lambda r, a: [float(np.exp(lp)) for lp in r["tf_logprob"]] if _measured(r) else None,
     True,
-    "each needle's probability under teacher forcing (the exp of its tokens' summed log-probability)",
+    "each needle's probability under teacher forcing (the exp of its scored tokens' summed log-probability; "
+    "under --answer-order alone, of its tokens after the cue, so not comparable with a named order's)",
 )
 TOKEN_ACCURACY = Measure(
     "token_accuracy",
     "test",
     lambda r, a: float(np.mean(r["tf_token_accuracy"])) if _measured(r) else None,
     True,
-    "the mean over needles of the share of a needle's tokens that are the model's argmax (teacher-forced)",
+    "the mean over needles of the share of a needle's scored tokens that are the model's argmax (teacher-forced)",
 )
 
 MEASURES = {

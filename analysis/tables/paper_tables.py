@@ -25,7 +25,7 @@ from posfreq.train.positions.names import SCHEMES
 
 TABLE1_MEASURES = {"greedy": PASS, "teacher_forced": TF_PASS}
 """Table 1's --measure: a test passes when its greedy answer holds enough needles (the paper's), or, under teacher
-forcing, when enough needles have every token as the model's argmax (one forward per test, no decoding: paired and
+forcing, when enough needles have every scored token as the model's argmax (one forward per test, no decoding: paired and
 cheap). Both are measures of analysis/tables/measures.py."""
 
 AUTO = "string_auto"
@@ -290,7 +290,7 @@ def table1_document(
     options_lines = "\n".join(f"- {s}: `{json.dumps(o)}`" for s, o in options.items())
     companion = (
         "\n## Teacher-forced needle token accuracy (%)\n\nThe same tests and layout, each test scored by the share "
-        "of its needles' tokens that are the model's argmax under teacher forcing (answer order: "
+        "of its needles' scored tokens that are the model's argmax under teacher forcing (answer order: "
         f"{answer_order}): a continuous, paired score that moves where pass rates sit at 0 or 100 "
         "(`table1_token_accuracy.csv`). Its intervals, of a mean rather than a proportion, are percentile "
         "bootstraps over the tests.\n\n" + table1_markdown(accuracy)

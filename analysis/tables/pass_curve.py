@@ -19,8 +19,8 @@ from posfreq.analysis.niah.scoring import SCORING_RULES
 
 AnalysisScoring = Literal[(*SCORING_RULES, "teacher_forced")]
 ANALYSIS_SCORINGS: tuple[str, ...] = get_args(AnalysisScoring)
-"""The answer-text rules (niah/scoring.py) and teacher_forced: a needle counts when every one of its tokens is
-the model's argmax under teacher forcing (the only rule for a probe run with greedy false)."""
+"""The answer-text rules (niah/scoring.py) and teacher_forced: a needle counts when every one of its scored tokens
+is the model's argmax under teacher forcing (`tf_hits`; the only rule for a probe run with greedy false)."""
 
 STATUS_OK = "ok"
 STATUS_NONE_PASSED = "none_passed"
@@ -56,7 +56,7 @@ class Analysis:
     """Needles (of 4) a passing answer must contain."""
     scoring: AnalysisScoring = "anywhere"
     """Where needles count: anywhere in the answer (the official script), on its first line only, or
-    teacher_forced (every token of the needle is the argmax under teacher forcing)."""
+    teacher_forced (every scored token of the needle is the argmax under teacher forcing: `tf_hits`)."""
     bootstrap: int = 1000
     """Bootstrap resamples of the tests for the effective length's interval (0: no interval)."""
     bootstrap_seed: int = 0
@@ -93,7 +93,9 @@ class Analysis:
 
 
 def tf_hits(record: Mapping) -> list[bool]:
-    """Per needle: is every one of its tokens the model's argmax under teacher forcing."""
+    """Per needle: is every one of its scored tokens the model's argmax under teacher forcing. Scored: all of the
+    needle's tokens in a named answer order; under --answer-order alone, those after its cue (niah/decoding.py
+    `cue_lengths`), a number that varies by needle and tokenizer (one of a 6-digit needle's two Llama-3 tokens)."""
     return [a == 1.0 for a in record["tf_token_accuracy"]]
 
 

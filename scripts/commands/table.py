@@ -120,7 +120,8 @@ def build_parser():
         type=Literal[tuple(TABLE1_MEASURES)],
         default="greedy",
         help="greedy: the answer holds 2 of 4 needles (the paper's); teacher_forced: 2 of 4 needles have every "
-        "token as the argmax under teacher forcing (no decoding; paired and cheap on a CPU)",
+        "scored token as the argmax under teacher forcing (no decoding; paired and cheap on a CPU; --answer-order says "
+        "which tokens are scored)",
     )
     # every row's probe settings, defined once by ProbeSettings (the rows set positions and their options, and
     # --measure and --engine set greedy and the engine)

@@ -27,8 +27,9 @@ def naive_scores(model, test, ids: list[int], a: int, b: int) -> tuple[float, fl
 @pytest.mark.parametrize("positions", ["rope", "string"])
 def test_teacher_forced_score_equals_a_plain_uncached_forward(positions):
     """Every answer order against the naive computation: the named orders score the reference answer in one
-    forward; `alone` scores each needle as the whole answer (" 123456.") on the prompt's cache, so a needle's score
-    does not depend on the others (STRING's shift S = 128 < the prompt: the cached continuation crosses it)."""
+    forward; `alone` takes each needle as the whole answer (" 123456.") on the prompt's cache and scores its digits
+    after its cue, the fewest no other needle starts with, so no needle is conditioned on another (STRING's shift
+    S = 128 < the prompt: the cached continuation crosses it)."""
     model = tiny_model(seed=3)
     if positions == "string":
         model.set_positions("string", shift=128)
@@ -49,14 +50,16 @@ def test_teacher_forced_score_equals_a_plain_uncached_forward(positions):
                         tok.decode(ids) == answer_text([test.needles[j]]) == f" {test.needles[j]}."
                     )
                     # the cue: the needle's shortest prefix no other needle of the test starts with
+                    number = test.needles[j]
                     cue = next(
-                        k
-                        for k in range(1, len(test.needles[j]))
-                        if not any(
-                            o.startswith(test.needles[j][:k])
-                            for o in test.needles
-                            if o != test.needles[j]
-                        )
+                        (
+                            k
+                            for k in range(1, len(number) - 1)
+                            if not any(
+                                o.startswith(number[:k]) for o in test.needles if o != number
+                            )
+                        ),
+                        len(number) - 1,
                     )
                     assert tok.decode(ids[a:b]) == test.needles[j][cue:]
                     assert tok.decode(ids[:a]) == f" {test.needles[j][:cue]}"
@@ -91,10 +94,13 @@ def test_the_cue_is_the_fewest_tokens_no_other_needle_starts_with_and_leaves_one
     assert probe_decoding.cue_lengths([[1, 2, 3], [1, 5, 6], [7, 8, 9]]) == [2, 2, 1]
     assert probe_decoding.cue_lengths([[1, 2, 3], [1, 2, 4]]) == [2, 2]
     assert probe_decoding.cue_lengths([[1, 2], [1, 3]]) == [1, 1]
+    # lengths differ: [1, 2] is a prefix of the first, so it cues 3; [5] leaves nothing to score
+    assert probe_decoding.cue_lengths([[1, 2, 3, 4], [1, 2], [5]]) == [3, 1, 1]
 
 
 def test_order_free_scores_need_needles_of_more_than_one_token():
-    """A tokenizer that makes a needle one token leaves nothing after the cue: refused, naming the fix."""
+    """A tokenizer that makes a needle one token leaves nothing after the cue: refused, naming the needle and the
+    fix, as a ProbeError (the probe's commands print it as one line)."""
 
     class OneToken:
         eos_id = 0
@@ -106,7 +112,9 @@ def test_order_free_scores_need_needles_of_more_than_one_token():
     test = NiahBuilder(tok, "noise", PromptFormat(answer_budget=40, bos=False)).make_tests(
         420, 1, seed=5
     )[0]
-    with pytest.raises(ValueError, match="one token under this tokenizer.*answer-order document"):
+    with pytest.raises(
+        probe_settings.ProbeError, match=f"needle {test.needles[0]} is one token.*order document"
+    ):
         probe_decoding.teacher_forced(
             tiny_model(seed=3), OneToken(), [test], torch.device("cpu"), order="alone"
         )
