@@ -233,10 +233,9 @@ def _alone(
     its tokens after its cue (`needle_answers`)."""
     answers = [needle_answers(tokenizer, t) for t in tests]
     for test, test_answers in zip(tests, answers):
+        # the probe refuses its first test's before the model runs (check_model); this guards every test
         if problem := uncued_needle(test, test_answers):
-            raise ProbeError(
-                problem
-            )  # the probe checks its first test before the model runs (check_model)
+            raise ProbeError(problem)
     continuations = []
     for j in range(len(tests[0].needles)):
         width = max(len(a[j][0]) for a in answers)

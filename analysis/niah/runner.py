@@ -188,9 +188,8 @@ def check_model(source: ModelSource, job: Job, builders: Builders) -> tuple[Niah
                 "which drops the teacher-forced scores)"
             )
         if job.settings.answer_order == "alone":
-            first = builder.build(
-                lengths[0], 0, 0
-            )  # every test's needles have the same number of digits
+            # every test's needles have the same number of digits: the first test stands for all
+            first = builder.build(lengths[0], 0, 0)
             if problem := uncued_needle(first, needle_answers(builder.tokenizer, first)):
                 raise ProbeError(problem)
     return builder, lengths

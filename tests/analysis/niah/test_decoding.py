@@ -35,9 +35,8 @@ def test_teacher_forced_score_equals_a_plain_uncached_forward(positions):
         model.set_positions("string", shift=128)
     tok = get_tokenizer("bytes")
     builder = NiahBuilder(tok, "noise", PromptFormat(answer_budget=40, bos=False))
-    tests = builder.make_tests(
-        420, 2, seed=13
-    )  # test 1's needles 247484, 246181, 240795: cues of 3 digits
+    # test 1's needles 247484, 246181, 240795: cues of 3 digits
+    tests = builder.make_tests(420, 2, seed=13)
     cues = []
     for order in probe_settings.ANSWER_ORDERS:
         scores = probe_decoding.teacher_forced(model, tok, tests, torch.device("cpu"), order=order)
